@@ -1,0 +1,404 @@
+// pipetrain: the command-line interface.
+//
+//   pipetrain run [JOB.yaml] [flags]   train in this process, one thread per pipeline stage
+//
+// Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 130 interrupted.
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "runtime/job/local_run.h"
+
+namespace pipetrain::client {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitJobFailed = 1;
+constexpr int kExitUsage = 2;
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return kExitUsage;
+    default:
+      return kExitJobFailed;
+  }
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int s = static_cast<int>(seconds + 0.5);
+  return s >= 3600 ? absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60)
+                   : absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+std::string FormatRate(double per_s) {
+  if (per_s >= 1e6) return absl::StrFormat("%.2fM", per_s / 1e6);
+  if (per_s >= 1e3) return absl::StrFormat("%.1fk", per_s / 1e3);
+  return absl::StrFormat("%.0f", per_s);
+}
+
+// A progress bar on a terminal, plain lines otherwise (about 20 per run), on stderr.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(bool quiet, bool token_data)
+      : quiet_(quiet), tty_(isatty(STDERR_FILENO)), token_data_(token_data) {}
+
+  void operator()(const job::Progress& p) {
+    if (quiet_) return;
+    const int64_t done = p.step + 1;
+    const double eta = p.step > 0 ? p.elapsed_s / done * (p.steps - done) : NAN;
+    const std::string rate = token_data_ ? absl::StrCat(FormatRate(p.tokens_per_s), " tok/s")
+                                         : absl::StrCat(FormatRate(p.samples_per_s), " samples/s");
+    if (tty_) {
+      constexpr int kWidth = 24;
+      const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(1, p.steps));
+      std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+      std::fprintf(stderr, "\r[%s] step %lld/%lld  loss %.4f  %s  ETA %s   ", bar.c_str(),
+                   static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
+                   rate.c_str(), FormatDuration(eta).c_str());
+      if (done == p.steps) std::fprintf(stderr, "\n");
+    } else {
+      const int64_t every = std::max<int64_t>(1, p.steps / 20);
+      if (p.step == 0 || done % every == 0 || done == p.steps) {
+        std::fprintf(stderr, "step %lld/%lld loss %.4f %s elapsed %s eta %s\n",
+                     static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
+                     rate.c_str(), FormatDuration(p.elapsed_s).c_str(),
+                     FormatDuration(eta).c_str());
+      }
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_, tty_, token_data_;
+};
+
+nlohmann::json ReportToJson(const job::JobReport& r) {
+  nlohmann::json j;
+  j["schedule"] = r.schedule;
+  j["stages"] = r.stages;
+  j["microbatches"] = r.micro_batches;
+  j["microbatch_size"] = r.micro_batch_size;
+  j["steps"] = r.steps;
+  j["model"] = r.model_summary;
+  j["data"] = r.data_summary;
+  j["partition"] = nlohmann::json::array();
+  for (const auto& range : r.partition) j["partition"].push_back({range.begin, range.end});
+  j["losses"] = r.losses;
+  j["first_loss"] = r.losses.front();
+  j["final_loss"] = r.losses.back();
+  if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
+  j["step_time_s"] = r.step_time_s;
+  j["ideal_step_time_s"] = r.ideal_step_time_s;
+  j["pipeline_efficiency"] = r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0;
+  j["samples_per_s"] = r.samples_per_s;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["wall_s"] = r.wall_s;
+  j["threads_per_stage"] = r.threads_per_stage;
+  j["per_stage"] = nlohmann::json::array();
+  for (const auto& s : r.per_stage) {
+    j["per_stage"].push_back({{"stage", s.stage},
+                              {"layers", {s.layers.begin, s.layers.end}},
+                              {"peak_stashed_microbatches", s.peak_stashed_microbatches},
+                              {"peak_weight_versions", s.peak_weight_versions},
+                              {"compute_s", s.compute_s},
+                              {"wait_s", s.wait_s}});
+  }
+  if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
+  return j;
+}
+
+// Writes `text` to `path` through a temporary file and a rename: never a partial file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "'"));
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::InternalError(absl::StrCat("writing '", path, "' failed"));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot rename into '", path, "'"));
+  }
+  return absl::OkStatus();
+}
+
+void PrintSummary(const job::JobReport& r) {
+  std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
+  std::printf("schedule %s, %d stages (%s), %d micro-batches of %d, %d steps\n",
+              r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
+              r.micro_batches, r.micro_batch_size, r.steps);
+  std::printf("loss %.4f -> %.4f", r.losses.front(), r.losses.back());
+  if (r.data_entropy) {
+    const double gap = r.losses.front() - *r.data_entropy;
+    std::printf("   (entropy %.4f: %.1f%% of the gap closed)", *r.data_entropy,
+                gap > 0 ? 100.0 * (r.losses.front() - r.losses.back()) / gap : 0.0);
+  }
+  std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s tok/s, wall %s\n",
+              r.step_time_s * 1e3, r.ideal_step_time_s * 1e3,
+              r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
+              FormatRate(r.tokens_per_s).c_str(), FormatDuration(r.wall_s).c_str());
+  std::printf("%-6s %-8s %-8s %-9s %-10s %-10s\n", "stage", "layers", "stashed", "versions",
+              "compute_s", "wait_s");
+  for (const auto& s : r.per_stage) {
+    std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f\n", s.stage,
+                absl::StrCat(s.layers.begin, ":", s.layers.end).c_str(),
+                s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s);
+  }
+  if (r.max_param_rel_diff) {
+    std::printf("max relative parameter difference vs. the un-pipelined reference: %.3g\n",
+                *r.max_param_rel_diff);
+  }
+}
+
+struct RunFlags {
+  std::string job_file, summary_file;
+  bool reference = false, quiet = false;
+};
+
+// A flag that overrides one field of the job: values given on the command line win over the
+// job file, which wins over the defaults.
+struct Override {
+  CLI::Option* option;
+  std::function<absl::Status(job::JobConfig&)> apply;
+};
+
+int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
+  job::JobConfig config;
+  if (!flags.job_file.empty()) {
+    auto loaded = job::LoadJobYaml(flags.job_file);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(loaded.status().message()).c_str());
+      return ExitCodeFor(loaded.status());
+    }
+    config = *loaded;
+  }
+  std::vector<std::string> errors;
+  for (const Override& o : overrides) {
+    if (o.option->count() == 0) continue;
+    if (absl::Status s = o.apply(config); !s.ok()) {
+      errors.push_back(absl::StrCat(o.option->get_name(), ": ", s.message()));
+    }
+  }
+  if (!errors.empty()) {
+    std::fprintf(stderr, "error: %s\n", absl::StrJoin(errors, "; ").c_str());
+    return kExitUsage;
+  }
+  if (absl::Status s = job::ValidateJobConfig(config); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+
+  const bool token_data = job::EffectiveDataKind(config) != "classification";
+  ProgressPrinter printer(flags.quiet, token_data);
+  auto report = job::RunInProcess(config, std::ref(printer));
+  if (!report.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
+    return ExitCodeFor(report.status());
+  }
+  if (flags.reference) {
+    if (!flags.quiet) std::fprintf(stderr, "training the un-pipelined reference...\n");
+    auto reference = job::TrainReference(config);
+    if (!reference.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(reference.status().message()).c_str());
+      return kExitJobFailed;
+    }
+    report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
+  }
+  if (!flags.quiet) PrintSummary(*report);
+  if (!flags.summary_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(flags.summary_file, ReportToJson(*report).dump(2));
+        !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+      return kExitJobFailed;
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace pipetrain::client
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  std::signal(SIGINT, [](int) { std::_Exit(130); });
+  CLI::App app{"pipetrain: pipeline-parallel training with exact semantics (GPipe, "
+               "1F1B-Flush, PipeDream-2BW)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "pipetrain 0.1.0");
+
+  const job::JobConfig defaults;
+  client::RunFlags flags;
+  std::vector<client::Override> overrides;
+  CLI::App* run = app.add_subcommand(
+      "run", "Train a job in this process, one thread per pipeline stage. With no arguments: "
+             "the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW.");
+  run->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
+      ->check(CLI::ExistingFile);
+  run->add_option("--summary", flags.summary_file, "write a JSON report here at the end");
+  run->add_flag("--reference", flags.reference,
+                "also train the un-pipelined model and report max_param_rel_diff");
+  run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
+
+  // Binds a flag to a field: stored in `values`, copied into the job only when given.
+  static job::JobConfig values = defaults;
+  auto field = [&](CLI::Option_group* group, const char* name, auto member, const char* help) {
+    auto* option = group->add_option(name, values.*member, help)->capture_default_str();
+    overrides.push_back({option, [member](job::JobConfig& c) {
+                           c.*member = values.*member;
+                           return absl::OkStatus();
+                         }});
+  };
+  auto parsed = [&](CLI::Option_group* group, const char* name, std::string default_text,
+                    const char* help, auto apply) {
+    auto text = std::make_shared<std::string>();
+    auto* option = group->add_option(name, *text, help)->default_str(default_text);
+    overrides.push_back({option, [text, apply](job::JobConfig& c) { return apply(c, *text); }});
+  };
+
+  auto* m = run->add_option_group("model");
+  parsed(m, "--model", defaults.model.name, "gpt | mlp | cnn | torchscript",
+         [](job::JobConfig& c, const std::string& v) {
+           c.model.name = v;
+           return absl::OkStatus();
+         });
+  parsed(m, "--torchscript", "", "TorchScript file of an nn.Sequential (implies --model "
+         "torchscript)", [](job::JobConfig& c, const std::string& v) {
+           c.model.name = "torchscript";
+           c.model.torchscript_path = v;
+           return absl::OkStatus();
+         });
+  auto model_field = [&](const char* name, int64_t model::ModelConfig::*member, const char* help) {
+    auto value = std::make_shared<int64_t>(defaults.model.*member);
+    auto* option = m->add_option(name, *value, help)->capture_default_str();
+    overrides.push_back({option, [value, member](job::JobConfig& c) {
+                           c.model.*member = *value;
+                           return absl::OkStatus();
+                         }});
+  };
+  model_field("--d-model", &model::ModelConfig::d_model, "gpt width");
+  model_field("--n-heads", &model::ModelConfig::n_heads, "gpt attention heads");
+  model_field("--n-layers", &model::ModelConfig::n_layers, "gpt transformer blocks");
+  model_field("--hidden", &model::ModelConfig::hidden, "mlp width / cnn channels");
+  model_field("--hidden-layers", &model::ModelConfig::hidden_layers, "mlp/cnn hidden layers");
+  parsed(m, "--dropout", "0", "dropout probability (gpt)",
+         [](job::JobConfig& c, const std::string& v) {
+           return absl::SimpleAtod(v, &c.model.dropout)
+                      ? absl::OkStatus()
+                      : absl::InvalidArgumentError(absl::StrCat("not a number: '", v, "'"));
+         });
+
+  auto* d = run->add_option_group("data");
+  parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
+         "synthetic | bytes | uint16 | classification",
+         [](job::JobConfig& c, const std::string& v) {
+           c.data.kind = v;
+           return absl::OkStatus();
+         });
+  parsed(d, "--data-path", "", "file for bytes / uint16 data",
+         [](job::JobConfig& c, const std::string& v) {
+           c.data.path = v;
+           return absl::OkStatus();
+         });
+  auto data_field = [&](const char* name, int64_t job::DataConfig::*member, const char* help) {
+    auto value = std::make_shared<int64_t>(defaults.data.*member);
+    auto* option = d->add_option(name, *value, help)->capture_default_str();
+    overrides.push_back({option, [value, member](job::JobConfig& c) {
+                           c.data.*member = *value;
+                           return absl::OkStatus();
+                         }});
+  };
+  data_field("--seq-len", &job::DataConfig::seq_len, "tokens per sequence (T)");
+  data_field("--vocab", &job::DataConfig::vocab, "synthetic vocabulary (uint16: 0 infers it)");
+
+  auto* p = run->add_option_group("pipeline");
+  parsed(p, "--schedule", "2bw", "gpipe | 1f1b | 2bw",
+         [](job::JobConfig& c, const std::string& v) -> absl::Status {
+           auto kind = schedule::ParseScheduleKind(v);
+           if (!kind.ok()) return kind.status();
+           c.schedule = *kind;
+           return absl::OkStatus();
+         });
+  parsed(p, "--stages", "4", "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7",
+         [](job::JobConfig& c, const std::string& v) -> absl::Status {
+           int count = 0;
+           if (absl::SimpleAtoi(v, &count)) {
+             c.stages = count;
+             c.stage_ranges.clear();
+             return absl::OkStatus();
+           }
+           auto ranges = model::ParseRanges(v);
+           if (!ranges.ok()) return ranges.status();
+           c.stage_ranges = *ranges;
+           c.stages = static_cast<int>(ranges->size());
+           return absl::OkStatus();
+         });
+  field(p, "--microbatches", &job::JobConfig::micro_batches, "micro-batches per step (m)");
+  field(p, "--microbatch-size", &job::JobConfig::micro_batch_size, "rows per micro-batch (b)");
+  parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
+         [](job::JobConfig& c, const std::string& v) -> absl::Status {
+           auto rc = job::ParseRecompute(v);
+           if (!rc.ok()) return rc.status();
+           c.recompute = *rc;
+           return absl::OkStatus();
+         });
+  field(p, "--threads-per-stage", &job::JobConfig::threads_per_stage,
+        "intra-op threads per stage (0: cores / stages)");
+  field(p, "--timeout", &job::JobConfig::recv_timeout_s, "seconds any wait for a peer may last");
+
+  auto* t = run->add_option_group("training");
+  field(t, "--steps", &job::JobConfig::steps, "optimizer steps");
+  parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
+    c.optimizer.name = v;
+    return absl::OkStatus();
+  });
+  auto opt_field = [&](const char* name, double weights::OptimizerConfig::*member,
+                       const char* help) {
+    auto value = std::make_shared<double>(defaults.optimizer.*member);
+    auto* option = t->add_option(name, *value, help)->capture_default_str();
+    overrides.push_back({option, [value, member](job::JobConfig& c) {
+                           c.optimizer.*member = *value;
+                           return absl::OkStatus();
+                         }});
+  };
+  opt_field("--lr", &weights::OptimizerConfig::lr, "learning rate");
+  opt_field("--momentum", &weights::OptimizerConfig::momentum, "sgd momentum");
+  opt_field("--weight-decay", &weights::OptimizerConfig::weight_decay, "decoupled weight decay");
+  field(t, "--seed", &job::JobConfig::seed, "initialization and data order");
+  parsed(t, "--dtype", "float32", "float32 | float64",
+         [](job::JobConfig& c, const std::string& v) -> absl::Status {
+           if (v != "float32" && v != "float64") {
+             return absl::InvalidArgumentError(absl::StrCat("expected float32 or float64, got '", v, "'"));
+           }
+           c.float64 = v == "float64";
+           return absl::OkStatus();
+         });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return client::Run(flags, overrides);
+}

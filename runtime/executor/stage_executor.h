@@ -1,0 +1,120 @@
+// Runs one pipeline stage's action list on the calling thread.
+//
+// For each action of the schedule (runtime/schedule) it runs forward/backward on the weight
+// version the WeightStore assigns to the micro-batch, moves activations and gradients
+// through the Transport, and applies the optimizer at STEP<t>. The last stage computes the
+// cross-entropy loss of each micro-batch against targets delivered to it, scaled by 1/m, so
+// that gradients accumulated over the m micro-batches are those of the mini-batch mean.
+// Every received tensor is checked against the expected shape and dtype; a mismatch fails
+// the stage with stage, micro-batch, expected and actual. Every receive has a deadline. On
+// any error the transport is aborted so that all stages stop with the first error.
+//
+// Measured per stage: compute time of every action, time spent waiting in receives, peak
+// stashed micro-batches (forward done, backward not yet), peak live weight versions
+// (versions used by stashed micro-batches plus the newest), the version used by every F/B.
+// Not thread-safe: one thread per StageExecutor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/schedule/action.h"
+#include "runtime/transport/transport.h"
+#include "runtime/weights/weight_store.h"
+
+namespace pipetrain::executor {
+
+// Input ids/values of stage 0 or targets of the last stage, for a global micro-batch.
+using MicroBatchTensorSource = std::function<absl::StatusOr<at::Tensor>(int64_t micro_batch)>;
+
+struct StageConfig {
+  int stage = 0;
+  int num_stages = 1;
+  int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
+  uint64_t seed = 0;
+  std::vector<schedule::Action> actions;
+  absl::Duration recv_timeout = absl::Seconds(120);
+  MicroBatchTensorSource inputs;   // required on stage 0
+  MicroBatchTensorSource targets;  // required on the last stage
+  // Expected shape/dtype of the activation received from stage s-1 (s > 0) and of the
+  // gradient received from stage s+1 (s < p-1).
+  transport::TensorSpec expected_input;
+  transport::TensorSpec expected_output_grad;
+};
+
+struct ActionRecord {
+  schedule::Action action;
+  double start_s = 0;  // MonotonicSeconds()
+  double end_s = 0;
+  double wait_s = 0;    // part of [start, end) spent blocked in a receive
+  int64_t version = -1; // weight version used (F and B only)
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double end_s = 0;                 // when STEP<t> finished on this stage
+  std::optional<double> mean_loss;  // last stage: mean unscaled loss over the m micro-batches
+};
+
+struct StageStats {
+  int peak_stashed_microbatches = 0;
+  int peak_weight_versions = 0;
+  double compute_s = 0;  // F, B, STEP and sends
+  double wait_s = 0;     // blocked in receives
+  std::vector<ActionRecord> records;
+  std::vector<StepRecord> steps;
+};
+
+class StageExecutor {
+ public:
+  // `weights` and `transport` must outlive the executor. `on_step` (optional) is called on
+  // this stage's thread after every STEP<t>.
+  StageExecutor(StageConfig config, weights::WeightStore* weights,
+                transport::Transport* transport,
+                std::function<void(const StepRecord&)> on_step = nullptr);
+
+  // Runs every action. Returns the first error (after aborting the transport).
+  absl::Status Run();
+
+  const StageStats& stats() const { return stats_; }
+
+ private:
+  struct Stashed {
+    at::Tensor input;   // what F<j> consumed (a leaf requiring grad on stages s > 0)
+    at::Tensor output;  // stage output, or the scaled loss on the last stage
+    int64_t version = 0;
+  };
+
+  absl::Status Execute(const schedule::Action& action, ActionRecord& record);
+  absl::Status Forward(int64_t j, ActionRecord& record);
+  absl::Status Backward(int64_t j, ActionRecord& record);
+  absl::StatusOr<at::Tensor> Receive(int peer, transport::MessageKind kind, int64_t j,
+                                     const transport::TensorSpec& expected,
+                                     ActionRecord& record);
+  void NoteLiveVersions();
+  std::string Where(const schedule::Action& action) const;
+
+  StageConfig config_;
+  weights::WeightStore* weights_;
+  transport::Transport* transport_;
+  std::function<void(const StepRecord&)> on_step_;
+  bool is_first_, is_last_;
+
+  std::map<int64_t, at::Tensor> received_activations_;
+  std::map<int64_t, at::Tensor> received_gradients_;
+  std::map<int64_t, Stashed> stash_;
+  std::map<int64_t, at::Tensor> input_gradients_;
+  std::map<int64_t, double> step_loss_sum_;
+  StageStats stats_;
+};
+
+}  // namespace pipetrain::executor

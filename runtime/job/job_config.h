@@ -1,0 +1,78 @@
+// A training job: model, data, schedule, partition, optimizer, steps (DESIGN.md section 6).
+//
+// JobConfig is plain data with defaults that train the built-in GPT on the built-in corpus
+// with 4 stages under PipeDream-2BW. ValidateJobConfig checks everything before any stage
+// is built and reports every violation at once, each with its field path. YAML job files map
+// one-to-one onto JobConfig (see examples/ and ParseJobYaml).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/partition.h"
+#include "runtime/schedule/schedule.h"
+#include "runtime/weights/optimizer.h"
+
+namespace pipetrain::job {
+
+struct DataConfig {
+  // synthetic (Markov corpus with known entropy) | bytes (any file, vocab 256) |
+  // uint16 (flat token file) | classification (synthetic features for mlp/cnn).
+  // Empty: classification for mlp/cnn, synthetic otherwise.
+  std::string kind;
+  std::string path;        // bytes, uint16
+  int64_t seq_len = 32;    // token data: T
+  int64_t vocab = 64;      // synthetic: vocabulary; uint16: 0 infers max id + 1
+  int64_t branching = 4;   // synthetic: successors per token
+  int64_t num_tokens = 1 << 20;   // synthetic
+  int64_t num_samples = 1 << 16;  // classification
+  uint64_t seed = 1234;
+};
+
+// Which layers re-materialize their activations in backward.
+struct RecomputeConfig {
+  enum class Mode { kNone, kAll, kStages, kLayers };
+  Mode mode = Mode::kNone;
+  std::vector<int> indices;  // stage indices (kStages) or global layer indices (kLayers)
+};
+
+// "none" | "all" | "stages:0,1" | "layers:2,3,5".
+absl::StatusOr<RecomputeConfig> ParseRecompute(const std::string& text);
+std::string FormatRecompute(const RecomputeConfig& config);
+
+struct JobConfig {
+  model::ModelConfig model;
+  DataConfig data;
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::kTwoBW;
+  int stages = 4;
+  std::vector<model::LayerRange> stage_ranges;  // empty: balanced by parameter count
+  int micro_batches = 8;                        // m
+  int micro_batch_size = 8;                     // b
+  int steps = 300;
+  weights::OptimizerConfig optimizer = {"adamw", 3e-3};
+  RecomputeConfig recompute;
+  uint64_t seed = 1;
+  bool float64 = false;
+  int threads_per_stage = 0;      // 0: available cores / stages, at least 1
+  double recv_timeout_s = 120.0;  // deadline of every wait for a peer
+};
+
+// Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked
+// without building the model; partition ranges are checked against the model's layers by
+// the runner (ValidatePartition), which names the layers.
+absl::Status ValidateJobConfig(const JobConfig& config);
+
+// The data kind after applying the default for the model.
+std::string EffectiveDataKind(const JobConfig& config);
+
+// Parses a YAML job spec over the defaults above. Unknown keys and wrong types are errors,
+// all reported at once with their paths; the result is then validated.
+absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text);
+// Reads and parses a YAML file; NotFound names the path.
+absl::StatusOr<JobConfig> LoadJobYaml(const std::string& path);
+
+}  // namespace pipetrain::job

@@ -1,0 +1,496 @@
+#include "runtime/model/model_zoo.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/jit/passes/inliner.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/errors.h"
+
+namespace pipetrain::model {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Inverted dropout with a mask drawn from a generator seeded by (context, site): the same
+// micro-batch through the same layer always gets the same mask.
+at::Tensor Dropout(const at::Tensor& x, double p, const LayerContext& ctx, int site,
+                   bool training) {
+  if (!training || p <= 0.0) return x;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(
+      SplitMix64(RandomSeedFor(ctx) ^ static_cast<uint64_t>(site)));
+  at::Tensor mask = at::empty(x.sizes(), x.options().device(at::kCPU).requires_grad(false));
+  mask.bernoulli_(1.0 - p, gen);
+  mask.div_(1.0 - p);
+  return x * mask.to(x.device());
+}
+
+at::Tensor Normal(at::IntArrayRef shape, double std) { return torch::randn(shape) * std; }
+at::Tensor Uniform(at::IntArrayRef shape, double bound) {
+  return torch::rand(shape) * (2 * bound) - bound;
+}
+
+// Adapts a torch::nn::Cloneable module with forward(Tensor, LayerContext) to Layer.
+template <typename Impl>
+class NnLayer : public Layer {
+ public:
+  NnLayer(std::string name, std::shared_ptr<Impl> impl)
+      : name_(std::move(name)), impl_(std::move(impl)) {}
+  std::string name() const override { return name_; }
+  at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
+    return impl_->forward(input, ctx);
+  }
+  std::vector<at::Tensor> Parameters() const override { return impl_->parameters(); }
+  std::vector<at::Tensor> Buffers() const override { return impl_->buffers(); }
+  std::unique_ptr<Layer> Clone() const override {
+    return std::make_unique<NnLayer<Impl>>(name_,
+                                           std::dynamic_pointer_cast<Impl>(impl_->clone()));
+  }
+  void ToDtype(at::ScalarType dtype) override { impl_->to(dtype); }
+  void SetTraining(bool training) override { impl_->train(training); }
+  void FinishMiniBatch(int64_t mini_batch) override { impl_->finish_mini_batch(mini_batch); }
+  bool HasMiniBatchStatistics() const override { return impl_->has_mini_batch_statistics(); }
+  void UseOwnStatistics() override { impl_->use_own_statistics(); }
+
+ private:
+  std::string name_;
+  std::shared_ptr<Impl> impl_;
+};
+
+// Default no-op hooks for modules without mini-batch statistics.
+template <typename Derived>
+struct StatelessModule : torch::nn::Cloneable<Derived> {
+  void finish_mini_batch(int64_t) {}
+  bool has_mini_batch_statistics() const { return false; }
+  void use_own_statistics() {}
+};
+
+// ---------------------------------------------------------------- GPT
+
+struct GptEmbeddingImpl : StatelessModule<GptEmbeddingImpl> {
+  GptEmbeddingImpl(int64_t vocab, int64_t seq_len, int64_t d, double dropout)
+      : vocab(vocab), seq_len(seq_len), d(d), dropout(dropout) {
+    reset();
+  }
+  void reset() override {
+    token = register_parameter("token", Normal({vocab, d}, 0.02));
+    position = register_parameter("position", Normal({seq_len, d}, 0.02));
+  }
+  at::Tensor forward(const at::Tensor& ids, const LayerContext& ctx) {
+    const int64_t t = ids.size(1);
+    at::Tensor x = at::embedding(token, ids) + position.narrow(0, 0, t);
+    return Dropout(x, dropout, ctx, 0, is_training());
+  }
+  int64_t vocab, seq_len, d;
+  double dropout;
+  at::Tensor token, position;
+};
+
+// Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
+struct GptBlockImpl : StatelessModule<GptBlockImpl> {
+  GptBlockImpl(int64_t d, int64_t heads, int64_t n_layers, double dropout)
+      : d(d), heads(heads), n_layers(n_layers), dropout(dropout) {
+    reset();
+  }
+  void reset() override {
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layers));
+    ln1_w = register_parameter("ln1_w", torch::ones({d}));
+    ln1_b = register_parameter("ln1_b", torch::zeros({d}));
+    qkv_w = register_parameter("qkv_w", Normal({3 * d, d}, 0.02));
+    qkv_b = register_parameter("qkv_b", torch::zeros({3 * d}));
+    proj_w = register_parameter("proj_w", Normal({d, d}, proj_std));
+    proj_b = register_parameter("proj_b", torch::zeros({d}));
+    ln2_w = register_parameter("ln2_w", torch::ones({d}));
+    ln2_b = register_parameter("ln2_b", torch::zeros({d}));
+    fc_w = register_parameter("fc_w", Normal({4 * d, d}, 0.02));
+    fc_b = register_parameter("fc_b", torch::zeros({4 * d}));
+    fc2_w = register_parameter("fc2_w", Normal({d, 4 * d}, proj_std));
+    fc2_b = register_parameter("fc2_b", torch::zeros({d}));
+  }
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
+    const int64_t b = x.size(0), t = x.size(1), hd = d / heads;
+    at::Tensor h = at::layer_norm(x, {d}, ln1_w, ln1_b);
+    auto qkv = at::linear(h, qkv_w, qkv_b).split(d, -1);
+    auto split_heads = [&](const at::Tensor& y) {
+      return y.view({b, t, heads, hd}).transpose(1, 2);
+    };
+    at::Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
+    at::Tensor causal = at::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
+    att = at::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
+    att = Dropout(att, dropout, ctx, 1, is_training());
+    at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+    at::Tensor out = x + Dropout(at::linear(y, proj_w, proj_b), dropout, ctx, 2, is_training());
+    h = at::layer_norm(out, {d}, ln2_w, ln2_b);
+    h = at::linear(at::gelu(at::linear(h, fc_w, fc_b)), fc2_w, fc2_b);
+    return out + Dropout(h, dropout, ctx, 3, is_training());
+  }
+  int64_t d, heads, n_layers;
+  double dropout;
+  at::Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b;
+};
+
+struct LayerNormImpl : StatelessModule<LayerNormImpl> {
+  explicit LayerNormImpl(int64_t d) : d(d) { reset(); }
+  void reset() override {
+    weight = register_parameter("weight", torch::ones({d}));
+    bias = register_parameter("bias", torch::zeros({d}));
+  }
+  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
+    return at::layer_norm(x, {d}, weight, bias);
+  }
+  int64_t d;
+  at::Tensor weight, bias;
+};
+
+// Linear map, optionally followed by ReLU. PyTorch's default nn.Linear initialization.
+struct LinearImpl : StatelessModule<LinearImpl> {
+  LinearImpl(int64_t in, int64_t out, bool bias, bool relu, double init_std = 0)
+      : in(in), out(out), use_bias(bias), relu(relu), init_std(init_std) {
+    reset();
+  }
+  void reset() override {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    weight = register_parameter(
+        "weight", init_std > 0 ? Normal({out, in}, init_std) : Uniform({out, in}, bound));
+    if (use_bias) bias = register_parameter("bias", Uniform({out}, bound));
+  }
+  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
+    at::Tensor y = at::linear(x, weight, use_bias ? bias : at::Tensor());
+    return relu ? at::relu(y) : y;
+  }
+  int64_t in, out;
+  bool use_bias, relu;
+  double init_std;
+  at::Tensor weight, bias;
+};
+
+// ---------------------------------------------------------------- CNN
+
+// Per-channel statistics of the micro-batches of each mini-batch, combined with Chan's
+// parallel update (exact in any order up to rounding). Shared by all weight versions of a
+// layer (Clone copies the pointer), since micro-batches of one mini-batch may run on a
+// different version than the one that is updated at its end.
+struct BatchStatistics {
+  struct Moments {
+    double count = 0;
+    at::Tensor mean;  // per channel, float64
+    at::Tensor m2;    // sum of squared deviations, float64
+  };
+  std::mutex mu;
+  std::map<int64_t, Moments> by_mini_batch;
+
+  void Add(int64_t mini_batch, const at::Tensor& x) {
+    at::NoGradGuard no_grad;
+    at::Tensor xd = x.detach().to(at::kDouble);
+    const double n = static_cast<double>(x.numel() / x.size(1));
+    at::Tensor mean = xd.mean({0, 2, 3});
+    at::Tensor m2 = (xd - mean.view({1, -1, 1, 1})).pow(2).sum({0, 2, 3});
+    std::lock_guard<std::mutex> lock(mu);
+    Moments& acc = by_mini_batch[mini_batch];
+    if (acc.count == 0) {
+      acc = {n, mean, m2};
+      return;
+    }
+    const double total = acc.count + n;
+    at::Tensor delta = mean - acc.mean;
+    acc.mean = acc.mean + delta * (n / total);
+    acc.m2 = acc.m2 + m2 + delta.pow(2) * (acc.count * n / total);
+    acc.count = total;
+  }
+  // Removes and returns mini-batch t's moments (count 0 if none).
+  Moments Take(int64_t mini_batch) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_mini_batch.find(mini_batch);
+    if (it == by_mini_batch.end()) return {};
+    Moments m = std::move(it->second);
+    by_mini_batch.erase(it);
+    return m;
+  }
+};
+
+// conv3x3 (no bias) -> BatchNorm with micro-batch statistics -> ReLU.
+// Training: normalizes with the statistics of the micro-batch itself. Running statistics
+// are updated once per mini-batch (FinishMiniBatch) from the mean and unbiased variance of
+// all its micro-batches together, with PyTorch's momentum rule.
+struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
+  ConvBnReluImpl(int64_t in, int64_t out, int64_t stride)
+      : in(in), out(out), stride(stride), stats(std::make_shared<BatchStatistics>()) {
+    reset();
+  }
+  void reset() override {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in * 9));
+    conv_w = register_parameter("conv_w", Uniform({out, in, 3, 3}, bound));
+    bn_w = register_parameter("bn_w", torch::ones({out}));
+    bn_b = register_parameter("bn_b", torch::zeros({out}));
+    running_mean = register_buffer("running_mean", torch::zeros({out}));
+    running_var = register_buffer("running_var", torch::ones({out}));
+  }
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
+    at::Tensor y = at::conv2d(x, conv_w, {}, {stride, stride}, {1, 1});
+    if (is_training()) {
+      if (!ctx.recomputing) stats->Add(ctx.mini_batch, y);
+      y = at::batch_norm(y, bn_w, bn_b, {}, {}, /*training=*/true, momentum, eps,
+                         /*cudnn_enabled=*/false);
+    } else {
+      y = at::batch_norm(y, bn_w, bn_b, running_mean, running_var, /*training=*/false,
+                         momentum, eps, false);
+    }
+    return at::relu(y);
+  }
+  void finish_mini_batch(int64_t mini_batch) {
+    BatchStatistics::Moments m = stats->Take(mini_batch);
+    if (m.count < 2) return;
+    at::NoGradGuard no_grad;
+    at::Tensor var = m.m2 / (m.count - 1);
+    running_mean.mul_(1 - momentum).add_(m.mean.to(running_mean.scalar_type()), momentum);
+    running_var.mul_(1 - momentum).add_(var.to(running_var.scalar_type()), momentum);
+  }
+  bool has_mini_batch_statistics() const { return true; }
+  void use_own_statistics() { stats = std::make_shared<BatchStatistics>(); }
+
+  static constexpr double momentum = 0.1;
+  static constexpr double eps = 1e-5;
+  int64_t in, out, stride;
+  std::shared_ptr<BatchStatistics> stats;
+  at::Tensor conv_w, bn_w, bn_b, running_mean, running_var;
+};
+
+struct PoolLinearImpl : StatelessModule<PoolLinearImpl> {
+  PoolLinearImpl(int64_t in, int64_t classes) : in(in), classes(classes) { reset(); }
+  void reset() override {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    weight = register_parameter("weight", Uniform({classes, in}, bound));
+    bias = register_parameter("bias", Uniform({classes}, bound));
+  }
+  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
+    return at::linear(x.mean({2, 3}), weight, bias);
+  }
+  int64_t in, classes;
+  at::Tensor weight, bias;
+};
+
+// ---------------------------------------------------------------- TorchScript
+
+// One child of a TorchScript nn.Sequential. Randomness inside TorchScript draws from the
+// process-wide generator; for children whose graph has random ops, the generator is
+// re-seeded from the LayerContext under a process-wide lock, so recomputation replays it.
+std::mutex& ScriptRngMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+bool GraphUsesRandomness(const torch::jit::Block* block) {
+  for (const torch::jit::Node* node : block->nodes()) {
+    const std::string kind = node->kind().toQualString();
+    for (const char* word : {"dropout", "rand", "bernoulli", "normal", "multinomial"}) {
+      if (kind.find(word) != std::string::npos) return true;
+    }
+    for (const torch::jit::Block* sub : node->blocks()) {
+      if (GraphUsesRandomness(sub)) return true;
+    }
+  }
+  return false;
+}
+
+class ScriptLayer : public Layer {
+ public:
+  ScriptLayer(std::string name, torch::jit::Module module)
+      : name_(std::move(name)), module_(std::move(module)) {
+    auto graph = module_.get_method("forward").graph()->copy();
+    torch::jit::Inline(*graph);
+    uses_randomness_ = GraphUsesRandomness(graph->block());
+  }
+  std::string name() const override { return name_; }
+  at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
+    if (!uses_randomness_ || !module_.is_training()) {
+      return module_.forward({input}).toTensor();
+    }
+    std::lock_guard<std::mutex> lock(ScriptRngMutex());
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> gen_lock(gen.mutex());
+      gen.set_current_seed(RandomSeedFor(ctx));
+    }
+    return module_.forward({input}).toTensor();
+  }
+  std::vector<at::Tensor> Parameters() const override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : module_.parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<at::Tensor> Buffers() const override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& b : module_.buffers()) out.push_back(b);
+    return out;
+  }
+  std::unique_ptr<Layer> Clone() const override {
+    return std::make_unique<ScriptLayer>(name_, module_.deepcopy());
+  }
+  void ToDtype(at::ScalarType dtype) override { module_.to(dtype); }
+  void SetTraining(bool training) override { module_.train(training); }
+
+ private:
+  std::string name_;
+  mutable torch::jit::Module module_;
+  bool uses_randomness_ = false;
+};
+
+absl::StatusOr<LayerList> LoadTorchScript(const std::string& path) {
+  torch::jit::Module root;
+  try {
+    root = torch::jit::load(path);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load TorchScript model '", path, "': ", what));
+  }
+  LayerList layers;
+  for (const auto& child : root.named_children()) {
+    if (!child.value.find_method("forward")) {
+      return absl::InvalidArgumentError(absl::StrCat("TorchScript model '", path, "': child '",
+                                                     child.name, "' has no forward method"));
+    }
+    layers.push_back(std::make_unique<ScriptLayer>(child.name, child.value));
+  }
+  if (layers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TorchScript model '", path,
+        "' has no child modules: save an nn.Sequential whose children are the layers"));
+  }
+  return layers;
+}
+
+template <typename Impl, typename... Args>
+std::unique_ptr<Layer> Make(std::string name, Args&&... args) {
+  return std::make_unique<NnLayer<Impl>>(std::move(name),
+                                         std::make_shared<Impl>(std::forward<Args>(args)...));
+}
+
+}  // namespace
+
+uint64_t RandomSeedFor(const LayerContext& ctx) {
+  uint64_t h = SplitMix64(ctx.seed);
+  h = SplitMix64(h ^ static_cast<uint64_t>(ctx.micro_batch));
+  return SplitMix64(h ^ (static_cast<uint64_t>(ctx.global_layer) << 32));
+}
+
+LayerList CloneLayers(const LayerList& layers, int begin, int end) {
+  LayerList out;
+  for (int i = begin; i < end; ++i) {
+    out.push_back(layers[i]->Clone());
+    out.back()->UseOwnStatistics();
+  }
+  return out;
+}
+
+std::vector<std::string> BuiltinModelNames() { return {"gpt", "mlp", "cnn", "torchscript"}; }
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  std::vector<std::string> errors;
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) errors.push_back(absl::StrCat("model.", field, " must be > 0, got ", v));
+  };
+  if (c.name == "gpt") {
+    positive("vocab_size", c.vocab_size);
+    positive("seq_len", c.seq_len);
+    positive("d_model", c.d_model);
+    positive("n_heads", c.n_heads);
+    positive("n_layers", c.n_layers);
+    if (c.d_model > 0 && c.n_heads > 0 && c.d_model % c.n_heads != 0) {
+      errors.push_back(absl::StrCat("model.d_model (", c.d_model,
+                                    ") must be divisible by model.n_heads (", c.n_heads, ")"));
+    }
+  } else if (c.name == "mlp" || c.name == "cnn") {
+    positive("hidden", c.hidden);
+    positive("hidden_layers", c.hidden_layers);
+    positive("num_classes", c.num_classes);
+    if (c.name == "mlp") positive("input_dim", c.input_dim);
+    if (c.name == "cnn") {
+      if (c.image_shape.size() != 3) {
+        errors.push_back("model.image_shape must be [channels, height, width]");
+      } else {
+        for (int64_t v : c.image_shape) positive("image_shape[]", v);
+      }
+    }
+  } else if (c.name == "torchscript") {
+    if (c.torchscript_path.empty()) errors.push_back("model.path is required for torchscript");
+  } else {
+    errors.push_back(absl::StrCat("unknown model '", c.name, "' (known: ",
+                                  absl::StrJoin(BuiltinModelNames(), ", "), ")"));
+  }
+  if (c.dropout < 0 || c.dropout >= 1) {
+    errors.push_back(absl::StrCat("model.dropout must be in [0, 1), got ", c.dropout));
+  }
+  return InvalidArgumentList("", errors);
+}
+
+absl::StatusOr<LayerList> BuildModel(const ModelConfig& c) {
+  if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
+  LayerList layers;
+  try {
+    torch::manual_seed(c.seed);
+    if (c.name == "gpt") {
+      layers.push_back(Make<GptEmbeddingImpl>("embedding", c.vocab_size, c.seq_len, c.d_model,
+                                              c.dropout));
+      for (int64_t i = 0; i < c.n_layers; ++i) {
+        layers.push_back(Make<GptBlockImpl>(absl::StrCat("block", i), c.d_model, c.n_heads,
+                                            c.n_layers, c.dropout));
+      }
+      layers.push_back(Make<LayerNormImpl>("final_norm", c.d_model));
+      layers.push_back(Make<LinearImpl>("lm_head", c.d_model, c.vocab_size, /*bias=*/false,
+                                        /*relu=*/false, /*init_std=*/0.02));
+    } else if (c.name == "mlp") {
+      int64_t in = c.input_dim;
+      for (int64_t i = 0; i < c.hidden_layers; ++i) {
+        layers.push_back(Make<LinearImpl>(absl::StrCat("hidden", i), in, c.hidden, true, true));
+        in = c.hidden;
+      }
+      layers.push_back(Make<LinearImpl>("classifier", in, c.num_classes, true, false));
+    } else if (c.name == "cnn") {
+      int64_t in = c.image_shape[0];
+      for (int64_t i = 0; i < c.hidden_layers; ++i) {
+        const int64_t out = c.hidden * (i == 0 ? 1 : 2);
+        layers.push_back(
+            Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, out, /*stride=*/i == 1 ? 2 : 1));
+        in = out;
+      }
+      layers.push_back(Make<PoolLinearImpl>("classifier", in, c.num_classes));
+    } else {
+      auto loaded = LoadTorchScript(c.torchscript_path);
+      if (!loaded.ok()) return loaded.status();
+      layers = std::move(loaded).value();
+    }
+    for (auto& layer : layers) {
+      layer->ToDtype(c.float64 ? at::kDouble : at::kFloat);
+      layer->SetTraining(true);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("building model '", c.name, "': ", e.what()));
+  }
+  return layers;
+}
+
+std::vector<double> ParameterCounts(const LayerList& layers) {
+  std::vector<double> counts;
+  for (const auto& layer : layers) {
+    double n = 0;
+    for (const at::Tensor& p : layer->Parameters()) n += static_cast<double>(p.numel());
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+}  // namespace pipetrain::model

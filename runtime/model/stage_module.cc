@@ -1,0 +1,135 @@
+#include "runtime/model/stage_module.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+namespace pipetrain::model {
+namespace {
+
+// Re-materialization of local layers [begin, end) of a StageModule, like PyTorch's
+// reentrant checkpoint: forward keeps only the input; backward re-runs the forward with
+// grad enabled (recomputing = true) and back-propagates through it, which accumulates the
+// parameters' gradients and yields the input's gradient. `anchor` is an empty tensor that
+// requires grad, so that the segment takes part in backward even when its input does not
+// (token ids into the embedding).
+struct RecomputeSegment : public torch::autograd::Function<RecomputeSegment> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& anchor, StageModule* stage, int64_t begin,
+                            int64_t end, const LayerContext& layer_ctx) {
+    (void)anchor;
+    ctx->save_for_backward({input});
+    ctx->saved_data["stage"] = reinterpret_cast<int64_t>(stage);
+    ctx->saved_data["begin"] = begin;
+    ctx->saved_data["end"] = end;
+    ctx->saved_data["micro_batch"] = layer_ctx.micro_batch;
+    ctx->saved_data["mini_batch"] = layer_ctx.mini_batch;
+    ctx->saved_data["seed"] = static_cast<int64_t>(layer_ctx.seed);
+    return stage->RunLayers(input, static_cast<int>(begin), static_cast<int>(end), layer_ctx);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* stage = reinterpret_cast<StageModule*>(ctx->saved_data["stage"].toInt());
+    LayerContext layer_ctx;
+    layer_ctx.micro_batch = ctx->saved_data["micro_batch"].toInt();
+    layer_ctx.mini_batch = ctx->saved_data["mini_batch"].toInt();
+    layer_ctx.seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    layer_ctx.recomputing = true;
+    at::Tensor input = ctx->get_saved_variables()[0].detach();
+    const bool input_has_grad = input.is_floating_point();
+    if (input_has_grad) input.requires_grad_(true);
+    at::Tensor output;
+    {
+      torch::AutoGradMode enable_grad(true);
+      output = stage->RunLayers(input, static_cast<int>(ctx->saved_data["begin"].toInt()),
+                                static_cast<int>(ctx->saved_data["end"].toInt()), layer_ctx);
+    }
+    torch::autograd::backward({output}, {grad_outputs[0]});
+    return {input_has_grad ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+StageModule::StageModule(int first_layer, LayerList layers, std::vector<bool> recompute)
+    : first_layer_(first_layer), layers_(std::move(layers)), recompute_(std::move(recompute)) {
+  recompute_.resize(layers_.size(), false);
+}
+
+bool StageModule::recomputes_anything() const {
+  for (bool r : recompute_) {
+    if (r) return true;
+  }
+  return false;
+}
+
+at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end,
+                                  LayerContext ctx) {
+  at::Tensor x = input;
+  for (int i = begin; i < end; ++i) {
+    ctx.global_layer = first_layer_ + i;
+    x = layers_[i]->Forward(x, ctx);
+  }
+  return x;
+}
+
+at::Tensor StageModule::Forward(const at::Tensor& input, const LayerContext& ctx) {
+  at::Tensor x = input;
+  const int n = num_layers();
+  int i = 0;
+  while (i < n) {
+    int j = i;
+    while (j < n && recompute_[j] == recompute_[i]) ++j;
+    if (recompute_[i] && torch::GradMode::is_enabled()) {
+      static thread_local at::Tensor anchor = at::empty({0}).requires_grad_(true);
+      x = RecomputeSegment::apply(x, anchor, this, int64_t{i}, int64_t{j}, ctx);
+    } else {
+      x = RunLayers(x, i, j, ctx);
+    }
+    i = j;
+  }
+  return x;
+}
+
+std::vector<at::Tensor> StageModule::Parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& layer : layers_) {
+    for (const at::Tensor& p : layer->Parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> StageModule::Buffers() const {
+  std::vector<at::Tensor> out;
+  for (const auto& layer : layers_) {
+    for (const at::Tensor& b : layer->Buffers()) out.push_back(b);
+  }
+  return out;
+}
+
+std::unique_ptr<StageModule> StageModule::Clone() const {
+  LayerList copies;
+  for (const auto& layer : layers_) copies.push_back(layer->Clone());
+  return std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
+}
+
+void StageModule::CopyWeightsFrom(const StageModule& other) {
+  torch::NoGradGuard no_grad;
+  auto dst = Parameters(), src = other.Parameters();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  auto dst_b = Buffers(), src_b = other.Buffers();
+  for (size_t i = 0; i < dst_b.size(); ++i) dst_b[i].copy_(src_b[i]);
+}
+
+void StageModule::ZeroGrad() {
+  for (at::Tensor& p : Parameters()) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+void StageModule::FinishMiniBatch(int64_t mini_batch) {
+  for (auto& layer : layers_) layer->FinishMiniBatch(mini_batch);
+}
+
+}  // namespace pipetrain::model

@@ -1,0 +1,55 @@
+// The layers of one pipeline stage, with optional re-materialization (recomputation).
+//
+// Layers marked for recomputation are grouped into maximal runs of consecutive layers
+// ("segments"). A segment's forward runs without keeping activations; only its input is
+// kept, and its forward is re-run during backward with LayerContext::recomputing = true, so
+// dropout replays the same mask and BatchNorm does not count the micro-batch twice.
+// Gradients are bitwise identical with and without recomputation.
+// Not thread-safe: owned and used by one stage thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/model/layer.h"
+
+namespace pipetrain::model {
+
+class StageModule {
+ public:
+  // `first_layer` is the global index of layers[0]. `recompute[i]` marks local layer i;
+  // an empty vector means no recomputation.
+  StageModule(int first_layer, LayerList layers, std::vector<bool> recompute = {});
+
+  // The stage's output for `input`. ctx.global_layer is filled in per layer.
+  at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx);
+
+  // Runs local layers [begin, end) with plain autograd (no recomputation).
+  at::Tensor RunLayers(const at::Tensor& input, int begin, int end, LayerContext ctx);
+
+  std::vector<at::Tensor> Parameters() const;
+  std::vector<at::Tensor> Buffers() const;
+  // Deep copy (parameters, buffers, recomputation marks) for another weight version of
+  // this stage; BatchNorm statistics stay shared with this module (see Layer::Clone).
+  std::unique_ptr<StageModule> Clone() const;
+  // Copies parameter and buffer values (not gradients) from a module of the same layout.
+  void CopyWeightsFrom(const StageModule& other);
+  // Drops every parameter's gradient.
+  void ZeroGrad();
+  void FinishMiniBatch(int64_t mini_batch);
+
+  int first_layer() const { return first_layer_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  const LayerList& layers() const { return layers_; }
+  bool recomputes_anything() const;
+
+ private:
+  int first_layer_;
+  LayerList layers_;
+  std::vector<bool> recompute_;
+};
+
+}  // namespace pipetrain::model

@@ -1,0 +1,36 @@
+#include "runtime/transport/transport.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pipetrain::transport {
+
+const char* MessageKindName(MessageKind kind) {
+  return kind == MessageKind::kActivation ? "activation" : "gradient";
+}
+
+std::string TensorSpec::ToString() const {
+  std::string type;
+  switch (dtype) {
+    case at::kFloat: type = "float32"; break;
+    case at::kDouble: type = "float64"; break;
+    case at::kLong: type = "int64"; break;
+    case at::kHalf: type = "float16"; break;
+    case at::kBFloat16: type = "bfloat16"; break;
+    default: type = c10::toString(dtype);
+  }
+  return absl::StrCat(type, "[", absl::StrJoin(shape, ", "), "]");
+}
+
+TensorSpec SpecOf(const at::Tensor& tensor) {
+  return {tensor.sizes().vec(), tensor.scalar_type()};
+}
+
+bool Matches(const TensorSpec& spec, const at::Tensor& tensor) {
+  return tensor.defined() && tensor.scalar_type() == spec.dtype &&
+         tensor.sizes().vec() == spec.shape;
+}
+
+}  // namespace pipetrain::transport

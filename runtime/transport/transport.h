@@ -1,0 +1,52 @@
+// The data plane seen by one pipeline stage: point-to-point tensors to and from the
+// neighbouring stages of its pipeline.
+//
+// Messages are addressed by (peer stage, kind, micro-batch), so the order in which a peer
+// sends does not matter. Send never blocks on the receiver. Recv blocks until the message
+// arrives, the deadline passes (DeadlineExceeded naming what waited for whom) or the
+// transport is aborted (the abort reason, so every stage of a failing job stops with the
+// first error). Implementations: in_process/ (stages as threads of one process).
+// Thread-safe: Abort() may be called from any thread while Send/Recv run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pipetrain::transport {
+
+enum class MessageKind { kActivation, kGradient };
+
+// "activation" / "gradient".
+const char* MessageKindName(MessageKind kind);
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int stage() const = 0;
+  virtual absl::Status Send(int peer_stage, MessageKind kind, int64_t micro_batch,
+                            const at::Tensor& tensor) = 0;
+  virtual absl::StatusOr<at::Tensor> Recv(int peer_stage, MessageKind kind, int64_t micro_batch,
+                                          absl::Time deadline) = 0;
+  // Fails every pending and future Send/Recv of every stage sharing this data plane with
+  // `reason`. The first reason wins.
+  virtual void Abort(const absl::Status& reason) = 0;
+};
+
+// Shape and dtype a message must have, checked by the receiver.
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  std::string ToString() const;  // "float32[8, 32, 64]"
+};
+
+TensorSpec SpecOf(const at::Tensor& tensor);
+bool Matches(const TensorSpec& spec, const at::Tensor& tensor);
+
+}  // namespace pipetrain::transport

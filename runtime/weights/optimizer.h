@@ -1,0 +1,44 @@
+// Optimizers whose state is independent of which parameter tensors they update.
+//
+// PipeDream-2BW keeps two weight versions in two sets of tensors but one optimizer state
+// (DESIGN.md section 3: "Momentum/Adam state is single"), so Step() takes the tensors to
+// update and their gradients explicitly, and keeps its state by position. The arithmetic
+// follows PyTorch's torch.optim.SGD (dampening 0, no Nesterov) and torch.optim.AdamW
+// (no amsgrad) step by step. Not thread-safe: one stage thread owns an Optimizer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain::weights {
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // sgd | adamw
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double momentum = 0.9;  // sgd
+  double beta1 = 0.9;     // adamw
+  double beta2 = 0.999;   // adamw
+  double eps = 1e-8;      // adamw
+};
+
+// All invalid fields in one InvalidArgument ("; "-separated) (unknown name, lr <= 0, betas outside [0, 1), ...).
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Updates params[i] in place with grads[i] (an undefined gradient counts as zero). The
+  // i-th tensor must have the same shape in every call.
+  virtual void Step(const std::vector<at::Tensor>& params,
+                    const std::vector<at::Tensor>& grads) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
+
+}  // namespace pipetrain::weights

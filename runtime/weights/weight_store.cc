@@ -1,0 +1,131 @@
+#include "runtime/weights/weight_store.h"
+
+#include <array>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/schedule/schedule.h"
+
+namespace pipetrain::weights {
+namespace {
+
+class SingleVersionWeights : public WeightStore {
+ public:
+  SingleVersionWeights(std::unique_ptr<model::StageModule> module,
+                       std::unique_ptr<Optimizer> optimizer)
+      : module_(std::move(module)), optimizer_(std::move(optimizer)) {}
+
+  absl::StatusOr<model::StageModule*> ModuleFor(int64_t) override { return module_.get(); }
+  int64_t VersionFor(int64_t) const override { return version_; }
+
+  absl::Status Update(int64_t mini_batch) override {
+    std::vector<at::Tensor> params = module_->Parameters();
+    std::vector<at::Tensor> grads = GradientsOf(params);
+    if (hook_) PT_RETURN_IF_ERROR(hook_(mini_batch, grads));
+    optimizer_->Step(params, grads);
+    module_->FinishMiniBatch(mini_batch);
+    module_->ZeroGrad();
+    ++version_;
+    return absl::OkStatus();
+  }
+  const model::StageModule& Newest() const override { return *module_; }
+  int64_t newest_version() const override { return version_; }
+
+ private:
+  std::unique_ptr<model::StageModule> module_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t version_ = 0;
+};
+
+class DoubleBufferedWeights : public WeightStore {
+ public:
+  DoubleBufferedWeights(std::unique_ptr<model::StageModule> module,
+                        std::unique_ptr<Optimizer> optimizer, int micro_batches)
+      : optimizer_(std::move(optimizer)), micro_batches_(micro_batches) {
+    buffers_[1] = module->Clone();
+    buffers_[0] = std::move(module);
+    held_ = {0, -1};
+  }
+
+  int64_t VersionFor(int64_t micro_batch) const override {
+    return schedule::TwoBWVersionForMicroBatch(micro_batch, micro_batches_);
+  }
+
+  absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) override {
+    return Holding(VersionFor(micro_batch), absl::StrCat("micro-batch ", micro_batch));
+  }
+
+  // W(t+1) = W(t) - step(g_t), g_t accumulated on W(max(t-1, 0)).
+  absl::Status Update(int64_t t) override {
+    if (t != newest_) {
+      return absl::InternalError(absl::StrCat("2BW update for mini-batch ", t,
+                                              " but the newest version is ", newest_,
+                                              ": updates must come once per mini-batch, in order"));
+    }
+    PT_ASSIGN_OR_RETURN(model::StageModule * grad_source,
+                        Holding(t > 0 ? t - 1 : 0, absl::StrCat("update ", t)));
+    PT_ASSIGN_OR_RETURN(model::StageModule * base, Holding(t, absl::StrCat("update ", t)));
+    std::vector<at::Tensor> grads = GradientsOf(grad_source->Parameters());
+    if (hook_) PT_RETURN_IF_ERROR(hook_(t, grads));
+    const int target_slot = static_cast<int>((t + 1) % 2);
+    model::StageModule& target = *buffers_[target_slot];
+    // For t >= 1 the target buffer is the gradient source: its gradients were read above,
+    // and copying weights leaves gradient tensors alone.
+    target.CopyWeightsFrom(*base);
+    optimizer_->Step(target.Parameters(), grads);
+    target.FinishMiniBatch(t);
+    grad_source->ZeroGrad();
+    held_[target_slot] = t + 1;
+    newest_ = t + 1;
+    return absl::OkStatus();
+  }
+
+  const model::StageModule& Newest() const override { return *buffers_[newest_ % 2]; }
+  int64_t newest_version() const override { return newest_; }
+
+ private:
+  absl::StatusOr<model::StageModule*> Holding(int64_t version, const std::string& who) {
+    const int slot = static_cast<int>(version % 2);
+    if (held_[slot] != version) {
+      return absl::InternalError(absl::StrCat(
+          who, " needs weight version ", version, " but it is no longer held (buffers hold ",
+          held_[0], " and ", held_[1], ")"));
+    }
+    return buffers_[slot].get();
+  }
+
+  std::array<std::unique_ptr<model::StageModule>, 2> buffers_;
+  std::array<int64_t, 2> held_;
+  std::unique_ptr<Optimizer> optimizer_;
+  int micro_batches_;
+  int64_t newest_ = 0;
+};
+
+}  // namespace
+
+std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const at::Tensor& p : params) {
+    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+  }
+  return grads;
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer) {
+  return std::unique_ptr<WeightStore>(
+      new SingleVersionWeights(std::move(module), std::move(optimizer)));
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int micro_batches) {
+  if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
+  return std::unique_ptr<WeightStore>(
+      new DoubleBufferedWeights(std::move(module), std::move(optimizer), micro_batches));
+}
+
+}  // namespace pipetrain::weights

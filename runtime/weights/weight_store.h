@@ -1,0 +1,58 @@
+// Weight versions of one pipeline stage (DESIGN.md section 3).
+//
+// SingleVersionWeights (GPipe, 1F1B-Flush): one version; Update(t) applies mini-batch t's
+// accumulated gradient after the flush.
+// DoubleBufferedWeights (PipeDream-2BW): micro-batch j runs on version max(floor(j/m)-1, 0);
+// version v lives in buffer v % 2. Update(t), called right after the stage's last backward
+// of mini-batch t, computes W(t+1) = W(t) - step(grad of mini-batch t, which was
+// accumulated on W(t-1)) into the buffer that held W(t-1). A request for a version that is
+// no longer held is an Internal error, never a silent use of the wrong weights.
+// Not thread-safe: owned and used by one stage thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/stage_module.h"
+#include "runtime/weights/optimizer.h"
+
+namespace pipetrain::weights {
+
+// Called on a mini-batch's accumulated gradients (in Parameters() order) before the update,
+// e.g. to average them across data-parallel replicas. May modify them in place.
+using GradientHook = std::function<absl::Status(int64_t mini_batch, std::vector<at::Tensor>&)>;
+
+class WeightStore {
+ public:
+  virtual ~WeightStore() = default;
+  // The module that micro-batch j's forward and backward run on.
+  virtual absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) = 0;
+  virtual int64_t VersionFor(int64_t micro_batch) const = 0;
+  // Applies mini-batch t's gradient (after `hook`, if set) and folds its BatchNorm statistics.
+  virtual absl::Status Update(int64_t mini_batch) = 0;
+  // The newest weights (what a checkpoint or the final report reads).
+  virtual const model::StageModule& Newest() const = 0;
+  // Number of the newest version (0 before any update).
+  virtual int64_t newest_version() const = 0;
+  void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
+
+ protected:
+  GradientHook hook_;
+};
+
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer);
+
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int micro_batches);
+
+// Gradients of `params` with undefined ones replaced by zeros of the parameter's shape.
+std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params);
+
+}  // namespace pipetrain::weights

@@ -1,0 +1,259 @@
+#include "runtime/schedule/schedule.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/schedule/action.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<Action> Parse(const std::string& text) {
+  absl::StatusOr<std::vector<Action>> list = ParseActions(text);
+  EXPECT_TRUE(list.ok()) << list.status();
+  return list.ok() ? *list : std::vector<Action>{};
+}
+
+std::vector<std::string> Formatted(const ScheduleParams& params) {
+  absl::StatusOr<std::vector<std::vector<Action>>> stages = BuildSchedule(params);
+  EXPECT_TRUE(stages.ok()) << stages.status();
+  std::vector<std::string> out;
+  if (stages.ok()) {
+    for (const auto& list : *stages) out.push_back(FormatActions(list));
+  }
+  return out;
+}
+
+TEST(ScheduleKindTest, NamesAndAliases) {
+  EXPECT_EQ(ScheduleKindName(ScheduleKind::kGPipe), "gpipe");
+  EXPECT_EQ(ScheduleKindName(ScheduleKind::kOneFOneB), "1f1b");
+  EXPECT_EQ(ScheduleKindName(ScheduleKind::kTwoBW), "2bw");
+  const std::map<std::string, ScheduleKind> accepted = {
+      {"gpipe", ScheduleKind::kGPipe},         {"GPipe", ScheduleKind::kGPipe},
+      {"1f1b", ScheduleKind::kOneFOneB},       {"1F1B", ScheduleKind::kOneFOneB},
+      {"flush", ScheduleKind::kOneFOneB},      {"PipeDream-Flush", ScheduleKind::kOneFOneB},
+      {"2bw", ScheduleKind::kTwoBW},           {"2BW", ScheduleKind::kTwoBW},
+      {"pipedream-2bw", ScheduleKind::kTwoBW},
+  };
+  for (const auto& [name, kind] : accepted) {
+    absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(name);
+    ASSERT_TRUE(parsed.ok()) << name;
+    EXPECT_EQ(*parsed, kind) << name;
+  }
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleKindName(kind));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, kind);
+  }
+  absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("zb-h1");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("'zb-h1'"));
+  for (const char* name : {"gpipe", "1f1b", "2bw", "flush", "pipedream-flush", "pipedream-2bw"}) {
+    EXPECT_THAT(bad.status().message(), HasSubstr(name));
+  }
+}
+
+TEST(ValidateScheduleParamsTest, Valid) {
+  EXPECT_TRUE(ValidateScheduleParams({}).ok());
+  EXPECT_TRUE(ValidateScheduleParams({ScheduleKind::kTwoBW, 4, 4, 1}).ok());
+  EXPECT_TRUE(ValidateScheduleParams({ScheduleKind::kGPipe, 8, 1, 3}).ok());
+}
+
+TEST(ValidateScheduleParamsTest, ListsAllViolations) {
+  absl::Status status = ValidateScheduleParams({ScheduleKind::kOneFOneB, 0, 0, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "stages must be >= 1: got p=0\n"
+            "micro_batches must be >= 1: got m=0");
+
+  status = ValidateScheduleParams({ScheduleKind::kGPipe, -1, 0, 0});
+  EXPECT_EQ(status.message(),
+            "stages must be >= 1: got p=-1\n"
+            "micro_batches must be >= 1: got m=0\n"
+            "steps must be >= 1: got steps=0");
+}
+
+TEST(ValidateScheduleParamsTest, TwoBWNeedsMAtLeastP) {
+  absl::Status status = ValidateScheduleParams({ScheduleKind::kTwoBW, 4, 2, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "2bw needs micro_batches >= stages: got m=2 < p=4");
+  EXPECT_THAT(status.message(), HasSubstr("2"));
+  EXPECT_THAT(status.message(), HasSubstr("4"));
+  // Together with other violations.
+  status = ValidateScheduleParams({ScheduleKind::kTwoBW, 3, 2, 0});
+  EXPECT_EQ(status.message(),
+            "steps must be >= 1: got steps=0\n"
+            "2bw needs micro_batches >= stages: got m=2 < p=3");
+  // The same m < p is fine for the flush schedules.
+  EXPECT_TRUE(ValidateScheduleParams({ScheduleKind::kOneFOneB, 4, 2, 1}).ok());
+  EXPECT_TRUE(ValidateScheduleParams({ScheduleKind::kGPipe, 4, 2, 1}).ok());
+}
+
+TEST(BuildScheduleTest, RejectsBadParamsAndStage) {
+  EXPECT_EQ(BuildSchedule({ScheduleKind::kTwoBW, 4, 2, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildStageSchedule({ScheduleKind::kGPipe, 0, 1, 1}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<Action>> out = BuildStageSchedule({ScheduleKind::kGPipe, 2, 1, 1}, 2);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("stage 2"));
+  EXPECT_EQ(BuildStageSchedule({ScheduleKind::kGPipe, 2, 1, 1}, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BuildScheduleTest, BuildScheduleEqualsPerStageLists) {
+  const ScheduleParams params{ScheduleKind::kOneFOneB, 5, 7, 2};
+  absl::StatusOr<std::vector<std::vector<Action>>> all = BuildSchedule(params);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 5u);
+  for (int s = 0; s < 5; ++s) {
+    absl::StatusOr<std::vector<Action>> one = BuildStageSchedule(params, s);
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ(*one, (*all)[s]);
+  }
+}
+
+// Golden lists, derived by hand from the contract in schedule.h.
+TEST(GoldenTest, OneFOneBTwoStagesThreeMicroBatches) {
+  EXPECT_EQ(Formatted({ScheduleKind::kOneFOneB, 2, 3, 1}),
+            (std::vector<std::string>{
+                "F0 SEND_ACT0 F1 SEND_ACT1 RECV_GRAD0 B0 F2 SEND_ACT2 RECV_GRAD1 B1 "
+                "RECV_GRAD2 B2 STEP0",
+                "RECV_ACT0 F0 B0 SEND_GRAD0 RECV_ACT1 F1 B1 SEND_GRAD1 RECV_ACT2 F2 B2 "
+                "SEND_GRAD2 STEP0",
+            }));
+}
+
+TEST(GoldenTest, OneFOneBThreeStagesTwoMicroBatchesTwoSteps) {
+  // Stage 0 warm-up is min(2, 2) = 2: all forwards first. Each step is flushed.
+  EXPECT_EQ(Formatted({ScheduleKind::kOneFOneB, 3, 2, 2}),
+            (std::vector<std::string>{
+                "F0 SEND_ACT0 F1 SEND_ACT1 RECV_GRAD0 B0 RECV_GRAD1 B1 STEP0 "
+                "F2 SEND_ACT2 F3 SEND_ACT3 RECV_GRAD2 B2 RECV_GRAD3 B3 STEP1",
+                "RECV_ACT0 F0 SEND_ACT0 RECV_ACT1 F1 SEND_ACT1 RECV_GRAD0 B0 SEND_GRAD0 "
+                "RECV_GRAD1 B1 SEND_GRAD1 STEP0 "
+                "RECV_ACT2 F2 SEND_ACT2 RECV_ACT3 F3 SEND_ACT3 RECV_GRAD2 B2 SEND_GRAD2 "
+                "RECV_GRAD3 B3 SEND_GRAD3 STEP1",
+                "RECV_ACT0 F0 B0 SEND_GRAD0 RECV_ACT1 F1 B1 SEND_GRAD1 STEP0 "
+                "RECV_ACT2 F2 B2 SEND_GRAD2 RECV_ACT3 F3 B3 SEND_GRAD3 STEP1",
+            }));
+}
+
+TEST(GoldenTest, GPipeTwoStagesTwoMicroBatches) {
+  EXPECT_EQ(Formatted({ScheduleKind::kGPipe, 2, 2, 1}),
+            (std::vector<std::string>{
+                "F0 SEND_ACT0 F1 SEND_ACT1 RECV_GRAD0 B0 RECV_GRAD1 B1 STEP0",
+                "RECV_ACT0 F0 RECV_ACT1 F1 B0 SEND_GRAD0 B1 SEND_GRAD1 STEP0",
+            }));
+}
+
+TEST(GoldenTest, TwoBWTwoStagesTwoMicroBatchesTwoSteps) {
+  // One continuous 1F1B over 4 micro-batches; STEP<t> right after (the SEND_GRAD of) the
+  // stage's last backward of mini-batch t; no flush.
+  EXPECT_EQ(Formatted({ScheduleKind::kTwoBW, 2, 2, 2}),
+            (std::vector<std::string>{
+                "F0 SEND_ACT0 F1 SEND_ACT1 RECV_GRAD0 B0 F2 SEND_ACT2 RECV_GRAD1 B1 STEP0 "
+                "F3 SEND_ACT3 RECV_GRAD2 B2 RECV_GRAD3 B3 STEP1",
+                "RECV_ACT0 F0 B0 SEND_GRAD0 RECV_ACT1 F1 B1 SEND_GRAD1 STEP0 "
+                "RECV_ACT2 F2 B2 SEND_GRAD2 RECV_ACT3 F3 B3 SEND_GRAD3 STEP1",
+            }));
+}
+
+TEST(GoldenTest, SingleStageHasNoCommunication) {
+  EXPECT_EQ(Formatted({ScheduleKind::kOneFOneB, 1, 2, 1}),
+            (std::vector<std::string>{"F0 B0 F1 B1 STEP0"}));
+  EXPECT_EQ(Formatted({ScheduleKind::kGPipe, 1, 2, 1}),
+            (std::vector<std::string>{"F0 F1 B0 B1 STEP0"}));
+  EXPECT_EQ(Formatted({ScheduleKind::kTwoBW, 1, 1, 3}),
+            (std::vector<std::string>{"F0 B0 STEP0 F1 B1 STEP1 F2 B2 STEP2"}));
+}
+
+TEST(GoldenTest, ParsedGoldenEqualsBuilt) {
+  absl::StatusOr<std::vector<Action>> built =
+      BuildStageSchedule({ScheduleKind::kOneFOneB, 2, 3, 1}, 1);
+  ASSERT_TRUE(built.ok());
+  EXPECT_EQ(*built, Parse("RECV_ACT0 F0 B0 SEND_GRAD0 RECV_ACT1 F1 B1 SEND_GRAD1 "
+                          "RECV_ACT2 F2 B2 SEND_GRAD2 STEP0"));
+}
+
+TEST(TwoBWTest, VersionForMicroBatch) {
+  // m = 4: mini-batches 0 and 1 use W(0); mini-batch t >= 1 uses W(t-1).
+  const int m = 4;
+  const std::vector<int64_t> expected = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3};
+  for (int64_t j = 0; j < static_cast<int64_t>(expected.size()); ++j) {
+    EXPECT_EQ(TwoBWVersionForMicroBatch(j, m), expected[j]) << "j=" << j;
+  }
+  EXPECT_EQ(TwoBWVersionForMicroBatch(0, 1), 0);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(1, 1), 0);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(2, 1), 1);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(7, 1), 6);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(23, 8), 1);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(24, 8), 2);
+  EXPECT_EQ(TwoBWVersionForMicroBatch(1000003, 1000), 999);
+}
+
+// For every stage, the first F of mini-batch t+2 (which uses version t+1) comes after
+// STEP<t> (which creates version t+1), and after STEP<t> the only versions still used are
+// t (in-flight micro-batches of mini-batch t+1) and t+1: never more than two live.
+TEST(TwoBWTest, NewVersionExistsBeforeUse) {
+  const int steps = 4;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = p; m <= 16; ++m) {
+      absl::StatusOr<std::vector<std::vector<Action>>> stages =
+          BuildSchedule({ScheduleKind::kTwoBW, p, m, steps});
+      ASSERT_TRUE(stages.ok()) << stages.status();
+      for (int s = 0; s < p; ++s) {
+        const std::vector<Action>& list = (*stages)[s];
+        std::map<int64_t, size_t> step_pos, first_f_of_batch;
+        for (size_t i = 0; i < list.size(); ++i) {
+          if (list[i].kind == ActionKind::kOptimizerStep) step_pos[list[i].index] = i;
+          if (list[i].kind == ActionKind::kForward) first_f_of_batch.emplace(list[i].index / m, i);
+        }
+        ASSERT_EQ(step_pos.size(), static_cast<size_t>(steps));
+        for (int t = 0; t + 2 < steps; ++t) {
+          EXPECT_LT(step_pos[t], first_f_of_batch[t + 2])
+              << "p=" << p << " m=" << m << " s=" << s << " t=" << t;
+        }
+        // Live versions: the newest (count of STEPs done) and the oldest any in-flight or
+        // upcoming-before-next-STEP action still uses.
+        int64_t newest = 0;
+        std::map<int64_t, int> in_flight;  // micro-batch -> 1 between F and B
+        for (const Action& a : list) {
+          if (a.kind == ActionKind::kOptimizerStep) newest = a.index + 1;
+          if (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward) {
+            const int64_t v = TwoBWVersionForMicroBatch(a.index, m);
+            EXPECT_LE(v, newest) << "version used before it exists";
+            if (a.kind == ActionKind::kForward) in_flight[a.index] = 1;
+            if (a.kind == ActionKind::kBackward) in_flight.erase(a.index);
+          }
+          int64_t oldest = newest;
+          for (const auto& [j, unused] : in_flight) {
+            oldest = std::min(oldest, TwoBWVersionForMicroBatch(j, m));
+          }
+          EXPECT_LE(newest - oldest, 1) << "more than two live versions at stage " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(TwoBWTest, ContinuousAcrossSteps) {
+  // No flush: stage 0 of p=3, m=3 does not drain before starting mini-batch 1.
+  absl::StatusOr<std::vector<Action>> list = BuildStageSchedule({ScheduleKind::kTwoBW, 3, 3, 2}, 0);
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(FormatActions(*list),
+            "F0 SEND_ACT0 F1 SEND_ACT1 F2 SEND_ACT2 RECV_GRAD0 B0 F3 SEND_ACT3 RECV_GRAD1 B1 "
+            "F4 SEND_ACT4 RECV_GRAD2 B2 STEP0 F5 SEND_ACT5 RECV_GRAD3 B3 RECV_GRAD4 B4 "
+            "RECV_GRAD5 B5 STEP1");
+}
+
+}  // namespace
+}  // namespace pipetrain::schedule
