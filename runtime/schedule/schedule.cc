@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/errors.h"
 #include "runtime/base/status_macros.h"
 
 namespace pipetrain::schedule {
@@ -113,7 +114,7 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
                                   " < p=", params.stages));
   }
   if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  return InvalidArgumentList("", errors);
 }
 
 absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& params, int stage) {

@@ -42,7 +42,7 @@ struct ScheduleParams {
   int steps = 1;          // mini-batches covered by the generated lists, >= 1
 };
 
-// All violations, one per line, in one InvalidArgument: p < 1, m < 1, steps < 1, and for
+// All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1, and for
 // kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
 absl::Status ValidateScheduleParams(const ScheduleParams& params);
 

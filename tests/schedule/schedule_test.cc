@@ -71,13 +71,13 @@ TEST(ValidateScheduleParamsTest, ListsAllViolations) {
   absl::Status status = ValidateScheduleParams({ScheduleKind::kOneFOneB, 0, 0, 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
-            "stages must be >= 1: got p=0\n"
+            "stages must be >= 1: got p=0; "
             "micro_batches must be >= 1: got m=0");
 
   status = ValidateScheduleParams({ScheduleKind::kGPipe, -1, 0, 0});
   EXPECT_EQ(status.message(),
-            "stages must be >= 1: got p=-1\n"
-            "micro_batches must be >= 1: got m=0\n"
+            "stages must be >= 1: got p=-1; "
+            "micro_batches must be >= 1: got m=0; "
             "steps must be >= 1: got steps=0");
 }
 
@@ -90,7 +90,7 @@ TEST(ValidateScheduleParamsTest, TwoBWNeedsMAtLeastP) {
   // Together with other violations.
   status = ValidateScheduleParams({ScheduleKind::kTwoBW, 3, 2, 0});
   EXPECT_EQ(status.message(),
-            "steps must be >= 1: got steps=0\n"
+            "steps must be >= 1: got steps=0; "
             "2bw needs micro_batches >= stages: got m=2 < p=3");
   // The same m < p is fine for the flush schedules.
   EXPECT_TRUE(ValidateScheduleParams({ScheduleKind::kOneFOneB, 4, 2, 1}).ok());
