@@ -108,7 +108,7 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   j["ideal_step_time_s"] = r.ideal_step_time_s;
   j["pipeline_efficiency"] = r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0;
   j["samples_per_s"] = r.samples_per_s;
-  j["tokens_per_s"] = r.tokens_per_s;
+  if (r.token_data) j["tokens_per_s"] = r.tokens_per_s;
   j["wall_s"] = r.wall_s;
   j["threads_per_stage"] = r.threads_per_stage;
   j["per_stage"] = nlohmann::json::array();
@@ -155,10 +155,12 @@ void PrintSummary(const job::JobReport& r) {
     std::printf("   (entropy %.4f: %.1f%% of the gap closed)", *r.data_entropy,
                 gap > 0 ? 100.0 * (r.losses.front() - r.losses.back()) / gap : 0.0);
   }
-  std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s tok/s, wall %s\n",
+  const bool tokens = r.token_data;
+  std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",
               r.step_time_s * 1e3, r.ideal_step_time_s * 1e3,
               r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
-              FormatRate(r.tokens_per_s).c_str(), FormatDuration(r.wall_s).c_str());
+              FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
+              tokens ? "tok/s" : "samples/s", FormatDuration(r.wall_s).c_str());
   std::printf("%-6s %-8s %-8s %-9s %-10s %-10s\n", "stage", "layers", "stashed", "versions",
               "compute_s", "wait_s");
   for (const auto& s : r.per_stage) {
@@ -212,7 +214,9 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
 
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(flags.quiet, token_data);
-  auto report = job::RunInProcess(config, std::ref(printer));
+  job::RunOptions options;
+  options.on_progress = std::ref(printer);
+  auto report = job::RunInProcess(config, options);
   if (!report.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
     return ExitCodeFor(report.status());

@@ -220,8 +220,7 @@ class ProgressTracker {
 
 }  // namespace
 
-absl::StatusOr<JobReport> RunInProcess(const JobConfig& c,
-                                       std::function<void(const Progress&)> on_progress) {
+absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& options) {
   PT_ASSIGN_OR_RETURN(Plan plan, MakePlan(c));
   const int p = static_cast<int>(plan.partition.size());
   const int threads = c.threads_per_stage > 0 ? c.threads_per_stage
@@ -253,7 +252,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c,
   const double start_s = MonotonicSeconds();
   const int64_t rows_per_step = int64_t{c.micro_batches} * c.micro_batch_size;
   const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data.seq_len : 1;
-  ProgressTracker tracker(c.steps, start_s, rows_per_step, tokens_per_row, on_progress);
+  ProgressTracker tracker(c.steps, start_s, rows_per_step, tokens_per_row, options.on_progress);
   std::vector<double> losses(c.steps, 0.0);
 
   for (int s = 0; s < p; ++s) {
@@ -287,14 +286,16 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c,
     sc.expected_input = boundary[s];
     sc.expected_output_grad = boundary[s + 1];
     transports.push_back(transport::MakeInProcessTransport(hub, s));
+    if (options.wrap_transport) {
+      transports.back() = options.wrap_transport(std::move(transports.back()), s);
+    }
     std::function<void(const executor::StepRecord&)> on_step =
-        [&tracker, &losses, s, p](const executor::StepRecord& step) {
+        [&tracker, &losses, s](const executor::StepRecord& step) {
           if (step.mean_loss) {
             losses[step.step] = *step.mean_loss;
             tracker.LossKnown(step.step, *step.mean_loss);
           }
           if (s == 0) tracker.StepEnded(step.step, step.end_s);
-          (void)p;
         };
     executors.push_back(std::make_unique<executor::StageExecutor>(
         std::move(sc), store.get(), transports.back().get(), on_step));
@@ -360,6 +361,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c,
     report.samples_per_s = rows_per_step / (steps0.back().end_s - start_s);
   }
   report.tokens_per_s = report.samples_per_s * tokens_per_row;
+  report.token_data = plan.dataset->is_token_data();
   PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, report.stage_stats));
   return report;
 }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
+#include "runtime/transport/transport.h"
 
 namespace pipetrain::job {
 
@@ -47,6 +48,7 @@ struct JobReport {
   double wall_s = 0;
   double samples_per_s = 0;      // rows (sequences or examples) per second after step 0
   double tokens_per_s = 0;       // target tokens per second after step 0 (token data)
+  bool token_data = false;       // tokens_per_s is meaningful
   int threads_per_stage = 1;
   std::vector<StageReport> per_stage;
   std::optional<double> max_param_rel_diff;  // set by CompareWithReference
@@ -67,10 +69,18 @@ struct Progress {
   double tokens_per_s = 0;
 };
 
+struct RunOptions {
+  // Called from a stage thread after each finished step, in step order.
+  std::function<void(const Progress&)> on_progress;
+  // Wraps each stage's transport, e.g. with a fault-injecting one in tests.
+  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>,
+                                                      int stage)>
+      wrap_transport;
+};
+
 // Validates the job fully (including the partition against the model's layers) and runs it.
-// `on_progress` is called from a stage thread after each finished step, in step order.
-absl::StatusOr<JobReport> RunInProcess(const JobConfig& config,
-                                       std::function<void(const Progress&)> on_progress = {});
+// The first error of any stage stops every stage and is returned.
+absl::StatusOr<JobReport> RunInProcess(const JobConfig& config, const RunOptions& options = {});
 
 // Trains the same model as one stage, micro-batch by micro-batch (loss scaled by 1/m),
 // with torch::optim::SGD/AdamW; for 2BW with the delayed update

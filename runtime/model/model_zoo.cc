@@ -336,7 +336,11 @@ class ScriptLayer : public Layer {
     return out;
   }
   std::unique_ptr<Layer> Clone() const override {
-    return std::make_unique<ScriptLayer>(name_, module_.deepcopy());
+    // Without grad mode the copies are fresh leaves rather than outputs of a clone op.
+    torch::NoGradGuard no_grad;
+    torch::jit::Module copy = module_.deepcopy();
+    for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
+    return std::make_unique<ScriptLayer>(name_, std::move(copy));
   }
   void ToDtype(at::ScalarType dtype) override { module_.to(dtype); }
   void SetTraining(bool training) override { module_.train(training); }

@@ -2,7 +2,11 @@
 // independent references: the un-pipelined trainer with LibTorch's own optimizers
 // (TrainReference), a whole-batch gradient, and hand-computed BatchNorm statistics.
 #include <gtest/gtest.h>
+#include <torch/script.h>
 #include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
 
 #include "runtime/data/dataset.h"
 #include "runtime/job/local_run.h"
@@ -293,6 +297,158 @@ TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
       << bad.status();
   EXPECT_NE(bad.status().message().find("runs past the last layer 5"), std::string::npos)
       << bad.status();
+}
+
+}  // namespace
+}  // namespace pipetrain::job
+
+namespace pipetrain::job {
+namespace {
+
+// A model brought from Python: a TorchScript archive of an nn.Sequential (built here with
+// the TorchScript compiler so the test needs no Python), including dropout.
+std::string SaveScriptedSequential(const std::string& path) {
+  torch::manual_seed(7);
+  torch::jit::Module root("Sequential");
+  root.register_attribute("training", c10::BoolType::get(), true);
+  auto linear = [](const char* type, int64_t in, int64_t out, bool relu) {
+    torch::jit::Module m(type);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    m.register_parameter("weight", torch::randn({out, in}) / std::sqrt(double(in)), false);
+    m.register_parameter("bias", torch::zeros({out}), false);
+    m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias"
+                         "\n  return ") + (relu ? "torch.relu(y)\n" : "y\n"));
+    return m;
+  };
+  torch::jit::Module dropout("Dropout");
+  dropout.register_attribute("training", c10::BoolType::get(), true);
+  dropout.define("def forward(self, x):\n  return torch.dropout(x, 0.3, self.training)\n");
+  root.register_module("0", linear("L0", 32, 24, true));
+  root.register_module("1", dropout);
+  root.register_module("2", linear("L1", 24, 24, true));
+  root.register_module("3", linear("L2", 24, 10, false));
+  root.save(path);
+  return path;
+}
+
+JobConfig ScriptJob(const std::string& path) {
+  JobConfig c;
+  c.model.name = "torchscript";
+  c.model.torchscript_path = path;
+  c.data.kind = "classification";
+  c.data.num_samples = 1024;
+  c.schedule = ScheduleKind::kOneFOneB;
+  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};
+  c.stages = 3;
+  c.micro_batches = 4;
+  c.micro_batch_size = 4;
+  c.steps = 5;
+  c.optimizer = {"adamw", 1e-2};
+  c.threads_per_stage = 1;
+  return c;
+}
+
+TEST(TorchScript, SequentialChildrenAreLayersAndTrainExactly) {
+  const std::string path = SaveScriptedSequential(::testing::TempDir() + "/seq.pt");
+  JobConfig c = ScriptJob(path);
+  JobReport report = MustRun(c);
+  EXPECT_EQ(report.model_summary.rfind("torchscript: 4 layers", 0), 0u) << report.model_summary;
+  auto reference = MustReference(c);
+  EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-5);
+  EXPECT_GT(report.losses.front(), report.losses.back());
+  // Dropout inside TorchScript is replayed exactly under recomputation.
+  c.recompute = *ParseRecompute("all");
+  JobReport recomputed = MustRun(c);
+  EXPECT_TRUE(BitwiseEqual(report.final_parameters, recomputed.final_parameters));
+}
+
+TEST(TorchScript, UnreadableFileIsAClearError) {
+  JobConfig c = ScriptJob(::testing::TempDir() + "/does_not_exist.pt");
+  auto report = RunInProcess(c);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(report.status().message().find("does_not_exist.pt"), std::string::npos);
+}
+
+// Fault injection by wrapping the real transport: corrupts or drops one message.
+class FaultyTransport : public transport::Transport {
+ public:
+  enum class Fault { kWrongShape, kWrongDtype, kDrop };
+  FaultyTransport(std::unique_ptr<transport::Transport> inner, Fault fault, int64_t micro_batch)
+      : inner_(std::move(inner)), fault_(fault), micro_batch_(micro_batch) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
+                    const at::Tensor& t) override {
+    if (kind != transport::MessageKind::kActivation || j != micro_batch_) {
+      return inner_->Send(peer, kind, j, t);
+    }
+    switch (fault_) {
+      case Fault::kWrongShape:
+        return inner_->Send(peer, kind, j, at::cat({t, t.narrow(-1, 0, 1)}, -1));
+      case Fault::kWrongDtype:
+        return inner_->Send(peer, kind, j, t.to(at::kFloat));
+      case Fault::kDrop:
+        return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,
+                                  absl::Time deadline) override {
+    return inner_->Recv(peer, kind, j, deadline);
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  Fault fault_;
+  int64_t micro_batch_;
+};
+
+absl::StatusOr<JobReport> RunWithFault(FaultyTransport::Fault fault, double timeout_s) {
+  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 3, 4);
+  c.recv_timeout_s = timeout_s;
+  RunOptions options;
+  options.wrap_transport = [fault](std::unique_ptr<transport::Transport> t, int stage) {
+    if (stage != 1) return t;
+    return std::unique_ptr<transport::Transport>(
+        new FaultyTransport(std::move(t), fault, /*micro_batch=*/6));
+  };
+  return RunInProcess(c, options);
+}
+
+TEST(CheckedMessages, WrongShapeNamesStageMicroBatchExpectedAndActual) {
+  auto report = RunWithFault(FaultyTransport::Fault::kWrongShape, 60);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().message(),
+            "stage 2 RECV_ACT6: stage 2 micro-batch 6: activation from stage 1 has the wrong "
+            "shape or dtype: expected float64[2, 8, 16], got float64[2, 8, 17]");
+}
+
+TEST(CheckedMessages, WrongDtypeIsRejected) {
+  auto report = RunWithFault(FaultyTransport::Fault::kWrongDtype, 60);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("expected float64[2, 8, 16], got float32[2, 8, 16]"),
+            std::string::npos)
+      << report.status();
+}
+
+TEST(Watchdog, LostMessageFailsEveryStageWithinTheDeadline) {
+  const auto start = std::chrono::steady_clock::now();
+  auto report = RunWithFault(FaultyTransport::Fault::kDrop, 1.0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Stage 2 waits for the lost activation; stage 1 meanwhile waits for a gradient that stage
+  // 2 cannot send. Whichever deadline passes first is reported; both name the waiting stage,
+  // the message and the peer.
+  const std::string message(report.status().message());
+  EXPECT_TRUE(
+      message.find("stage 2 timed out waiting for the activation of micro-batch 6 from stage 1") !=
+          std::string::npos ||
+      message.find("stage 1 timed out waiting for the gradient of micro-batch") != std::string::npos)
+      << message;
+  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace

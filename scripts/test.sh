@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test (unit and integration) with CTest.
+# Extra arguments go to ctest, e.g. scripts/test.sh -R pipeline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)" "$@"

@@ -1,0 +1,221 @@
+// The pipetrain CLI as users run it: the default job, the report, and bad input.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pipetrain_cli_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result Run(const std::string& args) {
+    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string command = std::string(PIPETRAIN_CLI) + " " + args + " >" + out.string() +
+                                " 2>" + err.string() + " </dev/null";
+    const auto start = std::chrono::steady_clock::now();
+    const int status = std::system(command.c_str());
+    Result r;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadFile(out);
+    r.err = ReadFile(err);
+    return r;
+  }
+
+  fs::path Write(const std::string& name, const std::string& text) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // Bad input: exit 2, one line "error: ..." naming the problem, no report written.
+  void ExpectRejected(const std::string& args, const std::string& needle) {
+    SCOPED_TRACE(args);
+    const fs::path summary = dir_ / "summary.json";
+    Result r = Run(args + " --summary " + summary.string());
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, StartsWith("error: "));
+    EXPECT_THAT(r.err, HasSubstr(needle));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(summary));
+    EXPECT_TRUE(fs::is_empty(dir_ / "stdout") || r.out.empty());
+  }
+
+  fs::path dir_;
+};
+
+// The README's main command: the built-in GPT, built-in corpus, 4 stages, 2BW.
+TEST_F(CliTest, DefaultRunIsFastAndLearnsTheCorpus) {
+  const fs::path summary = dir_ / "summary.json";
+  Result r = Run("run --summary " + summary.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(r.seconds, 180.0);
+  auto j = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(j["schedule"], "2bw");
+  EXPECT_EQ(j["stages"], 4);
+  const auto losses = j["losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), j["steps"].get<size_t>());
+  const double first = losses.front(), last = j["final_loss"].get<double>();
+  const double entropy = j["data_entropy"].get<double>();
+  EXPECT_EQ(last, losses.back());
+  EXPECT_GT(entropy, 0.5);
+  EXPECT_GE((first - last) / (first - entropy), 0.90)
+      << "first " << first << " final " << last << " entropy " << entropy;
+  EXPECT_GT(j["step_time_s"].get<double>(), 0);
+  EXPECT_GT(j["ideal_step_time_s"].get<double>(), 0);
+  ASSERT_EQ(j["per_stage"].size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    const auto& st = j["per_stage"][s];
+    EXPECT_EQ(st["peak_stashed_microbatches"], 4 - s);  // 2BW: p - s
+    EXPECT_EQ(st["peak_weight_versions"], 2);
+    EXPECT_GT(st["compute_s"].get<double>(), 0);
+    EXPECT_GE(st["wait_s"].get<double>(), 0);
+  }
+  EXPECT_THAT(r.out, HasSubstr("of the gap closed"));
+}
+
+TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
+  for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
+    const fs::path summary = dir_ / "summary.json";
+    Result r = Run(std::string("run -q --reference --dtype float64 --schedule ") + schedule +
+                   " --stages 0:2,2:4,4:5 --microbatches 4 --steps 5 --d-model 16 --n-heads 2"
+                   " --n-layers 2 --seq-len 8 --vocab 16 --summary " + summary.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto j = nlohmann::json::parse(ReadFile(summary));
+    EXPECT_EQ(j["schedule"], schedule);
+    EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10) << schedule;
+  }
+}
+
+TEST_F(CliTest, YamlJobFileWithFlagOverride) {
+  const fs::path job = Write("job.yaml", R"(
+model: {name: mlp, hidden: 16, hidden_layers: 3, input_dim: 8, num_classes: 4}
+data: {num_samples: 512}
+schedule: gpipe
+stages: [[0, 2], [2, 4]]
+microbatches: 4
+microbatch_size: 4
+steps: 50
+optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+dtype: float64
+)");
+  const fs::path summary = dir_ / "summary.json";
+  Result r = Run("run " + job.string() + " --steps 3 -q --reference --summary " +
+                 summary.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(j["steps"], 3);  // the flag won
+  EXPECT_EQ(j["schedule"], "gpipe");
+  EXPECT_EQ(j["partition"], nlohmann::json::parse("[[0, 2], [2, 4]]"));
+  EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+}
+
+TEST_F(CliTest, BadPartitionNamesTheLayers) {
+  ExpectRejected("run --stages 0:2,3:7", "layer 2 (block1) belong to no stage");
+  ExpectRejected("run --stages 0:3,2:8", "runs past the last layer 6");
+  ExpectRejected("run --stages 0:a", "bad stage range '0:a'");
+}
+
+TEST_F(CliTest, TwoBWNeedsAtLeastAsManyMicroBatchesAsStages) {
+  ExpectRejected("run --schedule 2bw --stages 4 --microbatches 2",
+                 "2bw needs micro_batches >= stages: got m=2 < p=4");
+}
+
+TEST_F(CliTest, UnknownModelAndSchedule) {
+  ExpectRejected("run --model resnet9000", "unknown model 'resnet9000'");
+  ExpectRejected("run --schedule zigzag", "zigzag");
+  ExpectRejected("run --optimizer lion", "unknown optimizer 'lion'");
+}
+
+TEST_F(CliTest, UnreadableDataAndTorchScript) {
+  ExpectRejected("run --data bytes --data-path /nonexistent/corpus.txt",
+                 "/nonexistent/corpus.txt");
+  ExpectRejected("run --data uint16", "data.path: required for data.kind uint16");
+  const fs::path junk = Write("junk.pt", "this is not a TorchScript archive");
+  ExpectRejected("run --torchscript " + junk.string(), "cannot load TorchScript model");
+  ExpectRejected("run --torchscript /nonexistent/model.pt", "/nonexistent/model.pt");
+}
+
+TEST_F(CliTest, MalformedYamlAndEveryViolationListed) {
+  ExpectRejected("run " + Write("broken.yaml", "model: {name: gpt\nsteps: [").string(),
+                 "malformed YAML");
+  const std::string job =
+      Write("bad.yaml", "steps: many\nmicrobatches: 0\nlearning_rate: 3\nmodel: {name: gpt, "
+                        "d_model: 30, n_heads: 4}\n")
+          .string();
+  ExpectRejected("run " + job, "steps: expected an integer, got 'many'");
+  ExpectRejected("run " + job, "learning_rate: unknown key");
+  // Type errors stop before semantic checks; semantic errors are all listed together.
+  ExpectRejected("run " + Write("bad2.yaml", "microbatches: 0\nsteps: 0\nmodel: {d_model: 30, "
+                                             "n_heads: 4}\n")
+                              .string(),
+                 "model.d_model (30) must be divisible by model.n_heads (4); ");
+  ExpectRejected("run " + dir_.string() + "/bad2.yaml", "steps: must be >= 1, got 0");
+}
+
+TEST_F(CliTest, HelpAndUsageErrors) {
+  Result help = Run("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("--schedule"));
+  EXPECT_THAT(help.out, HasSubstr("--recompute"));
+  Result unknown = Run("run --no-such-flag");
+  EXPECT_EQ(unknown.exit_code, 2);
+  Result none = Run("");
+  EXPECT_EQ(none.exit_code, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// Every example job in examples/ is valid and runs (two steps each).
+TEST_F(CliTest, EveryExampleJobRuns) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(PIPETRAIN_SOURCE_DIR) / "examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    const fs::path summary = dir_ / "summary.json";
+    Result r = Run("run " + entry.path().string() + " --steps 2 -q --summary " +
+                   summary.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(ReadFile(summary))["losses"].size(), 2u);
+    ++count;
+  }
+  EXPECT_GE(count, 6);
+}
+
+}  // namespace
