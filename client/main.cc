@@ -265,15 +265,18 @@ int main(int argc, char** argv) {
                 "also train the un-pipelined model and report max_param_rel_diff");
   run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
 
-  // Binds a flag to a field: stored in `values`, copied into the job only when given.
-  static job::JobConfig values = defaults;
-  auto field = [&](CLI::Option_group* group, const char* name, auto member, const char* help) {
-    auto* option = group->add_option(name, values.*member, help)->capture_default_str();
-    overrides.push_back({option, [member](job::JobConfig& c) {
-                           c.*member = values.*member;
+  // Binds a flag to the job field `get` returns: copied into the job only when given.
+  auto field = [&](CLI::Option_group* group, const char* name, const char* help, auto get) {
+    job::JobConfig probe = defaults;
+    using T = std::decay_t<decltype(get(probe))>;
+    auto value = std::make_shared<T>(get(probe));
+    auto* option = group->add_option(name, *value, help)->capture_default_str();
+    overrides.push_back({option, [value, get](job::JobConfig& c) {
+                           get(c) = *value;
                            return absl::OkStatus();
                          }});
   };
+  // A flag whose text is parsed by `apply` into the job.
   auto parsed = [&](CLI::Option_group* group, const char* name, std::string default_text,
                     const char* help, auto apply) {
     auto text = std::make_shared<std::string>();
@@ -293,25 +296,18 @@ int main(int argc, char** argv) {
            c.model.torchscript_path = v;
            return absl::OkStatus();
          });
-  auto model_field = [&](const char* name, int64_t model::ModelConfig::*member, const char* help) {
-    auto value = std::make_shared<int64_t>(defaults.model.*member);
-    auto* option = m->add_option(name, *value, help)->capture_default_str();
-    overrides.push_back({option, [value, member](job::JobConfig& c) {
-                           c.model.*member = *value;
-                           return absl::OkStatus();
-                         }});
-  };
-  model_field("--d-model", &model::ModelConfig::d_model, "gpt width");
-  model_field("--n-heads", &model::ModelConfig::n_heads, "gpt attention heads");
-  model_field("--n-layers", &model::ModelConfig::n_layers, "gpt transformer blocks");
-  model_field("--hidden", &model::ModelConfig::hidden, "mlp width / cnn channels");
-  model_field("--hidden-layers", &model::ModelConfig::hidden_layers, "mlp/cnn hidden layers");
-  parsed(m, "--dropout", "0", "dropout probability (gpt)",
-         [](job::JobConfig& c, const std::string& v) {
-           return absl::SimpleAtod(v, &c.model.dropout)
-                      ? absl::OkStatus()
-                      : absl::InvalidArgumentError(absl::StrCat("not a number: '", v, "'"));
-         });
+  field(m, "--d-model", "gpt width",
+        [](job::JobConfig& c) -> int64_t& { return c.model.d_model; });
+  field(m, "--n-heads", "gpt attention heads",
+        [](job::JobConfig& c) -> int64_t& { return c.model.n_heads; });
+  field(m, "--n-layers", "gpt transformer blocks",
+        [](job::JobConfig& c) -> int64_t& { return c.model.n_layers; });
+  field(m, "--hidden", "mlp width / cnn channels",
+        [](job::JobConfig& c) -> int64_t& { return c.model.hidden; });
+  field(m, "--hidden-layers", "mlp/cnn hidden layers",
+        [](job::JobConfig& c) -> int64_t& { return c.model.hidden_layers; });
+  field(m, "--dropout", "dropout probability (gpt)",
+        [](job::JobConfig& c) -> double& { return c.model.dropout; });
 
   auto* d = run->add_option_group("data");
   parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
@@ -325,16 +321,10 @@ int main(int argc, char** argv) {
            c.data.path = v;
            return absl::OkStatus();
          });
-  auto data_field = [&](const char* name, int64_t job::DataConfig::*member, const char* help) {
-    auto value = std::make_shared<int64_t>(defaults.data.*member);
-    auto* option = d->add_option(name, *value, help)->capture_default_str();
-    overrides.push_back({option, [value, member](job::JobConfig& c) {
-                           c.data.*member = *value;
-                           return absl::OkStatus();
-                         }});
-  };
-  data_field("--seq-len", &job::DataConfig::seq_len, "tokens per sequence (T)");
-  data_field("--vocab", &job::DataConfig::vocab, "synthetic vocabulary (uint16: 0 infers it)");
+  field(d, "--seq-len", "tokens per sequence (T)",
+        [](job::JobConfig& c) -> int64_t& { return c.data.seq_len; });
+  field(d, "--vocab", "synthetic vocabulary (uint16: 0 infers it)",
+        [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
 
   auto* p = run->add_option_group("pipeline");
   parsed(p, "--schedule", "2bw", "gpipe | 1f1b | 2bw",
@@ -358,8 +348,10 @@ int main(int argc, char** argv) {
            c.stages = static_cast<int>(ranges->size());
            return absl::OkStatus();
          });
-  field(p, "--microbatches", &job::JobConfig::micro_batches, "micro-batches per step (m)");
-  field(p, "--microbatch-size", &job::JobConfig::micro_batch_size, "rows per micro-batch (b)");
+  field(p, "--microbatches", "micro-batches per step (m)",
+        [](job::JobConfig& c) -> int& { return c.micro_batches; });
+  field(p, "--microbatch-size", "rows per micro-batch (b)",
+        [](job::JobConfig& c) -> int& { return c.micro_batch_size; });
   parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
          [](job::JobConfig& c, const std::string& v) -> absl::Status {
            auto rc = job::ParseRecompute(v);
@@ -367,29 +359,26 @@ int main(int argc, char** argv) {
            c.recompute = *rc;
            return absl::OkStatus();
          });
-  field(p, "--threads-per-stage", &job::JobConfig::threads_per_stage,
-        "intra-op threads per stage (0: cores / stages)");
-  field(p, "--timeout", &job::JobConfig::recv_timeout_s, "seconds any wait for a peer may last");
+  field(p, "--threads-per-stage", "intra-op threads per stage (0: cores / stages)",
+        [](job::JobConfig& c) -> int& { return c.threads_per_stage; });
+  field(p, "--timeout", "seconds any wait for a peer may last",
+        [](job::JobConfig& c) -> double& { return c.recv_timeout_s; });
 
   auto* t = run->add_option_group("training");
-  field(t, "--steps", &job::JobConfig::steps, "optimizer steps");
+  field(t, "--steps", "optimizer steps",
+        [](job::JobConfig& c) -> int& { return c.steps; });
   parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
     c.optimizer.name = v;
     return absl::OkStatus();
   });
-  auto opt_field = [&](const char* name, double weights::OptimizerConfig::*member,
-                       const char* help) {
-    auto value = std::make_shared<double>(defaults.optimizer.*member);
-    auto* option = t->add_option(name, *value, help)->capture_default_str();
-    overrides.push_back({option, [value, member](job::JobConfig& c) {
-                           c.optimizer.*member = *value;
-                           return absl::OkStatus();
-                         }});
-  };
-  opt_field("--lr", &weights::OptimizerConfig::lr, "learning rate");
-  opt_field("--momentum", &weights::OptimizerConfig::momentum, "sgd momentum");
-  opt_field("--weight-decay", &weights::OptimizerConfig::weight_decay, "decoupled weight decay");
-  field(t, "--seed", &job::JobConfig::seed, "initialization and data order");
+  field(t, "--lr", "learning rate",
+        [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
+  field(t, "--momentum", "sgd momentum",
+        [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
+  field(t, "--weight-decay", "decoupled weight decay",
+        [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
+  field(t, "--seed", "initialization and data order",
+        [](job::JobConfig& c) -> uint64_t& { return c.seed; });
   parsed(t, "--dtype", "float32", "float32 | float64",
          [](job::JobConfig& c, const std::string& v) -> absl::Status {
            if (v != "float32" && v != "float64") {
