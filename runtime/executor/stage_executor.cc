@@ -184,10 +184,11 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
   record.wait_s += MonotonicSeconds() - start;
   if (!got.ok()) return got.status();
   if (!transport::Matches(expected, *got)) {
+    // Run() prefixes the stage and action.
     return absl::InvalidArgumentError(absl::StrCat(
-        "stage ", config_.stage, " micro-batch ", j, ": ", transport::MessageKindName(kind),
-        " from stage ", peer, " has the wrong shape or dtype: expected ", expected.ToString(),
-        ", got ", transport::SpecOf(*got).ToString()));
+        transport::MessageKindName(kind), " of micro-batch ", j, " from stage ", peer,
+        " has the wrong shape or dtype: expected ", expected.ToString(), ", got ",
+        transport::SpecOf(*got).ToString()));
   }
   return got;
 }

@@ -5,6 +5,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 
@@ -96,7 +97,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ScheduleKind::kOneFOneB, 4, 4, "none", true},
                       Case{ScheduleKind::kOneFOneB, 4, 2, "stages:0,2", true},
                       Case{ScheduleKind::kOneFOneB, 2, 4, "none", false},
-                      Case{ScheduleKind::kOneFOneB, 1, 4, "all", true}));
+                      Case{ScheduleKind::kOneFOneB, 1, 4, "all", true}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string recompute = info.param.recompute;
+      for (char& ch : recompute) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return std::string(schedule::ScheduleKindName(info.param.kind)) + "_p" +
+             std::to_string(info.param.stages) + "_m" + std::to_string(info.param.m) +
+             "_recompute_" + recompute + (info.param.float64 ? "_float64" : "_float32");
+    });
 
 // Recomputation on vs off gives bitwise identical parameters, with dropout active.
 TEST(Recompute, BitwiseEqualWithDropout) {
@@ -420,8 +430,8 @@ TEST(CheckedMessages, WrongShapeNamesStageMicroBatchExpectedAndActual) {
   auto report = RunWithFault(FaultyTransport::Fault::kWrongShape, 60);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().message(),
-            "stage 2 RECV_ACT6: stage 2 micro-batch 6: activation from stage 1 has the wrong "
-            "shape or dtype: expected float64[2, 8, 16], got float64[2, 8, 17]");
+            "stage 2 RECV_ACT6: activation of micro-batch 6 from stage 1 has the wrong shape "
+            "or dtype: expected float64[2, 8, 16], got float64[2, 8, 17]");
 }
 
 TEST(CheckedMessages, WrongDtypeIsRejected) {
