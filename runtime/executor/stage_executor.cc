@@ -48,6 +48,7 @@ absl::Status StageExecutor::Run() {
     }
     record.end_s = MonotonicSeconds();
     if (!status.ok()) {
+      stopped_at_ = action;
       // Errors from peers already name their origin; our own get our position.
       absl::Status annotated =
           absl::IsCancelled(status) || absl::IsAborted(status)

@@ -86,6 +86,8 @@ class StageExecutor {
   absl::Status Run();
 
   const StageStats& stats() const { return stats_; }
+  // The action Run() failed or was aborted at; nullopt if it finished (or never ran).
+  const std::optional<schedule::Action>& stopped_at() const { return stopped_at_; }
 
  private:
   struct Stashed {
@@ -115,6 +117,7 @@ class StageExecutor {
   std::map<int64_t, at::Tensor> input_gradients_;
   std::map<int64_t, double> step_loss_sum_;
   StageStats stats_;
+  std::optional<schedule::Action> stopped_at_;
 };
 
 }  // namespace pipetrain::executor

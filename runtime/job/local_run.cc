@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
@@ -313,11 +314,24 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     }
     for (auto& w : workers) w.join();
   }
-  // Report the root cause: the first error that is not another stage's abort.
+  // Report the root cause (the first error that is not another stage's abort) and where
+  // every stage stopped, so a hang or a failure can be read off one line.
+  const absl::Status* root = nullptr;
   for (const absl::Status& st : results) {
-    if (!st.ok() && !absl::IsAborted(st)) return st;
+    if (!st.ok() && (root == nullptr || (absl::IsAborted(*root) && !absl::IsAborted(st)))) {
+      root = &st;
+    }
   }
-  for (const absl::Status& st : results) PT_RETURN_IF_ERROR(st);
+  if (root != nullptr) {
+    std::vector<std::string> positions;
+    for (int s = 0; s < p; ++s) {
+      const auto& at = executors[s]->stopped_at();
+      positions.push_back(absl::StrCat("stage ", s, " ",
+                                       at ? schedule::ToString(*at) : std::string("finished")));
+    }
+    return absl::Status(root->code(), absl::StrCat(root->message(), " [stopped at: ",
+                                                   absl::StrJoin(positions, ", "), "]"));
+  }
 
   JobReport report;
   report.schedule = std::string(schedule::ScheduleKindName(c.schedule));
