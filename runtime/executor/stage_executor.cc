@@ -61,6 +61,12 @@ absl::Status StageExecutor::Run() {
     stats_.compute_s += (record.end_s - record.start_s) - record.wait_s;
     stats_.records.push_back(record);
   }
+  // Messages still in flight must leave before this stage may report success (and its
+  // process exit).
+  if (absl::Status s = transport_->Flush(absl::Now() + config_.recv_timeout); !s.ok()) {
+    transport_->Abort(s);
+    return s;
+  }
   return absl::OkStatus();
 }
 

@@ -17,57 +17,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
+#include "runtime/job/report.h"
 #include "runtime/transport/transport.h"
 
 namespace pipetrain::job {
-
-struct StageReport {
-  int stage = 0;
-  model::LayerRange layers;
-  int peak_stashed_microbatches = 0;
-  int peak_weight_versions = 0;
-  double compute_s = 0;
-  double wait_s = 0;
-};
-
-struct JobReport {
-  std::string schedule;
-  int stages = 0;
-  int micro_batches = 0;
-  int micro_batch_size = 0;
-  int steps = 0;
-  std::string model_summary;  // "gpt: 7 layers, 221k parameters"
-  std::string data_summary;
-  std::vector<model::LayerRange> partition;
-  std::vector<double> losses;  // one per step, mean over the step's micro-batches
-  std::optional<double> data_entropy;
-  double step_time_s = 0;        // median over steps after the first
-  double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
-  double wall_s = 0;
-  double samples_per_s = 0;      // rows (sequences or examples) per second after step 0
-  double tokens_per_s = 0;       // target tokens per second after step 0 (token data)
-  bool token_data = false;       // tokens_per_s is meaningful
-  int threads_per_stage = 1;
-  std::vector<StageReport> per_stage;
-  std::optional<double> max_param_rel_diff;  // set by CompareWithReference
-
-  // For tests and tools: every stage's full measurements, and the final parameters of the
-  // whole model in layer order (what a checkpoint would hold).
-  std::vector<executor::StageStats> stage_stats;
-  std::vector<at::Tensor> final_parameters;
-  std::vector<at::Tensor> final_buffers;
-};
-
-struct Progress {
-  int64_t step = 0;  // 0-based, finished
-  int64_t steps = 0;
-  double loss = 0;
-  double elapsed_s = 0;
-  double samples_per_s = 0;
-  double tokens_per_s = 0;
-};
 
 struct RunOptions {
   // Called from a stage thread after each finished step, in step order.

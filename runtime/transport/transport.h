@@ -5,7 +5,8 @@
 // sends does not matter. Send never blocks on the receiver. Recv blocks until the message
 // arrives, the deadline passes (DeadlineExceeded naming what waited for whom) or the
 // transport is aborted (the abort reason, so every stage of a failing job stops with the
-// first error). Implementations: in_process/ (stages as threads of one process).
+// first error). Implementations: in_process/ (stages as threads of one process), gloo/
+// (stages as processes, over TCP).
 // Thread-safe: Abort() may be called from any thread while Send/Recv run.
 #pragma once
 
@@ -35,8 +36,11 @@ class Transport {
   virtual absl::StatusOr<at::Tensor> Recv(int peer_stage, MessageKind kind, int64_t micro_batch,
                                           absl::Time deadline) = 0;
   // Fails every pending and future Send/Recv of every stage sharing this data plane with
-  // `reason`. The first reason wins.
+  // `reason`. The first reason wins. (Across processes, peers learn of it when this
+  // process exits and its connections close.)
   virtual void Abort(const absl::Status& reason) = 0;
+  // Waits until every message sent so far has left this process (before exiting).
+  virtual absl::Status Flush(absl::Time /*deadline*/) { return absl::OkStatus(); }
 };
 
 // Shape and dtype a message must have, checked by the receiver.

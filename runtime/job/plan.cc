@@ -1,0 +1,186 @@
+#include "runtime/job/plan.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/base/threads.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/stage_module.h"
+#include "runtime/schedule/schedule.h"
+
+namespace pipetrain::job {
+namespace {
+
+absl::StatusOr<std::unique_ptr<data::Dataset>> MakeDataset(const JobConfig& c) {
+  const std::string kind = EffectiveDataKind(c);
+  data::TokenDataOptions window{c.data.seq_len};
+  if (kind == "synthetic") {
+    data::SyntheticCorpusOptions o;
+    o.vocab = c.data.vocab;
+    o.branching = c.data.branching;
+    o.num_tokens = c.data.num_tokens;
+    o.seed = c.data.seed;
+    o.window = window;
+    return data::MakeSyntheticCorpus(o);
+  }
+  if (kind == "bytes") return data::OpenByteFile(c.data.path, window);
+  if (kind == "uint16") return data::OpenUint16TokenFile(c.data.path, window, c.data.vocab);
+  data::SyntheticClassificationOptions o;
+  o.sample_shape = c.model.name == "cnn" ? c.model.image_shape
+                                         : std::vector<int64_t>{c.model.input_dim};
+  o.num_classes = c.model.num_classes;
+  o.num_samples = c.data.num_samples;
+  o.seed = c.data.seed;
+  return data::MakeSyntheticClassification(o);
+}
+
+// Shapes crossing each stage boundary, from one forward of the whole model on
+// micro-batch 0 (marked as recomputation so that BatchNorm does not count it).
+absl::Status ProbeBoundaries(const JobConfig& c, JobPlan& plan) {
+  MicroBatchReader reader(plan, c.micro_batches);
+  const int p = plan.stages();
+  plan.boundary.assign(p + 1, {});
+  try {
+    torch::NoGradGuard no_grad;
+    model::LayerContext ctx;
+    ctx.recomputing = true;
+    at::Tensor x = reader.Inputs(0);
+    plan.boundary[0] = transport::SpecOf(x);
+    for (int s = 0; s < p; ++s) {
+      for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
+        ctx.global_layer = i;
+        x = plan.layers[i]->Forward(x, ctx);
+      }
+      plan.boundary[s + 1] = transport::SpecOf(x);
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model does not accept the data: ", what.substr(0, what.find('\n'))));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> JobPlan::layer_names() const {
+  std::vector<std::string> names;
+  for (const auto& layer : layers) names.push_back(layer->name());
+  return names;
+}
+
+absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
+  PT_RETURN_IF_ERROR(ValidateJobConfig(c));
+  JobPlan plan;
+  PT_ASSIGN_OR_RETURN(plan.dataset, MakeDataset(c));
+  plan.model_config = c.model;
+  plan.model_config.seed = c.seed;
+  plan.model_config.float64 = c.float64;
+  if (plan.dataset->is_token_data()) {
+    plan.model_config.vocab_size = plan.dataset->num_classes();
+    plan.model_config.seq_len = c.data.seq_len;
+  }
+  plan.dtype = c.float64 ? at::kDouble : at::kFloat;
+  PT_ASSIGN_OR_RETURN(plan.layers, model::BuildModel(plan.model_config));
+  if (c.stage_ranges.empty()) {
+    PT_ASSIGN_OR_RETURN(plan.partition,
+                        model::BalancedPartition(model::ParameterCounts(plan.layers), c.stages));
+  } else {
+    plan.partition = c.stage_ranges;
+  }
+  PT_RETURN_IF_ERROR(model::ValidatePartition(plan.partition, plan.layer_names()));
+  const int n = static_cast<int>(plan.layers.size());
+  plan.recompute.assign(n, false);
+  switch (c.recompute.mode) {
+    case RecomputeConfig::Mode::kNone:
+      break;
+    case RecomputeConfig::Mode::kAll:
+      plan.recompute.assign(n, true);
+      break;
+    case RecomputeConfig::Mode::kStages:
+      for (int s : c.recompute.indices) {
+        for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
+          plan.recompute[i] = true;
+        }
+      }
+      break;
+    case RecomputeConfig::Mode::kLayers:
+      for (int i : c.recompute.indices) {
+        if (i >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "recompute: layer ", i, " does not exist (the model has ", n, " layers)"));
+        }
+        plan.recompute[i] = true;
+      }
+      break;
+  }
+  plan.sampler = std::make_unique<data::BatchSampler>(
+      plan.dataset->num_samples(), c.seed, /*replicas=*/1, c.micro_batches, c.micro_batch_size);
+  PT_RETURN_IF_ERROR(ProbeBoundaries(c, plan));
+  return plan;
+}
+
+data::MicroBatch MicroBatchReader::Read(int64_t j) const {
+  return plan_.dataset->Read(plan_.sampler->SampleIds(j / micro_batches_, 0,
+                                                      static_cast<int>(j % micro_batches_)));
+}
+
+at::Tensor MicroBatchReader::Inputs(int64_t j) const {
+  data::MicroBatch mb = Read(j);
+  if (!mb.input_tokens.empty()) {
+    return torch::tensor(mb.input_tokens, torch::kLong).reshape(mb.input_shape);
+  }
+  return torch::tensor(mb.input_values, torch::kFloat).reshape(mb.input_shape).to(plan_.dtype);
+}
+
+at::Tensor MicroBatchReader::Targets(int64_t j) const {
+  data::MicroBatch mb = Read(j);
+  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
+}
+
+absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
+                                      const MicroBatchReader& reader, int s) {
+  const int p = plan.stages();
+  const model::LayerRange r = plan.partition[s];
+  auto module = std::make_unique<model::StageModule>(
+      r.begin, model::CloneLayers(plan.layers, r.begin, r.end),
+      std::vector<bool>(plan.recompute.begin() + r.begin, plan.recompute.begin() + r.end));
+  PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer));
+  StageParts parts;
+  if (c.schedule == schedule::ScheduleKind::kTwoBW) {
+    PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeDoubleBufferedWeights(
+                                           std::move(module), std::move(optimizer),
+                                           c.micro_batches));
+  } else {
+    PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeSingleVersionWeights(std::move(module),
+                                                                         std::move(optimizer)));
+  }
+  executor::StageConfig& sc = parts.config;
+  sc.stage = s;
+  sc.num_stages = p;
+  sc.micro_batches = c.micro_batches;
+  sc.seed = c.seed;
+  sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
+  PT_ASSIGN_OR_RETURN(sc.actions,
+                      schedule::BuildStageSchedule({c.schedule, p, c.micro_batches, c.steps}, s));
+  if (s == 0) {
+    sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };
+  }
+  if (s == p - 1) {
+    sc.targets = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> {
+      return reader.Targets(j);
+    };
+  }
+  sc.expected_input = plan.boundary[s];
+  sc.expected_output_grad = plan.boundary[s + 1];
+  return parts;
+}
+
+int ThreadsPerStage(const JobConfig& c, int stages) {
+  return c.threads_per_stage > 0 ? c.threads_per_stage : std::max(1, AvailableCores() / stages);
+}
+
+}  // namespace pipetrain::job

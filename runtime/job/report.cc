@@ -1,0 +1,175 @@
+#include "runtime/job/report.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/clock.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/schedule/simulator.h"
+
+namespace pipetrain::job {
+namespace {
+
+using schedule::ActionKind;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Steady-state step time of `kind` predicted by the simulator from measured mean compute
+// time per (stage, action kind).
+absl::StatusOr<double> IdealStepTime(const JobConfig& c,
+                                     const std::vector<executor::StageStats>& stats) {
+  const int p = static_cast<int>(stats.size());
+  std::vector<std::map<ActionKind, std::pair<double, int>>> sums(p);
+  for (int s = 0; s < p; ++s) {
+    for (const auto& r : stats[s].records) {
+      auto& [total, count] = sums[s][r.action.kind];
+      total += r.end_s - r.start_s - r.wait_s;
+      ++count;
+    }
+  }
+  schedule::CostModel cost;
+  cost.duration = [&sums](int stage, const schedule::Action& a) {
+    auto it = sums[stage].find(a.kind);
+    if (it == sums[stage].end() || it->second.second == 0) return 0.0;
+    return it->second.first / it->second.second;
+  };
+  PT_ASSIGN_OR_RETURN(auto lists,
+                      schedule::BuildSchedule({c.schedule, p, c.micro_batches, /*steps=*/3}));
+  PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(lists, cost));
+  return sim.step_end_s[0][2] - sim.step_end_s[0][1];
+}
+
+}  // namespace
+
+std::vector<at::Tensor> DetachedCopies(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.detach().clone());
+  return out;
+}
+
+absl::Status StoppedStagesError(const std::vector<absl::Status>& results,
+                                const std::vector<std::optional<schedule::Action>>& stopped_at) {
+  // The root cause is the first error that is not another stage's abort.
+  const absl::Status* root = nullptr;
+  for (const absl::Status& st : results) {
+    if (!st.ok() && (root == nullptr || (absl::IsAborted(*root) && !absl::IsAborted(st)))) {
+      root = &st;
+    }
+  }
+  if (root == nullptr) return absl::OkStatus();
+  std::vector<std::string> positions;
+  for (size_t s = 0; s < stopped_at.size(); ++s) {
+    positions.push_back(absl::StrCat(
+        "stage ", s, " ", stopped_at[s] ? schedule::ToString(*stopped_at[s]) : "finished"));
+  }
+  return absl::Status(root->code(), absl::StrCat(root->message(), " [stopped at: ",
+                                                 absl::StrJoin(positions, ", "), "]"));
+}
+
+std::vector<at::Tensor> DetachedParameters(const weights::WeightStore& store) {
+  return DetachedCopies(store.Newest().Parameters());
+}
+std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store) {
+  return DetachedCopies(store.Newest().Buffers());
+}
+
+ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double start_s,
+                                 std::function<void(const Progress&)> sink)
+    : steps_(c.steps),
+      start_s_(start_s),
+      rows_per_step_(int64_t{c.micro_batches} * c.micro_batch_size),
+      tokens_per_row_(plan.dataset->is_token_data() ? c.data.seq_len : 1),
+      sink_(std::move(sink)) {}
+
+void ProgressTracker::StepEnded(int64_t step, double end_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ends_[step] = end_s;
+  Flush();
+}
+
+void ProgressTracker::LossKnown(int64_t step, double loss) {
+  std::lock_guard<std::mutex> lock(mu_);
+  losses_[step] = loss;
+  Flush();
+}
+
+void ProgressTracker::Flush() {
+    while (ends_.count(next_) && losses_.count(next_)) {
+      Progress p;
+      p.step = next_;
+      p.steps = steps_;
+      p.loss = losses_[next_];
+      p.elapsed_s = ends_[next_] - start_s_;
+      if (next_ > 0) {
+        const double dt = ends_[next_] - ends_[0];
+        p.samples_per_s = dt > 0 ? rows_per_step_ * next_ / dt : 0;
+      } else {
+        p.samples_per_s = p.elapsed_s > 0 ? rows_per_step_ / p.elapsed_s : 0;
+      }
+      p.tokens_per_s = p.samples_per_s * tokens_per_row_;
+      if (sink_) sink_(p);
+      ++next_;
+    }
+}
+
+absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
+                                         std::vector<StageOutcome> stages, double start_s) {
+  const int p = plan.stages();
+  JobReport report;
+  report.schedule = std::string(schedule::ScheduleKindName(c.schedule));
+  report.stages = p;
+  report.micro_batches = c.micro_batches;
+  report.micro_batch_size = c.micro_batch_size;
+  report.steps = c.steps;
+  report.partition = plan.partition;
+  report.data_entropy = plan.dataset->entropy_nats();
+  report.data_summary = plan.dataset->Describe();
+  double params = 0;
+  for (double n : model::ParameterCounts(plan.layers)) params += n;
+  report.model_summary = absl::StrCat(c.model.name, ": ", plan.layers.size(), " layers, ",
+                                      static_cast<int64_t>(params), " parameters");
+  report.threads_per_stage = ThreadsPerStage(c, p);
+  report.wall_s = MonotonicSeconds() - start_s;
+  report.losses.assign(c.steps, 0.0);
+  for (const auto& step : stages[p - 1].stats.steps) {
+    if (step.mean_loss) report.losses[step.step] = *step.mean_loss;
+  }
+  for (int s = 0; s < p; ++s) {
+    StageOutcome& out = stages[s];
+    report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
+                                out.stats.peak_weight_versions, out.stats.compute_s,
+                                out.stats.wait_s});
+    for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
+    for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
+    report.stage_stats.push_back(std::move(out.stats));
+  }
+  const int64_t rows_per_step = int64_t{c.micro_batches} * c.micro_batch_size;
+  const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data.seq_len : 1;
+  const auto& steps0 = report.stage_stats[0].steps;
+  if (steps0.empty()) return absl::InternalError("stage 0 finished no step");
+  std::vector<double> step_times;
+  for (size_t i = 1; i < steps0.size(); ++i) {
+    step_times.push_back(steps0[i].end_s - steps0[i - 1].end_s);
+  }
+  report.step_time_s = step_times.empty() ? steps0.back().end_s - start_s : Median(step_times);
+  if (steps0.size() > 1) {
+    const double dt = steps0.back().end_s - steps0.front().end_s;
+    report.samples_per_s = rows_per_step * (steps0.size() - 1) / dt;
+  } else {
+    report.samples_per_s = rows_per_step / (steps0.back().end_s - start_s);
+  }
+  report.tokens_per_s = report.samples_per_s * tokens_per_row;
+  report.token_data = plan.dataset->is_token_data();
+  PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, report.stage_stats));
+  return report;
+}
+
+}  // namespace pipetrain::job

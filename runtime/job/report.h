@@ -1,0 +1,112 @@
+// What a finished job reports: losses, timing against the simulator's ideal, per-stage
+// memory and time, final parameters. Built the same way whether stages ran as threads or as
+// processes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "runtime/executor/stage_executor.h"
+#include "runtime/job/plan.h"
+#include "runtime/schedule/action.h"
+#include "runtime/weights/weight_store.h"
+
+namespace pipetrain::job {
+
+struct StageReport {
+  int stage = 0;
+  model::LayerRange layers;
+  int peak_stashed_microbatches = 0;
+  int peak_weight_versions = 0;
+  double compute_s = 0;
+  double wait_s = 0;
+};
+
+struct JobReport {
+  std::string schedule;
+  int stages = 0;
+  int micro_batches = 0;
+  int micro_batch_size = 0;
+  int steps = 0;
+  std::string model_summary;  // "gpt: 7 layers, 221k parameters"
+  std::string data_summary;
+  std::vector<model::LayerRange> partition;
+  std::vector<double> losses;  // one per step, mean over the step's micro-batches
+  std::optional<double> data_entropy;
+  double step_time_s = 0;        // median over steps after the first
+  double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
+  double wall_s = 0;
+  double samples_per_s = 0;      // rows (sequences or examples) per second after step 0
+  double tokens_per_s = 0;       // target tokens per second after step 0 (token data)
+  bool token_data = false;       // tokens_per_s is meaningful
+  int threads_per_stage = 1;
+  std::vector<StageReport> per_stage;
+  std::optional<double> max_param_rel_diff;  // set by CompareWithReference
+
+  // For tests and tools: every stage's full measurements, and the final parameters of the
+  // whole model in layer order (what a checkpoint would hold).
+  std::vector<executor::StageStats> stage_stats;
+  std::vector<at::Tensor> final_parameters;
+  std::vector<at::Tensor> final_buffers;
+};
+
+struct Progress {
+  int64_t step = 0;  // 0-based, finished
+  int64_t steps = 0;
+  double loss = 0;
+  double elapsed_s = 0;
+  double samples_per_s = 0;
+  double tokens_per_s = 0;
+};
+
+// What one stage leaves behind.
+struct StageOutcome {
+  executor::StageStats stats;
+  std::vector<at::Tensor> parameters;  // newest weights, detached copies
+  std::vector<at::Tensor> buffers;
+};
+
+// The report of a finished run; `start_s` is when the stages started (MonotonicSeconds).
+absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
+                                         std::vector<StageOutcome> stages, double start_s);
+
+// The error of a failed run: the root cause (the first error that is not another stage's
+// abort) and where every stage stopped ("[stopped at: stage 0 RECV_GRAD5, ...]"). OK if
+// every result is OK.
+absl::Status StoppedStagesError(const std::vector<absl::Status>& results,
+                                const std::vector<std::optional<schedule::Action>>& stopped_at);
+
+std::vector<at::Tensor> DetachedCopies(const std::vector<at::Tensor>& tensors);
+// Detached copies of a stage's newest parameters / buffers.
+std::vector<at::Tensor> DetachedParameters(const weights::WeightStore& store);
+std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store);
+
+// Emits Progress in step order once both the step's end (stage 0) and its loss (last
+// stage) are known. Thread-safe.
+class ProgressTracker {
+ public:
+  ProgressTracker(const JobConfig& config, const JobPlan& plan, double start_s,
+                  std::function<void(const Progress&)> sink);
+  void StepEnded(int64_t step, double end_s);
+  void LossKnown(int64_t step, double loss);
+
+ private:
+  void Flush();  // REQUIRES: mu_ held
+  std::mutex mu_;
+  int64_t steps_;
+  double start_s_;
+  int64_t rows_per_step_, tokens_per_row_;
+  std::function<void(const Progress&)> sink_;
+  std::map<int64_t, double> ends_, losses_;
+  int64_t next_ = 0;
+};
+
+}  // namespace pipetrain::job

@@ -1,0 +1,48 @@
+// The small key-value store that bootstraps the data plane: processes meet there, exchange
+// addresses and report progress. A TCP store (one process serves, the others connect) for
+// now; the coordinator will back the same interface.
+//
+// Every wait has a deadline. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pipetrain::rendezvous {
+
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits until `key` is set, at most `timeout` (DeadlineExceeded naming the key).
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  // Atomically adds `delta` to the integer at `key` (0 if unset); returns the new value.
+  virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  // True if every key is set; does not wait.
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
+  virtual absl::Status Delete(const std::string& key) = 0;
+};
+
+// Serves a store on host:port (port 0: any free port) and is a client of it.
+absl::StatusOr<std::unique_ptr<KeyValueStore>> ServeTcpStore(const std::string& host, int port);
+// Connects to a served store, retrying until `timeout`.
+absl::StatusOr<std::unique_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port,
+                                                               absl::Duration timeout);
+// The port a store made by ServeTcpStore listens on; -1 for other stores.
+int TcpStorePort(const KeyValueStore& store);
+
+// Every one of `world` ranks announces itself under `prefix` and waits for all others. On
+// the deadline: DeadlineExceeded naming every rank that did not arrive, described by
+// `describe(rank)` (e.g. "rank 3 (stage 1, replica 1)").
+absl::Status Rendezvous(KeyValueStore& store, const std::string& prefix, int rank, int world,
+                        absl::Duration timeout,
+                        const std::function<std::string(int rank)>& describe);
+
+}  // namespace pipetrain::rendezvous

@@ -1,0 +1,146 @@
+// KeyValueStore over LibTorch's c10d::TCPStore (the store torchrun uses), so that the same
+// store also bootstraps c10d process groups (see transport/gloo).
+#include <chrono>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/rendezvous/c10d_store.h"
+
+namespace pipetrain::rendezvous {
+namespace {
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+class TcpStore : public KeyValueStore, public C10dStoreHolder {
+ public:
+  TcpStore(c10::intrusive_ptr<c10d::TCPStore> store, bool server)
+      : store_(std::move(store)), server_(server) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    try {
+      store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("store: set '", key, "': ", FirstLine(e)));
+    }
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    try {
+      store_->wait({key}, ToChrono(timeout));
+      std::vector<uint8_t> v = store_->get(key);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      const std::string what = FirstLine(e);
+      if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos) {
+        return absl::DeadlineExceededError(absl::StrCat("store: '", key, "' was not set within ",
+                                                        absl::FormatDuration(timeout)));
+      }
+      return absl::UnavailableError(absl::StrCat("store: get '", key, "': ", what));
+    }
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    try {
+      return store_->add(key, delta);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("store: add '", key, "': ", FirstLine(e)));
+    }
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override {
+    try {
+      return store_->check(keys);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("store: check: ", FirstLine(e)));
+    }
+  }
+  absl::Status Delete(const std::string& key) override {
+    try {
+      store_->deleteKey(key);
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("store: delete '", key, "': ", FirstLine(e)));
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> c10d_store() const override { return store_; }
+  int port() const { return server_ ? store_->getPort() : -1; }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  bool server_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KeyValueStore>> ServeTcpStore(const std::string& host, int port) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(60);
+  try {
+    return std::unique_ptr<KeyValueStore>(
+        new TcpStore(c10::make_intrusive<c10d::TCPStore>(host, o), /*server=*/true));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve a store on ", host, ":", port, ": ", FirstLine(e)));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port,
+                                                               absl::Duration timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = ToChrono(timeout);
+  try {
+    return std::unique_ptr<KeyValueStore>(
+        new TcpStore(c10::make_intrusive<c10d::TCPStore>(host, o), /*server=*/false));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the store at ", host, ":", port,
+                                               " within ", absl::FormatDuration(timeout), ": ",
+                                               FirstLine(e)));
+  }
+}
+
+int TcpStorePort(const KeyValueStore& store) {
+  const auto* tcp = dynamic_cast<const TcpStore*>(&store);
+  return tcp ? tcp->port() : -1;
+}
+
+absl::Status Rendezvous(KeyValueStore& store, const std::string& prefix, int rank, int world,
+                        absl::Duration timeout,
+                        const std::function<std::string(int rank)>& describe) {
+  auto key = [&](int r) { return absl::StrCat(prefix, "/arrived/", r); };
+  if (absl::Status s = store.Set(key(rank), "1"); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    std::vector<int> missing;
+    for (int r = 0; r < world; ++r) {
+      auto present = store.Check({key(r)});
+      if (!present.ok()) return present.status();
+      if (!*present) missing.push_back(r);
+    }
+    if (missing.empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      std::vector<std::string> who;
+      for (int r : missing) who.push_back(describe ? describe(r) : absl::StrCat("rank ", r));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous '", prefix, "': ", missing.size(), " of ", world,
+          " ranks did not arrive within ", absl::FormatDuration(timeout), ": ",
+          absl::StrJoin(who, ", ")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace pipetrain::rendezvous

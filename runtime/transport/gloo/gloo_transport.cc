@@ -1,0 +1,193 @@
+#include "runtime/transport/gloo/gloo_transport.h"
+
+#include <mutex>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/rendezvous/c10d_store.h"
+
+namespace pipetrain::transport {
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kHeaderSize = 4 + kMaxDims;  // kind, micro-batch, dtype, ndim, dims
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+class GlooTransport : public Transport {
+ public:
+  GlooTransport(std::shared_ptr<rendezvous::KeyValueStore> store,
+                c10::intrusive_ptr<c10d::ProcessGroupGloo> group, GlooTransportOptions options)
+      : store_(std::move(store)), group_(std::move(group)), options_(std::move(options)) {}
+
+  int stage() const override { return options_.stage; }
+
+  absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
+                    const at::Tensor& tensor) override {
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    if (tensor.dim() > kMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot send a tensor of ", tensor.dim(),
+                                                     " dimensions (at most ", kMaxDims, ")"));
+    }
+    at::Tensor header = at::zeros({kHeaderSize}, at::kLong);
+    auto h = header.accessor<int64_t, 1>();
+    h[0] = static_cast<int64_t>(kind);
+    h[1] = micro_batch;
+    h[2] = static_cast<int64_t>(tensor.scalar_type());
+    h[3] = tensor.dim();
+    for (int64_t d = 0; d < tensor.dim(); ++d) h[4 + d] = tensor.size(d);
+    at::Tensor payload = tensor.detach().contiguous();
+    try {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      Reap();
+      std::vector<at::Tensor> hv = {header}, pv = {payload};
+      pending_.push_back({group_->send(hv, RankOf(peer), Tag(kind, micro_batch, false)), header});
+      pending_.push_back({group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("sending the ", MessageKindName(kind),
+                                                 " of micro-batch ", micro_batch, " to ",
+                                                 Describe(peer), ": ", FirstLine(e)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t micro_batch,
+                                  absl::Time deadline) override {
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const std::string what = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
+                                          micro_batch, " from ", Describe(peer));
+    std::vector<at::Tensor> header = {at::zeros({kHeaderSize}, at::kLong)};
+    if (absl::Status s = Wait(header, peer, Tag(kind, micro_batch, false), deadline, what);
+        !s.ok()) {
+      return s;
+    }
+    auto h = header[0].accessor<int64_t, 1>();
+    const int64_t ndim = h[3];
+    if (h[0] != static_cast<int64_t>(kind) || h[1] != micro_batch || ndim < 0 ||
+        ndim > kMaxDims || h[2] < 0 ||
+        h[2] >= static_cast<int64_t>(at::ScalarType::NumOptions)) {
+      return absl::DataLossError(absl::StrCat("malformed header for ", what));
+    }
+    std::vector<int64_t> shape(&h[4], &h[4] + ndim);
+    std::vector<at::Tensor> payload = {
+        at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[2])))};
+    if (absl::Status s = Wait(payload, peer, Tag(kind, micro_batch, true), deadline, what);
+        !s.ok()) {
+      return s;
+    }
+    return payload[0];
+  }
+
+  void Abort(const absl::Status& reason) override {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_reason_.ok()) abort_reason_ = reason;
+  }
+
+  absl::Status Flush(absl::Time deadline) override {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    for (auto& p : pending_) {
+      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      try {
+        p.work->wait(std::chrono::milliseconds(left));
+      } catch (const std::exception& e) {
+        return absl::UnavailableError(
+            absl::StrCat("stage ", options_.stage, ": delivering sent messages: ", FirstLine(e)));
+      }
+    }
+    pending_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor keep_alive;
+  };
+
+  int RankOf(int stage) const { return options_.replica * options_.stages + stage; }
+  std::string Describe(int stage) const {
+    return absl::StrCat("stage ", stage, " (rank ", RankOf(stage), ")");
+  }
+  // Distinct tags for the header and payload of every (kind, micro-batch).
+  static int Tag(MessageKind kind, int64_t micro_batch, bool payload) {
+    return static_cast<int>(micro_batch * 4 + static_cast<int>(kind) * 2 + (payload ? 1 : 0));
+  }
+
+  absl::Status aborted() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_reason_;
+  }
+
+  absl::Status Wait(std::vector<at::Tensor>& buffer, int peer, int tag, absl::Time deadline,
+                    const std::string& what) {
+    try {
+      auto work = group_->recv(buffer, RankOf(peer), tag);
+      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      work->wait(std::chrono::milliseconds(left));
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("stage ", options_.stage, " timed out waiting for ", what));
+      }
+      return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " lost ",
+                                                 Describe(peer), " while waiting for ", what,
+                                                 ": ", FirstLine(e)));
+    }
+  }
+
+  // REQUIRES: send_mu_ held.
+  void Reap() {
+    size_t kept = 0;
+    for (auto& p : pending_) {
+      if (!p.work->isCompleted()) pending_[kept++] = std::move(p);
+    }
+    pending_.resize(kept);
+  }
+
+  std::shared_ptr<rendezvous::KeyValueStore> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  GlooTransportOptions options_;
+  std::mutex send_mu_;
+  std::vector<Pending> pending_;  // guarded by send_mu_
+  std::mutex abort_mu_;
+  absl::Status abort_reason_;  // guarded by abort_mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
+    std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options) {
+  c10::intrusive_ptr<c10d::Store> c10d_store = rendezvous::C10dStoreOf(*store);
+  if (!c10d_store) {
+    return absl::InvalidArgumentError("the Gloo transport needs a store made by rendezvous/");
+  }
+  const int world = options.stages * options.replicas;
+  const int rank = options.replica * options.stages + options.stage;
+  absl::Status arrived = rendezvous::Rendezvous(
+      *store, "gloo", rank, world, options.connect_timeout, [&options](int r) {
+        return absl::StrCat("rank ", r, " (stage ", r % options.stages, ", replica ",
+                            r / options.stages, ")");
+      });
+  if (!arrived.ok()) return arrived;
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+    opts->timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout));
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("pipeline", c10d_store);
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts);
+    return std::unique_ptr<Transport>(new GlooTransport(std::move(store), group, options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, ": connecting the Gloo data plane: ", FirstLine(e)));
+  }
+}
+
+}  // namespace pipetrain::transport

@@ -1,0 +1,40 @@
+// Stages as processes: activations and gradients over Gloo's TCP transport.
+//
+// Built on LibTorch's c10d::ProcessGroupGloo rather than Debian's bare libgloo: it brings
+// the rendezvous over a key-value store, tagged point-to-point send/recv with timeouts and
+// the ring AllReduce that data-parallel replicas need, all maintained with LibTorch and the
+// same shape as the NCCL process group used on GPUs.
+//
+// Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Every message is a
+// small header (kind, micro-batch, dtype, shape) followed by the payload, so the receiver
+// learns the real shape and dtype of what arrived and the executor can reject a mismatch
+// with both in the error. Sends are asynchronous; Flush() waits for them. Receives wait
+// until their deadline; a peer that exits makes them fail at once (Unavailable naming the
+// peer's stage and rank). Thread-safe for one sending and one receiving thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/transport.h"
+
+namespace pipetrain::transport {
+
+struct GlooTransportOptions {
+  int stage = 0;
+  int stages = 1;
+  int replica = 0;
+  int replicas = 1;
+  std::string host = "127.0.0.1";  // address this process listens on for its peers
+  absl::Duration connect_timeout = absl::Seconds(60);
+};
+
+// Connects to every other process of the job through `store` (c10d TCP store). Blocks until
+// all have arrived or the timeout passes (naming who did not).
+absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
+    std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options);
+
+}  // namespace pipetrain::transport
