@@ -1,6 +1,6 @@
 // pipetrain: the command-line interface.
 //
-//   pipetrain run [JOB.yaml] [flags]   train in this process, one thread per pipeline stage
+//   pipetrain run [JOB.yaml] [flags]   train: one thread (or process) per pipeline stage
 //
 // Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 130 interrupted.
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "runtime/job/local_run.h"
+#include "runtime/job/process_run.h"
 
 namespace pipetrain::client {
 namespace {
@@ -176,7 +177,13 @@ void PrintSummary(const job::JobReport& r) {
 
 struct RunFlags {
   std::string job_file, summary_file;
+  std::string launch = "threads";
   bool reference = false, quiet = false;
+  std::vector<std::string> argv;  // the whole command line, to start stage processes
+  // Set by the launcher in the stage processes it starts.
+  int stage_process = -1;
+  int store_port = 0;
+  std::string result_dir;
 };
 
 // A flag that overrides one field of the job: values given on the command line win over the
@@ -212,11 +219,32 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     return kExitUsage;
   }
 
+  if (flags.stage_process >= 0) {
+    absl::Status s = job::RunStageProcess(
+        config, {flags.stage_process, flags.store_port, flags.result_dir});
+    if (!s.ok()) {
+      if (!s.GetPayload(job::kReportedToLauncher)) {  // else the launcher reports it
+        std::fprintf(stderr, "error: stage %d: %s\n", flags.stage_process,
+                     std::string(s.message()).c_str());
+      }
+      return kExitJobFailed;
+    }
+    return kExitOk;
+  }
+
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(flags.quiet, token_data);
-  job::RunOptions options;
-  options.on_progress = std::ref(printer);
-  auto report = job::RunInProcess(config, options);
+  absl::StatusOr<job::JobReport> report;
+  if (flags.launch == "processes") {
+    job::ProcessRunOptions options;
+    options.command = flags.argv;
+    options.on_progress = std::ref(printer);
+    report = job::RunAsProcesses(config, options);
+  } else {
+    job::RunOptions options;
+    options.on_progress = std::ref(printer);
+    report = job::RunInProcess(config, options);
+  }
   if (!report.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
     return ExitCodeFor(report.status());
@@ -264,6 +292,15 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", flags.reference,
                 "also train the un-pipelined model and report max_param_rel_diff");
   run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
+  run->add_option("--launch", flags.launch,
+                  "threads: all stages in this process; processes: one process per stage, "
+                  "connected by Gloo over loopback TCP")
+      ->check(CLI::IsMember({"threads", "processes"}))
+      ->capture_default_str();
+  auto* internal = run->add_option_group("");  // set by --launch processes, not for users
+  internal->add_option("--stage-process", flags.stage_process);
+  internal->add_option("--store-port", flags.store_port);
+  internal->add_option("--result-dir", flags.result_dir);
 
   // Binds a flag to the job field `get` returns: copied into the job only when given.
   auto field = [&](CLI::Option_group* group, const char* name, const char* help, auto get) {
@@ -388,6 +425,7 @@ int main(int argc, char** argv) {
            return absl::OkStatus();
          });
 
+  flags.argv.assign(argv, argv + argc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -137,9 +137,9 @@ class GlooTransport : public Transport {
         return absl::DeadlineExceededError(
             absl::StrCat("stage ", options_.stage, " timed out waiting for ", what));
       }
-      return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " lost ",
-                                                 Describe(peer), " while waiting for ", what,
-                                                 ": ", FirstLine(e)));
+      return absl::UnavailableError(absl::StrCat(
+          "stage ", options_.stage, " lost ", Describe(peer), " while waiting for the ",
+          what.substr(4, what.find(" from ") - 4), ": ", FirstLine(e)));
     }
   }
 

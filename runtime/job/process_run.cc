@@ -1,0 +1,300 @@
+#include "runtime/job/process_run.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/clock.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/base/threads.h"
+#include "runtime/job/plan.h"
+#include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/gloo/gloo_transport.h"
+
+extern char** environ;
+
+namespace pipetrain::job {
+
+const char kReportedToLauncher[] = "pipetrain.reported_to_launcher";
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kLoopback[] = "127.0.0.1";
+
+std::string ProgressKey(const char* what, int64_t step) {
+  return absl::StrCat("progress/", what, "/", step);
+}
+
+// ---- stage outcome files: <dir>/stage<S>.json (measurements), <dir>/stage<S>.pt (weights)
+
+nlohmann::json StatsToJson(const executor::StageStats& st) {
+  nlohmann::json j;
+  j["peak_stashed_microbatches"] = st.peak_stashed_microbatches;
+  j["peak_weight_versions"] = st.peak_weight_versions;
+  j["compute_s"] = st.compute_s;
+  j["wait_s"] = st.wait_s;
+  auto& records = j["records"] = nlohmann::json::array();
+  for (const auto& r : st.records) {
+    records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
+                       r.wait_s, r.version});
+  }
+  auto& steps = j["steps"] = nlohmann::json::array();
+  for (const auto& s : st.steps) {
+    steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr});
+  }
+  return j;
+}
+
+executor::StageStats StatsFromJson(const nlohmann::json& j) {
+  executor::StageStats st;
+  st.peak_stashed_microbatches = j.at("peak_stashed_microbatches");
+  st.peak_weight_versions = j.at("peak_weight_versions");
+  st.compute_s = j.at("compute_s");
+  st.wait_s = j.at("wait_s");
+  for (const auto& r : j.at("records")) {
+    executor::ActionRecord rec;
+    rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};
+    rec.start_s = r[2];
+    rec.end_s = r[3];
+    rec.wait_s = r[4];
+    rec.version = r[5];
+    st.records.push_back(rec);
+  }
+  for (const auto& s : j.at("steps")) {
+    executor::StepRecord step;
+    step.step = s[0];
+    step.end_s = s[1];
+    if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
+    st.steps.push_back(step);
+  }
+  return st;
+}
+
+fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
+  return fs::path(dir) / absl::StrCat("stage", stage, ext);
+}
+
+absl::Status WriteOutcome(const std::string& dir, int stage, const StageOutcome& out) {
+  try {
+    std::vector<at::Tensor> tensors = out.parameters;
+    tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
+    torch::save(tensors, OutcomePath(dir, stage, ".pt").string());
+    nlohmann::json j = StatsToJson(out.stats);
+    j["num_parameters"] = out.parameters.size();
+    std::ofstream(OutcomePath(dir, stage, ".json")) << j.dump();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("stage ", stage, ": writing results: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageOutcome> ReadOutcome(const std::string& dir, int stage) {
+  try {
+    std::ifstream in(OutcomePath(dir, stage, ".json"));
+    nlohmann::json j = nlohmann::json::parse(in);
+    StageOutcome out;
+    out.stats = StatsFromJson(j);
+    std::vector<at::Tensor> tensors;
+    torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
+    const size_t n = j.at("num_parameters");
+    out.parameters.assign(tensors.begin(), tensors.begin() + n);
+    out.buffers.assign(tensors.begin() + n, tensors.end());
+    return out;
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("stage ", stage, ": reading its results from ", dir, ": ", e.what()));
+  }
+}
+
+std::string SelfExecutable() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : self.string();
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
+  PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
+  const int p = plan.stages();
+  if (args.stage < 0 || args.stage >= p) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", args.stage, " of ", p));
+  }
+  SetIntraOpThreads(ThreadsPerStage(c, p));
+  const absl::Duration timeout = absl::Seconds(c.recv_timeout_s);
+  PT_ASSIGN_OR_RETURN(std::shared_ptr<rendezvous::KeyValueStore> store,
+                      rendezvous::ConnectTcpStore(kLoopback, args.store_port, timeout));
+  // Errors go to the launcher through the store; marked so the caller need not print them.
+  auto fail = [&](absl::Status status) {
+    if (store->Set(absl::StrCat("error/", args.stage), std::string(status.message())).ok()) {
+      status.SetPayload(kReportedToLauncher, absl::Cord("1"));
+    }
+    return status;
+  };
+  transport::GlooTransportOptions topts;
+  topts.stage = args.stage;
+  topts.stages = p;
+  topts.host = kLoopback;
+  topts.connect_timeout = timeout;
+  auto transport = transport::MakeGlooTransport(store, topts);
+  if (!transport.ok()) return fail(transport.status());
+
+  MicroBatchReader reader(plan, c.micro_batches);
+  auto parts = BuildStage(c, plan, reader, args.stage);
+  if (!parts.ok()) return fail(parts.status());
+  const int stage = args.stage;
+  auto on_step = [&store, stage](const executor::StepRecord& step) {
+    if (step.mean_loss) {
+      (void)store->Set(ProgressKey("loss", step.step), absl::StrCat(*step.mean_loss));
+    }
+    if (stage == 0) (void)store->Set(ProgressKey("end", step.step), absl::StrCat(step.end_s));
+  };
+  executor::StageExecutor executor(parts->config, parts->weights.get(), transport->get(),
+                                   on_step);
+  if (absl::Status s = executor.Run(); !s.ok()) return fail(s);
+  StageOutcome outcome{executor.stats(), DetachedParameters(*parts->weights),
+                       DetachedBuffers(*parts->weights)};
+  if (absl::Status s = WriteOutcome(args.result_dir, stage, outcome); !s.ok()) return fail(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOptions& options) {
+  PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
+  const int p = plan.stages();
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
+                      rendezvous::ServeTcpStore(kLoopback, 0));
+  const int port = rendezvous::TcpStorePort(*store);
+  char dir_template[] = "/tmp/pipetrain-run-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot create a temp dir");
+  const std::string result_dir = dir_template;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } remove_dir{result_dir};
+
+  const std::string self = SelfExecutable();
+  if (self.empty() || options.command.empty()) {
+    return absl::InternalError("cannot find this program's own executable to start stages");
+  }
+  const double start_s = MonotonicSeconds();
+  std::vector<pid_t> pids(p, -1);
+  for (int s = 0; s < p; ++s) {
+    std::vector<std::string> args = options.command;
+    args[0] = self;
+    for (const std::string& a : {std::string("--stage-process"), absl::StrCat(s),
+                                 std::string("--store-port"), absl::StrCat(port),
+                                 std::string("--result-dir"), result_dir}) {
+      args.push_back(a);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pids[s], self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+      for (int k = 0; k < s; ++k) kill(pids[k], SIGKILL);
+      for (int k = 0; k < s; ++k) waitpid(pids[k], nullptr, 0);
+      return absl::InternalError(absl::StrCat("cannot start the process of stage ", s));
+    }
+  }
+
+  // Progress, in step order, from what the stages publish in the store.
+  std::atomic<bool> finished{false};
+  std::thread progress([&] {
+    ProgressTracker tracker(c, plan, start_s, options.on_progress);
+    for (int64_t t = 0; t < c.steps && !finished; ++t) {
+      for (const char* what : {"loss", "end"}) {
+        while (!finished) {
+          auto v = store->Get(ProgressKey(what, t), absl::Milliseconds(200));
+          if (!v.ok()) continue;
+          double x = 0;
+          if (!absl::SimpleAtod(*v, &x)) break;
+          if (std::string(what) == "loss") {
+            tracker.LossKnown(t, x);
+          } else {
+            tracker.StepEnded(t, x);
+          }
+          break;
+        }
+      }
+    }
+  });
+
+  // Wait for every stage; after the first failure, give the rest `stop_grace`, then kill.
+  std::vector<int> statuses(p, 0);
+  std::vector<bool> running(p, true);
+  int alive = p;
+  absl::Time kill_at = absl::InfiniteFuture();
+  while (alive > 0) {
+    for (int s = 0; s < p; ++s) {
+      if (!running[s]) continue;
+      int status = 0;
+      if (waitpid(pids[s], &status, WNOHANG) == pids[s]) {
+        running[s] = false;
+        statuses[s] = status;
+        --alive;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) &&
+            kill_at == absl::InfiniteFuture()) {
+          kill_at = absl::Now() + options.stop_grace;
+        }
+      }
+    }
+    if (absl::Now() >= kill_at) {
+      for (int s = 0; s < p; ++s) {
+        if (running[s]) kill(pids[s], SIGKILL);
+      }
+    }
+    if (alive > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  finished = true;
+  progress.join();
+
+  // Stages that died without a word (the likely cause) first, then what the others said.
+  std::vector<std::string> died, reported;
+  for (int s = 0; s < p; ++s) {
+    const int status = statuses[s];
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    auto error = store->Get(absl::StrCat("error/", s), absl::Milliseconds(1));
+    if (error.ok()) {
+      reported.push_back(*error);
+    } else {
+      died.push_back(absl::StrCat("stage ", s, " (pid ", pids[s], ") ", DescribeExit(status)));
+    }
+  }
+  std::vector<std::string> failures = died;
+  failures.insert(failures.end(), reported.begin(), reported.end());
+  if (!failures.empty()) {
+    return absl::UnavailableError(absl::StrJoin(failures, "; "));
+  }
+  std::vector<StageOutcome> outcomes;
+  for (int s = 0; s < p; ++s) {
+    PT_ASSIGN_OR_RETURN(StageOutcome out, ReadOutcome(result_dir, s));
+    outcomes.push_back(std::move(out));
+  }
+  return AssembleReport(c, plan, std::move(outcomes), start_s);
+}
+
+}  // namespace pipetrain::job

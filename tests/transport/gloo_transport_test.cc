@@ -1,0 +1,136 @@
+// The Gloo data plane and its rendezvous, with stages as threads of this test process
+// talking over real loopback TCP.
+#include <future>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/gloo/gloo_transport.h"
+
+namespace pipetrain::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::shared_ptr<rendezvous::KeyValueStore> Connect(int port) {
+  auto store = rendezvous::ConnectTcpStore("127.0.0.1", port, absl::Seconds(10));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::move(store).value();
+}
+
+// Two stages of one pipeline, each with its own store client, like two processes.
+struct Pair {
+  std::unique_ptr<rendezvous::KeyValueStore> server;
+  std::unique_ptr<Transport> stage0, stage1;
+};
+
+Pair MakePair(absl::Duration timeout = absl::Seconds(20)) {
+  Pair pair;
+  auto server = rendezvous::ServeTcpStore("127.0.0.1", 0);
+  EXPECT_TRUE(server.ok()) << server.status();
+  pair.server = std::move(server).value();
+  const int port = rendezvous::TcpStorePort(*pair.server);
+  EXPECT_GT(port, 0);
+  auto make = [port, timeout](int stage) {
+    GlooTransportOptions o;
+    o.stage = stage;
+    o.stages = 2;
+    o.connect_timeout = timeout;
+    auto t = MakeGlooTransport(Connect(port), o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return std::move(t).value();
+  };
+  auto other = std::async(std::launch::async, make, 1);
+  pair.stage0 = make(0);
+  pair.stage1 = other.get();
+  return pair;
+}
+
+TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
+  Pair pair = MakePair();
+  at::Tensor act = torch::randn({4, 8, 16}, torch::kDouble);
+  at::Tensor grad = torch::randn({3, 5});
+  ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 7, act).ok());
+  ASSERT_TRUE(pair.stage1->Send(0, MessageKind::kGradient, 7, grad).ok());
+  // Received out of send order: messages are addressed by (peer, kind, micro-batch).
+  ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 8, act * 2).ok());
+  auto got8 = pair.stage1->Recv(0, MessageKind::kActivation, 8, absl::Now() + absl::Seconds(10));
+  auto got7 = pair.stage1->Recv(0, MessageKind::kActivation, 7, absl::Now() + absl::Seconds(10));
+  auto got_grad = pair.stage0->Recv(1, MessageKind::kGradient, 7, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got7.ok() && got8.ok() && got_grad.ok());
+  EXPECT_TRUE(at::equal(*got7, act));
+  EXPECT_TRUE(at::equal(*got8, act * 2));
+  EXPECT_EQ(got7->scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::equal(*got_grad, grad));
+  // Token ids (int64) and non-contiguous tensors travel too.
+  at::Tensor ids = torch::arange(12, torch::kLong).reshape({3, 4}).t();
+  ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 9, ids).ok());
+  auto got_ids = pair.stage1->Recv(0, MessageKind::kActivation, 9, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got_ids.ok());
+  EXPECT_TRUE(at::equal(*got_ids, ids));
+  EXPECT_TRUE(pair.stage0->Flush(absl::Now() + absl::Seconds(10)).ok());
+}
+
+TEST(GlooTransport, ReceiveHasADeadlineNamingWhatAndWhom) {
+  Pair pair = MakePair();
+  const auto start = absl::Now();
+  auto got = pair.stage1->Recv(0, MessageKind::kActivation, 3, absl::Now() + absl::Seconds(1));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("stage 1 timed out waiting for the activation of micro-batch 3 from "
+                        "stage 0 (rank 0)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(GlooTransport, APeerThatGoesAwayFailsTheWaitAtOnce) {
+  Pair pair = MakePair();
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    pair.stage0.reset();  // closes its connections, as a dying process would
+  });
+  const auto start = absl::Now();
+  auto got = pair.stage1->Recv(0, MessageKind::kActivation, 0, absl::Now() + absl::Seconds(30));
+  closer.join();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("stage 1 lost stage 0 (rank 0)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(Rendezvous, NamesEveryRankThatDidNotArrive) {
+  auto server = rendezvous::ServeTcpStore("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const int port = rendezvous::TcpStorePort(**server);
+  auto other = std::async(std::launch::async, [port] {
+    return rendezvous::Rendezvous(*Connect(port), "job", 2, 4, absl::Seconds(1), nullptr);
+  });
+  absl::Status s = rendezvous::Rendezvous(**server, "job", 0, 4, absl::Seconds(1),
+                                          [](int r) { return absl::StrCat("rank ", r, " (stage ", r, ")"); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(), HasSubstr("2 of 4 ranks did not arrive within 1s: rank 1 (stage 1), "
+                                     "rank 3 (stage 3)"));
+  EXPECT_FALSE(other.get().ok());
+}
+
+TEST(KeyValueStore, SetGetAddAndDeadline) {
+  auto server = rendezvous::ServeTcpStore("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  auto client = Connect(rendezvous::TcpStorePort(**server));
+  ASSERT_TRUE((*server)->Set("a", "hello").ok());
+  auto a = client->Get("a", absl::Seconds(1));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, "hello");
+  EXPECT_EQ(*client->Add("n", 2), 2);
+  EXPECT_EQ(*(*server)->Add("n", 3), 5);
+  auto missing = client->Get("never", absl::Milliseconds(200));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'never'"));
+  EXPECT_FALSE(rendezvous::ConnectTcpStore("127.0.0.1", 1, absl::Milliseconds(300)).ok());
+}
+
+}  // namespace
+}  // namespace pipetrain::transport
