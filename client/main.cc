@@ -94,6 +94,7 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   nlohmann::json j;
   j["schedule"] = r.schedule;
   j["stages"] = r.stages;
+  j["replicas"] = r.replicas;
   j["microbatches"] = r.micro_batches;
   j["microbatch_size"] = r.micro_batch_size;
   j["steps"] = r.steps;
@@ -119,7 +120,8 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
                               {"peak_stashed_microbatches", s.peak_stashed_microbatches},
                               {"peak_weight_versions", s.peak_weight_versions},
                               {"compute_s", s.compute_s},
-                              {"wait_s", s.wait_s}});
+                              {"wait_s", s.wait_s},
+                              {"allreduce_s", s.allreduce_s}});
   }
   if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
   return j;
@@ -147,9 +149,9 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 
 void PrintSummary(const job::JobReport& r) {
   std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
-  std::printf("schedule %s, %d stages (%s), %d micro-batches of %d, %d steps\n",
+  std::printf("schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, %d steps\n",
               r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
-              r.micro_batches, r.micro_batch_size, r.steps);
+              r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
   std::printf("loss %.4f -> %.4f", r.losses.front(), r.losses.back());
   if (r.data_entropy) {
     const double gap = r.losses.front() - *r.data_entropy;
@@ -224,7 +226,7 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
         config, {flags.stage_process, flags.store_port, flags.result_dir});
     if (!s.ok()) {
       if (!s.GetPayload(job::kReportedToLauncher)) {  // else the launcher reports it
-        std::fprintf(stderr, "error: stage %d: %s\n", flags.stage_process,
+        std::fprintf(stderr, "error: rank %d: %s\n", flags.stage_process,
                      std::string(s.message()).c_str());
       }
       return kExitJobFailed;
@@ -385,6 +387,8 @@ int main(int argc, char** argv) {
            c.stages = static_cast<int>(ranges->size());
            return absl::OkStatus();
          });
+  field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
+        [](job::JobConfig& c) -> int& { return c.replicas; });
   field(p, "--microbatches", "micro-batches per step (m)",
         [](job::JobConfig& c) -> int& { return c.micro_batches; });
   field(p, "--microbatch-size", "rows per micro-batch (b)",

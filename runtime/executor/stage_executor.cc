@@ -23,6 +23,14 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
       is_first_(config_.stage == 0),
       is_last_(config_.stage == config_.num_stages - 1) {
   stats_.records.reserve(config_.actions.size());
+  if (config_.replicas > 1) {
+    weights_->set_gradient_hook([this](int64_t, std::vector<at::Tensor>& grads) {
+      const double start = MonotonicSeconds();
+      absl::Status s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
+      step_allreduce_s_ += MonotonicSeconds() - start;
+      return s;
+    });
+  }
 }
 
 std::string StageExecutor::Where(const Action& action) const {
@@ -106,10 +114,13 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       return transport_->Send(config_.stage - 1, MessageKind::kGradient, j, g);
     }
     case ActionKind::kOptimizerStep: {
+      step_allreduce_s_ = 0;
       PT_RETURN_IF_ERROR(weights_->Update(j));
       StepRecord step;
       step.step = j;
       step.end_s = MonotonicSeconds();
+      step.allreduce_s = step_allreduce_s_;
+      stats_.allreduce_s += step_allreduce_s_;
       if (is_last_) {
         step.mean_loss = step_loss_sum_[j] / config_.micro_batches;
         step_loss_sum_.erase(j);

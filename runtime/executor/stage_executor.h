@@ -4,14 +4,17 @@
 // version the WeightStore assigns to the micro-batch, moves activations and gradients
 // through the Transport, and applies the optimizer at STEP<t>. The last stage computes the
 // cross-entropy loss of each micro-batch against targets delivered to it, scaled by 1/m, so
-// that gradients accumulated over the m micro-batches are those of the mini-batch mean.
+// that gradients accumulated over the m micro-batches, then averaged across the w
+// data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
+// those of the global mini-batch mean.
 // Every received tensor is checked against the expected shape and dtype; a mismatch fails
 // the stage with stage, micro-batch, expected and actual. Every receive has a deadline. On
 // any error the transport is aborted so that all stages stop with the first error.
 //
 // Measured per stage: compute time of every action, time spent waiting in receives, peak
 // stashed micro-batches (forward done, backward not yet), peak live weight versions
-// (versions used by stashed micro-batches plus the newest), the version used by every F/B.
+// (versions used by stashed micro-batches plus the newest), the version used by every F/B,
+// and the gradient AllReduce time of every step.
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 
@@ -40,6 +43,7 @@ struct StageConfig {
   int stage = 0;
   int num_stages = 1;
   int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
+  int replicas = 1;       // w: gradients are averaged across replicas before each update
   uint64_t seed = 0;
   std::vector<schedule::Action> actions;
   absl::Duration recv_timeout = absl::Seconds(120);
@@ -63,6 +67,7 @@ struct StepRecord {
   int64_t step = 0;
   double end_s = 0;                 // when STEP<t> finished on this stage
   std::optional<double> mean_loss;  // last stage: mean unscaled loss over the m micro-batches
+  double allreduce_s = 0;           // gradient AllReduce among replicas inside this step
 };
 
 struct StageStats {
@@ -70,6 +75,7 @@ struct StageStats {
   int peak_weight_versions = 0;
   double compute_s = 0;  // F, B, STEP and sends
   double wait_s = 0;     // blocked in receives
+  double allreduce_s = 0;  // gradient AllReduce among replicas (part of compute_s)
   std::vector<ActionRecord> records;
   std::vector<StepRecord> steps;
 };
@@ -116,6 +122,7 @@ class StageExecutor {
   std::map<int64_t, Stashed> stash_;
   std::map<int64_t, at::Tensor> input_gradients_;
   std::map<int64_t, double> step_loss_sum_;
+  double step_allreduce_s_ = 0;
   StageStats stats_;
   std::optional<schedule::Action> stopped_at_;
 };

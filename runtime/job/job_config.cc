@@ -256,6 +256,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
 
   if (c.stages < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", c.stages));
+  if (c.replicas < 1) errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas));
   if (!c.stage_ranges.empty() && static_cast<int>(c.stage_ranges.size()) != c.stages) {
     errors.push_back(absl::StrCat("stages: ", c.stage_ranges.size(),
                                   " layer ranges given for ", c.stages, " stages"));
@@ -303,7 +304,8 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
   std::vector<std::string> errors;
   YamlReader r(&errors);
   if (!r.Mapping(root, "",
-                 {"model", "data", "schedule", "stages", "microbatches", "microbatch_size",
+                 {"model", "data", "schedule", "stages", "replicas", "microbatches",
+                  "microbatch_size",
                   "steps", "optimizer", "recompute", "seed", "dtype", "threads_per_stage",
                   "timeout_s"})) {
     return InvalidArgumentList("invalid job", errors);
@@ -322,6 +324,7 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
       errors.push_back(absl::StrCat("schedule: ", kind.status().message()));
     }
   }
+  r.Read(root, "", "replicas", &job.replicas);
   r.Read(root, "", "microbatches", &job.micro_batches);
   r.Read(root, "", "microbatch_size", &job.micro_batch_size);
   r.Read(root, "", "steps", &job.steps);

@@ -49,6 +49,7 @@ struct JobConfig {
   DataConfig data;
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kTwoBW;
   int stages = 4;
+  int replicas = 1;  // w: data-parallel copies of the pipeline, gradients averaged
   std::vector<model::LayerRange> stage_ranges;  // empty: balanced by parameter count
   int micro_batches = 8;                        // m
   int micro_batch_size = 8;                     // b

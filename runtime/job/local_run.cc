@@ -19,10 +19,13 @@
 namespace pipetrain::job {
 absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.stages();
-  const int threads = ThreadsPerStage(c, p);
+  const int p = plan.stages(), w = c.replicas;
+  const int threads = ThreadsPerStage(c, p * w);
   SetIntraOpThreads(threads);
-  MicroBatchReader reader(plan, c.micro_batches);
+  std::vector<std::unique_ptr<MicroBatchReader>> readers;
+  for (int r = 0; r < w; ++r) {
+    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+  }
 
   auto hub = transport::MakeInProcessHub();
   std::vector<std::unique_ptr<transport::Transport>> transports;
@@ -30,25 +33,29 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   std::vector<std::unique_ptr<executor::StageExecutor>> executors;
   const double start_s = MonotonicSeconds();
   ProgressTracker tracker(c, plan, start_s, options.on_progress);
-  for (int s = 0; s < p; ++s) {
-    PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, s));
-    transports.push_back(transport::MakeInProcessTransport(hub, s));
-    if (options.wrap_transport) {
-      transports.back() = options.wrap_transport(std::move(transports.back()), s);
+  // Replica-major: index r * p + s.
+  for (int r = 0; r < w; ++r) {
+    for (int s = 0; s < p; ++s) {
+      PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s));
+      transports.push_back(transport::MakeInProcessTransport(hub, s, r, w));
+      if (options.wrap_transport) {
+        transports.back() = options.wrap_transport(std::move(transports.back()), s);
+      }
+      auto on_step = [&tracker, s, r](const executor::StepRecord& step) {
+        if (step.mean_loss) tracker.LossKnown(step.step, *step.mean_loss);
+        if (s == 0 && r == 0) tracker.StepEnded(step.step, step.end_s);
+      };
+      executors.push_back(std::make_unique<executor::StageExecutor>(
+          parts.config, parts.weights.get(), transports.back().get(), on_step));
+      stages.push_back(std::move(parts));
     }
-    auto on_step = [&tracker, s](const executor::StepRecord& step) {
-      if (step.mean_loss) tracker.LossKnown(step.step, *step.mean_loss);
-      if (s == 0) tracker.StepEnded(step.step, step.end_s);
-    };
-    executors.push_back(std::make_unique<executor::StageExecutor>(
-        parts.config, parts.weights.get(), transports.back().get(), on_step));
-    stages.push_back(std::move(parts));
   }
 
-  std::vector<absl::Status> results(p);
+  const int n = p * w;
+  std::vector<absl::Status> results(n);
   {
     std::vector<std::thread> workers;
-    for (int s = 0; s < p; ++s) {
+    for (int s = 0; s < n; ++s) {
       workers.emplace_back([&, s] {
         SetIntraOpThreads(threads);
         results[s] = executors[s]->Run();
@@ -61,7 +68,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   PT_RETURN_IF_ERROR(StoppedStagesError(results, stopped_at));
 
   std::vector<StageOutcome> outcomes;
-  for (int s = 0; s < p; ++s) {
+  for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
                         DetachedBuffers(*stages[s].weights)});
   }
@@ -71,7 +78,10 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   SetIntraOpThreads(AvailableCores());
-  MicroBatchReader reader(plan, c.micro_batches);
+  std::vector<std::unique_ptr<MicroBatchReader>> readers;
+  for (int r = 0; r < c.replicas; ++r) {
+    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+  }
   const int n = static_cast<int>(plan.layers.size());
   model::StageModule current(0, model::CloneLayers(plan.layers, 0, n));
   std::unique_ptr<model::StageModule> previous;  // W(t-1), 2BW only
@@ -94,16 +104,19 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c) {
   }
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
-      for (int i = 0; i < c.micro_batches; ++i) {
-        const int64_t j = t * c.micro_batches + i;
-        model::LayerContext ctx;
-        ctx.micro_batch = j;
-        ctx.mini_batch = t;
-        ctx.seed = c.seed;
-        at::Tensor logits = grad_module.Forward(reader.Inputs(j), ctx);
-        at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                                 reader.Targets(j).reshape({-1}));
-        (loss * (1.0 / c.micro_batches)).backward();
+      // The whole global batch: every replica's shard, micro-batch by micro-batch.
+      for (const auto& reader : readers) {
+        for (int i = 0; i < c.micro_batches; ++i) {
+          const int64_t j = t * c.micro_batches + i;
+          model::LayerContext ctx;
+          ctx.micro_batch = j;
+          ctx.mini_batch = t;
+          ctx.seed = c.seed;
+          at::Tensor logits = grad_module.Forward(reader->Inputs(j), ctx);
+          at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                   reader->Targets(j).reshape({-1}));
+          (loss * (1.0 / (c.micro_batches * c.replicas))).backward();
+        }
       }
       if (two_bw) {
         // grad f(W(t-1)) is on `previous`; W(t-1) is then replaced by W(t).

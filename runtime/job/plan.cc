@@ -118,13 +118,13 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
       break;
   }
   plan.sampler = std::make_unique<data::BatchSampler>(
-      plan.dataset->num_samples(), c.seed, /*replicas=*/1, c.micro_batches, c.micro_batch_size);
+      plan.dataset->num_samples(), c.seed, c.replicas, c.micro_batches, c.micro_batch_size);
   PT_RETURN_IF_ERROR(ProbeBoundaries(c, plan));
   return plan;
 }
 
 data::MicroBatch MicroBatchReader::Read(int64_t j) const {
-  return plan_.dataset->Read(plan_.sampler->SampleIds(j / micro_batches_, 0,
+  return plan_.dataset->Read(plan_.sampler->SampleIds(j / micro_batches_, replica_,
                                                       static_cast<int>(j % micro_batches_)));
 }
 
@@ -162,6 +162,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.stage = s;
   sc.num_stages = p;
   sc.micro_batches = c.micro_batches;
+  sc.replicas = c.replicas;
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
   PT_ASSIGN_OR_RETURN(sc.actions,

@@ -39,11 +39,12 @@ struct JobPlan {
 // Validates the job completely (the partition against the model's layers too).
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& config);
 
-// Inputs and targets of global micro-batch j, as tensors. Thread-safe.
+// Inputs and targets of global micro-batch j of one replica's shard, as tensors.
+// Thread-safe.
 class MicroBatchReader {
  public:
-  MicroBatchReader(const JobPlan& plan, int micro_batches)
-      : plan_(plan), micro_batches_(micro_batches) {}
+  MicroBatchReader(const JobPlan& plan, int micro_batches, int replica = 0)
+      : plan_(plan), micro_batches_(micro_batches), replica_(replica) {}
   at::Tensor Inputs(int64_t j) const;
   at::Tensor Targets(int64_t j) const;
 
@@ -51,11 +52,12 @@ class MicroBatchReader {
   data::MicroBatch Read(int64_t j) const;
   const JobPlan& plan_;
   int micro_batches_;
+  int replica_;
 };
 
-// One stage, ready to run: its weights and its executor configuration (schedule, data
-// sources for the first and last stage, expected message shapes, deadline). `reader` must
-// outlive the executor.
+// One stage of the replica `reader` reads for, ready to run: its weights and its executor
+// configuration (schedule, data sources for the first and last stage, expected message
+// shapes, deadline, replica count). `reader` must outlive the executor.
 struct StageParts {
   std::unique_ptr<weights::WeightStore> weights;
   executor::StageConfig config;

@@ -49,6 +49,7 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
   j["peak_weight_versions"] = st.peak_weight_versions;
   j["compute_s"] = st.compute_s;
   j["wait_s"] = st.wait_s;
+  j["allreduce_s"] = st.allreduce_s;
   auto& records = j["records"] = nlohmann::json::array();
   for (const auto& r : st.records) {
     records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
@@ -67,6 +68,7 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
   st.peak_weight_versions = j.at("peak_weight_versions");
   st.compute_s = j.at("compute_s");
   st.wait_s = j.at("wait_s");
+  st.allreduce_s = j.at("allreduce_s");
   for (const auto& r : j.at("records")) {
     executor::ActionRecord rec;
     rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};
@@ -128,6 +130,11 @@ std::string SelfExecutable() {
   return ec ? std::string() : self.string();
 }
 
+std::string DescribeRank(int rank, int stages, int replicas) {
+  return replicas == 1 ? absl::StrCat("stage ", rank)
+                       : absl::StrCat("stage ", rank % stages, " replica ", rank / stages);
+}
+
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
@@ -139,50 +146,55 @@ std::string DescribeExit(int status) {
 absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages();
-  if (args.stage < 0 || args.stage >= p) {
-    return absl::InvalidArgumentError(absl::StrCat("stage ", args.stage, " of ", p));
+  if (args.rank < 0 || args.rank >= p * c.replicas) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", args.rank, " of ", p * c.replicas));
   }
-  SetIntraOpThreads(ThreadsPerStage(c, p));
+  const int stage = args.rank % p, replica = args.rank / p;
+  SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
   const absl::Duration timeout = absl::Seconds(c.recv_timeout_s);
   PT_ASSIGN_OR_RETURN(std::shared_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ConnectTcpStore(kLoopback, args.store_port, timeout));
   // Errors go to the launcher through the store; marked so the caller need not print them.
   auto fail = [&](absl::Status status) {
-    if (store->Set(absl::StrCat("error/", args.stage), std::string(status.message())).ok()) {
+    if (store->Set(absl::StrCat("error/", args.rank), std::string(status.message())).ok()) {
       status.SetPayload(kReportedToLauncher, absl::Cord("1"));
     }
     return status;
   };
   transport::GlooTransportOptions topts;
-  topts.stage = args.stage;
+  topts.stage = stage;
   topts.stages = p;
+  topts.replica = replica;
+  topts.replicas = c.replicas;
   topts.host = kLoopback;
   topts.connect_timeout = timeout;
   auto transport = transport::MakeGlooTransport(store, topts);
   if (!transport.ok()) return fail(transport.status());
 
-  MicroBatchReader reader(plan, c.micro_batches);
-  auto parts = BuildStage(c, plan, reader, args.stage);
+  MicroBatchReader reader(plan, c.micro_batches, replica);
+  auto parts = BuildStage(c, plan, reader, stage);
   if (!parts.ok()) return fail(parts.status());
-  const int stage = args.stage;
-  auto on_step = [&store, stage](const executor::StepRecord& step) {
+  auto on_step = [&store, stage, replica](const executor::StepRecord& step) {
     if (step.mean_loss) {
-      (void)store->Set(ProgressKey("loss", step.step), absl::StrCat(*step.mean_loss));
+      (void)store->Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica),
+                       absl::StrCat(*step.mean_loss));
     }
-    if (stage == 0) (void)store->Set(ProgressKey("end", step.step), absl::StrCat(step.end_s));
+    if (stage == 0 && replica == 0) {
+      (void)store->Set(ProgressKey("end", step.step), absl::StrCat(step.end_s));
+    }
   };
   executor::StageExecutor executor(parts->config, parts->weights.get(), transport->get(),
                                    on_step);
   if (absl::Status s = executor.Run(); !s.ok()) return fail(s);
   StageOutcome outcome{executor.stats(), DetachedParameters(*parts->weights),
                        DetachedBuffers(*parts->weights)};
-  if (absl::Status s = WriteOutcome(args.result_dir, stage, outcome); !s.ok()) return fail(s);
+  if (absl::Status s = WriteOutcome(args.result_dir, args.rank, outcome); !s.ok()) return fail(s);
   return absl::OkStatus();
 }
 
 absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.stages();
+  const int p = plan.stages() * c.replicas;  // processes, rank = replica * stages + stage
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ServeTcpStore(kLoopback, 0));
   const int port = rendezvous::TcpStorePort(*store);
@@ -217,7 +229,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     if (posix_spawn(&pids[s], self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
       for (int k = 0; k < s; ++k) kill(pids[k], SIGKILL);
       for (int k = 0; k < s; ++k) waitpid(pids[k], nullptr, 0);
-      return absl::InternalError(absl::StrCat("cannot start the process of stage ", s));
+      return absl::InternalError(absl::StrCat("cannot start the process of rank ", s));
     }
   }
 
@@ -226,13 +238,16 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
   std::thread progress([&] {
     ProgressTracker tracker(c, plan, start_s, options.on_progress);
     for (int64_t t = 0; t < c.steps && !finished; ++t) {
-      for (const char* what : {"loss", "end"}) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < c.replicas; ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
+      keys.push_back(ProgressKey("end", t));
+      for (size_t k = 0; k < keys.size(); ++k) {
         while (!finished) {
-          auto v = store->Get(ProgressKey(what, t), absl::Milliseconds(200));
+          auto v = store->Get(keys[k], absl::Milliseconds(200));
           if (!v.ok()) continue;
           double x = 0;
           if (!absl::SimpleAtod(*v, &x)) break;
-          if (std::string(what) == "loss") {
+          if (k + 1 < keys.size()) {
             tracker.LossKnown(t, x);
           } else {
             tracker.StepEnded(t, x);
@@ -281,7 +296,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     if (error.ok()) {
       reported.push_back(*error);
     } else {
-      died.push_back(absl::StrCat("stage ", s, " (pid ", pids[s], ") ", DescribeExit(status)));
+      died.push_back(absl::StrCat(DescribeRank(s, plan.stages(), c.replicas), " (pid ", pids[s],
+                                  ") ", DescribeExit(status)));
     }
   }
   std::vector<std::string> failures = died;

@@ -1,8 +1,9 @@
 // Runs a job with one OS process per pipeline stage on this machine, over the Gloo
 // transport: the same job, schedule, report and reference check as RunInProcess.
 //
-// The launcher serves the rendezvous store (a TCP store on loopback), starts every stage
-// process by re-running `command` with `--stage-process S --store-port P --result-dir D`
+// The launcher serves the rendezvous store (a TCP store on loopback), starts one process per
+// (replica, stage), rank = replica * stages + stage, by re-running `command` with
+// `--stage-process RANK --store-port P --result-dir D`
 // appended, follows progress through the store, and waits. When a stage process fails or
 // dies, the others stop within their deadline (a dead peer fails their receives at once);
 // the launcher gives them `stop_grace` and then kills them, so none is left behind. The
@@ -33,7 +34,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& config,
 
 // What a stage process is told by the launcher.
 struct StageProcessArgs {
-  int stage = 0;
+  int rank = 0;  // replica * stages + stage
   int store_port = 0;
   std::string result_dir;
 };

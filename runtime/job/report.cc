@@ -85,8 +85,9 @@ ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double
                                  std::function<void(const Progress&)> sink)
     : steps_(c.steps),
       start_s_(start_s),
-      rows_per_step_(int64_t{c.micro_batches} * c.micro_batch_size),
+      rows_per_step_(int64_t{c.replicas} * c.micro_batches * c.micro_batch_size),
       tokens_per_row_(plan.dataset->is_token_data() ? c.data.seq_len : 1),
+      replicas_(c.replicas),
       sink_(std::move(sink)) {}
 
 void ProgressTracker::StepEnded(int64_t step, double end_s) {
@@ -97,12 +98,13 @@ void ProgressTracker::StepEnded(int64_t step, double end_s) {
 
 void ProgressTracker::LossKnown(int64_t step, double loss) {
   std::lock_guard<std::mutex> lock(mu_);
-  losses_[step] = loss;
+  losses_[step] += loss / replicas_;
+  ++loss_count_[step];
   Flush();
 }
 
 void ProgressTracker::Flush() {
-    while (ends_.count(next_) && losses_.count(next_)) {
+    while (ends_.count(next_) && loss_count_[next_] == replicas_) {
       Progress p;
       p.step = next_;
       p.steps = steps_;
@@ -123,9 +125,13 @@ void ProgressTracker::Flush() {
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages, double start_s) {
   const int p = plan.stages();
+  if (static_cast<int>(stages.size()) != p * c.replicas) {
+    return absl::InternalError("AssembleReport needs one outcome per replica and stage");
+  }
   JobReport report;
   report.schedule = std::string(schedule::ScheduleKindName(c.schedule));
   report.stages = p;
+  report.replicas = c.replicas;
   report.micro_batches = c.micro_batches;
   report.micro_batch_size = c.micro_batch_size;
   report.steps = c.steps;
@@ -139,19 +145,22 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.threads_per_stage = ThreadsPerStage(c, p);
   report.wall_s = MonotonicSeconds() - start_s;
   report.losses.assign(c.steps, 0.0);
-  for (const auto& step : stages[p - 1].stats.steps) {
-    if (step.mean_loss) report.losses[step.step] = *step.mean_loss;
+  for (int r = 0; r < c.replicas; ++r) {
+    for (const auto& step : stages[r * p + p - 1].stats.steps) {
+      if (step.mean_loss) report.losses[step.step] += *step.mean_loss / c.replicas;
+    }
   }
+  stages.resize(p);  // replica 0 speaks for the rest
   for (int s = 0; s < p; ++s) {
     StageOutcome& out = stages[s];
     report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
-                                out.stats.wait_s});
+                                out.stats.wait_s, out.stats.allreduce_s});
     for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
     for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
     report.stage_stats.push_back(std::move(out.stats));
   }
-  const int64_t rows_per_step = int64_t{c.micro_batches} * c.micro_batch_size;
+  const int64_t rows_per_step = int64_t{c.replicas} * c.micro_batches * c.micro_batch_size;
   const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data.seq_len : 1;
   const auto& steps0 = report.stage_stats[0].steps;
   if (steps0.empty()) return absl::InternalError("stage 0 finished no step");

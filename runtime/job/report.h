@@ -28,11 +28,13 @@ struct StageReport {
   int peak_weight_versions = 0;
   double compute_s = 0;
   double wait_s = 0;
+  double allreduce_s = 0;
 };
 
 struct JobReport {
   std::string schedule;
   int stages = 0;
+  int replicas = 1;
   int micro_batches = 0;
   int micro_batch_size = 0;
   int steps = 0;
@@ -74,7 +76,9 @@ struct StageOutcome {
   std::vector<at::Tensor> buffers;
 };
 
-// The report of a finished run; `start_s` is when the stages started (MonotonicSeconds).
+// The report of a finished run from every (replica, stage) outcome, replica-major; per-stage
+// figures and weights are replica 0's, losses the mean over replicas. `start_s` is when the
+// stages started (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
                                          std::vector<StageOutcome> stages, double start_s);
 
@@ -96,6 +100,7 @@ class ProgressTracker {
   ProgressTracker(const JobConfig& config, const JobPlan& plan, double start_s,
                   std::function<void(const Progress&)> sink);
   void StepEnded(int64_t step, double end_s);
+  // Called once per replica; the step's loss is the mean over replicas.
   void LossKnown(int64_t step, double loss);
 
  private:
@@ -104,6 +109,8 @@ class ProgressTracker {
   int64_t steps_;
   double start_s_;
   int64_t rows_per_step_, tokens_per_row_;
+  int replicas_;
+  std::map<int64_t, int> loss_count_;
   std::function<void(const Progress&)> sink_;
   std::map<int64_t, double> ends_, losses_;
   int64_t next_ = 0;

@@ -1,5 +1,6 @@
-// The data plane seen by one pipeline stage: point-to-point tensors to and from the
-// neighbouring stages of its pipeline.
+// The data plane seen by one pipeline stage of one data-parallel replica: point-to-point
+// tensors to and from the neighbouring stages of its pipeline, and the gradient AllReduce
+// among the replicas of the stage.
 //
 // Messages are addressed by (peer stage, kind, micro-batch), so the order in which a peer
 // sends does not matter. Send never blocks on the receiver. Recv blocks until the message
@@ -39,6 +40,10 @@ class Transport {
   // `reason`. The first reason wins. (Across processes, peers learn of it when this
   // process exits and its connections close.)
   virtual void Abort(const absl::Status& reason) = 0;
+  // Averages `tensors` in place across the data-parallel replicas of this stage. Every
+  // replica calls it the same number of times with the same shapes, in the same order.
+  // With one replica it does nothing.
+  virtual absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) = 0;
   // Waits until every message sent so far has left this process (before exiting).
   virtual absl::Status Flush(absl::Time /*deadline*/) { return absl::OkStatus(); }
 };

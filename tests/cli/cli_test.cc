@@ -226,13 +226,16 @@ TEST_F(CliTest, EveryExampleJobRuns) {
 namespace {
 
 // One OS process per stage over Gloo: the same parameters as the un-pipelined reference.
+// p=2 w=1, p=4 w=1, p=2 w=2, p=4 w=2 (8 processes), for every schedule.
 TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
+  for (const char* replicas : {"1", "2"}) {
   for (const char* stages : {"2", "4"}) {
     for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
-      SCOPED_TRACE(std::string(schedule) + " stages " + stages);
+      SCOPED_TRACE(std::string(schedule) + " stages " + stages + " replicas " + replicas);
       const fs::path summary = dir_ / "summary.json";
       Result r = Run(std::string("run -q --launch processes --reference --dtype float64 "
                                  "--schedule ") + schedule + " --stages " + stages +
+                     " --replicas " + replicas +
                      " --microbatches 4 --steps 4 --d-model 16 --n-heads 2 --n-layers 3"
                      " --seq-len 8 --vocab 16 --summary " + summary.string());
       ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -240,7 +243,9 @@ TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
       EXPECT_EQ(j["stages"], std::stoi(stages));
       EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
       EXPECT_EQ(j["losses"].size(), 4u);
+      EXPECT_EQ(j["replicas"], std::stoi(replicas));
     }
+  }
   }
 }
 

@@ -211,6 +211,25 @@ TEST(TwoBW, MatchesDelayedUpdateAndVersionFormula) {
   }
 }
 
+// Data-parallel replicas of the pipeline (stages and replicas as threads): the parameters
+// equal the un-pipelined run over the whole global batch, for every schedule.
+TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (int replicas : {2, 3}) {
+      JobConfig c = TinyGpt(kind, 3, 4);
+      c.replicas = replicas;
+      JobReport report = MustRun(c);
+      SCOPED_TRACE(::testing::Message() << schedule::ScheduleKindName(kind) << " w=" << replicas);
+      EXPECT_LE(MaxRelativeDifference(report.final_parameters, MustReference(c)), 1e-10);
+      // The replicas did read different data: one replica alone trains to other weights.
+      JobConfig one = c;
+      one.replicas = 1;
+      EXPECT_GT(MaxRelativeDifference(MustReference(one), MustReference(c)), 1e-6);
+      for (const auto& stage : report.per_stage) EXPECT_GT(stage.allreduce_s, 0.0);
+    }
+  }
+}
+
 // Peak stashed micro-batches per stage, counted by the executor, equal DESIGN.md's table.
 TEST(Stash, PeakPerStageMatchesTable) {
   const int p = 4, m = 6;
@@ -405,6 +424,9 @@ class FaultyTransport : public transport::Transport {
   absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,
                                   absl::Time deadline) override {
     return inner_->Recv(peer, kind, j, deadline);
+  }
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    return inner_->AllReduceMean(tensors, deadline);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 

@@ -24,8 +24,13 @@ std::string FirstLine(const std::exception& e) {
 class GlooTransport : public Transport {
  public:
   GlooTransport(std::shared_ptr<rendezvous::KeyValueStore> store,
-                c10::intrusive_ptr<c10d::ProcessGroupGloo> group, GlooTransportOptions options)
-      : store_(std::move(store)), group_(std::move(group)), options_(std::move(options)) {}
+                c10::intrusive_ptr<c10d::ProcessGroupGloo> group,
+                c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group,
+                GlooTransportOptions options)
+      : store_(std::move(store)),
+        group_(std::move(group)),
+        replica_group_(std::move(replica_group)),
+        options_(std::move(options)) {}
 
   int stage() const override { return options_.stage; }
 
@@ -83,6 +88,33 @@ class GlooTransport : public Transport {
       return s;
     }
     return payload[0];
+  }
+
+  // One flat buffer, one ring AllReduce (sum), then divided by the replica count.
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    if (!replica_group_ || tensors.empty()) return absl::OkStatus();
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape({-1}));
+    std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+    try {
+      auto work = replica_group_->allreduce(flat);
+      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      work->wait(std::chrono::milliseconds(left));
+    } catch (const std::exception& e) {
+      const std::string why = absl::Now() >= deadline ? "timed out" : FirstLine(e);
+      return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " replica ",
+                                                 options_.replica,
+                                                 ": gradient AllReduce among ",
+                                                 options_.replicas, " replicas failed: ", why));
+    }
+    flat[0].div_(options_.replicas);
+    int64_t offset = 0;
+    for (at::Tensor& t : tensors) {
+      t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+    return absl::OkStatus();
   }
 
   void Abort(const absl::Status& reason) override {
@@ -154,6 +186,7 @@ class GlooTransport : public Transport {
 
   std::shared_ptr<rendezvous::KeyValueStore> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group_;  // null with one replica
   GlooTransportOptions options_;
   std::mutex send_mu_;
   std::vector<Pending> pending_;  // guarded by send_mu_
@@ -183,7 +216,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     opts->timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout));
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("pipeline", c10d_store);
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, opts);
-    return std::unique_ptr<Transport>(new GlooTransport(std::move(store), group, options));
+    // The replicas of this stage: their own group, so the AllReduce involves no one else.
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group;
+    if (options.replicas > 1) {
+      auto stage_store = c10::make_intrusive<c10d::PrefixStore>(
+          absl::StrCat("stage", options.stage), c10d_store);
+      replica_group = c10::make_intrusive<c10d::ProcessGroupGloo>(stage_store, options.replica,
+                                                                  options.replicas, opts);
+    }
+    return std::unique_ptr<Transport>(
+        new GlooTransport(std::move(store), group, replica_group, options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("rank ", rank, ": connecting the Gloo data plane: ", FirstLine(e)));

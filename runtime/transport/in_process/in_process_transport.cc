@@ -10,7 +10,8 @@ namespace pipetrain::transport {
 
 class InProcessHub {
  public:
-  using Key = std::tuple<int, int, MessageKind, int64_t>;  // from, to, kind, micro-batch
+  // from stage, to stage, kind, micro-batch, replica
+  using Key = std::tuple<int, int, MessageKind, int64_t, int>;
 
   absl::Status Put(const Key& key, at::Tensor tensor) {
     absl::MutexLock lock(&mu_);
@@ -48,9 +49,48 @@ class InProcessHub {
     if (abort_reason_.ok()) abort_reason_ = reason;
   }
 
+  // Call number `call` of replica `replica` of stage `stage`: contributes `tensors`, waits
+  // for all replicas, and replaces them with the mean (summed in replica order).
+  absl::Status AllReduceMean(int stage, int64_t call, int replica, int replicas,
+                             std::vector<at::Tensor>& tensors, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    Reduction& r = reductions_[{stage, call}];
+    if (r.parts.empty()) r.parts.resize(replicas);
+    r.parts[replica] = tensors;
+    ++r.arrived;
+    auto all_arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !abort_reason_.ok() || reductions_[{stage, call}].arrived >= replicas;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&all_arrived), deadline);
+    if (!abort_reason_.ok()) return abort_reason_;
+    Reduction& done = reductions_[{stage, call}];
+    if (done.arrived < replicas) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stage ", stage, " replica ", replica, " timed out in gradient AllReduce ", call,
+          ": ", replicas - done.arrived, " of ", replicas, " replicas did not arrive"));
+    }
+    if (done.mean.empty()) {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        at::Tensor sum = done.parts[0][i].clone();
+        for (int k = 1; k < replicas; ++k) sum.add_(done.parts[k][i]);
+        done.mean.push_back(sum.div_(replicas));
+      }
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(done.mean[i]);
+    if (++done.left == replicas) reductions_.erase({stage, call});
+    return absl::OkStatus();
+  }
+
  private:
+  struct Reduction {
+    std::vector<std::vector<at::Tensor>> parts;
+    std::vector<at::Tensor> mean;
+    int arrived = 0;
+    int left = 0;
+  };
   absl::Mutex mu_;
   std::map<Key, at::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int, int64_t>, Reduction> reductions_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -58,30 +98,36 @@ namespace {
 
 class InProcessTransport : public Transport {
  public:
-  InProcessTransport(std::shared_ptr<InProcessHub> hub, int stage)
-      : hub_(std::move(hub)), stage_(stage) {}
+  InProcessTransport(std::shared_ptr<InProcessHub> hub, int stage, int replica, int replicas)
+      : hub_(std::move(hub)), stage_(stage), replica_(replica), replicas_(replicas) {}
   int stage() const override { return stage_; }
   absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
                     const at::Tensor& tensor) override {
-    return hub_->Put({stage_, peer, kind, micro_batch}, tensor);
+    return hub_->Put({stage_, peer, kind, micro_batch, replica_}, tensor);
   }
   absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t micro_batch,
                                   absl::Time deadline) override {
-    return hub_->Take({peer, stage_, kind, micro_batch}, deadline);
+    return hub_->Take({peer, stage_, kind, micro_batch, replica_}, deadline);
+  }
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    if (replicas_ == 1) return absl::OkStatus();
+    return hub_->AllReduceMean(stage_, reductions_++, replica_, replicas_, tensors, deadline);
   }
   void Abort(const absl::Status& reason) override { hub_->Abort(reason); }
 
  private:
   std::shared_ptr<InProcessHub> hub_;
-  int stage_;
+  int stage_, replica_, replicas_;
+  int64_t reductions_ = 0;
 };
 
 }  // namespace
 
 std::shared_ptr<InProcessHub> MakeInProcessHub() { return std::make_shared<InProcessHub>(); }
 
-std::unique_ptr<Transport> MakeInProcessTransport(std::shared_ptr<InProcessHub> hub, int stage) {
-  return std::make_unique<InProcessTransport>(std::move(hub), stage);
+std::unique_ptr<Transport> MakeInProcessTransport(std::shared_ptr<InProcessHub> hub, int stage,
+                                                  int replica, int replicas) {
+  return std::make_unique<InProcessTransport>(std::move(hub), stage, replica, replicas);
 }
 
 }  // namespace pipetrain::transport

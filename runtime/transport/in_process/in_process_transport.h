@@ -1,5 +1,6 @@
-// Stages of one pipeline as threads of one process: messages are tensors handed over
-// through a shared mailbox, without copies. For tests and for several stages on one device.
+// Stages (and replicas) as threads of one process: messages are tensors handed over through
+// a shared mailbox, without copies; AllReduce sums in the order of replica index, so the
+// result does not depend on thread timing. For tests and for several stages on one device.
 // Thread-safe.
 #pragma once
 
@@ -13,6 +14,8 @@ namespace pipetrain::transport {
 class InProcessHub;
 
 std::shared_ptr<InProcessHub> MakeInProcessHub();
-std::unique_ptr<Transport> MakeInProcessTransport(std::shared_ptr<InProcessHub> hub, int stage);
+// Stage `stage` of replica `replica` out of `replicas` pipelines sharing `hub`.
+std::unique_ptr<Transport> MakeInProcessTransport(std::shared_ptr<InProcessHub> hub, int stage,
+                                                  int replica = 0, int replicas = 1);
 
 }  // namespace pipetrain::transport
