@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,6 +145,9 @@ std::string DescribeExit(int status) {
 }  // namespace
 
 absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
+  // Die with the launcher, whatever ends it (Ctrl-C, a kill, a crash).
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) return absl::AbortedError("the launcher is gone");
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages();
   if (args.rank < 0 || args.rank >= p * c.replicas) {

@@ -6,7 +6,8 @@
 // `--stage-process RANK --store-port P --result-dir D`
 // appended, follows progress through the store, and waits. When a stage process fails or
 // dies, the others stop within their deadline (a dead peer fails their receives at once);
-// the launcher gives them `stop_grace` and then kills them, so none is left behind. The
+// the launcher gives them `stop_grace` and then kills them, so none is left behind (and a
+// stage process dies with the launcher if the launcher itself is stopped). The
 // error names every stage's outcome, e.g. "stage 1 (pid 4242) was killed by signal 9;
 // stage 0: stage 0 lost stage 1 (rank 1) while waiting for ...".
 #pragma once

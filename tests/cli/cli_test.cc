@@ -323,3 +323,38 @@ TEST_F(CliTest, KilledStageProcessStopsTheJobAndLeavesNothingBehind) {
 }
 
 }  // namespace
+
+namespace {
+
+// Ctrl-C on the launcher: it exits 130 and takes every stage process with it.
+TEST_F(CliTest, InterruptedLauncherTakesItsStageProcessesWithIt) {
+  const fs::path err = dir_ / "stderr";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string command = std::string("exec ") + PIPETRAIN_CLI +
+                                " run --launch processes --stages 2 --steps 2000 2>" +
+                                err.string() + " >/dev/null";
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> stages;
+  for (int i = 0; i < 600 && stages.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadFile(err).find("step 1/") != std::string::npos) stages = ChildrenOf(launcher);
+  }
+  ASSERT_EQ(stages.size(), 2u) << ReadFile(err);
+  ASSERT_EQ(kill(launcher, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130);
+  bool gone = false;
+  for (int i = 0; i < 50 && !gone; ++i) {
+    gone = true;
+    for (pid_t pid : stages) gone = gone && kill(pid, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "stage processes outlived the launcher";
+}
+
+}  // namespace
