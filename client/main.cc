@@ -108,6 +108,10 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
   j["step_time_s"] = r.step_time_s;
   j["ideal_step_time_s"] = r.ideal_step_time_s;
+  if (r.replicas > 1) {
+    j["allreduce_s"] = r.allreduce_s;
+    j["exposed_allreduce_s"] = r.exposed_allreduce_s;
+  }
   j["pipeline_efficiency"] = r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0;
   j["samples_per_s"] = r.samples_per_s;
   if (r.token_data) j["tokens_per_s"] = r.tokens_per_s;
@@ -389,6 +393,11 @@ int main(int argc, char** argv) {
          });
   field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
         [](job::JobConfig& c) -> int& { return c.replicas; });
+  field(p, "--overlap-allreduce", "Hippie: stage 0 averages gradient buckets during its final "
+        "backward (true/false)",
+        [](job::JobConfig& c) -> bool& { return c.overlap_allreduce; });
+  field(p, "--bucket-kib", "gradient bucket size for the overlapped AllReduce",
+        [](job::JobConfig& c) -> int64_t& { return c.bucket_kib; });
   field(p, "--microbatches", "micro-batches per step (m)",
         [](job::JobConfig& c) -> int& { return c.micro_batches; });
   field(p, "--microbatch-size", "rows per micro-batch (b)",

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
@@ -24,10 +27,13 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
       is_last_(config_.stage == config_.num_stages - 1) {
   stats_.records.reserve(config_.actions.size());
   if (config_.replicas > 1) {
-    weights_->set_gradient_hook([this](int64_t, std::vector<at::Tensor>& grads) {
+    weights_->set_gradient_hook([this](int64_t t, std::vector<at::Tensor>& grads) {
+      if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
       const double start = MonotonicSeconds();
       absl::Status s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
-      step_allreduce_s_ += MonotonicSeconds() - start;
+      const double end = MonotonicSeconds();
+      step_allreduce_s_ += end - start;
+      stats_.allreduces.push_back({t, -1, start, end});
       return s;
     });
   }
@@ -114,13 +120,14 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       return transport_->Send(config_.stage - 1, MessageKind::kGradient, j, g);
     }
     case ActionKind::kOptimizerStep: {
-      step_allreduce_s_ = 0;
       PT_RETURN_IF_ERROR(weights_->Update(j));
       StepRecord step;
       step.step = j;
       step.end_s = MonotonicSeconds();
       step.allreduce_s = step_allreduce_s_;
+      step.last_backward_end_s = last_backward_end_s_;
       stats_.allreduce_s += step_allreduce_s_;
+      step_allreduce_s_ = 0;
       if (is_last_) {
         step.mean_loss = step_loss_sum_[j] / config_.micro_batches;
         step_loss_sum_.erase(j);
@@ -174,15 +181,29 @@ absl::Status StageExecutor::Backward(int64_t j, ActionRecord& record) {
   if (it == stash_.end()) return absl::InternalError("backward without forward");
   Stashed& stashed = it->second;
   record.version = stashed.version;
-  if (is_last_) {
-    torch::autograd::backward({stashed.output});
-  } else {
+  at::Tensor output_grad;
+  if (!is_last_) {
     auto g = received_gradients_.find(j);
     if (g == received_gradients_.end()) {
       return absl::InternalError("output gradient was never received");
     }
-    torch::autograd::backward({stashed.output}, {g->second});
+    output_grad = std::move(g->second);
     received_gradients_.erase(g);
+  }
+  auto backward = [&] {
+    if (is_last_) {
+      torch::autograd::backward({stashed.output});
+    } else {
+      torch::autograd::backward({stashed.output}, {output_grad});
+    }
+  };
+  const bool final_of_step = j % config_.micro_batches == config_.micro_batches - 1;
+  if (is_first_ && config_.replicas > 1 && config_.overlap_allreduce && final_of_step) {
+    PT_ASSIGN_OR_RETURN(model::StageModule * module, weights_->ModuleFor(j));
+    PT_RETURN_IF_ERROR(BackwardWithBucketedAllReduce(j, *module, backward));
+  } else {
+    backward();
+    last_backward_end_s_ = MonotonicSeconds();
   }
   if (!is_first_) {
     at::Tensor grad = stashed.input.grad();
@@ -190,6 +211,84 @@ absl::Status StageExecutor::Backward(int64_t j, ActionRecord& record) {
     input_gradients_[j] = grad;
   }
   stash_.erase(it);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Calls `on_ready` after a parameter's gradient accumulator has run (its .grad is final for
+// this backward).
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+}  // namespace
+
+absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
+                                                          const std::function<void()>& backward) {
+  const int64_t t = j / config_.micro_batches;
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  // Buckets in reverse parameter order: roughly the order backward finalizes them.
+  std::vector<at::Tensor> params = module.Parameters();
+  std::vector<int> bucket_of(params.size());
+  std::vector<std::vector<int>> buckets;
+  int64_t bytes = config_.bucket_bytes;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    if (bytes >= config_.bucket_bytes) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(i);
+    bucket_of[i] = static_cast<int>(buckets.size()) - 1;
+    bytes += params[i].numel() * params[i].element_size();
+  }
+  std::vector<int> missing(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) missing[b] = static_cast<int>(buckets[b].size());
+  std::vector<std::unique_ptr<transport::Transport::PendingReduction>> pending(buckets.size());
+  std::vector<AllReduceRecord> launched(buckets.size());
+  auto launch = [&](int b) {
+    std::vector<at::Tensor> grads;
+    for (int i : buckets[b]) {
+      if (!params[i].grad().defined()) params[i].mutable_grad() = at::zeros_like(params[i]);
+      grads.push_back(params[i].grad());
+    }
+    launched[b] = {t, b, MonotonicSeconds(), 0};
+    pending[b] = transport_->StartAllReduceMean(std::move(grads), deadline);
+  };
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+    const int b = bucket_of[i];
+    auto key = accumulator->add_post_hook(std::make_unique<GradientReadyHook>([&, b] {
+      if (--missing[b] == 0) launch(b);
+    }));
+    hooks.emplace_back(std::move(accumulator), key);
+  }
+  backward();
+  last_backward_end_s_ = MonotonicSeconds();
+  for (auto& [accumulator, key] : hooks) accumulator->del_post_hook(key);
+  // Buckets whose parameters took no part in this backward go now.
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (!pending[b]) launch(static_cast<int>(b));
+  }
+  const double start = MonotonicSeconds();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    PT_RETURN_IF_ERROR(pending[b]->Wait(deadline));
+    launched[b].end_s = MonotonicSeconds();
+    stats_.allreduces.push_back(launched[b]);
+  }
+  step_allreduce_s_ += MonotonicSeconds() - start;  // the part not hidden by the backward
+  reduced_steps_.insert(t);
   return absl::OkStatus();
 }
 

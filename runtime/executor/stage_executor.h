@@ -44,6 +44,11 @@ struct StageConfig {
   int num_stages = 1;
   int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
   int replicas = 1;       // w: gradients are averaged across replicas before each update
+  // Hippie: stage 0 averages its gradients bucket by bucket during the final backward of
+  // each step, as each bucket's gradients become final (other stages average theirs right
+  // after their last backward, which precedes stage 0's). Off: stage 0 waits for the end.
+  bool overlap_allreduce = true;
+  int64_t bucket_bytes = 256 << 10;
   uint64_t seed = 0;
   std::vector<schedule::Action> actions;
   absl::Duration recv_timeout = absl::Seconds(120);
@@ -63,11 +68,24 @@ struct ActionRecord {
   int64_t version = -1; // weight version used (F and B only)
 };
 
+// One gradient AllReduce among replicas: a bucket launched during stage 0's final backward
+// (bucket >= 0, started when its last gradient became final), or the whole gradient after
+// the stage's last backward (bucket -1).
+struct AllReduceRecord {
+  int64_t step = 0;
+  int bucket = -1;
+  double start_s = 0;
+  double end_s = 0;
+};
+
 struct StepRecord {
   int64_t step = 0;
   double end_s = 0;                 // when STEP<t> finished on this stage
   std::optional<double> mean_loss;  // last stage: mean unscaled loss over the m micro-batches
   double allreduce_s = 0;           // gradient AllReduce among replicas inside this step
+  // When the computation of the step's last backward ended on this stage (before any wait
+  // for an overlapped AllReduce).
+  double last_backward_end_s = 0;
 };
 
 struct StageStats {
@@ -78,6 +96,7 @@ struct StageStats {
   double allreduce_s = 0;  // gradient AllReduce among replicas (part of compute_s)
   std::vector<ActionRecord> records;
   std::vector<StepRecord> steps;
+  std::vector<AllReduceRecord> allreduces;
 };
 
 class StageExecutor {
@@ -105,6 +124,9 @@ class StageExecutor {
   absl::Status Execute(const schedule::Action& action, ActionRecord& record);
   absl::Status Forward(int64_t j, ActionRecord& record);
   absl::Status Backward(int64_t j, ActionRecord& record);
+  // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
+  absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
+                                             const std::function<void()>& backward);
   absl::StatusOr<at::Tensor> Receive(int peer, transport::MessageKind kind, int64_t j,
                                      const transport::TensorSpec& expected,
                                      ActionRecord& record);
@@ -123,6 +145,8 @@ class StageExecutor {
   std::map<int64_t, at::Tensor> input_gradients_;
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
+  double last_backward_end_s_ = 0;
+  std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward
   StageStats stats_;
   std::optional<schedule::Action> stopped_at_;
 };

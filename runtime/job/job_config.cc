@@ -257,6 +257,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
 
   if (c.stages < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", c.stages));
   if (c.replicas < 1) errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas));
+  if (c.bucket_kib < 1) errors.push_back(absl::StrCat("bucket_kib: must be >= 1, got ", c.bucket_kib));
   if (!c.stage_ranges.empty() && static_cast<int>(c.stage_ranges.size()) != c.stages) {
     errors.push_back(absl::StrCat("stages: ", c.stage_ranges.size(),
                                   " layer ranges given for ", c.stages, " stages"));
@@ -304,7 +305,8 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
   std::vector<std::string> errors;
   YamlReader r(&errors);
   if (!r.Mapping(root, "",
-                 {"model", "data", "schedule", "stages", "replicas", "microbatches",
+                 {"model", "data", "schedule", "stages", "replicas", "overlap_allreduce",
+                  "bucket_kib", "microbatches",
                   "microbatch_size",
                   "steps", "optimizer", "recompute", "seed", "dtype", "threads_per_stage",
                   "timeout_s"})) {
@@ -325,6 +327,8 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
     }
   }
   r.Read(root, "", "replicas", &job.replicas);
+  r.Read(root, "", "overlap_allreduce", &job.overlap_allreduce);
+  r.Read(root, "", "bucket_kib", &job.bucket_kib);
   r.Read(root, "", "microbatches", &job.micro_batches);
   r.Read(root, "", "microbatch_size", &job.micro_batch_size);
   r.Read(root, "", "steps", &job.steps);

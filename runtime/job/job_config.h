@@ -50,6 +50,9 @@ struct JobConfig {
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kTwoBW;
   int stages = 4;
   int replicas = 1;  // w: data-parallel copies of the pipeline, gradients averaged
+  // Hippie: stage 0 averages its gradients bucket by bucket during its final backward.
+  bool overlap_allreduce = true;
+  int64_t bucket_kib = 256;
   std::vector<model::LayerRange> stage_ranges;  // empty: balanced by parameter count
   int micro_batches = 8;                        // m
   int micro_batch_size = 8;                     // b

@@ -163,6 +163,8 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.num_stages = p;
   sc.micro_batches = c.micro_batches;
   sc.replicas = c.replicas;
+  sc.overlap_allreduce = c.overlap_allreduce;
+  sc.bucket_bytes = c.bucket_kib * 1024;
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
   PT_ASSIGN_OR_RETURN(sc.actions,

@@ -56,9 +56,12 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
     records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
                        r.wait_s, r.version});
   }
+  auto& allreduces = j["allreduces"] = nlohmann::json::array();
+  for (const auto& a : st.allreduces) allreduces.push_back({a.step, a.bucket, a.start_s, a.end_s});
   auto& steps = j["steps"] = nlohmann::json::array();
   for (const auto& s : st.steps) {
-    steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr});
+    steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr,
+                     s.last_backward_end_s});
   }
   return j;
 }
@@ -79,11 +82,16 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
     rec.version = r[5];
     st.records.push_back(rec);
   }
+  for (const auto& a : j.at("allreduces")) {
+    st.allreduces.push_back({a[0].get<int64_t>(), a[1].get<int>(), a[2].get<double>(),
+                             a[3].get<double>()});
+  }
   for (const auto& s : j.at("steps")) {
     executor::StepRecord step;
     step.step = s[0];
     step.end_s = s[1];
     if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
+    step.last_backward_end_s = s[3];
     st.steps.push_back(step);
   }
   return st;

@@ -47,6 +47,29 @@ absl::StatusOr<double> IdealStepTime(const JobConfig& c,
   return sim.step_end_s[0][2] - sim.step_end_s[0][1];
 }
 
+// Per step t: exposed = max over stages of (end of its last AllReduce of t) - (end of stage
+// 0's last backward of t), at least 0; total = max over stages of the summed AllReduce time.
+void ExposedAllReduce(const std::vector<executor::StageStats>& stats,
+                      std::vector<double>* exposed, std::vector<double>* total) {
+  std::map<int64_t, double> last_backward_end;
+  for (const auto& step : stats[0].steps) last_backward_end[step.step] = step.last_backward_end_s;
+  std::map<int64_t, double> worst_end, worst_total;
+  for (const auto& st : stats) {
+    std::map<int64_t, double> end, sum;
+    for (const auto& a : st.allreduces) {
+      end[a.step] = std::max(end[a.step], a.end_s);
+      sum[a.step] += a.end_s - a.start_s;
+    }
+    for (const auto& [t, e] : end) worst_end[t] = std::max(worst_end[t], e);
+    for (const auto& [t, s] : sum) worst_total[t] = std::max(worst_total[t], s);
+  }
+  for (const auto& [t, e] : worst_end) {
+    if (t == 0 || !last_backward_end.count(t)) continue;  // step 0 includes warm-up
+    exposed->push_back(std::max(0.0, e - last_backward_end[t]));
+    total->push_back(worst_total[t]);
+  }
+}
+
 }  // namespace
 
 std::vector<at::Tensor> DetachedCopies(const std::vector<at::Tensor>& tensors) {
@@ -178,6 +201,12 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.tokens_per_s = report.samples_per_s * tokens_per_row;
   report.token_data = plan.dataset->is_token_data();
   PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, report.stage_stats));
+  if (c.replicas > 1) {
+    std::vector<double> exposed, total;
+    ExposedAllReduce(report.stage_stats, &exposed, &total);
+    report.exposed_allreduce_s = Median(exposed);
+    report.allreduce_s = Median(total);
+  }
   return report;
 }
 

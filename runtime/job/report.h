@@ -45,6 +45,11 @@ struct JobReport {
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
   double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
+  // With replicas: median over steps of how long gradient AllReduce ran past the end of
+  // stage 0's last backward (the part not hidden behind computation), and of the total
+  // AllReduce time of the slowest stage.
+  double exposed_allreduce_s = 0;
+  double allreduce_s = 0;
   double wall_s = 0;
   double samples_per_s = 0;      // rows (sequences or examples) per second after step 0
   double tokens_per_s = 0;       // target tokens per second after step 0 (token data)

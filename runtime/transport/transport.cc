@@ -7,6 +7,24 @@
 
 namespace pipetrain::transport {
 
+namespace {
+
+class DoneReduction : public Transport::PendingReduction {
+ public:
+  explicit DoneReduction(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait(absl::Time) override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport::PendingReduction> Transport::StartAllReduceMean(
+    std::vector<at::Tensor> tensors, absl::Time deadline) {
+  return std::make_unique<DoneReduction>(AllReduceMean(tensors, deadline));
+}
+
 const char* MessageKindName(MessageKind kind) {
   return kind == MessageKind::kActivation ? "activation" : "gradient";
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,16 @@ class Transport {
   // replica calls it the same number of times with the same shapes, in the same order.
   // With one replica it does nothing.
   virtual absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) = 0;
+  // Starts averaging `tensors` across the replicas (same contract as AllReduceMean); the
+  // result is written into them when the returned reduction's Wait() succeeds. The default
+  // does it all at once, before returning.
+  class PendingReduction {
+   public:
+    virtual ~PendingReduction() = default;
+    virtual absl::Status Wait(absl::Time deadline) = 0;
+  };
+  virtual std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
+                                                               absl::Time deadline);
   // Waits until every message sent so far has left this process (before exiting).
   virtual absl::Status Flush(absl::Time /*deadline*/) { return absl::OkStatus(); }
 };

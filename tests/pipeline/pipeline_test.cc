@@ -5,6 +5,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -227,6 +228,79 @@ TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
       EXPECT_GT(MaxRelativeDifference(MustReference(one), MustReference(c)), 1e-6);
       for (const auto& stage : report.per_stage) EXPECT_GT(stage.allreduce_s, 0.0);
     }
+  }
+}
+
+// Hippie's communication schedule: stage 0 averages gradient buckets during its final
+// backward, other stages right after their last backward. Same parameters as without
+// overlap; every AllReduce starts after the backward that produces its gradients, and
+// stages s > 0 start theirs before stage 0 ends its last backward.
+TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    // Big enough that stage 0's last backward takes milliseconds: the timing claims are
+    // about the schedule, not about how 4 threads share 2 cores for microseconds.
+    JobConfig c = TinyGpt(kind, 2, 4);
+    c.model.d_model = 64;
+    c.model.n_heads = 4;
+    c.micro_batch_size = 8;
+    c.data.seq_len = 32;
+    c.replicas = 2;
+    c.bucket_kib = 64;  // several buckets
+    c.overlap_allreduce = false;
+    JobReport off = MustRun(c);
+    c.overlap_allreduce = true;
+    JobReport on = MustRun(c);
+    SCOPED_TRACE(schedule::ScheduleKindName(kind));
+    EXPECT_TRUE(BitwiseEqual(off.final_parameters, on.final_parameters));
+
+    const int m = c.micro_batches;
+    // Start and end of each stage's last backward of every step.
+    auto last_backward = [&](const executor::StageStats& st, int64_t t) {
+      for (auto it = st.records.rbegin(); it != st.records.rend(); ++it) {
+        if (it->action.kind == ActionKind::kBackward && it->action.index == (t + 1) * m - 1) {
+          return *it;
+        }
+      }
+      ADD_FAILURE() << "no last backward for step " << t;
+      return executor::ActionRecord{};
+    };
+    const auto& stage0 = on.stage_stats[0];
+    int buckets = 0;
+    for (const auto& a : stage0.allreduces) {
+      ASSERT_GE(a.bucket, 0);  // stage 0 reduces only in buckets
+      const auto b = last_backward(stage0, a.step);
+      EXPECT_GE(a.start_s, b.start_s);
+      EXPECT_LE(a.start_s, b.end_s);
+      ++buckets;
+    }
+    EXPECT_GT(buckets, c.steps);  // more than one bucket per step
+    for (size_t s = 1; s < on.stage_stats.size(); ++s) {
+      const auto& st = on.stage_stats[s];
+      ASSERT_EQ(st.allreduces.size(), static_cast<size_t>(c.steps));
+      for (const auto& a : st.allreduces) {
+        EXPECT_EQ(a.bucket, -1);
+        EXPECT_GE(a.start_s, last_backward(st, a.step).end_s);
+        // It starts within the stage's STEP that directly follows sending the gradient of
+        // its last backward upstream: before stage 0 can even start the backward that
+        // gradient feeds. (Wall-clock order against stage 0 is not asserted: with 4 stage
+        // threads on 2 cores the OS may run stage 0's whole backward first.)
+        const auto& records = st.records;
+        auto send = std::find_if(records.begin(), records.end(), [&](const auto& r) {
+          return r.action == schedule::SendGrad((a.step + 1) * m - 1);
+        });
+        ASSERT_NE(send, records.end());
+        ASSERT_NE(send + 1, records.end());
+        EXPECT_EQ((send + 1)->action, schedule::Step(a.step));
+        EXPECT_GE(a.start_s, (send + 1)->start_s);
+        EXPECT_LE(a.end_s, (send + 1)->end_s);
+      }
+    }
+    // Without overlap, stage 0 reduces once per step, after its last backward.
+    for (const auto& a : off.stage_stats[0].allreduces) {
+      EXPECT_EQ(a.bucket, -1);
+      EXPECT_GE(a.start_s, last_backward(off.stage_stats[0], a.step).end_s);
+    }
+    EXPECT_GE(on.exposed_allreduce_s, 0.0);
   }
 }
 
@@ -476,15 +550,12 @@ TEST(Watchdog, LostMessageFailsEveryStageWithinTheDeadline) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), absl::StatusCode::kDeadlineExceeded);
-  // Stage 2 waits for the lost activation; stage 1 meanwhile waits for a gradient that stage
-  // 2 cannot send. Whichever deadline passes first is reported; both name the waiting stage,
-  // the message and the peer.
+  // Stage 2 waits for the lost activation while stages 1 and 0 wait for gradients that
+  // cannot come; whichever deadline passes first is the error, and where every stage stopped
+  // points at the lost message.
   const std::string message(report.status().message());
-  EXPECT_TRUE(
-      message.find("stage 2 timed out waiting for the activation of micro-batch 6 from stage 1") !=
-          std::string::npos ||
-      message.find("stage 1 timed out waiting for the gradient of micro-batch") != std::string::npos)
-      << message;
+  EXPECT_NE(message.find(" timed out waiting for the "), std::string::npos) << message;
+  EXPECT_NE(message.find("stage 2 RECV_ACT6"), std::string::npos) << message;
   EXPECT_LT(seconds, 5.0);
 }
 

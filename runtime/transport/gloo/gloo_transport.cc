@@ -90,31 +90,29 @@ class GlooTransport : public Transport {
     return payload[0];
   }
 
-  // One flat buffer, one ring AllReduce (sum), then divided by the replica count.
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    if (!replica_group_ || tensors.empty()) return absl::OkStatus();
-    if (absl::Status s = aborted(); !s.ok()) return s;
+    return StartAllReduceMean(tensors, deadline)->Wait(deadline);
+  }
+
+  // One flat buffer, one asynchronous ring AllReduce (sum); Wait() divides by the replica
+  // count and copies the result back.
+  std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
+                                                       absl::Time deadline) override {
+    if (!replica_group_ || tensors.empty()) return Transport::StartAllReduceMean({}, deadline);
+    auto pending = std::make_unique<GlooReduction>(this, std::move(tensors));
+    if (absl::Status s = aborted(); !s.ok()) {
+      pending->error = s;
+      return pending;
+    }
     std::vector<at::Tensor> flat_parts;
-    for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape({-1}));
-    std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+    for (const at::Tensor& t : pending->tensors) flat_parts.push_back(t.reshape({-1}));
+    pending->flat = {at::cat(flat_parts)};
     try {
-      auto work = replica_group_->allreduce(flat);
-      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
-      work->wait(std::chrono::milliseconds(left));
+      pending->work = replica_group_->allreduce(pending->flat);
     } catch (const std::exception& e) {
-      const std::string why = absl::Now() >= deadline ? "timed out" : FirstLine(e);
-      return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " replica ",
-                                                 options_.replica,
-                                                 ": gradient AllReduce among ",
-                                                 options_.replicas, " replicas failed: ", why));
+      pending->error = ReductionError(FirstLine(e));
     }
-    flat[0].div_(options_.replicas);
-    int64_t offset = 0;
-    for (at::Tensor& t : tensors) {
-      t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
-    }
-    return absl::OkStatus();
+    return pending;
   }
 
   void Abort(const absl::Status& reason) override {
@@ -138,6 +136,38 @@ class GlooTransport : public Transport {
   }
 
  private:
+  struct GlooReduction : public PendingReduction {
+    GlooReduction(GlooTransport* owner, std::vector<at::Tensor> tensors)
+        : owner(owner), tensors(std::move(tensors)) {}
+    absl::Status Wait(absl::Time deadline) override {
+      if (!error.ok() || !work) return error;
+      try {
+        const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+        work->wait(std::chrono::milliseconds(left));
+      } catch (const std::exception& e) {
+        return owner->ReductionError(absl::Now() >= deadline ? "timed out" : FirstLine(e));
+      }
+      flat[0].div_(owner->options_.replicas);
+      int64_t offset = 0;
+      for (at::Tensor& t : tensors) {
+        t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+      return absl::OkStatus();
+    }
+    GlooTransport* owner;
+    std::vector<at::Tensor> tensors;
+    std::vector<at::Tensor> flat;
+    c10::intrusive_ptr<c10d::Work> work;
+    absl::Status error;
+  };
+
+  absl::Status ReductionError(const std::string& why) const {
+    return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " replica ",
+                                               options_.replica, ": gradient AllReduce among ",
+                                               options_.replicas, " replicas failed: ", why));
+  }
+
   struct Pending {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor keep_alive;

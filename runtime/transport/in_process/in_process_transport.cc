@@ -49,15 +49,20 @@ class InProcessHub {
     if (abort_reason_.ok()) abort_reason_ = reason;
   }
 
-  // Call number `call` of replica `replica` of stage `stage`: contributes `tensors`, waits
-  // for all replicas, and replaces them with the mean (summed in replica order).
-  absl::Status AllReduceMean(int stage, int64_t call, int replica, int replicas,
-                             std::vector<at::Tensor>& tensors, absl::Time deadline) {
+  // Call number `call` of replica `replica` of stage `stage`: Contribute() hands in
+  // `tensors` (which must not change until Finish), Finish() waits for all replicas and
+  // replaces them with the mean (summed in replica order).
+  void Contribute(int stage, int64_t call, int replica, int replicas,
+                  const std::vector<at::Tensor>& tensors) {
     absl::MutexLock lock(&mu_);
     Reduction& r = reductions_[{stage, call}];
     if (r.parts.empty()) r.parts.resize(replicas);
     r.parts[replica] = tensors;
     ++r.arrived;
+  }
+  absl::Status Finish(int stage, int64_t call, int replica, int replicas,
+                      std::vector<at::Tensor>& tensors, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
     auto all_arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return !abort_reason_.ok() || reductions_[{stage, call}].arrived >= replicas;
     };
@@ -110,12 +115,30 @@ class InProcessTransport : public Transport {
     return hub_->Take({peer, stage_, kind, micro_batch, replica_}, deadline);
   }
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    if (replicas_ == 1) return absl::OkStatus();
-    return hub_->AllReduceMean(stage_, reductions_++, replica_, replicas_, tensors, deadline);
+    return StartAllReduceMean(tensors, deadline)->Wait(deadline);
+  }
+  std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
+                                                       absl::Time deadline) override {
+    if (replicas_ == 1) return Transport::StartAllReduceMean({}, deadline);
+    const int64_t call = reductions_++;
+    hub_->Contribute(stage_, call, replica_, replicas_, tensors);
+    return std::make_unique<Pending>(this, call, std::move(tensors));
   }
   void Abort(const absl::Status& reason) override { hub_->Abort(reason); }
 
  private:
+  struct Pending : public PendingReduction {
+    Pending(InProcessTransport* owner, int64_t call, std::vector<at::Tensor> tensors)
+        : owner(owner), call(call), tensors(std::move(tensors)) {}
+    absl::Status Wait(absl::Time deadline) override {
+      return owner->hub_->Finish(owner->stage_, call, owner->replica_, owner->replicas_, tensors,
+                                 deadline);
+    }
+    InProcessTransport* owner;
+    int64_t call;
+    std::vector<at::Tensor> tensors;
+  };
+
   std::shared_ptr<InProcessHub> hub_;
   int stage_, replica_, replicas_;
   int64_t reductions_ = 0;
