@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "runtime/job/local_run.h"
 #include "runtime/job/process_run.h"
+#include "runtime/job/trace.h"
 
 namespace pipetrain::client {
 namespace {
@@ -182,7 +183,7 @@ void PrintSummary(const job::JobReport& r) {
 }
 
 struct RunFlags {
-  std::string job_file, summary_file;
+  std::string job_file, summary_file, trace_file;
   std::string launch = "threads";
   bool reference = false, quiet = false;
   std::vector<std::string> argv;  // the whole command line, to start stage processes
@@ -272,6 +273,13 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
       return kExitJobFailed;
     }
   }
+  if (!flags.trace_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(flags.trace_file, job::ChromeTraceJson(*report));
+        !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+      return kExitJobFailed;
+    }
+  }
   return kExitOk;
 }
 
@@ -290,11 +298,15 @@ int main(int argc, char** argv) {
   client::RunFlags flags;
   std::vector<client::Override> overrides;
   CLI::App* run = app.add_subcommand(
-      "run", "Train a job in this process, one thread per pipeline stage. With no arguments: "
+      "run", "Train a job on this machine, each pipeline stage of each replica a thread of "
+             "this process (or its own process with --launch processes). With no arguments: "
              "the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW.");
   run->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
       ->check(CLI::ExistingFile);
   run->add_option("--summary", flags.summary_file, "write a JSON report here at the end");
+  run->add_option("--trace", flags.trace_file,
+                  "write the timeline of every action and AllReduce of every stage here at the "
+                  "end (Chrome trace JSON: open in ui.perfetto.dev or chrome://tracing)");
   run->add_flag("--reference", flags.reference,
                 "also train the un-pipelined model and report max_param_rel_diff");
   run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
@@ -370,7 +382,7 @@ int main(int argc, char** argv) {
         [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
 
   auto* p = run->add_option_group("pipeline");
-  parsed(p, "--schedule", "2bw", "gpipe | 1f1b | 2bw",
+  parsed(p, "--schedule", "2bw", "gpipe | 1f1b (alias flush, last-stage) | 2bw",
          [](job::JobConfig& c, const std::string& v) -> absl::Status {
            auto kind = schedule::ParseScheduleKind(v);
            if (!kind.ok()) return kind.status();

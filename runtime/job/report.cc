@@ -26,7 +26,7 @@ double Median(std::vector<double> v) {
 // time per (stage, action kind).
 absl::StatusOr<double> IdealStepTime(const JobConfig& c,
                                      const std::vector<executor::StageStats>& stats) {
-  const int p = static_cast<int>(stats.size());
+  const int p = c.stages;  // replica 0's stages come first in `stats`
   std::vector<std::map<ActionKind, std::pair<double, int>>> sums(p);
   for (int s = 0; s < p; ++s) {
     for (const auto& r : stats[s].records) {
@@ -47,21 +47,33 @@ absl::StatusOr<double> IdealStepTime(const JobConfig& c,
   return sim.step_end_s[0][2] - sim.step_end_s[0][1];
 }
 
-// Per step t: exposed = max over stages of (end of its last AllReduce of t) - (end of stage
-// 0's last backward of t), at least 0; total = max over stages of the summed AllReduce time.
-void ExposedAllReduce(const std::vector<executor::StageStats>& stats,
+// Per step t: exposed = max over all stages of all replicas of (end of its last AllReduce
+// of t) - (the latest end of stage 0's last backward of t over the replicas), at least 0;
+// total = max over stages of the time from its first AllReduce start to its last AllReduce
+// end in t. Measuring from the latest replica keeps waiting for a straggling replica (load
+// imbalance, which overlap cannot hide) out of the exposed communication.
+void ExposedAllReduce(const std::vector<executor::StageStats>& stats, int p,
                       std::vector<double>* exposed, std::vector<double>* total) {
   std::map<int64_t, double> last_backward_end;
-  for (const auto& step : stats[0].steps) last_backward_end[step.step] = step.last_backward_end_s;
+  for (size_t first = 0; first < stats.size(); first += p) {
+    for (const auto& step : stats[first].steps) {
+      double& end = last_backward_end[step.step];
+      end = std::max(end, step.last_backward_end_s);
+    }
+  }
   std::map<int64_t, double> worst_end, worst_total;
   for (const auto& st : stats) {
-    std::map<int64_t, double> end, sum;
+    // A stage's AllReduce time in a step: from its first bucket's start to its last
+    // bucket's end (buckets run concurrently, so their durations do not add up).
+    std::map<int64_t, double> start, end;
     for (const auto& a : st.allreduces) {
+      start[a.step] = start.count(a.step) ? std::min(start[a.step], a.start_s) : a.start_s;
       end[a.step] = std::max(end[a.step], a.end_s);
-      sum[a.step] += a.end_s - a.start_s;
     }
-    for (const auto& [t, e] : end) worst_end[t] = std::max(worst_end[t], e);
-    for (const auto& [t, s] : sum) worst_total[t] = std::max(worst_total[t], s);
+    for (const auto& [t, e] : end) {
+      worst_end[t] = std::max(worst_end[t], e);
+      worst_total[t] = std::max(worst_total[t], e - start[t]);
+    }
   }
   for (const auto& [t, e] : worst_end) {
     if (t == 0 || !last_backward_end.count(t)) continue;  // step 0 includes warm-up
@@ -173,7 +185,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
       if (step.mean_loss) report.losses[step.step] += *step.mean_loss / c.replicas;
     }
   }
-  stages.resize(p);  // replica 0 speaks for the rest
+  // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
+  // hold identical ones); every replica's measurements are kept.
   for (int s = 0; s < p; ++s) {
     StageOutcome& out = stages[s];
     report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
@@ -181,8 +194,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
                                 out.stats.wait_s, out.stats.allreduce_s});
     for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
     for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
-    report.stage_stats.push_back(std::move(out.stats));
   }
+  for (StageOutcome& out : stages) report.stage_stats.push_back(std::move(out.stats));
   const int64_t rows_per_step = int64_t{c.replicas} * c.micro_batches * c.micro_batch_size;
   const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data.seq_len : 1;
   const auto& steps0 = report.stage_stats[0].steps;
@@ -203,7 +216,7 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, report.stage_stats));
   if (c.replicas > 1) {
     std::vector<double> exposed, total;
-    ExposedAllReduce(report.stage_stats, &exposed, &total);
+    ExposedAllReduce(report.stage_stats, p, &exposed, &total);
     report.exposed_allreduce_s = Median(exposed);
     report.allreduce_s = Median(total);
   }

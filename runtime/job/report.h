@@ -45,9 +45,9 @@ struct JobReport {
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
   double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
-  // With replicas: median over steps of how long gradient AllReduce ran past the end of
-  // stage 0's last backward (the part not hidden behind computation), and of the total
-  // AllReduce time of the slowest stage.
+  // With replicas, medians over steps after the first: how long gradient AllReduce ran past
+  // the end of stage 0's last backward (the part not hidden behind computation), and the
+  // slowest stage's AllReduce span (its first start to its last end in the step).
   double exposed_allreduce_s = 0;
   double allreduce_s = 0;
   double wall_s = 0;
@@ -58,8 +58,9 @@ struct JobReport {
   std::vector<StageReport> per_stage;
   std::optional<double> max_param_rel_diff;  // set by CompareWithReference
 
-  // For tests and tools: every stage's full measurements, and the final parameters of the
-  // whole model in layer order (what a checkpoint would hold).
+  // For tests and tools: every stage's full measurements (index replica * stages + stage),
+  // and the final parameters of the whole model in layer order (what a checkpoint would
+  // hold).
   std::vector<executor::StageStats> stage_stats;
   std::vector<at::Tensor> final_parameters;
   std::vector<at::Tensor> final_buffers;

@@ -31,6 +31,7 @@ constexpr KindAlias kKindAliases[] = {
     {"flush", ScheduleKind::kOneFOneB},
     {"pipedream-flush", ScheduleKind::kOneFOneB},
     {"pipedream-2bw", ScheduleKind::kTwoBW},
+    {"last-stage", ScheduleKind::kOneFOneB},  // Hippie's name for the same schedule
 };
 
 bool IsKnownKind(ScheduleKind kind) {

@@ -12,6 +12,9 @@
 //   kGPipe    : per step, all F in order, then all B in order, then STEP<t> (flush).
 //   kOneFOneB : PipeDream-Flush. Per step, warm-up of min(p-s-1, m) forwards, then
 //               (F, B) pairs, then the remaining backwards, then STEP<t> (flush).
+//               This is also Hippie's "last-stage schedule" (DESIGN.md section 4): the
+//               last stage runs B<j> right after F<j>, holding one micro-batch in flight,
+//               and stage s holds at most p-s.
 //   kTwoBW    : PipeDream-2BW. One continuous 1F1B over steps*m micro-batches with no flush;
 //               warm-up min(p-s-1, steps*m) forwards; STEP<t> right after the stage's last
 //               backward of mini-batch t. Requires m >= p.
@@ -32,7 +35,7 @@ enum class ScheduleKind { kGPipe, kOneFOneB, kTwoBW };
 // "gpipe", "1f1b", "2bw".
 std::string_view ScheduleKindName(ScheduleKind kind);
 // Accepts the names above (case-insensitive) and the aliases "flush", "pipedream-flush",
-// "pipedream-2bw". The error lists the accepted names.
+// "last-stage" (all kOneFOneB) and "pipedream-2bw". The error lists the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name);
 
 struct ScheduleParams {

@@ -41,7 +41,7 @@ TEST(ScheduleKindTest, NamesAndAliases) {
       {"1f1b", ScheduleKind::kOneFOneB},       {"1F1B", ScheduleKind::kOneFOneB},
       {"flush", ScheduleKind::kOneFOneB},      {"PipeDream-Flush", ScheduleKind::kOneFOneB},
       {"2bw", ScheduleKind::kTwoBW},           {"2BW", ScheduleKind::kTwoBW},
-      {"pipedream-2bw", ScheduleKind::kTwoBW},
+      {"pipedream-2bw", ScheduleKind::kTwoBW}, {"last-stage", ScheduleKind::kOneFOneB},
   };
   for (const auto& [name, kind] : accepted) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(name);
@@ -56,8 +56,37 @@ TEST(ScheduleKindTest, NamesAndAliases) {
   absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("zb-h1");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("'zb-h1'"));
-  for (const char* name : {"gpipe", "1f1b", "2bw", "flush", "pipedream-flush", "pipedream-2bw"}) {
+  for (const char* name : {"gpipe", "1f1b", "2bw", "flush", "pipedream-flush", "pipedream-2bw",
+                           "last-stage"}) {
     EXPECT_THAT(bad.status().message(), HasSubstr(name));
+  }
+}
+
+// Hippie's last-stage schedule: the last stage runs each backward right after its forward
+// (one micro-batch in flight); upstream stage s holds at most p-s, and exactly that many
+// when m >= p.
+TEST(ScheduleKindTest, LastStageScheduleHoldsOneMicroBatchOnTheLastStage) {
+  absl::StatusOr<ScheduleKind> kind = ParseScheduleKind("last-stage");
+  ASSERT_TRUE(kind.ok());
+  for (int p : {2, 4}) {
+    const int m = 6;
+    absl::StatusOr<std::vector<std::vector<Action>>> all =
+        BuildSchedule({*kind, p, m, /*steps=*/2});
+    ASSERT_TRUE(all.ok()) << all.status();
+    for (int s = 0; s < p; ++s) {
+      int in_flight = 0, peak = 0;
+      const std::vector<Action>& actions = (*all)[s];
+      for (size_t i = 0; i < actions.size(); ++i) {
+        if (actions[i].kind == ActionKind::kForward) peak = std::max(peak, ++in_flight);
+        if (actions[i].kind == ActionKind::kBackward) --in_flight;
+        if (s == p - 1 && actions[i].kind == ActionKind::kForward) {
+          ASSERT_LT(i + 1, actions.size());
+          EXPECT_EQ(actions[i + 1], B(actions[i].index)) << "p=" << p;
+        }
+      }
+      EXPECT_EQ(in_flight, 0);
+      EXPECT_EQ(peak, p - s) << "p=" << p << " stage " << s;
+    }
   }
 }
 
