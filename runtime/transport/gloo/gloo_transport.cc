@@ -1,6 +1,8 @@
 #include "runtime/transport/gloo/gloo_transport.h"
 
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -8,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
 
 namespace pipetrain::transport {
@@ -68,12 +71,16 @@ class GlooTransport : public Transport {
     if (absl::Status s = aborted(); !s.ok()) return s;
     const std::string what = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
                                           micro_batch, " from ", Describe(peer));
-    std::vector<at::Tensor> header = {at::zeros({kHeaderSize}, at::kLong)};
-    if (absl::Status s = Wait(header, peer, Tag(kind, micro_batch, false), deadline, what);
-        !s.ok()) {
-      return s;
+    // Gloo moves a message only once its receive is posted. The header of this message was
+    // usually posted when the previous one arrived; the next one is posted now, so that a
+    // sender never waits for this process to ask.
+    absl::StatusOr<PostedRecv> header = TakeHeaderRecv(peer, kind, micro_batch);
+    if (!header.ok()) return Lost(peer, what, header.status().message());
+    if (absl::Status s = PostHeaderRecv(peer, kind, micro_batch + 1); !s.ok()) {
+      return Lost(peer, what, s.message());
     }
-    auto h = header[0].accessor<int64_t, 1>();
+    if (absl::Status s = Wait(*header, peer, deadline, what); !s.ok()) return s;
+    auto h = header->buffer[0].accessor<int64_t, 1>();
     const int64_t ndim = h[3];
     if (h[0] != static_cast<int64_t>(kind) || h[1] != micro_batch || ndim < 0 ||
         ndim > kMaxDims || h[2] < 0 ||
@@ -81,13 +88,26 @@ class GlooTransport : public Transport {
       return absl::DataLossError(absl::StrCat("malformed header for ", what));
     }
     std::vector<int64_t> shape(&h[4], &h[4] + ndim);
-    std::vector<at::Tensor> payload = {
+    PostedRecv payload;
+    payload.buffer = {
         at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[2])))};
-    if (absl::Status s = Wait(payload, peer, Tag(kind, micro_batch, true), deadline, what);
-        !s.ok()) {
-      return s;
+    try {
+      payload.work = group_->recv(payload.buffer, RankOf(peer), Tag(kind, micro_batch, true));
+    } catch (const std::exception& e) {
+      return Lost(peer, what, FirstLine(e));
     }
-    return payload[0];
+    if (absl::Status s = Wait(payload, peer, deadline, what); !s.ok()) return s;
+    return payload.buffer[0];
+  }
+
+  ~GlooTransport() override {
+    // Receives posted ahead for messages that never came (the one after the last).
+    for (auto& [key, posted] : header_recvs_) {
+      try {
+        posted.work->abort();
+      } catch (const std::exception&) {
+      }
+    }
   }
 
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
@@ -187,21 +207,54 @@ class GlooTransport : public Transport {
     return abort_reason_;
   }
 
-  absl::Status Wait(std::vector<at::Tensor>& buffer, int peer, int tag, absl::Time deadline,
-                    const std::string& what) {
+  // A receive posted to Gloo: `buffer` fills when `work` completes.
+  struct PostedRecv {
+    std::vector<at::Tensor> buffer;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  using HeaderKey = std::tuple<int, MessageKind, int64_t>;  // peer, kind, micro-batch
+
+  // REQUIRES: called from the receiving thread only (so is TakeHeaderRecv).
+  absl::Status PostHeaderRecv(int peer, MessageKind kind, int64_t micro_batch) {
+    const HeaderKey key{peer, kind, micro_batch};
+    if (header_recvs_.count(key)) return absl::OkStatus();
+    PostedRecv posted;
+    posted.buffer = {at::zeros({kHeaderSize}, at::kLong)};
     try {
-      auto work = group_->recv(buffer, RankOf(peer), tag);
+      posted.work = group_->recv(posted.buffer, RankOf(peer), Tag(kind, micro_batch, false));
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(FirstLine(e));
+    }
+    header_recvs_.emplace(key, std::move(posted));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PostedRecv> TakeHeaderRecv(int peer, MessageKind kind, int64_t micro_batch) {
+    PT_RETURN_IF_ERROR(PostHeaderRecv(peer, kind, micro_batch));
+    auto it = header_recvs_.find({peer, kind, micro_batch});
+    PostedRecv posted = std::move(it->second);
+    header_recvs_.erase(it);
+    return posted;
+  }
+
+  absl::Status Lost(int peer, const std::string& what, absl::string_view why) const {
+    return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " lost ",
+                                               Describe(peer), " while waiting for the ",
+                                               what.substr(4, what.find(" from ") - 4), ": ",
+                                               why));
+  }
+
+  absl::Status Wait(PostedRecv& posted, int peer, absl::Time deadline, const std::string& what) {
+    try {
       const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
-      work->wait(std::chrono::milliseconds(left));
+      posted.work->wait(std::chrono::milliseconds(left));
       return absl::OkStatus();
     } catch (const std::exception& e) {
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("stage ", options_.stage, " timed out waiting for ", what));
       }
-      return absl::UnavailableError(absl::StrCat(
-          "stage ", options_.stage, " lost ", Describe(peer), " while waiting for the ",
-          what.substr(4, what.find(" from ") - 4), ": ", FirstLine(e)));
+      return Lost(peer, what, FirstLine(e));
     }
   }
 
@@ -222,6 +275,7 @@ class GlooTransport : public Transport {
   std::vector<Pending> pending_;  // guarded by send_mu_
   std::mutex abort_mu_;
   absl::Status abort_reason_;  // guarded by abort_mu_
+  std::map<HeaderKey, PostedRecv> header_recvs_;  // posted ahead; receiving thread only
 };
 
 }  // namespace
