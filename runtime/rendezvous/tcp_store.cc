@@ -1,5 +1,6 @@
 // KeyValueStore over LibTorch's c10d::TCPStore (the store torchrun uses), so that the same
 // store also bootstraps c10d process groups (see transport/gloo).
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "runtime/rendezvous/c10d_store.h"
 
 namespace pipetrain::rendezvous {
@@ -34,18 +36,26 @@ class TcpStore : public KeyValueStore, public C10dStoreHolder {
       return absl::UnavailableError(absl::StrCat("store: set '", key, "': ", FirstLine(e)));
     }
   }
+  // Polls with check() rather than c10d's wait(): a wait() that times out on the client
+  // leaves the server's later answer on the connection, and every reply after it is read
+  // out of step (a wrong value, or a read that never returns).
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration pause = absl::Milliseconds(1);
     try {
-      store_->wait({key}, ToChrono(timeout));
-      std::vector<uint8_t> v = store_->get(key);
+      while (!store_->check({key})) {
+        const absl::Duration left = deadline - absl::Now();
+        if (left <= absl::ZeroDuration()) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "store: '", key, "' was not set within ", absl::FormatDuration(timeout)));
+        }
+        absl::SleepFor(std::min(pause, left));
+        pause = std::min(pause * 2, absl::Milliseconds(20));
+      }
+      std::vector<uint8_t> v = store_->get(key);  // set: answers at once
       return std::string(v.begin(), v.end());
     } catch (const std::exception& e) {
-      const std::string what = FirstLine(e);
-      if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos) {
-        return absl::DeadlineExceededError(absl::StrCat("store: '", key, "' was not set within ",
-                                                        absl::FormatDuration(timeout)));
-      }
-      return absl::UnavailableError(absl::StrCat("store: get '", key, "': ", what));
+      return absl::UnavailableError(absl::StrCat("store: get '", key, "': ", FirstLine(e)));
     }
   }
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {

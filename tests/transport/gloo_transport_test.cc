@@ -1,5 +1,6 @@
 // The Gloo data plane and its rendezvous, with stages as threads of this test process
 // talking over real loopback TCP.
+#include <chrono>
 #include <future>
 #include <thread>
 
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 
@@ -130,6 +132,28 @@ TEST(KeyValueStore, SetGetAddAndDeadline) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(missing.status().message(), HasSubstr("'never'"));
   EXPECT_FALSE(rendezvous::ConnectTcpStore("127.0.0.1", 1, absl::Milliseconds(300)).ok());
+}
+
+// A Get that timed out leaves nothing behind on its connection: when the key is set later,
+// the same client still reads every value right (the launcher polls progress keys this way).
+TEST(KeyValueStore, GetAfterATimedOutGetReadsTheRightValues) {
+  auto server = rendezvous::ServeTcpStore("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  auto client = Connect(rendezvous::TcpStorePort(**server));
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = absl::StrCat("late", i);
+    EXPECT_EQ(client->Get(key, absl::Milliseconds(30)).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    ASSERT_TRUE((*server)->Set(key, absl::StrCat("value ", i)).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE((*server)->Set("other", std::string(40, 'x')).ok());
+    auto other = client->Get("other", absl::Seconds(2));
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(*other, std::string(40, 'x'));
+    auto late = client->Get(key, absl::Seconds(2));
+    ASSERT_TRUE(late.ok()) << late.status();
+    EXPECT_EQ(*late, absl::StrCat("value ", i));
+  }
 }
 
 }  // namespace
