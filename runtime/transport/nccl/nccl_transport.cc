@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,8 @@ constexpr int kMaxDims = 8;
 constexpr int kHeaderSize = 4 + kMaxDims;  // kind, micro-batch, dtype, ndim, dims
 constexpr size_t kHeaderBytes = kHeaderSize * sizeof(int64_t);
 constexpr auto kPollInterval = std::chrono::microseconds(50);
+// How long destroying a healthy transport waits for its communicators to finalize.
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 
 std::optional<ncclDataType_t> NcclTypeOf(at::ScalarType type) {
   switch (type) {
@@ -99,11 +102,22 @@ class NcclTransport : public Transport {
   NcclTransport(std::shared_ptr<rendezvous::KeyValueStore> store, NcclTransportOptions options)
       : store_(std::move(store)), options_(std::move(options)) {}
 
-  // Kills whatever still waits for a peer; sends not yet flushed die with it.
+  // A healthy transport finalizes its communicators, so that what NCCL is still moving (e.g.
+  // the last send, unflushed) gets there; a failed one, or one whose communicators do not
+  // finalize in time, aborts them, killing whatever still waits for a peer. Then it waits for
+  // every stream before freeing what their work may still use.
   ~NcclTransport() override {
-    AbortCommunicators();
     DeviceGuard device(options_.device);
+    if (aborted().ok()) {
+      CloseCommunicators(absl::Now() + kFinalizeTimeout);
+    } else {
+      AbortCommunicators();
+    }
+    for (auto& channel : channels_) {
+      if (channel->stream != nullptr) cudaStreamSynchronize(channel->stream);
+    }
     in_flight_.clear();
+    graveyard_.clear();
     for (auto& channel : channels_) {
       channel->staged.clear();
       if (channel->stream != nullptr) cudaStreamDestroy(channel->stream);
@@ -153,7 +167,8 @@ class NcclTransport : public Transport {
       }
     }
     for (auto& channel : channels_) {
-      if (cudaError_t e = cudaStreamCreate(&channel->stream); e != cudaSuccess) {
+      if (cudaError_t e = cudaStreamCreateWithFlags(&channel->stream, cudaStreamNonBlocking);
+          e != cudaSuccess) {
         return CudaError(e, "creating the stream of " + channel->name);
       }
     }
@@ -219,16 +234,27 @@ class NcclTransport : public Transport {
     // Launching needs no receiver (the link was warmed up); the deadline only bounds NCCL.
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     const std::string sending = "sending " + message_name;
-    if (absl::Status s = UploadHeader(*channel, message, sending); !s.ok()) return s;
-    for (const at::Tensor* part : {&message.header, &message.payload}) {
-      if (part->numel() == 0) continue;  // an empty payload: the header says all
-      if (absl::Status s = Issue(*channel, part, nullptr, sending); !s.ok()) return s;
-      if (absl::Status s = AwaitLaunch(*channel, deadline, sending); !s.ok()) return s;
+    Event done;
+    const absl::Status enqueued = [&]() -> absl::Status {
+      if (absl::Status s = FollowCompute(*channel, sending); !s.ok()) return s;
+      if (absl::Status s = UploadHeader(*channel, message, sending); !s.ok()) return s;
+      for (const at::Tensor* part : {&message.header, &message.payload}) {
+        if (part->numel() == 0) continue;  // an empty payload: the header says all
+        if (absl::Status s = Issue(*channel, part, nullptr, sending); !s.ok()) return s;
+        if (absl::Status s = AwaitLaunch(*channel, deadline, sending); !s.ok()) return s;
+      }
+      absl::StatusOr<Event> event = RecordEvent(*channel, sending);
+      if (!event.ok()) return event.status();
+      done = std::move(event).value();
+      return absl::OkStatus();
+    }();
+    if (!enqueued.ok()) {
+      // What was enqueued may still read or write these.
+      Bury({message.header_host, message.header, message.payload});
+      return enqueued;
     }
-    absl::StatusOr<Event> done = RecordEvent(*channel, sending);
-    if (!done.ok()) return done.status();
     in_flight_.push_back(
-        {std::move(message), std::move(done).value(), channel, "delivering " + message_name});
+        {std::move(message), std::move(done), channel, "delivering " + message_name});
     return absl::OkStatus();
   }
 
@@ -244,6 +270,15 @@ class NcclTransport : public Transport {
     DeviceGuard device(options_.device);
     const std::string what = "waiting for " + wanted;
     std::optional<Message> source;  // loopback: the staged message this receive sends itself
+    at::Tensor header;
+    at::Tensor header_host;
+    at::Tensor payload;
+    // On a failure, work enqueued on the stream may still use these: keep them until the end.
+    auto failed = [&](absl::Status status) {
+      Bury({header, header_host, payload});
+      if (source) Bury({source->header_host, source->header, source->payload});
+      return status;
+    };
     if (options_.loopback) {
       absl::Status staged = Poll(*channel, deadline, what, [&]() -> absl::StatusOr<bool> {
         std::lock_guard<std::mutex> lock(staged_mu_);
@@ -253,15 +288,16 @@ class NcclTransport : public Transport {
         return true;
       });
       if (!staged.ok()) return staged;
-      if (absl::Status s = UploadHeader(*channel, *source, what); !s.ok()) return s;
+      if (absl::Status s = FollowCompute(*channel, what); !s.ok()) return failed(s);
+      if (absl::Status s = UploadHeader(*channel, *source, what); !s.ok()) return failed(s);
     }
-    const at::Tensor header = at::empty({kHeaderSize}, CudaOptions(at::kLong));
-    const at::Tensor header_host =
+    header = at::empty({kHeaderSize}, CudaOptions(at::kLong));
+    header_host =
         at::empty({kHeaderSize}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
     if (absl::Status s = Receive(*channel, source ? &source->header : nullptr, header,
                                  &header_host, deadline, what);
         !s.ok()) {
-      return s;
+      return failed(s);
     }
     const int64_t* h = header_host.data_ptr<int64_t>();
     const int64_t ndim = h[3];
@@ -281,13 +317,13 @@ class NcclTransport : public Transport {
           MessageKindName(static_cast<MessageKind>(h[0])), " of micro-batch ", h[1],
           " (NCCL delivers a link's messages in the order they were sent)")));
     }
-    at::Tensor payload = at::empty(std::vector<int64_t>(h + 4, h + 4 + ndim),
-                                   CudaOptions(static_cast<at::ScalarType>(h[2])));
+    payload = at::empty(std::vector<int64_t>(h + 4, h + 4 + ndim),
+                        CudaOptions(static_cast<at::ScalarType>(h[2])));
     if (payload.numel() > 0) {
       if (absl::Status s = Receive(*channel, source ? &source->payload : nullptr, payload,
                                    nullptr, deadline, what);
           !s.ok()) {
-        return s;
+        return failed(s);
       }
     }
     return payload;
@@ -331,16 +367,21 @@ class NcclTransport : public Transport {
   struct NcclReduction : public PendingReduction {
     NcclReduction(NcclTransport* owner, std::vector<at::Tensor> tensors)
         : owner(owner), tensors(std::move(tensors)) {}
+    // Dropped before its reduction completed: the tensors live on until the transport dies.
+    ~NcclReduction() override {
+      if (done && QueryEvent(done.get()) != cudaSuccess) owner->Bury(std::move(tensors));
+    }
     absl::Status Wait(absl::Time deadline) override {
       if (!status.ok() || !done) return status;
       DeviceGuard device(owner->options_.device);
       status = owner->AwaitEvent(*owner->replicas_, done.get(), deadline, owner->ReductionWhat());
+      if (!status.ok()) owner->Bury(tensors);  // the reduction may still write into them
       done.reset();
       return status;
     }
-    NcclTransport* owner;
+    NcclTransport* owner;             // outlives the reduction
     std::vector<at::Tensor> tensors;  // kept alive until the reduction completes
-    Event done;                       // null when nothing was enqueued
+    Event done;                       // null when nothing was enqueued or once waited for
     absl::Status status;
   };
 
@@ -441,38 +482,46 @@ class NcclTransport : public Transport {
   // One message over every link, so that NCCL makes its peer connections here rather than in
   // the first Send (whose launch would then wait for the receiver).
   absl::Status WarmUpLinks(absl::Time deadline) {
-    const at::Tensor token = at::zeros({1}, CudaOptions(at::kLong));
+    const at::Tensor token = at::zeros({1}, CudaOptions(at::kLong));  // a default-stream fill
     std::vector<Channel*> links;
     std::vector<at::Tensor> received;
-    for (auto& channel : channels_) {
-      if (channel->role == Channel::Role::kReduce) continue;
-      links.push_back(channel.get());
-      received.push_back(at::empty({1}, CudaOptions(at::kLong)));
-      const bool sends = channel->role != Channel::Role::kReceive;
-      const bool receives = channel->role != Channel::Role::kSend;
-      if (absl::Status s = Issue(*channel, sends ? &token : nullptr,
-                                 receives ? &received.back() : nullptr,
-                                 "connecting " + channel->name);
-          !s.ok()) {
-        return s;
+    const absl::Status warmed = [&]() -> absl::Status {
+      for (auto& channel : channels_) {
+        if (channel->role == Channel::Role::kReduce) continue;
+        const std::string what = "connecting " + channel->name;
+        links.push_back(channel.get());
+        received.push_back(at::empty({1}, CudaOptions(at::kLong)));
+        const bool sends = channel->role != Channel::Role::kReceive;
+        const bool receives = channel->role != Channel::Role::kSend;
+        if (absl::Status s = FollowCompute(*channel, what); !s.ok()) return s;
+        if (absl::Status s = Issue(*channel, sends ? &token : nullptr,
+                                   receives ? &received.back() : nullptr, what);
+            !s.ok()) {
+          return s;
+        }
       }
-    }
-    std::vector<Event> done;
-    for (Channel* link : links) {
-      const std::string what = "connecting " + link->name;
-      if (absl::Status s = AwaitLaunch(*link, deadline, what); !s.ok()) return s;
-      absl::StatusOr<Event> event = RecordEvent(*link, what);
-      if (!event.ok()) return event.status();
-      done.push_back(std::move(event).value());
-    }
-    for (size_t i = 0; i < links.size(); ++i) {
-      if (absl::Status s =
-              AwaitEvent(*links[i], done[i].get(), deadline, "connecting " + links[i]->name);
-          !s.ok()) {
-        return s;
+      std::vector<Event> done;
+      for (Channel* link : links) {
+        const std::string what = "connecting " + link->name;
+        if (absl::Status s = AwaitLaunch(*link, deadline, what); !s.ok()) return s;
+        absl::StatusOr<Event> event = RecordEvent(*link, what);
+        if (!event.ok()) return event.status();
+        done.push_back(std::move(event).value());
       }
+      for (size_t i = 0; i < links.size(); ++i) {
+        if (absl::Status s =
+                AwaitEvent(*links[i], done[i].get(), deadline, "connecting " + links[i]->name);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return absl::OkStatus();
+    }();
+    if (!warmed.ok()) {
+      received.push_back(token);
+      Bury(std::move(received));  // warm-up messages may still be in flight
     }
-    return absl::OkStatus();
+    return warmed;
   }
 
   absl::Status StartReduction(NcclReduction& reduction, absl::Time deadline) {
@@ -489,22 +538,27 @@ class NcclTransport : public Transport {
     if (replicas_ == nullptr) return absl::OkStatus();
     DeviceGuard device(options_.device);
     const std::string what = ReductionWhat();
-    absl::Status issued = IssueGroup(*replicas_, what, [&](ncclComm_t comm) {
-      for (const at::Tensor& t : reduction.tensors) {
-        if (t.numel() == 0) continue;
-        const ncclResult_t r =
-            ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclTypeOf(t.scalar_type()),
-                          ncclAvg, comm, replicas_->stream);
-        if (r != ncclSuccess) return r;
-      }
-      return ncclSuccess;
-    });
-    if (!issued.ok()) return issued;
-    if (absl::Status s = AwaitLaunch(*replicas_, deadline, what); !s.ok()) return s;
-    absl::StatusOr<Event> done = RecordEvent(*replicas_, what);
-    if (!done.ok()) return done.status();
-    reduction.done = std::move(done).value();
-    return absl::OkStatus();
+    const absl::Status started = [&]() -> absl::Status {
+      if (absl::Status s = FollowCompute(*replicas_, what); !s.ok()) return s;
+      absl::Status issued = IssueGroup(*replicas_, what, [&](ncclComm_t comm) {
+        for (const at::Tensor& t : reduction.tensors) {
+          if (t.numel() == 0) continue;
+          const ncclResult_t r =
+              ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *NcclTypeOf(t.scalar_type()),
+                            ncclAvg, comm, replicas_->stream);
+          if (r != ncclSuccess) return r;
+        }
+        return ncclSuccess;
+      });
+      if (!issued.ok()) return issued;
+      if (absl::Status s = AwaitLaunch(*replicas_, deadline, what); !s.ok()) return s;
+      absl::StatusOr<Event> done = RecordEvent(*replicas_, what);
+      if (!done.ok()) return done.status();
+      reduction.done = std::move(done).value();
+      return absl::OkStatus();
+    }();
+    if (!started.ok()) Bury(reduction.tensors);  // part of the reduction may have been enqueued
+    return started;
   }
 
   // Issues the NCCL calls of `calls` as one group on `channel`'s communicator. The caller then
@@ -544,10 +598,12 @@ class NcclTransport : public Transport {
   }
 
   // Receives into `buffer` (in loopback, sending `loopback_source` into it), then copies it to
-  // the pinned `host` tensor if given; returns when all of it has completed.
+  // the pinned `host` tensor if given; returns when all of it has completed. On a failure the
+  // caller keeps the tensors alive (Bury): the receive and the copy may still be queued.
   absl::Status Receive(Channel& channel, const at::Tensor* loopback_source,
                        const at::Tensor& buffer, const at::Tensor* host, absl::Time deadline,
                        const std::string& what) {
+    if (absl::Status s = FollowCompute(channel, what); !s.ok()) return s;
     if (absl::Status s = Issue(channel, loopback_source, &buffer, what); !s.ok()) return s;
     if (absl::Status s = AwaitLaunch(channel, deadline, what); !s.ok()) return s;
     if (host != nullptr) {
@@ -558,6 +614,27 @@ class NcclTransport : public Transport {
     absl::StatusOr<Event> done = RecordEvent(channel, what);
     if (!done.ok()) return done.status();
     return AwaitEvent(channel, done->get(), deadline, what);
+  }
+
+  // Makes `channel`'s stream wait for everything enqueued so far on the legacy default stream
+  // (LibTorch's compute): the kernels that produced what the transport is about to read, and
+  // those that last used memory the caching allocator has just handed out for it to write (a
+  // freed block is reused at once, in default-stream order). Call it after allocating and
+  // before enqueueing.
+  absl::Status FollowCompute(Channel& channel, const std::string& what) {
+    cudaEvent_t event;
+    if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        e != cudaSuccess) {
+      return Fail(CudaError(e, what));
+    }
+    const Event owned(event);  // destroying a recorded event is fine: CUDA defers it
+    if (cudaError_t e = cudaEventRecord(event, cudaStreamLegacy); e != cudaSuccess) {
+      return Fail(CudaError(e, what));
+    }
+    if (cudaError_t e = cudaStreamWaitEvent(channel.stream, event, 0); e != cudaSuccess) {
+      return Fail(CudaError(e, what));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status UploadHeader(Channel& channel, const Message& message, const std::string& what) {
@@ -641,12 +718,78 @@ class NcclTransport : public Transport {
     return abort_reason_;
   }
 
-  void AbortCommunicators() {
-    DeviceGuard device(options_.device);
+  // Takes every communicator out of its channel (later calls on it fail with the abort
+  // reason) and aborts them all at once.
+  void AbortCommunicators() { AbortAll(TakeCommunicators()); }
+
+  std::vector<ncclComm_t> TakeCommunicators() {
     std::lock_guard<std::mutex> lock(nccl_mu_);
+    std::vector<ncclComm_t> comms;
     for (auto& channel : channels_) {
-      if (channel->comm != nullptr) ncclCommAbort(channel->comm);
+      if (channel->comm != nullptr) comms.push_back(channel->comm);
       channel->comm = nullptr;
+    }
+    return comms;
+  }
+
+  // ncclCommAbort blocks until the communicator's work has stopped, and that work may wait
+  // (through stream ordering) for another communicator's: aborting them one at a time could
+  // wait forever, so each gets its own thread. Called without nccl_mu_ held.
+  void AbortAll(const std::vector<ncclComm_t>& comms) const {
+    const int device = options_.device;
+    std::vector<std::thread> aborters;
+    for (ncclComm_t comm : comms) {
+      auto abort = [comm, device] {
+        cudaSetDevice(device);
+        ncclCommAbort(comm);
+      };
+      try {
+        aborters.emplace_back(abort);
+      } catch (const std::system_error&) {
+        abort();  // no thread to spare: abort it here
+      }
+    }
+    for (std::thread& aborter : aborters) aborter.join();
+  }
+
+  // Normal shutdown: ncclCommFinalize every communicator (NCCL completes what was issued and
+  // waits for the peers to finalize theirs), poll until none is in progress, then
+  // ncclCommDestroy. Those that fail, or are still finalizing at `deadline`, are aborted.
+  void CloseCommunicators(absl::Time deadline) {
+    std::vector<ncclComm_t> finalizing;
+    std::vector<ncclComm_t> failed;
+    for (ncclComm_t comm : TakeCommunicators()) {
+      const ncclResult_t r = ncclCommFinalize(comm);
+      (r == ncclSuccess || r == ncclInProgress ? finalizing : failed).push_back(comm);
+    }
+    for (;;) {
+      for (auto it = finalizing.begin(); it != finalizing.end();) {
+        ncclResult_t state;
+        if (ncclResult_t r = ncclCommGetAsyncError(*it, &state); r != ncclSuccess) state = r;
+        if (state == ncclInProgress) {
+          ++it;
+          continue;
+        }
+        if (state == ncclSuccess) {
+          ncclCommDestroy(*it);
+        } else {
+          failed.push_back(*it);
+        }
+        it = finalizing.erase(it);
+      }
+      if (finalizing.empty() || absl::Now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    failed.insert(failed.end(), finalizing.begin(), finalizing.end());
+    AbortAll(failed);
+  }
+
+  // Keeps `tensors` alive until the transport is destroyed (after its streams have
+  // synchronized): a failed call's enqueued work may still read or write them.
+  void Bury(std::vector<at::Tensor> tensors) {
+    std::lock_guard<std::mutex> lock(graveyard_mu_);
+    for (at::Tensor& t : tensors) {
+      if (t.defined()) graveyard_.push_back(std::move(t));
     }
   }
 
@@ -675,6 +818,8 @@ class NcclTransport : public Transport {
   std::vector<InFlight> in_flight_;  // guarded by send_mu_
   std::mutex abort_mu_;
   absl::Status abort_reason_;  // guarded by abort_mu_
+  std::mutex graveyard_mu_;
+  std::vector<at::Tensor> graveyard_;  // guarded by graveyard_mu_; see Bury()
 };
 
 }  // namespace
@@ -710,7 +855,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeNcclTransport(
   }
   DeviceGuard device(options.device);
   auto transport = std::make_unique<NcclTransport>(std::move(store), options);
-  if (absl::Status s = transport->Connect(); !s.ok()) return s;
+  if (absl::Status s = transport->Connect(); !s.ok()) {
+    transport->Abort(s);  // so that destroying it aborts its communicators, not finalizes them
+    return s;
+  }
   return std::unique_ptr<Transport>(std::move(transport));
 }
 

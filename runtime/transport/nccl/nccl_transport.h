@@ -28,16 +28,29 @@
 // contiguous if they are not), AllReduce contiguous ones, of dtype float32, float64, float16,
 // bfloat16, int64, int32 or uint8; anything else is InvalidArgument.
 //
-// Ordering with LibTorch's compute. The transport's streams are made with cudaStreamCreate,
-// i.e. as BLOCKING streams: work enqueued on them waits for all work enqueued before on the
-// legacy default stream, and later default-stream work waits for theirs. This assumes that
-// LibTorch's current stream is the default stream (true unless the caller switches streams):
-// a Send then reads its tensor only after the kernels that produced it, and the tensor
-// returned by Recv or written by AllReduce is complete before any later kernel reads it. The
-// transport itself never enqueues work on the default stream, and never blocks the host on it.
-// The same rule means that whatever waits for the default stream or the device (.item(),
-// .cpu(), cudaDeviceSynchronize) also waits for sends still in flight, i.e. for their
-// receivers to ask for them.
+// Ordering with LibTorch's compute. The transport's streams are non-blocking
+// (cudaStreamNonBlocking), so CUDA orders nothing between them and the legacy default stream,
+// either way; the transport orders explicitly. Before it enqueues work on a stream (a Send's
+// header upload and sends, a receive, the warm-up, an AllReduce) it records an event on the
+// legacy default stream (cudaStreamLegacy) and makes the stream wait for it (legacy-default-
+// stream event -> transport stream), so that work starts only after every kernel enqueued
+// before it on the default stream: those that produced the tensors it sends or reduces, and
+// those that last used the memory the caching allocator has just handed it to receive into.
+// The other way round needs no event because the host waits: Recv returns, and a reduction's
+// Wait succeeds, only once the work has completed, so later kernels see the result. This
+// assumes LibTorch's current stream is the default stream (true unless the caller switches
+// streams). The transport's work never delays compute: no default-stream kernel waits for it,
+// so .item(), .cpu() and the kernels after a Send run however long its receiver takes to ask,
+// and the backward overlaps the AllReduce. In exchange, a sent tensor is not copied, only kept
+// alive until its send completes: do not modify it in place before Flush; nor use the tensors
+// of a pending reduction before its Wait returns. Device-wide synchronizations
+// (cudaDeviceSynchronize, or the cudaFree the caching allocator calls when it must release
+// cached memory, e.g. to retry an allocation that ran out of memory) still wait for the
+// transport's streams, i.e. for sends whose receivers have not asked yet. The transport
+// enqueues work on the default stream only through LibTorch: Send's contiguous() launches a
+// copy there for a non-contiguous tensor, and connecting fills its warm-up token with
+// at::zeros there (at::empty enqueues nothing); plus the event records above. It never blocks
+// the host on the default stream.
 //
 // Waiting. Send never waits for the receiver: it enqueues on the link's stream, keeps the
 // header and payload alive until a recorded CUDA event completes, and Flush(deadline) waits
@@ -47,8 +60,20 @@
 // the activation of micro-batch 3 from stage 0 (rank 0)"); an NCCL error (e.g. a peer that
 // died) gives Unavailable. Either one, a header mismatch, or Abort(reason) aborts every
 // communicator (ncclCommAbort: the only way to stop a kernel waiting for a peer) and makes
-// every pending and future call fail with the first reason. Destroying the transport aborts
-// its communicators too: Flush() first.
+// every pending and future call fail with the first reason. ncclCommAbort blocks until the
+// communicator's work has stopped, and that work may wait (through stream ordering) for
+// another communicator's, so the communicators are aborted concurrently, one thread each. The
+// buffers of a call that failed after enqueueing work, and the tensors of a pending reduction
+// dropped before it completed, are kept until the transport is destroyed, since that work may
+// still read or write them.
+//
+// Destroying the transport. A healthy one (never aborted) finalizes its communicators
+// (ncclCommFinalize: NCCL completes what was issued, sends not yet flushed included, which
+// needs the peers to receive them and finalize theirs), waiting at most 10 s in all, then
+// destroys them; a failed or aborted one, or one whose communicators do not finish finalizing
+// in time, aborts them, and sends not yet delivered die. Either way it then waits for its
+// streams before freeing the tensors their work used. Flush() first to know that every send
+// arrived. Pending reductions must not outlive their transport.
 //
 // AllReduceMean / StartAllReduceMean: one ncclAllReduce with ncclAvg per tensor, in place,
 // grouped, on the replicas' communicator; with one replica it only checks the tensors (except
@@ -59,7 +84,7 @@
 // and AllReduceMean really runs over a 1-rank communicator. NCCL requires a send to self to be
 // issued in the same group as its receive, so Send only stages the message (header and
 // payload kept alive) and the matching Recv copies the header to the GPU and issues each send
-// together with its receive; everything else (headers, checks, allocation, streams, events,
+// together with its receive (so Flush has nothing to wait for); everything else (headers, checks, allocation, streams, events,
 // deadlines, Abort) is the code multi-GPU jobs run.
 //
 // Thread-safe for one sending, one receiving and one reducing thread at a time; Abort() may be
