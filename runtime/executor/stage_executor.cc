@@ -237,20 +237,23 @@ absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::Stag
                                                           const std::function<void()>& backward) {
   const int64_t t = j / config_.micro_batches;
   const absl::Time deadline = absl::Now() + config_.recv_timeout;
-  // Buckets in reverse parameter order: roughly the order backward finalizes them.
   std::vector<at::Tensor> params = module.Parameters();
-  std::vector<int> bucket_of(params.size());
-  std::vector<std::vector<int>> buckets;
-  int64_t bytes = config_.bucket_bytes;
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-    if (bytes >= config_.bucket_bytes) {
-      buckets.emplace_back();
-      bytes = 0;
+  if (buckets_.empty()) {
+    // Reverse parameter order: roughly the order backward finalizes them.
+    bucket_of_.resize(params.size());
+    int64_t bytes = config_.bucket_bytes;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+      if (bytes >= config_.bucket_bytes) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      buckets_.back().push_back(i);
+      bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
+      bytes += params[i].numel() * params[i].element_size();
     }
-    buckets.back().push_back(i);
-    bucket_of[i] = static_cast<int>(buckets.size()) - 1;
-    bytes += params[i].numel() * params[i].element_size();
   }
+  const std::vector<std::vector<int>>& buckets = buckets_;
+  const std::vector<int>& bucket_of = bucket_of_;
   std::vector<int> missing(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) missing[b] = static_cast<int>(buckets[b].size());
   std::vector<std::unique_ptr<transport::Transport::PendingReduction>> pending(buckets.size());

@@ -147,6 +147,10 @@ class StageExecutor {
   double step_allreduce_s_ = 0;
   double last_backward_end_s_ = 0;
   std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward
+  // Gradient buckets (parameter indices, reverse order, about bucket_bytes each) and the
+  // bucket of each parameter: fixed by the stage's parameter shapes, made on first use.
+  std::vector<std::vector<int>> buckets_;
+  std::vector<int> bucket_of_;
   StageStats stats_;
   std::optional<schedule::Action> stopped_at_;
 };

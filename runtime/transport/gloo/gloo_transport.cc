@@ -1,5 +1,7 @@
 #include "runtime/transport/gloo/gloo_transport.h"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -18,6 +20,13 @@ namespace {
 
 constexpr int kMaxDims = 8;
 constexpr int kHeaderSize = 4 + kMaxDims;  // kind, micro-batch, dtype, ndim, dims
+
+// What is left until `deadline` for a c10d wait, rounded up to whole milliseconds, so that a
+// wait that times out has really reached the deadline (and is reported as a timeout).
+std::chrono::milliseconds TimeLeft(absl::Time deadline) {
+  const absl::Duration left = absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1));
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
+}
 
 std::string FirstLine(const std::exception& e) {
   std::string what = e.what();
@@ -143,9 +152,8 @@ class GlooTransport : public Transport {
   absl::Status Flush(absl::Time deadline) override {
     std::lock_guard<std::mutex> lock(send_mu_);
     for (auto& p : pending_) {
-      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
       try {
-        p.work->wait(std::chrono::milliseconds(left));
+        p.work->wait(TimeLeft(deadline));
       } catch (const std::exception& e) {
         return absl::UnavailableError(
             absl::StrCat("stage ", options_.stage, ": delivering sent messages: ", FirstLine(e)));
@@ -162,8 +170,7 @@ class GlooTransport : public Transport {
     absl::Status Wait(absl::Time deadline) override {
       if (!error.ok() || !work) return error;
       try {
-        const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
-        work->wait(std::chrono::milliseconds(left));
+        work->wait(TimeLeft(deadline));
       } catch (const std::exception& e) {
         return owner->ReductionError(absl::Now() >= deadline ? "timed out" : FirstLine(e));
       }
@@ -246,8 +253,7 @@ class GlooTransport : public Transport {
 
   absl::Status Wait(PostedRecv& posted, int peer, absl::Time deadline, const std::string& what) {
     try {
-      const auto left = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
-      posted.work->wait(std::chrono::milliseconds(left));
+      posted.work->wait(TimeLeft(deadline));
       return absl::OkStatus();
     } catch (const std::exception& e) {
       if (absl::Now() >= deadline) {
