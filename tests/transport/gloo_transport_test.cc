@@ -76,6 +76,39 @@ TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
   EXPECT_TRUE(pair.stage0->Flush(absl::Now() + absl::Seconds(10)).ok());
 }
 
+// Payloads up to 128 KiB travel inline with their header, larger ones as a second message;
+// both kinds, an empty tensor, and more messages than are posted ahead arrive intact.
+TEST(GlooTransport, MovesSmallAndLargePayloadsInAnyOrder) {
+  Pair pair = MakePair();
+  const std::vector<at::Tensor> sent = {
+      torch::randn({32, 1024}),           // exactly 128 KiB: inline
+      torch::randn({32, 1024 + 1}),       // just over: second message
+      torch::randn({4, 256, 256}),        // 1 MiB
+      torch::empty({0, 7}),               // no payload at all
+      torch::randn({3}, torch::kDouble),  // tiny
+      torch::randn({2, 128, 1024}),       // 1 MiB again, after the small ones
+      torch::arange(100000, torch::kLong),
+  };
+  for (size_t j = 0; j < sent.size(); ++j) {
+    ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 100 + j, sent[j]).ok());
+  }
+  // The last first, then the rest in order.
+  const size_t last = sent.size() - 1;
+  auto got_last = pair.stage1->Recv(0, MessageKind::kActivation, 100 + last,
+                                    absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got_last.ok()) << got_last.status();
+  EXPECT_TRUE(at::equal(*got_last, sent[last]));
+  for (size_t j = 0; j < last; ++j) {
+    auto got = pair.stage1->Recv(0, MessageKind::kActivation, 100 + j,
+                                 absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << "message " << j << ": " << got.status();
+    EXPECT_EQ(got->sizes(), sent[j].sizes()) << "message " << j;
+    EXPECT_EQ(got->scalar_type(), sent[j].scalar_type()) << "message " << j;
+    EXPECT_TRUE(at::equal(*got, sent[j])) << "message " << j;
+  }
+  EXPECT_TRUE(pair.stage0->Flush(absl::Now() + absl::Seconds(10)).ok());
+}
+
 TEST(GlooTransport, ReceiveHasADeadlineNamingWhatAndWhom) {
   Pair pair = MakePair();
   const auto start = absl::Now();

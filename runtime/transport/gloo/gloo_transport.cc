@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -18,8 +20,17 @@
 namespace pipetrain::transport {
 namespace {
 
+// Every message starts with a header of kHeaderWords int64: kind, micro-batch, dtype, ndim,
+// whether the payload follows inline, then the dims. A payload of at most kInlinePayloadBytes
+// travels inline, in the same Gloo message as its header: the receiver posts that message
+// ahead with room for it, so a small message needs no round trip to ask for its payload
+// (Gloo accepts a message shorter than the posted buffer, never a longer one). A larger
+// payload follows as a second message on its own tag, received straight into its tensor.
 constexpr int kMaxDims = 8;
-constexpr int kHeaderSize = 4 + kMaxDims;  // kind, micro-batch, dtype, ndim, dims
+constexpr int64_t kHeaderWords = 16;
+constexpr int64_t kHeaderBytes = kHeaderWords * 8;
+constexpr int64_t kInlinePayloadBytes = 128 << 10;
+constexpr int64_t kPostedAhead = 4;  // first messages of later micro-batches posted per peer
 
 // What is left until `deadline` for a c10d wait, rounded up to whole milliseconds, so that a
 // wait that times out has really reached the deadline (and is reported as a timeout).
@@ -53,20 +64,31 @@ class GlooTransport : public Transport {
       return absl::InvalidArgumentError(absl::StrCat("cannot send a tensor of ", tensor.dim(),
                                                      " dimensions (at most ", kMaxDims, ")"));
     }
-    at::Tensor header = at::zeros({kHeaderSize}, at::kLong);
-    auto h = header.accessor<int64_t, 1>();
+    at::Tensor payload = tensor.detach().contiguous();
+    const int64_t nbytes = payload.numel() * static_cast<int64_t>(payload.element_size());
+    const bool inline_payload = nbytes <= kInlinePayloadBytes;
+    at::Tensor first = at::empty({kHeaderBytes + (inline_payload ? nbytes : 0)}, at::kByte);
+    auto* h = reinterpret_cast<int64_t*>(first.data_ptr<uint8_t>());
+    std::fill(h, h + kHeaderWords, 0);
     h[0] = static_cast<int64_t>(kind);
     h[1] = micro_batch;
     h[2] = static_cast<int64_t>(tensor.scalar_type());
     h[3] = tensor.dim();
-    for (int64_t d = 0; d < tensor.dim(); ++d) h[4 + d] = tensor.size(d);
-    at::Tensor payload = tensor.detach().contiguous();
+    h[4] = inline_payload ? 1 : 0;
+    for (int64_t d = 0; d < tensor.dim(); ++d) h[5 + d] = tensor.size(d);
+    if (inline_payload && nbytes > 0) {
+      std::memcpy(first.data_ptr<uint8_t>() + kHeaderBytes, payload.data_ptr(), nbytes);
+    }
     try {
       std::lock_guard<std::mutex> lock(send_mu_);
       Reap();
-      std::vector<at::Tensor> hv = {header}, pv = {payload};
-      pending_.push_back({group_->send(hv, RankOf(peer), Tag(kind, micro_batch, false)), header});
-      pending_.push_back({group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
+      std::vector<at::Tensor> fv = {first};
+      pending_.push_back({group_->send(fv, RankOf(peer), Tag(kind, micro_batch, false)), first});
+      if (!inline_payload) {
+        std::vector<at::Tensor> pv = {payload};
+        pending_.push_back(
+            {group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
+      }
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("sending the ", MessageKindName(kind),
                                                  " of micro-batch ", micro_batch, " to ",
@@ -81,25 +103,48 @@ class GlooTransport : public Transport {
     const std::string what = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
                                           micro_batch, " from ", Describe(peer));
     // Gloo moves a message only once its receive is posted. The header of this message was
-    // usually posted when the previous one arrived; the next one is posted now, so that a
-    // sender never waits for this process to ask.
+    // usually posted when an earlier one arrived; the next kPostedAhead are posted now, so
+    // that a sender seldom waits for this process to ask.
     absl::StatusOr<PostedRecv> header = TakeHeaderRecv(peer, kind, micro_batch);
     if (!header.ok()) return Lost(peer, what, header.status().message());
-    if (absl::Status s = PostHeaderRecv(peer, kind, micro_batch + 1); !s.ok()) {
-      return Lost(peer, what, s.message());
+    for (int64_t ahead = 1; ahead <= kPostedAhead; ++ahead) {
+      if (absl::Status s = PostHeaderRecv(peer, kind, micro_batch + ahead); !s.ok()) {
+        return Lost(peer, what, s.message());
+      }
     }
     if (absl::Status s = Wait(*header, peer, deadline, what); !s.ok()) return s;
-    auto h = header->buffer[0].accessor<int64_t, 1>();
+    const at::Tensor& first = header->buffer[0];
+    const auto* h = reinterpret_cast<const int64_t*>(first.data_ptr<uint8_t>());
     const int64_t ndim = h[3];
-    if (h[0] != static_cast<int64_t>(kind) || h[1] != micro_batch || ndim < 0 ||
-        ndim > kMaxDims || h[2] < 0 ||
-        h[2] >= static_cast<int64_t>(at::ScalarType::NumOptions)) {
+    bool well_formed = h[0] == static_cast<int64_t>(kind) && h[1] == micro_batch &&
+                       ndim >= 0 && ndim <= kMaxDims && h[2] >= 0 &&
+                       h[2] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
+                       (h[4] == 0 || h[4] == 1);
+    std::vector<int64_t> shape(h + 5, h + 5 + (well_formed ? ndim : 0));
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      well_formed = well_formed && d >= 0 && (d == 0 || numel <= (int64_t{1} << 40) / d);
+      if (well_formed) numel *= d;
+    }
+    const auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(
+        well_formed ? h[2] : static_cast<int64_t>(at::kByte)));
+    const int64_t nbytes =
+        well_formed ? numel * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()))
+                    : 0;
+    if (!well_formed || (h[4] == 1 && nbytes > kInlinePayloadBytes)) {
       return absl::DataLossError(absl::StrCat("malformed header for ", what));
     }
-    std::vector<int64_t> shape(&h[4], &h[4] + ndim);
+    if (h[4] == 1) {
+      // The payload arrived with the header. A payload that fills most of the buffer is
+      // handed out in place (the tensor keeps the buffer alive); a small one is copied out,
+      // so a stashed activation does not hold on to a mostly empty buffer.
+      at::Tensor buffer = first;
+      void* data = buffer.data_ptr<uint8_t>() + kHeaderBytes;
+      at::Tensor in_place = at::from_blob(data, shape, [buffer](void*) {}, options);
+      return 2 * nbytes >= kInlinePayloadBytes ? in_place : in_place.clone();
+    }
     PostedRecv payload;
-    payload.buffer = {
-        at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[2])))};
+    payload.buffer = {at::empty(shape, options)};
     try {
       payload.work = group_->recv(payload.buffer, RankOf(peer), Tag(kind, micro_batch, true));
     } catch (const std::exception& e) {
@@ -226,7 +271,7 @@ class GlooTransport : public Transport {
     const HeaderKey key{peer, kind, micro_batch};
     if (header_recvs_.count(key)) return absl::OkStatus();
     PostedRecv posted;
-    posted.buffer = {at::zeros({kHeaderSize}, at::kLong)};
+    posted.buffer = {at::empty({kHeaderBytes + kInlinePayloadBytes}, at::kByte)};
     try {
       posted.work = group_->recv(posted.buffer, RankOf(peer), Tag(kind, micro_batch, false));
     } catch (const std::exception& e) {
@@ -264,13 +309,11 @@ class GlooTransport : public Transport {
     }
   }
 
+  // Drops the sends that have completed from the front (they complete mostly in order, and
+  // the rest are dropped once those before them are), so each send costs O(1).
   // REQUIRES: send_mu_ held.
   void Reap() {
-    size_t kept = 0;
-    for (auto& p : pending_) {
-      if (!p.work->isCompleted()) pending_[kept++] = std::move(p);
-    }
-    pending_.resize(kept);
+    while (!pending_.empty() && pending_.front().work->isCompleted()) pending_.pop_front();
   }
 
   std::shared_ptr<rendezvous::KeyValueStore> store_;
@@ -278,7 +321,7 @@ class GlooTransport : public Transport {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group_;  // null with one replica
   GlooTransportOptions options_;
   std::mutex send_mu_;
-  std::vector<Pending> pending_;  // guarded by send_mu_
+  std::deque<Pending> pending_;  // guarded by send_mu_
   std::mutex abort_mu_;
   absl::Status abort_reason_;  // guarded by abort_mu_
   std::map<HeaderKey, PostedRecv> header_recvs_;  // posted ahead; receiving thread only

@@ -6,11 +6,14 @@
 // same shape as the NCCL process group used on GPUs.
 //
 // Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Every message is a
-// small header (kind, micro-batch, dtype, shape) followed by the payload, so the receiver
-// learns the real shape and dtype of what arrived and the executor can reject a mismatch
-// with both in the error. Sends are asynchronous; Flush() waits for them. Receives wait
-// until their deadline; a peer that exits makes them fail at once (Unavailable naming the
-// peer's stage and rank). Thread-safe for one sending and one receiving thread.
+// small header (kind, micro-batch, dtype, shape) with the payload, so the receiver learns
+// the real shape and dtype of what arrived and the executor can reject a mismatch with
+// both in the error. The receives of each peer's next few headers are posted ahead;
+// payloads up to 128 KiB travel inline with the header (no round trip to ask for them),
+// larger ones as a second message. Sends are asynchronous; Flush() waits for them.
+// Receives wait until their deadline; a peer that exits makes them fail at once
+// (Unavailable naming the peer's stage and rank). Thread-safe for one sending and one
+// receiving thread.
 #pragma once
 
 #include <memory>
