@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +23,9 @@
 #include "runtime/job/local_run.h"
 #include "runtime/job/process_run.h"
 #include "runtime/job/trace.h"
+#ifdef PIPETRAIN_WITH_DAEMONS
+#include "client/jobs.h"
+#endif
 
 namespace pipetrain::client {
 namespace {
@@ -183,7 +187,7 @@ void PrintSummary(const job::JobReport& r) {
 }
 
 struct RunFlags {
-  std::string job_file, summary_file, trace_file;
+  std::string job_file, summary_file, trace_file, weights_file;
   std::string launch = "threads";
   bool reference = false, quiet = false;
   std::vector<std::string> argv;  // the whole command line, to start stage processes
@@ -280,6 +284,16 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
       return kExitJobFailed;
     }
   }
+  if (!flags.weights_file.empty()) {
+    try {
+      std::vector<at::Tensor> tensors = report->final_parameters;
+      tensors.insert(tensors.end(), report->final_buffers.begin(), report->final_buffers.end());
+      torch::save(tensors, flags.weights_file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: writing %s: %s\n", flags.weights_file.c_str(), e.what());
+      return kExitJobFailed;
+    }
+  }
   return kExitOk;
 }
 
@@ -307,6 +321,9 @@ int main(int argc, char** argv) {
   run->add_option("--trace", flags.trace_file,
                   "write the timeline of every action and AllReduce of every stage here at the "
                   "end (Chrome trace JSON: open in ui.perfetto.dev or chrome://tracing)");
+  run->add_option("--save-weights", flags.weights_file,
+                  "write the final parameters of the whole model (layer order, then buffers) "
+                  "here at the end (torch::save of a tensor list)");
   run->add_flag("--reference", flags.reference,
                 "also train the un-pipelined model and report max_param_rel_diff");
   run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
@@ -450,11 +467,17 @@ int main(int argc, char** argv) {
            return absl::OkStatus();
          });
 
+#ifdef PIPETRAIN_WITH_DAEMONS
+  std::function<int()> job_command = client::AddJobCommands(app);
+#endif
   flags.argv.assign(argv, argv + argc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+#ifdef PIPETRAIN_WITH_DAEMONS
+  if (!run->parsed()) return job_command();
+#endif
   return client::Run(flags, overrides);
 }

@@ -12,6 +12,8 @@ packages=(
   # reference BLAS that would otherwise satisfy libtorch's dependency)
   libtorch-dev libopenblas0-pthread libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev
+  # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
   # tests
   libgtest-dev libgmock-dev
 )

@@ -23,6 +23,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
+#include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 
@@ -40,97 +41,6 @@ constexpr char kLoopback[] = "127.0.0.1";
 
 std::string ProgressKey(const char* what, int64_t step) {
   return absl::StrCat("progress/", what, "/", step);
-}
-
-// ---- stage outcome files: <dir>/stage<S>.json (measurements), <dir>/stage<S>.pt (weights)
-
-nlohmann::json StatsToJson(const executor::StageStats& st) {
-  nlohmann::json j;
-  j["peak_stashed_microbatches"] = st.peak_stashed_microbatches;
-  j["peak_weight_versions"] = st.peak_weight_versions;
-  j["compute_s"] = st.compute_s;
-  j["wait_s"] = st.wait_s;
-  j["allreduce_s"] = st.allreduce_s;
-  auto& records = j["records"] = nlohmann::json::array();
-  for (const auto& r : st.records) {
-    records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
-                       r.wait_s, r.version});
-  }
-  auto& allreduces = j["allreduces"] = nlohmann::json::array();
-  for (const auto& a : st.allreduces) allreduces.push_back({a.step, a.bucket, a.start_s, a.end_s});
-  auto& steps = j["steps"] = nlohmann::json::array();
-  for (const auto& s : st.steps) {
-    steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr,
-                     s.last_backward_end_s});
-  }
-  return j;
-}
-
-executor::StageStats StatsFromJson(const nlohmann::json& j) {
-  executor::StageStats st;
-  st.peak_stashed_microbatches = j.at("peak_stashed_microbatches");
-  st.peak_weight_versions = j.at("peak_weight_versions");
-  st.compute_s = j.at("compute_s");
-  st.wait_s = j.at("wait_s");
-  st.allreduce_s = j.at("allreduce_s");
-  for (const auto& r : j.at("records")) {
-    executor::ActionRecord rec;
-    rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};
-    rec.start_s = r[2];
-    rec.end_s = r[3];
-    rec.wait_s = r[4];
-    rec.version = r[5];
-    st.records.push_back(rec);
-  }
-  for (const auto& a : j.at("allreduces")) {
-    st.allreduces.push_back({a[0].get<int64_t>(), a[1].get<int>(), a[2].get<double>(),
-                             a[3].get<double>()});
-  }
-  for (const auto& s : j.at("steps")) {
-    executor::StepRecord step;
-    step.step = s[0];
-    step.end_s = s[1];
-    if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
-    step.last_backward_end_s = s[3];
-    st.steps.push_back(step);
-  }
-  return st;
-}
-
-fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
-  return fs::path(dir) / absl::StrCat("stage", stage, ext);
-}
-
-absl::Status WriteOutcome(const std::string& dir, int stage, const StageOutcome& out) {
-  try {
-    std::vector<at::Tensor> tensors = out.parameters;
-    tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
-    torch::save(tensors, OutcomePath(dir, stage, ".pt").string());
-    nlohmann::json j = StatsToJson(out.stats);
-    j["num_parameters"] = out.parameters.size();
-    std::ofstream(OutcomePath(dir, stage, ".json")) << j.dump();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("stage ", stage, ": writing results: ", e.what()));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<StageOutcome> ReadOutcome(const std::string& dir, int stage) {
-  try {
-    std::ifstream in(OutcomePath(dir, stage, ".json"));
-    nlohmann::json j = nlohmann::json::parse(in);
-    StageOutcome out;
-    out.stats = StatsFromJson(j);
-    std::vector<at::Tensor> tensors;
-    torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
-    const size_t n = j.at("num_parameters");
-    out.parameters.assign(tensors.begin(), tensors.begin() + n);
-    out.buffers.assign(tensors.begin() + n, tensors.end());
-    return out;
-  } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("stage ", stage, ": reading its results from ", dir, ": ", e.what()));
-  }
 }
 
 std::string SelfExecutable() {
@@ -156,16 +66,9 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   // Die with the launcher, whatever ends it (Ctrl-C, a kill, a crash).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return absl::AbortedError("the launcher is gone");
-  PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.stages();
-  if (args.rank < 0 || args.rank >= p * c.replicas) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", args.rank, " of ", p * c.replicas));
-  }
-  const int stage = args.rank % p, replica = args.rank / p;
-  SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
-  const absl::Duration timeout = absl::Seconds(c.recv_timeout_s);
-  PT_ASSIGN_OR_RETURN(std::shared_ptr<rendezvous::KeyValueStore> store,
-                      rendezvous::ConnectTcpStore(kLoopback, args.store_port, timeout));
+  PT_ASSIGN_OR_RETURN(
+      std::shared_ptr<rendezvous::KeyValueStore> store,
+      rendezvous::ConnectTcpStore(kLoopback, args.store_port, absl::Seconds(c.recv_timeout_s)));
   // Errors go to the launcher through the store; marked so the caller need not print them.
   auto fail = [&](absl::Status status) {
     if (store->Set(absl::StrCat("error/", args.rank), std::string(status.message())).ok()) {
@@ -173,20 +76,10 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
     }
     return status;
   };
-  transport::GlooTransportOptions topts;
-  topts.stage = stage;
-  topts.stages = p;
-  topts.replica = replica;
-  topts.replicas = c.replicas;
-  topts.host = kLoopback;
-  topts.connect_timeout = timeout;
-  auto transport = transport::MakeGlooTransport(store, topts);
-  if (!transport.ok()) return fail(transport.status());
-
-  MicroBatchReader reader(plan, c.micro_batches, replica);
-  auto parts = BuildStage(c, plan, reader, stage);
-  if (!parts.ok()) return fail(parts.status());
-  auto on_step = [&store, stage, replica](const executor::StepRecord& step) {
+  const int stages = c.stage_ranges.empty() ? c.stages : static_cast<int>(c.stage_ranges.size());
+  const int stage = args.rank % std::max(1, stages), replica = args.rank / std::max(1, stages);
+  StageRunHooks hooks;
+  hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
     if (step.mean_loss) {
       (void)store->Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica),
                        absl::StrCat(*step.mean_loss));
@@ -195,12 +88,11 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
       (void)store->Set(ProgressKey("end", step.step), absl::StrCat(step.end_s));
     }
   };
-  executor::StageExecutor executor(parts->config, parts->weights.get(), transport->get(),
-                                   on_step);
-  if (absl::Status s = executor.Run(); !s.ok()) return fail(s);
-  StageOutcome outcome{executor.stats(), DetachedParameters(*parts->weights),
-                       DetachedBuffers(*parts->weights)};
-  if (absl::Status s = WriteOutcome(args.result_dir, args.rank, outcome); !s.ok()) return fail(s);
+  absl::StatusOr<StageOutcome> outcome = RunStage(c, args.rank, store, hooks);
+  if (!outcome.ok()) return fail(outcome.status());
+  if (absl::Status s = WriteStageOutcome(args.result_dir, args.rank, *outcome); !s.ok()) {
+    return fail(s);
+  }
   return absl::OkStatus();
 }
 
@@ -319,7 +211,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
   }
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < p; ++s) {
-    PT_ASSIGN_OR_RETURN(StageOutcome out, ReadOutcome(result_dir, s));
+    PT_ASSIGN_OR_RETURN(StageOutcome out, ReadStageOutcome(result_dir, s));
     outcomes.push_back(std::move(out));
   }
   return AssembleReport(c, plan, std::move(outcomes), start_s);

@@ -1,0 +1,397 @@
+#include "client/jobs.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/spec_yaml.h"
+#include "pipetrain/v1/job_service.grpc.pb.h"
+
+namespace pipetrain::client {
+namespace {
+
+struct Common {
+  std::string coordinator;
+  std::string output = "table";
+  double timeout_s = 10;
+};
+
+int ExitFor(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK: return 0;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS: return 2;
+    case grpc::StatusCode::NOT_FOUND: return 3;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return 4;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return 5;
+    default: return 1;
+  }
+}
+
+int Fail(const grpc::Status& s, const std::string& what) {
+  std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(), s.error_message().c_str());
+  return ExitFor(s);
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::string StateName(v1::JobState s) {
+  std::string name = v1::JobState_Name(s);
+  name = name.substr(std::string("JOB_STATE_").size());
+  for (char& c : name) c = static_cast<char>(std::tolower(c));
+  return name;
+}
+
+bool Ended(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+         s == v1::JOB_STATE_CANCELLED;
+}
+
+class Client {
+ public:
+  explicit Client(const Common& c) : common_(c) {
+    channel_ = grpc::CreateChannel(c.coordinator, grpc::InsecureChannelCredentials());
+    stub_ = v1::JobService::NewStub(channel_);
+  }
+  void Prepare(grpc::ClientContext* ctx, bool streaming = false) const {
+    if (!streaming) {
+      ctx->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(common_.timeout_s * 1000)));
+    }
+  }
+  v1::JobService::Stub* stub() { return stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  Common common_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+void PrintJobTable(const v1::Job& job) {
+  std::printf("job %s%s%s: %s", job.id().c_str(), job.spec().name().empty() ? "" : " ",
+              job.spec().name().c_str(), StateName(job.state()).c_str());
+  if (!job.message().empty()) std::printf(" (%s)", job.message().c_str());
+  std::printf("\nstep %lld/%d  loss %.4f  %.0f %s/s  %d stages x %d replicas\n",
+              static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
+              job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
+  if (job.stage_status_size() == 0) return;
+  std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s\n", "stage", "replica", "worker",
+              "step", "state", "action", "compute_s", "wait_s");
+  for (const v1::StageStatus& s : job.stage_status()) {
+    std::string action = s.action();
+    if (!s.waiting_for().empty()) action += " <- " + s.waiting_for();
+    std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f\n", s.stage(), s.replica(),
+                s.worker_id().c_str(), static_cast<long long>(s.step() + 1), s.state().c_str(),
+                action.empty() ? "-" : action.c_str(), s.compute_s(), s.wait_s());
+  }
+}
+
+// Follows a job until it ends: a progress line (a bar on a terminal) on stderr.
+int Follow(Client& client, const std::string& id, bool json) {
+  grpc::ClientContext ctx;
+  v1::GetJobRequest request;
+  request.set_id(id);
+  auto reader = client.stub()->WatchJob(&ctx, request);
+  v1::Job job;
+  const bool tty = isatty(STDERR_FILENO);
+  int64_t last_printed = -2;
+  bool have = false;
+  while (reader->Read(&job)) {
+    have = true;
+    if (json) {
+      std::printf("%s\n", Json(job).c_str());
+      std::fflush(stdout);
+    } else if (job.step() != last_printed) {
+      const int64_t done = job.step() + 1;
+      if (tty) {
+        constexpr int kWidth = 24;
+        const int filled = static_cast<int>(kWidth * done / std::max(1, job.steps()));
+        std::fprintf(stderr, "\r[%s%s] %s step %lld/%d loss %.4f %.0f %s/s   ",
+                     std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+                     StateName(job.state()).c_str(), static_cast<long long>(done), job.steps(),
+                     job.loss(), job.tokens_per_s(), job.data_unit().c_str());
+      } else {
+        const int64_t every = std::max(1, job.steps() / 20);
+        if (done == 0 || done % every == 0 || done == job.steps()) {
+          std::fprintf(stderr, "%s step %lld/%d loss %.4f %.0f %s/s\n",
+                       StateName(job.state()).c_str(), static_cast<long long>(done),
+                       job.steps(), job.loss(), job.tokens_per_s(), job.data_unit().c_str());
+        }
+      }
+      last_printed = job.step();
+    }
+    if (Ended(job.state())) break;
+  }
+  if (tty && !json) std::fprintf(stderr, "\n");
+  grpc::Status s = reader->Finish();
+  if (!have) return Fail(s, absl::StrCat("following ", id));
+  if (!Ended(job.state())) return Fail(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s, absl::StrCat("following ", id));
+  if (!json) {
+    std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
+                job.message().empty() ? "" : ": ", job.message().c_str());
+  }
+  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+}
+
+}  // namespace
+
+std::function<int()> AddJobCommands(CLI::App& app) {
+  auto common = std::make_shared<Common>();
+  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
+  common->coordinator = env ? env : "127.0.0.1:7070";
+  auto chosen = std::make_shared<std::function<int()>>();
+  auto add_common = [common](CLI::App* cmd) {
+    cmd->add_option("--coordinator", common->coordinator,
+                    "host:port of the coordinator ($PIPETRAIN_COORDINATOR)")
+        ->capture_default_str();
+    cmd->add_option("-o,--output", common->output, "table or json")
+        ->check(CLI::IsMember({"table", "json"}))
+        ->capture_default_str();
+    cmd->add_option("--timeout", common->timeout_s, "seconds each call may take")
+        ->capture_default_str();
+  };
+
+  // submit
+  auto submit = app.add_subcommand("submit", "Submit a job file to the coordinator; prints its id");
+  auto job_file = std::make_shared<std::string>();
+  auto follow = std::make_shared<bool>(false);
+  auto name = std::make_shared<std::string>();
+  submit->add_option("job", *job_file, "YAML job file (see examples/)")->required();
+  submit->add_flag("-f,--follow", *follow, "follow the job until it ends; exit 1 if it fails");
+  submit->add_option("--name", *name, "a name shown by list");
+  add_common(submit);
+  submit->callback([=] {
+    *chosen = [=]() -> int {
+      auto spec = LoadJobSpec(*job_file);
+      if (!spec.ok()) {
+        std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
+        return spec.status().code() == absl::StatusCode::kNotFound ? 3 : 2;
+      }
+      if (!name->empty()) spec->set_name(*name);
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      v1::SubmitJobRequest request;
+      *request.mutable_spec() = *spec;
+      v1::Job job;
+      grpc::Status s = client.stub()->SubmitJob(&ctx, request, &job);
+      if (!s.ok()) return Fail(s, absl::StrCat("submitting ", *job_file));
+      if (common->output == "json" && !*follow) {
+        std::printf("%s\n", Json(job).c_str());
+      } else {
+        std::printf("%s\n", job.id().c_str());
+        std::fflush(stdout);
+      }
+      return *follow ? Follow(client, job.id(), common->output == "json") : 0;
+    };
+  });
+
+  // status
+  auto status = app.add_subcommand("status", "A job's state and per-stage table");
+  auto status_id = std::make_shared<std::string>();
+  status->add_option("job", *status_id, "job id")->required();
+  add_common(status);
+  status->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      v1::GetJobRequest request;
+      request.set_id(*status_id);
+      v1::Job job;
+      grpc::Status s = client.stub()->GetJob(&ctx, request, &job);
+      if (!s.ok()) return Fail(s, "status");
+      if (common->output == "json") {
+        std::printf("%s\n", Json(job).c_str());
+      } else {
+        PrintJobTable(job);
+      }
+      return 0;
+    };
+  });
+
+  // list
+  auto list = app.add_subcommand("list", "Every job, oldest first");
+  add_common(list);
+  list->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      v1::ListJobsResponse response;
+      grpc::Status s = client.stub()->ListJobs(&ctx, v1::ListJobsRequest(), &response);
+      if (!s.ok()) return Fail(s, "list");
+      if (common->output == "table") {
+        std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss", "layout",
+                    "name");
+      }
+      for (const v1::Job& job : response.jobs()) {
+        if (common->output == "json") {
+          std::printf("%s\n", Json(job).c_str());
+        } else {
+          std::printf("%-10s %-10s %-11s %-12.4f %-10s %s\n", job.id().c_str(),
+                      StateName(job.state()).c_str(),
+                      absl::StrCat(job.step() + 1, "/", job.steps()).c_str(), job.loss(),
+                      absl::StrCat(job.stages(), "x", job.replicas()).c_str(),
+                      job.spec().name().c_str());
+        }
+      }
+      return 0;
+    };
+  });
+
+  // cancel
+  auto cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
+  auto cancel_id = std::make_shared<std::string>();
+  cancel->add_option("job", *cancel_id, "job id")->required();
+  add_common(cancel);
+  cancel->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      v1::CancelJobRequest request;
+      request.set_id(*cancel_id);
+      v1::Job job;
+      grpc::Status s = client.stub()->CancelJob(&ctx, request, &job);
+      if (!s.ok()) return Fail(s, "cancel");
+      std::printf("%s\n", common->output == "json" ? Json(job).c_str()
+                                                    : absl::StrCat(job.id(), " cancelled").c_str());
+      return 0;
+    };
+  });
+
+  // logs
+  auto logs = app.add_subcommand("logs", "A job's events");
+  auto logs_id = std::make_shared<std::string>();
+  auto logs_follow = std::make_shared<bool>(false);
+  logs->add_option("job", *logs_id, "job id")->required();
+  logs->add_flag("-f,--follow", *logs_follow, "keep printing until the job ends");
+  add_common(logs);
+  logs->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      if (!*logs_follow) client.Prepare(&ctx);
+      v1::StreamEventsRequest request;
+      request.set_job_id(*logs_id);
+      request.set_follow(*logs_follow);
+      auto reader = client.stub()->StreamEvents(&ctx, request);
+      v1::JobEvent e;
+      while (reader->Read(&e)) {
+        if (common->output == "json") {
+          std::printf("%s\n", Json(e).c_str());
+        } else {
+          std::printf("%s  %s\n",
+                      absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.unix_ms()),
+                                       absl::LocalTimeZone())
+                          .c_str(),
+                      e.text().c_str());
+        }
+        std::fflush(stdout);
+      }
+      grpc::Status s = reader->Finish();
+      return s.ok() ? 0 : Fail(s, "logs");
+    };
+  });
+
+  // workers
+  auto workers = app.add_subcommand("workers", "The worker pool");
+  add_common(workers);
+  workers->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      v1::ListWorkersResponse response;
+      grpc::Status s = client.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &response);
+      if (!s.ok()) return Fail(s, "workers");
+      if (common->output == "table") {
+        std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", "id", "address", "device", "state", "job",
+                    "rank");
+      }
+      for (const v1::WorkerInfo& w : response.workers()) {
+        if (common->output == "json") {
+          std::printf("%s\n", Json(w).c_str());
+        } else {
+          std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", w.id().c_str(), w.address().c_str(),
+                      w.device().c_str(), w.state().c_str(),
+                      w.job_id().empty() ? "-" : w.job_id().c_str(),
+                      w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
+        }
+      }
+      return 0;
+    };
+  });
+
+  // health
+  auto health = app.add_subcommand("health", "Whether the coordinator serves (gRPC health check)");
+  add_common(health);
+  health->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      grpc::ClientContext ctx;
+      client.Prepare(&ctx);
+      // grpc.health.v1.Health/Check with an empty service name: the server as a whole.
+      grpc::GenericStub generic(client.channel());
+      grpc::ByteBuffer request_bytes, response_bytes;
+      grpc::Slice empty("");
+      request_bytes = grpc::ByteBuffer(&empty, 1);
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      grpc::Status status;
+      generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_bytes,
+                        &response_bytes, [&](grpc::Status s) {
+                          std::lock_guard<std::mutex> lock(mu);
+                          status = s;
+                          done = true;
+                          cv.notify_all();
+                        });
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done; });
+      if (!status.ok()) return Fail(status, absl::StrCat("health of ", common->coordinator));
+      // HealthCheckResponse { ServingStatus status = 1; }: SERVING is 1, encoded 08 01.
+      std::vector<grpc::Slice> slices;
+      (void)response_bytes.Dump(&slices);
+      std::string bytes;
+      for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      const bool serving = bytes == std::string("\x08\x01", 2);
+      if (common->output == "json") {
+        std::printf("{\"coordinator\":\"%s\",\"serving\":%s}\n", common->coordinator.c_str(),
+                    serving ? "true" : "false");
+      } else {
+        std::printf("%s: %s\n", common->coordinator.c_str(), serving ? "serving" : "not serving");
+      }
+      return serving ? 0 : 5;
+    };
+  });
+
+  return [chosen]() -> int { return *chosen ? (*chosen)() : -1; };
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,211 @@
+#include "client/spec_yaml.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <google/protobuf/reflection.h>
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace pipetrain::client {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+class Reader {
+ public:
+  explicit Reader(std::vector<std::string>* errors) : errors_(errors) {}
+
+  void ReadMessage(const YAML::Node& node, const std::string& path, Message* msg) {
+    if (!node.IsMap()) {
+      errors_->push_back(absl::StrCat(path.empty() ? "job" : path, ": expected a mapping"));
+      return;
+    }
+    const auto* desc = msg->GetDescriptor();
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
+      if (path.empty() && key == "stages") {
+        ReadStages(kv.second, static_cast<v1::JobSpec*>(msg));
+        continue;
+      }
+      const FieldDescriptor* f = desc->FindFieldByName(key);
+      if (f == nullptr || (path.empty() && key == "stage_ranges")) {
+        std::vector<std::string> known;
+        for (int i = 0; i < desc->field_count(); ++i) {
+          if (!(path.empty() && desc->field(i)->name() == "stage_ranges")) {
+            known.push_back(desc->field(i)->name());
+          }
+        }
+        errors_->push_back(absl::StrCat(field_path, ": unknown key (known: ",
+                                        absl::StrJoin(known, ", "), ")"));
+        continue;
+      }
+      ReadField(kv.second, field_path, msg, f);
+    }
+  }
+
+ private:
+  void ReadField(const YAML::Node& node, const std::string& path, Message* msg,
+                 const FieldDescriptor* f) {
+    const auto* r = msg->GetReflection();
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        errors_->push_back(absl::StrCat(path, ": not settable from YAML"));
+        return;
+      }
+      ReadMessage(node, path, r->MutableMessage(msg, f));
+      return;
+    }
+    if (f->is_repeated()) {
+      if (!node.IsSequence()) {
+        errors_->push_back(absl::StrCat(path, ": expected a list"));
+        return;
+      }
+      for (size_t i = 0; i < node.size(); ++i) {
+        int64_t v = 0;
+        if (f->cpp_type() != FieldDescriptor::CPPTYPE_INT64 ||
+            !ScalarAs(node[i], absl::StrCat(path, "[", i, "]"), "an integer", &v)) {
+          continue;
+        }
+        r->AddInt64(msg, f, v);
+      }
+      return;
+    }
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_STRING: {
+        std::string v;
+        if (ScalarAs(node, path, "a string", &v)) r->SetString(msg, f, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT32: {
+        int64_t v;
+        if (ScalarAs(node, path, "an integer", &v)) {
+          if (v < INT32_MIN || v > INT32_MAX) {
+            errors_->push_back(absl::StrCat(path, ": ", v, " is out of range"));
+          } else {
+            r->SetInt32(msg, f, static_cast<int32_t>(v));
+          }
+        }
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT64: {
+        int64_t v;
+        if (ScalarAs(node, path, "an integer", &v)) r->SetInt64(msg, f, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        uint64_t v;
+        if (ScalarAs(node, path, "a non-negative integer", &v)) r->SetUInt64(msg, f, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_DOUBLE: {
+        double v;
+        if (ScalarAs(node, path, "a number", &v)) r->SetDouble(msg, f, v);
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        bool v;
+        if (ScalarAs(node, path, "true or false", &v)) r->SetBool(msg, f, v);
+        break;
+      }
+      default:
+        errors_->push_back(absl::StrCat(path, ": not settable from YAML"));
+    }
+  }
+
+  template <typename T>
+  bool ScalarAs(const YAML::Node& node, const std::string& path, const char* what, T* out) {
+    if (node.IsScalar()) {
+      try {
+        *out = node.as<T>();
+        return true;
+      } catch (const YAML::Exception&) {
+      }
+    }
+    errors_->push_back(absl::StrCat(path, ": expected ", what, ", got '",
+                                    node.IsScalar() ? node.Scalar() : "a non-scalar", "'"));
+    return false;
+  }
+
+  void ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
+    if (node.IsScalar()) {
+      int count = 0;
+      if (absl::SimpleAtoi(node.Scalar(), &count)) {
+        spec->set_stages(count);
+        return;
+      }
+      for (absl::string_view part : absl::StrSplit(node.Scalar(), ',')) {
+        std::vector<std::string> ends = absl::StrSplit(part, ':');
+        int b = 0, e = 0;
+        if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &b) || !absl::SimpleAtoi(ends[1], &e)) {
+          errors_->push_back(absl::StrCat("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
+                                          node.Scalar(), "'"));
+          spec->clear_stage_ranges();
+          return;
+        }
+        auto* r = spec->add_stage_ranges();
+        r->set_begin(b);
+        r->set_end(e);
+      }
+      return;
+    }
+    if (node.IsSequence()) {
+      for (size_t i = 0; i < node.size(); ++i) {
+        int b = 0, e = 0;
+        if (!node[i].IsSequence() || node[i].size() != 2 ||
+            !ScalarAs(node[i][0], absl::StrCat("stages[", i, "][0]"), "an integer", &b) ||
+            !ScalarAs(node[i][1], absl::StrCat("stages[", i, "][1]"), "an integer", &e)) {
+          if (!node[i].IsSequence() || node[i].size() != 2) {
+            errors_->push_back(absl::StrCat("stages[", i, "]: expected [begin, end]"));
+          }
+          continue;
+        }
+        auto* r = spec->add_stage_ranges();
+        r->set_begin(b);
+        r->set_end(e);
+      }
+      return;
+    }
+    errors_->push_back("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]]");
+  }
+
+  std::vector<std::string>* errors_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job: not YAML: ", e.what()));
+  }
+  v1::JobSpec spec;
+  if (!root || root.IsNull()) return spec;
+  std::vector<std::string> errors;
+  Reader(&errors).ReadMessage(root, "", &spec);
+  if (!errors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job: ", absl::StrJoin(errors, "; ")));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return JobSpecFromYaml(text.str());
+}
+
+}  // namespace pipetrain::client

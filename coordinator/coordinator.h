@@ -1,0 +1,122 @@
+// The coordinator's state and rules, apart from the gRPC plumbing (service.cc):
+// jobs (validated, queued, assigned, followed, persisted in the JobStore), the worker pool
+// (registration, heartbeats, loss detection), and the data plane's rendezvous (a key-value
+// store per running job, served by this process).
+//
+// Scheduling: queued jobs are considered in submission order; a job starts as soon as
+// stages x replicas workers are idle, one rank per worker. A job ends when every rank has
+// reported its end, when one rank fails (the others are told to stop), when a worker running
+// it misses two heartbeat intervals, or when it is cancelled.
+//
+// After a restart every job and event is loaded back; a job that was running is marked
+// failed ("interrupted by a coordinator restart"), since its workers, no longer known here,
+// stop their stages when their next heartbeat is refused.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/job_store.h"
+#include "pipetrain/v1/coordinator_service.pb.h"
+#include "pipetrain/v1/job_service.pb.h"
+#include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "runtime/job/job_config.h"
+#include "runtime/rendezvous/key_value_store.h"
+
+namespace pipetrain::coordinator {
+
+struct CoordinatorOptions {
+  std::string db_path = "pipetrain-coordinator.db";
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  std::string store_host = "127.0.0.1";  // where the data plane's rendezvous stores listen
+  std::string token;                     // sent to workers with every call; empty: none
+};
+
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options);
+  ~Coordinator();
+
+  // JobService
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  std::vector<v1::Job> List();
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // Waits until job `id` differs from `version` (or `deadline`); returns it and its version.
+  absl::StatusOr<std::pair<v1::Job, int64_t>> WaitForChange(const std::string& id,
+                                                            int64_t version,
+                                                            absl::Time deadline);
+  absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& id, int64_t after_seq);
+  std::vector<v1::WorkerInfo> Workers();
+
+  // CoordinatorService
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+  absl::StatusOr<v1::ReportResponse> ReportStep(const v1::StepReport& report);
+  absl::StatusOr<v1::ReportResponse> ReportStageEnd(const v1::StageEnd& end);
+
+ private:
+  struct WorkerEntry {
+    v1::WorkerInfo info;
+    absl::Time last_heartbeat;
+    std::shared_ptr<v1::WorkerService::Stub> stub;
+  };
+  struct JobEntry {
+    v1::Job job;
+    job::JobConfig config;
+    int64_t order = 0;
+    int64_t version = 0;  // bumped on every change
+    std::unique_ptr<rendezvous::KeyValueStore> store;  // while running
+    std::vector<std::string> rank_worker;              // worker id per rank
+    std::vector<bool> rank_ended;
+    std::vector<int64_t> rank_step;                    // last reported step per rank
+    std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
+    double first_end_s = -1;                           // rank 0's end_s of step 0
+    int64_t tokens_per_step = 0;
+    int64_t last_logged_step = -1;
+  };
+
+  explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
+  absl::Status Load();
+  // REQUIRES: mu_ held. Persist the job, bump its version, wake watchers.
+  void Changed(JobEntry& entry);
+  // REQUIRES: mu_ held. Appends an event (persisted).
+  void Event(const std::string& job_id, const std::string& text);
+  // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.
+  void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);
+  // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
+  void Schedule();
+  void Monitor();
+  // Calls `call` on a detached thread (RPCs to workers never run under mu_).
+  void Later(std::function<void()> call);
+
+  CoordinatorOptions options_;
+  std::unique_ptr<JobStore> store_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, JobEntry> jobs_;
+  std::map<std::string, WorkerEntry> workers_;
+  int64_t next_order_ = 0;
+  int64_t next_worker_ = 0;
+  bool stopping_ = false;
+  std::thread monitor_;
+  struct Call {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Call> calls_;  // finished ones joined by the next Later(), the rest on destruction
+};
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,68 @@
+// pipetrain-coordinator: takes jobs from the pipetrain CLI, assigns their stages to
+// registered workers, follows them, and keeps every job and event in a SQLite file.
+//
+//   pipetrain-coordinator [--listen 127.0.0.1:7070] [--db pipetrain-coordinator.db]
+//                         [--heartbeat-ms 1000]
+//
+// Prints "listening on HOST:PORT" on stderr once it serves. SIGTERM or SIGINT: stops.
+#include <csignal>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/time/time.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/service.h"
+
+int main(int argc, char** argv) {
+  using namespace pipetrain::coordinator;
+  CLI::App app{"pipetrain-coordinator: the control plane of pipetrain. Takes jobs from the "
+               "pipetrain CLI, assigns their pipeline stages to registered workers, follows "
+               "them, and keeps every job and its events in a SQLite file that survives "
+               "restarts."};
+  ServerOptions server_options;
+  CoordinatorOptions options;
+  int64_t heartbeat_ms = 1000;
+  app.add_option("--listen", server_options.listen,
+                 "host:port to serve on (port 0: any free port); loopback by default")
+      ->capture_default_str();
+  app.add_option("--db", options.db_path, "SQLite file of jobs and events")->capture_default_str();
+  app.add_option("--heartbeat-ms", heartbeat_ms,
+                 "workers heartbeat this often; one silent for two intervals is lost")
+      ->check(CLI::Range(int64_t{10}, int64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--store-host", options.store_host,
+                 "address the data plane's rendezvous stores listen on")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // every thread; sigwait below takes them
+
+  auto coordinator = Coordinator::Open(options);
+  if (!coordinator.ok()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
+                 std::string(coordinator.status().message()).c_str());
+    return 5;
+  }
+  auto server = CoordinatorServer::Start(coordinator->get(), server_options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 5;
+  }
+  const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
+  std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s)\n", host.c_str(),
+               (*server)->port(), options.db_path.c_str());
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
+  (*server)->Shutdown();
+  server->reset();
+  coordinator->reset();
+  return 0;
+}

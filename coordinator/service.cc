@@ -1,0 +1,163 @@
+#include "coordinator/service.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "pipetrain/v1/coordinator_service.grpc.pb.h"
+#include "pipetrain/v1/job_service.grpc.pb.h"
+
+namespace pipetrain::coordinator {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+namespace {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                         v1::Job* response) override {
+    return Reply(c_->Submit(request->spec()), response);
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::Job* response) override {
+    return Reply(c_->Get(request->id()), response);
+  }
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse* response) override {
+    for (v1::Job& job : c_->List()) *response->add_jobs() = std::move(job);
+    return grpc::Status::OK;
+  }
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                         v1::Job* response) override {
+    return Reply(c_->Cancel(request->id()), response);
+  }
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                        grpc::ServerWriter<v1::Job>* writer) override {
+    int64_t version = -1;
+    while (!context->IsCancelled()) {
+      auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(500));
+      if (!next.ok()) return ToGrpc(next.status());
+      if (next->second == version) continue;
+      version = next->second;
+      if (!writer->Write(next->first)) return grpc::Status::OK;
+      const v1::JobState s = next->first.state();
+      if (s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+          s == v1::JOB_STATE_CANCELLED) {
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::StreamEventsRequest* request,
+                            grpc::ServerWriter<v1::JobEvent>* writer) override {
+    int64_t after = request->after_seq();
+    int64_t version = -1;
+    while (!context->IsCancelled()) {
+      auto events = c_->Events(request->job_id(), after);
+      if (!events.ok()) return ToGrpc(events.status());
+      for (const v1::JobEvent& e : *events) {
+        if (!writer->Write(e)) return grpc::Status::OK;
+        after = e.seq();
+      }
+      if (!request->follow()) return grpc::Status::OK;
+      auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(500));
+      if (!job.ok()) return ToGrpc(job.status());
+      version = job->second;
+      const v1::JobState s = job->first.state();
+      if (s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
+          s == v1::JOB_STATE_CANCELLED) {
+        // Whatever was appended with the end, then stop.
+        auto last = c_->Events(request->job_id(), after);
+        if (last.ok()) {
+          for (const v1::JobEvent& e : *last) writer->Write(e);
+        }
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                           v1::ListWorkersResponse* response) override {
+    for (v1::WorkerInfo& w : c_->Workers()) *response->add_workers() = std::move(w);
+    return grpc::Status::OK;
+  }
+
+ private:
+  template <typename T>
+  static grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+    if (!result.ok()) return ToGrpc(result.status());
+    *response = std::move(result).value();
+    return grpc::Status::OK;
+  }
+  Coordinator* c_;
+};
+
+class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
+ public:
+  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    auto r = c_->Register(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = *r;
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    return ToGrpc(c_->Heartbeat(*request));
+  }
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::StepReport* request,
+                          v1::ReportResponse* response) override {
+    auto r = c_->ReportStep(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = *r;
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportStageEnd(grpc::ServerContext*, const v1::StageEnd* request,
+                              v1::ReportResponse* response) override {
+    auto r = c_->ReportStageEnd(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = *r;
+    return grpc::Status::OK;
+  }
+
+ private:
+  Coordinator* c_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    Coordinator* coordinator, const ServerOptions& options) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->job_service_ = std::make_unique<JobServiceImpl>(coordinator);
+  server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(coordinator);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->job_service_.get());
+  builder.RegisterService(server->coordinator_service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (!server->server_ || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  auto* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus("pipetrain.v1.JobService", true);
+  health->SetServingStatus("pipetrain.v1.CoordinatorService", true);
+  return server;
+}
+
+void CoordinatorServer::Shutdown() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+}  // namespace pipetrain::coordinator

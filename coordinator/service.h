@@ -1,0 +1,38 @@
+// The coordinator's gRPC server: JobService for clients and CoordinatorService for workers
+// over one Coordinator, with standard health checking and server reflection.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+
+namespace pipetrain::coordinator {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:7070";  // host:port; port 0 picks a free one
+};
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
+                                                                  const ServerOptions& options);
+  ~CoordinatorServer();
+  int port() const { return port_; }
+  void Shutdown();
+  void Wait() { server_->Wait(); }
+
+ private:
+  CoordinatorServer() = default;
+  std::unique_ptr<grpc::Service> job_service_, coordinator_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// absl::Status <-> grpc::Status, code and message kept.
+grpc::Status ToGrpc(const absl::Status& status);
+
+}  // namespace pipetrain::coordinator

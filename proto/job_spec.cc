@@ -1,0 +1,115 @@
+#include "proto/job_spec.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/base/errors.h"
+#include "runtime/job/plan.h"
+#include "runtime/schedule/schedule.h"
+
+namespace pipetrain::proto {
+namespace {
+
+template <typename From, typename To>
+void Copy(bool present, const From& from, To* to) {
+  if (present) *to = static_cast<To>(from);
+}
+
+}  // namespace
+
+absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
+  job::JobConfig c;
+  std::vector<std::string> errors;
+  const v1::ModelSpec& m = s.model();
+  Copy(m.has_name(), m.name(), &c.model.name);
+  Copy(m.has_d_model(), m.d_model(), &c.model.d_model);
+  Copy(m.has_n_heads(), m.n_heads(), &c.model.n_heads);
+  Copy(m.has_n_layers(), m.n_layers(), &c.model.n_layers);
+  Copy(m.has_dropout(), m.dropout(), &c.model.dropout);
+  Copy(m.has_hidden(), m.hidden(), &c.model.hidden);
+  Copy(m.has_hidden_layers(), m.hidden_layers(), &c.model.hidden_layers);
+  Copy(m.has_input_dim(), m.input_dim(), &c.model.input_dim);
+  if (m.image_shape_size() > 0) c.model.image_shape.assign(m.image_shape().begin(), m.image_shape().end());
+  Copy(m.has_num_classes(), m.num_classes(), &c.model.num_classes);
+  Copy(m.has_path(), m.path(), &c.model.torchscript_path);
+
+  const v1::DataSpec& d = s.data();
+  Copy(d.has_kind(), d.kind(), &c.data.kind);
+  Copy(d.has_path(), d.path(), &c.data.path);
+  Copy(d.has_seq_len(), d.seq_len(), &c.data.seq_len);
+  Copy(d.has_vocab(), d.vocab(), &c.data.vocab);
+  Copy(d.has_branching(), d.branching(), &c.data.branching);
+  Copy(d.has_num_tokens(), d.num_tokens(), &c.data.num_tokens);
+  Copy(d.has_num_samples(), d.num_samples(), &c.data.num_samples);
+  Copy(d.has_seed(), d.seed(), &c.data.seed);
+
+  const v1::OptimizerSpec& o = s.optimizer();
+  Copy(o.has_name(), o.name(), &c.optimizer.name);
+  Copy(o.has_lr(), o.lr(), &c.optimizer.lr);
+  Copy(o.has_weight_decay(), o.weight_decay(), &c.optimizer.weight_decay);
+  Copy(o.has_momentum(), o.momentum(), &c.optimizer.momentum);
+  Copy(o.has_beta1(), o.beta1(), &c.optimizer.beta1);
+  Copy(o.has_beta2(), o.beta2(), &c.optimizer.beta2);
+  Copy(o.has_eps(), o.eps(), &c.optimizer.eps);
+
+  if (s.has_schedule()) {
+    auto kind = schedule::ParseScheduleKind(s.schedule());
+    if (kind.ok()) {
+      c.schedule = *kind;
+    } else {
+      errors.push_back(absl::StrCat("schedule: ", kind.status().message()));
+    }
+  }
+  if (s.has_stages() && s.stage_ranges_size() > 0 && s.stages() != s.stage_ranges_size()) {
+    errors.push_back(absl::StrCat("stages: ", s.stages(), " stages but ", s.stage_ranges_size(),
+                                  " stage_ranges"));
+  }
+  Copy(s.has_stages(), s.stages(), &c.stages);
+  for (const v1::LayerRange& r : s.stage_ranges()) c.stage_ranges.push_back({r.begin(), r.end()});
+  if (!c.stage_ranges.empty()) c.stages = static_cast<int>(c.stage_ranges.size());
+  Copy(s.has_replicas(), s.replicas(), &c.replicas);
+  Copy(s.has_overlap_allreduce(), s.overlap_allreduce(), &c.overlap_allreduce);
+  Copy(s.has_bucket_kib(), s.bucket_kib(), &c.bucket_kib);
+  Copy(s.has_microbatches(), s.microbatches(), &c.micro_batches);
+  Copy(s.has_microbatch_size(), s.microbatch_size(), &c.micro_batch_size);
+  Copy(s.has_steps(), s.steps(), &c.steps);
+  Copy(s.has_seed(), s.seed(), &c.seed);
+  Copy(s.has_threads_per_stage(), s.threads_per_stage(), &c.threads_per_stage);
+  Copy(s.has_timeout_s(), s.timeout_s(), &c.recv_timeout_s);
+  if (s.has_recompute()) {
+    auto rc = job::ParseRecompute(s.recompute());
+    if (rc.ok()) {
+      c.recompute = *rc;
+    } else {
+      errors.push_back(std::string(rc.status().message()));
+    }
+  }
+  if (s.has_dtype()) {
+    if (s.dtype() == "float64" || s.dtype() == "double") {
+      c.float64 = true;
+    } else if (s.dtype() != "float32" && s.dtype() != "float") {
+      errors.push_back(absl::StrCat("dtype: expected float32 or float64, got '", s.dtype(), "'"));
+    }
+  }
+  if (s.has_weights_dir() && s.weights_dir().empty()) {
+    errors.push_back("weights_dir: must not be empty when set");
+  }
+  for (const std::string& v : ViolationsOf(job::ValidateJobConfig(c))) {
+    // ValidateJobConfig prefixes its list with "invalid job: ".
+    constexpr absl::string_view kPrefix = "invalid job: ";
+    errors.push_back(absl::StartsWith(v, kPrefix) ? v.substr(kPrefix.size()) : v);
+  }
+  if (errors.empty()) {
+    // What needs the model: the partition against its layers, TorchScript files, data files.
+    absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(c);
+    if (!plan.ok()) {
+      for (const std::string& v : ViolationsOf(plan.status())) errors.push_back(v);
+    }
+  }
+  if (!errors.empty()) return InvalidArgumentList("invalid job", errors);
+  return c;
+}
+
+}  // namespace pipetrain::proto

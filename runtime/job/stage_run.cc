@@ -1,0 +1,147 @@
+#include "runtime/job/stage_run.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/base/threads.h"
+#include "runtime/job/plan.h"
+#include "runtime/transport/gloo/gloo_transport.h"
+
+namespace pipetrain::job {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- stage outcome files: <dir>/stage<S>.json (measurements), <dir>/stage<S>.pt (weights)
+
+nlohmann::json StatsToJson(const executor::StageStats& st) {
+  nlohmann::json j;
+  j["peak_stashed_microbatches"] = st.peak_stashed_microbatches;
+  j["peak_weight_versions"] = st.peak_weight_versions;
+  j["compute_s"] = st.compute_s;
+  j["wait_s"] = st.wait_s;
+  j["allreduce_s"] = st.allreduce_s;
+  auto& records = j["records"] = nlohmann::json::array();
+  for (const auto& r : st.records) {
+    records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
+                       r.wait_s, r.version});
+  }
+  auto& allreduces = j["allreduces"] = nlohmann::json::array();
+  for (const auto& a : st.allreduces) allreduces.push_back({a.step, a.bucket, a.start_s, a.end_s});
+  auto& steps = j["steps"] = nlohmann::json::array();
+  for (const auto& s : st.steps) {
+    steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr,
+                     s.last_backward_end_s});
+  }
+  return j;
+}
+
+executor::StageStats StatsFromJson(const nlohmann::json& j) {
+  executor::StageStats st;
+  st.peak_stashed_microbatches = j.at("peak_stashed_microbatches");
+  st.peak_weight_versions = j.at("peak_weight_versions");
+  st.compute_s = j.at("compute_s");
+  st.wait_s = j.at("wait_s");
+  st.allreduce_s = j.at("allreduce_s");
+  for (const auto& r : j.at("records")) {
+    executor::ActionRecord rec;
+    rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};
+    rec.start_s = r[2];
+    rec.end_s = r[3];
+    rec.wait_s = r[4];
+    rec.version = r[5];
+    st.records.push_back(rec);
+  }
+  for (const auto& a : j.at("allreduces")) {
+    st.allreduces.push_back({a[0].get<int64_t>(), a[1].get<int>(), a[2].get<double>(),
+                             a[3].get<double>()});
+  }
+  for (const auto& s : j.at("steps")) {
+    executor::StepRecord step;
+    step.step = s[0];
+    step.end_s = s[1];
+    if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
+    step.last_backward_end_s = s[3];
+    st.steps.push_back(step);
+  }
+  return st;
+}
+
+fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
+  return fs::path(dir) / absl::StrCat("stage", stage, ext);
+}
+
+}  // namespace
+
+absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
+                                      std::shared_ptr<rendezvous::KeyValueStore> store,
+                                      const StageRunHooks& hooks) {
+  PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
+  const int p = plan.stages();
+  if (rank < 0 || rank >= p * c.replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas, " ranks (",
+                     p, " stages x ", c.replicas, " replicas)"));
+  }
+  const int stage = rank % p, replica = rank / p;
+  SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
+  transport::GlooTransportOptions topts;
+  topts.stage = stage;
+  topts.stages = p;
+  topts.replica = replica;
+  topts.replicas = c.replicas;
+  topts.host = hooks.host;
+  topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
+                      transport::MakeGlooTransport(store, topts));
+  MicroBatchReader reader(plan, c.micro_batches, replica);
+  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage));
+  if (hooks.on_transport) hooks.on_transport(transport.get());
+  executor::StageExecutor executor(parts.config, parts.weights.get(), transport.get(),
+                                   hooks.on_step);
+  absl::Status ran = executor.Run();
+  if (hooks.on_transport_gone) hooks.on_transport_gone();
+  PT_RETURN_IF_ERROR(ran);
+  return StageOutcome{executor.stats(), DetachedParameters(*parts.weights),
+                      DetachedBuffers(*parts.weights)};
+}
+
+absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
+  try {
+    std::vector<at::Tensor> tensors = out.parameters;
+    tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
+    torch::save(tensors, OutcomePath(dir, stage, ".pt").string());
+    nlohmann::json j = StatsToJson(out.stats);
+    j["num_parameters"] = out.parameters.size();
+    std::ofstream(OutcomePath(dir, stage, ".json")) << j.dump();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("stage ", stage, ": writing results: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage) {
+  try {
+    std::ifstream in(OutcomePath(dir, stage, ".json"));
+    nlohmann::json j = nlohmann::json::parse(in);
+    StageOutcome out;
+    out.stats = StatsFromJson(j);
+    std::vector<at::Tensor> tensors;
+    torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
+    const size_t n = j.at("num_parameters");
+    out.parameters.assign(tensors.begin(), tensors.begin() + n);
+    out.buffers.assign(tensors.begin() + n, tensors.end());
+    return out;
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("stage ", stage, ": reading its results from ", dir, ": ", e.what()));
+  }
+}
+
+
+}  // namespace pipetrain::job

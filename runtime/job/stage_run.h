@@ -1,0 +1,44 @@
+// One (stage, replica) of a job, run by whoever hosts it: a stage process of `pipetrain run
+// --launch processes`, or a worker daemon given an assignment by the coordinator.
+//
+// RunStage builds the plan from the JobConfig (identically on every rank), joins the Gloo
+// data plane through `store` (every rank of the job meets there), runs the stage's schedule
+// and returns its measurements and final weights. It never touches the store's keys other
+// than the transport's own rendezvous.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/executor/stage_executor.h"
+#include "runtime/job/job_config.h"
+#include "runtime/job/report.h"
+#include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/transport.h"
+
+namespace pipetrain::job {
+
+struct StageRunHooks {
+  // Called on the stage's thread after every finished step.
+  std::function<void(const executor::StepRecord&)> on_step;
+  // Called once the data plane is up, with the transport the stage runs on: Abort() on it
+  // (from any thread) stops the stage at its next wait. Not called if joining failed.
+  std::function<void(transport::Transport*)> on_transport;
+  // Called when the stage's thread leaves the transport (before it is destroyed).
+  std::function<void()> on_transport_gone;
+  std::string host = "127.0.0.1";  // address this rank listens on for its peers
+};
+
+// rank = replica * stages + stage. Sets the intra-op thread count for the stage.
+absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
+                                      std::shared_ptr<rendezvous::KeyValueStore> store,
+                                      const StageRunHooks& hooks = {});
+
+// <dir>/stage<rank>.pt (parameters then buffers, torch::save of a tensor list) and
+// <dir>/stage<rank>.json (measurements and the parameter count).
+absl::Status WriteStageOutcome(const std::string& dir, int rank, const StageOutcome& outcome);
+absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int rank);
+
+}  // namespace pipetrain::job

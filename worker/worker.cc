@@ -1,0 +1,240 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/job_spec.h"
+#include "runtime/base/clock.h"
+#include "runtime/job/stage_run.h"
+#include "runtime/rendezvous/key_value_store.h"
+
+namespace pipetrain::worker {
+namespace {
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() +
+         std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options,
+                                                      absl::Duration register_timeout) {
+  std::unique_ptr<Worker> w(new Worker(options));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(w.get());
+  w->server_ = builder.BuildAndStart();
+  if (!w->server_ || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
+  w->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  w->coordinator_ = v1::CoordinatorService::NewStub(
+      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;
+  w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
+  return w;
+}
+
+std::string Worker::id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return id_;
+}
+
+absl::Status Worker::Register(absl::Time deadline) {
+  v1::RegisterWorkerRequest request;
+  request.set_address(address_);
+  request.set_device(options_.device);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  request.set_name(absl::StrCat(host, " pid ", getpid()));
+  grpc::Status last;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(5)));
+    v1::RegisterWorkerResponse response;
+    last = coordinator_->RegisterWorker(&ctx, request, &response);
+    if (last.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = response.worker_id();
+      heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, response.heartbeat_interval_ms()));
+      std::fprintf(stderr, "pipetrain-worker: registered as %s with %s (serving on %s)\n",
+                   id_.c_str(), options_.coordinator.c_str(), address_.c_str());
+      return absl::OkStatus();
+    }
+    if (absl::Now() + absl::Milliseconds(200) >= deadline) break;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; })) {
+        return absl::CancelledError("stopping");
+      }
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("cannot register with the coordinator at ",
+                                             options_.coordinator, ": ", last.error_message()));
+}
+
+void Worker::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(heartbeat_interval_)),
+                 [this] { return stopping_; });
+    if (stopping_) break;
+    v1::HeartbeatRequest request;
+    request.set_worker_id(id_);
+    request.set_job_id(job_id_);
+    request.set_rank(rank_);
+    lock.unlock();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(2)));
+    v1::HeartbeatResponse response;
+    grpc::Status s = coordinator_->Heartbeat(&ctx, request, &response);
+    lock.lock();
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND && !stopping_) {
+      // The coordinator restarted (or gave this worker up): whatever ran is orphaned.
+      AbortStage("the coordinator no longer knows this worker");
+      lock.unlock();
+      absl::Status r = Register(absl::Now() + absl::Seconds(5));
+      lock.lock();
+      if (!r.ok()) {
+        std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(r.message()).c_str());
+      }
+    }
+  }
+}
+
+void Worker::AbortStage(const std::string& why) {
+  if (job_id_.empty()) return;
+  if (stop_reason_.empty()) stop_reason_ = why;
+  if (transport_) transport_->Abort(absl::CancelledError(why));
+}
+
+grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
+                                 v1::AssignResponse*) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+  if (!job_id_.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("busy with rank ", rank_, " of ", job_id_));
+  }
+  if (stage_thread_.joinable()) stage_thread_.join();  // the previous stage, already ended
+  job_id_ = request->job_id();
+  rank_ = request->rank();
+  stop_reason_.clear();
+  stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
+  return grpc::Status::OK;
+}
+
+grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
+                               v1::AssignResponse*) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_id_ == request->job_id()) AbortStage(absl::StrCat("stopped: ", request->reason()));
+  return grpc::Status::OK;
+}
+
+void Worker::RunAssignment(v1::StageAssignment a) {
+  const std::string worker_id = id();
+  std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
+               a.rank(), a.job_id().c_str());
+  absl::Status result = [&]() -> absl::Status {
+    absl::StatusOr<job::JobConfig> config = proto::JobConfigFromSpec(a.spec());
+    if (!config.ok()) return config.status();
+    auto store = rendezvous::ConnectTcpStore(a.store_host(), a.store_port(),
+                                             absl::Seconds(config->recv_timeout_s));
+    if (!store.ok()) return store.status();
+    std::shared_ptr<rendezvous::KeyValueStore> shared_store = std::move(store).value();
+    job::StageRunHooks hooks;
+    hooks.host = options_.data_host;
+    hooks.on_transport = [this](transport::Transport* t) {
+      std::lock_guard<std::mutex> lock(mu_);
+      transport_ = t;
+      if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
+    };
+    hooks.on_transport_gone = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      transport_ = nullptr;
+    };
+    hooks.on_step = [&](const executor::StepRecord& step) {
+      v1::StepReport report;
+      report.set_worker_id(worker_id);
+      report.set_job_id(a.job_id());
+      report.set_rank(a.rank());
+      report.set_step(step.step);
+      if (step.mean_loss) {
+        report.set_has_loss(true);
+        report.set_loss(*step.mean_loss);
+      }
+      report.set_end_s(step.end_s);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(absl::Seconds(5)));
+      v1::ReportResponse response;
+      grpc::Status s = coordinator_->ReportStep(&ctx, report, &response);
+      if (s.ok() && response.stop()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        AbortStage("the coordinator ended the job");
+      }
+    };
+    absl::StatusOr<job::StageOutcome> outcome =
+        job::RunStage(*config, a.rank(), shared_store, hooks);
+    if (!outcome.ok()) return outcome.status();
+    if (a.spec().has_weights_dir()) {
+      std::error_code ec;
+      std::filesystem::create_directories(a.spec().weights_dir(), ec);
+      return job::WriteStageOutcome(a.spec().weights_dir(), a.rank(), *outcome);
+    }
+    return absl::OkStatus();
+  }();
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!result.ok()) error = stop_reason_.empty() ? std::string(result.message()) : stop_reason_;
+  }
+  std::fprintf(stderr, "pipetrain-worker: %s: rank %d of %s %s%s\n", worker_id.c_str(), a.rank(),
+               a.job_id().c_str(), result.ok() ? "finished" : "failed: ", error.c_str());
+  v1::StageEnd end;
+  end.set_worker_id(worker_id);
+  end.set_job_id(a.job_id());
+  end.set_rank(a.rank());
+  end.set_ok(result.ok());
+  end.set_error(error);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(5)));
+    v1::ReportResponse response;
+    if (coordinator_->ReportStageEnd(&ctx, end, &response).ok()) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  job_id_.clear();
+  rank_ = -1;
+  cv_.notify_all();
+}
+
+void Worker::Stop() {
+  std::thread stage;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    AbortStage("the worker is shutting down");
+    stage.swap(stage_thread_);
+  }
+  cv_.notify_all();
+  if (stage.joinable()) stage.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (server_) server_->Shutdown(In(absl::Seconds(2)));
+}
+
+Worker::~Worker() { Stop(); }
+
+}  // namespace pipetrain::worker

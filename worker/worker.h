@@ -1,0 +1,76 @@
+// The worker daemon: one per device. Serves WorkerService, registers with the coordinator,
+// heartbeats, and runs at most one assigned stage at a time on the Gloo data plane,
+// reporting every finished step and the stage's end.
+//
+// A stage is stopped (its transport aborted, so it leaves its current wait at once) when
+// the coordinator says so, when a step report is answered with stop, or when the
+// coordinator no longer knows this worker (heartbeat refused with NOT_FOUND: it restarted);
+// the worker then registers again. Stop() drains: no new assignment is taken, a running
+// stage is stopped and reported, and the worker leaves.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "pipetrain/v1/coordinator_service.grpc.pb.h"
+#include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "runtime/transport/transport.h"
+
+namespace pipetrain::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string listen = "127.0.0.1:0";  // its WorkerService; port 0 picks a free one
+  std::string device = "cpu";
+  std::string data_host = "127.0.0.1";  // address its stage listens on for peers
+};
+
+class Worker : public v1::WorkerService::Service {
+ public:
+  // Serves, then registers (retrying for up to `register_timeout`).
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options,
+                                                       absl::Duration register_timeout);
+  ~Worker() override;
+  void Stop();
+  std::string id() const;
+
+  grpc::Status AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
+                           v1::AssignResponse*) override;
+  grpc::Status StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
+                         v1::AssignResponse*) override;
+
+ private:
+  explicit Worker(WorkerOptions options);
+  absl::Status Register(absl::Time deadline);
+  void HeartbeatLoop();
+  void RunAssignment(v1::StageAssignment assignment);
+  // REQUIRES: mu_ held.
+  void AbortStage(const std::string& why);
+
+  WorkerOptions options_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string id_;
+  absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  bool stopping_ = false;
+  // The running stage, if any.
+  std::string job_id_;
+  int rank_ = -1;
+  transport::Transport* transport_ = nullptr;
+  std::string stop_reason_;
+  std::thread stage_thread_;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace pipetrain::worker
