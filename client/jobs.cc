@@ -82,6 +82,15 @@ class Client {
                         std::chrono::milliseconds(static_cast<int64_t>(common_.timeout_s * 1000)));
     }
   }
+  // One unary call with the --timeout deadline.
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (v1::JobService::Stub::*method)(grpc::ClientContext*,
+                                                                const Request&, Response*),
+                    const Request& request, Response* response) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return (stub_.get()->*method)(&ctx, request, response);
+  }
   v1::JobService::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
@@ -193,12 +202,10 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       }
       if (!name->empty()) spec->set_name(*name);
       Client client(*common);
-      grpc::ClientContext ctx;
-      client.Prepare(&ctx);
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
       v1::Job job;
-      grpc::Status s = client.stub()->SubmitJob(&ctx, request, &job);
+      grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, &job);
       if (!s.ok()) return Fail(s, absl::StrCat("submitting ", *job_file));
       if (common->output == "json" && !*follow) {
         std::printf("%s\n", Json(job).c_str());
@@ -218,12 +225,10 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   status->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
-      grpc::ClientContext ctx;
-      client.Prepare(&ctx);
       v1::GetJobRequest request;
       request.set_id(*status_id);
       v1::Job job;
-      grpc::Status s = client.stub()->GetJob(&ctx, request, &job);
+      grpc::Status s = client.Call(&v1::JobService::Stub::GetJob, request, &job);
       if (!s.ok()) return Fail(s, "status");
       if (common->output == "json") {
         std::printf("%s\n", Json(job).c_str());
@@ -240,10 +245,9 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   list->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
-      grpc::ClientContext ctx;
-      client.Prepare(&ctx);
       v1::ListJobsResponse response;
-      grpc::Status s = client.stub()->ListJobs(&ctx, v1::ListJobsRequest(), &response);
+      grpc::Status s =
+          client.Call(&v1::JobService::Stub::ListJobs, v1::ListJobsRequest(), &response);
       if (!s.ok()) return Fail(s, "list");
       if (common->output == "table") {
         std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss", "layout",
@@ -272,12 +276,10 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   cancel->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
-      grpc::ClientContext ctx;
-      client.Prepare(&ctx);
       v1::CancelJobRequest request;
       request.set_id(*cancel_id);
       v1::Job job;
-      grpc::Status s = client.stub()->CancelJob(&ctx, request, &job);
+      grpc::Status s = client.Call(&v1::JobService::Stub::CancelJob, request, &job);
       if (!s.ok()) return Fail(s, "cancel");
       std::printf("%s\n", common->output == "json" ? Json(job).c_str()
                                                     : absl::StrCat(job.id(), " cancelled").c_str());
@@ -325,10 +327,9 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   workers->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
-      grpc::ClientContext ctx;
-      client.Prepare(&ctx);
       v1::ListWorkersResponse response;
-      grpc::Status s = client.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &response);
+      grpc::Status s =
+          client.Call(&v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response);
       if (!s.ok()) return Fail(s, "workers");
       if (common->output == "table") {
         std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", "id", "address", "device", "state", "job",

@@ -460,10 +460,9 @@ int main(int argc, char** argv) {
         [](job::JobConfig& c) -> uint64_t& { return c.seed; });
   parsed(t, "--dtype", "float32", "float32 | float64",
          [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           if (v != "float32" && v != "float64") {
-             return absl::InvalidArgumentError(absl::StrCat("expected float32 or float64, got '", v, "'"));
-           }
-           c.float64 = v == "float64";
+           absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(v);
+           if (!f64.ok()) return f64.status();
+           c.float64 = *f64;
            return absl::OkStatus();
          });
 

@@ -85,13 +85,16 @@ absl::Status Coordinator::Load() {
   return absl::OkStatus();
 }
 
-void Coordinator::Changed(JobEntry& entry) {
+void Coordinator::Changed(JobEntry& entry, bool progress_only) {
   ++entry.version;
+  changed_.notify_all();
+  const absl::Time now = absl::Now();
+  if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
+  entry.persisted_at = now;
   if (absl::Status s = store_->PutJob(entry.job.id(), entry.order, entry.job.SerializeAsString());
       !s.ok()) {
     std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
   }
-  changed_.notify_all();
 }
 
 void Coordinator::Event(const std::string& job_id, const std::string& text) {
@@ -128,8 +131,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
   job.set_id(absl::StrFormat("job-%04d", entry.order + 1));
   *job.mutable_spec() = spec;
   job.set_state(v1::JOB_STATE_QUEUED);
-  job.set_stages(config->stage_ranges.empty() ? config->stages
-                                              : static_cast<int>(config->stage_ranges.size()));
+  job.set_stages(job::PipelineStages(*config));
   job.set_replicas(config->replicas);
   job.set_steps(config->steps);
   job.set_step(-1);
@@ -323,7 +325,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStep(const v1::StepReport&
                                         e.job.data_unit()));
     }
   }
-  Changed(e);
+  Changed(e, /*progress_only=*/true);
   return response;
 }
 
@@ -409,10 +411,10 @@ void Coordinator::Schedule() {
     }
     const int needed = e->job.stages() * e->job.replicas();
     if (static_cast<int>(idle.size()) < needed) {
-      if (e->version <= 1) {
+      if (!e->queue_logged) {
         Event(e->job.id(), absl::StrCat("queued: needs ", needed, " workers, ", idle.size(),
                                         " idle"));
-        ++e->version;
+        e->queue_logged = true;
       }
       continue;  // a later, smaller job may still fit
     }
@@ -483,9 +485,13 @@ void Coordinator::Schedule() {
 void Coordinator::Monitor() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    changed_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(
-                                10, absl::ToInt64Milliseconds(options_.heartbeat_interval) / 4)));
-    if (stopping_) break;
+    // Woken early only to stop (job changes notify the same variable: they do not count).
+    if (changed_.wait_for(lock,
+                          std::chrono::milliseconds(std::max<int64_t>(
+                              10, absl::ToInt64Milliseconds(options_.heartbeat_interval) / 4)),
+                          [this] { return stopping_; })) {
+      break;
+    }
     const absl::Time now = absl::Now();
     for (auto& [id, w] : workers_) {
       if (w.info.state() == "lost" || now - w.last_heartbeat <= 2 * options_.heartbeat_interval) {
@@ -514,7 +520,6 @@ void Coordinator::Monitor() {
                             ")"));
       }
     }
-    // Threads of finished calls.
     Schedule();
   }
 }

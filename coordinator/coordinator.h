@@ -85,13 +85,16 @@ class Coordinator {
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
     double first_end_s = -1;                           // rank 0's end_s of step 0
     int64_t tokens_per_step = 0;
-    int64_t last_logged_step = -1;
+    bool queue_logged = false;   // "queued: needs N workers" said once
+    absl::Time persisted_at;     // progress is written at most once a second
   };
 
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
   absl::Status Load();
-  // REQUIRES: mu_ held. Persist the job, bump its version, wake watchers.
-  void Changed(JobEntry& entry);
+  // REQUIRES: mu_ held. Bump the job's version, wake watchers, and write it to the store.
+  // `progress_only`: a step report; written only if a second passed since the last write
+  // (every state change is written at once), so the store is not fsynced per report.
+  void Changed(JobEntry& entry, bool progress_only = false);
   // REQUIRES: mu_ held. Appends an event (persisted).
   void Event(const std::string& job_id, const std::string& text);
   // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.

@@ -62,13 +62,10 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
       errors.push_back(absl::StrCat("schedule: ", kind.status().message()));
     }
   }
-  if (s.has_stages() && s.stage_ranges_size() > 0 && s.stages() != s.stage_ranges_size()) {
-    errors.push_back(absl::StrCat("stages: ", s.stages(), " stages but ", s.stage_ranges_size(),
-                                  " stage_ranges"));
-  }
-  Copy(s.has_stages(), s.stages(), &c.stages);
+  // Explicit ranges fix the depth unless `stages` says otherwise (ValidateJobConfig then
+  // reports the mismatch).
   for (const v1::LayerRange& r : s.stage_ranges()) c.stage_ranges.push_back({r.begin(), r.end()});
-  if (!c.stage_ranges.empty()) c.stages = static_cast<int>(c.stage_ranges.size());
+  c.stages = s.has_stages() ? s.stages() : job::PipelineStages(c);
   Copy(s.has_replicas(), s.replicas(), &c.replicas);
   Copy(s.has_overlap_allreduce(), s.overlap_allreduce(), &c.overlap_allreduce);
   Copy(s.has_bucket_kib(), s.bucket_kib(), &c.bucket_kib);
@@ -87,10 +84,11 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
     }
   }
   if (s.has_dtype()) {
-    if (s.dtype() == "float64" || s.dtype() == "double") {
-      c.float64 = true;
-    } else if (s.dtype() != "float32" && s.dtype() != "float") {
-      errors.push_back(absl::StrCat("dtype: expected float32 or float64, got '", s.dtype(), "'"));
+    absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(s.dtype());
+    if (f64.ok()) {
+      c.float64 = *f64;
+    } else {
+      errors.push_back(absl::StrCat("dtype: ", f64.status().message()));
     }
   }
   if (s.has_weights_dir() && s.weights_dir().empty()) {

@@ -2,14 +2,15 @@
 
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
+#include <functional>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "proto/job_spec.h"
-#include "runtime/base/clock.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -20,6 +21,58 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() +
          std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
+
+// Sends a stage's step reports to the coordinator from a thread of its own, in order, so
+// that the stage never waits for an RPC (a slow or absent coordinator must not stall the
+// pipeline). `on_stop` runs when the coordinator answers that the job no longer runs.
+class StepReporter {
+ public:
+  StepReporter(std::shared_ptr<v1::CoordinatorService::Stub> coordinator,
+               std::function<void()> on_stop)
+      : coordinator_(std::move(coordinator)), on_stop_(std::move(on_stop)),
+        thread_([this] { Loop(); }) {}
+  // Sends what is queued (each report gets 5 s), then stops.
+  ~StepReporter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Add(v1::StepReport report) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(report));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      v1::StepReport report = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(absl::Seconds(5)));
+      v1::ReportResponse response;
+      if (coordinator_->ReportStep(&ctx, report, &response).ok() && response.stop()) on_stop_();
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
+  std::function<void()> on_stop_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::StepReport> queue_;
+  bool closing_ = false;
+  std::thread thread_;  // last: starts once the rest is ready
+};
 
 }  // namespace
 
@@ -165,6 +218,10 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       std::lock_guard<std::mutex> lock(mu_);
       transport_ = nullptr;
     };
+    StepReporter reporter(coordinator_, [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      AbortStage("the coordinator ended the job");
+    });
     hooks.on_step = [&](const executor::StepRecord& step) {
       v1::StepReport report;
       report.set_worker_id(worker_id);
@@ -176,14 +233,9 @@ void Worker::RunAssignment(v1::StageAssignment a) {
         report.set_loss(*step.mean_loss);
       }
       report.set_end_s(step.end_s);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(5)));
-      v1::ReportResponse response;
-      grpc::Status s = coordinator_->ReportStep(&ctx, report, &response);
-      if (s.ok() && response.stop()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        AbortStage("the coordinator ended the job");
-      }
+      report.set_compute_s(step.compute_s);
+      report.set_wait_s(step.wait_s);
+      reporter.Add(std::move(report));
     };
     absl::StatusOr<job::StageOutcome> outcome =
         job::RunStage(*config, a.rank(), shared_store, hooks);

@@ -126,6 +126,8 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       step.end_s = MonotonicSeconds();
       step.allreduce_s = step_allreduce_s_;
       step.last_backward_end_s = last_backward_end_s_;
+      step.compute_s = stats_.compute_s;
+      step.wait_s = stats_.wait_s;
       stats_.allreduce_s += step_allreduce_s_;
       step_allreduce_s_ = 0;
       if (is_last_) {

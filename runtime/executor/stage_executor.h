@@ -86,6 +86,10 @@ struct StepRecord {
   // When the computation of the step's last backward ended on this stage (before any wait
   // for an overlapped AllReduce).
   double last_backward_end_s = 0;
+  // This stage's totals from its start to this step's update: time computing and time
+  // waiting for peers (as in StageStats).
+  double compute_s = 0;
+  double wait_s = 0;
 };
 
 struct StageStats {

@@ -201,6 +201,18 @@ std::string FormatRecompute(const RecomputeConfig& c) {
   return "none";
 }
 
+int PipelineStages(const JobConfig& config) {
+  return config.stage_ranges.empty() ? config.stages
+                                     : static_cast<int>(config.stage_ranges.size());
+}
+
+absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text) {
+  if (text == "float64" || text == "double") return true;
+  if (text == "float32" || text == "float") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected float32 or float64, got '", text, "'"));
+}
+
 std::string EffectiveDataKind(const JobConfig& config) {
   if (!config.data.kind.empty()) return config.data.kind;
   return (config.model.name == "mlp" || config.model.name == "cnn") ? "classification"
@@ -342,10 +354,10 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
     errors.push_back(std::string(rc.status().message()));
   }
   r.Read(root, "", "dtype", &dtype);
-  if (dtype == "float64" || dtype == "double") {
-    job.float64 = true;
-  } else if (dtype != "float32" && dtype != "float") {
-    errors.push_back(absl::StrCat("dtype: expected float32 or float64, got '", dtype, "'"));
+  if (absl::StatusOr<bool> f64 = ParseFloat64Dtype(dtype); f64.ok()) {
+    job.float64 = *f64;
+  } else {
+    errors.push_back(absl::StrCat("dtype: ", f64.status().message()));
   }
   if (!errors.empty()) return InvalidArgumentList("invalid job", errors);
   if (absl::Status s = ValidateJobConfig(job); !s.ok()) return s;

@@ -70,6 +70,12 @@ struct JobConfig {
 // the runner (ValidatePartition), which names the layers.
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// The pipeline depth p: the number of explicit stage ranges, else `stages`.
+int PipelineStages(const JobConfig& config);
+
+// "float32"/"float" -> false, "float64"/"double" -> true; anything else InvalidArgument.
+absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text);
+
 // The data kind after applying the default for the model.
 std::string EffectiveDataKind(const JobConfig& config);
 

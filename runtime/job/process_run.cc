@@ -76,8 +76,8 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
     }
     return status;
   };
-  const int stages = c.stage_ranges.empty() ? c.stages : static_cast<int>(c.stage_ranges.size());
-  const int stage = args.rank % std::max(1, stages), replica = args.rank / std::max(1, stages);
+  const int stages = std::max(1, PipelineStages(c));
+  const int stage = args.rank % stages, replica = args.rank / stages;
   StageRunHooks hooks;
   hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
     if (step.mean_loss) {

@@ -162,7 +162,12 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
   const auto job = nlohmann::json::parse(status.out);
   EXPECT_EQ(job.at("state"), "JOB_STATE_SUCCEEDED");
   EXPECT_EQ(job.at("step"), "5");  // int64 is a string in proto3 JSON
-  EXPECT_EQ(job.at("stage_status").size(), 4u);
+  ASSERT_EQ(job.at("stage_status").size(), 4u);
+  for (const auto& stage : job.at("stage_status")) {
+    EXPECT_EQ(stage.at("state"), "done");
+    EXPECT_EQ(stage.at("step"), "5");
+    EXPECT_GT(stage.value("compute_s", 0.0), 0.0) << stage.dump();  // reported with each step
+  }
 
   // The same spec without daemons, stages as threads of one process.
   const fs::path reference = dir_ / "reference.pt";
