@@ -20,12 +20,14 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
                              transport::Transport* transport,
                              std::function<void(const StepRecord&)> on_step)
     : config_(std::move(config)),
+      actions_(config_.actions),
+      schedule_(config_.schedule),
       weights_(weights),
       transport_(transport),
       on_step_(std::move(on_step)),
       is_first_(config_.stage == 0),
       is_last_(config_.stage == config_.num_stages - 1) {
-  stats_.records.reserve(config_.actions.size());
+  stats_.records.reserve(actions_.size());
   if (config_.replicas > 1) {
     weights_->set_gradient_hook([this](int64_t t, std::vector<at::Tensor>& grads) {
       if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
@@ -49,7 +51,8 @@ absl::Status StageExecutor::Run() {
     return absl::InvalidArgumentError("the last stage has no targets");
   }
   NoteLiveVersions();
-  for (const Action& action : config_.actions) {
+  for (next_ = 0; next_ < actions_.size(); ++next_) {
+    const Action action = actions_[next_];  // step commands may rewrite what follows
     ActionRecord record;
     record.action = action;
     record.start_s = MonotonicSeconds();
@@ -96,7 +99,11 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
                                                 config_.expected_input, record));
       if (x.is_floating_point()) x.requires_grad_(true);
       received_activations_[j] = std::move(x);
-      return absl::OkStatus();
+      if (!CarriesBoundary(j)) return absl::OkStatus();
+      const int64_t t = j / config_.micro_batches;
+      PT_ASSIGN_OR_RETURN(at::Tensor c, Receive(config_.stage - 1, MessageKind::kControl, t,
+                                                {{1}, at::kLong}, record));
+      return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
     }
     case ActionKind::kRecvGradient: {
       PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(config_.stage + 1, MessageKind::kGradient, j,
@@ -107,8 +114,14 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
     case ActionKind::kSendActivation: {
       auto it = stash_.find(j);
       if (it == stash_.end()) return absl::InternalError("no output to send: F not run");
-      return transport_->Send(config_.stage + 1, MessageKind::kActivation, j,
-                              it->second.output.detach());
+      PT_RETURN_IF_ERROR(transport_->Send(config_.stage + 1, MessageKind::kActivation, j,
+                                          it->second.output.detach()));
+      if (!CarriesBoundary(j)) return absl::OkStatus();
+      const int64_t t = j / config_.micro_batches;
+      const at::Tensor commands =
+          at::full({1}, static_cast<int64_t>(boundary_commands_[t + 1]),
+                   at::TensorOptions().dtype(at::kLong).device(it->second.output.device()));
+      return transport_->Send(config_.stage + 1, MessageKind::kControl, t, commands);
     }
     case ActionKind::kSendGradient: {
       auto it = input_gradients_.find(j);
@@ -134,8 +147,12 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
         step.mean_loss = step_loss_sum_[j] / config_.micro_batches;
         step_loss_sum_.erase(j);
       }
+      if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
+        step.commands_after = c->second;
+      }
       stats_.steps.push_back(step);
       NoteLiveVersions();
+      if (is_first_ && j + 2 < schedule_.steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
       if (on_step_) on_step_(step);
       return absl::OkStatus();
     }
@@ -313,6 +330,59 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
         transport::SpecOf(*got).ToString()));
   }
   return got;
+}
+
+bool StageExecutor::CarriesBoundary(int64_t j) const {
+  const int m = config_.micro_batches;
+  return j % m == m - 1 && j / m + 1 < config_.schedule.steps;
+}
+
+absl::Status StageExecutor::SealBoundary(int64_t n) {
+  uint32_t commands = config_.commands ? config_.commands->Seal(n) : 0;
+  if (config_.replicas > 1) {
+    // OR across the stage-0 ranks: a bit set anywhere has a mean above 0.
+    const std::vector<at::Tensor> params = weights_->Newest().Parameters();
+    const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
+    std::vector<at::Tensor> bits = {
+        at::zeros({4}, at::TensorOptions().dtype(at::kFloat).device(device))};
+    for (int b = 0; b < 4; ++b) {
+      if (commands & (1u << b)) bits[0][b] = 1.0;
+    }
+    PT_RETURN_IF_ERROR(transport_->AllReduceMean(bits, absl::Now() + config_.recv_timeout));
+    const at::Tensor mean = bits[0].cpu();
+    commands = 0;
+    for (int b = 0; b < 4; ++b) {
+      if (mean[b].item<float>() > 0) commands |= 1u << b;
+    }
+  }
+  return ApplyBoundary(n, commands);
+}
+
+absl::Status StageExecutor::ApplyBoundary(int64_t n, uint32_t commands) {
+  if ((commands & ~control::kAllStepCommands) != 0) {
+    return absl::DataLossError(absl::StrCat("unknown step command bits ", commands,
+                                            " for the boundary before step ", n));
+  }
+  boundary_commands_[n] = commands;
+  if (!control::DrainsPipeline(commands)) return absl::OkStatus();
+  if (commands & control::kStop) {
+    schedule_.steps = static_cast<int>(n);
+  } else {
+    schedule_.flush_before.push_back(n);
+  }
+  PT_ASSIGN_OR_RETURN(std::vector<Action> rebuilt,
+                      schedule::BuildStageSchedule(schedule_, config_.stage));
+  for (size_t i = 0; i <= next_; ++i) {
+    if (i >= rebuilt.size() || rebuilt[i] != actions_[i]) {
+      return absl::InternalError(absl::StrCat(
+          "the ", control::StepCommandsName(commands), " before step ", n,
+          " reached this stage after it ran action ", i, " (",
+          schedule::ToString(actions_[i]), "), which the command changes"));
+    }
+  }
+  actions_ = std::move(rebuilt);
+  if (control::SwitchesToNewest(commands)) PT_RETURN_IF_ERROR(weights_->UseNewestFrom(n));
+  return absl::OkStatus();
 }
 
 void StageExecutor::NoteLiveVersions() {

@@ -15,6 +15,14 @@
 // stashed micro-batches (forward done, backward not yet), peak live weight versions
 // (versions used by stashed micro-batches plus the newest), the version used by every F/B,
 // and the gradient AllReduce time of every step.
+//
+// Step commands (runtime/control/step_commands.h): stage 0 seals boundary t+2 right after its
+// update of mini-batch t (and, with replicas, ORs what the stage-0 ranks sealed in a small
+// AllReduce); every stage passes boundary t+1's commands to the next stage as a control
+// message sent right after the activation of micro-batch (t+1)*m - 1 and received right
+// after it. A stage that learns of commands rebuilds the rest of its action list from
+// `schedule` (drain before the boundary; end there for a stop) and, for a switch, tells its
+// weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 
@@ -30,7 +38,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/control/step_commands.h"
 #include "runtime/schedule/action.h"
+#include "runtime/schedule/schedule.h"
 #include "runtime/transport/transport.h"
 #include "runtime/weights/weight_store.h"
 
@@ -51,6 +61,10 @@ struct StageConfig {
   int64_t bucket_bytes = 256 << 10;
   uint64_t seed = 0;
   std::vector<schedule::Action> actions;
+  // The parameters `actions` were built from: rebuilt from them when step commands arrive.
+  schedule::ScheduleParams schedule;
+  // Stage 0 of replica 0: where the host puts step commands (may be null: none).
+  control::StepCommandQueue* commands = nullptr;
   absl::Duration recv_timeout = absl::Seconds(120);
   MicroBatchTensorSource inputs;   // required on stage 0
   MicroBatchTensorSource targets;  // required on the last stage
@@ -90,6 +104,9 @@ struct StepRecord {
   // waiting for peers (as in StageStats).
   double compute_s = 0;
   double wait_s = 0;
+  // Step commands (control::StepCommand bits) that took effect at the boundary right after
+  // this step, on this stage.
+  uint32_t commands_after = 0;
 };
 
 struct StageStats {
@@ -135,9 +152,20 @@ class StageExecutor {
                                      const transport::TensorSpec& expected,
                                      ActionRecord& record);
   void NoteLiveVersions();
+  // The step commands of boundary n are known: apply them to the rest of the schedule.
+  absl::Status ApplyBoundary(int64_t n, uint32_t commands);
+  // Stage 0, after its update of mini-batch n-2: closes boundary n (see the file comment).
+  absl::Status SealBoundary(int64_t n);
+  // Whether micro-batch j is the last of a mini-batch followed by a boundary of the job as
+  // submitted (so its activation carries that boundary's commands downstream).
+  bool CarriesBoundary(int64_t j) const;
   std::string Where(const schedule::Action& action) const;
 
   StageConfig config_;
+  std::vector<schedule::Action> actions_;  // what is left to run changes with step commands
+  size_t next_ = 0;                        // index in actions_ of the running action
+  schedule::ScheduleParams schedule_;      // config_.schedule plus the commands applied
+  std::map<int64_t, uint32_t> boundary_commands_;
   weights::WeightStore* weights_;
   transport::Transport* transport_;
   std::function<void(const StepRecord&)> on_step_;

@@ -37,6 +37,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   for (int r = 0; r < w; ++r) {
     for (int s = 0; s < p; ++s) {
       PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s));
+      if (s == 0 && r == 0) parts.config.commands = options.commands.get();
       transports.push_back(transport::MakeInProcessTransport(hub, s, r, w));
       if (options.wrap_transport) {
         transports.back() = options.wrap_transport(std::move(transports.back()), s);
@@ -75,7 +76,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   return AssembleReport(c, plan, std::move(outcomes), start_s);
 }
 
-absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c) {
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
+                                                       const std::vector<int64_t>& switch_at) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   SetIntraOpThreads(AvailableCores());
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
@@ -104,6 +106,9 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c) {
   }
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
+      if (two_bw && std::count(switch_at.begin(), switch_at.end(), t) > 0) {
+        previous->CopyWeightsFrom(current);  // mini-batch t runs on W(t), not W(t-1)
+      }
       // The whole global batch: every replica's shard, micro-batch by micro-batch.
       for (const auto& reader : readers) {
         for (int i = 0; i < c.micro_batches; ++i) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/control/step_commands.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/report.h"
 #include "runtime/transport/transport.h"
@@ -30,6 +32,9 @@ struct RunOptions {
   std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>,
                                                       int stage)>
       wrap_transport;
+  // Step commands for the run (runtime/control), read by stage 0 of replica 0; may be filled
+  // before the run or while it runs.
+  std::shared_ptr<control::StepCommandQueue> commands;
 };
 
 // Validates the job fully (including the partition against the model's layers) and runs it.
@@ -38,9 +43,11 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& config, const RunOptions
 
 // Trains the same model as one stage, micro-batch by micro-batch (loss scaled by 1/m),
 // with torch::optim::SGD/AdamW; for 2BW with the delayed update
-// W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0). Returns the final parameters in layer
-// order. Float64 when the job says so.
-absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config);
+// W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0), and for each weight-version switch at
+// boundary N in `switch_at`, mini-batch N's gradient taken on W(N) (the rule restarts
+// there). Returns the final parameters in layer order. Float64 when the job says so.
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config,
+                                                       const std::vector<int64_t>& switch_at = {});
 
 // max over tensors of ||a - b|| / ||b|| (b: the reference); 0/0 counts as 0.
 double MaxRelativeDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);

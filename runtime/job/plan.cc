@@ -75,7 +75,15 @@ std::vector<std::string> JobPlan::layer_names() const {
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   PT_RETURN_IF_ERROR(ValidateJobConfig(c));
   JobPlan plan;
-  PT_ASSIGN_OR_RETURN(plan.dataset, MakeDataset(c));
+  absl::StatusOr<std::unique_ptr<data::Dataset>> dataset = MakeDataset(c);
+  if (!dataset.ok()) {  // a data file that cannot be read: the field that names it
+    const std::string kind = EffectiveDataKind(c);
+    return (kind == "bytes" || kind == "uint16")
+               ? absl::Status(dataset.status().code(),
+                              absl::StrCat("data.path: ", dataset.status().message()))
+               : dataset.status();
+  }
+  plan.dataset = *std::move(dataset);
   plan.model_config = c.model;
   plan.model_config.seed = c.seed;
   plan.model_config.float64 = c.float64;
@@ -167,8 +175,8 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.bucket_bytes = c.bucket_kib * 1024;
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
-  PT_ASSIGN_OR_RETURN(sc.actions,
-                      schedule::BuildStageSchedule({c.schedule, p, c.micro_batches, c.steps}, s));
+  sc.schedule = {c.schedule, p, c.micro_batches, c.steps};
+  PT_ASSIGN_OR_RETURN(sc.actions, schedule::BuildStageSchedule(sc.schedule, s));
   if (s == 0) {
     sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };
   }

@@ -102,8 +102,18 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   MicroBatchReader reader(plan, c.micro_batches, replica);
   PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage));
   if (hooks.on_transport) hooks.on_transport(transport.get());
-  executor::StageExecutor executor(parts.config, parts.weights.get(), transport.get(),
-                                   hooks.on_step);
+  if (rank == 0) parts.config.commands = hooks.commands.get();
+  weights::WeightStore* weights = parts.weights.get();
+  auto on_step = [&hooks, weights](const executor::StepRecord& step) {
+    if ((step.commands_after & control::kCheckpoint) && hooks.on_checkpoint) {
+      StageOutcome outcome;
+      outcome.parameters = DetachedParameters(*weights);
+      outcome.buffers = DetachedBuffers(*weights);
+      hooks.on_checkpoint(step.step + 1, outcome);
+    }
+    if (hooks.on_step) hooks.on_step(step);
+  };
+  executor::StageExecutor executor(parts.config, weights, transport.get(), on_step);
   absl::Status ran = executor.Run();
   if (hooks.on_transport_gone) hooks.on_transport_gone();
   PT_RETURN_IF_ERROR(ran);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/report.h"
@@ -29,6 +30,11 @@ struct StageRunHooks {
   // Called when the stage's thread leaves the transport (before it is destroyed).
   std::function<void()> on_transport_gone;
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
+  // Rank 0 only: where step commands for the job arrive (runtime/control).
+  std::shared_ptr<control::StepCommandQueue> commands;
+  // Called on the stage's thread at a checkpoint boundary (before mini-batch `step`) with
+  // the stage's weights W(step), the one version it holds there.
+  std::function<void(int64_t step, const StageOutcome&)> on_checkpoint;
 };
 
 // rank = replica * stages + stage. Sets the intra-op thread count for the stage.

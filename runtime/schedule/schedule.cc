@@ -110,6 +110,12 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
   if (params.steps < 1) {
     errors.push_back(absl::StrCat("steps must be >= 1: got steps=", params.steps));
   }
+  for (int64_t n : params.flush_before) {
+    if (n <= 0 || n >= params.steps) {
+      errors.push_back(absl::StrCat("flush_before ", n, " is not a boundary: 0 < N < steps=",
+                                    params.steps));
+    }
+  }
   if (params.kind == ScheduleKind::kTwoBW && params.micro_batches < params.stages) {
     errors.push_back(absl::StrCat("2bw needs micro_batches >= stages: got m=", params.micro_batches,
                                   " < p=", params.stages));
@@ -141,9 +147,18 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
         AppendOneFOneB(p, stage, m, t * m, m, &out);
       }
       break;
-    case ScheduleKind::kTwoBW:
-      AppendOneFOneB(p, stage, m, 0, static_cast<int64_t>(params.steps) * m, &out);
+    case ScheduleKind::kTwoBW: {
+      std::vector<int64_t> cuts = params.flush_before;
+      cuts.push_back(params.steps);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      int64_t begin = 0;
+      for (int64_t end : cuts) {
+        AppendOneFOneB(p, stage, m, begin * m, (end - begin) * m, &out);
+        begin = end;
+      }
       break;
+    }
   }
   return out;
 }

@@ -17,9 +17,14 @@
 //               and stage s holds at most p-s.
 //   kTwoBW    : PipeDream-2BW. One continuous 1F1B over steps*m micro-batches with no flush;
 //               warm-up min(p-s-1, steps*m) forwards; STEP<t> right after the stage's last
-//               backward of mini-batch t. Requires m >= p.
+//               backward of mini-batch t. Requires m >= p. With `flush_before` = {N, ...},
+//               the 1F1B runs piecewise: mini-batches [0, N) drain completely (as one
+//               2BW job of N steps would end) before mini-batch N starts with a fresh
+//               warm-up. Until the last micro-batch of mini-batch N-1 the lists are
+//               identical to those without the flush.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,10 +48,13 @@ struct ScheduleParams {
   int stages = 1;         // p >= 1
   int micro_batches = 1;  // m >= 1 per step per pipeline
   int steps = 1;          // mini-batches covered by the generated lists, >= 1
+  // Boundaries (0 < N < steps) where the pipeline drains before mini-batch N starts (step
+  // commands, runtime/control). GPipe and 1F1B drain at every boundary anyway.
+  std::vector<int64_t> flush_before = {};
 };
 
-// All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1, and for
-// kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
+// All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1, a
+// flush_before boundary outside (0, steps), and for kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
 absl::Status ValidateScheduleParams(const ScheduleParams& params);
 
 // The action list of stage `stage` (0 <= stage < p).

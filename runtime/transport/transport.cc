@@ -26,7 +26,15 @@ std::unique_ptr<Transport::PendingReduction> Transport::StartAllReduceMean(
 }
 
 const char* MessageKindName(MessageKind kind) {
-  return kind == MessageKind::kActivation ? "activation" : "gradient";
+  switch (kind) {
+    case MessageKind::kActivation:
+      return "activation";
+    case MessageKind::kGradient:
+      return "gradient";
+    case MessageKind::kControl:
+      return "control message";
+  }
+  return "message";
 }
 
 std::string TensorSpec::ToString() const {

@@ -24,9 +24,11 @@
 
 namespace pipetrain::transport {
 
-enum class MessageKind { kActivation, kGradient };
+// Activations flow to the next stage, gradients to the previous one; control messages (the
+// step commands of a boundary, runtime/control) flow like activations, indexed by step.
+enum class MessageKind { kActivation, kGradient, kControl };
 
-// "activation" / "gradient".
+// "activation" / "gradient" / "control".
 const char* MessageKindName(MessageKind kind);
 
 class Transport {

@@ -1,6 +1,9 @@
 #include "runtime/weights/weight_store.h"
 
+#include <algorithm>
 #include <array>
+#include <iterator>
+#include <set>
 
 #include <ATen/ATen.h>
 
@@ -50,14 +53,24 @@ class DoubleBufferedWeights : public WeightStore {
   }
 
   int64_t VersionFor(int64_t micro_batch) const override {
-    return schedule::TwoBWVersionForMicroBatch(micro_batch, micro_batches_);
+    return VersionForMiniBatch(micro_batch / micro_batches_);
+  }
+
+  absl::Status UseNewestFrom(int64_t mini_batch) override {
+    if (!switches_.empty() && mini_batch <= *switches_.rbegin()) {
+      return absl::InternalError(absl::StrCat("weight-version switch at mini-batch ", mini_batch,
+                                              " after one at ", *switches_.rbegin(),
+                                              ": switches must come in increasing order"));
+    }
+    switches_.insert(mini_batch);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) override {
     return Holding(VersionFor(micro_batch), absl::StrCat("micro-batch ", micro_batch));
   }
 
-  // W(t+1) = W(t) - step(g_t), g_t accumulated on W(max(t-1, 0)).
+  // W(t+1) = W(t) - step(g_t), g_t accumulated on W(VersionForMiniBatch(t)).
   absl::Status Update(int64_t t) override {
     if (t != newest_) {
       return absl::InternalError(absl::StrCat("2BW update for mini-batch ", t,
@@ -65,14 +78,15 @@ class DoubleBufferedWeights : public WeightStore {
                                               ": updates must come once per mini-batch, in order"));
     }
     PT_ASSIGN_OR_RETURN(model::StageModule * grad_source,
-                        Holding(t > 0 ? t - 1 : 0, absl::StrCat("update ", t)));
+                        Holding(VersionForMiniBatch(t), absl::StrCat("update ", t)));
     PT_ASSIGN_OR_RETURN(model::StageModule * base, Holding(t, absl::StrCat("update ", t)));
     std::vector<at::Tensor> grads = GradientsOf(grad_source->Parameters());
     if (hook_) PT_RETURN_IF_ERROR(hook_(t, grads));
     const int target_slot = static_cast<int>((t + 1) % 2);
     model::StageModule& target = *buffers_[target_slot];
-    // For t >= 1 the target buffer is the gradient source: its gradients were read above,
-    // and copying weights leaves gradient tensors alone.
+    // For t >= 1 the target buffer is usually the gradient source: its gradients were read
+    // above, and copying weights leaves gradient tensors alone. Right after a switch the
+    // gradient source is `base`, and the target (W(t-1)) is no longer used by anyone.
     target.CopyWeightsFrom(*base);
     optimizer_->Step(target.Parameters(), grads);
     target.FinishMiniBatch(t);
@@ -96,8 +110,17 @@ class DoubleBufferedWeights : public WeightStore {
     return buffers_[slot].get();
   }
 
+  // max(t-1, 0), or the latest switch at or before t if that is later.
+  int64_t VersionForMiniBatch(int64_t t) const {
+    const int64_t stale = schedule::TwoBWVersionForMicroBatch(t * micro_batches_, micro_batches_);
+    auto after = switches_.upper_bound(t);
+    return after == switches_.begin() ? stale : std::max(stale, *std::prev(after));
+  }
+
   std::array<std::unique_ptr<model::StageModule>, 2> buffers_;
   std::array<int64_t, 2> held_;
+  // Boundaries of weight-version switches: mini-batch t uses at least the latest one <= t.
+  std::set<int64_t> switches_;
   std::unique_ptr<Optimizer> optimizer_;
   int micro_batches_;
   int64_t newest_ = 0;

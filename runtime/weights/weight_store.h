@@ -7,6 +7,8 @@
 // of mini-batch t, computes W(t+1) = W(t) - step(grad of mini-batch t, which was
 // accumulated on W(t-1)) into the buffer that held W(t-1). A request for a version that is
 // no longer held is an Internal error, never a silent use of the wrong weights.
+// UseNewestFrom(N) (a weight-version switch at a drained boundary, runtime/control) restarts
+// the rule at N: from mini-batch N on, micro-batch j runs on version max(floor(j/m)-1, N).
 // Not thread-safe: owned and used by one stage thread.
 #pragma once
 
@@ -39,6 +41,10 @@ class WeightStore {
   virtual const model::StageModule& Newest() const = 0;
   // Number of the newest version (0 before any update).
   virtual int64_t newest_version() const = 0;
+  // From mini-batch `mini_batch` on, run on the newest weights at that boundary instead of
+  // the previous version (2BW); the caller drains the pipeline there first. Must come before
+  // any forward of that mini-batch, in increasing order. One version: nothing to do.
+  virtual absl::Status UseNewestFrom(int64_t /*mini_batch*/) { return absl::OkStatus(); }
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
 
  protected:

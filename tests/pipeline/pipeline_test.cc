@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/control/step_commands.h"
 #include "runtime/data/dataset.h"
 #include "runtime/job/local_run.h"
 #include "runtime/schedule/schedule.h"
@@ -209,6 +210,85 @@ TEST(TwoBW, MatchesDelayedUpdateAndVersionFormula) {
         }
       }
       EXPECT_EQ(checked, 2 * stages * m * c.steps);
+    }
+  }
+}
+
+// Step commands (runtime/control) queued for a 2BW job, with and without replicas. A flush
+// only changes timing: parameters bitwise equal to the plain run, and no stage starts
+// mini-batch N before its update of N-1. A weight-version switch restarts the version rule
+// at N (the reference does the same by hand). A stop gives the result of an N-step job.
+// Every stage's step record names the commands at the boundary after it.
+TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
+  for (int replicas : {1, 2}) {
+    JobConfig c = TinyGpt(ScheduleKind::kTwoBW, 3, 4);
+    c.steps = 8;
+    c.replicas = replicas;
+    SCOPED_TRACE(::testing::Message() << "w=" << replicas);
+    const JobReport plain = MustRun(c);
+    auto run_with = [&](std::vector<std::pair<control::StepCommand, int64_t>> commands) {
+      RunOptions options;
+      options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+      for (auto [command, step] : commands) {
+        absl::StatusOr<int64_t> at = options.commands->Schedule(command, step);
+        EXPECT_TRUE(at.ok()) << at.status();
+      }
+      auto report = RunInProcess(c, options);
+      EXPECT_TRUE(report.ok()) << report.status();
+      return report.ok() ? *std::move(report) : JobReport{};
+    };
+    auto commands_after = [](const executor::StageStats& stats, int64_t step) {
+      for (const auto& r : stats.steps) {
+        if (r.step == step) return r.commands_after;
+      }
+      return ~0u;
+    };
+
+    // Flush before step 3.
+    const JobReport flushed = run_with({{control::kFlush, 3}});
+    EXPECT_TRUE(BitwiseEqual(flushed.final_parameters, plain.final_parameters));
+    for (const auto& stats : flushed.stage_stats) {
+      EXPECT_EQ(commands_after(stats, 2), control::kFlush);
+      EXPECT_EQ(commands_after(stats, 3), 0u);
+      bool updated = false;
+      for (const auto& r : stats.records) {
+        if (r.action.kind == ActionKind::kOptimizerStep && r.action.index == 2) updated = true;
+        if (r.action.kind == ActionKind::kForward && r.action.index / c.micro_batches == 3) {
+          EXPECT_TRUE(updated) << "F" << r.action.index << " before STEP2";
+        }
+      }
+    }
+
+    // Weight-version switches before steps 3 and 4 (back to back) and 6.
+    const JobReport switched = run_with(
+        {{control::kSwitchVersion, 3}, {control::kSwitchVersion, 4}, {control::kSwitchVersion, 6}});
+    auto reference = TrainReference(c, {3, 4, 6});
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    EXPECT_LE(MaxRelativeDifference(switched.final_parameters, *reference), 1e-10);
+    EXPECT_GT(MaxRelativeDifference(plain.final_parameters, *reference), 1e-6);
+    for (const auto& stats : switched.stage_stats) {
+      EXPECT_EQ(commands_after(stats, 2), control::kSwitchVersion);
+      EXPECT_EQ(commands_after(stats, 5), control::kSwitchVersion);
+      EXPECT_LE(stats.peak_weight_versions, 2);
+      for (const auto& r : stats.records) {
+        if (r.action.kind != ActionKind::kForward && r.action.kind != ActionKind::kBackward) {
+          continue;
+        }
+        const int64_t t = r.action.index / c.micro_batches;
+        const int64_t newest_from = t >= 6 ? 6 : t >= 4 ? 4 : t >= 3 ? 3 : 0;
+        EXPECT_EQ(r.version, std::max<int64_t>({t - 1, newest_from, 0}))
+            << schedule::ToString(r.action);
+      }
+    }
+
+    // Stop before step 5: the result of a 5-step job.
+    const JobReport stopped = run_with({{control::kStop, 5}});
+    JobConfig five = c;
+    five.steps = 5;
+    EXPECT_TRUE(BitwiseEqual(stopped.final_parameters, MustRun(five).final_parameters));
+    for (const auto& stats : stopped.stage_stats) {
+      ASSERT_EQ(stats.steps.size(), 5u);
+      EXPECT_EQ(stats.steps.back().commands_after, control::kStop);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/schedule/action.h"
+#include "runtime/schedule/simulator.h"
 
 namespace pipetrain::schedule {
 namespace {
@@ -282,6 +283,73 @@ TEST(TwoBWTest, ContinuousAcrossSteps) {
             "F0 SEND_ACT0 F1 SEND_ACT1 F2 SEND_ACT2 RECV_GRAD0 B0 F3 SEND_ACT3 RECV_GRAD1 B1 "
             "F4 SEND_ACT4 RECV_GRAD2 B2 STEP0 F5 SEND_ACT5 RECV_GRAD3 B3 RECV_GRAD4 B4 "
             "RECV_GRAD5 B5 STEP1");
+}
+
+// A 2BW list with the micro-batch and step numbers moved up by `steps` mini-batches.
+std::vector<Action> Shifted(std::vector<Action> list, int64_t steps, int m) {
+  for (Action& a : list) a.index += a.kind == ActionKind::kOptimizerStep ? steps : steps * m;
+  return list;
+}
+
+size_t IndexOf(const std::vector<Action>& list, const Action& action) {
+  return static_cast<size_t>(std::find(list.begin(), list.end(), action) - list.begin());
+}
+
+// A flush before mini-batch N (a step command, runtime/control) makes 2BW run as two jobs
+// back to back, and changes nothing a stage may already have run when it learns of it:
+// stage 0 learns at its STEP<N-2>, stage s > 0 with the activation of micro-batch N*m-1.
+TEST(TwoBWFlushTest, DrainsAtTheBoundaryAndKeepsThePrefixWhereCommandsArrive) {
+  const int steps = 4;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = p; m <= 16; ++m) {
+      const ScheduleParams plain{ScheduleKind::kTwoBW, p, m, steps};
+      for (int64_t n = 1; n < steps; ++n) {
+        ScheduleParams flushed = plain;
+        flushed.flush_before = {n};
+        SCOPED_TRACE(testing::Message() << "p=" << p << " m=" << m << " flush before " << n);
+        absl::StatusOr<std::vector<std::vector<Action>>> lists = BuildSchedule(flushed);
+        ASSERT_TRUE(lists.ok()) << lists.status();
+        absl::StatusOr<SimulationResult> sim = Simulate(*lists, CostModel::Uniform(1.0, 2.0));
+        ASSERT_TRUE(sim.ok()) << sim.status();
+        for (int s = 0; s < p; ++s) {
+          const std::vector<Action> with = (*lists)[s];
+          const std::vector<Action> without = *BuildStageSchedule(plain, s);
+          // Two jobs back to back: steps [0, n), then [n, steps).
+          std::vector<Action> expected = *BuildStageSchedule({ScheduleKind::kTwoBW, p, m,
+                                                              static_cast<int>(n)}, s);
+          const std::vector<Action> rest = Shifted(
+              *BuildStageSchedule({ScheduleKind::kTwoBW, p, m, static_cast<int>(steps - n)}, s),
+              n, m);
+          expected.insert(expected.end(), rest.begin(), rest.end());
+          EXPECT_EQ(FormatActions(with), FormatActions(expected)) << "stage " << s;
+          // Where the commands become known, the lists still agree.
+          size_t common = 0;
+          while (common < with.size() && common < without.size() &&
+                 with[common] == without[common]) {
+            ++common;
+          }
+          const int64_t carrier = n * m - 1;
+          if (s > 0) {
+            EXPECT_LT(IndexOf(without, RecvAct(carrier)), common) << "stage " << s;
+          } else if (n >= 2) {
+            const size_t seal = IndexOf(without, Step(n - 2));
+            EXPECT_LT(seal, common);
+            // ... and the carrying activation leaves stage 0 after it sealed.
+            EXPECT_LT(seal, IndexOf(without, p > 1 ? SendAct(carrier) : F(carrier)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TwoBWFlushTest, BoundaryOutsideTheJobIsAnError) {
+  ScheduleParams params{ScheduleKind::kTwoBW, 2, 2, 3};
+  params.flush_before = {0, 3};
+  absl::Status status = ValidateScheduleParams(params);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("flush_before 0 is not a boundary"));
+  EXPECT_THAT(status.message(), HasSubstr("flush_before 3 is not a boundary"));
 }
 
 }  // namespace

@@ -302,7 +302,8 @@ class NcclTransport : public Transport {
     const int64_t* h = header_host.data_ptr<int64_t>();
     const int64_t ndim = h[3];
     const bool valid = (h[0] == static_cast<int64_t>(MessageKind::kActivation) ||
-                        h[0] == static_cast<int64_t>(MessageKind::kGradient)) &&
+                        h[0] == static_cast<int64_t>(MessageKind::kGradient) ||
+                        h[0] == static_cast<int64_t>(MessageKind::kControl)) &&
                        ndim >= 0 && ndim <= kMaxDims && h[2] >= 0 &&
                        h[2] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
                        NcclTypeOf(static_cast<at::ScalarType>(h[2])).has_value() &&
@@ -418,12 +419,14 @@ class NcclTransport : public Transport {
     return channels_.back().get();
   }
 
-  // The channel that carries `kind` to (sending) or from `peer`: activations flow to the next
-  // stage, gradients to the previous one; in loopback, both to this stage itself.
+  // The channel that carries `kind` to (sending) or from `peer`: activations and control
+  // messages flow to the next stage, gradients to the previous one; in loopback, all to this
+  // stage itself.
   Channel* Link(int peer, MessageKind kind, bool sending) const {
-    const int toward = (kind == MessageKind::kActivation) == sending ? 1 : -1;
+    const bool downstream = kind != MessageKind::kGradient;
+    const int toward = downstream == sending ? 1 : -1;
     if (peer != (options_.loopback ? options_.stage : options_.stage + toward)) return nullptr;
-    if (kind == MessageKind::kActivation) return sending ? activations_out_ : activations_in_;
+    if (downstream) return sending ? activations_out_ : activations_in_;
     return sending ? gradients_out_ : gradients_in_;
   }
 
