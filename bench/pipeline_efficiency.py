@@ -36,7 +36,7 @@ STAGES = (2, 4)
 
 
 def run_once(binary, schedule, stages, m, steps, summary_path):
-    cmd = [binary, "run", "--schedule", schedule, "--stages", str(stages),
+    cmd = [binary, "run", "--launch", "threads", "--schedule", schedule, "--stages", str(stages),
            "--microbatches", str(m), "--steps", str(steps), "--threads-per-stage", "1",
            "--summary", summary_path, "-q"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

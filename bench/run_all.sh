@@ -6,10 +6,14 @@
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
+#   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
+#   7. submit_to_first_step.py    `pipetrain submit` -> first finished step, 4 stages, broken down
+#   8. coordinator_capacity.sh    Heartbeat / ReportStep calls/s and latency of a coordinator
+#   (6-8 only when the build has the daemons, PIPETRAIN_WITH_DAEMONS)
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
-# About 20 minutes on 2 cores, plus the build.
+# About 25 minutes on 2 cores, plus the build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,8 +29,15 @@ if [[ ! -f "${BUILD_DIR}/build.ninja" ]]; then
   echo "configuring ${BUILD_DIR}..." >&2
   cmake -S . -B "${BUILD_DIR}" -G Ninja -DPIPETRAIN_BUILD_TESTS=OFF -DPIPETRAIN_BUILD_BENCH=ON >&2
 fi
-echo "building pipetrain and overhead_bench in ${BUILD_DIR}..." >&2
-ninja -j"${JOBS:-1}" -C "${BUILD_DIR}" pipetrain overhead_bench transport_throughput >&2
+DAEMONS=0
+if grep -q '^PIPETRAIN_WITH_DAEMONS:BOOL=ON' "${BUILD_DIR}/CMakeCache.txt"; then DAEMONS=1; fi
+readonly DAEMONS
+TARGETS=(pipetrain overhead_bench transport_throughput)
+if [[ ${DAEMONS} == 1 ]]; then
+  TARGETS+=(pipetrain-coordinator pipetrain-worker coordinator_capacity)
+fi
+echo "building ${TARGETS[*]} in ${BUILD_DIR}..." >&2
+ninja -j"${JOBS:-1}" -C "${BUILD_DIR}" "${TARGETS[@]}" >&2
 readonly BIN="${BUILD_DIR}/client/pipetrain"
 
 section() { echo; echo "### $1"; echo; }
@@ -63,3 +74,22 @@ section "Data x pipeline parallelism (bench/data_parallel.py)"
 start=${SECONDS}
 "${PY}" bench/data_parallel.py "${BIN}"
 echo >&2 "data_parallel: $((SECONDS - start)) s"
+
+if [[ ${DAEMONS} == 1 ]]; then
+  section "Control plane: step time under the daemons (bench/control_plane_overhead.py)"
+  start=${SECONDS}
+  "${PY}" bench/control_plane_overhead.py --build "${BUILD_DIR}"
+  echo >&2 "control_plane_overhead: $((SECONDS - start)) s"
+
+  section "Control plane: submit to first step (bench/submit_to_first_step.py)"
+  start=${SECONDS}
+  "${PY}" bench/submit_to_first_step.py --build "${BUILD_DIR}"
+  echo >&2 "submit_to_first_step: $((SECONDS - start)) s"
+
+  section "Control plane: coordinator capacity (bench/coordinator_capacity.sh)"
+  start=${SECONDS}
+  bench/coordinator_capacity.sh "${BUILD_DIR}"
+  echo >&2 "coordinator_capacity: $((SECONDS - start)) s"
+else
+  echo >&2 "control-plane benchmarks skipped: ${BUILD_DIR} was built without the daemons"
+fi

@@ -44,7 +44,7 @@ ratio() { "${PY}" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2
 
 run_pipetrain() {  # T
   # --steps STEPS+1: the first step (warm-up) is not in step_time_s.
-  "${BIN}" run --stages 1 --schedule 1f1b --microbatches 1 --microbatch-size 64 \
+  "${BIN}" run --launch threads --stages 1 --schedule 1f1b --microbatches 1 --microbatch-size 64 \
     --threads-per-stage "$1" --steps "$((STEPS + 1))" --summary "${tmp}/summary.json" -q
   json_field "${tmp}/summary.json" step_time_s
 }
