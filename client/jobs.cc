@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "client/spec_yaml.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "proto/rpc_security.h"
 
 namespace pipetrain::client {
 namespace {
@@ -28,6 +29,9 @@ struct Common {
   std::string coordinator;
   std::string output = "table";
   double timeout_s = 10;
+  std::string token_file;
+  rpc::SecurityOptions security;           // the token loaded before the command runs
+  std::shared_ptr<grpc::Channel> channel;  // made then too, with the token and TLS
 };
 
 int ExitFor(const grpc::Status& s) {
@@ -72,9 +76,19 @@ bool Ended(v1::JobState s) {
 
 class Client {
  public:
-  explicit Client(const Common& c) : common_(c) {
-    channel_ = grpc::CreateChannel(c.coordinator, grpc::InsecureChannelCredentials());
+  explicit Client(const Common& c) : common_(c), channel_(c.channel) {
     stub_ = v1::JobService::NewStub(channel_);
+  }
+  // Prints why a call failed, on one line, and returns the exit code.
+  int Fail(const grpc::Status& s, const std::string& what) const {
+    if (ExitFor(s) != 4) return client::Fail(s, what);
+    std::fprintf(stderr,
+                 "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
+                 what.c_str(), common_.coordinator.c_str(), s.error_message().c_str(),
+                 common_.security.token.empty()
+                     ? "--token-file or PIPETRAIN_TOKEN"
+                     : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
+    return 4;
   }
   void Prepare(grpc::ClientContext* ctx, bool streaming = false) const {
     if (!streaming) {
@@ -117,6 +131,33 @@ void PrintJobTable(const v1::Job& job) {
                 s.worker_id().c_str(), static_cast<long long>(s.step() + 1), s.state().c_str(),
                 action.empty() ? "-" : action.c_str(), s.compute_s(), s.wait_s());
   }
+  if (job.state() != v1::JOB_STATE_RUNNING) return;
+  // Stage x replica grid of what each rank does, and whom it waits for: in a stuck job the
+  // arrows show the chain (or cycle) of waits.
+  int waiting = 0;
+  for (const v1::StageStatus& s : job.stage_status()) waiting += !s.waiting_for().empty();
+  if (waiting == 0) return;
+  std::printf("\nwho waits for whom (as of the last heartbeats):\n%-8s", "");
+  for (int r = 0; r < job.replicas(); ++r) std::printf("  %-24s", absl::StrCat("replica ", r).c_str());
+  std::printf("\n");
+  for (int st = 0; st < job.stages(); ++st) {
+    std::printf("%-8s", absl::StrCat("stage ", st).c_str());
+    for (int r = 0; r < job.replicas(); ++r) {
+      const int rank = r * job.stages() + st;
+      std::string cell = "-";
+      if (rank < job.stage_status_size()) {
+        const v1::StageStatus& s = job.stage_status(rank);
+        if (!s.action().empty()) cell = s.action();
+        if (!s.waiting_for().empty()) cell += " -> " + s.waiting_for();
+      }
+      std::printf("  %-24s", cell.c_str());
+    }
+    std::printf("\n");
+  }
+  if (waiting == job.stage_status_size()) {
+    std::printf("every rank is waiting: if this stays so, the job is stuck where the arrows "
+                "meet (each wait ends with an error naming it after timeout_s)\n");
+  }
 }
 
 // Follows a job until it ends: a progress line (a bar on a terminal) on stderr.
@@ -157,8 +198,8 @@ int Follow(Client& client, const std::string& id, bool json) {
   }
   if (tty && !json) std::fprintf(stderr, "\n");
   grpc::Status s = reader->Finish();
-  if (!have) return Fail(s, absl::StrCat("following ", id));
-  if (!Ended(job.state())) return Fail(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s, absl::StrCat("following ", id));
+  if (!have) return client.Fail(s, absl::StrCat("following ", id));
+  if (!Ended(job.state())) return client.Fail(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s, absl::StrCat("following ", id));
   if (!json) {
     std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
                 job.message().empty() ? "" : ": ", job.message().c_str());
@@ -167,6 +208,44 @@ int Follow(Client& client, const std::string& id, bool json) {
 }
 
 }  // namespace
+
+namespace {
+// The channel of `pipetrain run`'s own calls: plaintext loopback, sending $PIPETRAIN_TOKEN if
+// it is set (the daemons it starts inherit it, and then ask for it).
+std::shared_ptr<grpc::Channel> LocalClusterChannel(const std::string& address) {
+  rpc::SecurityOptions security;
+  security.token = rpc::LoadToken("").value_or("");
+  auto channel = rpc::MakeChannel(address, security);
+  return channel.ok() ? *channel : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+}  // namespace
+
+int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job) {
+  Common common;
+  common.coordinator = address;
+  common.channel = LocalClusterChannel(address);
+  Client client(common);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, job);
+  return s.ok() ? 0 : client.Fail(s, "submit");
+}
+
+int FollowJob(const std::string& address, const std::string& id) {
+  Common common;
+  common.coordinator = address;
+  common.channel = LocalClusterChannel(address);
+  Client client(common);
+  const int code = Follow(client, id, /*json=*/false);
+  v1::GetJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  if (code != 5 && client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
+    std::printf("\n");
+    PrintJobTable(job);
+  }
+  return code;
+}
 
 std::function<int()> AddJobCommands(CLI::App& app) {
   auto common = std::make_shared<Common>();
@@ -182,6 +261,13 @@ std::function<int()> AddJobCommands(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--timeout", common->timeout_s, "seconds each call may take")
         ->capture_default_str();
+    cmd->add_option("--token-file", common->token_file,
+                    "file holding the coordinator's token ($PIPETRAIN_TOKEN)");
+    cmd->add_option("--tls-ca", common->security.tls_ca,
+                    "PEM CA to verify the coordinator with (speaks TLS)");
+    cmd->add_option("--tls-cert", common->security.tls_cert,
+                    "PEM client certificate, for a coordinator that asks one (mutual TLS)");
+    cmd->add_option("--tls-key", common->security.tls_key, "PEM private key of --tls-cert");
   };
 
   // submit
@@ -206,7 +292,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       *request.mutable_spec() = *spec;
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, &job);
-      if (!s.ok()) return Fail(s, absl::StrCat("submitting ", *job_file));
+      if (!s.ok()) return client.Fail(s, absl::StrCat("submitting ", *job_file));
       if (common->output == "json" && !*follow) {
         std::printf("%s\n", Json(job).c_str());
       } else {
@@ -229,7 +315,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       request.set_id(*status_id);
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::GetJob, request, &job);
-      if (!s.ok()) return Fail(s, "status");
+      if (!s.ok()) return client.Fail(s, "status");
       if (common->output == "json") {
         std::printf("%s\n", Json(job).c_str());
       } else {
@@ -248,7 +334,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       v1::ListJobsResponse response;
       grpc::Status s =
           client.Call(&v1::JobService::Stub::ListJobs, v1::ListJobsRequest(), &response);
-      if (!s.ok()) return Fail(s, "list");
+      if (!s.ok()) return client.Fail(s, "list");
       if (common->output == "table") {
         std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss", "layout",
                     "name");
@@ -280,12 +366,63 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       request.set_id(*cancel_id);
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::CancelJob, request, &job);
-      if (!s.ok()) return Fail(s, "cancel");
+      if (!s.ok()) return client.Fail(s, "cancel");
       std::printf("%s\n", common->output == "json" ? Json(job).c_str()
                                                     : absl::StrCat(job.id(), " cancelled").c_str());
       return 0;
     };
   });
+
+  // Step commands: flush, switch, checkpoint, stop at a named step boundary.
+  struct StepCommandVerb {
+    const char* name;
+    v1::StepCommand command;
+    const char* help;
+  };
+  static const StepCommandVerb kVerbs[] = {
+      {"flush", v1::STEP_COMMAND_FLUSH,
+       "Drain a running job's pipeline before a step (weights unchanged)"},
+      {"switch", v1::STEP_COMMAND_SWITCH_VERSION,
+       "Drain before a step and run it on the newest weights (2BW: restarts the 1-step delay)"},
+      {"checkpoint", v1::STEP_COMMAND_CHECKPOINT,
+       "Switch before a step and write every stage's weights to "
+       "<weights_dir>/checkpoint-STEP/"},
+      {"stop", v1::STEP_COMMAND_STOP,
+       "End a running job cleanly before a step (it succeeds with the steps done)"},
+  };
+  for (const StepCommandVerb& verb : kVerbs) {
+    auto cmd = app.add_subcommand(verb.name, verb.help);
+    auto id = std::make_shared<std::string>();
+    auto step = std::make_shared<int64_t>(0);
+    cmd->add_option("job", *id, "job id")->required();
+    cmd->add_option("--at-step", *step,
+                    "the step it takes effect before (default: the earliest possible, about "
+                    "two steps ahead; stage 0 fixes each boundary two steps early)")
+        ->check(CLI::PositiveNumber);
+    add_common(cmd);
+    const v1::StepCommand command = verb.command;
+    const std::string name = verb.name;
+    cmd->callback([=] {
+      *chosen = [=]() -> int {
+        Client client(*common);
+        v1::SendCommandRequest request;
+        request.set_job_id(*id);
+        request.set_command(command);
+        request.set_step(*step);
+        v1::SendCommandResponse response;
+        grpc::Status s = client.Call(&v1::JobService::Stub::SendCommand, request, &response);
+        if (!s.ok()) return client.Fail(s, name);
+        if (common->output == "json") {
+          std::printf("{\"job_id\":\"%s\",\"command\":\"%s\",\"step\":%lld}\n", id->c_str(),
+                      name.c_str(), static_cast<long long>(response.step()));
+        } else {
+          std::printf("%s scheduled before step %lld of %s\n", name.c_str(),
+                      static_cast<long long>(response.step()), id->c_str());
+        }
+        return 0;
+      };
+    });
+  }
 
   // logs
   auto logs = app.add_subcommand("logs", "A job's events");
@@ -317,7 +454,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
         std::fflush(stdout);
       }
       grpc::Status s = reader->Finish();
-      return s.ok() ? 0 : Fail(s, "logs");
+      return s.ok() ? 0 : client.Fail(s, "logs");
     };
   });
 
@@ -330,7 +467,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       v1::ListWorkersResponse response;
       grpc::Status s =
           client.Call(&v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response);
-      if (!s.ok()) return Fail(s, "workers");
+      if (!s.ok()) return client.Fail(s, "workers");
       if (common->output == "table") {
         std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", "id", "address", "device", "state", "job",
                     "rank");
@@ -375,7 +512,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                         });
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return done; });
-      if (!status.ok()) return Fail(status, absl::StrCat("health of ", common->coordinator));
+      if (!status.ok()) return client.Fail(status, absl::StrCat("health of ", common->coordinator));
       // HealthCheckResponse { ServingStatus status = 1; }: SERVING is 1, encoded 08 01.
       std::vector<grpc::Slice> slices;
       (void)response_bytes.Dump(&slices);
@@ -392,7 +529,22 @@ std::function<int()> AddJobCommands(CLI::App& app) {
     };
   });
 
-  return [chosen]() -> int { return *chosen ? (*chosen)() : -1; };
+  return [chosen, common]() -> int {
+    if (!*chosen) return -1;
+    // Token and TLS files are read once, before any call; a bad one is bad usage.
+    auto token = rpc::LoadToken(common->token_file);
+    if (token.ok()) {
+      common->security.token = *std::move(token);
+      auto channel = rpc::MakeChannel(common->coordinator, common->security);
+      if (channel.ok()) {
+        common->channel = *std::move(channel);
+        return (*chosen)();
+      }
+      token = channel.status();
+    }
+    std::fprintf(stderr, "pipetrain: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  };
 }
 
 }  // namespace pipetrain::client

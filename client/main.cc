@@ -1,6 +1,8 @@
 // pipetrain: the command-line interface.
 //
-//   pipetrain run [JOB.yaml] [flags]   train: one thread (or process) per pipeline stage
+//   pipetrain run [JOB.yaml] [flags]   train on this machine: a local cluster (a coordinator
+//                                      and one worker process per rank), or with
+//                                      --launch threads|processes without daemons
 //
 // Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 130 interrupted.
 #include <unistd.h>
@@ -25,6 +27,7 @@
 #include "runtime/job/trace.h"
 #ifdef PIPETRAIN_WITH_DAEMONS
 #include "client/jobs.h"
+#include "client/local_cluster.h"
 #endif
 
 namespace pipetrain::client {
@@ -188,7 +191,13 @@ void PrintSummary(const job::JobReport& r) {
 
 struct RunFlags {
   std::string job_file, summary_file, trace_file, weights_file;
+#ifdef PIPETRAIN_WITH_DAEMONS
+  std::string launch = "cluster";
+#else
   std::string launch = "threads";
+#endif
+  int workers = 0;  // --launch cluster
+  bool keep_logs = false;
   bool reference = false, quiet = false;
   std::vector<std::string> argv;  // the whole command line, to start stage processes
   // Set by the launcher in the stage processes it starts.
@@ -243,6 +252,24 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     return kExitOk;
   }
 
+#ifdef PIPETRAIN_WITH_DAEMONS
+  if (flags.launch == "cluster") {
+    std::vector<std::string> only_without_daemons;
+    if (!flags.summary_file.empty()) only_without_daemons.push_back("--summary");
+    if (!flags.trace_file.empty()) only_without_daemons.push_back("--trace");
+    if (!flags.weights_file.empty()) only_without_daemons.push_back("--save-weights");
+    if (flags.reference) only_without_daemons.push_back("--reference");
+    if (!only_without_daemons.empty()) {
+      std::fprintf(stderr,
+                   "error: %s: only with --launch threads or processes (without daemons); on "
+                   "the local cluster the job's weights_dir keeps each stage's weights\n",
+                   absl::StrJoin(only_without_daemons, ", ").c_str());
+      return kExitUsage;
+    }
+    // The job with every flag applied, as the job file the coordinator takes.
+    return RunOnLocalCluster({job::JobConfigToYaml(config), flags.workers, flags.keep_logs});
+  }
+#endif
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(flags.quiet, token_data);
   absl::StatusOr<job::JobReport> report;
@@ -312,9 +339,10 @@ int main(int argc, char** argv) {
   client::RunFlags flags;
   std::vector<client::Override> overrides;
   CLI::App* run = app.add_subcommand(
-      "run", "Train a job on this machine, each pipeline stage of each replica a thread of "
-             "this process (or its own process with --launch processes). With no arguments: "
-             "the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW.");
+      "run", "Train a job on this machine: by default on a local cluster (a coordinator and "
+             "one worker process per pipeline stage and replica, stopped at the end); with "
+             "--launch threads or processes without daemons. With no arguments: the built-in "
+             "GPT on the built-in corpus, 4 stages, PipeDream-2BW.");
   run->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
       ->check(CLI::ExistingFile);
   run->add_option("--summary", flags.summary_file, "write a JSON report here at the end");
@@ -327,11 +355,26 @@ int main(int argc, char** argv) {
   run->add_flag("--reference", flags.reference,
                 "also train the un-pipelined model and report max_param_rel_diff");
   run->add_flag("-q,--quiet", flags.quiet, "no progress, no summary table");
+#ifdef PIPETRAIN_WITH_DAEMONS
+  run->add_option("--launch", flags.launch,
+                  "cluster: a local coordinator and one worker process per rank, the job "
+                  "submitted and followed (as with pipetrain submit); threads: all stages in "
+                  "this process, no daemons; processes: one process per stage, no daemons, "
+                  "connected by Gloo over loopback TCP")
+      ->check(CLI::IsMember({"cluster", "threads", "processes"}))
+      ->capture_default_str();
+  run->add_option("--workers", flags.workers,
+                  "--launch cluster: workers to start (default: one per rank)")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--keep-logs", flags.keep_logs,
+                "--launch cluster: keep the daemons' logs even when the job succeeds");
+#else
   run->add_option("--launch", flags.launch,
                   "threads: all stages in this process; processes: one process per stage, "
                   "connected by Gloo over loopback TCP")
       ->check(CLI::IsMember({"threads", "processes"}))
       ->capture_default_str();
+#endif
   auto* internal = run->add_option_group("");  // set by --launch processes, not for users
   internal->add_option("--stage-process", flags.stage_process);
   internal->add_option("--store-port", flags.store_port);

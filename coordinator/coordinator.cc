@@ -15,6 +15,17 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+// "flush", "switch", "checkpoint", "stop": the names the CLI takes.
+std::string CommandName(v1::StepCommand command) {
+  switch (command) {
+    case v1::STEP_COMMAND_FLUSH: return "flush";
+    case v1::STEP_COMMAND_SWITCH_VERSION: return "switch";
+    case v1::STEP_COMMAND_CHECKPOINT: return "checkpoint";
+    case v1::STEP_COMMAND_STOP: return "stop";
+    default: return "unknown command";
+  }
+}
+
 bool Ended(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
          s == v1::JOB_STATE_CANCELLED;
@@ -71,9 +82,10 @@ absl::Status Coordinator::Load() {
     JobEntry& e = it->second;
     if (e.job.state() == v1::JOB_STATE_RUNNING) {
       e.job.set_state(v1::JOB_STATE_FAILED);
-      e.job.set_message(absl::StrCat("interrupted by a coordinator restart after step ",
-                                     e.job.step(), " of ", e.job.steps(),
-                                     "; its workers stop their stages and rejoin the pool"));
+      // Progress is written at most once a second: the steps recorded, not those run.
+      e.job.set_message(absl::StrCat("interrupted by a coordinator restart (", e.job.step() + 1,
+                                     " of ", e.job.steps(), " steps recorded); its workers stop ",
+                                     "their stages and rejoin the pool"));
       e.job.set_finished_unix_ms(NowMs());
       for (auto& st : *e.job.mutable_stage_status()) {
         if (st.state() != "done") st.set_state("interrupted");
@@ -184,6 +196,64 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
   return it->second.job;
 }
 
+absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
+    const v1::SendCommandRequest& request) {
+  std::shared_ptr<v1::WorkerService::Stub> stub;
+  std::string worker_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
+    JobEntry& e = it->second;
+    if (request.command() == v1::STEP_COMMAND_UNSPECIFIED || !v1::StepCommand_IsValid(request.command())) {
+      return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
+    }
+    if (e.job.state() != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", e.job.id(), " is not running (", v1::JobState_Name(e.job.state()),
+          "): step commands go to running jobs"));
+    }
+    if (request.command() == v1::STEP_COMMAND_CHECKPOINT && !e.job.spec().has_weights_dir()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", e.job.id(), " has no weights_dir: a checkpoint is written to "
+          "<weights_dir>/checkpoint-N/ on each worker"));
+    }
+    worker_id = e.rank_worker.empty() ? "" : e.rank_worker[0];
+    auto w = workers_.find(worker_id);
+    if (w == workers_.end()) {
+      return absl::UnavailableError(absl::StrCat("the worker of rank 0 of ", e.job.id(),
+                                                 " is not known"));
+    }
+    stub = w->second.stub;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::SendCommandResponse response;
+  grpc::Status s = stub->ScheduleCommand(&ctx, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(request.job_id());
+  if (it != jobs_.end()) {
+    if (request.command() == v1::STEP_COMMAND_STOP) it->second.stop_step = response.step();
+    Event(request.job_id(), absl::StrCat(CommandName(request.command()),
+                                         " scheduled before step ", response.step()));
+    Changed(it->second);
+  }
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
+    const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !it->second.store) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
+  }
+  return it->second.store;
+}
+
 absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std::string& id,
                                                                         int64_t version,
                                                                         absl::Time deadline) {
@@ -231,17 +301,25 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   if (request.address().empty()) {
     return absl::InvalidArgumentError("address: the worker's service address is required");
   }
-  auto channel = grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials());
+  auto channel = rpc::MakeChannel(request.address(), options_.security);
+  if (!channel.ok()) return channel.status();
   std::lock_guard<std::mutex> lock(mu_);
   WorkerEntry w;
-  w.info.set_id(absl::StrFormat("worker-%d", ++next_worker_));
+  // Numbered in the store: a worker still known by its id from before a restart must not
+  // find that id given to another (its heartbeats would pass for the other's).
+  auto number = store_->Increment("worker");
+  if (!number.ok()) {
+    std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
+  }
+  next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
+  w.info.set_id(absl::StrFormat("worker-%d", next_worker_));
   w.info.set_address(request.address());
   w.info.set_device(request.device().empty() ? "cpu" : request.device());
   w.info.set_state("idle");
   w.info.set_rank(-1);
   w.last_heartbeat = absl::Now();
   w.info.set_last_heartbeat_unix_ms(NowMs());
-  w.stub = v1::WorkerService::NewStub(channel);
+  w.stub = v1::WorkerService::NewStub(*channel);
   v1::RegisterWorkerResponse response;
   response.set_worker_id(w.info.id());
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -265,6 +343,24 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   w.info.set_last_heartbeat_unix_ms(NowMs());
   if (!request.job_id().empty()) {
     auto j = jobs_.find(request.job_id());
+    const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
+                            request.rank() < static_cast<int>(j->second.rank_ended.size());
+    if (j == jobs_.end() || (j->second.job.state() != v1::JOB_STATE_RUNNING &&
+                             !(rank_known && j->second.rank_ended[request.rank()]))) {
+      // Its stage outlived its job (a stop that reached the worker before the assignment,
+      // a job ended while it was unreachable): stop it again, or it would hold the worker.
+      auto stub = w.stub;
+      const std::string job_id = request.job_id();
+      Later([stub, job_id] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        v1::StopStageRequest stop;
+        stop.set_job_id(job_id);
+        stop.set_reason(absl::StrCat("job ", job_id, " is no longer running"));
+        v1::AssignResponse response;
+        (void)stub->StopStage(&ctx, stop, &response);
+      });
+    }
     if (j != jobs_.end() && request.rank() >= 0 &&
         request.rank() < j->second.job.stage_status_size()) {
       v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
@@ -299,6 +395,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStep(const v1::StepReport&
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
+  if (r.commands_after_size() > 0 &&
+      ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
+    std::vector<std::string> names;
+    for (int c : r.commands_after()) names.push_back(CommandName(static_cast<v1::StepCommand>(c)));
+    Event(e.job.id(), absl::StrCat(absl::StrJoin(names, "+"), " took effect before step ",
+                                   r.step() + 1, " on all ", e.job.stage_status_size(),
+                                   " ranks"));
+  }
   if (r.rank() == 0) {
     if (r.step() == 0) e.first_end_s = r.end_s();
     if (r.step() > 0 && e.first_end_s >= 0 && r.end_s() > e.first_end_s) {
@@ -348,12 +452,20 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const v1::StageEn
     st->set_state(end.ok() ? "done" : "failed");
     st->set_action("");
     st->set_waiting_for("");
-    if (!end.ok()) {
-      EndJob(e, v1::JOB_STATE_FAILED,
-             absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(), " failed: ",
-                          end.error()));
-    } else if (std::all_of(e.rank_ended.begin(), e.rank_ended.end(), [](bool b) { return b; })) {
-      EndJob(e, v1::JOB_STATE_SUCCEEDED, "");
+    const bool all_ended =
+        std::all_of(e.rank_ended.begin(), e.rank_ended.end(), [](bool b) { return b; });
+    if (!end.ok() && e.pending_failure.empty()) {
+      e.pending_failure = absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(),
+                                       " failed: ", end.error());
+      e.pending_since = absl::Now();
+      // Held back (see Monitor) unless no rank is left running whose worker may be the cause.
+      if (!all_ended) Event(e.job.id(), e.pending_failure);
+    }
+    if (all_ended) {
+      EndJob(e, e.pending_failure.empty() ? v1::JOB_STATE_SUCCEEDED : v1::JOB_STATE_FAILED,
+             e.pending_failure.empty() && e.stop_step > 0
+                 ? absl::StrCat("stopped before step ", e.stop_step, " by a stop command")
+                 : e.pending_failure);
     } else {
       Changed(e);
     }
@@ -418,14 +530,7 @@ void Coordinator::Schedule() {
       }
       continue;  // a later, smaller job may still fit
     }
-    auto store = rendezvous::ServeTcpStore(options_.store_host, 0);
-    if (!store.ok()) {
-      EndJob(*e, v1::JOB_STATE_FAILED, absl::StrCat("cannot serve its rendezvous store: ",
-                                                    store.status().message()));
-      continue;
-    }
-    e->store = std::move(store).value();
-    const int port = rendezvous::TcpStorePort(*e->store);
+    e->store = rendezvous::MakeMemoryStore();
     e->job.set_state(v1::JOB_STATE_RUNNING);
     e->job.set_started_unix_ms(NowMs());
     e->job.clear_stage_status();
@@ -450,8 +555,6 @@ void Coordinator::Schedule() {
       assignment.set_job_id(e->job.id());
       *assignment.mutable_spec() = e->job.spec();
       assignment.set_rank(r);
-      assignment.set_store_host(options_.store_host);
-      assignment.set_store_port(port);
       auto stub = w->stub;
       const std::string worker_id = w->info.id(), job_id = e->job.id();
       Later([this, stub, assignment, worker_id, job_id] {
@@ -485,10 +588,18 @@ void Coordinator::Schedule() {
 void Coordinator::Monitor() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
+    // Until the next worker is due to be lost (so that it is lost two intervals after its
+    // last heartbeat, not up to a tick later), or a quarter interval at most.
+    absl::Duration wait = std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4);
+    for (const auto& [id, w] : workers_) {
+      if (w.info.state() == "lost") continue;
+      wait = std::min(wait, w.last_heartbeat + 2 * options_.heartbeat_interval +
+                                absl::Milliseconds(1) - absl::Now());
+    }
     // Woken early only to stop (job changes notify the same variable: they do not count).
     if (changed_.wait_for(lock,
-                          std::chrono::milliseconds(std::max<int64_t>(
-                              10, absl::ToInt64Milliseconds(options_.heartbeat_interval) / 4)),
+                          std::chrono::microseconds(std::max<int64_t>(
+                              1000, absl::ToInt64Microseconds(wait))),
                           [this] { return stopping_; })) {
       break;
     }
@@ -519,6 +630,21 @@ void Coordinator::Monitor() {
                                                              absl::Milliseconds(1))),
                             ")"));
       }
+    }
+    // A held-back rank failure becomes the job's once every worker of a rank still running
+    // has heartbeated more than half an interval after it (so that a heartbeat sent before
+    // a peer died, still on its way, does not count); a lost one ended the job above.
+    for (auto& [id, e] : jobs_) {
+      if (e.job.state() != v1::JOB_STATE_RUNNING || e.pending_failure.empty()) continue;
+      bool alive = true;
+      for (size_t r = 0; r < e.rank_worker.size(); ++r) {
+        auto w = workers_.find(e.rank_worker[r]);
+        if (!e.rank_ended[r] && w != workers_.end() &&
+            w->second.last_heartbeat <= e.pending_since + options_.heartbeat_interval / 2) {
+          alive = false;
+        }
+      }
+      if (alive) EndJob(e, v1::JOB_STATE_FAILED, e.pending_failure);
     }
     Schedule();
   }

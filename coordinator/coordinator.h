@@ -1,16 +1,25 @@
 // The coordinator's state and rules, apart from the gRPC plumbing (service.cc):
 // jobs (validated, queued, assigned, followed, persisted in the JobStore), the worker pool
 // (registration, heartbeats, loss detection), and the data plane's rendezvous (a key-value
-// store per running job, served by this process).
+// store per running job, in memory, served to its ranks by the KV RPCs).
 //
 // Scheduling: queued jobs are considered in submission order; a job starts as soon as
 // stages x replicas workers are idle, one rank per worker. A job ends when every rank has
 // reported its end, when one rank fails (the others are told to stop), when a worker running
-// it misses two heartbeat intervals, or when it is cancelled.
+// it misses two heartbeat intervals, or when it is cancelled. A worker is lost as soon as two
+// intervals pass without its heartbeat. A rank's failure is held back until the workers of
+// the ranks still running have heartbeated since (at most 1.5 intervals): when a worker dies,
+// its peers fail first ("lost stage 1"), and the job's message must name the dead worker
+// and its stage, not a survivor.
+//
+// Step commands (flush, weight-version switch, checkpoint, stop at a named step) go to the
+// worker of rank 0 only; the data plane carries them to every stage, and each rank's step
+// report says when they took effect there (an event once every rank has).
 //
 // After a restart every job and event is loaded back; a job that was running is marked
 // failed ("interrupted by a coordinator restart"), since its workers, no longer known here,
-// stop their stages when their next heartbeat is refused.
+// stop their stages when their next heartbeat is refused. Worker ids are numbered in the
+// store, so that none is handed out again after a restart.
 //
 // Thread-safe.
 #pragma once
@@ -29,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/job_store.h"
+#include "proto/rpc_security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
@@ -40,8 +50,7 @@ namespace pipetrain::coordinator {
 struct CoordinatorOptions {
   std::string db_path = "pipetrain-coordinator.db";
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  std::string store_host = "127.0.0.1";  // where the data plane's rendezvous stores listen
-  std::string token;                     // sent to workers with every call; empty: none
+  rpc::SecurityOptions security;         // token and TLS for its calls to workers
 };
 
 class Coordinator {
@@ -60,12 +69,17 @@ class Coordinator {
                                                             absl::Time deadline);
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& id, int64_t after_seq);
   std::vector<v1::WorkerInfo> Workers();
+  // Passes a step command to the worker of rank 0 (it reaches every stage through the data
+  // plane) and returns the boundary it takes effect at.
+  absl::StatusOr<v1::SendCommandResponse> SendCommand(const v1::SendCommandRequest& request);
 
   // CoordinatorService
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportResponse> ReportStep(const v1::StepReport& report);
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const v1::StageEnd& end);
+  // The key-value store the ranks of running job `job_id` meet in (the KV RPCs).
+  absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(const std::string& job_id);
 
  private:
   struct WorkerEntry {
@@ -78,7 +92,7 @@ class Coordinator {
     job::JobConfig config;
     int64_t order = 0;
     int64_t version = 0;  // bumped on every change
-    std::unique_ptr<rendezvous::KeyValueStore> store;  // while running
+    std::shared_ptr<rendezvous::KeyValueStore> store;  // the ranks' rendezvous, while running
     std::vector<std::string> rank_worker;              // worker id per rank
     std::vector<bool> rank_ended;
     std::vector<int64_t> rank_step;                    // last reported step per rank
@@ -86,7 +100,15 @@ class Coordinator {
     double first_end_s = -1;                           // rank 0's end_s of step 0
     int64_t tokens_per_step = 0;
     bool queue_logged = false;   // "queued: needs N workers" said once
+    int64_t stop_step = 0;       // a stop command's boundary, once scheduled
+    // Step commands seen in step reports: boundary -> ranks that reported them.
+    std::map<int64_t, int> command_reports;
     absl::Time persisted_at;     // progress is written at most once a second
+    // The first rank failure, held back until the job's other workers show they are alive
+    // (then it is the job's failure) or one of them is lost (then that loss is: a peer's
+    // death makes the survivors fail first, and they would be blamed). See Monitor().
+    std::string pending_failure;
+    absl::Time pending_since;
   };
 
   explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "job BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
            "unix_ms INTEGER NOT NULL, text TEXT NOT NULL, PRIMARY KEY (job_id, seq))",
+           "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
        }) {
     if (absl::Status s = store->Exec(sql); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("job store ", path, ": ", s.message()));
@@ -109,6 +110,19 @@ absl::StatusOr<int64_t> JobStore::AppendEvent(const std::string& job_id, int64_t
   const int64_t seq = sqlite3_column_int64(st.get(), 0);
   if (sqlite3_step(st.get()) != SQLITE_DONE) return Error(db_, "writing an event");
   return seq;
+}
+
+absl::StatusOr<int64_t> JobStore::Increment(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st(db_,
+               "INSERT INTO counters (name, value) VALUES (?1, 1) "
+               "ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value");
+  if (!st.ok()) return Error(db_, "preparing a counter update");
+  st.Bind(1, name);
+  if (sqlite3_step(st.get()) != SQLITE_ROW) return Error(db_, "updating a counter");
+  const int64_t value = sqlite3_column_int64(st.get(), 0);
+  if (sqlite3_step(st.get()) != SQLITE_DONE) return Error(db_, "updating a counter");
+  return value;
 }
 
 absl::StatusOr<std::vector<StoredEvent>> JobStore::Events(const std::string& job_id,

@@ -40,6 +40,9 @@ class JobStore {
   absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
                                       const std::string& text);
   absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id, int64_t after_seq);
+  // Adds one to the counter `name` (0 when first used) and returns it: numbers that are never
+  // handed out twice, across restarts (worker ids).
+  absl::StatusOr<int64_t> Increment(const std::string& name);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

@@ -2,9 +2,13 @@
 // registered workers, follows them, and keeps every job and event in a SQLite file.
 //
 //   pipetrain-coordinator [--listen 127.0.0.1:7070] [--db pipetrain-coordinator.db]
-//                         [--heartbeat-ms 1000]
+//                         [--heartbeat-ms 1000] [--token-file PATH]
+//                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
 // Prints "listening on HOST:PORT" on stderr once it serves. SIGTERM or SIGINT: stops.
+// The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
+// sent to workers; see proto/rpc_security.h. Exit codes: 0 stopped, 2 bad usage (an
+// unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>
 
@@ -31,11 +35,30 @@ int main(int argc, char** argv) {
                  "workers heartbeat this often; one silent for two intervals is lost")
       ->check(CLI::Range(int64_t{10}, int64_t{600000}))
       ->capture_default_str();
-  app.add_option("--store-host", options.store_host,
-                 "address the data plane's rendezvous stores listen on")
-      ->capture_default_str();
+  std::string token_file;
+  pipetrain::rpc::SecurityOptions& security = server_options.security;
+  app.add_option("--token-file", token_file,
+                 "file holding the token every client and worker must present, and that is "
+                 "sent to workers (default: $PIPETRAIN_TOKEN; none: no token asked)");
+  app.add_option("--tls-cert", security.tls_cert, "PEM certificate: serve TLS (also presented "
+                                                  "to workers as its client certificate)");
+  app.add_option("--tls-key", security.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", security.tls_ca,
+                 "PEM CA: require client certificates signed by it (mutual TLS) and verify "
+                 "workers against it");
   CLI11_PARSE(app, argc, argv);
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  auto token = pipetrain::rpc::LoadToken(token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  }
+  security.token = *std::move(token);
+  options.security = security;  // for its calls to workers
+  if (const std::string warning = pipetrain::rpc::ListenWarning(server_options.listen, security);
+      !warning.empty()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n", warning.c_str());
+  }
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -53,11 +76,13 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
                  std::string(server.status().message()).c_str());
-    return 5;
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 5;
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
-  std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s)\n", host.c_str(),
-               (*server)->port(), options.db_path.c_str());
+  std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
+               host.c_str(), (*server)->port(), options.db_path.c_str(),
+               security.token.empty() ? "no token" : "token required",
+               security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);

@@ -1,5 +1,9 @@
 // The coordinator's gRPC server: JobService for clients and CoordinatorService for workers
 // over one Coordinator, with standard health checking and server reflection.
+//
+// With a token in ServerOptions::security, every JobService and CoordinatorService call
+// without it is answered UNAUTHENTICATED before anything happens (each handler checks
+// first; a new handler must too). Health and reflection stay open (proto/rpc_security.h).
 #pragma once
 
 #include <memory>
@@ -9,11 +13,13 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
+#include "proto/rpc_security.h"
 
 namespace pipetrain::coordinator {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:7070";  // host:port; port 0 picks a free one
+  rpc::SecurityOptions security;          // token asked of callers; TLS
 };
 
 class CoordinatorServer {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "runtime/base/errors.h"
 #include "runtime/job/plan.h"
 #include "runtime/schedule/schedule.h"
@@ -59,7 +60,9 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
     if (kind.ok()) {
       c.schedule = *kind;
     } else {
-      errors.push_back(absl::StrCat("schedule: ", kind.status().message()));
+      // One violation: its list of names must not read as more ("; " separates them).
+      errors.push_back(absl::StrCat(
+          "schedule: ", absl::StrReplaceAll(kind.status().message(), {{"; ", ", "}})));
     }
   }
   // Explicit ranges fix the depth unless `stages` says otherwise (ValidateJobConfig then

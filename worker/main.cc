@@ -2,8 +2,12 @@
 // pipeline stages it is assigned.
 //
 //   pipetrain-worker [--coordinator 127.0.0.1:7070] [--listen 127.0.0.1:0] [--device cpu]
+//                    [--token-file PATH] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
+// The token (--token-file, else $PIPETRAIN_TOKEN) is sent to the coordinator and asked of
+// its calls; see proto/rpc_security.h. Exit codes: 0 drained, 2 bad usage (an unreadable
+// token or TLS file), 4 the coordinator refused its token, 5 cannot serve or register.
 #include <csignal>
 #include <cstdio>
 
@@ -30,7 +34,27 @@ int main(int argc, char** argv) {
   app.add_option("--register-timeout", register_timeout_s,
                  "seconds to keep trying to reach the coordinator at start")
       ->capture_default_str();
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file holding the coordinator's token: sent with every call to it and asked "
+                 "of its calls (default: $PIPETRAIN_TOKEN; none: no token)");
+  app.add_option("--tls-cert", options.security.tls_cert,
+                 "PEM certificate: serve TLS and present it to the coordinator");
+  app.add_option("--tls-key", options.security.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", options.security.tls_ca,
+                 "PEM CA: verify the coordinator against it and require its client "
+                 "certificate (mutual TLS)");
   CLI11_PARSE(app, argc, argv);
+  auto token = pipetrain::rpc::LoadToken(token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  }
+  options.security.token = *std::move(token);
+  if (const std::string warning = pipetrain::rpc::ListenWarning(options.listen, options.security);
+      !warning.empty()) {
+    std::fprintf(stderr, "pipetrain-worker: %s\n", warning.c_str());
+  }
   if (options.device != "cpu") {
     std::fprintf(stderr, "pipetrain-worker: --device %s: only cpu stages run in this build\n",
                  options.device.c_str());
@@ -44,7 +68,12 @@ int main(int argc, char** argv) {
   auto worker = Worker::Start(options, absl::Seconds(register_timeout_s));
   if (!worker.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(worker.status().message()).c_str());
-    return 5;
+    switch (worker.status().code()) {
+      case absl::StatusCode::kInvalidArgument: return 2;
+      case absl::StatusCode::kUnauthenticated:
+      case absl::StatusCode::kPermissionDenied: return 4;
+      default: return 5;
+    }
   }
   int sig = 0;
   sigwait(&signals, &sig);

@@ -5,12 +5,15 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "proto/job_spec.h"
+#include "worker/coordinator_store.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -83,9 +86,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   std::unique_ptr<Worker> w(new Worker(options));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto credentials = rpc::MakeServerCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = rpc::MakeChannel(options.coordinator, options.security);
+  if (!channel.ok()) return channel.status();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
   builder.RegisterService(w.get());
   w->server_ = builder.BuildAndStart();
   if (!w->server_ || port == 0) {
@@ -93,8 +100,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   }
   w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   w->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
-  w->coordinator_ = v1::CoordinatorService::NewStub(
-      grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials()));
+  w->coordinator_ = v1::CoordinatorService::NewStub(*channel);
   if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
   return w;
@@ -126,6 +132,15 @@ absl::Status Worker::Register(absl::Time deadline) {
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
       return absl::OkStatus();
     }
+    if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        last.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      // Retrying cannot help: the token is wrong or missing.
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the coordinator at ", options_.coordinator, " refused to register this worker (",
+          last.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
+                                                                 : "PERMISSION_DENIED",
+          ": ", last.error_message(), "); give its token with --token-file or PIPETRAIN_TOKEN"));
+    }
     if (absl::Now() + absl::Milliseconds(200) >= deadline) break;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -148,6 +163,11 @@ void Worker::HeartbeatLoop() {
     request.set_worker_id(id_);
     request.set_job_id(job_id_);
     request.set_rank(rank_);
+    if (executor_) {
+      executor::StageActivity activity = executor_->Activity();
+      request.set_action(activity.action);
+      request.set_waiting_for(activity.waiting_for);
+    }
     lock.unlock();
     grpc::ClientContext ctx;
     ctx.set_deadline(In(absl::Seconds(2)));
@@ -173,9 +193,15 @@ void Worker::AbortStage(const std::string& why) {
   if (transport_) transport_->Abort(absl::CancelledError(why));
 }
 
-grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
+grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                                  v1::AssignResponse*) {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
+  std::unique_lock<std::mutex> lock(mu_);
+  // A stage that has ended (its end being reported) or was told to stop is on its way out:
+  // the coordinator may count this worker idle already, so wait for it rather than refuse.
+  cv_.wait_for(lock, std::chrono::seconds(8), [this] {
+    return job_id_.empty() || stopping_ || !(stage_ending_ || !stop_reason_.empty());
+  });
   if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
   if (!job_id_.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -189,10 +215,43 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   return grpc::Status::OK;
 }
 
-grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
+grpc::Status Worker::StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
                                v1::AssignResponse*) {
+  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (job_id_ == request->job_id()) AbortStage(absl::StrCat("stopped: ", request->reason()));
+  return grpc::Status::OK;
+}
+
+grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
+                                     const v1::SendCommandRequest* request,
+                                     v1::SendCommandResponse* response) {
+  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
+  uint32_t command = 0;
+  switch (request->command()) {
+    case v1::STEP_COMMAND_FLUSH: command = control::kFlush; break;
+    case v1::STEP_COMMAND_SWITCH_VERSION: command = control::kSwitchVersion; break;
+    case v1::STEP_COMMAND_CHECKPOINT: command = control::kCheckpoint; break;
+    case v1::STEP_COMMAND_STOP: command = control::kStop; break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
+  }
+  std::shared_ptr<control::StepCommandQueue> queue;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_id_ != request->job_id() || rank_ != 0 || !commands_ || !stop_reason_.empty()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("this worker does not run stage 0 of replica 0 of ",
+                                       request->job_id(), " (now)"));
+    }
+    queue = commands_;
+  }
+  absl::StatusOr<int64_t> step = queue->Schedule(command, request->step());
+  if (!step.ok()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(step.status().code()),
+                        std::string(step.status().message()));
+  }
+  response->set_step(*step);
   return grpc::Status::OK;
 }
 
@@ -203,16 +262,44 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   absl::Status result = [&]() -> absl::Status {
     absl::StatusOr<job::JobConfig> config = proto::JobConfigFromSpec(a.spec());
     if (!config.ok()) return config.status();
-    auto store = rendezvous::ConnectTcpStore(a.store_host(), a.store_port(),
-                                             absl::Seconds(config->recv_timeout_s));
-    if (!store.ok()) return store.status();
-    std::shared_ptr<rendezvous::KeyValueStore> shared_store = std::move(store).value();
+    std::shared_ptr<rendezvous::KeyValueStore> shared_store =
+        MakeCoordinatorStore(coordinator_, a.job_id());
     job::StageRunHooks hooks;
     hooks.host = options_.data_host;
+    if (a.rank() == 0) {
+      hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
+      std::lock_guard<std::mutex> lock(mu_);
+      commands_ = hooks.commands;
+    }
+    // Checkpoints are written beside the stage, which goes on; all are done before the end
+    // is reported, and a failed write fails the stage.
+    std::vector<std::thread> writers;
+    std::mutex write_mu;
+    absl::Status write_error;
+    auto join_writers = [&] {
+      for (std::thread& t : writers) t.join();
+      writers.clear();
+      return write_error;
+    };
+    hooks.on_checkpoint = [&](int64_t step, const job::StageOutcome& weights) {
+      const std::string dir = (std::filesystem::path(a.spec().weights_dir()) /
+                               absl::StrCat("checkpoint-", step)).string();
+      writers.emplace_back([&, dir, weights, rank = a.rank()] {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        absl::Status s = job::WriteStageOutcome(dir, rank, weights);
+        std::lock_guard<std::mutex> lock(write_mu);
+        if (!s.ok() && write_error.ok()) write_error = s;
+      });
+    };
     hooks.on_transport = [this](transport::Transport* t) {
       std::lock_guard<std::mutex> lock(mu_);
       transport_ = t;
       if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
+    };
+    hooks.on_executor = [this](const executor::StageExecutor* e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      executor_ = e;
     };
     hooks.on_transport_gone = [this] {
       std::lock_guard<std::mutex> lock(mu_);
@@ -235,11 +322,25 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       report.set_end_s(step.end_s);
       report.set_compute_s(step.compute_s);
       report.set_wait_s(step.wait_s);
+      if (step.commands_after & control::kFlush) report.add_commands_after(v1::STEP_COMMAND_FLUSH);
+      if (step.commands_after & control::kSwitchVersion) {
+        report.add_commands_after(v1::STEP_COMMAND_SWITCH_VERSION);
+      }
+      if (step.commands_after & control::kCheckpoint) {
+        report.add_commands_after(v1::STEP_COMMAND_CHECKPOINT);
+      }
+      if (step.commands_after & control::kStop) report.add_commands_after(v1::STEP_COMMAND_STOP);
       reporter.Add(std::move(report));
     };
     absl::StatusOr<job::StageOutcome> outcome =
         job::RunStage(*config, a.rank(), shared_store, hooks);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands_.reset();
+    }
+    absl::Status written = join_writers();
     if (!outcome.ok()) return outcome.status();
+    if (!written.ok()) return written;
     if (a.spec().has_weights_dir()) {
       std::error_code ec;
       std::filesystem::create_directories(a.spec().weights_dir(), ec);
@@ -251,6 +352,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!result.ok()) error = stop_reason_.empty() ? std::string(result.message()) : stop_reason_;
+    stage_ending_ = true;
   }
   std::fprintf(stderr, "pipetrain-worker: %s: rank %d of %s %s%s\n", worker_id.c_str(), a.rank(),
                a.job_id().c_str(), result.ok() ? "finished" : "failed: ", error.c_str());
@@ -269,6 +371,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   std::lock_guard<std::mutex> lock(mu_);
   job_id_.clear();
   rank_ = -1;
+  stage_ending_ = false;
   cv_.notify_all();
 }
 

@@ -5,8 +5,23 @@
 // A stage is stopped (its transport aborted, so it leaves its current wait at once) when
 // the coordinator says so, when a step report is answered with stop, or when the
 // coordinator no longer knows this worker (heartbeat refused with NOT_FOUND: it restarted);
-// the worker then registers again. Stop() drains: no new assignment is taken, a running
-// stage is stopped and reported, and the worker leaves.
+// the worker then registers again. An assignment that arrives while the previous stage is
+// on its way out (ended and reporting, or told to stop) waits for it, up to 8 s, instead of
+// being refused: the coordinator counts the worker idle from its stage's end. Stop()
+// drains: no new assignment is taken, a running stage is stopped and reported, and the
+// worker leaves.
+//
+// Heartbeats carry the stage's current action and what it waits for, so that a stuck job
+// shows who waits for whom.
+//
+// Step commands (flush, weight-version switch, checkpoint, stop at a named step) come to the
+// worker that runs rank 0 (stage 0 of replica 0); its stage passes them on through the data
+// plane (runtime/control/step_commands.h). At a checkpoint every rank writes W(N) to
+// <weights_dir>/checkpoint-N/stage<RANK>.pt from a thread of its own, so the stage goes on.
+//
+// With a token in WorkerOptions::security, it sends the token with every call to the
+// coordinator and answers UNAUTHENTICATED, doing nothing, to calls without it. A coordinator
+// that refuses its token fails Start at once (UNAUTHENTICATED; no retry).
 // Thread-safe.
 #pragma once
 
@@ -21,7 +36,10 @@
 
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
+#include "proto/rpc_security.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "runtime/control/step_commands.h"
+#include "runtime/executor/stage_executor.h"
 #include "runtime/transport/transport.h"
 
 namespace pipetrain::worker {
@@ -31,6 +49,7 @@ struct WorkerOptions {
   std::string listen = "127.0.0.1:0";  // its WorkerService; port 0 picks a free one
   std::string device = "cpu";
   std::string data_host = "127.0.0.1";  // address its stage listens on for peers
+  rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
 };
 
 class Worker : public v1::WorkerService::Service {
@@ -42,10 +61,14 @@ class Worker : public v1::WorkerService::Service {
   void Stop();
   std::string id() const;
 
-  grpc::Status AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
+  grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                            v1::AssignResponse*) override;
-  grpc::Status StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
+  grpc::Status StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
                          v1::AssignResponse*) override;
+  // Rank 0 only: queues the command for its stage, which passes it to every other stage.
+  grpc::Status ScheduleCommand(grpc::ServerContext* context,
+                               const v1::SendCommandRequest* request,
+                               v1::SendCommandResponse* response) override;
 
  private:
   explicit Worker(WorkerOptions options);
@@ -68,7 +91,10 @@ class Worker : public v1::WorkerService::Service {
   std::string job_id_;
   int rank_ = -1;
   transport::Transport* transport_ = nullptr;
+  std::shared_ptr<control::StepCommandQueue> commands_;  // while it runs rank 0
+  const executor::StageExecutor* executor_ = nullptr;     // its Activity() goes in heartbeats
   std::string stop_reason_;
+  bool stage_ending_ = false;  // the running stage has ended; its end is being reported
   std::thread stage_thread_;
   std::thread heartbeat_thread_;
 };

@@ -32,13 +32,30 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
     weights_->set_gradient_hook([this](int64_t t, std::vector<at::Tensor>& grads) {
       if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
       const double start = MonotonicSeconds();
+      waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
       absl::Status s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
+      waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
       const double end = MonotonicSeconds();
       step_allreduce_s_ += end - start;
       stats_.allreduces.push_back({t, -1, start, end});
       return s;
     });
   }
+}
+
+StageActivity StageExecutor::Activity() const {
+  StageActivity activity;
+  const int64_t running = running_action_.load(std::memory_order_relaxed);
+  if (running < 0) return activity;
+  activity.action =
+      schedule::ToString({static_cast<ActionKind>(running % 8), running / 8});
+  const int waiting = waiting_for_.load(std::memory_order_relaxed);
+  if (waiting == kWaitingForReplicas) {
+    activity.waiting_for = "replicas";
+  } else if (waiting >= 0) {
+    activity.waiting_for = absl::StrCat("stage ", waiting);
+  }
+  return activity;
 }
 
 std::string StageExecutor::Where(const Action& action) const {
@@ -53,6 +70,8 @@ absl::Status StageExecutor::Run() {
   NoteLiveVersions();
   for (next_ = 0; next_ < actions_.size(); ++next_) {
     const Action action = actions_[next_];  // step commands may rewrite what follows
+    running_action_.store(action.index * 8 + static_cast<int64_t>(action.kind),
+                          std::memory_order_relaxed);
     ActionRecord record;
     record.action = action;
     record.start_s = MonotonicSeconds();
@@ -78,6 +97,7 @@ absl::Status StageExecutor::Run() {
     stats_.compute_s += (record.end_s - record.start_s) - record.wait_s;
     stats_.records.push_back(record);
   }
+  running_action_.store(-1, std::memory_order_relaxed);
   // Messages still in flight must leave before this stage may report success (and its
   // process exit).
   if (absl::Status s = transport_->Flush(absl::Now() + config_.recv_timeout); !s.ok()) {
@@ -305,7 +325,10 @@ absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::Stag
   }
   const double start = MonotonicSeconds();
   for (size_t b = 0; b < buckets.size(); ++b) {
-    PT_RETURN_IF_ERROR(pending[b]->Wait(deadline));
+    waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+    absl::Status waited = pending[b]->Wait(deadline);
+    waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+    PT_RETURN_IF_ERROR(waited);
     launched[b].end_s = MonotonicSeconds();
     stats_.allreduces.push_back(launched[b]);
   }
@@ -318,8 +341,10 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
                                                   const transport::TensorSpec& expected,
                                                   ActionRecord& record) {
   const double start = MonotonicSeconds();
+  waiting_for_.store(peer, std::memory_order_relaxed);
   absl::StatusOr<at::Tensor> got =
       transport_->Recv(peer, kind, j, absl::Now() + config_.recv_timeout);
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
   record.wait_s += MonotonicSeconds() - start;
   if (!got.ok()) return got.status();
   if (!transport::Matches(expected, *got)) {
@@ -348,7 +373,10 @@ absl::Status StageExecutor::SealBoundary(int64_t n) {
     for (int b = 0; b < 4; ++b) {
       if (commands & (1u << b)) bits[0][b] = 1.0;
     }
-    PT_RETURN_IF_ERROR(transport_->AllReduceMean(bits, absl::Now() + config_.recv_timeout));
+    waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+    absl::Status reduced = transport_->AllReduceMean(bits, absl::Now() + config_.recv_timeout);
+    waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+    PT_RETURN_IF_ERROR(reduced);
     const at::Tensor mean = bits[0].cpu();
     commands = 0;
     for (int b = 0; b < 4; ++b) {

@@ -26,11 +26,13 @@
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -109,6 +111,13 @@ struct StepRecord {
   uint32_t commands_after = 0;
 };
 
+// What a stage is doing now, for heartbeats and hang diagnosis.
+struct StageActivity {
+  std::string action;       // "F3", "RECV_GRAD5"; "" before the first action and after the last
+  std::string waiting_for;  // "stage 2" while blocked on that peer, "replicas" in a gradient
+                            // AllReduce; "" when computing
+};
+
 struct StageStats {
   int peak_stashed_microbatches = 0;
   int peak_weight_versions = 0;
@@ -134,6 +143,8 @@ class StageExecutor {
   const StageStats& stats() const { return stats_; }
   // The action Run() failed or was aborted at; nullopt if it finished (or never ran).
   const std::optional<schedule::Action>& stopped_at() const { return stopped_at_; }
+  // Thread-safe: may be called from any thread while Run() runs.
+  StageActivity Activity() const;
 
  private:
   struct Stashed {
@@ -185,6 +196,11 @@ class StageExecutor {
   std::vector<int> bucket_of_;
   StageStats stats_;
   std::optional<schedule::Action> stopped_at_;
+  // Activity(): the running action as index * 8 + kind (-1: none), and what it waits for
+  // (kNotWaiting, kWaitingForReplicas, or a peer stage).
+  static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2;
+  std::atomic<int64_t> running_action_{-1};
+  std::atomic<int> waiting_for_{kNotWaiting};
 };
 
 }  // namespace pipetrain::executor

@@ -1,14 +1,17 @@
 #include "runtime/job/job_config.h"
 
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/errors.h"
@@ -17,6 +20,43 @@ namespace pipetrain::job {
 namespace {
 
 bool IsTokenModel(const std::string& name) { return name == "gpt"; }
+
+// The layer names of a built-in model, as model::BuildModel names them, without building
+// it (their number and names depend only on the name and depth); nullopt for a TorchScript
+// model (known once loaded) or a depth that is not a positive, sane number.
+std::optional<std::vector<std::string>> BuiltinLayerNames(const model::ModelConfig& m) {
+  constexpr int64_t kMaxLayers = 1 << 16;
+  const int64_t depth = m.name == "gpt" ? m.n_layers : m.hidden_layers;
+  if (depth < 1 || depth > kMaxLayers) return std::nullopt;
+  std::vector<std::string> names;
+  auto numbered = [&](const char* prefix, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) names.push_back(absl::StrCat(prefix, i));
+  };
+  if (m.name == "gpt") {
+    names.push_back("embedding");
+    numbered("block", m.n_layers);
+    names.push_back("final_norm");
+    names.push_back("lm_head");
+  } else if (m.name == "mlp") {
+    numbered("hidden", m.hidden_layers);
+    names.push_back("classifier");
+  } else if (m.name == "cnn") {
+    numbered("conv", m.hidden_layers);
+    names.push_back("classifier");
+  } else {
+    return std::nullopt;
+  }
+  return names;
+}
+
+// The model's and the optimizer's own checks say "model.d_model must be > 0" or "unknown
+// model 'x'"; a job's violations each start with their field path and a colon.
+std::string WithFieldPath(std::string v, const std::string& name_path) {
+  if (absl::StartsWith(v, "unknown ")) return absl::StrCat(name_path, ": ", v);
+  const size_t space = v.find(' ');
+  if (space != std::string::npos && v.compare(space, 6, " must ") == 0) v.insert(space, ":");
+  return v;
+}
 
 // Reads typed fields from a YAML mapping, collecting every error with its path.
 class YamlReader {
@@ -221,13 +261,14 @@ std::string EffectiveDataKind(const JobConfig& config) {
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
   std::vector<std::string> errors;
-  auto add_all = [&](const absl::Status& s) {
-    if (s.ok()) return;
-    for (const std::string& v : ViolationsOf(s)) errors.push_back(v);
-  };
   model::ModelConfig model = c.model;  // sizes that come from the data are not checked here
-  add_all(model::ValidateModelConfig(model));
-  add_all(weights::ValidateOptimizerConfig(c.optimizer));
+  const absl::Status model_status = model::ValidateModelConfig(model);
+  for (const std::string& v : ViolationsOf(model_status)) {
+    errors.push_back(WithFieldPath(v, "model.name"));
+  }
+  for (const std::string& v : ViolationsOf(weights::ValidateOptimizerConfig(c.optimizer))) {
+    errors.push_back(WithFieldPath(v, "optimizer.name"));
+  }
 
   const std::string kind = EffectiveDataKind(c);
   const bool token_data = kind == "synthetic" || kind == "bytes" || kind == "uint16";
@@ -279,18 +320,41 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
   if (c.steps < 1) errors.push_back(absl::StrCat("steps: must be >= 1, got ", c.steps));
   schedule::ScheduleParams params{c.schedule, c.stages, c.micro_batches, 1};
-  if (c.stages >= 1) {
+  if (c.micro_batches < 1) {
+    errors.push_back(absl::StrCat("microbatches: must be >= 1, got ", c.micro_batches));
+  } else if (c.stages >= 1) {
     if (absl::Status s = schedule::ValidateScheduleParams(params); !s.ok()) {
       for (const std::string& v : ViolationsOf(s)) errors.push_back(absl::StrCat("schedule: ", v));
     }
-  } else if (c.micro_batches < 1) {
-    errors.push_back(absl::StrCat("microbatches: must be >= 1, got ", c.micro_batches));
+  }
+  // The partition against the model's layers, named, when they are known without building
+  // it (built-in models); the runner checks it again (a TorchScript model's only there).
+  const std::optional<std::vector<std::string>> layers = BuiltinLayerNames(c.model);
+  if (layers && !c.stage_ranges.empty()) {
+    const absl::Status partition = model::ValidatePartition(c.stage_ranges, *layers);
+    for (std::string v : ViolationsOf(partition)) {
+      // The first one starts "invalid partition 0:2,3:5: ".
+      if (absl::StartsWith(v, "invalid partition ")) v = v.substr(v.find(": ") + 2);
+      errors.push_back(absl::StrCat("stages: ", v));
+    }
+  } else if (layers && c.stage_ranges.empty() && c.stages > static_cast<int>(layers->size())) {
+    errors.push_back(absl::StrCat("stages: ", c.stages, " stages for a model of ",
+                                  layers->size(), " layers (", absl::StrJoin(*layers, ", "),
+                                  "): each stage needs at least one layer"));
   }
   if (c.recompute.mode == RecomputeConfig::Mode::kStages) {
     for (int s : c.recompute.indices) {
       if (s >= c.stages) {
         errors.push_back(absl::StrCat("recompute: stage ", s, " does not exist (", c.stages,
                                       " stages)"));
+      }
+    }
+  }
+  if (c.recompute.mode == RecomputeConfig::Mode::kLayers && layers) {
+    for (int i : c.recompute.indices) {
+      if (i >= static_cast<int>(layers->size())) {
+        errors.push_back(absl::StrCat("recompute: layer ", i, " does not exist (the model has ",
+                                      layers->size(), " layers)"));
       }
     }
   }
@@ -335,7 +399,9 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
     if (kind.ok()) {
       job.schedule = *kind;
     } else {
-      errors.push_back(absl::StrCat("schedule: ", kind.status().message()));
+      // One violation: its list of names must not read as more ("; " separates them).
+      errors.push_back(absl::StrCat(
+          "schedule: ", absl::StrReplaceAll(kind.status().message(), {{"; ", ", "}})));
     }
   }
   r.Read(root, "", "replicas", &job.replicas);
@@ -375,6 +441,69 @@ absl::StatusOr<JobConfig> LoadJobYaml(const std::string& path) {
                         absl::StrCat(path, ": ", job.status().message()));
   }
   return job;
+}
+
+std::string JobConfigToYaml(const JobConfig& c) {
+  YAML::Emitter out;
+  out.SetDoublePrecision(17);
+  out << YAML::BeginMap;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << c.model.name;
+  if (!c.model.torchscript_path.empty()) {
+    out << YAML::Key << "path" << YAML::Value << c.model.torchscript_path;
+  }
+  out << YAML::Key << "d_model" << YAML::Value << c.model.d_model;
+  out << YAML::Key << "n_heads" << YAML::Value << c.model.n_heads;
+  out << YAML::Key << "n_layers" << YAML::Value << c.model.n_layers;
+  out << YAML::Key << "dropout" << YAML::Value << c.model.dropout;
+  out << YAML::Key << "input_dim" << YAML::Value << c.model.input_dim;
+  out << YAML::Key << "image_shape" << YAML::Value << YAML::Flow << c.model.image_shape;
+  out << YAML::Key << "hidden" << YAML::Value << c.model.hidden;
+  out << YAML::Key << "hidden_layers" << YAML::Value << c.model.hidden_layers;
+  out << YAML::Key << "num_classes" << YAML::Value << c.model.num_classes;
+  out << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  if (!c.data.kind.empty()) out << YAML::Key << "kind" << YAML::Value << c.data.kind;
+  if (!c.data.path.empty()) out << YAML::Key << "path" << YAML::Value << c.data.path;
+  out << YAML::Key << "seq_len" << YAML::Value << c.data.seq_len;
+  out << YAML::Key << "vocab" << YAML::Value << c.data.vocab;
+  out << YAML::Key << "branching" << YAML::Value << c.data.branching;
+  out << YAML::Key << "num_tokens" << YAML::Value << c.data.num_tokens;
+  out << YAML::Key << "num_samples" << YAML::Value << c.data.num_samples;
+  out << YAML::Key << "seed" << YAML::Value << c.data.seed;
+  out << YAML::EndMap;
+  out << YAML::Key << "schedule" << YAML::Value << std::string(schedule::ScheduleKindName(c.schedule));
+  if (c.stage_ranges.empty()) {
+    out << YAML::Key << "stages" << YAML::Value << c.stages;
+  } else {
+    out << YAML::Key << "stages" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const model::LayerRange& r : c.stage_ranges) {
+      out << YAML::Flow << std::vector<int>{r.begin, r.end};
+    }
+    out << YAML::EndSeq;
+  }
+  out << YAML::Key << "replicas" << YAML::Value << c.replicas;
+  out << YAML::Key << "overlap_allreduce" << YAML::Value << c.overlap_allreduce;
+  out << YAML::Key << "bucket_kib" << YAML::Value << c.bucket_kib;
+  out << YAML::Key << "microbatches" << YAML::Value << c.micro_batches;
+  out << YAML::Key << "microbatch_size" << YAML::Value << c.micro_batch_size;
+  out << YAML::Key << "steps" << YAML::Value << c.steps;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << c.optimizer.name;
+  out << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
+  out << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
+  out << YAML::Key << "momentum" << YAML::Value << c.optimizer.momentum;
+  out << YAML::Key << "beta1" << YAML::Value << c.optimizer.beta1;
+  out << YAML::Key << "beta2" << YAML::Value << c.optimizer.beta2;
+  out << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
+  out << YAML::EndMap;
+  out << YAML::Key << "recompute" << YAML::Value << FormatRecompute(c.recompute);
+  out << YAML::Key << "seed" << YAML::Value << c.seed;
+  out << YAML::Key << "dtype" << YAML::Value << (c.float64 ? "float64" : "float32");
+  out << YAML::Key << "threads_per_stage" << YAML::Value << c.threads_per_stage;
+  out << YAML::Key << "timeout_s" << YAML::Value << c.recv_timeout_s;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace pipetrain::job

@@ -66,8 +66,10 @@ struct JobConfig {
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked
-// without building the model; partition ranges are checked against the model's layers by
-// the runner (ValidatePartition), which names the layers.
+// without building the model: for a built-in model that includes the partition against its
+// layers (stage ranges that overlap, leave a gap, run out of order or past the last layer,
+// an empty stage, more stages than layers) and recompute's layer indices, the layers named;
+// for a TorchScript model the runner checks them once it is loaded (ValidatePartition).
 absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The pipeline depth p: the number of explicit stage ranges, else `stages`.
@@ -82,6 +84,9 @@ std::string EffectiveDataKind(const JobConfig& config);
 // Parses a YAML job spec over the defaults above. Unknown keys and wrong types are errors,
 // all reported at once with their paths; the result is then validated.
 absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text);
+// The job as a YAML job file with every field written out (what ParseJobYaml reads back to
+// an equal JobConfig; doubles keep all their digits).
+std::string JobConfigToYaml(const JobConfig& config);
 // Reads and parses a YAML file; NotFound names the path.
 absl::StatusOr<JobConfig> LoadJobYaml(const std::string& path);
 

@@ -1,5 +1,7 @@
 #include "runtime/job/stage_run.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -36,7 +38,7 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
   auto& steps = j["steps"] = nlohmann::json::array();
   for (const auto& s : st.steps) {
     steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr,
-                     s.last_backward_end_s});
+                     s.last_backward_end_s, s.commands_after});
   }
   return j;
 }
@@ -67,6 +69,7 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
     step.end_s = s[1];
     if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
     step.last_backward_end_s = s[3];
+    if (s.size() > 4) step.commands_after = s[4];
     st.steps.push_back(step);
   }
   return st;
@@ -114,7 +117,26 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     if (hooks.on_step) hooks.on_step(step);
   };
   executor::StageExecutor executor(parts.config, weights, transport.get(), on_step);
+  if (hooks.on_executor) hooks.on_executor(&executor);
   absl::Status ran = executor.Run();
+  if (hooks.on_executor) hooks.on_executor(nullptr);
+  // Leave together: a rank whose last send has left may still close its connections before
+  // the peer's transport has taken the message in (seen as "connection closed by peer"
+  // at the last micro-batch). So every rank says it is done in the store, and one that
+  // finished waits (at most 30 s) until all have, before its transport goes. A rank that
+  // failed only says so: its peers are failing too.
+  const int world = p * c.replicas;
+  if (ran.ok()) {
+    absl::Status left = rendezvous::Rendezvous(
+        *store, "exit", rank, world, absl::Seconds(std::min(30.0, c.recv_timeout_s)),
+        [p](int r) { return absl::StrCat("rank ", r, " (stage ", r % p, ")"); });
+    if (!left.ok()) {
+      std::fprintf(stderr, "pipetrain: rank %d: leaving without every peer: %s\n", rank,
+                   std::string(left.message()).c_str());
+    }
+  } else {
+    (void)store->Set(absl::StrCat("exit/arrived/", rank), "1");
+  }
   if (hooks.on_transport_gone) hooks.on_transport_gone();
   PT_RETURN_IF_ERROR(ran);
   return StageOutcome{executor.stats(), DetachedParameters(*parts.weights),

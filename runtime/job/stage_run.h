@@ -29,6 +29,9 @@ struct StageRunHooks {
   std::function<void(transport::Transport*)> on_transport;
   // Called when the stage's thread leaves the transport (before it is destroyed).
   std::function<void()> on_transport_gone;
+  // Called with the stage's executor once it exists (its Activity() may then be read from
+  // any thread), and with nullptr before it is destroyed.
+  std::function<void(const executor::StageExecutor*)> on_executor;
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
   // Rank 0 only: where step commands for the job arrive (runtime/control).
   std::shared_ptr<control::StepCommandQueue> commands;

@@ -1,6 +1,7 @@
 // The small key-value store that bootstraps the data plane: processes meet there, exchange
-// addresses and report progress. A TCP store (one process serves, the others connect) for
-// now; the coordinator will back the same interface.
+// addresses and report progress. A TCP store (one process serves, the others connect: the
+// stage processes of `pipetrain run --launch processes`), or the coordinator's KV RPCs (a
+// memory store there, a gRPC client in the worker).
 //
 // Every wait has a deadline. Thread-safe.
 #pragma once
@@ -32,6 +33,8 @@ class KeyValueStore {
 
 // Serves a store on host:port (port 0: any free port) and is a client of it.
 absl::StatusOr<std::unique_ptr<KeyValueStore>> ServeTcpStore(const std::string& host, int port);
+// A store in this process's memory (no c10d store of its own; see c10d_store.h).
+std::unique_ptr<KeyValueStore> MakeMemoryStore();
 // Connects to a served store, retrying until `timeout`.
 absl::StatusOr<std::unique_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port,
                                                                absl::Duration timeout);

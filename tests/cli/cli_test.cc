@@ -45,7 +45,12 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result Run(const std::string& args) {
+  // `run` without --launch is given --launch threads: these tests are about the runner
+  // itself, without daemons (the local cluster has tests of its own).
+  Result Run(std::string args) {
+    if (args.rfind("run", 0) == 0 && args.find("--launch") == std::string::npos) {
+      args.insert(3, " --launch threads");
+    }
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
     const std::string command = std::string(PIPETRAIN_CLI) + " " + args + " >" + out.string() +
                                 " 2>" + err.string() + " </dev/null";

@@ -1,19 +1,11 @@
 // The control plane for real: a pipetrain-coordinator and pipetrain-worker processes on
 // loopback, driven by the pipetrain CLI.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
-#include <string>
 #include <thread>
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -21,119 +13,17 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-extern char** environ;
+#include "tests/daemons/local_cluster.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using ::pipetrain::test::LocalCluster;
+using ::pipetrain::test::ReadFile;
+using ::pipetrain::test::Result;
 using ::testing::HasSubstr;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// A coordinator and `workers` workers, each a process of its own with its log in `dir`;
-// every one is killed when the cluster goes away.
-class LocalCluster {
- public:
-  LocalCluster(const fs::path& dir, int workers) : dir_(dir) {
-    pids_.push_back(Spawn({PIPETRAIN_COORDINATOR, "--listen", "127.0.0.1:0", "--db",
-                           (dir / "jobs.db").string(), "--heartbeat-ms", "500"},
-                          dir / "coordinator.log"));
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    const std::regex listening("listening on ([0-9.]+:[0-9]+)");
-    while (address_.empty() && std::chrono::steady_clock::now() < deadline) {
-      std::smatch m;
-      const std::string log = ReadFile(dir / "coordinator.log");
-      if (std::regex_search(log, m, listening)) {
-        address_ = m[1];
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    for (int w = 0; w < workers; ++w) {
-      pids_.push_back(Spawn({PIPETRAIN_WORKER, "--coordinator", address_},
-                            dir / ("worker" + std::to_string(w) + ".log")));
-    }
-  }
-  ~LocalCluster() {
-    for (pid_t pid : pids_) kill(pid, SIGKILL);
-    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
-  }
-  const std::string& address() const { return address_; }
-
-  // Waits until `n` workers are idle (as `pipetrain workers` says).
-  bool WaitForIdleWorkers(int n) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (std::chrono::steady_clock::now() < deadline) {
-      Result r = Cli("workers -o json");
-      int idle = 0;
-      std::istringstream lines(r.out);
-      for (std::string line; std::getline(lines, line);) {
-        if (!line.empty() && nlohmann::json::parse(line).value("state", "") == "idle") ++idle;
-      }
-      if (idle >= n) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  }
-
-  Result Cli(const std::string& args) {
-    return Shell(std::string(PIPETRAIN_CLI) + " " + args + " --coordinator " + address_);
-  }
-  Result Shell(const std::string& command) {
-    const fs::path out = dir_ / "cli.out", err = dir_ / "cli.err";
-    const int status = std::system(
-        (command + " >" + out.string() + " 2>" + err.string() + " </dev/null").c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
-  }
-
- private:
-  static pid_t Spawn(std::vector<std::string> args, const fs::path& log) {
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
-    posix_spawn_file_actions_destroy(&actions);
-    return pid;
-  }
-
-  fs::path dir_;
-  std::string address_;
-  std::vector<pid_t> pids_;
-};
-
-class LocalClusterTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pipetrain_cluster_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  fs::path Write(const std::string& name, const std::string& text) {
-    std::ofstream(dir_ / name) << text;
-    return dir_ / name;
-  }
-  fs::path dir_;
-};
+class LocalClusterTest : public ::pipetrain::test::DaemonTest {};
 
 constexpr char kJob[] = R"(model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 3}
 schedule: 1f1b
@@ -171,7 +61,7 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
 
   // The same spec without daemons, stages as threads of one process.
   const fs::path reference = dir_ / "reference.pt";
-  Result ran = cluster.Shell(std::string(PIPETRAIN_CLI) + " run " +
+  Result ran = cluster.Shell(std::string(LocalCluster::cli_path()) + " run --launch threads " +
                              Write("plain.yaml", kJob).string() + " -q --save-weights " +
                              reference.string());
   ASSERT_EQ(ran.exit_code, 0) << ran.err;
@@ -240,6 +130,108 @@ dtype: float16
   EXPECT_EQ(cluster.Cli("health").exit_code, 0);
   EXPECT_THAT(ReadFile(dir_ / "worker0.log"), ::testing::Not(HasSubstr("running rank")));
   EXPECT_EQ(cluster.Cli("status job-0042").exit_code, 3);
+}
+
+// `pipetrain run` (the README's main command) on its own local cluster: it starts a
+// coordinator and one worker per rank, follows the job to the end, and leaves nothing
+// running or on disk behind.
+TEST_F(LocalClusterTest, RunStartsALocalClusterAndCleansUp) {
+  LocalCluster tools(dir_, 0);  // only for Shell()
+  const std::string cli = LocalCluster::cli_path();
+  Result r = tools.Shell(cli + " run --stages 2 --replicas 2 --schedule 1f1b --d-model 32 "
+                               "--n-layers 2 --microbatches 4 --steps 6 --dtype float64");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("2 stages x 2 replicas on a local cluster of 4 workers"));
+  EXPECT_THAT(r.out, HasSubstr("job-0001 succeeded"));
+  const std::string marker = "logs in ";
+  const size_t at = r.err.find(marker);
+  ASSERT_NE(at, std::string::npos);
+  const std::string logs = r.err.substr(at + marker.size(), r.err.find(')', at) - at - marker.size());
+  EXPECT_FALSE(fs::exists(logs)) << logs;
+  const size_t port_at = r.err.find("(coordinator ");
+  ASSERT_NE(port_at, std::string::npos);
+  const std::string address = r.err.substr(port_at + 13, r.err.find(',', port_at) - port_at - 13);
+  // "[p]" keeps the pattern from matching the shell that runs pgrep.
+  Result left = tools.Shell("pgrep -fa '[p]ipetrain-(coordinator|worker).*(" + address + "|" +
+                            logs + ")'");
+  EXPECT_NE(left.exit_code, 0) << "still running: " << left.out;
+
+  // Too few workers for the job: refused at once, nothing left running; --summary needs the
+  // runner without daemons.
+  Result few = tools.Shell(cli + " run --stages 2 --replicas 2 --workers 3 --steps 2");
+  EXPECT_EQ(few.exit_code, 2) << few.err;
+  EXPECT_THAT(few.err, HasSubstr("--workers 3 cannot run job-0001: it has 4 ranks"));
+  Result summary = tools.Shell(cli + " run --steps 2 --summary /dev/null");
+  EXPECT_EQ(summary.exit_code, 2);
+  EXPECT_THAT(summary.err, HasSubstr("--summary: only with --launch threads or processes"));
+}
+
+// Heartbeats carry each stage's current action and what it waits for. A worker frozen
+// (SIGSTOP) for a moment: the stages before it wait for it, and `status` shows the chain in
+// its stage x replica grid; thawed before its heartbeat is missed, the job completes.
+TEST_F(LocalClusterTest, StatusShowsWhoWaitsForWhom) {
+  pipetrain::test::ClusterOptions options;
+  options.workers = 3;
+  options.heartbeat_ms = 2000;  // lost after 4 s: the freeze stays well under that
+  LocalCluster cluster(dir_, options);
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(3));
+  Result submitted = cluster.Cli("submit " + Write("job.yaml", R"(model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 3}
+schedule: 1f1b
+stages: 3
+microbatches: 4
+microbatch_size: 4
+steps: 100000
+)").string());
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  auto stub = cluster.JobStub();
+  auto get = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pipetrain::v1::GetJobRequest request;
+    request.set_id("job-0001");
+    pipetrain::v1::Job job;
+    EXPECT_TRUE(stub->GetJob(&ctx, request, &job).ok());
+    return job;
+  };
+  // Running, every rank has heartbeated an action.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pipetrain::v1::Job job;
+  for (;;) {
+    job = get();
+    bool all = job.stage_status_size() == 3;
+    for (const auto& st : job.stage_status()) all = all && !st.action().empty();
+    if (all || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(job.state(), pipetrain::v1::JOB_STATE_RUNNING);
+  // Freeze the worker of stage 2.
+  int frozen = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (ReadFile(cluster.worker_log(i)).find("running rank 2 ") != std::string::npos) frozen = i;
+  }
+  ASSERT_GE(frozen, 0);
+  kill(cluster.worker_pid(frozen), SIGSTOP);
+  const auto frozen_at = std::chrono::steady_clock::now();
+  bool chain = false;
+  while (!chain && std::chrono::steady_clock::now() - frozen_at < std::chrono::milliseconds(2500)) {
+    job = get();
+    chain = job.stage_status(1).waiting_for() == "stage 2" &&
+            job.stage_status(0).waiting_for() == "stage 1";
+    if (!chain) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Result status = chain ? cluster.Cli("status job-0001") : Result{};
+  kill(cluster.worker_pid(frozen), SIGCONT);
+  ASSERT_TRUE(chain) << job.DebugString();
+  EXPECT_THAT(job.stage_status(1).action(), ::testing::StartsWith("RECV_"));
+  EXPECT_THAT(status.out, HasSubstr("who waits for whom"));
+  EXPECT_THAT(status.out, ::testing::ContainsRegex("stage 1 +RECV_[A-Z]+[0-9]+ -> stage 2"));
+  // Thawed in time: the job goes on.
+  Result stop = cluster.Cli("stop job-0001");
+  ASSERT_EQ(stop.exit_code, 0) << stop.err;
+  nlohmann::json done = cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
+    return pipetrain::test::StateOf(j) != "JOB_STATE_RUNNING";
+  });
+  EXPECT_EQ(pipetrain::test::StateOf(done), "JOB_STATE_SUCCEEDED") << done.dump();
 }
 
 }  // namespace

@@ -51,6 +51,41 @@ Pair MakePair(absl::Duration timeout = absl::Seconds(20)) {
   return pair;
 }
 
+// Any KeyValueStore bootstraps the data plane (the workers meet through the coordinator's KV
+// RPCs): here a memory store shared by a pipeline of 2 stages x 2 replicas.
+TEST(GlooTransport, MeetsThroughAnyKeyValueStore) {
+  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
+  auto make = [store](int stage, int replica) {
+    GlooTransportOptions o;
+    o.stage = stage;
+    o.stages = 2;
+    o.replica = replica;
+    o.replicas = 2;
+    o.connect_timeout = absl::Seconds(20);
+    auto t = MakeGlooTransport(store, o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(t).value() : nullptr;
+  };
+  std::vector<std::future<std::unique_ptr<Transport>>> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(std::async(std::launch::async, make, r % 2, r / 2));
+  std::vector<std::unique_ptr<Transport>> t;
+  for (auto& f : ranks) t.push_back(f.get());
+  for (const auto& x : t) ASSERT_NE(x, nullptr);
+  ASSERT_TRUE(t[0]->Send(1, MessageKind::kActivation, 3, torch::arange(6.0)).ok());
+  auto got = t[1]->Recv(0, MessageKind::kActivation, 3, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(torch::equal(*got, torch::arange(6.0)));
+  // Stage 0 of replica 0 and of replica 1 average.
+  auto reduce = [&](int rank, double value) {
+    std::vector<at::Tensor> v = {torch::full({3}, value)};
+    EXPECT_TRUE(t[rank]->AllReduceMean(v, absl::Now() + absl::Seconds(10)).ok());
+    return v[0];
+  };
+  auto other = std::async(std::launch::async, reduce, 2, 3.0);
+  EXPECT_TRUE(torch::allclose(reduce(0, 1.0), torch::full({3}, 2.0)));
+  EXPECT_TRUE(torch::allclose(other.get(), torch::full({3}, 2.0)));
+}
+
 TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
   Pair pair = MakePair();
   at::Tensor act = torch::randn({4, 8, 16}, torch::kDouble);

@@ -331,10 +331,8 @@ class GlooTransport : public Transport {
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options) {
-  c10::intrusive_ptr<c10d::Store> c10d_store = rendezvous::C10dStoreOf(*store);
-  if (!c10d_store) {
-    return absl::InvalidArgumentError("the Gloo transport needs a store made by rendezvous/");
-  }
+  c10::intrusive_ptr<c10d::Store> c10d_store =
+      rendezvous::AsC10dStore(store, options.connect_timeout);
   const int world = options.stages * options.replicas;
   const int rank = options.replica * options.stages + options.stage;
   absl::Status arrived = rendezvous::Rendezvous(

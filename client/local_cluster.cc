@@ -1,0 +1,198 @@
+#include "client/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/jobs.h"
+#include "client/spec_yaml.h"
+
+namespace pipetrain::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last `n` lines of a log, for an error message.
+std::string Tail(const fs::path& path, int n = 8) {
+  std::vector<std::string> lines = absl::StrSplit(ReadText(path), '\n', absl::SkipEmpty());
+  const size_t from = lines.size() > static_cast<size_t>(n) ? lines.size() - n : 0;
+  std::string out;
+  for (size_t i = from; i < lines.size(); ++i) out += "    " + lines[i] + "\n";
+  return out;
+}
+
+// `name` beside this binary, in the build tree's daemon folders, or on PATH; "" if nowhere.
+std::string FindDaemon(const std::string& name) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path dir = self.parent_path();
+    for (const fs::path& candidate :
+         {dir / name, dir / ".." / "coordinator" / name, dir / ".." / "worker" / name}) {
+      if (access(candidate.c_str(), X_OK) == 0) return fs::weakly_canonical(candidate).string();
+    }
+  }
+  if (const char* path = std::getenv("PATH")) {
+    for (absl::string_view d : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      const fs::path candidate = fs::path(std::string(d)) / name;
+      if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    }
+  }
+  return "";
+}
+
+// Starts `argv` with stdout and stderr to `log`; it gets SIGTERM if this process dies.
+pid_t Spawn(const std::vector<std::string>& argv, const fs::path& log) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(127);  // the parent is already gone
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::fprintf(stderr, "cannot start %s\n", args[0]);
+  _exit(127);
+}
+
+// SIGTERM, then SIGKILL if it has not exited within `grace`.
+void Stop(pid_t pid, std::chrono::seconds grace) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+bool Exited(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, WNOHANG) == pid;
+}
+
+}  // namespace
+
+int RunOnLocalCluster(const LocalClusterRun& run) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(run.spec_yaml);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
+    return 2;
+  }
+  const std::string coordinator_bin = FindDaemon("pipetrain-coordinator");
+  const std::string worker_bin = FindDaemon("pipetrain-worker");
+  if (coordinator_bin.empty() || worker_bin.empty()) {
+    std::fprintf(stderr,
+                 "pipetrain: cannot find %s beside %s or on PATH (build it, or run without "
+                 "daemons with --launch threads)\n",
+                 coordinator_bin.empty() ? "pipetrain-coordinator" : "pipetrain-worker",
+                 "the pipetrain binary");
+    return 5;
+  }
+  char dir_template[] = "/tmp/pipetrain-run-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::perror("pipetrain: mkdtemp");
+    return 5;
+  }
+  const fs::path dir = dir_template;
+  pid_t coordinator = -1;
+  std::vector<pid_t> workers;
+  auto stop_all = [&] {
+    for (pid_t w : workers) kill(w, SIGTERM);  // they drain in parallel
+    for (pid_t w : workers) Stop(w, std::chrono::seconds(10));
+    Stop(coordinator, std::chrono::seconds(10));
+  };
+  auto fail = [&](int code, const std::string& message) {
+    std::fprintf(stderr, "pipetrain: %s\n", message.c_str());
+    stop_all();
+    std::fprintf(stderr, "pipetrain: the daemons' logs are in %s\n", dir.c_str());
+    return code;
+  };
+
+  const fs::path coordinator_log = dir / "coordinator.log";
+  coordinator = Spawn({coordinator_bin, "--listen", "127.0.0.1:0", "--db",
+                       (dir / "jobs.db").string()},
+                      coordinator_log);
+  std::string address;
+  const std::regex listening("listening on ([0-9.]+:[0-9]+)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (address.empty()) {
+    std::smatch m;
+    const std::string log = ReadText(coordinator_log);
+    if (std::regex_search(log, m, listening)) {
+      address = m[1];
+    } else if (Exited(coordinator)) {
+      coordinator = -1;
+      return fail(5, "the coordinator did not start:\n" + Tail(coordinator_log));
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      return fail(5, "the coordinator did not serve within 20 s:\n" + Tail(coordinator_log));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // Submitted before any worker is there: the coordinator resolves the job's ranks.
+  v1::Job job;
+  if (int code = SubmitJob(address, *spec, &job); code != 0) {
+    stop_all();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return code;
+  }
+  const int ranks = job.stages() * job.replicas();
+  const int n = run.workers > 0 ? run.workers : ranks;
+  if (n < ranks) {
+    return fail(2, absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks,
+                                " ranks (", job.stages(), " stages x ", job.replicas(),
+                                " replicas), one per worker"));
+  }
+  std::fprintf(stderr, "pipetrain: %s: %d stages x %d replicas on a local cluster of %d worker%s "
+               "(coordinator %s, logs in %s)\n",
+               job.id().c_str(), job.stages(), job.replicas(), n, n == 1 ? "" : "s",
+               address.c_str(), dir.c_str());
+  for (int w = 0; w < n; ++w) {
+    workers.push_back(Spawn({worker_bin, "--coordinator", address},
+                            dir / absl::StrCat("worker", w, ".log")));
+  }
+  const int code = FollowJob(address, job.id());
+  stop_all();
+  if (code == 0 && !run.keep_logs) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  } else {
+    std::fprintf(stderr, "pipetrain: the daemons' logs are in %s\n", dir.c_str());
+  }
+  return code;
+}
+
+}  // namespace pipetrain::client

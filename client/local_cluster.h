@@ -1,0 +1,23 @@
+// `pipetrain run` on a local cluster: a pipetrain-coordinator and one pipetrain-worker per
+// rank of the job, each a process of its own on loopback (plaintext, no token: nothing
+// listens beyond this machine), with their logs in a temporary directory. The job is
+// submitted, followed with progress on stderr, and then every process is stopped (SIGTERM;
+// SIGKILL after 10 s), also when the job fails. The daemons die with this process (they
+// are told to by the kernel if it is killed). The daemons are looked up beside the pipetrain
+// binary (also as built: ../coordinator, ../worker), then on PATH.
+#pragma once
+
+#include <string>
+
+namespace pipetrain::client {
+
+struct LocalClusterRun {
+  std::string spec_yaml;  // the whole job file
+  int workers = 0;        // 0: as many as the job has ranks (stages x replicas)
+  bool keep_logs = false; // keep the log directory even when the job succeeds
+};
+
+// Returns the CLI exit code: 0 succeeded, 1 failed, 2 invalid spec, 5 a daemon did not start.
+int RunOnLocalCluster(const LocalClusterRun& run);
+
+}  // namespace pipetrain::client

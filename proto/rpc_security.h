@@ -1,0 +1,75 @@
+// Who may call the control plane: a shared token and, optionally, TLS or mutual TLS, shared
+// by the coordinator, the workers and the pipetrain CLI.
+//
+// - Token: when a server has one, every call to a pipetrain.v1 service must carry the
+//   metadata `authorization: Bearer <token>`; any other call is answered UNAUTHENTICATED
+//   ("missing or wrong token") before its handler does anything, so it changes nothing.
+//   The comparison takes the same time wherever the tokens differ. The token is read from
+//   a file (--token-file) or from $PIPETRAIN_TOKEN, never from the command line, and is
+//   never printed.
+// - TLS: with a certificate and key a server speaks TLS; with a CA as well it requires and
+//   verifies a client certificate signed by that CA (mutual TLS). Clients verify the server
+//   against the CA (the system roots without one) and present their certificate if given.
+//   The daemons use one certificate both ways (coordinator <-> workers), so it must be valid
+//   for server and client authentication and name the address it is reached at.
+// - Plaintext on loopback with no token is the default. A daemon listening on any other
+//   address without a token or mutual TLS is told so (ListenWarning).
+// - Left open without a token: gRPC health checking (grpc.health.v1.Health, for probes
+//   such as Kubernetes' that cannot send a token; it reveals only serving or not) and server
+//   reflection (the service schema, public anyway). TLS, when configured, covers them too.
+//
+// The server side is a check at the top of each handler (CheckToken), not an interceptor:
+// gRPC's server interceptors cannot end a call before its handler runs, and an
+// AuthMetadataProcessor on plaintext credentials aborts the process. The client side is a
+// channel interceptor (MakeChannel) that adds the token to every call on the channel, so
+// no call site can forget it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain::rpc {
+
+struct SecurityOptions {
+  std::string token;     // the shared token; empty: none asked for (server) or sent (client)
+  std::string tls_cert;  // PEM files; all three empty: plaintext
+  std::string tls_key;
+  std::string tls_ca;  // server: require client certificates signed by it (mutual TLS)
+  bool tls() const { return !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty(); }
+};
+
+// The token in `token_file` (surrounding whitespace dropped) if a file is named, else
+// $PIPETRAIN_TOKEN, else "" (no token). An unreadable or empty file is an error naming the
+// file; the error never contains the token.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+
+// Plaintext without TLS files; TLS (mutual with a CA) with them. Errors name the flag and
+// file at fault (a certificate without its key, an unreadable file).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityOptions& options);
+
+// A channel to `target` with TLS as configured that sends the token, if any, with every
+// call (including health checks, which ignore it).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                           const SecurityOptions& options);
+
+// Adds the token, if any, to one call's metadata: for calls on channels not made by
+// MakeChannel (MakeChannel's channels already send it).
+void Authorize(grpc::ClientContext& context, const SecurityOptions& options);
+
+// OK when `token` is empty or the call carries exactly one `authorization: Bearer <token>`;
+// else UNAUTHENTICATED "missing or wrong token". Call it first in every handler.
+grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token);
+
+// Whether `listen` (host:port, [v6]:port or unix:path) is reachable only from this machine.
+bool IsLoopback(const std::string& listen);
+
+// A warning to print when a server on `listen` would take calls from other machines with
+// neither a token nor mutual TLS; empty when there is nothing to warn about.
+std::string ListenWarning(const std::string& listen, const SecurityOptions& options);
+
+}  // namespace pipetrain::rpc

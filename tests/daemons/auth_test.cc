@@ -1,0 +1,472 @@
+// The control plane's security, with real processes on loopback: a coordinator and workers
+// that share a token (and, in the last test, mutual TLS with certificates made by openssl
+// at test time). A call without the right token is refused with UNAUTHENTICATED — exit 4
+// and one clear line from the CLI — and changes nothing; with it, a job runs to the end.
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "pipetrain/v1/coordinator_service.grpc.pb.h"
+#include "pipetrain/v1/job_service.grpc.pb.h"
+#include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "proto/rpc_security.h"
+#include "tests/daemons/local_cluster.h"
+
+namespace pipetrain::test {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kToken[] = "pt-7d1f0c9a4e5b8326-secret";
+constexpr char kRefused[] = "refused the call: missing or wrong token";
+
+constexpr char kJob[] = R"(model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}
+schedule: 1f1b
+stages: 2
+microbatches: 2
+microbatch_size: 2
+steps: 3
+)";
+
+std::chrono::system_clock::time_point In(std::chrono::seconds s) {
+  return std::chrono::system_clock::now() + s;
+}
+
+// Waits up to `timeout` for the child `pid` to exit, leaving it to be reaped by its owner.
+bool WaitForExit(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+class AuthTest : public DaemonTest {
+ protected:
+  void SetUp() override {
+    DaemonTest::SetUp();
+    unsetenv("PIPETRAIN_TOKEN");  // neither the daemons nor the CLI may find one by accident
+    token_ = Write("token", std::string(kToken) + "\n").string();
+    wrong_ = Write("wrong", "pt-0000000000000000-guess\n").string();
+    job_ = Write("job.yaml", kJob).string();
+  }
+
+  // A coordinator asking for the token; the CLI helpers of the cluster give it.
+  ClusterOptions WithToken() const {
+    ClusterOptions o;
+    o.coordinator_args = {"--token-file", token_};
+    o.cli_args = {"--token-file", token_};
+    return o;
+  }
+
+  // The CLI with exactly `args` (no cluster defaults), against `cluster`.
+  static Result Bare(LocalCluster& cluster, const std::string& args) {
+    return cluster.Shell(std::string(LocalCluster::cli_path()) + " " + args + " --coordinator " +
+                         cluster.address());
+  }
+
+  std::string token_, wrong_, job_;
+};
+
+TEST_F(AuthTest, CallsWithoutTheTokenExit4AndChangeNothingThenTheRightTokenRunsAJob) {
+  LocalCluster cluster(dir_, WithToken());
+  ASSERT_FALSE(cluster.address().empty());
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), HasSubstr("token required"));
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), Not(HasSubstr(kToken)));  // never printed
+  cluster.StartWorker({"--token-file", token_});
+  cluster.StartWorker({"--token-file", token_});
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2)) << ReadFile(cluster.worker_log(0));
+
+  const std::vector<std::string> commands = {"submit " + job_,  "cancel job-0001",
+                                             "list",            "status job-0001",
+                                             "logs job-0001",   "workers",
+                                             "stop job-0001"};
+  const std::vector<std::pair<std::string, std::string>> wrong_ways = {
+      {"no token", ""},
+      {"wrong token file", "--token-file " + wrong_},
+      {"wrong $PIPETRAIN_TOKEN", "env PIPETRAIN_TOKEN=pt-guess "}};
+  for (const auto& [how, extra] : wrong_ways) {
+    for (const std::string& command : commands) {
+      const bool env = extra.rfind("env ", 0) == 0;
+      Result r = env ? cluster.Shell(extra + LocalCluster::cli_path() + " " + command +
+                                     " --coordinator " + cluster.address())
+                     : Bare(cluster, command + " " + extra);
+      EXPECT_EQ(r.exit_code, 4) << how << ": " << command << "\n" << r.out << r.err;
+      EXPECT_THAT(r.err, HasSubstr("the coordinator at " + cluster.address() + " " + kRefused))
+          << how << ": " << command;
+      EXPECT_THAT(r.err, HasSubstr("--token-file or PIPETRAIN_TOKEN")) << how << ": " << command;
+      EXPECT_EQ(r.out, "") << how << ": " << command;
+    }
+  }
+  // Health stays open for probes that cannot carry a token.
+  EXPECT_EQ(Bare(cluster, "health").exit_code, 0);
+
+  // Nothing changed: no job, both workers idle and never asked to run anything.
+  Result list = cluster.Cli("list -o json");
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(list.out, "");
+  const auto workers = cluster.Workers();
+  ASSERT_EQ(workers.size(), 2u);
+  for (const auto& w : workers) {
+    EXPECT_EQ(w.value("state", ""), "idle") << w.dump();
+    EXPECT_EQ(w.value("job_id", ""), "") << w.dump();
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(ReadFile(cluster.worker_log(i)), Not(HasSubstr("running rank")));
+  }
+
+  // With the token a job runs to the end, on workers that present the same token.
+  Result submitted = cluster.Cli("submit " + job_ + " --follow");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
+                                    << ReadFile(cluster.coordinator_log());
+  EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
+  // The token from the environment works as well as from a file.
+  Result by_env = cluster.Shell(std::string("env PIPETRAIN_TOKEN=") + kToken + " " +
+                                LocalCluster::cli_path() + " list -o json --coordinator " +
+                                cluster.address());
+  ASSERT_EQ(by_env.exit_code, 0) << by_env.err;
+  const auto jobs = JsonLines(by_env.out);
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(StateOf(jobs[0]), "JOB_STATE_SUCCEEDED");
+  // A finished job cannot be cancelled by a caller without the token either: still 4.
+  EXPECT_EQ(Bare(cluster, "cancel job-0001").exit_code, 4);
+  EXPECT_EQ(StateOf(cluster.JobStatus("job-0001")), "JOB_STATE_SUCCEEDED");
+}
+
+TEST_F(AuthTest, WorkerWithoutTheRightTokenCannotRegister) {
+  LocalCluster cluster(dir_, WithToken());
+  ASSERT_FALSE(cluster.address().empty());
+  const auto start = std::chrono::steady_clock::now();
+  const int wrong = cluster.StartWorker({"--token-file", wrong_, "--register-timeout", "60"});
+  const int none = cluster.StartWorker({"--register-timeout", "60"});
+  // Refused at once (retrying cannot help): each exits by itself with 4, and its log says
+  // why. (StopWorker then only reaps it.)
+  EXPECT_TRUE(WaitForExit(cluster.worker_pid(wrong))) << ReadFile(cluster.worker_log(wrong));
+  EXPECT_TRUE(WaitForExit(cluster.worker_pid(none))) << ReadFile(cluster.worker_log(none));
+  EXPECT_EQ(cluster.StopWorker(wrong), 4) << ReadFile(cluster.worker_log(wrong));
+  EXPECT_EQ(cluster.StopWorker(none), 4) << ReadFile(cluster.worker_log(none));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  for (int i : {wrong, none}) {
+    const std::string log = ReadFile(cluster.worker_log(i));
+    EXPECT_THAT(log, HasSubstr("UNAUTHENTICATED"));
+    EXPECT_THAT(log, HasSubstr("missing or wrong token"));
+    EXPECT_THAT(log, Not(HasSubstr("registered as")));
+  }
+  Result workers = cluster.Cli("workers -o json");
+  ASSERT_EQ(workers.exit_code, 0) << workers.err;
+  EXPECT_EQ(workers.out, "");
+}
+
+TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
+  LocalCluster cluster(dir_, WithToken());
+  ASSERT_FALSE(cluster.address().empty());
+  cluster.StartWorker({"--token-file", token_});
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(1));
+  const auto unauthenticated = [](const grpc::Status& s) {
+    return s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+           s.error_message() == "missing or wrong token";
+  };
+
+  // JobService, every method, no metadata.
+  auto jobs = cluster.JobStub();
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_steps(1);
+    v1::Job job;
+    EXPECT_TRUE(unauthenticated(jobs->SubmitJob(&ctx, request, &job)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::ListJobsResponse response;
+    EXPECT_TRUE(unauthenticated(jobs->ListJobs(&ctx, v1::ListJobsRequest(), &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::GetJobRequest request;
+    request.set_id("job-0001");
+    v1::Job job;
+    EXPECT_TRUE(unauthenticated(jobs->GetJob(&ctx, request, &job)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::CancelJobRequest request;
+    request.set_id("job-0001");
+    v1::Job job;
+    EXPECT_TRUE(unauthenticated(jobs->CancelJob(&ctx, request, &job)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::ListWorkersResponse response;
+    EXPECT_TRUE(unauthenticated(jobs->ListWorkers(&ctx, v1::ListWorkersRequest(), &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::SendCommandRequest request;
+    request.set_job_id("job-0001");
+    request.set_command(v1::STEP_COMMAND_STOP);
+    v1::SendCommandResponse response;
+    EXPECT_TRUE(unauthenticated(jobs->SendCommand(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::GetJobRequest request;
+    request.set_id("job-0001");
+    auto reader = jobs->WatchJob(&ctx, request);
+    v1::Job job;
+    EXPECT_FALSE(reader->Read(&job));
+    EXPECT_TRUE(unauthenticated(reader->Finish()));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::StreamEventsRequest request;
+    request.set_job_id("job-0001");
+    auto reader = jobs->StreamEvents(&ctx, request);
+    v1::JobEvent event;
+    EXPECT_FALSE(reader->Read(&event));
+    EXPECT_TRUE(unauthenticated(reader->Finish()));
+  }
+
+  // CoordinatorService (the workers' side), every method, no metadata.
+  auto workers = v1::CoordinatorService::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::RegisterWorkerRequest request;
+    request.set_address("127.0.0.1:1");
+    v1::RegisterWorkerResponse response;
+    EXPECT_TRUE(unauthenticated(workers->RegisterWorker(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::HeartbeatRequest request;
+    request.set_worker_id("worker-1");
+    v1::HeartbeatResponse response;
+    EXPECT_TRUE(unauthenticated(workers->Heartbeat(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::StepReport request;
+    request.set_worker_id("worker-1");
+    v1::ReportResponse response;
+    EXPECT_TRUE(unauthenticated(workers->ReportStep(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::StageEnd request;
+    request.set_worker_id("worker-1");
+    v1::ReportResponse response;
+    EXPECT_TRUE(unauthenticated(workers->ReportStageEnd(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;  // the data plane's rendezvous store
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::KvRequest request;
+    request.set_job_id("job-0001");
+    request.set_key("k");
+    v1::KvResponse response;
+    EXPECT_TRUE(unauthenticated(workers->KvGet(&ctx, request, &response)));
+  }
+
+  // A wrong token, and the same header twice, are refused too; the right one passes.
+  const auto list_with = [&](const std::vector<std::string>& headers) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    for (const std::string& h : headers) ctx.AddMetadata("authorization", h);
+    v1::ListWorkersResponse response;
+    grpc::Status s = jobs->ListWorkers(&ctx, v1::ListWorkersRequest(), &response);
+    return std::make_pair(s, response);
+  };
+  EXPECT_TRUE(unauthenticated(list_with({"Bearer pt-guess"}).first));
+  EXPECT_TRUE(unauthenticated(list_with({kToken}).first));  // without the scheme
+  EXPECT_TRUE(
+      unauthenticated(list_with({std::string("Bearer ") + kToken, "Bearer pt-guess"}).first));
+  EXPECT_TRUE(unauthenticated(list_with({std::string("Bearer ") + kToken + "x"}).first));
+  auto [ok, listed] = list_with({std::string("Bearer ") + kToken});
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).state(), "idle");  // the calls above did not touch it
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    rpc::SecurityOptions security;
+    security.token = kToken;
+    rpc::Authorize(ctx, security);
+    v1::ListJobsResponse response;
+    grpc::Status s = jobs->ListJobs(&ctx, v1::ListJobsRequest(), &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.jobs_size(), 0);  // SubmitJob above created nothing
+  }
+
+  // The worker's own service refuses a caller without the token: nothing is run.
+  auto worker = v1::WorkerService::NewStub(grpc::CreateChannel(
+      listed.workers(0).address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::StageAssignment assignment;
+    assignment.set_job_id("job-9999");
+    assignment.set_rank(0);
+    v1::AssignResponse response;
+    EXPECT_TRUE(unauthenticated(worker->AssignStage(&ctx, assignment, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::StopStageRequest request;
+    request.set_job_id("job-9999");
+    v1::AssignResponse response;
+    EXPECT_TRUE(unauthenticated(worker->StopStage(&ctx, request, &response)));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    v1::SendCommandRequest request;
+    request.set_job_id("job-9999");
+    request.set_command(v1::STEP_COMMAND_STOP);
+    v1::SendCommandResponse response;
+    EXPECT_TRUE(unauthenticated(worker->ScheduleCommand(&ctx, request, &response)));
+  }
+  EXPECT_THAT(ReadFile(cluster.worker_log(0)), Not(HasSubstr("running rank")));
+  const auto after = cluster.Workers();
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].value("state", ""), "idle");
+}
+
+TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {
+  if (std::system("command -v openssl >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "openssl is not installed; it makes the test's certificates";
+  }
+  // A CA, one certificate for every process (server and client use, named 127.0.0.1), and a
+  // certificate from another CA that must not be accepted.
+  const std::string d = dir_.string();
+  const std::string make_certs =
+      "set -e; cd " + d + "; "
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n"
+      "extendedKeyUsage=serverAuth,clientAuth\\n' > ext.cnf; "
+      "for ca in ca rogue; do "
+      "  openssl req -x509 -newkey rsa:2048 -nodes -keyout $ca.key -out $ca.pem -days 2 "
+      "    -subj /CN=pipetrain-test-$ca; "
+      "done; "
+      "for pair in node:ca stranger:rogue; do n=${pair%:*}; ca=${pair#*:}; "
+      "  openssl req -newkey rsa:2048 -nodes -keyout $n.key -out $n.csr -subj /CN=127.0.0.1; "
+      "  openssl x509 -req -in $n.csr -CA $ca.pem -CAkey $ca.key -CAcreateserial -out $n.pem "
+      "    -days 2 -extfile ext.cnf; "
+      "done";
+  ASSERT_EQ(std::system(("(" + make_certs + ") >" + d + "/openssl.log 2>&1").c_str()), 0)
+      << ReadFile(dir_ / "openssl.log");
+  const std::vector<std::string> tls = {"--tls-cert", d + "/node.pem", "--tls-key",
+                                        d + "/node.key", "--tls-ca", d + "/ca.pem"};
+  ClusterOptions o = WithToken();
+  o.coordinator_args.insert(o.coordinator_args.end(), tls.begin(), tls.end());
+  o.worker_args = {"--token-file", token_};
+  o.worker_args.insert(o.worker_args.end(), tls.begin(), tls.end());
+  o.cli_args.insert(o.cli_args.end(), tls.begin(), tls.end());
+  o.workers = 2;
+  LocalCluster cluster(dir_, o);
+  ASSERT_FALSE(cluster.address().empty());
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), HasSubstr("mutual TLS"));
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2)) << ReadFile(cluster.worker_log(0));
+
+  // Refused: plaintext; TLS without a client certificate; a certificate from another CA.
+  // The handshake fails, so the CLI sees the coordinator as unavailable (exit 5).
+  const std::string ca = " --tls-ca " + d + "/ca.pem";
+  for (const std::string& how :
+       {std::string(""), ca,
+        ca + " --tls-cert " + d + "/stranger.pem --tls-key " + d + "/stranger.key"}) {
+    Result r = Bare(cluster, "submit " + job_ + " --timeout 5 --token-file " + token_ + how);
+    EXPECT_EQ(r.exit_code, 5) << how << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << how;
+  }
+  // A good certificate without the token: still refused by the token check.
+  Result no_token = Bare(cluster, "list" + ca + " --tls-cert " + d + "/node.pem --tls-key " + d +
+                                      "/node.key");
+  EXPECT_EQ(no_token.exit_code, 4) << no_token.err;
+  EXPECT_THAT(no_token.err, HasSubstr(kRefused));
+
+  Result list = cluster.Cli("list -o json");
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(list.out, "");  // nothing got through
+  Result submitted = cluster.Cli("submit " + job_ + " --follow");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
+                                    << ReadFile(cluster.coordinator_log());
+  EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
+}
+
+TEST(RpcSecurity, LoopbackAddresses) {
+  for (const char* a : {"127.0.0.1:7070", "127.1.2.3:0", "localhost:7070", "LOCALHOST:1",
+                        "[::1]:7070", "unix:/tmp/pipetrain.sock"}) {
+    EXPECT_TRUE(rpc::IsLoopback(a)) << a;
+    EXPECT_EQ(rpc::ListenWarning(a, {}), "") << a;
+  }
+  for (const char* a : {"0.0.0.0:7070", "[::]:7070", "10.0.0.5:7070", "node1:7070", ":7070"}) {
+    EXPECT_FALSE(rpc::IsLoopback(a)) << a;
+    EXPECT_THAT(rpc::ListenWarning(a, {}), HasSubstr("neither a token nor mutual TLS")) << a;
+  }
+  rpc::SecurityOptions token_only;
+  token_only.token = "t";
+  EXPECT_THAT(rpc::ListenWarning("0.0.0.0:7070", token_only), HasSubstr("plaintext"));
+  rpc::SecurityOptions mtls{"t", "cert.pem", "key.pem", "ca.pem"};
+  EXPECT_EQ(rpc::ListenWarning("0.0.0.0:7070", mtls), "");
+}
+
+TEST_F(AuthTest, TokenFromFileOrEnvironment) {
+  auto from_file = rpc::LoadToken(token_);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(*from_file, kToken);  // the newline dropped
+  auto none = rpc::LoadToken("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, "");
+  setenv("PIPETRAIN_TOKEN", " from-env\n", 1);
+  auto from_env = rpc::LoadToken("");
+  unsetenv("PIPETRAIN_TOKEN");
+  ASSERT_TRUE(from_env.ok());
+  EXPECT_EQ(*from_env, "from-env");
+  auto missing = rpc::LoadToken((dir_ / "absent").string());
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("absent"));
+  auto empty = rpc::LoadToken(Write("empty", " \n").string());
+  EXPECT_FALSE(empty.ok());
+  EXPECT_THAT(std::string(empty.status().message()), HasSubstr("empty"));
+  auto two_lines = rpc::LoadToken(Write("two", "abc\ndef\n").string());
+  EXPECT_FALSE(two_lines.ok());
+  EXPECT_THAT(std::string(two_lines.status().message()), Not(HasSubstr("abc")));
+  // The daemons and the CLI refuse an unreadable token file as bad usage (exit 2).
+  Result cli = Result{};
+  {
+    LocalCluster cluster(dir_, ClusterOptions{});
+    ASSERT_FALSE(cluster.address().empty());
+    cli = Bare(cluster, "list --token-file " + (dir_ / "absent").string());
+  }
+  EXPECT_EQ(cli.exit_code, 2) << cli.err;
+  EXPECT_THAT(cli.err, HasSubstr("--token-file"));
+}
+
+}  // namespace
+}  // namespace pipetrain::test

@@ -1,0 +1,96 @@
+#include "worker/coordinator_store.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace pipetrain::worker {
+namespace {
+
+class CoordinatorStore : public rendezvous::KeyValueStore {
+ public:
+  CoordinatorStore(std::shared_ptr<v1::CoordinatorService::Stub> stub, std::string job_id)
+      : stub_(std::move(stub)), job_id_(std::move(job_id)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    v1::KvRequest request = Request(key);
+    request.set_value(value);
+    return Call(&v1::CoordinatorService::Stub::KvSet, request, absl::Seconds(10)).status();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      v1::KvRequest request = Request(key);
+      request.set_wait_ms(std::clamp<int64_t>(absl::ToInt64Milliseconds(left), 0, 5000));
+      absl::StatusOr<v1::KvResponse> r = Call(&v1::CoordinatorService::Stub::KvGet, request,
+                                              absl::Milliseconds(request.wait_ms()) +
+                                                  absl::Seconds(10));
+      if (!r.ok()) return r.status();
+      if (r->found()) return r->value();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rendezvous: '", key, "' was not set within ", absl::FormatDuration(timeout)));
+      }
+    }
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    v1::KvRequest request = Request(key);
+    request.set_delta(delta);
+    absl::StatusOr<v1::KvResponse> r =
+        Call(&v1::CoordinatorService::Stub::KvAdd, request, absl::Seconds(10));
+    if (!r.ok()) return r.status();
+    return r->number();
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override {
+    v1::KvRequest request = Request("");
+    for (const std::string& k : keys) request.add_keys(k);
+    absl::StatusOr<v1::KvResponse> r =
+        Call(&v1::CoordinatorService::Stub::KvCheck, request, absl::Seconds(10));
+    if (!r.ok()) return r.status();
+    return r->found();
+  }
+  absl::Status Delete(const std::string& key) override {
+    return Call(&v1::CoordinatorService::Stub::KvDelete, Request(key), absl::Seconds(10))
+        .status();
+  }
+
+ private:
+  v1::KvRequest Request(const std::string& key) const {
+    v1::KvRequest request;
+    request.set_job_id(job_id_);
+    request.set_key(key);
+    return request;
+  }
+  absl::StatusOr<v1::KvResponse> Call(
+      grpc::Status (v1::CoordinatorService::Stub::*method)(grpc::ClientContext*,
+                                                           const v1::KvRequest&, v1::KvResponse*),
+      const v1::KvRequest& request, absl::Duration timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
+    v1::KvResponse response;
+    grpc::Status s = (stub_.get()->*method)(&ctx, request, &response);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("rendezvous through the coordinator: ", s.error_message()));
+    }
+    return response;
+  }
+
+  std::shared_ptr<v1::CoordinatorService::Stub> stub_;
+  std::string job_id_;
+};
+
+}  // namespace
+
+std::shared_ptr<rendezvous::KeyValueStore> MakeCoordinatorStore(
+    std::shared_ptr<v1::CoordinatorService::Stub> coordinator, std::string job_id) {
+  return std::make_shared<CoordinatorStore>(std::move(coordinator), std::move(job_id));
+}
+
+}  // namespace pipetrain::worker
