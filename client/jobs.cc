@@ -469,15 +469,18 @@ std::function<int()> AddJobCommands(CLI::App& app) {
           client.Call(&v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response);
       if (!s.ok()) return client.Fail(s, "workers");
       if (common->output == "table") {
-        std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", "id", "address", "device", "state", "job",
-                    "rank");
+        std::printf("%-10s %-22s %-6s %-8s %-6s %-10s %s\n", "id", "address", "device", "memory",
+                    "state", "job", "rank");
       }
       for (const v1::WorkerInfo& w : response.workers()) {
         if (common->output == "json") {
           std::printf("%s\n", Json(w).c_str());
         } else {
-          std::printf("%-10s %-22s %-6s %-6s %-10s %s\n", w.id().c_str(), w.address().c_str(),
-                      w.device().c_str(), w.state().c_str(),
+          const std::string memory =
+              w.memory_bytes() > 0 ? absl::StrFormat("%.1fG", w.memory_bytes() / double(1 << 30))
+                                   : "-";
+          std::printf("%-10s %-22s %-6s %-8s %-6s %-10s %s\n", w.id().c_str(),
+                      w.address().c_str(), w.device().c_str(), memory.c_str(), w.state().c_str(),
                       w.job_id().empty() ? "-" : w.job_id().c_str(),
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }

@@ -315,6 +315,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   w.info.set_id(absl::StrFormat("worker-%d", next_worker_));
   w.info.set_address(request.address());
   w.info.set_device(request.device().empty() ? "cpu" : request.device());
+  w.info.set_memory_bytes(request.memory_bytes());
   w.info.set_state("idle");
   w.info.set_rank(-1);
   w.last_heartbeat = absl::Now();
@@ -377,6 +378,21 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStep(const v1::StepReport& r) {
   std::lock_guard<std::mutex> lock(mu_);
+  return ReportStepLocked(r);
+}
+
+absl::StatusOr<v1::ReportResponse> Coordinator::ReportSteps(const v1::StepReports& reports) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::ReportResponse response;
+  for (const v1::StepReport& r : reports.reports()) {
+    absl::StatusOr<v1::ReportResponse> one = ReportStepLocked(r);
+    if (!one.ok()) return one.status();
+    if (one->stop()) response.set_stop(true);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepReport& r) {
   v1::ReportResponse response;
   auto it = jobs_.find(r.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", r.job_id()));

@@ -77,6 +77,7 @@ class Coordinator {
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportResponse> ReportStep(const v1::StepReport& report);
+  absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports);
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const v1::StageEnd& end);
   // The key-value store the ranks of running job `job_id` meet in (the KV RPCs).
   absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(const std::string& job_id);
@@ -124,6 +125,8 @@ class Coordinator {
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
   void Schedule();
   void Monitor();
+  // REQUIRES: mu_ held.
+  absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report);
   // Calls `call` on a detached thread (RPCs to workers never run under mu_).
   void Later(std::function<void()> call);
 

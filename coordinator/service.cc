@@ -1,7 +1,9 @@
 #include "coordinator/service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -60,6 +62,9 @@ class JobServiceImpl final : public v1::JobService::Service {
           s == v1::JOB_STATE_CANCELLED) {
         return grpc::Status::OK;
       }
+      // At most 10 updates a second per watcher: a job changes with every step report, and
+      // a follower needs no more (the latest state is always sent, the end at once).
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return grpc::Status::OK;
   }
@@ -135,6 +140,14 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                           v1::ReportResponse* response) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     auto r = c_->ReportStep(*request);
+    if (!r.ok()) return ToGrpc(r.status());
+    *response = *r;
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportSteps(grpc::ServerContext* context, const v1::StepReports* request,
+                           v1::ReportResponse* response) override {
+    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
+    auto r = c_->ReportSteps(*request);
     if (!r.ok()) return ToGrpc(r.status());
     *response = *r;
     return grpc::Status::OK;

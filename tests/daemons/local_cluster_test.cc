@@ -40,6 +40,11 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
   LocalCluster cluster(dir_, 4);
   ASSERT_FALSE(cluster.address().empty()) << ReadFile(dir_ / "coordinator.log");
   ASSERT_TRUE(cluster.WaitForIdleWorkers(4));
+  // Each registered with its device and capacity (host memory for "cpu").
+  for (const nlohmann::json& w : cluster.Workers()) {
+    EXPECT_EQ(w.value("device", ""), "cpu");
+    EXPECT_GT(pipetrain::test::Int64Of(w, "memory_bytes"), int64_t{1} << 20) << w.dump();
+  }
   const fs::path weights = dir_ / "weights";
   const fs::path spec = Write("job.yaml", std::string(kJob) + "weights_dir: " + weights.string() + "\n");
   Result submitted = cluster.Cli("submit " + spec.string() + " --follow");
