@@ -42,7 +42,8 @@ std::string Tail(const fs::path& path, int n = 8) {
   return out;
 }
 
-// `name` beside this binary, in the build tree's daemon folders, or on PATH; "" if nowhere.
+}  // namespace
+
 std::string FindDaemon(const std::string& name) {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -61,6 +62,8 @@ std::string FindDaemon(const std::string& name) {
   }
   return "";
 }
+
+namespace {
 
 // Starts `argv` with stdout and stderr to `log`; it gets SIGTERM if this process dies.
 pid_t Spawn(const std::vector<std::string>& argv, const fs::path& log) {

@@ -20,4 +20,8 @@ struct LocalClusterRun {
 // Returns the CLI exit code: 0 succeeded, 1 failed, 2 invalid spec, 5 a daemon did not start.
 int RunOnLocalCluster(const LocalClusterRun& run);
 
+// The executable `name` beside this binary, in the build tree's folders (../coordinator,
+// ../worker), or on PATH; "" if nowhere.
+std::string FindDaemon(const std::string& name);
+
 }  // namespace pipetrain::client
