@@ -14,8 +14,8 @@ packages=(
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
-  # tests
-  libgtest-dev libgmock-dev
+  # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS)
+  libgtest-dev libgmock-dev procps openssl
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch)
