@@ -215,6 +215,22 @@ steps: 100000
     if (ReadFile(cluster.worker_log(i)).find("running rank 2 ") != std::string::npos) frozen = i;
   }
   ASSERT_GE(frozen, 0);
+  // Right after its heartbeat, so that it is lost no sooner than 2 intervals minus 200 ms
+  // (3.8 s) from now, well after it is thawed.
+  const std::string frozen_id = job.stage_status(2).worker_id();
+  for (bool fresh = false; !fresh && std::chrono::steady_clock::now() < deadline;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pipetrain::v1::ListWorkersResponse workers;
+    ASSERT_TRUE(stub->ListWorkers(&ctx, pipetrain::v1::ListWorkersRequest(), &workers).ok());
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    for (const auto& w : workers.workers()) {
+      if (w.id() == frozen_id) fresh = now_ms - w.last_heartbeat_unix_ms() < 200;
+    }
+    if (!fresh) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   kill(cluster.worker_pid(frozen), SIGSTOP);
   const auto frozen_at = std::chrono::steady_clock::now();
   bool chain = false;

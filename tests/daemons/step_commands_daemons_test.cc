@@ -132,9 +132,10 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
     const double median = sorted[sorted.size() / 2];
     for (int64_t n : {n_flush, n_switch, n_checkpoint}) {
       // The step right after a drained boundary may take one more step at most (the drain
-      // itself costs (p-1)/m of a step), plus 50 ms for scheduling noise on a loaded 2-core
-      // machine where a step takes tens of milliseconds.
-      EXPECT_LE(intervals[n - 1], 2 * median + 0.05) << "step " << n << ", median " << median;
+      // itself costs (p-1)/m of a step), plus 100 ms for scheduling noise when other tests
+      // share the 2 cores (a step takes tens of milliseconds; a stall on the control plane,
+      // a wait for an RPC or a command, would take far longer).
+      EXPECT_LE(intervals[n - 1], 2 * median + 0.1) << "step " << n << ", median " << median;
     }
     final_params.insert(final_params.end(), outcome->parameters.begin(),
                         outcome->parameters.end());
