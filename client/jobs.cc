@@ -207,24 +207,22 @@ int Follow(Client& client, const std::string& id, bool json) {
   return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
-}  // namespace
-
-namespace {
-// The channel of `pipetrain run`'s own calls: plaintext loopback, sending $PIPETRAIN_TOKEN if
-// it is set (the daemons it starts inherit it, and then ask for it).
-std::shared_ptr<grpc::Channel> LocalClusterChannel(const std::string& address) {
-  rpc::SecurityOptions security;
-  security.token = rpc::LoadToken("").value_or("");
-  auto channel = rpc::MakeChannel(address, security);
-  return channel.ok() ? *channel : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+// The options of `pipetrain run`'s own calls to its local cluster: plaintext loopback,
+// sending $PIPETRAIN_TOKEN if it is set (the daemons it starts inherit it, and then ask for it).
+Common LocalClusterCommon(const std::string& address) {
+  Common common;
+  common.coordinator = address;
+  common.security.token = rpc::LoadToken("").value_or("");
+  auto channel = rpc::MakeChannel(address, common.security);
+  common.channel =
+      channel.ok() ? *channel : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return common;
 }
+
 }  // namespace
 
 int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job) {
-  Common common;
-  common.coordinator = address;
-  common.channel = LocalClusterChannel(address);
-  Client client(common);
+  Client client(LocalClusterCommon(address));
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, job);
@@ -232,10 +230,7 @@ int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job)
 }
 
 int FollowJob(const std::string& address, const std::string& id) {
-  Common common;
-  common.coordinator = address;
-  common.channel = LocalClusterChannel(address);
-  Client client(common);
+  Client client(LocalClusterCommon(address));
   const int code = Follow(client, id, /*json=*/false);
   v1::GetJobRequest request;
   request.set_id(id);

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,6 +46,14 @@ std::string Tail(const fs::path& path, int n = 8) {
 
 }  // namespace
 
+void Exec(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::fprintf(stderr, "pipetrain: cannot start %s: %s\n", args[0], std::strerror(errno));
+}
+
 std::string FindDaemon(const std::string& name) {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -78,11 +88,7 @@ pid_t Spawn(const std::vector<std::string>& argv, const fs::path& log) {
     dup2(fd, STDERR_FILENO);
     close(fd);
   }
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  std::fprintf(stderr, "cannot start %s\n", args[0]);
+  Exec(argv);
   _exit(127);
 }
 

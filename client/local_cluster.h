@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace pipetrain::client {
 
@@ -23,5 +24,9 @@ int RunOnLocalCluster(const LocalClusterRun& run);
 // The executable `name` beside this binary, in the build tree's folders (../coordinator,
 // ../worker), or on PATH; "" if nowhere.
 std::string FindDaemon(const std::string& name);
+
+// Replaces this process with `argv` (argv[0] a path); returns only if that fails, after
+// saying so on stderr.
+void Exec(const std::vector<std::string>& argv);
 
 }  // namespace pipetrain::client

@@ -53,11 +53,7 @@ int RunChild(const std::vector<std::string>& argv, std::string* out) {
       close(pipe_fds[0]);
       close(pipe_fds[1]);
     }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "pipetrain: cannot start %s\n", args[0]);
+    Exec(argv);
     _exit(5);
   }
   if (out) {
@@ -125,11 +121,7 @@ int Run(const std::vector<std::string>& args) {
     // Replaced by pipetrain-run (same process: signals and the exit code are its own).
     std::vector<std::string> argv = {runner, "--launch", launch};
     argv.insert(argv.end(), rest.begin(), rest.end());
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "pipetrain: cannot start %s\n", runner.c_str());
+    Exec(argv);
     return 5;
   }
   if (launch != "cluster") {

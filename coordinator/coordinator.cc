@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/job_spec.h"
+#include "runtime/control/step_commands.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -17,13 +18,7 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 // "flush", "switch", "checkpoint", "stop": the names the CLI takes.
 std::string CommandName(v1::StepCommand command) {
-  switch (command) {
-    case v1::STEP_COMMAND_FLUSH: return "flush";
-    case v1::STEP_COMMAND_SWITCH_VERSION: return "switch";
-    case v1::STEP_COMMAND_CHECKPOINT: return "checkpoint";
-    case v1::STEP_COMMAND_STOP: return "stop";
-    default: return "unknown command";
-  }
+  return control::StepCommandsName(proto::StepCommandBit(command));
 }
 
 bool Ended(v1::JobState s) {
@@ -205,7 +200,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
     JobEntry& e = it->second;
-    if (request.command() == v1::STEP_COMMAND_UNSPECIFIED || !v1::StepCommand_IsValid(request.command())) {
+    if (proto::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
     if (e.job.state() != v1::JOB_STATE_RUNNING) {
@@ -413,9 +408,9 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
   if (r.commands_after_size() > 0 &&
       ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
-    std::vector<std::string> names;
-    for (int c : r.commands_after()) names.push_back(CommandName(static_cast<v1::StepCommand>(c)));
-    Event(e.job.id(), absl::StrCat(absl::StrJoin(names, "+"), " took effect before step ",
+    uint32_t bits = 0;
+    for (int c : r.commands_after()) bits |= proto::StepCommandBit(static_cast<v1::StepCommand>(c));
+    Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
                                    r.step() + 1, " on all ", e.job.stage_status_size(),
                                    " ranks"));
   }

@@ -1,5 +1,9 @@
 #include "proto/job_spec.h"
 
+#include <utility>
+
+#include "runtime/control/step_commands.h"
+
 #include <string>
 #include <vector>
 
@@ -111,6 +115,30 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   }
   if (!errors.empty()) return InvalidArgumentList("invalid job", errors);
   return c;
+}
+
+namespace {
+constexpr std::pair<v1::StepCommand, uint32_t> kStepCommands[] = {
+    {v1::STEP_COMMAND_FLUSH, control::kFlush},
+    {v1::STEP_COMMAND_SWITCH_VERSION, control::kSwitchVersion},
+    {v1::STEP_COMMAND_CHECKPOINT, control::kCheckpoint},
+    {v1::STEP_COMMAND_STOP, control::kStop},
+};
+}  // namespace
+
+uint32_t StepCommandBit(v1::StepCommand command) {
+  for (const auto& [c, bit] : kStepCommands) {
+    if (c == command) return bit;
+  }
+  return 0;
+}
+
+std::vector<v1::StepCommand> StepCommandsOf(uint32_t bits) {
+  std::vector<v1::StepCommand> commands;
+  for (const auto& [c, bit] : kStepCommands) {
+    if (bits & bit) commands.push_back(c);
+  }
+  return commands;
 }
 
 }  // namespace pipetrain::proto

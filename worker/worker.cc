@@ -238,14 +238,9 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
                                      const v1::SendCommandRequest* request,
                                      v1::SendCommandResponse* response) {
   if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
-  uint32_t command = 0;
-  switch (request->command()) {
-    case v1::STEP_COMMAND_FLUSH: command = control::kFlush; break;
-    case v1::STEP_COMMAND_SWITCH_VERSION: command = control::kSwitchVersion; break;
-    case v1::STEP_COMMAND_CHECKPOINT: command = control::kCheckpoint; break;
-    case v1::STEP_COMMAND_STOP: command = control::kStop; break;
-    default:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
+  const uint32_t command = proto::StepCommandBit(request->command());
+  if (command == 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
   }
   std::shared_ptr<control::StepCommandQueue> queue;
   {
@@ -333,14 +328,9 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       report.set_end_s(step.end_s);
       report.set_compute_s(step.compute_s);
       report.set_wait_s(step.wait_s);
-      if (step.commands_after & control::kFlush) report.add_commands_after(v1::STEP_COMMAND_FLUSH);
-      if (step.commands_after & control::kSwitchVersion) {
-        report.add_commands_after(v1::STEP_COMMAND_SWITCH_VERSION);
+      for (v1::StepCommand c : proto::StepCommandsOf(step.commands_after)) {
+        report.add_commands_after(c);
       }
-      if (step.commands_after & control::kCheckpoint) {
-        report.add_commands_after(v1::STEP_COMMAND_CHECKPOINT);
-      }
-      if (step.commands_after & control::kStop) report.add_commands_after(v1::STEP_COMMAND_STOP);
       reporter.Add(std::move(report));
     };
     absl::StatusOr<job::StageOutcome> outcome =

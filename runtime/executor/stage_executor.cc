@@ -28,6 +28,8 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
       is_first_(config_.stage == 0),
       is_last_(config_.stage == config_.num_stages - 1) {
   stats_.records.reserve(actions_.size());
+  const std::vector<at::Tensor> params = weights_->Newest().Parameters();
+  if (!params.empty()) device_ = params[0].device();
   if (config_.replicas > 1) {
     weights_->set_gradient_hook([this](int64_t t, std::vector<at::Tensor>& grads) {
       if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
@@ -366,10 +368,8 @@ absl::Status StageExecutor::SealBoundary(int64_t n) {
   uint32_t commands = config_.commands ? config_.commands->Seal(n) : 0;
   if (config_.replicas > 1) {
     // OR across the stage-0 ranks: a bit set anywhere has a mean above 0.
-    const std::vector<at::Tensor> params = weights_->Newest().Parameters();
-    const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
     std::vector<at::Tensor> bits = {
-        at::zeros({4}, at::TensorOptions().dtype(at::kFloat).device(device))};
+        at::zeros({4}, at::TensorOptions().dtype(at::kFloat).device(device_))};
     for (int b = 0; b < 4; ++b) {
       if (commands & (1u << b)) bits[0][b] = 1.0;
     }

@@ -177,6 +177,7 @@ class StageExecutor {
   size_t next_ = 0;                        // index in actions_ of the running action
   schedule::ScheduleParams schedule_;      // config_.schedule plus the commands applied
   std::map<int64_t, uint32_t> boundary_commands_;
+  at::Device device_ = at::kCPU;  // of the stage's parameters: where its small tensors go
   weights::WeightStore* weights_;
   transport::Transport* transport_;
   std::function<void(const StepRecord&)> on_step_;

@@ -41,6 +41,18 @@ std::chrono::system_clock::time_point In(std::chrono::seconds s) {
   return std::chrono::system_clock::now() + s;
 }
 
+// One unary call with no metadata (no token) and a 5 s deadline; its status.
+template <typename Stub, typename Request, typename Response>
+grpc::Status CallWithoutToken(Stub& stub,
+                              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                           Response*),
+                              const Request& request) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(std::chrono::seconds(5)));
+  Response response;
+  return (stub.*method)(&ctx, request, &response);
+}
+
 // Waits up to `timeout` for the child `pid` to exit, leaving it to be reaped by its owner.
 bool WaitForExit(pid_t pid, std::chrono::seconds timeout = std::chrono::seconds(20)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -183,51 +195,23 @@ TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
 
   // JobService, every method, no metadata.
   auto jobs = cluster.JobStub();
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::SubmitJobRequest request;
-    request.mutable_spec()->set_steps(1);
-    v1::Job job;
-    EXPECT_TRUE(unauthenticated(jobs->SubmitJob(&ctx, request, &job)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::ListJobsResponse response;
-    EXPECT_TRUE(unauthenticated(jobs->ListJobs(&ctx, v1::ListJobsRequest(), &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::GetJobRequest request;
-    request.set_id("job-0001");
-    v1::Job job;
-    EXPECT_TRUE(unauthenticated(jobs->GetJob(&ctx, request, &job)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::CancelJobRequest request;
-    request.set_id("job-0001");
-    v1::Job job;
-    EXPECT_TRUE(unauthenticated(jobs->CancelJob(&ctx, request, &job)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::ListWorkersResponse response;
-    EXPECT_TRUE(unauthenticated(jobs->ListWorkers(&ctx, v1::ListWorkersRequest(), &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::SendCommandRequest request;
-    request.set_job_id("job-0001");
-    request.set_command(v1::STEP_COMMAND_STOP);
-    v1::SendCommandResponse response;
-    EXPECT_TRUE(unauthenticated(jobs->SendCommand(&ctx, request, &response)));
-  }
+  using JobStub = v1::JobService::Stub;
+  v1::SubmitJobRequest submit;
+  submit.mutable_spec()->set_steps(1);
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*jobs, &JobStub::SubmitJob, submit)));
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*jobs, &JobStub::ListJobs, v1::ListJobsRequest())));
+  v1::GetJobRequest get;
+  get.set_id("job-0001");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*jobs, &JobStub::GetJob, get)));
+  v1::CancelJobRequest cancel;
+  cancel.set_id("job-0001");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*jobs, &JobStub::CancelJob, cancel)));
+  EXPECT_TRUE(
+      unauthenticated(CallWithoutToken(*jobs, &JobStub::ListWorkers, v1::ListWorkersRequest())));
+  v1::SendCommandRequest command;
+  command.set_job_id("job-0001");
+  command.set_command(v1::STEP_COMMAND_STOP);
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*jobs, &JobStub::SendCommand, command)));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(std::chrono::seconds(5)));
@@ -252,46 +236,29 @@ TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
   // CoordinatorService (the workers' side), every method, no metadata.
   auto workers = v1::CoordinatorService::NewStub(
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::RegisterWorkerRequest request;
-    request.set_address("127.0.0.1:1");
-    v1::RegisterWorkerResponse response;
-    EXPECT_TRUE(unauthenticated(workers->RegisterWorker(&ctx, request, &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::HeartbeatRequest request;
-    request.set_worker_id("worker-1");
-    v1::HeartbeatResponse response;
-    EXPECT_TRUE(unauthenticated(workers->Heartbeat(&ctx, request, &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::StepReport request;
-    request.set_worker_id("worker-1");
-    v1::ReportResponse response;
-    EXPECT_TRUE(unauthenticated(workers->ReportStep(&ctx, request, &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::StageEnd request;
-    request.set_worker_id("worker-1");
-    v1::ReportResponse response;
-    EXPECT_TRUE(unauthenticated(workers->ReportStageEnd(&ctx, request, &response)));
-  }
-  {
-    grpc::ClientContext ctx;  // the data plane's rendezvous store
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::KvRequest request;
-    request.set_job_id("job-0001");
-    request.set_key("k");
-    v1::KvResponse response;
-    EXPECT_TRUE(unauthenticated(workers->KvGet(&ctx, request, &response)));
+  using CoordinatorStub = v1::CoordinatorService::Stub;
+  v1::RegisterWorkerRequest registration;
+  registration.set_address("127.0.0.1:1");
+  EXPECT_TRUE(
+      unauthenticated(CallWithoutToken(*workers, &CoordinatorStub::RegisterWorker, registration)));
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id("worker-1");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*workers, &CoordinatorStub::Heartbeat, heartbeat)));
+  v1::StepReport report;
+  report.set_worker_id("worker-1");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*workers, &CoordinatorStub::ReportStep, report)));
+  v1::StepReports reports;
+  *reports.add_reports() = report;
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*workers, &CoordinatorStub::ReportSteps, reports)));
+  v1::StageEnd end;
+  end.set_worker_id("worker-1");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*workers, &CoordinatorStub::ReportStageEnd, end)));
+  v1::KvRequest kv;  // the data plane's rendezvous store
+  kv.set_job_id("job-0001");
+  kv.set_key("k");
+  for (auto method : {&CoordinatorStub::KvSet, &CoordinatorStub::KvGet, &CoordinatorStub::KvAdd,
+                      &CoordinatorStub::KvCheck, &CoordinatorStub::KvDelete}) {
+    EXPECT_TRUE(unauthenticated(CallWithoutToken(*workers, method, kv)));
   }
 
   // A wrong token, and the same header twice, are refused too; the right one passes.
@@ -327,32 +294,16 @@ TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
   // The worker's own service refuses a caller without the token: nothing is run.
   auto worker = v1::WorkerService::NewStub(grpc::CreateChannel(
       listed.workers(0).address(), grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::StageAssignment assignment;
-    assignment.set_job_id("job-9999");
-    assignment.set_rank(0);
-    v1::AssignResponse response;
-    EXPECT_TRUE(unauthenticated(worker->AssignStage(&ctx, assignment, &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::StopStageRequest request;
-    request.set_job_id("job-9999");
-    v1::AssignResponse response;
-    EXPECT_TRUE(unauthenticated(worker->StopStage(&ctx, request, &response)));
-  }
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(5)));
-    v1::SendCommandRequest request;
-    request.set_job_id("job-9999");
-    request.set_command(v1::STEP_COMMAND_STOP);
-    v1::SendCommandResponse response;
-    EXPECT_TRUE(unauthenticated(worker->ScheduleCommand(&ctx, request, &response)));
-  }
+  using WorkerStub = v1::WorkerService::Stub;
+  v1::StageAssignment assignment;
+  assignment.set_job_id("job-9999");
+  assignment.set_rank(0);
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*worker, &WorkerStub::AssignStage, assignment)));
+  v1::StopStageRequest stop;
+  stop.set_job_id("job-9999");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*worker, &WorkerStub::StopStage, stop)));
+  command.set_job_id("job-9999");
+  EXPECT_TRUE(unauthenticated(CallWithoutToken(*worker, &WorkerStub::ScheduleCommand, command)));
   EXPECT_THAT(ReadFile(cluster.worker_log(0)), Not(HasSubstr("running rank")));
   const auto after = cluster.Workers();
   ASSERT_EQ(after.size(), 1u);
