@@ -114,6 +114,14 @@ class Client {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
+// Bytes as "12.3 MiB"; "-" for 0 (not reported yet).
+std::string MebiBytes(int64_t bytes) {
+  if (bytes <= 0) return "-";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
 void PrintJobTable(const v1::Job& job) {
   std::printf("job %s%s%s: %s", job.id().c_str(), job.spec().name().empty() ? "" : " ",
               job.spec().name().c_str(), StateName(job.state()).c_str());
@@ -122,14 +130,16 @@ void PrintJobTable(const v1::Job& job) {
               static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
               job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
   if (job.stage_status_size() == 0) return;
-  std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s\n", "stage", "replica", "worker",
-              "step", "state", "action", "compute_s", "wait_s");
+  std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s %-10s %-10s\n", "stage", "replica",
+              "worker", "step", "state", "action", "compute_s", "wait_s", "params", "peak_mem");
   for (const v1::StageStatus& s : job.stage_status()) {
     std::string action = s.action();
     if (!s.waiting_for().empty()) action += " <- " + s.waiting_for();
-    std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f\n", s.stage(), s.replica(),
-                s.worker_id().c_str(), static_cast<long long>(s.step() + 1), s.state().c_str(),
-                action.empty() ? "-" : action.c_str(), s.compute_s(), s.wait_s());
+    std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f %-10s %-10s\n", s.stage(),
+                s.replica(), s.worker_id().c_str(), static_cast<long long>(s.step() + 1),
+                s.state().c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
+                s.wait_s(), MebiBytes(s.parameter_bytes()).c_str(),
+                MebiBytes(s.peak_memory_bytes()).c_str());
   }
   if (job.state() != v1::JOB_STATE_RUNNING) return;
   // Stage x replica grid of what each rank does, and whom it waits for: in a stuck job the

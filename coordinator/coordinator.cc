@@ -403,6 +403,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_step(r.step());
   st->set_compute_s(r.compute_s());
   st->set_wait_s(r.wait_s());
+  st->set_parameter_bytes(r.parameter_bytes());
+  st->set_peak_memory_bytes(r.peak_memory_bytes());
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());

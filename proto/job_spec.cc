@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/base/errors.h"
-#include "runtime/job/plan.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::proto {
@@ -105,13 +104,6 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
     // ValidateJobConfig prefixes its list with "invalid job: ".
     constexpr absl::string_view kPrefix = "invalid job: ";
     errors.push_back(absl::StartsWith(v, kPrefix) ? v.substr(kPrefix.size()) : v);
-  }
-  if (errors.empty()) {
-    // What needs the model: the partition against its layers, TorchScript files, data files.
-    absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(c);
-    if (!plan.ok()) {
-      for (const std::string& v : ViolationsOf(plan.status())) errors.push_back(v);
-    }
   }
   if (!errors.empty()) return InvalidArgumentList("invalid job", errors);
   return c;

@@ -1,9 +1,12 @@
 // pipetrain.v1.JobSpec -> the runtime's JobConfig (the coordinator validates with it, workers build
 // their stage from it), and v1.StepCommand <-> the runtime's step command bits.
 //
-// JobConfigFromSpec validates everything the coordinator can know before touching a worker
-// (every field, and the partition against the model's layers) and returns every violation
-// in one InvalidArgument, each "field.path: what is wrong".
+// JobConfigFromSpec validates everything that needs no model and no data (every field's type
+// and range, the partition arithmetic, the partition against a built-in model's layers,
+// m >= p for 2BW) and returns every violation in one InvalidArgument, each "field.path: what
+// is wrong". It opens no file and builds nothing (no LibTorch here): what needs the model or
+// the data (a TorchScript file, a data file, a TorchScript model's layer count) is checked by
+// the worker when it plans its stage, and fails the job naming the field.
 #pragma once
 
 #include <cstdint>

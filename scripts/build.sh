@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# ccache keys that hold for any checkout path and any machine with the same compiler, so a
+# fresh clone (CI's bare-machine root included) reuses what an earlier build compiled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_COMPILERCHECK="${CCACHE_COMPILERCHECK:-content}"
 if [[ ! -f build/build.ninja ]]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 elif [[ $# -gt 0 ]]; then

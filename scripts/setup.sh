@@ -10,7 +10,7 @@ packages=(
   g++ cmake ninja-build ccache git ca-certificates
   # libraries (LibTorch 1.13 CPU; OpenBLAS with pthreads: ~28x faster matmul than the
   # reference BLAS that would otherwise satisfy libtorch's dependency)
-  libtorch-dev libopenblas0-pthread libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
+  libtorch-dev libgloo-dev libopenblas0-pthread libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev

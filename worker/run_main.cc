@@ -53,6 +53,16 @@ std::string FormatDuration(double seconds) {
                    : absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
+// 1536 -> "1.5 KiB", 0 -> "-" (not measured).
+std::string FormatBytes(int64_t bytes) {
+  if (bytes <= 0) return "-";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
 std::string FormatRate(double per_s) {
   if (per_s >= 1e6) return absl::StrFormat("%.2fM", per_s / 1e6);
   if (per_s >= 1e3) return absl::StrFormat("%.1fk", per_s / 1e3);
@@ -130,7 +140,9 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
                               {"peak_weight_versions", s.peak_weight_versions},
                               {"compute_s", s.compute_s},
                               {"wait_s", s.wait_s},
-                              {"allreduce_s", s.allreduce_s}});
+                              {"allreduce_s", s.allreduce_s},
+                              {"parameter_bytes", s.parameter_bytes},
+                              {"peak_memory_bytes", s.peak_memory_bytes}});
   }
   if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
   return j;
@@ -173,12 +185,13 @@ void PrintSummary(const job::JobReport& r) {
               r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
               FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
               tokens ? "tok/s" : "samples/s", FormatDuration(r.wall_s).c_str());
-  std::printf("%-6s %-8s %-8s %-9s %-10s %-10s\n", "stage", "layers", "stashed", "versions",
-              "compute_s", "wait_s");
+  std::printf("%-6s %-8s %-8s %-9s %-10s %-10s %-10s %-10s\n", "stage", "layers", "stashed",
+              "versions", "compute_s", "wait_s", "params", "peak_mem");
   for (const auto& s : r.per_stage) {
-    std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f\n", s.stage,
+    std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f %-10s %-10s\n", s.stage,
                 absl::StrCat(s.layers.begin, ":", s.layers.end).c_str(),
-                s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s);
+                s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s,
+                FormatBytes(s.parameter_bytes).c_str(), FormatBytes(s.peak_memory_bytes).c_str());
   }
   if (r.max_param_rel_diff) {
     std::printf("max relative parameter difference vs. the un-pipelined reference: %.3g\n",

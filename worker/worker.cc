@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/job_spec.h"
 #include "worker/coordinator_store.h"
+#include "runtime/base/process_memory.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -315,6 +316,8 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       std::lock_guard<std::mutex> lock(mu_);
       AbortStage("the coordinator ended the job");
     });
+    int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
+    hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
     hooks.on_step = [&](const executor::StepRecord& step) {
       v1::StepReport report;
       report.set_worker_id(worker_id);
@@ -328,6 +331,8 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       report.set_end_s(step.end_s);
       report.set_compute_s(step.compute_s);
       report.set_wait_s(step.wait_s);
+      report.set_parameter_bytes(parameter_bytes);
+      report.set_peak_memory_bytes(PeakResidentMemoryBytes());
       for (v1::StepCommand c : proto::StepCommandsOf(step.commands_after)) {
         report.add_commands_after(c);
       }

@@ -1,5 +1,5 @@
 // Commands that take effect at a named step boundary, so that the control plane never
-// stalls the pipeline (DESIGN.md section 1).
+// stalls the pipeline (docs/design.md sections 1 and 6).
 //
 // Boundary N is the point between mini-batch N-1 and mini-batch N (0 < N < steps). A
 // command at boundary N means, on every stage of every replica:

@@ -21,32 +21,12 @@ namespace {
 
 bool IsTokenModel(const std::string& name) { return name == "gpt"; }
 
-// The layer names of a built-in model, as model::BuildModel names them, without building
-// it (their number and names depend only on the name and depth); nullopt for a TorchScript
-// model (known once loaded) or a depth that is not a positive, sane number.
-std::optional<std::vector<std::string>> BuiltinLayerNames(const model::ModelConfig& m) {
-  constexpr int64_t kMaxLayers = 1 << 16;
-  const int64_t depth = m.name == "gpt" ? m.n_layers : m.hidden_layers;
-  if (depth < 1 || depth > kMaxLayers) return std::nullopt;
-  std::vector<std::string> names;
-  auto numbered = [&](const char* prefix, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) names.push_back(absl::StrCat(prefix, i));
-  };
-  if (m.name == "gpt") {
-    names.push_back("embedding");
-    numbered("block", m.n_layers);
-    names.push_back("final_norm");
-    names.push_back("lm_head");
-  } else if (m.name == "mlp") {
-    numbered("hidden", m.hidden_layers);
-    names.push_back("classifier");
-  } else if (m.name == "cnn") {
-    numbered("conv", m.hidden_layers);
-    names.push_back("classifier");
-  } else {
-    return std::nullopt;
-  }
-  return names;
+// The layer names of a built-in model, without building it; nullopt for a TorchScript model
+// (known once loaded) or an unknown model or depth (reported by the model's own check).
+std::optional<std::vector<std::string>> KnownLayerNames(const model::ModelConfig& m) {
+  absl::StatusOr<std::vector<std::string>> names = model::BuiltinLayerNames(m);
+  if (!names.ok()) return std::nullopt;
+  return *std::move(names);
 }
 
 // The model's and the optimizer's own checks say "model.d_model must be > 0" or "unknown
@@ -329,7 +309,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
   // The partition against the model's layers, named, when they are known without building
   // it (built-in models); the runner checks it again (a TorchScript model's only there).
-  const std::optional<std::vector<std::string>> layers = BuiltinLayerNames(c.model);
+  const std::optional<std::vector<std::string>> layers = KnownLayerNames(c.model);
   if (layers && !c.stage_ranges.empty()) {
     const absl::Status partition = model::ValidatePartition(c.stage_ranges, *layers);
     for (std::string v : ViolationsOf(partition)) {

@@ -1,4 +1,4 @@
-// A training job: model, data, schedule, partition, optimizer, steps (DESIGN.md section 6).
+// A training job: model, data, schedule, partition, optimizer, steps (docs/design.md section 8.2).
 //
 // JobConfig is plain data with defaults that train the built-in GPT on the built-in corpus
 // with 4 stages under PipeDream-2BW. ValidateJobConfig checks everything before any stage
@@ -12,10 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "runtime/model/model_zoo.h"
+#include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
 #include "runtime/schedule/schedule.h"
-#include "runtime/weights/optimizer.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::job {
 

@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
+#include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
+#include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
 #include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/weights/weight_store.h"
@@ -68,10 +70,12 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   for (const auto& e : executors) stopped_at.push_back(e->stopped_at());
   PT_RETURN_IF_ERROR(StoppedStagesError(results, stopped_at));
 
+  const int64_t peak_memory = PeakResidentMemoryBytes();  // one process: shared by stages
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
-                        DetachedBuffers(*stages[s].weights)});
+                        DetachedBuffers(*stages[s].weights), stages[s].parameter_bytes,
+                        peak_memory});
   }
   return AssembleReport(c, plan, std::move(outcomes), start_s);
 }
@@ -84,8 +88,8 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
   for (int r = 0; r < c.replicas; ++r) {
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
-  const int n = static_cast<int>(plan.layers.size());
-  model::StageModule current(0, model::CloneLayers(plan.layers, 0, n));
+  PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
+  model::StageModule current(0, std::move(layers));
   std::unique_ptr<model::StageModule> previous;  // W(t-1), 2BW only
   const bool two_bw = c.schedule == schedule::ScheduleKind::kTwoBW;
   if (two_bw) previous = current.Clone();

@@ -1,7 +1,7 @@
 // Runs a job in this process: one thread per pipeline stage over the in-process transport.
 //
-// The runner builds the whole model once from the seed, cuts it into stages (explicit
-// ranges or a balanced split), gives each stage its weight store (one version, or two for
+// The runner plans the job, builds each stage's own layers (never a whole-model copy beside
+// them; explicit ranges or a balanced split), gives each stage its weight store (one version, or two for
 // 2BW), its schedule and its data (stage 0 reads inputs, the last stage reads targets, both
 // from the same deterministic sampler), runs all stages to the end and gathers the report.
 // A reference trainer runs the same model as one un-pipelined stage on the same

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
@@ -37,22 +38,35 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> MakeDataset(const JobConfig& c) {
   return data::MakeSyntheticClassification(o);
 }
 
-// Shapes crossing each stage boundary, from one forward of the whole model on
-// micro-batch 0 (marked as recomputation so that BatchNorm does not count it).
-absl::Status ProbeBoundaries(const JobConfig& c, JobPlan& plan) {
-  MicroBatchReader reader(plan, c.micro_batches);
-  const int p = plan.stages();
-  plan.boundary.assign(p + 1, {});
+// Shapes crossing each stage boundary of a built-in model, by formula (model_config.h).
+absl::Status BuiltinBoundaries(JobPlan& plan) {
+  for (int s = 0; s < plan.stages(); ++s) {
+    std::vector<int64_t> shape = plan.boundary[s].shape;
+    for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
+      absl::StatusOr<std::vector<int64_t>> out =
+          model::BuiltinLayerOutputShape(plan.model_config, i, shape);
+      if (!out.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the model does not accept the data: ", out.status().message()));
+      }
+      shape = *std::move(out);
+    }
+    plan.boundary[s + 1] = {shape, plan.dtype};
+  }
+  return absl::OkStatus();
+}
+
+// Shapes crossing each stage boundary of a TorchScript model, from one forward of micro-batch
+// 0 through all of its layers (marked as recomputation so that BatchNorm does not count it).
+absl::Status ProbeBoundaries(JobPlan& plan, const model::LayerList& layers, at::Tensor x) {
   try {
     torch::NoGradGuard no_grad;
     model::LayerContext ctx;
     ctx.recomputing = true;
-    at::Tensor x = reader.Inputs(0);
-    plan.boundary[0] = transport::SpecOf(x);
-    for (int s = 0; s < p; ++s) {
+    for (int s = 0; s < plan.stages(); ++s) {
       for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
         ctx.global_layer = i;
-        x = plan.layers[i]->Forward(x, ctx);
+        x = layers[i]->Forward(x, ctx);
       }
       plan.boundary[s + 1] = transport::SpecOf(x);
     }
@@ -64,12 +78,24 @@ absl::Status ProbeBoundaries(const JobConfig& c, JobPlan& plan) {
   return absl::OkStatus();
 }
 
+// A status from loading the model file, naming the field that holds its path.
+absl::Status ModelFileError(const absl::Status& s) {
+  if (absl::StartsWith(s.message(), "model.path")) return s;
+  return absl::Status(s.code(), absl::StrCat("model.path: ", s.message()));
+}
+
 }  // namespace
 
 std::vector<std::string> JobPlan::layer_names() const {
   std::vector<std::string> names;
-  for (const auto& layer : layers) names.push_back(layer->name());
+  for (const model::LayerInfo& layer : layers) names.push_back(layer.name);
   return names;
+}
+
+int64_t JobPlan::num_parameters() const {
+  int64_t n = 0;
+  for (const model::LayerInfo& layer : layers) n += layer.num_parameters;
+  return n;
 }
 
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
@@ -92,10 +118,25 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
     plan.model_config.seq_len = c.data.seq_len;
   }
   plan.dtype = c.float64 ? at::kDouble : at::kFloat;
-  PT_ASSIGN_OR_RETURN(plan.layers, model::BuildModel(plan.model_config));
+  // A TorchScript model is loaded (whole) only here, to learn its layers and shapes.
+  model::LayerList script_layers;
+  if (c.model.name == "torchscript") {
+    absl::StatusOr<model::LayerList> loaded = model::BuildModel(plan.model_config);
+    if (!loaded.ok()) return ModelFileError(loaded.status());
+    script_layers = *std::move(loaded);
+    const std::vector<double> counts = model::ParameterCounts(script_layers);
+    for (size_t i = 0; i < script_layers.size(); ++i) {
+      plan.layers.push_back({script_layers[i]->name(), static_cast<int64_t>(counts[i])});
+    }
+  } else {
+    PT_ASSIGN_OR_RETURN(plan.layers, model::BuiltinLayers(plan.model_config));
+  }
   if (c.stage_ranges.empty()) {
-    PT_ASSIGN_OR_RETURN(plan.partition,
-                        model::BalancedPartition(model::ParameterCounts(plan.layers), c.stages));
+    std::vector<double> costs;
+    for (const model::LayerInfo& layer : plan.layers) {
+      costs.push_back(static_cast<double>(layer.num_parameters));
+    }
+    PT_ASSIGN_OR_RETURN(plan.partition, model::BalancedPartition(costs, c.stages));
   } else {
     plan.partition = c.stage_ranges;
   }
@@ -127,7 +168,14 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   }
   plan.sampler = std::make_unique<data::BatchSampler>(
       plan.dataset->num_samples(), c.seed, c.replicas, c.micro_batches, c.micro_batch_size);
-  PT_RETURN_IF_ERROR(ProbeBoundaries(c, plan));
+  plan.boundary.assign(plan.stages() + 1, {});
+  at::Tensor first_input = MicroBatchReader(plan, c.micro_batches).Inputs(0);
+  plan.boundary[0] = transport::SpecOf(first_input);
+  if (script_layers.empty()) {
+    PT_RETURN_IF_ERROR(BuiltinBoundaries(plan));
+  } else {
+    PT_RETURN_IF_ERROR(ProbeBoundaries(plan, script_layers, first_input));
+  }
   return plan;
 }
 
@@ -153,11 +201,20 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
                                       const MicroBatchReader& reader, int s) {
   const int p = plan.stages();
   const model::LayerRange r = plan.partition[s];
+  absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
+  if (!layers.ok()) {
+    return c.model.name == "torchscript" ? ModelFileError(layers.status()) : layers.status();
+  }
+  StageParts parts;
+  for (const model::LayerList::value_type& layer : *layers) {
+    for (const at::Tensor& t : layer->Parameters()) {
+      parts.parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
+    }
+  }
   auto module = std::make_unique<model::StageModule>(
-      r.begin, model::CloneLayers(plan.layers, r.begin, r.end),
+      r.begin, *std::move(layers),
       std::vector<bool>(plan.recompute.begin() + r.begin, plan.recompute.begin() + r.end));
   PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer));
-  StageParts parts;
   if (c.schedule == schedule::ScheduleKind::kTwoBW) {
     PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeDoubleBufferedWeights(
                                            std::move(module), std::move(optimizer),

@@ -1,7 +1,12 @@
 // Everything about a job that every stage agrees on, computed identically in every thread
-// or process from the JobConfig alone: the data, the whole model built once from the seed,
-// the partition, what to recompute, and the shapes that cross each stage boundary. And the
-// construction of one stage's weights and executor configuration from it.
+// or process from the JobConfig alone: the data, the model's layers (names and parameter
+// counts, no tensors), the partition, what to recompute, and the shapes that cross each stage
+// boundary. And the construction of one stage from it: a stage builds only its own layers
+// (model::BuildLayers), so no rank ever holds the whole model.
+//
+// Built-in models are described without building anything (model_config.h: layer sizes and
+// output shapes by formula). A TorchScript model is known only by loading it: MakeJobPlan
+// loads the file, runs micro-batch 0 through it once for the boundary shapes and frees it.
 #pragma once
 
 #include <memory>
@@ -25,7 +30,7 @@ struct JobPlan {
   std::unique_ptr<data::Dataset> dataset;
   std::unique_ptr<data::BatchSampler> sampler;
   model::ModelConfig model_config;  // with sizes taken from the data
-  model::LayerList layers;          // the whole model, initialized from the seed
+  std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
   std::vector<model::LayerRange> partition;
   std::vector<bool> recompute;  // per global layer
   at::ScalarType dtype = at::kFloat;
@@ -34,9 +39,11 @@ struct JobPlan {
 
   int stages() const { return static_cast<int>(partition.size()); }
   std::vector<std::string> layer_names() const;
+  int64_t num_parameters() const;
 };
 
-// Validates the job completely (the partition against the model's layers too).
+// Validates the job completely (the partition against the model's layers too); what needs
+// the data or a model file (data.path, model.path) fails naming that field.
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& config);
 
 // Inputs and targets of global micro-batch j of one replica's shard, as tensors.
@@ -61,6 +68,7 @@ class MicroBatchReader {
 struct StageParts {
   std::unique_ptr<weights::WeightStore> weights;
   executor::StageConfig config;
+  int64_t parameter_bytes = 0;  // one version of the stage's parameters
 };
 absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& plan,
                                       const MicroBatchReader& reader, int stage);

@@ -173,10 +173,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.partition = plan.partition;
   report.data_entropy = plan.dataset->entropy_nats();
   report.data_summary = plan.dataset->Describe();
-  double params = 0;
-  for (double n : model::ParameterCounts(plan.layers)) params += n;
   report.model_summary = absl::StrCat(c.model.name, ": ", plan.layers.size(), " layers, ",
-                                      static_cast<int64_t>(params), " parameters");
+                                      plan.num_parameters(), " parameters");
   report.threads_per_stage = ThreadsPerStage(c, p);
   report.wall_s = MonotonicSeconds() - start_s;
   report.losses.assign(c.steps, 0.0);
@@ -191,7 +189,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
     StageOutcome& out = stages[s];
     report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
-                                out.stats.wait_s, out.stats.allreduce_s});
+                                out.stats.wait_s, out.stats.allreduce_s, out.parameter_bytes,
+                                out.peak_memory_bytes});
     for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
     for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
   }

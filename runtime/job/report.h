@@ -29,6 +29,10 @@ struct StageReport {
   double compute_s = 0;
   double wait_s = 0;
   double allreduce_s = 0;
+  int64_t parameter_bytes = 0;    // one version of the stage's own parameters
+  // The resident high-water mark of the process that ran the stage (VmHWM). With stages as
+  // threads of one process, that one process's figure for every stage.
+  int64_t peak_memory_bytes = 0;
 };
 
 struct JobReport {
@@ -80,6 +84,8 @@ struct StageOutcome {
   executor::StageStats stats;
   std::vector<at::Tensor> parameters;  // newest weights, detached copies
   std::vector<at::Tensor> buffers;
+  int64_t parameter_bytes = 0;    // as in StageReport
+  int64_t peak_memory_bytes = 0;  // measured when the stage ended, before the copies above
 };
 
 // The report of a finished run from every (replica, stage) outcome, replica-major; per-stage

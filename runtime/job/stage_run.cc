@@ -9,6 +9,7 @@
 #include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
@@ -104,6 +105,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                       transport::MakeGlooTransport(store, topts));
   MicroBatchReader reader(plan, c.micro_batches, replica);
   PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage));
+  if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
   if (hooks.on_transport) hooks.on_transport(transport.get());
   if (rank == 0) parts.config.commands = hooks.commands.get();
   weights::WeightStore* weights = parts.weights.get();
@@ -139,8 +141,9 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   }
   if (hooks.on_transport_gone) hooks.on_transport_gone();
   PT_RETURN_IF_ERROR(ran);
+  const int64_t peak_memory = PeakResidentMemoryBytes();
   return StageOutcome{executor.stats(), DetachedParameters(*parts.weights),
-                      DetachedBuffers(*parts.weights)};
+                      DetachedBuffers(*parts.weights), parts.parameter_bytes, peak_memory};
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
@@ -150,6 +153,8 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
     torch::save(tensors, OutcomePath(dir, stage, ".pt").string());
     nlohmann::json j = StatsToJson(out.stats);
     j["num_parameters"] = out.parameters.size();
+    j["parameter_bytes"] = out.parameter_bytes;
+    j["peak_memory_bytes"] = out.peak_memory_bytes;
     std::ofstream(OutcomePath(dir, stage, ".json")) << j.dump();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("stage ", stage, ": writing results: ", e.what()));
@@ -163,6 +168,8 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
     nlohmann::json j = nlohmann::json::parse(in);
     StageOutcome out;
     out.stats = StatsFromJson(j);
+    out.parameter_bytes = j.value("parameter_bytes", int64_t{0});
+    out.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{0});
     std::vector<at::Tensor> tensors;
     torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
     const size_t n = j.at("num_parameters");

@@ -42,7 +42,7 @@ class Layer {
   virtual void SetTraining(bool training) = 0;
   // Called once per mini-batch t on the weight version that is updated at its end:
   // BatchNorm folds the statistics accumulated over t's micro-batches into its running
-  // statistics here (DESIGN.md section 3, GPipe specifics).
+  // statistics here (docs/design.md section 4.6).
   virtual void FinishMiniBatch(int64_t /*mini_batch*/) {}
   // True when the layer keeps per-mini-batch statistics (BatchNorm).
   virtual bool HasMiniBatchStatistics() const { return false; }

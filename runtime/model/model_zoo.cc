@@ -12,16 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/errors.h"
+#include "runtime/base/hash.h"
+#include "runtime/base/status_macros.h"
 
 namespace pipetrain::model {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // Inverted dropout with a mask drawn from a generator seeded by (context, site): the same
 // micro-batch through the same layer always gets the same mask.
@@ -29,16 +24,37 @@ at::Tensor Dropout(const at::Tensor& x, double p, const LayerContext& ctx, int s
                    bool training) {
   if (!training || p <= 0.0) return x;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(
-      SplitMix64(RandomSeedFor(ctx) ^ static_cast<uint64_t>(site)));
+      Mix64(RandomSeedFor(ctx) ^ static_cast<uint64_t>(site)));
   at::Tensor mask = at::empty(x.sizes(), x.options().device(at::kCPU).requires_grad(false));
   mask.bernoulli_(1.0 - p, gen);
   mask.div_(1.0 - p);
   return x * mask.to(x.device());
 }
 
-at::Tensor Normal(at::IntArrayRef shape, double std) { return torch::randn(shape) * std; }
+// The generator that initial parameters are drawn from while BuildLayers builds a layer
+// (seeded by LayerInitSeed); outside that (a Clone's reset(), whose values are overwritten
+// by the copy) the process-wide one.
+thread_local at::Generator* init_generator = nullptr;
+
+class InitGeneratorScope {
+ public:
+  explicit InitGeneratorScope(uint64_t seed)
+      : generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    init_generator = &generator_;
+  }
+  ~InitGeneratorScope() { init_generator = nullptr; }
+
+ private:
+  at::Generator generator_;
+};
+
+at::Tensor Normal(at::IntArrayRef shape, double std) {
+  at::Tensor x = init_generator ? at::randn(shape, *init_generator) : at::randn(shape);
+  return x * std;
+}
 at::Tensor Uniform(at::IntArrayRef shape, double bound) {
-  return torch::rand(shape) * (2 * bound) - bound;
+  at::Tensor x = init_generator ? at::rand(shape, *init_generator) : at::rand(shape);
+  return x * (2 * bound) - bound;
 }
 
 // Adapts a torch::nn::Cloneable module with forward(Tensor, LayerContext) to Layer.
@@ -369,6 +385,8 @@ absl::StatusOr<LayerList> LoadTorchScript(const std::string& path) {
     }
     layers.push_back(std::make_unique<ScriptLayer>(child.name, child.value));
   }
+  // Trainable whatever the file says (a module saved with frozen parameters too).
+  for (at::Tensor p : root.parameters()) p.requires_grad_(true);
   if (layers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TorchScript model '", path,
@@ -386,9 +404,9 @@ std::unique_ptr<Layer> Make(std::string name, Args&&... args) {
 }  // namespace
 
 uint64_t RandomSeedFor(const LayerContext& ctx) {
-  uint64_t h = SplitMix64(ctx.seed);
-  h = SplitMix64(h ^ static_cast<uint64_t>(ctx.micro_batch));
-  return SplitMix64(h ^ (static_cast<uint64_t>(ctx.global_layer) << 32));
+  uint64_t h = Mix64(ctx.seed);
+  h = Mix64(h ^ static_cast<uint64_t>(ctx.micro_batch));
+  return Mix64(h ^ (static_cast<uint64_t>(ctx.global_layer) << 32));
 }
 
 LayerList CloneLayers(const LayerList& layers, int begin, int end) {
@@ -400,82 +418,66 @@ LayerList CloneLayers(const LayerList& layers, int begin, int end) {
   return out;
 }
 
-std::vector<std::string> BuiltinModelNames() { return {"gpt", "mlp", "cnn", "torchscript"}; }
+namespace {
 
-absl::Status ValidateModelConfig(const ModelConfig& c) {
-  std::vector<std::string> errors;
-  auto positive = [&](const char* field, int64_t v) {
-    if (v <= 0) errors.push_back(absl::StrCat("model.", field, " must be > 0, got ", v));
-  };
+// Built-in layer i (0-based, global), its parameters drawn from LayerInitSeed(seed, i).
+std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
+  InitGeneratorScope init(LayerInitSeed(c.seed, i));
   if (c.name == "gpt") {
-    positive("vocab_size", c.vocab_size);
-    positive("seq_len", c.seq_len);
-    positive("d_model", c.d_model);
-    positive("n_heads", c.n_heads);
-    positive("n_layers", c.n_layers);
-    if (c.d_model > 0 && c.n_heads > 0 && c.d_model % c.n_heads != 0) {
-      errors.push_back(absl::StrCat("model.d_model (", c.d_model,
-                                    ") must be divisible by model.n_heads (", c.n_heads, ")"));
+    if (i == 0) {
+      return Make<GptEmbeddingImpl>("embedding", c.vocab_size, c.seq_len, c.d_model, c.dropout);
     }
-  } else if (c.name == "mlp" || c.name == "cnn") {
-    positive("hidden", c.hidden);
-    positive("hidden_layers", c.hidden_layers);
-    positive("num_classes", c.num_classes);
-    if (c.name == "mlp") positive("input_dim", c.input_dim);
-    if (c.name == "cnn") {
-      if (c.image_shape.size() != 3) {
-        errors.push_back("model.image_shape must be [channels, height, width]");
-      } else {
-        for (int64_t v : c.image_shape) positive("image_shape[]", v);
-      }
+    if (i <= c.n_layers) {
+      return Make<GptBlockImpl>(absl::StrCat("block", i - 1), c.d_model, c.n_heads, c.n_layers,
+                                c.dropout);
     }
-  } else if (c.name == "torchscript") {
-    if (c.torchscript_path.empty()) errors.push_back("model.path is required for torchscript");
-  } else {
-    errors.push_back(absl::StrCat("unknown model '", c.name, "' (known: ",
-                                  absl::StrJoin(BuiltinModelNames(), ", "), ")"));
+    if (i == c.n_layers + 1) return Make<LayerNormImpl>("final_norm", c.d_model);
+    return Make<LinearImpl>("lm_head", c.d_model, c.vocab_size, /*bias=*/false,
+                            /*relu=*/false, /*init_std=*/0.02);
   }
-  if (c.dropout < 0 || c.dropout >= 1) {
-    errors.push_back(absl::StrCat("model.dropout must be in [0, 1), got ", c.dropout));
+  if (c.name == "mlp") {
+    const int64_t in = i == 0 ? c.input_dim : c.hidden;
+    if (i < c.hidden_layers) {
+      return Make<LinearImpl>(absl::StrCat("hidden", i), in, c.hidden, true, true);
+    }
+    return Make<LinearImpl>("classifier", in, c.num_classes, true, false);
   }
-  return InvalidArgumentList("", errors);
+  // cnn: conv i has hidden (i = 0) or 2 * hidden channels; conv 1 halves the resolution.
+  auto channels = [&](int64_t k) { return c.hidden * (k == 0 ? 1 : 2); };
+  const int64_t in = i == 0 ? c.image_shape[0] : channels(i - 1);
+  if (i < c.hidden_layers) {
+    return Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, channels(i), /*stride=*/i == 1 ? 2 : 1);
+  }
+  return Make<PoolLinearImpl>("classifier", in, c.num_classes);
 }
 
-absl::StatusOr<LayerList> BuildModel(const ModelConfig& c) {
+absl::Status CheckRange(int begin, int end, int n) {
+  if (begin < 0 || begin > end || end > n) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", begin, ", ", end,
+                                                   ") are not within the model's ", n,
+                                                   " layers"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LayerList> BuildLayers(const ModelConfig& c, int begin, int end) {
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) return s;
   LayerList layers;
   try {
-    torch::manual_seed(c.seed);
-    if (c.name == "gpt") {
-      layers.push_back(Make<GptEmbeddingImpl>("embedding", c.vocab_size, c.seq_len, c.d_model,
-                                              c.dropout));
-      for (int64_t i = 0; i < c.n_layers; ++i) {
-        layers.push_back(Make<GptBlockImpl>(absl::StrCat("block", i), c.d_model, c.n_heads,
-                                            c.n_layers, c.dropout));
-      }
-      layers.push_back(Make<LayerNormImpl>("final_norm", c.d_model));
-      layers.push_back(Make<LinearImpl>("lm_head", c.d_model, c.vocab_size, /*bias=*/false,
-                                        /*relu=*/false, /*init_std=*/0.02));
-    } else if (c.name == "mlp") {
-      int64_t in = c.input_dim;
-      for (int64_t i = 0; i < c.hidden_layers; ++i) {
-        layers.push_back(Make<LinearImpl>(absl::StrCat("hidden", i), in, c.hidden, true, true));
-        in = c.hidden;
-      }
-      layers.push_back(Make<LinearImpl>("classifier", in, c.num_classes, true, false));
-    } else if (c.name == "cnn") {
-      int64_t in = c.image_shape[0];
-      for (int64_t i = 0; i < c.hidden_layers; ++i) {
-        const int64_t out = c.hidden * (i == 0 ? 1 : 2);
-        layers.push_back(
-            Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, out, /*stride=*/i == 1 ? 2 : 1));
-        in = out;
-      }
-      layers.push_back(Make<PoolLinearImpl>("classifier", in, c.num_classes));
+    if (c.name == "torchscript") {
+      PT_ASSIGN_OR_RETURN(LayerList all, LoadTorchScript(c.torchscript_path));
+      const int n = static_cast<int>(all.size());
+      if (end < 0) end = n;
+      PT_RETURN_IF_ERROR(CheckRange(begin, end, n));
+      for (int i = begin; i < end; ++i) layers.push_back(std::move(all[i]));
     } else {
-      auto loaded = LoadTorchScript(c.torchscript_path);
-      if (!loaded.ok()) return loaded.status();
-      layers = std::move(loaded).value();
+      PT_ASSIGN_OR_RETURN(std::vector<LayerInfo> info, BuiltinLayers(c));
+      const int n = static_cast<int>(info.size());
+      if (end < 0) end = n;
+      PT_RETURN_IF_ERROR(CheckRange(begin, end, n));
+      for (int i = begin; i < end; ++i) layers.push_back(BuildBuiltinLayer(c, i));
     }
     for (auto& layer : layers) {
       layer->ToDtype(c.float64 ? at::kDouble : at::kFloat);
@@ -486,6 +488,8 @@ absl::StatusOr<LayerList> BuildModel(const ModelConfig& c) {
   }
   return layers;
 }
+
+absl::StatusOr<LayerList> BuildModel(const ModelConfig& c) { return BuildLayers(c, 0, -1); }
 
 std::vector<double> ParameterCounts(const LayerList& layers) {
   std::vector<double> counts;

@@ -8,11 +8,11 @@
 // The last stage computes the loss inside F<j> (its labels are delivered to it) and starts
 // B<j> from that loss. Sends never block; receives block until the matching send.
 //
-// Kinds (DESIGN.md section 3):
+// Kinds (docs/design.md section 3):
 //   kGPipe    : per step, all F in order, then all B in order, then STEP<t> (flush).
 //   kOneFOneB : PipeDream-Flush. Per step, warm-up of min(p-s-1, m) forwards, then
 //               (F, B) pairs, then the remaining backwards, then STEP<t> (flush).
-//               This is also Hippie's "last-stage schedule" (DESIGN.md section 4): the
+//               This is also Hippie's "last-stage schedule" (docs/design.md section 5): the
 //               last stage runs B<j> right after F<j>, holding one micro-batch in flight,
 //               and stage s holds at most p-s.
 //   kTwoBW    : PipeDream-2BW. One continuous 1F1B over steps*m micro-batches with no flush;

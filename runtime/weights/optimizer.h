@@ -1,7 +1,7 @@
 // Optimizers whose state is independent of which parameter tensors they update.
 //
 // PipeDream-2BW keeps two weight versions in two sets of tensors but one optimizer state
-// (DESIGN.md section 3: "Momentum/Adam state is single"), so Step() takes the tensors to
+// (docs/design.md section 4.3: one optimizer state), so Step() takes the tensors to
 // update and their gradients explicitly, and keeps its state by position. The arithmetic
 // follows PyTorch's torch.optim.SGD (dampening 0, no Nesterov) and torch.optim.AdamW
 // (no amsgrad) step by step. Not thread-safe: one stage thread owns an Optimizer.
@@ -14,21 +14,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::weights {
-
-struct OptimizerConfig {
-  std::string name = "adamw";  // sgd | adamw
-  double lr = 1e-3;
-  double weight_decay = 0.0;
-  double momentum = 0.9;  // sgd
-  double beta1 = 0.9;     // adamw
-  double beta2 = 0.999;   // adamw
-  double eps = 1e-8;      // adamw
-};
-
-// All invalid fields in one InvalidArgument ("; "-separated) (unknown name, lr <= 0, betas outside [0, 1), ...).
-absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 class Optimizer {
  public:

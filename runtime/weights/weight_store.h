@@ -1,4 +1,4 @@
-// Weight versions of one pipeline stage (DESIGN.md section 3).
+// Weight versions of one pipeline stage (docs/design.md section 4.3).
 //
 // SingleVersionWeights (GPipe, 1F1B-Flush): one version; Update(t) applies mini-batch t's
 // accumulated gradient after the flush.

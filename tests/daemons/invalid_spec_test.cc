@@ -3,9 +3,12 @@
 // gRPC status is INVALID_ARGUMENT; no job is created and the worker is never contacted.
 //
 // A spec is checked in two phases: the YAML reader (in the CLI: unknown keys, wrong types;
-// nothing is sent) and the coordinator's validation (ValidateJobConfig and the checks that
-// need the model). Each phase lists all of its violations; a file that fails the first
-// never reaches the second, since it has no spec to check.
+// nothing is sent) and the coordinator's validation (everything that needs no model and no
+// data). Each phase lists all of its violations; a file that fails the first never reaches
+// the second, since it has no spec to check. What needs the model or the data (a data file,
+// a TorchScript file) is checked by the workers when they plan their stage: the job fails at
+// once naming the field, and every worker is free again.
+#include <chrono>
 #include <regex>
 #include <set>
 #include <string>
@@ -133,9 +136,6 @@ std::vector<Case> Cases() {
        {"data.kind: model mlp needs feature data (classification), got synthetic"}},
       {"a data file not named", Spec({{"data", "{kind: bytes}"}}),
        {"data.path: required for data.kind bytes"}},
-      {"a data file that does not exist",
-       Spec({{"data", "{kind: bytes, path: /nonexistent/corpus.txt}"}}),
-       {"data.path: cannot open"}},
       {"unknown optimizer", Spec({{"optimizer", "{name: lion, lr: 0.01}"}}),
        {"optimizer.name: unknown optimizer 'lion' (known: sgd, adamw)"}},
       {"negative learning rate", Spec({{"optimizer", "{name: sgd, lr: -0.1}"}}),
@@ -280,6 +280,35 @@ TEST_F(InvalidSpecTest, EveryKindIsRefusedWithEveryViolationAndNothingRuns) {
   Result valid = cluster.Cli("submit " + Write("valid.yaml", Spec({})).string() + " --follow");
   EXPECT_EQ(valid.exit_code, 0) << valid.out << valid.err;
   EXPECT_THAT(valid.out, HasSubstr("job-0001 succeeded"));
+}
+
+TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheField) {
+  LocalCluster cluster(dir_, 2);
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  const struct {
+    std::string yaml, field;
+  } cases[] = {
+      {Spec({{"data", "{kind: bytes, path: /nonexistent/corpus.txt}"}}),
+       "data.path: cannot open"},
+      {Spec({{"model", "{name: torchscript, path: /nonexistent/model.pt}"},
+             {"data", "{kind: classification}"}}),
+       "model.path: cannot load TorchScript model '/nonexistent/model.pt'"},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.field);
+    const auto started = std::chrono::steady_clock::now();
+    Result r = cluster.Cli("submit " + Write("job" + std::to_string(n++) + ".yaml", c.yaml).string() +
+                           " --follow");
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;  // accepted, then failed: not a usage error
+    EXPECT_THAT(r.out + r.err, HasSubstr(c.field));
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+    // Nothing is left running: both workers take the next job at once.
+    EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
+  }
+  Result valid = cluster.Cli("submit " + Write("valid.yaml", Spec({})).string() + " --follow");
+  EXPECT_EQ(valid.exit_code, 0) << valid.out << valid.err;
+  EXPECT_THAT(valid.out, HasSubstr("job-0003 succeeded"));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Proof that pipelined training has the semantics DESIGN.md section 3 claims, against
+// Proof that pipelined training has the semantics docs/design.md section 4 claims, against
 // independent references: the un-pipelined trainer with LibTorch's own optimizers
 // (TrainReference), a whole-batch gradient, and hand-computed BatchNorm statistics.
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "runtime/control/step_commands.h"
 #include "runtime/data/dataset.h"
 #include "runtime/job/local_run.h"
+#include "runtime/model/model_zoo.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::job {
@@ -400,7 +401,7 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
   }
 }
 
-// Peak stashed micro-batches per stage, counted by the executor, equal DESIGN.md's table.
+// Peak stashed micro-batches per stage, counted by the executor, equal the table of docs/design.md section 3.
 TEST(Stash, PeakPerStageMatchesTable) {
   const int p = 4, m = 6;
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {

@@ -1,0 +1,79 @@
+// What a model is, as plain data, and what can be known about a built-in model without
+// building it: its layers' names, their parameter counts and the shape each one outputs.
+// No LibTorch here: the coordinator validates jobs with this alone.
+//
+//   gpt         : token + position embedding | n_layers pre-LN transformer blocks with causal
+//                 self-attention | final LayerNorm | LM head. Layers: embedding, block0..,
+//                 final_norm, lm_head (n_layers + 3 layers). Input [b, T] token ids.
+//   mlp         : Linear+ReLU hidden layers, then a Linear classifier. Input [b, D].
+//   cnn         : conv3x3+BatchNorm+ReLU blocks (the second with stride 2), then global
+//                 average pooling + Linear. Input [b, C, H, W].
+//   torchscript : a file saved from Python with torch.jit.script/trace of an nn.Sequential;
+//                 each child module is one layer, in order. Its layers are known only once
+//                 the file is loaded (model_zoo.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipetrain::model {
+
+struct ModelConfig {
+  std::string name = "gpt";  // gpt | mlp | cnn | torchscript
+  uint64_t seed = 0;
+  bool float64 = false;
+  // gpt
+  int64_t vocab_size = 64;
+  int64_t seq_len = 32;
+  int64_t d_model = 64;
+  int64_t n_heads = 4;
+  int64_t n_layers = 4;
+  double dropout = 0.0;
+  // mlp (input_dim) and cnn (image_shape); both use num_classes and hidden sizes
+  int64_t input_dim = 32;
+  std::vector<int64_t> image_shape = {3, 16, 16};
+  int64_t hidden = 64;      // mlp hidden width / cnn channels
+  int64_t hidden_layers = 3;
+  int64_t num_classes = 10;
+  // torchscript
+  std::string torchscript_path;
+};
+
+// All invalid fields in one InvalidArgument ("; "-separated) (unknown name, non-positive
+// sizes, d_model not divisible by n_heads, dropout outside [0, 1), ...).
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Names of the built-in models, for --help and error messages.
+std::vector<std::string> BuiltinModelNames();
+
+struct LayerInfo {
+  std::string name;
+  int64_t num_parameters = 0;
+};
+
+// The layer names of a built-in model in order; they depend only on its name and depth, so
+// they are known even when other fields are invalid. FailedPrecondition for a TorchScript
+// model, InvalidArgument for an unknown model or a depth outside [1, 65536].
+absl::StatusOr<std::vector<std::string>> BuiltinLayerNames(const ModelConfig& config);
+
+// The layers of a built-in model in order, exactly as BuildLayers names and sizes them.
+// FailedPrecondition for a TorchScript model (known once loaded); InvalidArgument for an
+// invalid config or a depth above 65536 layers.
+absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& config);
+
+// The shape of built-in layer `layer`'s output for an input of `input_shape` (its dtype is
+// the model's float type; only a gpt's embedding takes integer ids). InvalidArgument when
+// the input does not fit the layer (wrong rank or size).
+absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& config,
+                                                             int layer,
+                                                             const std::vector<int64_t>& input_shape);
+
+// The seed of layer `layer`'s initial parameters: a layer's initial values depend only on
+// (job seed, global layer index, model config), never on the partition.
+uint64_t LayerInitSeed(uint64_t seed, int layer);
+
+}  // namespace pipetrain::model
