@@ -3,18 +3,15 @@
 #include <algorithm>
 #include <numeric>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/placement.h"
 #include "proto/job_spec.h"
 #include "runtime/control/step_commands.h"
 
 namespace pipetrain::coordinator {
 namespace {
-
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 // "flush", "switch", "checkpoint", "stop": the names the CLI takes.
 std::string CommandName(v1::StepCommand command) {
@@ -35,16 +32,29 @@ std::string Rank(const v1::Job& job, int rank) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOptions& options) {
-  auto store = JobStore::Open(options.db_path);
+  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenSqliteJobStore(options.db_path);
   if (!store.ok()) return store.status();
-  std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(store).value()));
+  CoordinatorDeps deps;
+  deps.store = *std::move(store);
+  return Open(options, std::move(deps));
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOptions& options,
+                                                               CoordinatorDeps deps) {
+  if (!deps.store) return absl::InvalidArgumentError("a coordinator needs a job store");
+  if (!deps.clock) deps.clock = std::make_shared<RealClock>();
+  if (!deps.connect) deps.connect = GrpcWorkerConnector(options.security);
+  const bool monitor = deps.start_monitor;
+  std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(deps)));
   if (absl::Status s = c->Load(); !s.ok()) return s;
-  c->monitor_ = std::thread([raw = c.get()] { raw->Monitor(); });
+  if (monitor) c->monitor_ = std::thread([raw = c.get()] { raw->Monitor(); });
   return c;
 }
 
-Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store)
-    : options_(std::move(options)), store_(std::move(store)) {}
+Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
+    : options_(std::move(options)), deps_(std::move(deps)) {}
+
+int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now()); }
 
 Coordinator::~Coordinator() {
   {
@@ -62,11 +72,13 @@ Coordinator::~Coordinator() {
 }
 
 absl::Status Coordinator::Load() {
-  auto stored = store_->LoadJobs();
+  auto stored = deps_.store->LoadJobs();
   if (!stored.ok()) return stored.status();
+  {
   std::lock_guard<std::mutex> lock(mu_);
   for (const StoredJob& s : *stored) {
     JobEntry entry;
+    entry.durable = true;
     if (!entry.job.ParseFromString(s.job)) {
       return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
     }
@@ -89,30 +101,64 @@ absl::Status Coordinator::Load() {
       Changed(e);
     }
   }
+  }
+  if (absl::Status s = FlushWrites(); !s.ok()) {
+    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+  }
   return absl::OkStatus();
 }
 
 void Coordinator::Changed(JobEntry& entry, bool progress_only) {
   ++entry.version;
   changed_.notify_all();
-  const absl::Time now = absl::Now();
+  const absl::Time now = deps_.clock->Now();
   if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
   entry.persisted_at = now;
-  if (absl::Status s = store_->PutJob(entry.job.id(), entry.order, entry.job.SerializeAsString());
-      !s.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
-  }
+  pending_jobs_[entry.job.id()] = {entry.order, entry.job.SerializeAsString()};
 }
 
 void Coordinator::Event(const std::string& job_id, const std::string& text) {
-  if (auto s = store_->AppendEvent(job_id, NowMs(), text); !s.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.status().message()).c_str());
-  }
+  pending_events_.push_back({job_id, NowMs(), text});
   std::fprintf(stderr, "coordinator: %s: %s\n", job_id.c_str(), text.c_str());
   changed_.notify_all();
 }
 
+absl::Status Coordinator::FlushWrites() {
+  std::lock_guard<std::mutex> flush_lock(flush_mu_);
+  std::map<std::string, PendingJob> jobs;
+  std::vector<PendingEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs.swap(pending_jobs_);
+    events.swap(pending_events_);
+  }
+  absl::Status first;
+  std::map<std::string, PendingJob> failed;
+  for (auto& [id, job] : jobs) {
+    absl::Status s = deps_.store->PutJob(id, job.order, job.record);
+    if (s.ok()) continue;
+    if (first.ok()) first = s;
+    failed.emplace(id, std::move(job));
+  }
+  for (const PendingEvent& e : events) {
+    if (failed.count(e.job_id)) continue;
+    if (auto s = deps_.store->AppendEvent(e.job_id, e.unix_ms, e.text); !s.ok() && first.ok()) {
+      first = s.status();
+    }
+  }
+  if (!failed.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, job] : failed) pending_jobs_.emplace(id, std::move(job));  // unless newer
+  }
+  if (!first.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(first.message()).c_str());
+  return first;
+}
+
 void Coordinator::Later(std::function<void()> call) {
+  if (deps_.run_later) {
+    deps_.run_later(std::move(call));
+    return;
+  }
   for (Call& c : calls_) {
     if (c.done->load()) c.thread.join();
   }
@@ -130,33 +176,50 @@ void Coordinator::Later(std::function<void()> call) {
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
   absl::StatusOr<job::JobConfig> config = proto::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
-  std::lock_guard<std::mutex> lock(mu_);
-  JobEntry entry;
-  entry.order = next_order_++;
-  entry.config = *config;
-  v1::Job& job = entry.job;
-  job.set_id(absl::StrFormat("job-%04d", entry.order + 1));
-  *job.mutable_spec() = spec;
-  job.set_state(v1::JOB_STATE_QUEUED);
-  job.set_stages(job::PipelineStages(*config));
-  job.set_replicas(config->replicas);
-  job.set_steps(config->steps);
-  job.set_step(-1);
-  job.set_submitted_unix_ms(NowMs());
-  const bool tokens = job::EffectiveDataKind(*config) != "classification";
-  job.set_data_unit(tokens ? "tok" : "samples");
-  entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
-                          config->micro_batch_size * (tokens ? config->data.seq_len : 1);
-  const std::string id = job.id();
-  auto [it, inserted] = jobs_.emplace(id, std::move(entry));
-  Changed(it->second);
-  Event(id, absl::StrCat("submitted", job.spec().name().empty() ? "" : " as ", job.spec().name(),
-                         ": ", it->second.job.stages(), " stages x ",
-                         it->second.job.replicas(), " replicas, ",
-                         it->second.job.steps(), " steps; needs ",
-                         it->second.job.stages() * it->second.job.replicas(), " workers"));
-  Schedule();
-  return jobs_.at(id).job;
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobEntry entry;
+    entry.order = next_order_++;
+    entry.config = *config;
+    v1::Job& job = entry.job;
+    job.set_id(absl::StrFormat("job-%04d", entry.order + 1));
+    *job.mutable_spec() = spec;
+    job.set_state(v1::JOB_STATE_QUEUED);
+    job.set_stages(job::PipelineStages(*config));
+    job.set_replicas(config->replicas);
+    job.set_steps(config->steps);
+    job.set_step(-1);
+    job.set_submitted_unix_ms(NowMs());
+    const bool tokens = job::EffectiveDataKind(*config) != "classification";
+    job.set_data_unit(tokens ? "tok" : "samples");
+    entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
+                            config->micro_batch_size * (tokens ? config->data.seq_len : 1);
+    id = job.id();
+    auto [it, inserted] = jobs_.emplace(id, std::move(entry));
+    const v1::Job& j = it->second.job;
+    Changed(it->second);
+    Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
+                           ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
+                           j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
+  }
+  // Acknowledged only once durable; until then it is not scheduled.
+  const absl::Status written = FlushWrites();
+  v1::Job job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(id);
+    if (!written.ok() && pending_jobs_.count(id)) {
+      pending_jobs_.erase(id);
+      jobs_.erase(it);
+      return absl::UnavailableError(absl::StrCat("the job was not accepted: ", written.message()));
+    }
+    it->second.durable = true;
+    Schedule();
+    job = it->second.job;
+  }
+  (void)FlushWrites();
+  return job;
 }
 
 absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
@@ -178,23 +241,22 @@ std::vector<v1::Job> Coordinator::List() {
 }
 
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (Ended(it->second.job.state())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " already ended (", v1::JobState_Name(it->second.job.state()),
-                     ")"));
-  }
-  EndJob(it->second, v1::JOB_STATE_CANCELLED, "cancelled by the user");
-  Schedule();
-  return it->second.job;
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::Job> {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    if (Ended(it->second.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " already ended (", v1::JobState_Name(it->second.job.state()), ")"));
+    }
+    EndJob(it->second, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    Schedule();
+    return it->second.job;
+  });
 }
 
 absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
     const v1::SendCommandRequest& request) {
-  std::shared_ptr<v1::WorkerService::Stub> stub;
-  std::string worker_id;
+  std::shared_ptr<WorkerClient> client;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(request.job_id());
@@ -213,29 +275,24 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
           "job ", e.job.id(), " has no weights_dir: a checkpoint is written to "
           "<weights_dir>/checkpoint-N/ on each worker"));
     }
-    worker_id = e.rank_worker.empty() ? "" : e.rank_worker[0];
-    auto w = workers_.find(worker_id);
-    if (w == workers_.end()) {
+    WorkerPool::Worker* w = pool_.Find(e.rank_worker.empty() ? "" : e.rank_worker[0]);
+    if (w == nullptr) {
       return absl::UnavailableError(absl::StrCat("the worker of rank 0 of ", e.job.id(),
                                                  " is not known"));
     }
-    stub = w->second.stub;
+    client = w->client;
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::SendCommandResponse response;
-  grpc::Status s = stub->ScheduleCommand(&ctx, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(request.job_id());
-  if (it != jobs_.end()) {
-    if (request.command() == v1::STEP_COMMAND_STOP) it->second.stop_step = response.step();
+  absl::StatusOr<v1::SendCommandResponse> response = client->ScheduleCommand(request);
+  if (!response.ok()) return response.status();
+  LockedThenFlush([&] {
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) return 0;
+    if (request.command() == v1::STEP_COMMAND_STOP) it->second.stop_step = response->step();
     Event(request.job_id(), absl::StrCat(CommandName(request.command()),
-                                         " scheduled before step ", response.step()));
+                                         " scheduled before step ", response->step()));
     Changed(it->second);
-  }
+    return 0;
+  });
   return response;
 }
 
@@ -270,7 +327,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
     std::lock_guard<std::mutex> lock(mu_);
     if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
-  auto stored = store_->Events(id, after_seq);
+  (void)FlushWrites();  // what was said so far
+  auto stored = deps_.store->Events(id, after_seq);
   if (!stored.ok()) return stored.status();
   std::vector<v1::JobEvent> events;
   for (const StoredEvent& s : *stored) {
@@ -286,9 +344,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
 
 std::vector<v1::WorkerInfo> Coordinator::Workers() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<v1::WorkerInfo> out;
-  for (const auto& [id, w] : workers_) out.push_back(w.info);
-  return out;
+  return pool_.Infos();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
@@ -296,95 +352,79 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   if (request.address().empty()) {
     return absl::InvalidArgumentError("address: the worker's service address is required");
   }
-  auto channel = rpc::MakeChannel(request.address(), options_.security);
-  if (!channel.ok()) return channel.status();
-  std::lock_guard<std::mutex> lock(mu_);
-  WorkerEntry w;
+  absl::StatusOr<std::shared_ptr<WorkerClient>> client = deps_.connect(request.address());
+  if (!client.ok()) return client.status();
   // Numbered in the store: a worker still known by its id from before a restart must not
   // find that id given to another (its heartbeats would pass for the other's).
-  auto number = store_->Increment("worker");
+  absl::StatusOr<int64_t> number = deps_.store->Increment("worker");
   if (!number.ok()) {
     std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
   }
-  next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
-  w.info.set_id(absl::StrFormat("worker-%d", next_worker_));
-  w.info.set_address(request.address());
-  w.info.set_device(request.device().empty() ? "cpu" : request.device());
-  w.info.set_memory_bytes(request.memory_bytes());
-  w.info.set_state("idle");
-  w.info.set_rank(-1);
-  w.last_heartbeat = absl::Now();
-  w.info.set_last_heartbeat_unix_ms(NowMs());
-  w.stub = v1::WorkerService::NewStub(*channel);
-  v1::RegisterWorkerResponse response;
-  response.set_worker_id(w.info.id());
-  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-  std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", w.info.id().c_str(),
-               request.address().c_str(), w.info.device().c_str(),
-               request.name().empty() ? "" : ", ", request.name().c_str());
-  workers_.emplace(w.info.id(), std::move(w));
-  Schedule();
-  return response;
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
+    next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
+    v1::WorkerInfo info;
+    info.set_id(absl::StrFormat("worker-%d", next_worker_));
+    info.set_address(request.address());
+    info.set_device(request.device().empty() ? "cpu" : request.device());
+    info.set_memory_bytes(request.memory_bytes());
+    pool_.Add(info, *client, deps_.clock->Now());
+    v1::RegisterWorkerResponse response;
+    response.set_worker_id(info.id());
+    response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
+                 request.address().c_str(), info.device().c_str(),
+                 request.name().empty() ? "" : ", ", request.name().c_str());
+    Schedule();
+    return response;
+  });
 }
 
 absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(request.worker_id());
-  if (it == workers_.end() || it->second.info.state() == "lost") {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", request.worker_id(),
-                                            ": register again"));
+  absl::StatusOr<WorkerPool::Worker*> worker =
+      pool_.Heartbeat(request.worker_id(), deps_.clock->Now());
+  if (!worker.ok()) return worker.status();
+  if (request.job_id().empty()) return absl::OkStatus();
+  auto j = jobs_.find(request.job_id());
+  const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
+                          request.rank() < static_cast<int>(j->second.rank_ended.size());
+  if (j == jobs_.end() || (j->second.job.state() != v1::JOB_STATE_RUNNING &&
+                           !(rank_known && j->second.rank_ended[request.rank()]))) {
+    // Its stage outlived its job (a stop that reached the worker before the assignment,
+    // a job ended while it was unreachable): stop it again, or it would hold the worker.
+    std::shared_ptr<WorkerClient> client = (*worker)->client;
+    v1::StopStageRequest stop;
+    stop.set_job_id(request.job_id());
+    stop.set_reason(absl::StrCat("job ", request.job_id(), " is no longer running"));
+    Later([client, stop] { (void)client->StopStage(stop); });
   }
-  WorkerEntry& w = it->second;
-  w.last_heartbeat = absl::Now();
-  w.info.set_last_heartbeat_unix_ms(NowMs());
-  if (!request.job_id().empty()) {
-    auto j = jobs_.find(request.job_id());
-    const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
-                            request.rank() < static_cast<int>(j->second.rank_ended.size());
-    if (j == jobs_.end() || (j->second.job.state() != v1::JOB_STATE_RUNNING &&
-                             !(rank_known && j->second.rank_ended[request.rank()]))) {
-      // Its stage outlived its job (a stop that reached the worker before the assignment,
-      // a job ended while it was unreachable): stop it again, or it would hold the worker.
-      auto stub = w.stub;
-      const std::string job_id = request.job_id();
-      Later([stub, job_id] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-        v1::StopStageRequest stop;
-        stop.set_job_id(job_id);
-        stop.set_reason(absl::StrCat("job ", job_id, " is no longer running"));
-        v1::AssignResponse response;
-        (void)stub->StopStage(&ctx, stop, &response);
-      });
-    }
-    if (j != jobs_.end() && request.rank() >= 0 &&
-        request.rank() < j->second.job.stage_status_size()) {
-      v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
-      if (st->action() != request.action() || st->waiting_for() != request.waiting_for()) {
-        st->set_action(request.action());
-        st->set_waiting_for(request.waiting_for());
-        ++j->second.version;
-        changed_.notify_all();
-      }
+  if (j != jobs_.end() && request.rank() >= 0 &&
+      request.rank() < j->second.job.stage_status_size()) {
+    v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
+    if (st->action() != request.action() || st->waiting_for() != request.waiting_for()) {
+      st->set_action(request.action());
+      st->set_waiting_for(request.waiting_for());
+      ++j->second.version;
+      changed_.notify_all();
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStep(const v1::StepReport& r) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ReportStepLocked(r);
+  return LockedThenFlush([&] { return ReportStepLocked(r); });
 }
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportSteps(const v1::StepReports& reports) {
-  std::lock_guard<std::mutex> lock(mu_);
-  v1::ReportResponse response;
-  for (const v1::StepReport& r : reports.reports()) {
-    absl::StatusOr<v1::ReportResponse> one = ReportStepLocked(r);
-    if (!one.ok()) return one.status();
-    if (one->stop()) response.set_stop(true);
-  }
-  return response;
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
+    v1::ReportResponse response;
+    for (const v1::StepReport& r : reports.reports()) {
+      absl::StatusOr<v1::ReportResponse> one = ReportStepLocked(r);
+      if (!one.ok()) return one.status();
+      if (one->stop()) response.set_stop(true);
+    }
+    return response;
+  });
 }
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepReport& r) {
@@ -447,14 +487,13 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
 }
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const v1::StageEnd& end) {
-  std::lock_guard<std::mutex> lock(mu_);
+  return LockedThenFlush([&] { return StageEndLocked(end); });
+}
+
+absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEnd& end) {
   v1::ReportResponse response;
-  auto w = workers_.find(end.worker_id());
-  if (w != workers_.end() && w->second.info.job_id() == end.job_id()) {
-    w->second.info.set_state("idle");
-    w->second.info.set_job_id("");
-    w->second.info.set_rank(-1);
-  }
+  WorkerPool::Worker* w = pool_.Find(end.worker_id());
+  if (w != nullptr && w->info.job_id() == end.job_id()) pool_.Release(*w);
   auto it = jobs_.find(end.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", end.job_id()));
   JobEntry& e = it->second;
@@ -470,7 +509,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const v1::StageEn
     if (!end.ok() && e.pending_failure.empty()) {
       e.pending_failure = absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(),
                                        " failed: ", end.error());
-      e.pending_since = absl::Now();
+      e.pending_since = deps_.clock->Now();
       // Held back (see Monitor) unless no rank is left running whose worker may be the cause.
       if (!all_ended) Event(e.job.id(), e.pending_failure);
     }
@@ -503,19 +542,13 @@ void Coordinator::EndJob(JobEntry& e, v1::JobState state, const std::string& mes
   if (was_running) {
     for (size_t r = 0; r < e.rank_worker.size(); ++r) {
       if (e.rank_ended[r]) continue;
-      auto w = workers_.find(e.rank_worker[r]);
-      if (w == workers_.end() || w->second.info.state() == "lost") continue;
-      auto stub = w->second.stub;
-      const std::string job_id = e.job.id(), reason = message;
-      Later([stub, job_id, reason] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-        v1::StopStageRequest request;
-        request.set_job_id(job_id);
-        request.set_reason(reason);
-        v1::AssignResponse response;
-        (void)stub->StopStage(&ctx, request, &response);
-      });
+      WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
+      if (w == nullptr || w->info.state() == "lost") continue;
+      std::shared_ptr<WorkerClient> client = w->client;
+      v1::StopStageRequest request;
+      request.set_job_id(e.job.id());
+      request.set_reason(message);
+      Later([client, request] { (void)client->StopStage(request); });
     }
   }
   e.store.reset();
@@ -525,77 +558,120 @@ void Coordinator::EndJob(JobEntry& e, v1::JobState state, const std::string& mes
 void Coordinator::Schedule() {
   std::vector<JobEntry*> queued;
   for (auto& [id, e] : jobs_) {
-    if (e.job.state() == v1::JOB_STATE_QUEUED) queued.push_back(&e);
+    if (e.job.state() == v1::JOB_STATE_QUEUED && e.durable) queued.push_back(&e);
   }
   std::sort(queued.begin(), queued.end(),
             [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
-  for (JobEntry* e : queued) {
-    std::vector<WorkerEntry*> idle;
-    for (auto& [id, w] : workers_) {
-      if (w.info.state() == "idle") idle.push_back(&w);
-    }
-    const int needed = e->job.stages() * e->job.replicas();
-    if (static_cast<int>(idle.size()) < needed) {
-      if (!e->queue_logged) {
-        Event(e->job.id(), absl::StrCat("queued: needs ", needed, " workers, ", idle.size(),
-                                        " idle"));
-        e->queue_logged = true;
-      }
-      continue;  // a later, smaller job may still fit
-    }
-    e->store = rendezvous::MakeMemoryStore();
-    e->job.set_state(v1::JOB_STATE_RUNNING);
-    e->job.set_started_unix_ms(NowMs());
-    e->job.clear_stage_status();
-    e->rank_worker.assign(needed, "");
-    e->rank_ended.assign(needed, false);
-    e->rank_step.assign(needed, -1);
+  std::vector<QueuedJob> wanted;
+  for (const JobEntry* e : queued) {
+    wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas()});
+  }
+  const std::vector<std::string> idle = pool_.IdleIds();
+  const PlacementPlan plan = PlaceQueuedJobs(wanted, idle);
+  for (const std::string& id : plan.waiting) {
+    JobEntry& e = jobs_.at(id);
+    if (e.queue_logged) continue;
+    Event(id, absl::StrCat("queued: needs ", e.job.stages() * e.job.replicas(), " workers, ",
+                           idle.size(), " idle"));
+    e.queue_logged = true;
+  }
+  for (const Placement& p : plan.started) {
+    JobEntry& e = jobs_.at(p.job_id);
+    const int ranks = static_cast<int>(p.rank_workers.size());
+    e.store = rendezvous::MakeMemoryStore();
+    e.job.set_state(v1::JOB_STATE_RUNNING);
+    e.job.set_started_unix_ms(NowMs());
+    e.job.clear_stage_status();
+    e.rank_worker = p.rank_workers;
+    e.rank_ended.assign(ranks, false);
+    e.rank_step.assign(ranks, -1);
     std::vector<std::string> placed;
-    for (int r = 0; r < needed; ++r) {
-      WorkerEntry* w = idle[r];
-      w->info.set_state("busy");
-      w->info.set_job_id(e->job.id());
-      w->info.set_rank(r);
-      e->rank_worker[r] = w->info.id();
-      v1::StageStatus* st = e->job.add_stage_status();
-      st->set_stage(r % e->job.stages());
-      st->set_replica(r / e->job.stages());
-      st->set_worker_id(w->info.id());
+    for (int r = 0; r < ranks; ++r) {
+      pool_.Assign(*pool_.Find(p.rank_workers[r]), e.job.id(), r);
+      v1::StageStatus* st = e.job.add_stage_status();
+      st->set_stage(r % e.job.stages());
+      st->set_replica(r / e.job.stages());
+      st->set_worker_id(p.rank_workers[r]);
       st->set_step(-1);
       st->set_state("assigned");
-      placed.push_back(absl::StrCat(Rank(e->job, r), " on ", w->info.id()));
-      v1::StageAssignment assignment;
-      assignment.set_job_id(e->job.id());
-      *assignment.mutable_spec() = e->job.spec();
-      assignment.set_rank(r);
-      auto stub = w->stub;
-      const std::string worker_id = w->info.id(), job_id = e->job.id();
-      Later([this, stub, assignment, worker_id, job_id] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-        v1::AssignResponse response;
-        grpc::Status s = stub->AssignStage(&ctx, assignment, &response);
-        if (s.ok()) return;
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = jobs_.find(job_id);
-        if (it != jobs_.end() && it->second.job.state() == v1::JOB_STATE_RUNNING) {
-          auto w = workers_.find(worker_id);
-          if (w != workers_.end()) {
-            w->second.info.set_state("idle");
-            w->second.info.set_job_id("");
-            w->second.info.set_rank(-1);
-          }
-          it->second.rank_ended[assignment.rank()] = true;
-          EndJob(it->second, v1::JOB_STATE_FAILED,
-                 absl::StrCat("assigning ", Rank(it->second.job, assignment.rank()), " to ",
-                              worker_id, " failed: ", s.error_message()));
-          Schedule();
-        }
-      });
+      placed.push_back(absl::StrCat(Rank(e.job, r), " on ", p.rank_workers[r]));
+      AssignRank(e.job.id(), r);
     }
-    Event(e->job.id(), absl::StrCat("running: ", absl::StrJoin(placed, ", ")));
-    Changed(*e);
+    Event(e.job.id(), absl::StrCat("running: ", absl::StrJoin(placed, ", ")));
+    Changed(e);
   }
+}
+
+void Coordinator::AssignRank(const std::string& job_id, int rank) {
+  const JobEntry& e = jobs_.at(job_id);
+  const std::string worker_id = e.rank_worker[rank];
+  std::shared_ptr<WorkerClient> client = pool_.Find(worker_id)->client;
+  v1::StageAssignment assignment;
+  assignment.set_job_id(job_id);
+  *assignment.mutable_spec() = e.job.spec();
+  assignment.set_rank(rank);
+  Later([this, client, assignment, worker_id] {
+    absl::Status s = client->AssignStage(assignment);
+    if (s.ok()) return;
+    LockedThenFlush([&] {
+      auto it = jobs_.find(assignment.job_id());
+      if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return 0;
+      if (WorkerPool::Worker* w = pool_.Find(worker_id)) pool_.Release(*w);
+      it->second.rank_ended[assignment.rank()] = true;
+      EndJob(it->second, v1::JOB_STATE_FAILED,
+             absl::StrCat("assigning ", Rank(it->second.job, assignment.rank()), " to ",
+                          worker_id, " failed: ", s.message()));
+      Schedule();
+      return 0;
+    });
+  });
+}
+
+void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
+  const std::string silent =
+      absl::FormatDuration(absl::Trunc(lost.silent, absl::Milliseconds(1)));
+  std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", lost.id.c_str(),
+               lost.address.c_str(), silent.c_str());
+  auto j = jobs_.find(lost.job_id);
+  if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
+  JobEntry& e = j->second;
+  if (lost.rank >= 0 && lost.rank < static_cast<int>(e.rank_ended.size())) {
+    e.rank_ended[lost.rank] = true;
+    e.job.mutable_stage_status(lost.rank)->set_state("lost");
+  }
+  EndJob(e, v1::JOB_STATE_FAILED,
+         absl::StrCat(lost.id, " (", lost.address, ") running ", Rank(e.job, lost.rank),
+                      " stopped sending heartbeats (none for ", silent, ")"));
+}
+
+void Coordinator::TickLocked() {
+  const absl::Time now = deps_.clock->Now();
+  for (const WorkerPool::Lost& lost : pool_.ExpireSilent(now, 2 * options_.heartbeat_interval)) {
+    FailLostWorker(lost);
+  }
+  // A held-back rank failure becomes the job's once every worker of a rank still running
+  // has heartbeated more than half an interval after it (so that a heartbeat sent before
+  // a peer died, still on its way, does not count); a lost one ended the job above.
+  for (auto& [id, e] : jobs_) {
+    if (e.job.state() != v1::JOB_STATE_RUNNING || e.pending_failure.empty()) continue;
+    bool alive = true;
+    for (size_t r = 0; r < e.rank_worker.size(); ++r) {
+      const WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
+      if (!e.rank_ended[r] && w != nullptr &&
+          w->last_heartbeat <= e.pending_since + options_.heartbeat_interval / 2) {
+        alive = false;
+      }
+    }
+    if (alive) EndJob(e, v1::JOB_STATE_FAILED, e.pending_failure);
+  }
+  Schedule();
+}
+
+void Coordinator::Tick() {
+  LockedThenFlush([&] {
+    TickLocked();
+    return 0;
+  });
 }
 
 void Coordinator::Monitor() {
@@ -603,12 +679,10 @@ void Coordinator::Monitor() {
   while (!stopping_) {
     // Until the next worker is due to be lost (so that it is lost two intervals after its
     // last heartbeat, not up to a tick later), or a quarter interval at most.
-    absl::Duration wait = std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4);
-    for (const auto& [id, w] : workers_) {
-      if (w.info.state() == "lost") continue;
-      wait = std::min(wait, w.last_heartbeat + 2 * options_.heartbeat_interval +
-                                absl::Milliseconds(1) - absl::Now());
-    }
+    const absl::Duration wait = std::min(
+        std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4),
+        pool_.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
+            deps_.clock->Now());
     // Woken early only to stop (job changes notify the same variable: they do not count).
     if (changed_.wait_for(lock,
                           std::chrono::microseconds(std::max<int64_t>(
@@ -616,50 +690,10 @@ void Coordinator::Monitor() {
                           [this] { return stopping_; })) {
       break;
     }
-    const absl::Time now = absl::Now();
-    for (auto& [id, w] : workers_) {
-      if (w.info.state() == "lost" || now - w.last_heartbeat <= 2 * options_.heartbeat_interval) {
-        continue;
-      }
-      const std::string job_id = w.info.job_id();
-      const int rank = w.info.rank();
-      w.info.set_state("lost");
-      w.info.set_job_id("");
-      w.info.set_rank(-1);
-      std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", id.c_str(),
-                   w.info.address().c_str(),
-                   absl::FormatDuration(absl::Trunc(now - w.last_heartbeat,
-                                                    absl::Milliseconds(1))).c_str());
-      auto j = jobs_.find(job_id);
-      if (j != jobs_.end() && j->second.job.state() == v1::JOB_STATE_RUNNING) {
-        j->second.rank_ended[rank] = true;
-        if (rank < j->second.job.stage_status_size()) {
-          j->second.job.mutable_stage_status(rank)->set_state("lost");
-        }
-        EndJob(j->second, v1::JOB_STATE_FAILED,
-               absl::StrCat(id, " (", w.info.address(), ") running ", Rank(j->second.job, rank),
-                            " stopped sending heartbeats (none for ",
-                            absl::FormatDuration(absl::Trunc(now - w.last_heartbeat,
-                                                             absl::Milliseconds(1))),
-                            ")"));
-      }
-    }
-    // A held-back rank failure becomes the job's once every worker of a rank still running
-    // has heartbeated more than half an interval after it (so that a heartbeat sent before
-    // a peer died, still on its way, does not count); a lost one ended the job above.
-    for (auto& [id, e] : jobs_) {
-      if (e.job.state() != v1::JOB_STATE_RUNNING || e.pending_failure.empty()) continue;
-      bool alive = true;
-      for (size_t r = 0; r < e.rank_worker.size(); ++r) {
-        auto w = workers_.find(e.rank_worker[r]);
-        if (!e.rank_ended[r] && w != workers_.end() &&
-            w->second.last_heartbeat <= e.pending_since + options_.heartbeat_interval / 2) {
-          alive = false;
-        }
-      }
-      if (alive) EndJob(e, v1::JOB_STATE_FAILED, e.pending_failure);
-    }
-    Schedule();
+    TickLocked();
+    lock.unlock();
+    (void)FlushWrites();
+    lock.lock();
   }
 }
 

@@ -21,6 +21,18 @@
 // stop their stages when their next heartbeat is refused. Worker ids are numbered in the
 // store, so that none is handed out again after a restart.
 //
+// Parts, each with one concern: the worker pool and its liveness (worker_pool.h), placement
+// of queued jobs (placement.h), calls to workers (worker_client.h), the durable store
+// (job_store.h), time (clock.h); this class holds the job lifecycle and the step-command
+// relay and ties them together. Everything it depends on is injected (CoordinatorDeps), so
+// its rules are unit-tested with a fake clock, fake workers and a store that fails
+// (tests/coordinator), no sockets and no sleeps.
+//
+// Persistence: store writes are made outside the lock that RPC handlers take. A change
+// queues the job's latest record (and its events) under the lock; the thread that made it
+// writes the queue after releasing the lock, in order. A submission is acknowledged only
+// once its record is durable: if the write fails, the job is dropped and the caller told.
+//
 // Thread-safe.
 #pragma once
 
@@ -37,11 +49,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/clock.h"
 #include "coordinator/job_store.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_pool.h"
 #include "proto/rpc_security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
-#include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "runtime/job/job_config.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -53,10 +67,28 @@ struct CoordinatorOptions {
   rpc::SecurityOptions security;         // token and TLS for its calls to workers
 };
 
+// What the coordinator talks to. Open(options) uses the real ones.
+struct CoordinatorDeps {
+  std::unique_ptr<JobStore> store;
+  std::shared_ptr<Clock> clock;
+  WorkerConnector connect;
+  // Runs a call to a worker off the lock (the real one: a thread per call).
+  std::function<void(std::function<void()>)> run_later;
+  // The monitor thread (heartbeat loss, held-back failures); without it, Tick() does its work.
+  bool start_monitor = true;
+};
+
 class Coordinator {
  public:
+  // The SQLite store at options.db_path, the wall clock, workers over gRPC.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options);
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options,
+                                                           CoordinatorDeps deps);
   ~Coordinator();
+
+  // One pass of the monitor at the clock's time: workers silent for two heartbeat intervals
+  // are lost (failing their jobs), held-back rank failures are decided, queued jobs placed.
+  void Tick();
 
   // JobService
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
@@ -83,16 +115,12 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(const std::string& job_id);
 
  private:
-  struct WorkerEntry {
-    v1::WorkerInfo info;
-    absl::Time last_heartbeat;
-    std::shared_ptr<v1::WorkerService::Stub> stub;
-  };
   struct JobEntry {
     v1::Job job;
     job::JobConfig config;
     int64_t order = 0;
     int64_t version = 0;  // bumped on every change
+    bool durable = false;  // its first record is in the store: it may be scheduled
     std::shared_ptr<rendezvous::KeyValueStore> store;  // the ranks' rendezvous, while running
     std::vector<std::string> rank_worker;              // worker id per rank
     std::vector<bool> rank_ended;
@@ -112,14 +140,33 @@ class Coordinator {
     absl::Time pending_since;
   };
 
-  explicit Coordinator(CoordinatorOptions options, std::unique_ptr<JobStore> store);
+  Coordinator(CoordinatorOptions options, CoordinatorDeps deps);
   absl::Status Load();
-  // REQUIRES: mu_ held. Bump the job's version, wake watchers, and write it to the store.
-  // `progress_only`: a step report; written only if a second passed since the last write
-  // (every state change is written at once), so the store is not fsynced per report.
+  // REQUIRES: mu_ held. Bump the job's version, wake watchers, and queue its record for the
+  // store. `progress_only`: a step report; queued only if a second passed since the last
+  // write (every state change is queued at once), so the store is not fsynced per report.
   void Changed(JobEntry& entry, bool progress_only = false);
-  // REQUIRES: mu_ held. Appends an event (persisted).
+  // REQUIRES: mu_ held. Appends an event (queued for the store).
   void Event(const std::string& job_id, const std::string& text);
+  // REQUIRES: mu_ NOT held. Writes every queued record and event, in order; returns the
+  // first failure. A job record that fails stays queued (unless a newer one is) and that
+  // job's events of this batch are not written.
+  absl::Status FlushWrites();
+  // Runs `body` under mu_, then writes what it queued to the store (outside the lock).
+  template <typename F>
+  auto LockedThenFlush(F body) {
+    auto result = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return body();
+    }();
+    (void)FlushWrites();
+    return result;
+  }
+  // REQUIRES: mu_ held.
+  void TickLocked();
+  void FailLostWorker(const WorkerPool::Lost& lost);
+  void AssignRank(const std::string& job_id, int rank);
+  int64_t NowMs() const;
   // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
@@ -127,15 +174,30 @@ class Coordinator {
   void Monitor();
   // REQUIRES: mu_ held.
   absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report);
+  // REQUIRES: mu_ held.
+  absl::StatusOr<v1::ReportResponse> StageEndLocked(const v1::StageEnd& end);
   // Calls `call` on a detached thread (RPCs to workers never run under mu_).
   void Later(std::function<void()> call);
 
   CoordinatorOptions options_;
-  std::unique_ptr<JobStore> store_;
+  CoordinatorDeps deps_;
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, JobEntry> jobs_;
-  std::map<std::string, WorkerEntry> workers_;
+  WorkerPool pool_;
+  // Writes waiting for FlushWrites (guarded by mu_): each job's latest record, and events.
+  struct PendingJob {
+    int64_t order = 0;
+    std::string record;
+  };
+  struct PendingEvent {
+    std::string job_id;
+    int64_t unix_ms = 0;
+    std::string text;
+  };
+  std::map<std::string, PendingJob> pending_jobs_;
+  std::vector<PendingEvent> pending_events_;
+  std::mutex flush_mu_;  // one FlushWrites at a time, so writes land in order
   int64_t next_order_ = 0;
   int64_t next_worker_ = 0;
   bool stopping_ = false;

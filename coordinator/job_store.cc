@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain::coordinator {
@@ -33,9 +35,27 @@ absl::Status Error(sqlite3* db, const std::string& what) {
   return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
 }
 
+class SqliteJobStore : public JobStore {
+ public:
+  explicit SqliteJobStore(sqlite3* db) : db_(db) {}
+  ~SqliteJobStore() override;
+  absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) override;
+  absl::StatusOr<std::vector<StoredJob>> LoadJobs() override;
+  absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
+                                      const std::string& text) override;
+  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
+                                                  int64_t after_seq) override;
+  absl::StatusOr<int64_t> Increment(const std::string& name) override;
+  absl::Status Exec(const char* sql);
+
+ private:
+  std::mutex mu_;
+  sqlite3* db_;
+};
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& path) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
@@ -43,7 +63,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     sqlite3_close(db);
     return absl::UnavailableError(absl::StrCat("cannot open the job store ", path, ": ", why));
   }
-  std::unique_ptr<JobStore> store(new JobStore(db));
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
   sqlite3_busy_timeout(db, 5000);
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
@@ -58,12 +78,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       return absl::UnavailableError(absl::StrCat("job store ", path, ": ", s.message()));
     }
   }
-  return store;
+  return std::unique_ptr<JobStore>(std::move(store));
 }
 
-JobStore::~JobStore() { sqlite3_close(db_); }
+SqliteJobStore::~SqliteJobStore() { sqlite3_close(db_); }
 
-absl::Status JobStore::Exec(const char* sql) {
+absl::Status SqliteJobStore::Exec(const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string why = err ? err : "unknown error";
@@ -73,7 +93,7 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::Status JobStore::PutJob(const std::string& id, int64_t order, const std::string& job) {
+absl::Status SqliteJobStore::PutJob(const std::string& id, int64_t order, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_, "INSERT OR REPLACE INTO jobs (id, ord, job) VALUES (?1, ?2, ?3)");
   if (!st.ok()) return Error(db_, "preparing a job write");
@@ -84,7 +104,7 @@ absl::Status JobStore::PutJob(const std::string& id, int64_t order, const std::s
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
+absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::LoadJobs() {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_, "SELECT id, job FROM jobs ORDER BY ord");
   if (!st.ok()) return Error(db_, "preparing the job list");
@@ -95,7 +115,7 @@ absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
   return jobs;
 }
 
-absl::StatusOr<int64_t> JobStore::AppendEvent(const std::string& job_id, int64_t unix_ms,
+absl::StatusOr<int64_t> SqliteJobStore::AppendEvent(const std::string& job_id, int64_t unix_ms,
                                               const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
@@ -112,7 +132,7 @@ absl::StatusOr<int64_t> JobStore::AppendEvent(const std::string& job_id, int64_t
   return seq;
 }
 
-absl::StatusOr<int64_t> JobStore::Increment(const std::string& name) {
+absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
                "INSERT INTO counters (name, value) VALUES (?1, 1) "
@@ -125,7 +145,7 @@ absl::StatusOr<int64_t> JobStore::Increment(const std::string& name) {
   return value;
 }
 
-absl::StatusOr<std::vector<StoredEvent>> JobStore::Events(const std::string& job_id,
+absl::StatusOr<std::vector<StoredEvent>> SqliteJobStore::Events(const std::string& job_id,
                                                           int64_t after_seq) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,

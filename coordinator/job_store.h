@@ -1,18 +1,14 @@
 // The coordinator's durable state: every job (its latest serialized pipetrain.v1.Job) and
-// every job's events, in one SQLite file that survives restarts. Writes are transactions
-// committed before the call returns (WAL journal, synchronous=FULL).
-// Thread-safe (one connection behind a mutex).
+// every job's events. The interface, and its SQLite implementation (one file that survives
+// restarts); tests put a fake behind the interface to make writes fail.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-
-struct sqlite3;
 
 namespace pipetrain::coordinator {
 
@@ -27,28 +23,27 @@ struct StoredEvent {
   std::string text;
 };
 
+// Where the coordinator keeps its durable state. Implementations are thread-safe; a call that
+// returns OK has made its write durable.
 class JobStore {
  public:
-  // Opens or creates the database at `path` (its tables created if missing).
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
-  ~JobStore();
-
+  virtual ~JobStore() = default;
   // Inserts or replaces job `id`; `order` fixes its place in LoadJobs (submission order).
-  absl::Status PutJob(const std::string& id, int64_t order, const std::string& job);
-  absl::StatusOr<std::vector<StoredJob>> LoadJobs();
+  virtual absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) = 0;
+  virtual absl::StatusOr<std::vector<StoredJob>> LoadJobs() = 0;
   // Appends an event; returns its sequence number.
-  absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
-                                      const std::string& text);
-  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id, int64_t after_seq);
-  // Adds one to the counter `name` (0 when first used) and returns it: numbers that are never
-  // handed out twice, across restarts (worker ids).
-  absl::StatusOr<int64_t> Increment(const std::string& name);
-
- private:
-  explicit JobStore(sqlite3* db) : db_(db) {}
-  absl::Status Exec(const char* sql);
-  std::mutex mu_;
-  sqlite3* db_;
+  virtual absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
+                                              const std::string& text) = 0;
+  virtual absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
+                                                          int64_t after_seq) = 0;
+  // Adds one to the counter `name` (0 when first used) and returns it: numbers that are
+  // never handed out twice, across restarts (worker ids).
+  virtual absl::StatusOr<int64_t> Increment(const std::string& name) = 0;
 };
+
+// The SQLite file at `path`, opened or created (its tables created if missing). Writes are
+// transactions committed before the call returns (WAL journal, synchronous=FULL); one
+// connection behind a mutex.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& path);
 
 }  // namespace pipetrain::coordinator

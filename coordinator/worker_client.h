@@ -1,0 +1,34 @@
+// The coordinator's calls to one worker (pipetrain.v1.WorkerService): assign a stage, stop a
+// stage, hand over a step command. Every call has a deadline and is made off the
+// coordinator's lock. Injected, so that the coordinator's rules are unit-tested with a fake
+// worker that records calls and fails them on demand (tests/coordinator).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pipetrain/v1/worker_service.pb.h"
+#include "proto/rpc_security.h"
+
+namespace pipetrain::coordinator {
+
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+  virtual absl::Status AssignStage(const v1::StageAssignment& assignment) = 0;
+  virtual absl::Status StopStage(const v1::StopStageRequest& request) = 0;
+  virtual absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
+      const v1::SendCommandRequest& request) = 0;
+};
+
+// Makes the client of the worker serving at `address` (no call is made yet).
+using WorkerConnector =
+    std::function<absl::StatusOr<std::shared_ptr<WorkerClient>>(const std::string& address)>;
+
+// Clients over gRPC with `security` (token and TLS), 10 s deadline for an assignment and
+// 5 s for the rest.
+WorkerConnector GrpcWorkerConnector(const rpc::SecurityOptions& security);
+
+}  // namespace pipetrain::coordinator

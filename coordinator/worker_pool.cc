@@ -1,0 +1,83 @@
+#include "coordinator/worker_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::coordinator {
+
+WorkerPool::Worker& WorkerPool::Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client,
+                                    absl::Time now) {
+  info.set_state("idle");
+  info.set_job_id("");
+  info.set_rank(-1);
+  info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  const std::string id = info.id();
+  Worker& w = workers_[id];
+  w = Worker{std::move(info), now, std::move(client)};
+  return w;
+}
+
+WorkerPool::Worker* WorkerPool::Find(const std::string& id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<WorkerPool::Worker*> WorkerPool::Heartbeat(const std::string& id, absl::Time now) {
+  Worker* w = Find(id);
+  if (w == nullptr || w->info.state() == "lost") {
+    return absl::NotFoundError(absl::StrCat("unknown worker ", id, ": register again"));
+  }
+  w->last_heartbeat = now;
+  w->info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  return w;
+}
+
+std::vector<std::string> WorkerPool::IdleIds() const {
+  std::vector<std::string> ids;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() == "idle") ids.push_back(id);
+  }
+  return ids;
+}
+
+void WorkerPool::Assign(Worker& w, const std::string& job_id, int rank) {
+  w.info.set_state("busy");
+  w.info.set_job_id(job_id);
+  w.info.set_rank(rank);
+}
+
+void WorkerPool::Release(Worker& w) {
+  if (w.info.state() == "lost") return;
+  w.info.set_state("idle");
+  w.info.set_job_id("");
+  w.info.set_rank(-1);
+}
+
+std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Duration limit) {
+  std::vector<Lost> lost;
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() == "lost" || now - w.last_heartbeat <= limit) continue;
+    lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat});
+    w.info.set_state("lost");
+    w.info.set_job_id("");
+    w.info.set_rank(-1);
+  }
+  return lost;
+}
+
+absl::Time WorkerPool::NextExpiry(absl::Duration limit) const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() != "lost") next = std::min(next, w.last_heartbeat + limit);
+  }
+  return next;
+}
+
+std::vector<v1::WorkerInfo> WorkerPool::Infos() const {
+  std::vector<v1::WorkerInfo> out;
+  for (const auto& [id, w] : workers_) out.push_back(w.info);
+  return out;
+}
+
+}  // namespace pipetrain::coordinator

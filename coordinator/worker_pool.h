@@ -1,0 +1,53 @@
+// The workers the coordinator knows: identity, address, state (idle, busy, lost), the rank
+// each one runs, and liveness (a worker silent for longer than the limit is lost).
+// Not thread-safe: the coordinator holds its lock around every call.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/worker_client.h"
+#include "pipetrain/v1/job_service.pb.h"
+
+namespace pipetrain::coordinator {
+
+class WorkerPool {
+ public:
+  struct Worker {
+    v1::WorkerInfo info;  // id, address, device, memory, state, job_id, rank
+    absl::Time last_heartbeat;
+    std::shared_ptr<WorkerClient> client;
+  };
+  struct Lost {
+    std::string id, address, job_id;
+    int rank = -1;  // the rank it ran, -1 if idle
+    absl::Duration silent;
+  };
+
+  // Adds an idle worker (info.id set by the caller).
+  Worker& Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client, absl::Time now);
+  // nullptr if unknown.
+  Worker* Find(const std::string& id);
+  // Records a heartbeat at `now`; NotFound ("register again") for an unknown or lost worker.
+  absl::StatusOr<Worker*> Heartbeat(const std::string& id, absl::Time now);
+  // Ids of the idle workers, in id order.
+  std::vector<std::string> IdleIds() const;
+  void Assign(Worker& worker, const std::string& job_id, int rank);
+  // Idle again (after its rank ended), unless lost.
+  void Release(Worker& worker);
+  // Marks lost every live worker whose last heartbeat is more than `limit` before `now`.
+  std::vector<Lost> ExpireSilent(absl::Time now, absl::Duration limit);
+  // When the next live worker will have been silent for more than `limit`
+  // (InfiniteFuture if none is live).
+  absl::Time NextExpiry(absl::Duration limit) const;
+  std::vector<v1::WorkerInfo> Infos() const;
+
+ private:
+  std::map<std::string, Worker> workers_;
+};
+
+}  // namespace pipetrain::coordinator

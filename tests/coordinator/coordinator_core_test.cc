@@ -1,0 +1,382 @@
+// The coordinator's rules without processes, sockets or sleeps: a clock the test moves, fake
+// workers that record every call and fail on demand, an in-memory job store that can fail a
+// write, and calls to workers queued until the test runs them. The daemon tests
+// (tests/daemons) check the same rules end to end over gRPC.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/coordinator.h"
+#include "coordinator/placement.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeClock : public Clock {
+ public:
+  absl::Time Now() const override { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+};
+
+class FakeWorker : public WorkerClient {
+ public:
+  absl::Status AssignStage(const v1::StageAssignment& a) override {
+    assigned.push_back(a);
+    return fail_assign ? absl::UnavailableError("connection refused") : absl::OkStatus();
+  }
+  absl::Status StopStage(const v1::StopStageRequest& r) override {
+    stopped.push_back(r);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
+      const v1::SendCommandRequest& r) override {
+    commands.push_back(r);
+    v1::SendCommandResponse response;
+    response.set_step(r.step() > 0 ? r.step() : 3);
+    return response;
+  }
+  bool fail_assign = false;
+  std::vector<v1::StageAssignment> assigned;
+  std::vector<v1::StopStageRequest> stopped;
+  std::vector<v1::SendCommandRequest> commands;
+};
+
+// An in-memory JobStore whose contents outlive it (a "restart" opens a new one on them).
+class FakeStore : public JobStore {
+ public:
+  struct Data {
+    std::map<std::string, StoredJob> jobs;
+    std::map<std::string, int64_t> order;
+    std::map<std::string, std::vector<StoredEvent>> events;
+    std::map<std::string, int64_t> counters;
+    bool fail_puts = false;
+    int puts = 0;
+  };
+  explicit FakeStore(std::shared_ptr<Data> data) : d_(std::move(data)) {}
+  absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) override {
+    if (d_->fail_puts) return absl::InternalError("job store: disk I/O error");
+    ++d_->puts;
+    d_->jobs[id] = {id, job};
+    d_->order[id] = order;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<StoredJob>> LoadJobs() override {
+    std::vector<std::pair<int64_t, StoredJob>> byorder;
+    for (const auto& [id, j] : d_->jobs) byorder.push_back({d_->order[id], j});
+    std::sort(byorder.begin(), byorder.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<StoredJob> out;
+    for (auto& [o, j] : byorder) out.push_back(j);
+    return out;
+  }
+  absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
+                                      const std::string& text) override {
+    auto& list = d_->events[job_id];
+    list.push_back({static_cast<int64_t>(list.size()) + 1, unix_ms, text});
+    return list.back().seq;
+  }
+  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
+                                                  int64_t after_seq) override {
+    std::vector<StoredEvent> out;
+    for (const StoredEvent& e : d_->events[job_id]) {
+      if (e.seq > after_seq) out.push_back(e);
+    }
+    return out;
+  }
+  absl::StatusOr<int64_t> Increment(const std::string& name) override {
+    return ++d_->counters[name];
+  }
+
+ private:
+  std::shared_ptr<Data> d_;
+};
+
+// A coordinator with fakes all round; heartbeat interval 1 s.
+class CoordinatorCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(); }
+
+  void Open() {
+    CoordinatorDeps deps;
+    deps.store = std::make_unique<FakeStore>(data_);
+    deps.clock = clock_;
+    deps.connect = [this](const std::string& address)
+        -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+      auto& w = workers_[address];
+      if (!w) w = std::make_shared<FakeWorker>();
+      return std::shared_ptr<WorkerClient>(w);
+    };
+    deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
+    deps.start_monitor = false;
+    CoordinatorOptions options;
+    options.heartbeat_interval = absl::Seconds(1);
+    auto c = Coordinator::Open(options, std::move(deps));
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+  }
+
+  // Runs the queued calls to workers (and any they queue), as the threads would.
+  void RunLater() {
+    while (!later_.empty()) {
+      std::vector<std::function<void()>> calls;
+      calls.swap(later_);
+      for (auto& call : calls) call();
+    }
+  }
+
+  // Registers a worker at "addr-N"; returns its id.
+  std::string Register(int n) {
+    v1::RegisterWorkerRequest r;
+    r.set_address("addr-" + std::to_string(n));
+    auto response = coordinator_->Register(r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->worker_id() : "";
+  }
+
+  FakeWorker& Worker(int n) { return *workers_.at("addr-" + std::to_string(n)); }
+
+  // A valid spec of `stages` stages x `replicas` replicas (a GPT of 5 layers).
+  static v1::JobSpec Spec(int stages, int replicas = 1) {
+    v1::JobSpec s;
+    s.mutable_model()->set_name("gpt");
+    s.mutable_model()->set_d_model(16);
+    s.mutable_model()->set_n_heads(2);
+    s.mutable_model()->set_n_layers(2);
+    s.set_schedule("1f1b");
+    s.set_stages(stages);
+    s.set_replicas(replicas);
+    s.set_microbatches(2);
+    s.set_microbatch_size(2);
+    s.set_steps(4);
+    return s;
+  }
+
+  v1::Job Submit(const v1::JobSpec& spec) {
+    auto job = coordinator_->Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  v1::Job Get(const std::string& id) { return *coordinator_->Get(id); }
+
+  void Heartbeat(const std::string& worker, const std::string& job = "", int rank = -1) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id(worker);
+    h.set_job_id(job);
+    h.set_rank(rank);
+    EXPECT_TRUE(coordinator_->Heartbeat(h).ok());
+  }
+
+  void EndRank(const std::string& worker, const std::string& job, int rank, bool ok = true,
+               const std::string& error = "") {
+    v1::StageEnd end;
+    end.set_worker_id(worker);
+    end.set_job_id(job);
+    end.set_rank(rank);
+    end.set_ok(ok);
+    end.set_error(error);
+    EXPECT_TRUE(coordinator_->ReportStageEnd(end).ok());
+  }
+
+  std::vector<std::string> EventTexts(const std::string& job) {
+    std::vector<std::string> texts;
+    absl::StatusOr<std::vector<v1::JobEvent>> events = coordinator_->Events(job, 0);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return texts;
+    for (const v1::JobEvent& e : *events) texts.push_back(e.text());
+    return texts;
+  }
+
+  std::shared_ptr<FakeStore::Data> data_ = std::make_shared<FakeStore::Data>();
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+  std::map<std::string, std::shared_ptr<FakeWorker>> workers_;
+  std::vector<std::function<void()>> later_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST(Placement, JobsInOrderWithBackfill) {
+  const PlacementPlan plan =
+      PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}}, {"w1", "w2", "w3", "w4"});
+  ASSERT_EQ(plan.started.size(), 3u);
+  EXPECT_EQ(plan.started[0].job_id, "a");
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"w1", "w2"}));
+  EXPECT_EQ(plan.started[1].job_id, "c");  // b does not fit in the 2 left; c and d do
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"w3"}));
+  EXPECT_EQ(plan.started[2].job_id, "d");
+  EXPECT_EQ(plan.waiting, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(PlaceQueuedJobs({{"a", 1}}, {}).waiting, (std::vector<std::string>{"a"}));
+}
+
+TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEnds) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  RunLater();
+  ASSERT_EQ(Worker(1).assigned.size(), 1u);
+  ASSERT_EQ(Worker(2).assigned.size(), 1u);
+  EXPECT_EQ(Worker(1).assigned[0].rank(), 0);
+  EXPECT_EQ(Worker(2).assigned[0].rank(), 1);
+  EndRank(w1, job.id(), 0);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  EndRank(w2, job.id(), 1);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), "idle");
+  // Durable: the stored record says so too.
+  v1::Job stored;
+  ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
+  EXPECT_EQ(stored.state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByName) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  clock_->Advance(absl::Milliseconds(1500));
+  Heartbeat(w1, job.id(), 0);
+  coordinator_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);  // 1.5 s of silence: not yet
+  clock_->Advance(absl::Milliseconds(600));                  // worker-2: 2.1 s
+  coordinator_->Tick();
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (addr-2) running stage 1 stopped sending "
+                                          "heartbeats (none for 2.1s)"));
+  RunLater();
+  ASSERT_EQ(Worker(1).stopped.size(), 1u);  // the survivor is told to stop
+  EXPECT_TRUE(Worker(2).stopped.empty());   // the lost one is not called
+  std::map<std::string, std::string> states;
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
+  EXPECT_EQ(states[w2], "lost");
+  // A lost worker's heartbeat is refused: it must register again.
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->Heartbeat(h).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  EndRank(w1, job.id(), 0, /*ok=*/false, "lost stage 1");  // a survivor speaks first
+  coordinator_->Tick();
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  // Worker 2 then dies: its loss, not the survivor's complaint, is the job's cause.
+  clock_->Advance(absl::Milliseconds(2100));
+  coordinator_->Tick();
+  EXPECT_THAT(Get(job.id()).message(), HasSubstr(w2 + " (addr-2) running stage 1"));
+}
+
+TEST_F(CoordinatorCoreTest, QueuedJobsStartInOrderWithBackfill) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  const v1::Job a = Submit(Spec(2));
+  const v1::Job b = Submit(Spec(2));  // 1 worker left: waits
+  const v1::Job c = Submit(Spec(1));  // fits in it: starts before b
+  EXPECT_EQ(Get(a.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(b.id()).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Get(c.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(EventTexts(b.id()), ::testing::Contains("queued: needs 2 workers, 1 idle"));
+  RunLater();
+  EndRank(w1, a.id(), 0);
+  EndRank(w2, a.id(), 1);
+  EXPECT_EQ(Get(a.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Get(b.id()).state(), v1::JOB_STATE_RUNNING);  // on the two workers a freed
+  RunLater();
+  EXPECT_EQ(Worker(1).assigned.back().job_id(), b.id());
+  EXPECT_EQ(Worker(2).assigned.back().job_id(), b.id());
+}
+
+TEST_F(CoordinatorCoreTest, AFailedAssignmentFailsTheJobAndFreesItsWorkers) {
+  Register(1);
+  const std::string w2 = Register(2);
+  Worker(1).fail_assign = true;
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(),
+              HasSubstr("assigning stage 0 to worker-1 failed: connection refused"));
+  ASSERT_EQ(Worker(2).stopped.size(), 1u);
+  EndRank(w2, job.id(), 1, false, "stopped");
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), "idle");
+}
+
+TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {
+  Register(1);
+  Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  v1::SendCommandRequest r;
+  r.set_job_id(job.id());
+  r.set_command(v1::STEP_COMMAND_FLUSH);
+  r.set_step(3);
+  auto response = coordinator_->SendCommand(r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->step(), 3);
+  EXPECT_EQ(Worker(1).commands.size(), 1u);
+  EXPECT_TRUE(Worker(2).commands.empty());
+  EXPECT_THAT(EventTexts(job.id()), ::testing::Contains("flush scheduled before step 3"));
+  // Refused for a job that does not run, and for an unknown one.
+  r.set_job_id("job-0099");
+  EXPECT_EQ(coordinator_->SendCommand(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorCoreTest, ARestartFailsTheRunningJobsAndKeepsTheRest) {
+  const std::string w1 = Register(1);
+  const v1::Job done = Submit(Spec(1));
+  RunLater();
+  EndRank(w1, done.id(), 0);
+  const v1::Job running = Submit(Spec(1));
+  RunLater();
+  coordinator_.reset();  // the coordinator goes; its store stays
+  Open();
+  EXPECT_EQ(Get(done.id()).state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::Job interrupted = Get(running.id());
+  EXPECT_EQ(interrupted.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(interrupted.message(), HasSubstr("interrupted by a coordinator restart"));
+  EXPECT_THAT(EventTexts(running.id()).back(), HasSubstr("interrupted by a coordinator restart"));
+  // Ids are never handed out twice: the next worker and job get new ones.
+  EXPECT_EQ(Register(2), "worker-2");
+  EXPECT_EQ(Submit(Spec(1)).id(), "job-0003");
+}
+
+TEST_F(CoordinatorCoreTest, ASubmissionWhoseWriteFailsIsRefusedAndLeavesNothing) {
+  Register(1);
+  data_->fail_puts = true;
+  auto refused = coordinator_->Submit(Spec(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("disk I/O error"));
+  EXPECT_TRUE(coordinator_->List().empty());
+  RunLater();
+  EXPECT_TRUE(Worker(1).assigned.empty());  // never placed
+  EXPECT_TRUE(data_->events.empty());
+  data_->fail_puts = false;
+  const v1::Job accepted = Submit(Spec(1));
+  EXPECT_EQ(accepted.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(data_->jobs.count(accepted.id()));
+}
+
+TEST_F(CoordinatorCoreTest, AProgressWriteThatFailsIsWrittenByTheNextFlush) {
+  const std::string w1 = Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  data_->fail_puts = true;
+  EndRank(w1, job.id(), 0);  // SUCCEEDED in memory, its write fails
+  data_->fail_puts = false;
+  coordinator_->Tick();  // any later flush writes it
+  v1::Job stored;
+  ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
+  EXPECT_EQ(stored.state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
