@@ -14,10 +14,13 @@ For every rank it prints:
                  parameters x (versions + gradients per version + AdamW's 2 moments)
                    (1F1B: 1 version; 2BW: 2 versions, each with its gradient)
                + peak stashed micro-batches x activation bytes its layers keep per
-                 micro-batch (what autograd saves in our GPT block: 16 b·T·d floats plus
-                 b·h·T² for the attention probabilities; embedding b·T·d; final norm
+                 micro-batch (what autograd saves in our GPT block: 19 b·T·d floats —
+                 16 saved by its ops, 3 contiguous copies of q, k and v that matmul makes —
+                 plus b·h·T² for the attention probabilities; embedding b·T·d; final norm
                  b·T·d; LM head b·T·d plus 2 b·T·V for the logits and their softmax)
                + the stage's input and output of each stashed micro-batch
+               + one transient copy of its largest parameter tensor (a new gradient before
+                 it is added to the accumulated one; AdamW's denominator)
   ratio        above idle / need (aim: <= 1.25)
 and per run the sum of `above idle` over its ranks, with the ratio of that sum at p to the
 p = 1 run (aim: <= 1.25 at p = 4).
@@ -63,12 +66,23 @@ def layer_activation_bytes(first, last):
         if i == 0:
             total += btd  # embedding output (ids are small)
         elif i <= BLOCKS:
-            total += 16 * btd + B * HEADS * T * T
+            total += 19 * btd + B * HEADS * T * T
         elif i == BLOCKS + 1:
             total += btd  # final norm's input
         else:
             total += btd + 2 * B * T * V  # LM head input, logits, log-softmax
     return total * FLOAT
+
+
+def largest_tensor_bytes(first, last):
+    """The largest parameter tensor among global layers [first, last)."""
+    largest = 0
+    for i in range(first, last):
+        if i == 0 or i == BLOCKS + 2:
+            largest = max(largest, V * D)  # token embedding, LM head
+        elif i <= BLOCKS:
+            largest = max(largest, 4 * D * D)  # the MLP's weights
+    return largest * FLOAT
 
 
 def need_bytes(stage, schedule):
@@ -77,7 +91,8 @@ def need_bytes(stage, schedule):
     state = params * (2 * versions + 2)  # each version with its gradient, AdamW's 2 moments
     first, last = stage["layers"]
     per_mb = layer_activation_bytes(first, last) + 2 * B * T * D * FLOAT  # + input and output
-    return state + stage["peak_stashed_microbatches"] * per_mb
+    return (state + stage["peak_stashed_microbatches"] * per_mb +
+            largest_tensor_bytes(first, last))
 
 
 def run(binary, schedule, stages, steps):

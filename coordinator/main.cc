@@ -5,7 +5,8 @@
 //                         [--heartbeat-ms 1000] [--token-file PATH]
 //                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
-// Prints "listening on HOST:PORT" on stderr once it serves. SIGTERM or SIGINT: stops.
+// Once it serves it writes HOST:PORT to --port-file (if given) and says so on stderr.
+// SIGTERM or SIGINT: stops.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
 // sent to workers; see proto/rpc_security.h. Exit codes: 0 stopped, 2 bad usage (an
 // unreadable token or TLS file), 5 cannot open the database or listen.
@@ -14,9 +15,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
+#include "runtime/base/atomic_file.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::coordinator;
@@ -30,6 +33,10 @@ int main(int argc, char** argv) {
   app.add_option("--listen", server_options.listen,
                  "host:port to serve on (port 0: any free port); loopback by default")
       ->capture_default_str();
+  std::string port_file;
+  app.add_option("--port-file", port_file,
+                 "once serving, write the host:port it listens on to this file (written whole "
+                 "or not at all: read it to find a coordinator started with port 0)");
   app.add_option("--db", options.db_path, "SQLite file of jobs and events")->capture_default_str();
   app.add_option("--heartbeat-ms", heartbeat_ms,
                  "workers heartbeat this often; one silent for two intervals is lost")
@@ -83,6 +90,14 @@ int main(int argc, char** argv) {
                host.c_str(), (*server)->port(), options.db_path.c_str(),
                security.token.empty() ? "no token" : "token required",
                security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
+  if (!port_file.empty()) {
+    const std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");
+    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
+      std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
+                   std::string(s.message()).c_str());
+      return 5;
+    }
+  }
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/base/atomic_file.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   double register_timeout_s = 30;
   app.add_option("--coordinator", options.coordinator, "host:port of the coordinator")
       ->capture_default_str();
+  std::string port_file;
+  app.add_option("--port-file", port_file,
+                 "once registered, write the host:port it serves on to this file (written "
+                 "whole or not at all: read it to find a worker started with port 0)");
   app.add_option("--listen", options.listen,
                  "host:port of this worker's service (port 0: any free port)")
       ->capture_default_str();
@@ -73,6 +78,14 @@ int main(int argc, char** argv) {
       case absl::StatusCode::kUnauthenticated:
       case absl::StatusCode::kPermissionDenied: return 4;
       default: return 5;
+    }
+  }
+  if (!port_file.empty()) {
+    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, (*worker)->address() + "\n");
+        !s.ok()) {
+      std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", std::string(s.message()).c_str());
+      (*worker)->Stop();
+      return 5;
     }
   }
   int sig = 0;

@@ -60,6 +60,8 @@ class Worker : public v1::WorkerService::Service {
   ~Worker() override;
   void Stop();
   std::string id() const;
+  // host:port its WorkerService serves on (the bound port, when port 0 was asked for).
+  const std::string& address() const { return address_; }
 
   grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                            v1::AssignResponse*) override;

@@ -9,7 +9,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -157,22 +156,25 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
                                    std::to_string(options_.heartbeat_ms)};
   args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  const fs::path port_file = dir_ / "coordinator.port";
+  std::error_code ec;
+  fs::remove(port_file, ec);
+  args.insert(args.end(), {"--port-file", port_file.string()});
   coordinator_pid_ = Spawn(args, log);
   if (coordinator_pid_ <= 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  const std::regex listening("listening on ([0-9.]+):([0-9]+)");
   while (std::chrono::steady_clock::now() < deadline) {
-    std::smatch m;
-    const std::string text = ReadFile(log);
-    if (std::regex_search(text, m, listening)) {
-      address_ = m[1].str() + ":" + m[2].str();
-      port_ = std::stoi(m[2].str());
+    std::string address = ReadFile(port_file);  // written whole or not at all
+    if (!address.empty() && address.back() == '\n') {
+      address.pop_back();
+      address_ = address;
+      port_ = std::stoi(address.substr(address.rfind(':') + 1));
       return true;
     }
     int status = 0;
     if (waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
       coordinator_pid_ = -1;
-      ADD_FAILURE() << "the coordinator exited at start:\n" << text;
+      ADD_FAILURE() << "the coordinator exited at start:\n" << ReadFile(log);
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

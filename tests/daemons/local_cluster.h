@@ -74,8 +74,8 @@ class LocalCluster {
   // --- The coordinator.
   // Starts it on `port` (0: a free one; after a first start, pass port() to bind the same
   // one again) with the same --db as every start, plus `extra_args`; waits up to 20 s for
-  // "listening on" in its log. The log of start N (from 0) is coordinator.log for N = 0,
-  // else coordinator.N.log. Returns whether it serves.
+  // the address it writes to its --port-file. The log of start N (from 0) is
+  // coordinator.log for N = 0, else coordinator.N.log. Returns whether it serves.
   bool StartCoordinator(int port = 0, const std::vector<std::string>& extra_args = {});
   // SIGKILL; returns once it is reaped (its port is free again).
   void KillCoordinator();
