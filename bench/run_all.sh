@@ -32,7 +32,7 @@ fi
 DAEMONS=0
 if grep -q '^PIPETRAIN_WITH_DAEMONS:BOOL=ON' "${BUILD_DIR}/CMakeCache.txt"; then DAEMONS=1; fi
 readonly DAEMONS
-TARGETS=(pipetrain overhead_bench transport_throughput)
+TARGETS=(pipetrain pipetrain-run overhead_bench transport_throughput)
 if [[ ${DAEMONS} == 1 ]]; then
   TARGETS+=(pipetrain-coordinator pipetrain-worker coordinator_capacity)
 fi
@@ -74,6 +74,11 @@ section "Data x pipeline parallelism (bench/data_parallel.py)"
 start=${SECONDS}
 "${PY}" bench/data_parallel.py "${BIN}"
 echo >&2 "data_parallel: $((SECONDS - start)) s"
+
+section "Memory per rank (bench/memory_per_rank.py)"
+start=${SECONDS}
+"${PY}" bench/memory_per_rank.py "${BUILD_DIR}/worker/pipetrain-run"
+echo >&2 "memory_per_rank: $((SECONDS - start)) s"
 
 if [[ ${DAEMONS} == 1 ]]; then
   section "Control plane: step time under the daemons (bench/control_plane_overhead.py)"
