@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "client/spec_yaml.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 namespace pipetrain::client {
 namespace {

@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/job_store.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"

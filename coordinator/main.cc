@@ -7,7 +7,7 @@
 //
 // Prints "listening on HOST:PORT" on stderr once it serves. SIGTERM or SIGINT: stops.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
-// sent to workers; see proto/rpc_security.h. Exit codes: 0 stopped, 2 bad usage (an
+// sent to workers; see rpc/security.h. Exit codes: 0 stopped, 2 bad usage (an
 // unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>

@@ -3,7 +3,7 @@
 //
 // With a token in ServerOptions::security, every JobService and CoordinatorService call
 // without it is answered UNAUTHENTICATED before anything happens (each handler checks
-// first; a new handler must too). Health and reflection stay open (proto/rpc_security.h).
+// first; a new handler must too). Health and reflection stay open (rpc/security.h).
 #pragma once
 
 #include <memory>
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 namespace pipetrain::coordinator {
 

@@ -6,7 +6,7 @@
 //
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is sent to the coordinator and asked of
-// its calls; see proto/rpc_security.h. Exit codes: 0 drained, 2 bad usage (an unreadable
+// its calls; see rpc/security.h. Exit codes: 0 drained, 2 bad usage (an unreadable
 // token or TLS file), 4 the coordinator refused its token, 5 cannot serve or register.
 #include <csignal>
 #include <cstdio>

@@ -36,8 +36,8 @@
 
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
-#include "proto/rpc_security.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "rpc/security.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/transport/transport.h"

@@ -17,7 +17,7 @@
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 #include "tests/daemons/local_cluster.h"
 
 namespace pipetrain::test {

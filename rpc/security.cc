@@ -1,4 +1,4 @@
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 #include <algorithm>
 #include <cerrno>
