@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/job_spec.h"
+#include "rpc/status.h"
 #include "runtime/control/step_commands.h"
 
 namespace pipetrain::coordinator {
@@ -225,9 +226,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::SendCommandResponse response;
   grpc::Status s = stub->ScheduleCommand(&ctx, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  }
+  if (!s.ok()) return rpc::ToAbslStatus(s);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(request.job_id());
   if (it != jobs_.end()) {

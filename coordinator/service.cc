@@ -11,15 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/status.h"
 
 namespace pipetrain::coordinator {
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 namespace {
+
+using rpc::ToGrpcStatus;
 
 // Every handler starts with the token check: a call without the token changes nothing.
 class JobServiceImpl final : public v1::JobService::Service {
@@ -53,7 +51,7 @@ class JobServiceImpl final : public v1::JobService::Service {
     int64_t version = -1;
     while (!context->IsCancelled()) {
       auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(500));
-      if (!next.ok()) return ToGrpc(next.status());
+      if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
       version = next->second;
       if (!writer->Write(next->first)) return grpc::Status::OK;
@@ -75,14 +73,14 @@ class JobServiceImpl final : public v1::JobService::Service {
     int64_t version = -1;
     while (!context->IsCancelled()) {
       auto events = c_->Events(request->job_id(), after);
-      if (!events.ok()) return ToGrpc(events.status());
+      if (!events.ok()) return ToGrpcStatus(events.status());
       for (const v1::JobEvent& e : *events) {
         if (!writer->Write(e)) return grpc::Status::OK;
         after = e.seq();
       }
       if (!request->follow()) return grpc::Status::OK;
       auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(500));
-      if (!job.ok()) return ToGrpc(job.status());
+      if (!job.ok()) return ToGrpcStatus(job.status());
       version = job->second;
       const v1::JobState s = job->first.state();
       if (s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
@@ -112,7 +110,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   template <typename T>
   static grpc::Status Reply(absl::StatusOr<T> result, T* response) {
-    if (!result.ok()) return ToGrpc(result.status());
+    if (!result.ok()) return ToGrpcStatus(result.status());
     *response = std::move(result).value();
     return grpc::Status::OK;
   }
@@ -127,20 +125,20 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::RegisterWorkerResponse* response) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     auto r = c_->Register(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = *r;
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    return ToGrpc(c_->Heartbeat(*request));
+    return ToGrpcStatus(c_->Heartbeat(*request));
   }
   grpc::Status ReportStep(grpc::ServerContext* context, const v1::StepReport* request,
                           v1::ReportResponse* response) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     auto r = c_->ReportStep(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = *r;
     return grpc::Status::OK;
   }
@@ -148,7 +146,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                            v1::ReportResponse* response) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     auto r = c_->ReportSteps(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = *r;
     return grpc::Status::OK;
   }
@@ -156,7 +154,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::ReportResponse* response) override {
     if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     auto r = c_->ReportStageEnd(*request);
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) return ToGrpcStatus(r.status());
     *response = *r;
     return grpc::Status::OK;
   }
@@ -210,8 +208,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          const std::function<absl::Status(rendezvous::KeyValueStore&)>& call) {
     if (grpc::Status s = rpc::CheckToken(context, token_); !s.ok()) return s;
     auto store = c_->Rendezvous(request.job_id());
-    if (!store.ok()) return ToGrpc(store.status());
-    return ToGrpc(call(**store));
+    if (!store.ok()) return ToGrpcStatus(store.status());
+    return ToGrpcStatus(call(**store));
   }
 
   Coordinator* c_;

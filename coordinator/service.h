@@ -38,7 +38,4 @@ class CoordinatorServer {
   int port_ = 0;
 };
 
-// absl::Status <-> grpc::Status, code and message kept.
-grpc::Status ToGrpc(const absl::Status& status);
-
 }  // namespace pipetrain::coordinator

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/job_spec.h"
+#include "rpc/status.h"
 #include "worker/coordinator_store.h"
 #include "runtime/base/process_memory.h"
 #include "runtime/job/stage_run.h"
@@ -144,14 +145,15 @@ absl::Status Worker::Register(absl::Time deadline) {
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
       return absl::OkStatus();
     }
-    if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        last.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    if (const absl::Status refused = rpc::ToAbslStatus(last);
+        absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
       // Retrying cannot help: the token is wrong or missing.
-      return absl::UnauthenticatedError(absl::StrCat(
-          "the coordinator at ", options_.coordinator, " refused to register this worker (",
-          last.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
-                                                                 : "PERMISSION_DENIED",
-          ": ", last.error_message(), "); give its token with --token-file or PIPETRAIN_TOKEN"));
+      return absl::Status(refused.code(),
+                          absl::StrCat("the coordinator at ", options_.coordinator,
+                                       " refused to register this worker (",
+                                       absl::StatusCodeToString(refused.code()), ": ",
+                                       refused.message(),
+                                       "); give its token with --token-file or PIPETRAIN_TOKEN"));
     }
     if (absl::Now() + absl::Milliseconds(200) >= deadline) break;
     {
@@ -254,10 +256,7 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
     queue = commands_;
   }
   absl::StatusOr<int64_t> step = queue->Schedule(command, request->step());
-  if (!step.ok()) {
-    return grpc::Status(static_cast<grpc::StatusCode>(step.status().code()),
-                        std::string(step.status().message()));
-  }
+  if (!step.ok()) return rpc::ToGrpcStatus(step.status());
   response->set_step(*step);
   return grpc::Status::OK;
 }
