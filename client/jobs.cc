@@ -21,6 +21,8 @@
 #include "client/spec_yaml.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "rpc/security.h"
+#include "rpc/status.h"
+#include "runtime/base/exit_codes.h"
 
 namespace pipetrain::client {
 namespace {
@@ -34,20 +36,8 @@ struct Common {
   std::shared_ptr<grpc::Channel> channel;  // made then too, with the token and TLS
 };
 
-int ExitFor(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::OK: return 0;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::ALREADY_EXISTS: return 2;
-    case grpc::StatusCode::NOT_FOUND: return 3;
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: return 4;
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return 5;
-    default: return 1;
-  }
-}
+// The exit code of a failed call: the one table (runtime/base/exit_codes.h).
+int ExitFor(const grpc::Status& s) { return exit_code::For(rpc::ToAbslStatus(s)); }
 
 int Fail(const grpc::Status& s, const std::string& what) {
   std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(), s.error_message().c_str());
@@ -81,14 +71,14 @@ class Client {
   }
   // Prints why a call failed, on one line, and returns the exit code.
   int Fail(const grpc::Status& s, const std::string& what) const {
-    if (ExitFor(s) != 4) return client::Fail(s, what);
+    if (ExitFor(s) != exit_code::kDenied) return client::Fail(s, what);
     std::fprintf(stderr,
                  "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
                  what.c_str(), common_.coordinator.c_str(), s.error_message().c_str(),
                  common_.security.token.empty()
                      ? "--token-file or PIPETRAIN_TOKEN"
                      : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
-    return 4;
+    return exit_code::kDenied;
   }
   void Prepare(grpc::ClientContext* ctx, bool streaming = false) const {
     if (!streaming) {
@@ -214,7 +204,7 @@ int Follow(Client& client, const std::string& id, bool json) {
     std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
                 job.message().empty() ? "" : ": ", job.message().c_str());
   }
-  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  return job.state() == v1::JOB_STATE_SUCCEEDED ? exit_code::kOk : exit_code::kJobFailed;
 }
 
 // The options of `pipetrain run`'s own calls to its local cluster: plaintext loopback,
@@ -245,7 +235,8 @@ int FollowJob(const std::string& address, const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
-  if (code != 5 && client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
+  if (code != exit_code::kUnavailable &&
+      client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
     std::printf("\n");
     PrintJobTable(job);
   }
@@ -289,7 +280,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       auto spec = LoadJobSpec(*job_file);
       if (!spec.ok()) {
         std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
-        return spec.status().code() == absl::StatusCode::kNotFound ? 3 : 2;
+        return exit_code::For(spec.status());
       }
       if (!name->empty()) spec->set_name(*name);
       Client client(*common);
@@ -326,7 +317,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       } else {
         PrintJobTable(job);
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
 
@@ -355,7 +346,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                       job.spec().name().c_str());
         }
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
 
@@ -374,7 +365,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       if (!s.ok()) return client.Fail(s, "cancel");
       std::printf("%s\n", common->output == "json" ? Json(job).c_str()
                                                     : absl::StrCat(job.id(), " cancelled").c_str());
-      return 0;
+      return exit_code::kOk;
     };
   });
 
@@ -424,7 +415,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
           std::printf("%s scheduled before step %lld of %s\n", name.c_str(),
                       static_cast<long long>(response.step()), id->c_str());
         }
-        return 0;
+        return exit_code::kOk;
       };
     });
   }
@@ -490,7 +481,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
 
@@ -533,7 +524,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       } else {
         std::printf("%s: %s\n", common->coordinator.c_str(), serving ? "serving" : "not serving");
       }
-      return serving ? 0 : 5;
+      return serving ? exit_code::kOk : exit_code::kUnavailable;
     };
   });
 
@@ -551,7 +542,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       token = channel.status();
     }
     std::fprintf(stderr, "pipetrain: %s\n", std::string(token.status().message()).c_str());
-    return 2;
+    return exit_code::kUsage;
   };
 }
 

@@ -5,8 +5,9 @@
 // any call; an unreadable one is bad usage (2). A call the coordinator refuses for a missing
 // or wrong token exits 4 with one line naming the coordinator.
 //
-// Exit codes: 0 ok, 1 job failed, 2 bad usage or invalid spec, 3 not found,
-// 4 unauthenticated or denied, 5 unavailable or deadline exceeded.
+// Exit codes: the table in runtime/base/exit_codes.h (0 ok, 1 job failed, 2 bad usage or
+// invalid spec, 3 not found, 4 unauthenticated or denied, 5 unavailable or deadline
+// exceeded), a failed call's through rpc::ToAbslStatus.
 #pragma once
 
 #include <functional>

@@ -5,7 +5,8 @@
 //
 //   pipetrain-run [JOB.yaml] [flags]
 //
-// Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 130 interrupted.
+// Exit codes (runtime/base/exit_codes.h, shared with the pipetrain CLI): 0 ok, 1 the job
+// failed, 2 bad usage or invalid job, 3 a file it names is not found, 130 interrupted.
 #include <unistd.h>
 
 #include <cmath>
@@ -23,28 +24,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
+#include "runtime/base/exit_codes.h"
 #include "runtime/job/local_run.h"
 #include "runtime/job/process_run.h"
 #include "runtime/job/trace.h"
 
 namespace pipetrain::run_main {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitJobFailed = 1;
-constexpr int kExitUsage = 2;
-
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return kExitUsage;
-    default:
-      return kExitJobFailed;
-  }
-}
 
 std::string FormatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
@@ -224,7 +210,7 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     auto loaded = job::LoadJobYaml(flags.job_file);
     if (!loaded.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(loaded.status().message()).c_str());
-      return ExitCodeFor(loaded.status());
+      return exit_code::For(loaded.status());
     }
     config = *loaded;
   }
@@ -237,11 +223,11 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
   }
   if (!errors.empty()) {
     std::fprintf(stderr, "error: %s\n", absl::StrJoin(errors, "; ").c_str());
-    return kExitUsage;
+    return exit_code::kUsage;
   }
   if (absl::Status s = job::ValidateJobConfig(config); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
+    return exit_code::kUsage;
   }
 
   if (flags.stage_process >= 0) {
@@ -252,14 +238,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
         std::fprintf(stderr, "error: rank %d: %s\n", flags.stage_process,
                      std::string(s.message()).c_str());
       }
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
-    return kExitOk;
+    return exit_code::kOk;
   }
 
   if (flags.print_job_yaml) {
     std::fputs(job::JobConfigToYaml(config).c_str(), stdout);
-    return kExitOk;
+    return exit_code::kOk;
   }
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(flags.quiet, token_data);
@@ -276,14 +262,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
   }
   if (!report.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
-    return ExitCodeFor(report.status());
+    return exit_code::ForJob(report.status());
   }
   if (flags.reference) {
     if (!flags.quiet) std::fprintf(stderr, "training the un-pipelined reference...\n");
     auto reference = job::TrainReference(config);
     if (!reference.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(reference.status().message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
     report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
   }
@@ -292,14 +278,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     if (absl::Status s = WriteFileAtomically(flags.summary_file, ReportToJson(*report).dump(2));
         !s.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
   if (!flags.trace_file.empty()) {
     if (absl::Status s = WriteFileAtomically(flags.trace_file, job::ChromeTraceJson(*report));
         !s.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
   if (!flags.weights_file.empty()) {
@@ -309,10 +295,10 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
       torch::save(tensors, flags.weights_file);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: writing %s: %s\n", flags.weights_file.c_str(), e.what());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
-  return kExitOk;
+  return exit_code::kOk;
 }
 
 }  // namespace
@@ -320,7 +306,7 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
-  std::signal(SIGINT, [](int) { std::_Exit(130); });
+  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
   CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
                "stage of each replica a thread of this process (or a process of its own with "
                "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
@@ -488,7 +474,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
   }
   return run_main::Run(flags, overrides);
 }
