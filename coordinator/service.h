@@ -2,8 +2,8 @@
 // over one Coordinator, with standard health checking and server reflection.
 //
 // With a token in ServerOptions::security, every JobService and CoordinatorService call
-// without it is answered UNAUTHENTICATED before anything happens (each handler checks
-// first; a new handler must too). Health and reflection stay open (rpc/security.h).
+// without it is answered UNAUTHENTICATED before it reaches a handler (the server's
+// credentials check it: rpc/security.h). Health and reflection stay open.
 #pragma once
 
 #include <memory>
