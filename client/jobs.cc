@@ -23,6 +23,7 @@
 #include "rpc/security.h"
 #include "rpc/status.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/progress_line.h"
 
 namespace pipetrain::client {
 namespace {
@@ -160,46 +161,51 @@ void PrintJobTable(const v1::Job& job) {
   }
 }
 
-// Follows a job until it ends: a progress line (a bar on a terminal) on stderr.
+// Where `job` is, for the progress line; its elapsed time from the coordinator's clock (to
+// now while it runs, so as this machine's clock agrees).
+progress::Progress ProgressOf(const v1::Job& job) {
+  progress::Progress p;
+  p.state = StateName(job.state());
+  p.done = job.step() + 1;
+  p.steps = job.steps();
+  p.loss = job.loss();
+  p.rate = job.tokens_per_s();
+  p.unit = job.data_unit();
+  if (job.started_unix_ms() > 0) {
+    const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms()
+                                                   : absl::ToUnixMillis(absl::Now());
+    p.elapsed_s = static_cast<double>(end - job.started_unix_ms()) / 1e3;
+  }
+  return p;
+}
+
+// Follows a job until it ends: the progress line (runtime/base/progress_line.h) on stderr.
 int Follow(Client& client, const std::string& id, bool json) {
   grpc::ClientContext ctx;
   v1::GetJobRequest request;
   request.set_id(id);
   auto reader = client.stub()->WatchJob(&ctx, request);
   v1::Job job;
-  const bool tty = isatty(STDERR_FILENO);
-  int64_t last_printed = -2;
+  progress::ProgressLine line(isatty(STDERR_FILENO));
   bool have = false;
   while (reader->Read(&job)) {
     have = true;
     if (json) {
       std::printf("%s\n", Json(job).c_str());
       std::fflush(stdout);
-    } else if (job.step() != last_printed) {
-      const int64_t done = job.step() + 1;
-      if (tty) {
-        constexpr int kWidth = 24;
-        const int filled = static_cast<int>(kWidth * done / std::max(1, job.steps()));
-        std::fprintf(stderr, "\r[%s%s] %s step %lld/%d loss %.4f %.0f %s/s   ",
-                     std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                     StateName(job.state()).c_str(), static_cast<long long>(done), job.steps(),
-                     job.loss(), job.tokens_per_s(), job.data_unit().c_str());
-      } else {
-        const int64_t every = std::max(1, job.steps() / 20);
-        if (done == 0 || done % every == 0 || done == job.steps()) {
-          std::fprintf(stderr, "%s step %lld/%d loss %.4f %.0f %s/s\n",
-                       StateName(job.state()).c_str(), static_cast<long long>(done),
-                       job.steps(), job.loss(), job.tokens_per_s(), job.data_unit().c_str());
-        }
-      }
-      last_printed = job.step();
+    } else {
+      std::fputs(line.Update(ProgressOf(job)).c_str(), stderr);
     }
     if (Ended(job.state())) break;
   }
-  if (tty && !json) std::fprintf(stderr, "\n");
+  std::fputs(line.Finish().c_str(), stderr);
   grpc::Status s = reader->Finish();
   if (!have) return client.Fail(s, absl::StrCat("following ", id));
-  if (!Ended(job.state())) return client.Fail(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s, absl::StrCat("following ", id));
+  if (!Ended(job.state())) {
+    return client.Fail(
+        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s,
+        absl::StrCat("following ", id));
+  }
   if (!json) {
     std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
                 job.message().empty() ? "" : ": ", job.message().c_str());

@@ -9,7 +9,6 @@
 // failed, 2 bad usage or invalid job, 3 a file it names is not found, 130 interrupted.
 #include <unistd.h>
 
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -25,19 +24,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/progress_line.h"
 #include "runtime/job/local_run.h"
 #include "runtime/job/process_run.h"
 #include "runtime/job/trace.h"
 
 namespace pipetrain::run_main {
 namespace {
-
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const int s = static_cast<int>(seconds + 0.5);
-  return s >= 3600 ? absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60)
-                   : absl::StrFormat("%d:%02d", s / 60, s % 60);
-}
 
 // 1536 -> "1.5 KiB", 0 -> "-" (not measured).
 std::string FormatBytes(int64_t bytes) {
@@ -49,46 +42,28 @@ std::string FormatBytes(int64_t bytes) {
   return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
 }
 
-std::string FormatRate(double per_s) {
-  if (per_s >= 1e6) return absl::StrFormat("%.2fM", per_s / 1e6);
-  if (per_s >= 1e3) return absl::StrFormat("%.1fk", per_s / 1e3);
-  return absl::StrFormat("%.0f", per_s);
-}
-
-// A progress bar on a terminal, plain lines otherwise (about 20 per run), on stderr.
+// The progress line (runtime/base/progress_line.h) on stderr, unless quiet.
 class ProgressPrinter {
  public:
   ProgressPrinter(bool quiet, bool token_data)
-      : quiet_(quiet), tty_(isatty(STDERR_FILENO)), token_data_(token_data) {}
+      : quiet_(quiet), token_data_(token_data), line_(isatty(STDERR_FILENO)) {}
 
   void operator()(const job::Progress& p) {
     if (quiet_) return;
-    const int64_t done = p.step + 1;
-    const double eta = p.step > 0 ? p.elapsed_s / done * (p.steps - done) : NAN;
-    const std::string rate = token_data_ ? absl::StrCat(FormatRate(p.tokens_per_s), " tok/s")
-                                         : absl::StrCat(FormatRate(p.samples_per_s), " samples/s");
-    if (tty_) {
-      constexpr int kWidth = 24;
-      const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(1, p.steps));
-      std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
-      std::fprintf(stderr, "\r[%s] step %lld/%lld  loss %.4f  %s  ETA %s   ", bar.c_str(),
-                   static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
-                   rate.c_str(), FormatDuration(eta).c_str());
-      if (done == p.steps) std::fprintf(stderr, "\n");
-    } else {
-      const int64_t every = std::max<int64_t>(1, p.steps / 20);
-      if (p.step == 0 || done % every == 0 || done == p.steps) {
-        std::fprintf(stderr, "step %lld/%lld loss %.4f %s elapsed %s eta %s\n",
-                     static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
-                     rate.c_str(), FormatDuration(p.elapsed_s).c_str(),
-                     FormatDuration(eta).c_str());
-      }
-    }
+    progress::Progress now;
+    now.done = p.step + 1;
+    now.steps = p.steps;
+    now.loss = p.loss;
+    now.rate = token_data_ ? p.tokens_per_s : p.samples_per_s;
+    now.unit = token_data_ ? "tok" : "samples";
+    now.elapsed_s = p.elapsed_s;
+    std::fputs(line_.Update(now).c_str(), stderr);
     std::fflush(stderr);
   }
 
  private:
-  bool quiet_, tty_, token_data_;
+  bool quiet_, token_data_;
+  progress::ProgressLine line_;
 };
 
 nlohmann::json ReportToJson(const job::JobReport& r) {
@@ -169,8 +144,8 @@ void PrintSummary(const job::JobReport& r) {
   std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",
               r.step_time_s * 1e3, r.ideal_step_time_s * 1e3,
               r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
-              FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
-              tokens ? "tok/s" : "samples/s", FormatDuration(r.wall_s).c_str());
+              progress::FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
+              tokens ? "tok/s" : "samples/s", progress::FormatDuration(r.wall_s).c_str());
   std::printf("%-6s %-8s %-8s %-9s %-10s %-10s %-10s %-10s\n", "stage", "layers", "stashed",
               "versions", "compute_s", "wait_s", "params", "peak_mem");
   for (const auto& s : r.per_stage) {
