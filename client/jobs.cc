@@ -249,12 +249,16 @@ int FollowJob(const std::string& address, const std::string& id) {
   return code;
 }
 
-std::function<int()> AddJobCommands(CLI::App& app) {
-  auto common = std::make_shared<Common>();
-  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
-  common->coordinator = env ? env : "127.0.0.1:7070";
-  auto chosen = std::make_shared<std::function<int()>>();
-  auto add_common = [common](CLI::App* cmd) {
+namespace {
+
+// What the job commands share: the options every one takes, and the one chosen on the
+// command line (set by its callback, run once the token and TLS files are read).
+struct JobCommands {
+  std::shared_ptr<Common> common;
+  std::shared_ptr<std::function<int()>> chosen;
+
+  // Adds the options every command takes to `cmd`.
+  void AddCommonOptions(CLI::App* cmd) const {
     cmd->add_option("--coordinator", common->coordinator,
                     "host:port of the coordinator ($PIPETRAIN_COORDINATOR)")
         ->capture_default_str();
@@ -270,9 +274,13 @@ std::function<int()> AddJobCommands(CLI::App& app) {
     cmd->add_option("--tls-cert", common->security.tls_cert,
                     "PEM client certificate, for a coordinator that asks one (mutual TLS)");
     cmd->add_option("--tls-key", common->security.tls_key, "PEM private key of --tls-cert");
-  };
+  }
+};
 
-  // submit
+// `submit`: a job file to the coordinator; prints its id (and follows it with -f).
+void AddSubmit(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto submit = app.add_subcommand("submit", "Submit a job file to the coordinator; prints its id");
   auto job_file = std::make_shared<std::string>();
   auto follow = std::make_shared<bool>(false);
@@ -280,7 +288,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   submit->add_option("job", *job_file, "YAML job file (see examples/)")->required();
   submit->add_flag("-f,--follow", *follow, "follow the job until it ends; exit 1 if it fails");
   submit->add_option("--name", *name, "a name shown by list");
-  add_common(submit);
+  c.AddCommonOptions(submit);
   submit->callback([=] {
     *chosen = [=]() -> int {
       auto spec = LoadJobSpec(*job_file);
@@ -304,12 +312,16 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return *follow ? Follow(client, job.id(), common->output == "json") : 0;
     };
   });
+}
 
-  // status
+// `status`: a job's state and per-stage table.
+void AddStatus(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto status = app.add_subcommand("status", "A job's state and per-stage table");
   auto status_id = std::make_shared<std::string>();
   status->add_option("job", *status_id, "job id")->required();
-  add_common(status);
+  c.AddCommonOptions(status);
   status->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -326,10 +338,14 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return exit_code::kOk;
     };
   });
+}
 
-  // list
+// `list`: every job, oldest first.
+void AddList(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto list = app.add_subcommand("list", "Every job, oldest first");
-  add_common(list);
+  c.AddCommonOptions(list);
   list->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -355,12 +371,16 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return exit_code::kOk;
     };
   });
+}
 
-  // cancel
+// `cancel`: a queued or running job.
+void AddCancel(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
   auto cancel_id = std::make_shared<std::string>();
   cancel->add_option("job", *cancel_id, "job id")->required();
-  add_common(cancel);
+  c.AddCommonOptions(cancel);
   cancel->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -374,8 +394,12 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return exit_code::kOk;
     };
   });
+}
 
-  // Step commands: flush, switch, checkpoint, stop at a named step boundary.
+// `flush`, `switch`, `checkpoint`, `stop`: step commands at a named step boundary.
+void AddStepCommands(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   struct StepCommandVerb {
     const char* name;
     v1::StepCommand command;
@@ -401,7 +425,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                     "the step it takes effect before (default: the earliest possible, about "
                     "two steps ahead; stage 0 fixes each boundary two steps early)")
         ->check(CLI::PositiveNumber);
-    add_common(cmd);
+    c.AddCommonOptions(cmd);
     const v1::StepCommand command = verb.command;
     const std::string name = verb.name;
     cmd->callback([=] {
@@ -425,14 +449,18 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       };
     });
   }
+}
 
-  // logs
+// `logs`: a job's events (and the ones to come with -f).
+void AddLogs(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto logs = app.add_subcommand("logs", "A job's events");
   auto logs_id = std::make_shared<std::string>();
   auto logs_follow = std::make_shared<bool>(false);
   logs->add_option("job", *logs_id, "job id")->required();
   logs->add_flag("-f,--follow", *logs_follow, "keep printing until the job ends");
-  add_common(logs);
+  c.AddCommonOptions(logs);
   logs->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -459,10 +487,14 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return s.ok() ? 0 : client.Fail(s, "logs");
     };
   });
+}
 
-  // workers
+// `workers`: the worker pool.
+void AddWorkers(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto workers = app.add_subcommand("workers", "The worker pool");
-  add_common(workers);
+  c.AddCommonOptions(workers);
   workers->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -490,10 +522,14 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return exit_code::kOk;
     };
   });
+}
 
-  // health
+// `health`: whether the coordinator serves (gRPC health check).
+void AddHealth(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto health = app.add_subcommand("health", "Whether the coordinator serves (gRPC health check)");
-  add_common(health);
+  c.AddCommonOptions(health);
   health->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -533,6 +569,20 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return serving ? exit_code::kOk : exit_code::kUnavailable;
     };
   });
+}
+
+}  // namespace
+
+std::function<int()> AddJobCommands(CLI::App& app) {
+  auto common = std::make_shared<Common>();
+  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
+  common->coordinator = env ? env : "127.0.0.1:7070";
+  auto chosen = std::make_shared<std::function<int()>>();
+  const JobCommands commands{common, chosen};
+  for (auto add : {AddSubmit, AddStatus, AddList, AddCancel, AddStepCommands, AddLogs,
+                   AddWorkers, AddHealth}) {
+    add(app, commands);
+  }
 
   return [chosen, common]() -> int {
     if (!*chosen) return -1;

@@ -276,22 +276,41 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
   return exit_code::kOk;
 }
 
-}  // namespace
-}  // namespace pipetrain::run_main
+// Binds the flags that each override one field of the job to `overrides`: values given on
+// the command line win over the job file, which wins over the defaults.
+class JobFlags {
+ public:
+  explicit JobFlags(std::vector<Override>* overrides) : overrides_(overrides) {}
+  const job::JobConfig& defaults() const { return defaults_; }
 
-int main(int argc, char** argv) {
-  using namespace pipetrain;
-  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
-  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
-               "stage of each replica a thread of this process (or a process of its own with "
-               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
-               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
-  app.set_version_flag("--version", "pipetrain 0.1.0");
+  // Binds a flag to the job field `get` returns: copied into the job only when given.
+  template <typename Get>
+  void Field(CLI::Option_group* group, const char* name, const char* help, Get get) {
+    job::JobConfig probe = defaults_;
+    using T = std::decay_t<decltype(get(probe))>;
+    auto value = std::make_shared<T>(get(probe));
+    auto* option = group->add_option(name, *value, help)->capture_default_str();
+    overrides_->push_back({option, [value, get](job::JobConfig& c) {
+                             get(c) = *value;
+                             return absl::OkStatus();
+                           }});
+  }
+  // A flag whose text is parsed by `apply` into the job.
+  template <typename Apply>
+  void Parsed(CLI::Option_group* group, const char* name, std::string default_text,
+              const char* help, Apply apply) {
+    auto text = std::make_shared<std::string>();
+    auto* option = group->add_option(name, *text, help)->default_str(default_text);
+    overrides_->push_back({option, [text, apply](job::JobConfig& c) { return apply(c, *text); }});
+  }
 
-  const job::JobConfig defaults;
-  run_main::RunFlags flags;
-  std::vector<run_main::Override> overrides;
-  CLI::App* run = &app;
+ private:
+  const job::JobConfig defaults_;
+  std::vector<Override>* overrides_;
+};
+
+// The run's own flags: files it writes, the launch, quiet, and the internal ones.
+void AddRunFlags(CLI::App* run, RunFlags& flags) {
   run->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
       ->check(CLI::ExistingFile);
   run->add_option("--summary", flags.summary_file, "write a JSON report here at the end");
@@ -315,135 +334,151 @@ int main(int argc, char** argv) {
   internal->add_option("--stage-process", flags.stage_process);
   internal->add_option("--store-port", flags.store_port);
   internal->add_option("--result-dir", flags.result_dir);
+}
 
-  // Binds a flag to the job field `get` returns: copied into the job only when given.
-  auto field = [&](CLI::Option_group* group, const char* name, const char* help, auto get) {
-    job::JobConfig probe = defaults;
-    using T = std::decay_t<decltype(get(probe))>;
-    auto value = std::make_shared<T>(get(probe));
-    auto* option = group->add_option(name, *value, help)->capture_default_str();
-    overrides.push_back({option, [value, get](job::JobConfig& c) {
-                           get(c) = *value;
-                           return absl::OkStatus();
-                         }});
-  };
-  // A flag whose text is parsed by `apply` into the job.
-  auto parsed = [&](CLI::Option_group* group, const char* name, std::string default_text,
-                    const char* help, auto apply) {
-    auto text = std::make_shared<std::string>();
-    auto* option = group->add_option(name, *text, help)->default_str(default_text);
-    overrides.push_back({option, [text, apply](job::JobConfig& c) { return apply(c, *text); }});
-  };
-
+// The model: which one and its sizes.
+void AddModelFlags(CLI::App* run, JobFlags& f) {
+  const job::JobConfig& defaults = f.defaults();
   auto* m = run->add_option_group("model");
-  parsed(m, "--model", defaults.model.name, "gpt | mlp | cnn | torchscript",
-         [](job::JobConfig& c, const std::string& v) {
-           c.model.name = v;
-           return absl::OkStatus();
-         });
-  parsed(m, "--torchscript", "", "TorchScript file of an nn.Sequential (implies --model "
-         "torchscript)", [](job::JobConfig& c, const std::string& v) {
-           c.model.name = "torchscript";
-           c.model.torchscript_path = v;
-           return absl::OkStatus();
-         });
-  field(m, "--d-model", "gpt width",
-        [](job::JobConfig& c) -> int64_t& { return c.model.d_model; });
-  field(m, "--n-heads", "gpt attention heads",
-        [](job::JobConfig& c) -> int64_t& { return c.model.n_heads; });
-  field(m, "--n-layers", "gpt transformer blocks",
-        [](job::JobConfig& c) -> int64_t& { return c.model.n_layers; });
-  field(m, "--hidden", "mlp width / cnn channels",
-        [](job::JobConfig& c) -> int64_t& { return c.model.hidden; });
-  field(m, "--hidden-layers", "mlp/cnn hidden layers",
-        [](job::JobConfig& c) -> int64_t& { return c.model.hidden_layers; });
-  field(m, "--dropout", "dropout probability (gpt)",
-        [](job::JobConfig& c) -> double& { return c.model.dropout; });
-
-  auto* d = run->add_option_group("data");
-  parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
-         "synthetic | bytes | uint16 | classification",
-         [](job::JobConfig& c, const std::string& v) {
-           c.data.kind = v;
-           return absl::OkStatus();
-         });
-  parsed(d, "--data-path", "", "file for bytes / uint16 data",
-         [](job::JobConfig& c, const std::string& v) {
-           c.data.path = v;
-           return absl::OkStatus();
-         });
-  field(d, "--seq-len", "tokens per sequence (T)",
-        [](job::JobConfig& c) -> int64_t& { return c.data.seq_len; });
-  field(d, "--vocab", "synthetic vocabulary (uint16: 0 infers it)",
-        [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
-
-  auto* p = run->add_option_group("pipeline");
-  parsed(p, "--schedule", "2bw", "gpipe | 1f1b (alias flush, last-stage) | 2bw",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           auto kind = schedule::ParseScheduleKind(v);
-           if (!kind.ok()) return kind.status();
-           c.schedule = *kind;
-           return absl::OkStatus();
-         });
-  parsed(p, "--stages", "4", "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           int count = 0;
-           if (absl::SimpleAtoi(v, &count)) {
-             c.stages = count;
-             c.stage_ranges.clear();
+  f.Parsed(m, "--model", defaults.model.name, "gpt | mlp | cnn | torchscript",
+           [](job::JobConfig& c, const std::string& v) {
+             c.model.name = v;
              return absl::OkStatus();
-           }
-           auto ranges = model::ParseRanges(v);
-           if (!ranges.ok()) return ranges.status();
-           c.stage_ranges = *ranges;
-           c.stages = static_cast<int>(ranges->size());
-           return absl::OkStatus();
-         });
-  field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
-        [](job::JobConfig& c) -> int& { return c.replicas; });
-  field(p, "--overlap-allreduce", "Hippie: stage 0 averages gradient buckets during its final "
-        "backward (true/false)",
-        [](job::JobConfig& c) -> bool& { return c.overlap_allreduce; });
-  field(p, "--bucket-kib", "gradient bucket size for the overlapped AllReduce",
-        [](job::JobConfig& c) -> int64_t& { return c.bucket_kib; });
-  field(p, "--microbatches", "micro-batches per step (m)",
-        [](job::JobConfig& c) -> int& { return c.micro_batches; });
-  field(p, "--microbatch-size", "rows per micro-batch (b)",
-        [](job::JobConfig& c) -> int& { return c.micro_batch_size; });
-  parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           auto rc = job::ParseRecompute(v);
-           if (!rc.ok()) return rc.status();
-           c.recompute = *rc;
-           return absl::OkStatus();
-         });
-  field(p, "--threads-per-stage", "intra-op threads per stage (0: cores / stages)",
-        [](job::JobConfig& c) -> int& { return c.threads_per_stage; });
-  field(p, "--timeout", "seconds any wait for a peer may last",
-        [](job::JobConfig& c) -> double& { return c.recv_timeout_s; });
+           });
+  f.Parsed(m, "--torchscript", "", "TorchScript file of an nn.Sequential (implies --model "
+           "torchscript)", [](job::JobConfig& c, const std::string& v) {
+             c.model.name = "torchscript";
+             c.model.torchscript_path = v;
+             return absl::OkStatus();
+           });
+  f.Field(m, "--d-model", "gpt width",
+          [](job::JobConfig& c) -> int64_t& { return c.model.d_model; });
+  f.Field(m, "--n-heads", "gpt attention heads",
+          [](job::JobConfig& c) -> int64_t& { return c.model.n_heads; });
+  f.Field(m, "--n-layers", "gpt transformer blocks",
+          [](job::JobConfig& c) -> int64_t& { return c.model.n_layers; });
+  f.Field(m, "--hidden", "mlp width / cnn channels",
+          [](job::JobConfig& c) -> int64_t& { return c.model.hidden; });
+  f.Field(m, "--hidden-layers", "mlp/cnn hidden layers",
+          [](job::JobConfig& c) -> int64_t& { return c.model.hidden_layers; });
+  f.Field(m, "--dropout", "dropout probability (gpt)",
+          [](job::JobConfig& c) -> double& { return c.model.dropout; });
+}
 
+// The data: kind, file, sequence length, vocabulary.
+void AddDataFlags(CLI::App* run, JobFlags& f) {
+  auto* d = run->add_option_group("data");
+  f.Parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
+           "synthetic | bytes | uint16 | classification",
+           [](job::JobConfig& c, const std::string& v) {
+             c.data.kind = v;
+             return absl::OkStatus();
+           });
+  f.Parsed(d, "--data-path", "", "file for bytes / uint16 data",
+           [](job::JobConfig& c, const std::string& v) {
+             c.data.path = v;
+             return absl::OkStatus();
+           });
+  f.Field(d, "--seq-len", "tokens per sequence (T)",
+          [](job::JobConfig& c) -> int64_t& { return c.data.seq_len; });
+  f.Field(d, "--vocab", "synthetic vocabulary (uint16: 0 infers it)",
+          [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
+}
+
+// The pipeline: schedule, stages, replicas, micro-batches, recomputation, threads, timeouts.
+void AddPipelineFlags(CLI::App* run, JobFlags& f) {
+  auto* p = run->add_option_group("pipeline");
+  f.Parsed(p, "--schedule", "2bw", "gpipe | 1f1b (alias flush, last-stage) | 2bw",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             auto kind = schedule::ParseScheduleKind(v);
+             if (!kind.ok()) return kind.status();
+             c.schedule = *kind;
+             return absl::OkStatus();
+           });
+  f.Parsed(p, "--stages", "4", "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             int count = 0;
+             if (absl::SimpleAtoi(v, &count)) {
+               c.stages = count;
+               c.stage_ranges.clear();
+               return absl::OkStatus();
+             }
+             auto ranges = model::ParseRanges(v);
+             if (!ranges.ok()) return ranges.status();
+             c.stage_ranges = *ranges;
+             c.stages = static_cast<int>(ranges->size());
+             return absl::OkStatus();
+           });
+  f.Field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
+          [](job::JobConfig& c) -> int& { return c.replicas; });
+  f.Field(p, "--overlap-allreduce", "Hippie: stage 0 averages gradient buckets during its final "
+          "backward (true/false)",
+          [](job::JobConfig& c) -> bool& { return c.overlap_allreduce; });
+  f.Field(p, "--bucket-kib", "gradient bucket size for the overlapped AllReduce",
+          [](job::JobConfig& c) -> int64_t& { return c.bucket_kib; });
+  f.Field(p, "--microbatches", "micro-batches per step (m)",
+          [](job::JobConfig& c) -> int& { return c.micro_batches; });
+  f.Field(p, "--microbatch-size", "rows per micro-batch (b)",
+          [](job::JobConfig& c) -> int& { return c.micro_batch_size; });
+  f.Parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             auto rc = job::ParseRecompute(v);
+             if (!rc.ok()) return rc.status();
+             c.recompute = *rc;
+             return absl::OkStatus();
+           });
+  f.Field(p, "--threads-per-stage", "intra-op threads per stage (0: cores / stages)",
+          [](job::JobConfig& c) -> int& { return c.threads_per_stage; });
+  f.Field(p, "--timeout", "seconds any wait for a peer may last",
+          [](job::JobConfig& c) -> double& { return c.recv_timeout_s; });
+}
+
+// Training: steps, optimizer, seed, dtype.
+void AddTrainingFlags(CLI::App* run, JobFlags& f) {
   auto* t = run->add_option_group("training");
-  field(t, "--steps", "optimizer steps",
-        [](job::JobConfig& c) -> int& { return c.steps; });
-  parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
+  f.Field(t, "--steps", "optimizer steps",
+          [](job::JobConfig& c) -> int& { return c.steps; });
+  f.Parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
     c.optimizer.name = v;
     return absl::OkStatus();
   });
-  field(t, "--lr", "learning rate",
-        [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
-  field(t, "--momentum", "sgd momentum",
-        [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
-  field(t, "--weight-decay", "decoupled weight decay",
-        [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
-  field(t, "--seed", "initialization and data order",
-        [](job::JobConfig& c) -> uint64_t& { return c.seed; });
-  parsed(t, "--dtype", "float32", "float32 | float64",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(v);
-           if (!f64.ok()) return f64.status();
-           c.float64 = *f64;
-           return absl::OkStatus();
-         });
+  f.Field(t, "--lr", "learning rate",
+          [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
+  f.Field(t, "--momentum", "sgd momentum",
+          [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
+  f.Field(t, "--weight-decay", "decoupled weight decay",
+          [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
+  f.Field(t, "--seed", "initialization and data order",
+          [](job::JobConfig& c) -> uint64_t& { return c.seed; });
+  f.Parsed(t, "--dtype", "float32", "float32 | float64",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(v);
+             if (!f64.ok()) return f64.status();
+             c.float64 = *f64;
+             return absl::OkStatus();
+           });
+}
+
+}  // namespace
+}  // namespace pipetrain::run_main
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
+  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
+               "stage of each replica a thread of this process (or a process of its own with "
+               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
+               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
+  app.set_version_flag("--version", "pipetrain 0.1.0");
+
+  run_main::RunFlags flags;
+  std::vector<run_main::Override> overrides;
+  run_main::JobFlags job_flags(&overrides);
+  run_main::AddRunFlags(&app, flags);
+  run_main::AddModelFlags(&app, job_flags);
+  run_main::AddDataFlags(&app, job_flags);
+  run_main::AddPipelineFlags(&app, job_flags);
+  run_main::AddTrainingFlags(&app, job_flags);
 
   flags.argv.assign(argv, argv + argc);
   try {
