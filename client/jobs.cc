@@ -20,7 +20,10 @@
 #include "absl/time/time.h"
 #include "client/spec_yaml.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
+#include "rpc/status.h"
+#include "runtime/base/exit_codes.h"
+#include "runtime/base/progress_line.h"
 
 namespace pipetrain::client {
 namespace {
@@ -34,20 +37,8 @@ struct Common {
   std::shared_ptr<grpc::Channel> channel;  // made then too, with the token and TLS
 };
 
-int ExitFor(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::OK: return 0;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::ALREADY_EXISTS: return 2;
-    case grpc::StatusCode::NOT_FOUND: return 3;
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: return 4;
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return 5;
-    default: return 1;
-  }
-}
+// The exit code of a failed call: the one table (runtime/base/exit_codes.h).
+int ExitFor(const grpc::Status& s) { return exit_code::For(rpc::ToAbslStatus(s)); }
 
 int Fail(const grpc::Status& s, const std::string& what) {
   std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(), s.error_message().c_str());
@@ -81,14 +72,14 @@ class Client {
   }
   // Prints why a call failed, on one line, and returns the exit code.
   int Fail(const grpc::Status& s, const std::string& what) const {
-    if (ExitFor(s) != 4) return client::Fail(s, what);
+    if (ExitFor(s) != exit_code::kDenied) return client::Fail(s, what);
     std::fprintf(stderr,
                  "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
                  what.c_str(), common_.coordinator.c_str(), s.error_message().c_str(),
                  common_.security.token.empty()
                      ? "--token-file or PIPETRAIN_TOKEN"
                      : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
-    return 4;
+    return exit_code::kDenied;
   }
   void Prepare(grpc::ClientContext* ctx, bool streaming = false) const {
     if (!streaming) {
@@ -170,51 +161,56 @@ void PrintJobTable(const v1::Job& job) {
   }
 }
 
-// Follows a job until it ends: a progress line (a bar on a terminal) on stderr.
+// Where `job` is, for the progress line; its elapsed time from the coordinator's clock (to
+// now while it runs, so as this machine's clock agrees).
+progress::Progress ProgressOf(const v1::Job& job) {
+  progress::Progress p;
+  p.state = StateName(job.state());
+  p.done = job.step() + 1;
+  p.steps = job.steps();
+  p.loss = job.loss();
+  p.rate = job.tokens_per_s();
+  p.unit = job.data_unit();
+  if (job.started_unix_ms() > 0) {
+    const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms()
+                                                   : absl::ToUnixMillis(absl::Now());
+    p.elapsed_s = static_cast<double>(end - job.started_unix_ms()) / 1e3;
+  }
+  return p;
+}
+
+// Follows a job until it ends: the progress line (runtime/base/progress_line.h) on stderr.
 int Follow(Client& client, const std::string& id, bool json) {
   grpc::ClientContext ctx;
   v1::GetJobRequest request;
   request.set_id(id);
   auto reader = client.stub()->WatchJob(&ctx, request);
   v1::Job job;
-  const bool tty = isatty(STDERR_FILENO);
-  int64_t last_printed = -2;
+  progress::ProgressLine line(isatty(STDERR_FILENO));
   bool have = false;
   while (reader->Read(&job)) {
     have = true;
     if (json) {
       std::printf("%s\n", Json(job).c_str());
       std::fflush(stdout);
-    } else if (job.step() != last_printed) {
-      const int64_t done = job.step() + 1;
-      if (tty) {
-        constexpr int kWidth = 24;
-        const int filled = static_cast<int>(kWidth * done / std::max(1, job.steps()));
-        std::fprintf(stderr, "\r[%s%s] %s step %lld/%d loss %.4f %.0f %s/s   ",
-                     std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                     StateName(job.state()).c_str(), static_cast<long long>(done), job.steps(),
-                     job.loss(), job.tokens_per_s(), job.data_unit().c_str());
-      } else {
-        const int64_t every = std::max(1, job.steps() / 20);
-        if (done == 0 || done % every == 0 || done == job.steps()) {
-          std::fprintf(stderr, "%s step %lld/%d loss %.4f %.0f %s/s\n",
-                       StateName(job.state()).c_str(), static_cast<long long>(done),
-                       job.steps(), job.loss(), job.tokens_per_s(), job.data_unit().c_str());
-        }
-      }
-      last_printed = job.step();
+    } else {
+      std::fputs(line.Update(ProgressOf(job)).c_str(), stderr);
     }
     if (Ended(job.state())) break;
   }
-  if (tty && !json) std::fprintf(stderr, "\n");
+  std::fputs(line.Finish().c_str(), stderr);
   grpc::Status s = reader->Finish();
   if (!have) return client.Fail(s, absl::StrCat("following ", id));
-  if (!Ended(job.state())) return client.Fail(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s, absl::StrCat("following ", id));
+  if (!Ended(job.state())) {
+    return client.Fail(
+        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s,
+        absl::StrCat("following ", id));
+  }
   if (!json) {
     std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
                 job.message().empty() ? "" : ": ", job.message().c_str());
   }
-  return job.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  return job.state() == v1::JOB_STATE_SUCCEEDED ? exit_code::kOk : exit_code::kJobFailed;
 }
 
 // The options of `pipetrain run`'s own calls to its local cluster: plaintext loopback,
@@ -245,19 +241,24 @@ int FollowJob(const std::string& address, const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
-  if (code != 5 && client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
+  if (code != exit_code::kUnavailable &&
+      client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
     std::printf("\n");
     PrintJobTable(job);
   }
   return code;
 }
 
-std::function<int()> AddJobCommands(CLI::App& app) {
-  auto common = std::make_shared<Common>();
-  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
-  common->coordinator = env ? env : "127.0.0.1:7070";
-  auto chosen = std::make_shared<std::function<int()>>();
-  auto add_common = [common](CLI::App* cmd) {
+namespace {
+
+// What the job commands share: the options every one takes, and the one chosen on the
+// command line (set by its callback, run once the token and TLS files are read).
+struct JobCommands {
+  std::shared_ptr<Common> common;
+  std::shared_ptr<std::function<int()>> chosen;
+
+  // Adds the options every command takes to `cmd`.
+  void AddCommonOptions(CLI::App* cmd) const {
     cmd->add_option("--coordinator", common->coordinator,
                     "host:port of the coordinator ($PIPETRAIN_COORDINATOR)")
         ->capture_default_str();
@@ -273,9 +274,13 @@ std::function<int()> AddJobCommands(CLI::App& app) {
     cmd->add_option("--tls-cert", common->security.tls_cert,
                     "PEM client certificate, for a coordinator that asks one (mutual TLS)");
     cmd->add_option("--tls-key", common->security.tls_key, "PEM private key of --tls-cert");
-  };
+  }
+};
 
-  // submit
+// `submit`: a job file to the coordinator; prints its id (and follows it with -f).
+void AddSubmit(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto submit = app.add_subcommand("submit", "Submit a job file to the coordinator; prints its id");
   auto job_file = std::make_shared<std::string>();
   auto follow = std::make_shared<bool>(false);
@@ -283,13 +288,13 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   submit->add_option("job", *job_file, "YAML job file (see examples/)")->required();
   submit->add_flag("-f,--follow", *follow, "follow the job until it ends; exit 1 if it fails");
   submit->add_option("--name", *name, "a name shown by list");
-  add_common(submit);
+  c.AddCommonOptions(submit);
   submit->callback([=] {
     *chosen = [=]() -> int {
       auto spec = LoadJobSpec(*job_file);
       if (!spec.ok()) {
         std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
-        return spec.status().code() == absl::StatusCode::kNotFound ? 3 : 2;
+        return exit_code::For(spec.status());
       }
       if (!name->empty()) spec->set_name(*name);
       Client client(*common);
@@ -307,12 +312,16 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return *follow ? Follow(client, job.id(), common->output == "json") : 0;
     };
   });
+}
 
-  // status
+// `status`: a job's state and per-stage table.
+void AddStatus(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto status = app.add_subcommand("status", "A job's state and per-stage table");
   auto status_id = std::make_shared<std::string>();
   status->add_option("job", *status_id, "job id")->required();
-  add_common(status);
+  c.AddCommonOptions(status);
   status->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -326,13 +335,17 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       } else {
         PrintJobTable(job);
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
+}
 
-  // list
+// `list`: every job, oldest first.
+void AddList(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto list = app.add_subcommand("list", "Every job, oldest first");
-  add_common(list);
+  c.AddCommonOptions(list);
   list->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -355,15 +368,19 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                       job.spec().name().c_str());
         }
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
+}
 
-  // cancel
+// `cancel`: a queued or running job.
+void AddCancel(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
   auto cancel_id = std::make_shared<std::string>();
   cancel->add_option("job", *cancel_id, "job id")->required();
-  add_common(cancel);
+  c.AddCommonOptions(cancel);
   cancel->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -374,11 +391,15 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       if (!s.ok()) return client.Fail(s, "cancel");
       std::printf("%s\n", common->output == "json" ? Json(job).c_str()
                                                     : absl::StrCat(job.id(), " cancelled").c_str());
-      return 0;
+      return exit_code::kOk;
     };
   });
+}
 
-  // Step commands: flush, switch, checkpoint, stop at a named step boundary.
+// `flush`, `switch`, `checkpoint`, `stop`: step commands at a named step boundary.
+void AddStepCommands(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   struct StepCommandVerb {
     const char* name;
     v1::StepCommand command;
@@ -404,7 +425,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                     "the step it takes effect before (default: the earliest possible, about "
                     "two steps ahead; stage 0 fixes each boundary two steps early)")
         ->check(CLI::PositiveNumber);
-    add_common(cmd);
+    c.AddCommonOptions(cmd);
     const v1::StepCommand command = verb.command;
     const std::string name = verb.name;
     cmd->callback([=] {
@@ -424,18 +445,22 @@ std::function<int()> AddJobCommands(CLI::App& app) {
           std::printf("%s scheduled before step %lld of %s\n", name.c_str(),
                       static_cast<long long>(response.step()), id->c_str());
         }
-        return 0;
+        return exit_code::kOk;
       };
     });
   }
+}
 
-  // logs
+// `logs`: a job's events (and the ones to come with -f).
+void AddLogs(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto logs = app.add_subcommand("logs", "A job's events");
   auto logs_id = std::make_shared<std::string>();
   auto logs_follow = std::make_shared<bool>(false);
   logs->add_option("job", *logs_id, "job id")->required();
   logs->add_flag("-f,--follow", *logs_follow, "keep printing until the job ends");
-  add_common(logs);
+  c.AddCommonOptions(logs);
   logs->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -462,10 +487,14 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       return s.ok() ? 0 : client.Fail(s, "logs");
     };
   });
+}
 
-  // workers
+// `workers`: the worker pool.
+void AddWorkers(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto workers = app.add_subcommand("workers", "The worker pool");
-  add_common(workers);
+  c.AddCommonOptions(workers);
   workers->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -490,13 +519,17 @@ std::function<int()> AddJobCommands(CLI::App& app) {
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }
       }
-      return 0;
+      return exit_code::kOk;
     };
   });
+}
 
-  // health
+// `health`: whether the coordinator serves (gRPC health check).
+void AddHealth(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto health = app.add_subcommand("health", "Whether the coordinator serves (gRPC health check)");
-  add_common(health);
+  c.AddCommonOptions(health);
   health->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
@@ -533,9 +566,23 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       } else {
         std::printf("%s: %s\n", common->coordinator.c_str(), serving ? "serving" : "not serving");
       }
-      return serving ? 0 : 5;
+      return serving ? exit_code::kOk : exit_code::kUnavailable;
     };
   });
+}
+
+}  // namespace
+
+std::function<int()> AddJobCommands(CLI::App& app) {
+  auto common = std::make_shared<Common>();
+  const char* env = std::getenv("PIPETRAIN_COORDINATOR");
+  common->coordinator = env ? env : "127.0.0.1:7070";
+  auto chosen = std::make_shared<std::function<int()>>();
+  const JobCommands commands{common, chosen};
+  for (auto add : {AddSubmit, AddStatus, AddList, AddCancel, AddStepCommands, AddLogs,
+                   AddWorkers, AddHealth}) {
+    add(app, commands);
+  }
 
   return [chosen, common]() -> int {
     if (!*chosen) return -1;
@@ -551,7 +598,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
       token = channel.status();
     }
     std::fprintf(stderr, "pipetrain: %s\n", std::string(token.status().message()).c_str());
-    return 2;
+    return exit_code::kUsage;
   };
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "client/jobs.h"
 #include "client/spec_yaml.h"
+#include "runtime/base/exit_codes.h"
 
 namespace pipetrain::client {
 namespace {
@@ -116,7 +117,7 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(run.spec_yaml);
   if (!spec.ok()) {
     std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
-    return 2;
+    return exit_code::For(spec.status());
   }
   const std::string coordinator_bin = FindDaemon("pipetrain-coordinator");
   const std::string worker_bin = FindDaemon("pipetrain-worker");
@@ -126,12 +127,12 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                  "daemons with --launch threads)\n",
                  coordinator_bin.empty() ? "pipetrain-coordinator" : "pipetrain-worker",
                  "the pipetrain binary");
-    return 5;
+    return exit_code::kUnavailable;
   }
   char dir_template[] = "/tmp/pipetrain-run-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::perror("pipetrain: mkdtemp");
-    return 5;
+    return exit_code::kUnavailable;
   }
   const fs::path dir = dir_template;
   pid_t coordinator = -1;
@@ -162,9 +163,11 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
       address = m[1];
     } else if (Exited(coordinator)) {
       coordinator = -1;
-      return fail(5, "the coordinator did not start:\n" + Tail(coordinator_log));
+      return fail(exit_code::kUnavailable,
+                  "the coordinator did not start:\n" + Tail(coordinator_log));
     } else if (std::chrono::steady_clock::now() > deadline) {
-      return fail(5, "the coordinator did not serve within 20 s:\n" + Tail(coordinator_log));
+      return fail(exit_code::kUnavailable,
+                  "the coordinator did not serve within 20 s:\n" + Tail(coordinator_log));
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -181,9 +184,10 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   const int ranks = job.stages() * job.replicas();
   const int n = run.workers > 0 ? run.workers : ranks;
   if (n < ranks) {
-    return fail(2, absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks,
-                                " ranks (", job.stages(), " stages x ", job.replicas(),
-                                " replicas), one per worker"));
+    return fail(exit_code::kUsage,
+                absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks,
+                             " ranks (", job.stages(), " stages x ", job.replicas(),
+                             " replicas), one per worker"));
   }
   std::fprintf(stderr, "pipetrain: %s: %d stages x %d replicas on a local cluster of %d worker%s "
                "(coordinator %s, logs in %s)\n",

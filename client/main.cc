@@ -7,8 +7,9 @@
 //
 // The CLI speaks to daemons only (proto/); the training runtime is in pipetrain-run and the
 // daemons, which it finds beside itself (see local_cluster.h), so it starts in milliseconds.
-// Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 3 not found,
-// 4 unauthenticated or denied, 5 unavailable, 130 interrupted.
+// Exit codes (runtime/base/exit_codes.h, shared with pipetrain-run): 0 ok, 1 the job failed,
+// 2 bad usage or invalid job, 3 not found, 4 unauthenticated or denied, 5 unavailable,
+// 130 interrupted.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 
 #include "client/jobs.h"
 #include "client/local_cluster.h"
+#include "runtime/base/exit_codes.h"
 
 namespace pipetrain::client {
 namespace {
@@ -45,7 +47,7 @@ The job: a YAML file and the flags below, which override it.
 // Runs `argv` and returns its exit code (stdout captured into `out` if given).
 int RunChild(const std::vector<std::string>& argv, std::string* out) {
   int pipe_fds[2] = {-1, -1};
-  if (out && pipe(pipe_fds) != 0) return 5;
+  if (out && pipe(pipe_fds) != 0) return exit_code::kUnavailable;
   const pid_t pid = fork();
   if (pid == 0) {
     if (out) {
@@ -54,7 +56,7 @@ int RunChild(const std::vector<std::string>& argv, std::string* out) {
       close(pipe_fds[1]);
     }
     Exec(argv);
-    _exit(5);
+    _exit(exit_code::kUnavailable);
   }
   if (out) {
     close(pipe_fds[1]);
@@ -64,7 +66,7 @@ int RunChild(const std::vector<std::string>& argv, std::string* out) {
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code::kJobFailed;
 }
 
 int Run(const std::vector<std::string>& args) {
@@ -93,7 +95,7 @@ int Run(const std::vector<std::string>& args) {
       }
       if (cluster.workers < 1) {
         std::fprintf(stderr, "error: --workers: expected a positive number, got '%s'\n", n.c_str());
-        return 2;
+        return exit_code::kUsage;
       }
     } else if (a == "--keep-logs") {
       cluster.keep_logs = true;
@@ -110,7 +112,7 @@ int Run(const std::vector<std::string>& args) {
   if (runner.empty()) {
     std::fprintf(stderr, "pipetrain: cannot find pipetrain-run beside the pipetrain binary or on "
                          "PATH\n");
-    return 5;
+    return exit_code::kUnavailable;
   }
   if (help) {
     std::fputs(kRunHelp, stdout);
@@ -122,12 +124,12 @@ int Run(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {runner, "--launch", launch};
     argv.insert(argv.end(), rest.begin(), rest.end());
     Exec(argv);
-    return 5;
+    return exit_code::kUnavailable;
   }
   if (launch != "cluster") {
     std::fprintf(stderr, "error: --launch: expected cluster, threads or processes, got '%s'\n",
                  launch.c_str());
-    return 2;
+    return exit_code::kUsage;
   }
   if (!without_daemons.empty()) {
     std::string names;
@@ -136,7 +138,7 @@ int Run(const std::vector<std::string>& args) {
                  "error: %s: only with --launch threads or processes (without daemons); on the "
                  "local cluster the job's weights_dir keeps each stage's weights\n",
                  names.c_str());
-    return 2;
+    return exit_code::kUsage;
   }
   // The job with every flag applied, validated, as the job file the coordinator takes.
   std::vector<std::string> argv = {runner, "--print-job-yaml"};
@@ -150,7 +152,7 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
-  std::signal(SIGINT, [](int) { std::_Exit(130); });
+  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
   if (argc >= 2 && std::string(argv[1]) == "run") {
     return client::Run(std::vector<std::string>(argv + 2, argv + argc));
   }
@@ -165,7 +167,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
   }
   return job_command();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/placement.h"
 #include "proto/job_spec.h"
+#include "rpc/status.h"
 #include "runtime/control/step_commands.h"
 
 namespace pipetrain::coordinator {

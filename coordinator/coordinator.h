@@ -53,7 +53,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_pool.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
 #include "runtime/job/job_config.h"

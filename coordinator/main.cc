@@ -8,8 +8,8 @@
 // Once it serves it writes HOST:PORT to --port-file (if given) and says so on stderr.
 // SIGTERM or SIGINT: stops.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
-// sent to workers; see proto/rpc_security.h. Exit codes: 0 stopped, 2 bad usage (an
-// unreadable token or TLS file), 5 cannot open the database or listen.
+// sent to workers; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 stopped,
+// 2 bad usage (an unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>
 
@@ -20,9 +20,11 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
 #include "runtime/base/atomic_file.h"
+#include "runtime/base/exit_codes.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::coordinator;
+  namespace exit_code = pipetrain::exit_code;
   CLI::App app{"pipetrain-coordinator: the control plane of pipetrain. Takes jobs from the "
                "pipetrain CLI, assigns their pipeline stages to registered workers, follows "
                "them, and keeps every job and its events in a SQLite file that survives "
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n", std::string(token.status().message()).c_str());
-    return 2;
+    return exit_code::kUsage;
   }
   security.token = *std::move(token);
   options.security = security;  // for its calls to workers
@@ -77,13 +79,13 @@ int main(int argc, char** argv) {
   if (!coordinator.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
                  std::string(coordinator.status().message()).c_str());
-    return 5;
+    return exit_code::kUnavailable;
   }
   auto server = CoordinatorServer::Start(coordinator->get(), server_options);
   if (!server.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
                  std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 5;
+    return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
   std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
                    std::string(s.message()).c_str());
-      return 5;
+      return exit_code::kUnavailable;
     }
   }
   int sig = 0;
@@ -104,5 +106,5 @@ int main(int argc, char** argv) {
   (*server)->Shutdown();
   server->reset();
   coordinator->reset();
-  return 0;
+  return exit_code::kOk;
 }

@@ -11,49 +11,51 @@
 #include "absl/strings/str_cat.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/status.h"
 
 namespace pipetrain::coordinator {
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 namespace {
 
-// Every handler starts with the token check: a call without the token changes nothing.
+using rpc::ToGrpcStatus;
+
+// The reply to a call: `result`'s value in `response`, or its error.
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = std::move(result).value();
+  return grpc::Status::OK;
+}
+
+// No handler checks the token: the server's credentials refuse a call without it before it
+// reaches any of them (rpc/security.h).
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* c, std::string token) : c_(c), token_(std::move(token)) {}
+  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
 
-  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     return Reply(c_->Submit(request->spec()), response);
   }
-  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                       v1::Job* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     return Reply(c_->Get(request->id()), response);
   }
-  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
                         v1::ListJobsResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     for (v1::Job& job : c_->List()) *response->add_jobs() = std::move(job);
     return grpc::Status::OK;
   }
-  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     return Reply(c_->Cancel(request->id()), response);
   }
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                         grpc::ServerWriter<v1::Job>* writer) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     int64_t version = -1;
     while (!context->IsCancelled()) {
       auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(500));
-      if (!next.ok()) return ToGrpc(next.status());
+      if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
       version = next->second;
       if (!writer->Write(next->first)) return grpc::Status::OK;
@@ -70,19 +72,18 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
   grpc::Status StreamEvents(grpc::ServerContext* context, const v1::StreamEventsRequest* request,
                             grpc::ServerWriter<v1::JobEvent>* writer) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     int64_t after = request->after_seq();
     int64_t version = -1;
     while (!context->IsCancelled()) {
       auto events = c_->Events(request->job_id(), after);
-      if (!events.ok()) return ToGrpc(events.status());
+      if (!events.ok()) return ToGrpcStatus(events.status());
       for (const v1::JobEvent& e : *events) {
         if (!writer->Write(e)) return grpc::Status::OK;
         after = e.seq();
       }
       if (!request->follow()) return grpc::Status::OK;
       auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(500));
-      if (!job.ok()) return ToGrpc(job.status());
+      if (!job.ok()) return ToGrpcStatus(job.status());
       version = job->second;
       const v1::JobState s = job->first.state();
       if (s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
@@ -97,80 +98,54 @@ class JobServiceImpl final : public v1::JobService::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest*,
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     for (v1::WorkerInfo& w : c_->Workers()) *response->add_workers() = std::move(w);
     return grpc::Status::OK;
   }
-  grpc::Status SendCommand(grpc::ServerContext* context, const v1::SendCommandRequest* request,
+  grpc::Status SendCommand(grpc::ServerContext*, const v1::SendCommandRequest* request,
                            v1::SendCommandResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
     return Reply(c_->SendCommand(*request), response);
   }
 
  private:
-  template <typename T>
-  static grpc::Status Reply(absl::StatusOr<T> result, T* response) {
-    if (!result.ok()) return ToGrpc(result.status());
-    *response = std::move(result).value();
-    return grpc::Status::OK;
-  }
   Coordinator* c_;
-  const std::string token_;
 };
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
-  CoordinatorServiceImpl(Coordinator* c, std::string token) : c_(c), token_(std::move(token)) {}
-  grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
+  explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    auto r = c_->Register(*request);
-    if (!r.ok()) return ToGrpc(r.status());
-    *response = *r;
-    return grpc::Status::OK;
+    return Reply(c_->Register(*request), response);
   }
-  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    return ToGrpc(c_->Heartbeat(*request));
+    return ToGrpcStatus(c_->Heartbeat(*request));
   }
-  grpc::Status ReportStep(grpc::ServerContext* context, const v1::StepReport* request,
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::StepReport* request,
                           v1::ReportResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    auto r = c_->ReportStep(*request);
-    if (!r.ok()) return ToGrpc(r.status());
-    *response = *r;
-    return grpc::Status::OK;
+    return Reply(c_->ReportStep(*request), response);
   }
-  grpc::Status ReportSteps(grpc::ServerContext* context, const v1::StepReports* request,
+  grpc::Status ReportSteps(grpc::ServerContext*, const v1::StepReports* request,
                            v1::ReportResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    auto r = c_->ReportSteps(*request);
-    if (!r.ok()) return ToGrpc(r.status());
-    *response = *r;
-    return grpc::Status::OK;
+    return Reply(c_->ReportSteps(*request), response);
   }
-  grpc::Status ReportStageEnd(grpc::ServerContext* context, const v1::StageEnd* request,
+  grpc::Status ReportStageEnd(grpc::ServerContext*, const v1::StageEnd* request,
                               v1::ReportResponse* response) override {
-    if (grpc::Status s = rpc::CheckToken(*context, token_); !s.ok()) return s;
-    auto r = c_->ReportStageEnd(*request);
-    if (!r.ok()) return ToGrpc(r.status());
-    *response = *r;
-    return grpc::Status::OK;
+    return Reply(c_->ReportStageEnd(*request), response);
   }
 
   // The rendezvous key-value store of a running job.
-  grpc::Status KvSet(grpc::ServerContext* context, const v1::KvRequest* request,
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvRequest* request,
                      v1::KvResponse*) override {
-    return WithStore(*context, *request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
       return store.Set(request->key(), request->value());
     });
   }
-  grpc::Status KvGet(grpc::ServerContext* context, const v1::KvRequest* request,
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvRequest* request,
                      v1::KvResponse* response) override {
-    return WithStore(*context, *request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
       const int64_t wait_ms = std::clamp<int64_t>(request->wait_ms(), 0, 10000);
       absl::StatusOr<std::string> value = store.Get(request->key(), absl::Milliseconds(wait_ms));
       if (absl::IsDeadlineExceeded(value.status())) return absl::OkStatus();  // found: false
@@ -180,42 +155,40 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
       return absl::OkStatus();
     });
   }
-  grpc::Status KvAdd(grpc::ServerContext* context, const v1::KvRequest* request,
+  grpc::Status KvAdd(grpc::ServerContext*, const v1::KvRequest* request,
                      v1::KvResponse* response) override {
-    return WithStore(*context, *request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
       absl::StatusOr<int64_t> value = store.Add(request->key(), request->delta());
       if (!value.ok()) return value.status();
       response->set_number(*value);
       return absl::OkStatus();
     });
   }
-  grpc::Status KvCheck(grpc::ServerContext* context, const v1::KvRequest* request,
+  grpc::Status KvCheck(grpc::ServerContext*, const v1::KvRequest* request,
                        v1::KvResponse* response) override {
-    return WithStore(*context, *request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
       absl::StatusOr<bool> all = store.Check({request->keys().begin(), request->keys().end()});
       if (!all.ok()) return all.status();
       response->set_found(*all);
       return absl::OkStatus();
     });
   }
-  grpc::Status KvDelete(grpc::ServerContext* context, const v1::KvRequest* request,
+  grpc::Status KvDelete(grpc::ServerContext*, const v1::KvRequest* request,
                         v1::KvResponse*) override {
-    return WithStore(*context, *request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
       return store.Delete(request->key());
     });
   }
 
  private:
-  grpc::Status WithStore(grpc::ServerContext& context, const v1::KvRequest& request,
+  grpc::Status WithStore(const v1::KvRequest& request,
                          const std::function<absl::Status(rendezvous::KeyValueStore&)>& call) {
-    if (grpc::Status s = rpc::CheckToken(context, token_); !s.ok()) return s;
     auto store = c_->Rendezvous(request.job_id());
-    if (!store.ok()) return ToGrpc(store.status());
-    return ToGrpc(call(**store));
+    if (!store.ok()) return ToGrpcStatus(store.status());
+    return ToGrpcStatus(call(**store));
   }
 
   Coordinator* c_;
-  const std::string token_;
 };
 
 }  // namespace
@@ -227,9 +200,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   auto credentials = rpc::MakeServerCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
-  server->job_service_ = std::make_unique<JobServiceImpl>(coordinator, options.security.token);
-  server->coordinator_service_ =
-      std::make_unique<CoordinatorServiceImpl>(coordinator, options.security.token);
+  server->job_service_ = std::make_unique<JobServiceImpl>(coordinator);
+  server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(coordinator);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->job_service_.get());

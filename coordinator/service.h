@@ -2,8 +2,8 @@
 // over one Coordinator, with standard health checking and server reflection.
 //
 // With a token in ServerOptions::security, every JobService and CoordinatorService call
-// without it is answered UNAUTHENTICATED before anything happens (each handler checks
-// first; a new handler must too). Health and reflection stay open (proto/rpc_security.h).
+// without it is answered UNAUTHENTICATED before it reaches a handler (the server's
+// credentials check it: rpc/security.h). Health and reflection stay open.
 #pragma once
 
 #include <memory>
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 namespace pipetrain::coordinator {
 
@@ -37,8 +37,5 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };
-
-// absl::Status <-> grpc::Status, code and message kept.
-grpc::Status ToGrpc(const absl::Status& status);
 
 }  // namespace pipetrain::coordinator

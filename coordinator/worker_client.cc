@@ -5,13 +5,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "rpc/status.h"
 
 namespace pipetrain::coordinator {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
+using rpc::ToAbslStatus;
 
 class GrpcWorkerClient : public WorkerClient {
  public:
@@ -22,13 +21,13 @@ class GrpcWorkerClient : public WorkerClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::AssignResponse response;
-    return FromGrpc(stub_->AssignStage(&ctx, assignment, &response));
+    return ToAbslStatus(stub_->AssignStage(&ctx, assignment, &response));
   }
   absl::Status StopStage(const v1::StopStageRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::AssignResponse response;
-    return FromGrpc(stub_->StopStage(&ctx, request, &response));
+    return ToAbslStatus(stub_->StopStage(&ctx, request, &response));
   }
   absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
       const v1::SendCommandRequest& request) override {
@@ -36,7 +35,7 @@ class GrpcWorkerClient : public WorkerClient {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::SendCommandResponse response;
     grpc::Status s = stub_->ScheduleCommand(&ctx, request, &response);
-    if (!s.ok()) return FromGrpc(s);
+    if (!s.ok()) return ToAbslStatus(s);
     return response;
   }
 

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/worker_service.pb.h"
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 namespace pipetrain::coordinator {
 

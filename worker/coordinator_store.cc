@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/status.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -76,8 +77,9 @@ class CoordinatorStore : public rendezvous::KeyValueStore {
     v1::KvResponse response;
     grpc::Status s = (stub_.get()->*method)(&ctx, request, &response);
     if (!s.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                          absl::StrCat("rendezvous through the coordinator: ", s.error_message()));
+      const absl::Status status = rpc::ToAbslStatus(s);
+      return absl::Status(status.code(),
+                          absl::StrCat("rendezvous through the coordinator: ", status.message()));
     }
     return response;
   }

@@ -6,18 +6,21 @@
 //
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is sent to the coordinator and asked of
-// its calls; see proto/rpc_security.h. Exit codes: 0 drained, 2 bad usage (an unreadable
-// token or TLS file), 4 the coordinator refused its token, 5 cannot serve or register.
+// its calls; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 drained, 2 bad
+// usage (an unreadable token or TLS file), 4 the coordinator refused its token, 5 cannot
+// serve or register.
 #include <csignal>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
 
 #include "runtime/base/atomic_file.h"
+#include "runtime/base/exit_codes.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::worker;
+  namespace exit_code = pipetrain::exit_code;
   CLI::App app{"pipetrain-worker: runs the pipeline stages the coordinator assigns to this "
                "device, over the Gloo data plane, and reports every step."};
   WorkerOptions options;
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(token.status().message()).c_str());
-    return 2;
+    return exit_code::kUsage;
   }
   options.security.token = *std::move(token);
   if (const std::string warning = pipetrain::rpc::ListenWarning(options.listen, options.security);
@@ -63,7 +66,7 @@ int main(int argc, char** argv) {
   if (options.device != "cpu") {
     std::fprintf(stderr, "pipetrain-worker: --device %s: only cpu stages run in this build\n",
                  options.device.c_str());
-    return 2;
+    return exit_code::kUsage;
   }
   sigset_t signals;
   sigemptyset(&signals);
@@ -73,24 +76,20 @@ int main(int argc, char** argv) {
   auto worker = Worker::Start(options, absl::Seconds(register_timeout_s));
   if (!worker.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(worker.status().message()).c_str());
-    switch (worker.status().code()) {
-      case absl::StatusCode::kInvalidArgument: return 2;
-      case absl::StatusCode::kUnauthenticated:
-      case absl::StatusCode::kPermissionDenied: return 4;
-      default: return 5;
-    }
+    // Start fails with InvalidArgument (2), Unauthenticated (4) or Unavailable (5).
+    return exit_code::For(worker.status());
   }
   if (!port_file.empty()) {
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, (*worker)->address() + "\n");
         !s.ok()) {
       std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", std::string(s.message()).c_str());
       (*worker)->Stop();
-      return 5;
+      return exit_code::kUnavailable;
     }
   }
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "pipetrain-worker: draining (signal %d)\n", sig);
   (*worker)->Stop();
-  return 0;
+  return exit_code::kOk;
 }

@@ -5,10 +5,10 @@
 //
 //   pipetrain-run [JOB.yaml] [flags]
 //
-// Exit codes: 0 ok, 1 the job failed, 2 bad usage or invalid job, 130 interrupted.
+// Exit codes (runtime/base/exit_codes.h, shared with the pipetrain CLI): 0 ok, 1 the job
+// failed, 2 bad usage or invalid job, 3 a file it names is not found, 130 interrupted.
 #include <unistd.h>
 
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -23,35 +23,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/exit_codes.h"
+#include "runtime/base/progress_line.h"
 #include "runtime/job/local_run.h"
 #include "runtime/job/process_run.h"
 #include "runtime/job/trace.h"
 
 namespace pipetrain::run_main {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitJobFailed = 1;
-constexpr int kExitUsage = 2;
-
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return kExitUsage;
-    default:
-      return kExitJobFailed;
-  }
-}
-
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const int s = static_cast<int>(seconds + 0.5);
-  return s >= 3600 ? absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60)
-                   : absl::StrFormat("%d:%02d", s / 60, s % 60);
-}
 
 // 1536 -> "1.5 KiB", 0 -> "-" (not measured).
 std::string FormatBytes(int64_t bytes) {
@@ -63,46 +43,28 @@ std::string FormatBytes(int64_t bytes) {
   return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
 }
 
-std::string FormatRate(double per_s) {
-  if (per_s >= 1e6) return absl::StrFormat("%.2fM", per_s / 1e6);
-  if (per_s >= 1e3) return absl::StrFormat("%.1fk", per_s / 1e3);
-  return absl::StrFormat("%.0f", per_s);
-}
-
-// A progress bar on a terminal, plain lines otherwise (about 20 per run), on stderr.
+// The progress line (runtime/base/progress_line.h) on stderr, unless quiet.
 class ProgressPrinter {
  public:
   ProgressPrinter(bool quiet, bool token_data)
-      : quiet_(quiet), tty_(isatty(STDERR_FILENO)), token_data_(token_data) {}
+      : quiet_(quiet), token_data_(token_data), line_(isatty(STDERR_FILENO)) {}
 
   void operator()(const job::Progress& p) {
     if (quiet_) return;
-    const int64_t done = p.step + 1;
-    const double eta = p.step > 0 ? p.elapsed_s / done * (p.steps - done) : NAN;
-    const std::string rate = token_data_ ? absl::StrCat(FormatRate(p.tokens_per_s), " tok/s")
-                                         : absl::StrCat(FormatRate(p.samples_per_s), " samples/s");
-    if (tty_) {
-      constexpr int kWidth = 24;
-      const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(1, p.steps));
-      std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
-      std::fprintf(stderr, "\r[%s] step %lld/%lld  loss %.4f  %s  ETA %s   ", bar.c_str(),
-                   static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
-                   rate.c_str(), FormatDuration(eta).c_str());
-      if (done == p.steps) std::fprintf(stderr, "\n");
-    } else {
-      const int64_t every = std::max<int64_t>(1, p.steps / 20);
-      if (p.step == 0 || done % every == 0 || done == p.steps) {
-        std::fprintf(stderr, "step %lld/%lld loss %.4f %s elapsed %s eta %s\n",
-                     static_cast<long long>(done), static_cast<long long>(p.steps), p.loss,
-                     rate.c_str(), FormatDuration(p.elapsed_s).c_str(),
-                     FormatDuration(eta).c_str());
-      }
-    }
+    progress::Progress now;
+    now.done = p.step + 1;
+    now.steps = p.steps;
+    now.loss = p.loss;
+    now.rate = token_data_ ? p.tokens_per_s : p.samples_per_s;
+    now.unit = token_data_ ? "tok" : "samples";
+    now.elapsed_s = p.elapsed_s;
+    std::fputs(line_.Update(now).c_str(), stderr);
     std::fflush(stderr);
   }
 
  private:
-  bool quiet_, tty_, token_data_;
+  bool quiet_, token_data_;
+  progress::ProgressLine line_;
 };
 
 nlohmann::json ReportToJson(const job::JobReport& r) {
@@ -148,26 +110,6 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   return j;
 }
 
-// Writes `text` to `path` through a temporary file and a rename: never a partial file.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write '", path, "'"));
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::InternalError(absl::StrCat("writing '", path, "' failed"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot rename into '", path, "'"));
-  }
-  return absl::OkStatus();
-}
-
 void PrintSummary(const job::JobReport& r) {
   std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
   std::printf("schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, %d steps\n",
@@ -183,8 +125,8 @@ void PrintSummary(const job::JobReport& r) {
   std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",
               r.step_time_s * 1e3, r.ideal_step_time_s * 1e3,
               r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
-              FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
-              tokens ? "tok/s" : "samples/s", FormatDuration(r.wall_s).c_str());
+              progress::FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
+              tokens ? "tok/s" : "samples/s", progress::FormatDuration(r.wall_s).c_str());
   std::printf("%-6s %-8s %-8s %-9s %-10s %-10s %-10s %-10s\n", "stage", "layers", "stashed",
               "versions", "compute_s", "wait_s", "params", "peak_mem");
   for (const auto& s : r.per_stage) {
@@ -224,7 +166,7 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     auto loaded = job::LoadJobYaml(flags.job_file);
     if (!loaded.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(loaded.status().message()).c_str());
-      return ExitCodeFor(loaded.status());
+      return exit_code::For(loaded.status());
     }
     config = *loaded;
   }
@@ -237,11 +179,11 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
   }
   if (!errors.empty()) {
     std::fprintf(stderr, "error: %s\n", absl::StrJoin(errors, "; ").c_str());
-    return kExitUsage;
+    return exit_code::kUsage;
   }
   if (absl::Status s = job::ValidateJobConfig(config); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
+    return exit_code::kUsage;
   }
 
   if (flags.stage_process >= 0) {
@@ -252,14 +194,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
         std::fprintf(stderr, "error: rank %d: %s\n", flags.stage_process,
                      std::string(s.message()).c_str());
       }
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
-    return kExitOk;
+    return exit_code::kOk;
   }
 
   if (flags.print_job_yaml) {
     std::fputs(job::JobConfigToYaml(config).c_str(), stdout);
-    return kExitOk;
+    return exit_code::kOk;
   }
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(flags.quiet, token_data);
@@ -276,14 +218,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
   }
   if (!report.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(report.status().message()).c_str());
-    return ExitCodeFor(report.status());
+    return exit_code::ForJob(report.status());
   }
   if (flags.reference) {
     if (!flags.quiet) std::fprintf(stderr, "training the un-pipelined reference...\n");
     auto reference = job::TrainReference(config);
     if (!reference.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(reference.status().message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
     report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
   }
@@ -292,14 +234,14 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
     if (absl::Status s = WriteFileAtomically(flags.summary_file, ReportToJson(*report).dump(2));
         !s.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
   if (!flags.trace_file.empty()) {
     if (absl::Status s = WriteFileAtomically(flags.trace_file, job::ChromeTraceJson(*report));
         !s.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
   if (!flags.weights_file.empty()) {
@@ -309,28 +251,47 @@ int Run(const RunFlags& flags, const std::vector<Override>& overrides) {
       torch::save(tensors, flags.weights_file);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: writing %s: %s\n", flags.weights_file.c_str(), e.what());
-      return kExitJobFailed;
+      return exit_code::kJobFailed;
     }
   }
-  return kExitOk;
+  return exit_code::kOk;
 }
 
-}  // namespace
-}  // namespace pipetrain::run_main
+// Binds the flags that each override one field of the job to `overrides`: values given on
+// the command line win over the job file, which wins over the defaults.
+class JobFlags {
+ public:
+  explicit JobFlags(std::vector<Override>* overrides) : overrides_(overrides) {}
+  const job::JobConfig& defaults() const { return defaults_; }
 
-int main(int argc, char** argv) {
-  using namespace pipetrain;
-  std::signal(SIGINT, [](int) { std::_Exit(130); });
-  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
-               "stage of each replica a thread of this process (or a process of its own with "
-               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
-               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
-  app.set_version_flag("--version", "pipetrain 0.1.0");
+  // Binds a flag to the job field `get` returns: copied into the job only when given.
+  template <typename Get>
+  void Field(CLI::Option_group* group, const char* name, const char* help, Get get) {
+    job::JobConfig probe = defaults_;
+    using T = std::decay_t<decltype(get(probe))>;
+    auto value = std::make_shared<T>(get(probe));
+    auto* option = group->add_option(name, *value, help)->capture_default_str();
+    overrides_->push_back({option, [value, get](job::JobConfig& c) {
+                             get(c) = *value;
+                             return absl::OkStatus();
+                           }});
+  }
+  // A flag whose text is parsed by `apply` into the job.
+  template <typename Apply>
+  void Parsed(CLI::Option_group* group, const char* name, std::string default_text,
+              const char* help, Apply apply) {
+    auto text = std::make_shared<std::string>();
+    auto* option = group->add_option(name, *text, help)->default_str(default_text);
+    overrides_->push_back({option, [text, apply](job::JobConfig& c) { return apply(c, *text); }});
+  }
 
-  const job::JobConfig defaults;
-  run_main::RunFlags flags;
-  std::vector<run_main::Override> overrides;
-  CLI::App* run = &app;
+ private:
+  const job::JobConfig defaults_;
+  std::vector<Override>* overrides_;
+};
+
+// The run's own flags: files it writes, the launch, quiet, and the internal ones.
+void AddRunFlags(CLI::App* run, RunFlags& flags) {
   run->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
       ->check(CLI::ExistingFile);
   run->add_option("--summary", flags.summary_file, "write a JSON report here at the end");
@@ -354,141 +315,157 @@ int main(int argc, char** argv) {
   internal->add_option("--stage-process", flags.stage_process);
   internal->add_option("--store-port", flags.store_port);
   internal->add_option("--result-dir", flags.result_dir);
+}
 
-  // Binds a flag to the job field `get` returns: copied into the job only when given.
-  auto field = [&](CLI::Option_group* group, const char* name, const char* help, auto get) {
-    job::JobConfig probe = defaults;
-    using T = std::decay_t<decltype(get(probe))>;
-    auto value = std::make_shared<T>(get(probe));
-    auto* option = group->add_option(name, *value, help)->capture_default_str();
-    overrides.push_back({option, [value, get](job::JobConfig& c) {
-                           get(c) = *value;
-                           return absl::OkStatus();
-                         }});
-  };
-  // A flag whose text is parsed by `apply` into the job.
-  auto parsed = [&](CLI::Option_group* group, const char* name, std::string default_text,
-                    const char* help, auto apply) {
-    auto text = std::make_shared<std::string>();
-    auto* option = group->add_option(name, *text, help)->default_str(default_text);
-    overrides.push_back({option, [text, apply](job::JobConfig& c) { return apply(c, *text); }});
-  };
-
+// The model: which one and its sizes.
+void AddModelFlags(CLI::App* run, JobFlags& f) {
+  const job::JobConfig& defaults = f.defaults();
   auto* m = run->add_option_group("model");
-  parsed(m, "--model", defaults.model.name, "gpt | mlp | cnn | torchscript",
-         [](job::JobConfig& c, const std::string& v) {
-           c.model.name = v;
-           return absl::OkStatus();
-         });
-  parsed(m, "--torchscript", "", "TorchScript file of an nn.Sequential (implies --model "
-         "torchscript)", [](job::JobConfig& c, const std::string& v) {
-           c.model.name = "torchscript";
-           c.model.torchscript_path = v;
-           return absl::OkStatus();
-         });
-  field(m, "--d-model", "gpt width",
-        [](job::JobConfig& c) -> int64_t& { return c.model.d_model; });
-  field(m, "--n-heads", "gpt attention heads",
-        [](job::JobConfig& c) -> int64_t& { return c.model.n_heads; });
-  field(m, "--n-layers", "gpt transformer blocks",
-        [](job::JobConfig& c) -> int64_t& { return c.model.n_layers; });
-  field(m, "--hidden", "mlp width / cnn channels",
-        [](job::JobConfig& c) -> int64_t& { return c.model.hidden; });
-  field(m, "--hidden-layers", "mlp/cnn hidden layers",
-        [](job::JobConfig& c) -> int64_t& { return c.model.hidden_layers; });
-  field(m, "--dropout", "dropout probability (gpt)",
-        [](job::JobConfig& c) -> double& { return c.model.dropout; });
-
-  auto* d = run->add_option_group("data");
-  parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
-         "synthetic | bytes | uint16 | classification",
-         [](job::JobConfig& c, const std::string& v) {
-           c.data.kind = v;
-           return absl::OkStatus();
-         });
-  parsed(d, "--data-path", "", "file for bytes / uint16 data",
-         [](job::JobConfig& c, const std::string& v) {
-           c.data.path = v;
-           return absl::OkStatus();
-         });
-  field(d, "--seq-len", "tokens per sequence (T)",
-        [](job::JobConfig& c) -> int64_t& { return c.data.seq_len; });
-  field(d, "--vocab", "synthetic vocabulary (uint16: 0 infers it)",
-        [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
-
-  auto* p = run->add_option_group("pipeline");
-  parsed(p, "--schedule", "2bw", "gpipe | 1f1b (alias flush, last-stage) | 2bw",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           auto kind = schedule::ParseScheduleKind(v);
-           if (!kind.ok()) return kind.status();
-           c.schedule = *kind;
-           return absl::OkStatus();
-         });
-  parsed(p, "--stages", "4", "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           int count = 0;
-           if (absl::SimpleAtoi(v, &count)) {
-             c.stages = count;
-             c.stage_ranges.clear();
+  f.Parsed(m, "--model", defaults.model.name, "gpt | mlp | cnn | torchscript",
+           [](job::JobConfig& c, const std::string& v) {
+             c.model.name = v;
              return absl::OkStatus();
-           }
-           auto ranges = model::ParseRanges(v);
-           if (!ranges.ok()) return ranges.status();
-           c.stage_ranges = *ranges;
-           c.stages = static_cast<int>(ranges->size());
-           return absl::OkStatus();
-         });
-  field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
-        [](job::JobConfig& c) -> int& { return c.replicas; });
-  field(p, "--overlap-allreduce", "Hippie: stage 0 averages gradient buckets during its final "
-        "backward (true/false)",
-        [](job::JobConfig& c) -> bool& { return c.overlap_allreduce; });
-  field(p, "--bucket-kib", "gradient bucket size for the overlapped AllReduce",
-        [](job::JobConfig& c) -> int64_t& { return c.bucket_kib; });
-  field(p, "--microbatches", "micro-batches per step (m)",
-        [](job::JobConfig& c) -> int& { return c.micro_batches; });
-  field(p, "--microbatch-size", "rows per micro-batch (b)",
-        [](job::JobConfig& c) -> int& { return c.micro_batch_size; });
-  parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           auto rc = job::ParseRecompute(v);
-           if (!rc.ok()) return rc.status();
-           c.recompute = *rc;
-           return absl::OkStatus();
-         });
-  field(p, "--threads-per-stage", "intra-op threads per stage (0: cores / stages)",
-        [](job::JobConfig& c) -> int& { return c.threads_per_stage; });
-  field(p, "--timeout", "seconds any wait for a peer may last",
-        [](job::JobConfig& c) -> double& { return c.recv_timeout_s; });
+           });
+  f.Parsed(m, "--torchscript", "", "TorchScript file of an nn.Sequential (implies --model "
+           "torchscript)", [](job::JobConfig& c, const std::string& v) {
+             c.model.name = "torchscript";
+             c.model.torchscript_path = v;
+             return absl::OkStatus();
+           });
+  f.Field(m, "--d-model", "gpt width",
+          [](job::JobConfig& c) -> int64_t& { return c.model.d_model; });
+  f.Field(m, "--n-heads", "gpt attention heads",
+          [](job::JobConfig& c) -> int64_t& { return c.model.n_heads; });
+  f.Field(m, "--n-layers", "gpt transformer blocks",
+          [](job::JobConfig& c) -> int64_t& { return c.model.n_layers; });
+  f.Field(m, "--hidden", "mlp width / cnn channels",
+          [](job::JobConfig& c) -> int64_t& { return c.model.hidden; });
+  f.Field(m, "--hidden-layers", "mlp/cnn hidden layers",
+          [](job::JobConfig& c) -> int64_t& { return c.model.hidden_layers; });
+  f.Field(m, "--dropout", "dropout probability (gpt)",
+          [](job::JobConfig& c) -> double& { return c.model.dropout; });
+}
 
+// The data: kind, file, sequence length, vocabulary.
+void AddDataFlags(CLI::App* run, JobFlags& f) {
+  auto* d = run->add_option_group("data");
+  f.Parsed(d, "--data", "synthetic (gpt) or classification (mlp, cnn)",
+           "synthetic | bytes | uint16 | classification",
+           [](job::JobConfig& c, const std::string& v) {
+             c.data.kind = v;
+             return absl::OkStatus();
+           });
+  f.Parsed(d, "--data-path", "", "file for bytes / uint16 data",
+           [](job::JobConfig& c, const std::string& v) {
+             c.data.path = v;
+             return absl::OkStatus();
+           });
+  f.Field(d, "--seq-len", "tokens per sequence (T)",
+          [](job::JobConfig& c) -> int64_t& { return c.data.seq_len; });
+  f.Field(d, "--vocab", "synthetic vocabulary (uint16: 0 infers it)",
+          [](job::JobConfig& c) -> int64_t& { return c.data.vocab; });
+}
+
+// The pipeline: schedule, stages, replicas, micro-batches, recomputation, threads, timeouts.
+void AddPipelineFlags(CLI::App* run, JobFlags& f) {
+  auto* p = run->add_option_group("pipeline");
+  f.Parsed(p, "--schedule", "2bw", "gpipe | 1f1b (alias flush, last-stage) | 2bw",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             auto kind = schedule::ParseScheduleKind(v);
+             if (!kind.ok()) return kind.status();
+             c.schedule = *kind;
+             return absl::OkStatus();
+           });
+  f.Parsed(p, "--stages", "4", "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             int count = 0;
+             if (absl::SimpleAtoi(v, &count)) {
+               c.stages = count;
+               c.stage_ranges.clear();
+               return absl::OkStatus();
+             }
+             auto ranges = model::ParseRanges(v);
+             if (!ranges.ok()) return ranges.status();
+             c.stage_ranges = *ranges;
+             c.stages = static_cast<int>(ranges->size());
+             return absl::OkStatus();
+           });
+  f.Field(p, "--replicas", "data-parallel replicas of the pipeline (w); gradients averaged",
+          [](job::JobConfig& c) -> int& { return c.replicas; });
+  f.Field(p, "--overlap-allreduce", "Hippie: stage 0 averages gradient buckets during its final "
+          "backward (true/false)",
+          [](job::JobConfig& c) -> bool& { return c.overlap_allreduce; });
+  f.Field(p, "--bucket-kib", "gradient bucket size for the overlapped AllReduce",
+          [](job::JobConfig& c) -> int64_t& { return c.bucket_kib; });
+  f.Field(p, "--microbatches", "micro-batches per step (m)",
+          [](job::JobConfig& c) -> int& { return c.micro_batches; });
+  f.Field(p, "--microbatch-size", "rows per micro-batch (b)",
+          [](job::JobConfig& c) -> int& { return c.micro_batch_size; });
+  f.Parsed(p, "--recompute", "none", "none | all | stages:I,J | layers:I,J",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             auto rc = job::ParseRecompute(v);
+             if (!rc.ok()) return rc.status();
+             c.recompute = *rc;
+             return absl::OkStatus();
+           });
+  f.Field(p, "--threads-per-stage", "intra-op threads per stage (0: cores / stages)",
+          [](job::JobConfig& c) -> int& { return c.threads_per_stage; });
+  f.Field(p, "--timeout", "seconds any wait for a peer may last",
+          [](job::JobConfig& c) -> double& { return c.recv_timeout_s; });
+}
+
+// Training: steps, optimizer, seed, dtype.
+void AddTrainingFlags(CLI::App* run, JobFlags& f) {
   auto* t = run->add_option_group("training");
-  field(t, "--steps", "optimizer steps",
-        [](job::JobConfig& c) -> int& { return c.steps; });
-  parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
+  f.Field(t, "--steps", "optimizer steps",
+          [](job::JobConfig& c) -> int& { return c.steps; });
+  f.Parsed(t, "--optimizer", "adamw", "adamw | sgd", [](job::JobConfig& c, const std::string& v) {
     c.optimizer.name = v;
     return absl::OkStatus();
   });
-  field(t, "--lr", "learning rate",
-        [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
-  field(t, "--momentum", "sgd momentum",
-        [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
-  field(t, "--weight-decay", "decoupled weight decay",
-        [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
-  field(t, "--seed", "initialization and data order",
-        [](job::JobConfig& c) -> uint64_t& { return c.seed; });
-  parsed(t, "--dtype", "float32", "float32 | float64",
-         [](job::JobConfig& c, const std::string& v) -> absl::Status {
-           absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(v);
-           if (!f64.ok()) return f64.status();
-           c.float64 = *f64;
-           return absl::OkStatus();
-         });
+  f.Field(t, "--lr", "learning rate",
+          [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
+  f.Field(t, "--momentum", "sgd momentum",
+          [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
+  f.Field(t, "--weight-decay", "decoupled weight decay",
+          [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
+  f.Field(t, "--seed", "initialization and data order",
+          [](job::JobConfig& c) -> uint64_t& { return c.seed; });
+  f.Parsed(t, "--dtype", "float32", "float32 | float64",
+           [](job::JobConfig& c, const std::string& v) -> absl::Status {
+             absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(v);
+             if (!f64.ok()) return f64.status();
+             c.float64 = *f64;
+             return absl::OkStatus();
+           });
+}
+
+}  // namespace
+}  // namespace pipetrain::run_main
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
+  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
+               "stage of each replica a thread of this process (or a process of its own with "
+               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
+               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
+  app.set_version_flag("--version", "pipetrain 0.1.0");
+
+  run_main::RunFlags flags;
+  std::vector<run_main::Override> overrides;
+  run_main::JobFlags job_flags(&overrides);
+  run_main::AddRunFlags(&app, flags);
+  run_main::AddModelFlags(&app, job_flags);
+  run_main::AddDataFlags(&app, job_flags);
+  run_main::AddPipelineFlags(&app, job_flags);
+  run_main::AddTrainingFlags(&app, job_flags);
 
   flags.argv.assign(argv, argv + argc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
   }
   return run_main::Run(flags, overrides);
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/job_spec.h"
+#include "rpc/status.h"
 #include "worker/coordinator_store.h"
 #include "runtime/base/process_memory.h"
 #include "runtime/job/stage_run.h"
@@ -144,14 +145,15 @@ absl::Status Worker::Register(absl::Time deadline) {
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
       return absl::OkStatus();
     }
-    if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        last.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    if (const absl::Status refused = rpc::ToAbslStatus(last);
+        absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
       // Retrying cannot help: the token is wrong or missing.
-      return absl::UnauthenticatedError(absl::StrCat(
-          "the coordinator at ", options_.coordinator, " refused to register this worker (",
-          last.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
-                                                                 : "PERMISSION_DENIED",
-          ": ", last.error_message(), "); give its token with --token-file or PIPETRAIN_TOKEN"));
+      return absl::Status(refused.code(),
+                          absl::StrCat("the coordinator at ", options_.coordinator,
+                                       " refused to register this worker (",
+                                       absl::StatusCodeToString(refused.code()), ": ",
+                                       refused.message(),
+                                       "); give its token with --token-file or PIPETRAIN_TOKEN"));
     }
     if (absl::Now() + absl::Milliseconds(200) >= deadline) break;
     {
@@ -205,9 +207,8 @@ void Worker::AbortStage(const std::string& why) {
   if (transport_) transport_->Abort(absl::CancelledError(why));
 }
 
-grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
+grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
                                  v1::AssignResponse*) {
-  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu_);
   // A stage that has ended (its end being reported) or was told to stop is on its way out:
   // the coordinator may count this worker idle already, so wait for it rather than refuse.
@@ -227,18 +228,16 @@ grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAs
   return grpc::Status::OK;
 }
 
-grpc::Status Worker::StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
+grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
                                v1::AssignResponse*) {
-  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (job_id_ == request->job_id()) AbortStage(absl::StrCat("stopped: ", request->reason()));
   return grpc::Status::OK;
 }
 
-grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
+grpc::Status Worker::ScheduleCommand(grpc::ServerContext*,
                                      const v1::SendCommandRequest* request,
                                      v1::SendCommandResponse* response) {
-  if (grpc::Status s = rpc::CheckToken(*context, options_.security.token); !s.ok()) return s;
   const uint32_t command = proto::StepCommandBit(request->command());
   if (command == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
@@ -254,10 +253,7 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
     queue = commands_;
   }
   absl::StatusOr<int64_t> step = queue->Schedule(command, request->step());
-  if (!step.ok()) {
-    return grpc::Status(static_cast<grpc::StatusCode>(step.status().code()),
-                        std::string(step.status().message()));
-  }
+  if (!step.ok()) return rpc::ToGrpcStatus(step.status());
   response->set_step(*step);
   return grpc::Status::OK;
 }

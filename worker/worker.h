@@ -20,7 +20,8 @@
 // <weights_dir>/checkpoint-N/stage<RANK>.pt from a thread of its own, so the stage goes on.
 //
 // With a token in WorkerOptions::security, it sends the token with every call to the
-// coordinator and answers UNAUTHENTICATED, doing nothing, to calls without it. A coordinator
+// coordinator, and its server answers UNAUTHENTICATED, doing nothing, to calls without it
+// (before they reach a handler: rpc/security.h). A coordinator
 // that refuses its token fails Start at once (UNAUTHENTICATED; no retry).
 // Thread-safe.
 #pragma once
@@ -36,8 +37,8 @@
 
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
-#include "proto/rpc_security.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "rpc/security.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/transport/transport.h"

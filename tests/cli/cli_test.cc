@@ -70,12 +70,13 @@ class CliTest : public ::testing::Test {
     return path;
   }
 
-  // Bad input: exit 2, one line "error: ..." naming the problem, no report written.
-  void ExpectRejected(const std::string& args, const std::string& needle) {
+  // Bad input: exit 2 (or `exit_code`: 3 for a file that is not there), one line
+  // "error: ..." naming the problem, no report written.
+  void ExpectRejected(const std::string& args, const std::string& needle, int exit_code = 2) {
     SCOPED_TRACE(args);
     const fs::path summary = dir_ / "summary.json";
     Result r = Run(args + " --summary " + summary.string());
-    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.exit_code, exit_code) << r.err;
     EXPECT_THAT(r.err, StartsWith("error: "));
     EXPECT_THAT(r.err, HasSubstr(needle));
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -171,7 +172,7 @@ TEST_F(CliTest, UnknownModelAndSchedule) {
 
 TEST_F(CliTest, UnreadableDataAndTorchScript) {
   ExpectRejected("run --data bytes --data-path /nonexistent/corpus.txt",
-                 "/nonexistent/corpus.txt");
+                 "/nonexistent/corpus.txt", /*exit_code=*/3);  // NotFound: 3, as the CLI's
   ExpectRejected("run --data uint16", "data.path: required for data.kind uint16");
   const fs::path junk = Write("junk.pt", "this is not a TorchScript archive");
   ExpectRejected("run --torchscript " + junk.string(), "cannot load TorchScript model");

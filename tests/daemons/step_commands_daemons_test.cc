@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "rpc/status.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/local_run.h"
@@ -58,9 +59,7 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
     request.set_step(step);
     v1::SendCommandResponse response;
     grpc::Status s = stub->SendCommand(&ctx, request, &response);
-    if (!s.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-    }
+    if (!s.ok()) return rpc::ToAbslStatus(s);
     return response.step();
   };
   // Through the API (a step is shorter than a CLI process's start): once it runs, a flush

@@ -1,26 +1,29 @@
-#include "proto/rpc_security.h"
+#include "rpc/security.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <vector>
 
+#include <grpc/grpc_security.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/client_interceptor.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace pipetrain::rpc {
 namespace {
 
 constexpr char kHeader[] = "authorization";
 constexpr char kScheme[] = "Bearer ";
+constexpr char kRefused[] = "missing or wrong token";
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -34,7 +37,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
 }
 
 // Equal strings, in a time that depends on their lengths only, not on where they differ.
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   const size_t n = std::max(a.size(), b.size());
   volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < n; ++i) {
@@ -44,6 +47,85 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   }
   return diff == 0;
 }
+
+absl::string_view View(const grpc_slice& slice) {
+  return absl::string_view(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(slice)),
+                           GRPC_SLICE_LENGTH(slice));
+}
+
+// The services any caller may use: health checking and reflection.
+bool IsOpen(absl::string_view path) {
+  return absl::StartsWith(path, "/grpc.health.v1.Health/") ||
+         absl::StartsWith(path, "/grpc.reflection.v1alpha.ServerReflection/") ||
+         absl::StartsWith(path, "/grpc.reflection.v1.ServerReflection/");
+}
+
+// The token check, as gRPC's server auth filter runs it on every call's initial metadata
+// before the call reaches the server's methods. `state` is the expected header value.
+void CheckToken(void* state, grpc_auth_context* /*context*/, const grpc_metadata* metadata,
+                size_t count, grpc_process_auth_metadata_done_cb done, void* user_data) {
+  const std::string& expected = *static_cast<const std::string*>(state);
+  absl::string_view path;
+  int tokens = 0;
+  bool matches = false;
+  for (size_t i = 0; i < count; ++i) {
+    const absl::string_view key = View(metadata[i].key);
+    if (key == ":path") {
+      path = View(metadata[i].value);
+    } else if (key == kHeader) {
+      ++tokens;
+      matches = ConstantTimeEquals(View(metadata[i].value), expected);
+    }
+  }
+  if ((tokens == 1 && matches) || IsOpen(path)) {
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+  } else {
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, kRefused);
+  }
+}
+
+// gRPC's server credentials (plaintext or TLS) as its C core makes them, which, unlike the
+// C++ InsecureServerCredentials, take an auth metadata processor: the token check, when
+// there is a token. ServerBuilder::AddListeningPort binds through AddPortToServer.
+class CoreServerCredentials final : public grpc::ServerCredentials {
+ public:
+  // `tls`: null for plaintext, else the certificate, key and, for mutual TLS, the CA.
+  CoreServerCredentials(const grpc::SslServerCredentialsOptions* tls, const std::string& token) {
+    if (tls == nullptr) {
+      credentials_ = grpc_insecure_server_credentials_create();
+    } else {
+      grpc_ssl_pem_key_cert_pair pair = {tls->pem_key_cert_pairs[0].private_key.c_str(),
+                                         tls->pem_key_cert_pairs[0].cert_chain.c_str()};
+      credentials_ = grpc_ssl_server_credentials_create_ex(
+          tls->pem_root_certs.empty() ? nullptr : tls->pem_root_certs.c_str(), &pair, 1,
+          tls->client_certificate_request, nullptr);
+    }
+    if (credentials_ != nullptr && !token.empty()) {
+      grpc_server_credentials_set_auth_metadata_processor(
+          credentials_, {CheckToken, [](void* state) { delete static_cast<std::string*>(state); },
+                         new std::string(kScheme + token)});
+    }
+  }
+  ~CoreServerCredentials() override {
+    if (credentials_ != nullptr) grpc_server_credentials_release(credentials_);
+  }
+  bool valid() const { return credentials_ != nullptr; }
+
+  // Another processor would replace the token check: refused as loudly as gRPC refuses one
+  // on its own plaintext credentials.
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    std::fprintf(stderr, "pipetrain: rpc::MakeServerCredentials' credentials check the token "
+                         "themselves; another AuthMetadataProcessor cannot be set\n");
+    std::abort();
+  }
+
+ private:
+  int AddPortToServer(const std::string& address, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, address.c_str(), credentials_);
+  }
+
+  grpc_server_credentials* credentials_ = nullptr;
+};
 
 // Adds `authorization: Bearer <token>` to every call, unless the call already has one.
 class TokenInterceptor final : public grpc::experimental::Interceptor {
@@ -102,7 +184,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options) {
-  if (!options.tls()) return grpc::InsecureServerCredentials();
+  if (!options.tls()) return std::make_shared<CoreServerCredentials>(nullptr, options.token);
   if (options.tls_cert.empty() || options.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "a server with TLS needs both --tls-cert and --tls-key (and --tls-ca for mutual TLS)");
@@ -120,8 +202,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     ssl.pem_root_certs = *std::move(ca);
   }
   ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
-  auto credentials = grpc::SslServerCredentials(ssl);
-  if (!credentials) {
+  auto credentials = std::make_shared<CoreServerCredentials>(&ssl, options.token);
+  if (!credentials->valid()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot use --tls-cert ", options.tls_cert,
                                                    " and --tls-key ", options.tls_key));
   }
@@ -163,19 +245,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
 
 void Authorize(grpc::ClientContext& context, const SecurityOptions& options) {
   if (!options.token.empty()) context.AddMetadata(kHeader, kScheme + options.token);
-}
-
-grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token) {
-  if (token.empty()) return grpc::Status::OK;
-  const auto& metadata = context.client_metadata();
-  const auto [begin, end] = metadata.equal_range(kHeader);
-  bool ok = begin != end && std::next(begin) == end;
-  if (ok) {
-    const std::string given(begin->second.data(), begin->second.size());
-    ok = ConstantTimeEquals(given, kScheme + token);
-  }
-  if (ok) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
 }
 
 bool IsLoopback(const std::string& listen) {

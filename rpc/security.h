@@ -1,12 +1,12 @@
 // Who may call the control plane: a shared token and, optionally, TLS or mutual TLS, shared
 // by the coordinator, the workers and the pipetrain CLI.
 //
-// - Token: when a server has one, every call to a pipetrain.v1 service must carry the
-//   metadata `authorization: Bearer <token>`; any other call is answered UNAUTHENTICATED
-//   ("missing or wrong token") before its handler does anything, so it changes nothing.
-//   The comparison takes the same time wherever the tokens differ. The token is read from
-//   a file (--token-file) or from $PIPETRAIN_TOKEN, never from the command line, and is
-//   never printed.
+// - Token: when a server has one, every call to it must carry the metadata
+//   `authorization: Bearer <token>` (exactly once); any other call is answered
+//   UNAUTHENTICATED ("missing or wrong token") before it reaches any handler, so it changes
+//   nothing. The comparison takes the same time wherever the tokens differ. The token is
+//   read from a file (--token-file) or from $PIPETRAIN_TOKEN, never from the command line,
+//   and is never printed.
 // - TLS: with a certificate and key a server speaks TLS; with a CA as well it requires and
 //   verifies a client certificate signed by that CA (mutual TLS). Clients verify the server
 //   against the CA (the system roots without one) and present their certificate if given.
@@ -18,11 +18,18 @@
 //   such as Kubernetes' that cannot send a token; it reveals only serving or not) and server
 //   reflection (the service schema, public anyway). TLS, when configured, covers them too.
 //
-// The server side is a check at the top of each handler (CheckToken), not an interceptor:
-// gRPC's server interceptors cannot end a call before its handler runs, and an
-// AuthMetadataProcessor on plaintext credentials aborts the process. The client side is a
-// channel interceptor (MakeChannel) that adds the token to every call on the channel, so
-// no call site can forget it.
+// The server side is one check on the server's credentials (MakeServerCredentials): an
+// auth metadata processor that gRPC's core runs on every incoming call's initial metadata
+// (which holds `:path`) before the call is matched to a method. No handler checks anything,
+// and a method added later is covered without a line of code. Not an interceptor: gRPC C++
+// 1.51's server interceptors cannot end a call before its handler (hijacking is for client
+// interceptors). Not the C++ credentials' SetAuthMetadataProcessor: InsecureServerCredentials
+// aborts on it, and LocalServerCredentials would refuse every peer not on loopback. So the
+// credentials are made with gRPC's C API (grpc_insecure_server_credentials_create, or
+// grpc_ssl_server_credentials_create_ex for TLS), which takes a processor either way, and
+// bound through a grpc::ServerCredentials subclass (AddPortToServer, as gRPC 1.51 declares
+// it). The client side is a channel interceptor (MakeChannel) that adds the token to every
+// call on the channel, so no call site can forget it.
 #pragma once
 
 #include <memory>
@@ -47,8 +54,11 @@ struct SecurityOptions {
 // file; the error never contains the token.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
-// Plaintext without TLS files; TLS (mutual with a CA) with them. Errors name the flag and
-// file at fault (a certificate without its key, an unreadable file).
+// The credentials of every server of the control plane: plaintext without TLS files, TLS
+// (mutual with a CA) with them, and with `options.token` the token check above on every
+// call. Errors name the flag and file at fault (a certificate without its key, an
+// unreadable file). Setting another AuthMetadataProcessor on them aborts (it would replace
+// the token check).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options);
 
@@ -60,10 +70,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
 // Adds the token, if any, to one call's metadata: for calls on channels not made by
 // MakeChannel (MakeChannel's channels already send it).
 void Authorize(grpc::ClientContext& context, const SecurityOptions& options);
-
-// OK when `token` is empty or the call carries exactly one `authorization: Bearer <token>`;
-// else UNAUTHENTICATED "missing or wrong token". Call it first in every handler.
-grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token);
 
 // Whether `listen` (host:port, [v6]:port or unix:path) is reachable only from this machine.
 bool IsLoopback(const std::string& listen);
