@@ -41,17 +41,20 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--launch", default="processes", choices=["threads", "processes"])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help="comma-separated subset of " + ", ".join(LAYOUTS))
     parser.add_argument("extra", nargs="*")
     opts = parser.parse_args()
+    layouts = {name: LAYOUTS[name] for name in opts.layouts.split(",")}
     times = {}
     for _ in range(opts.repeats):
-        for name, layout in LAYOUTS.items():
+        for name, layout in layouts.items():
             for side, binary in enumerate((opts.a, opts.b)):
                 args = ["--launch", opts.launch, "--steps", str(opts.steps)] + layout + opts.extra
                 times.setdefault((name, side), []).append(step_time(binary, args))
     print("| layout | A ms | B ms | B / A |")
     print("|---|---|---|---|")
-    for name in LAYOUTS:
+    for name in layouts:
         a = statistics.median(times[(name, 0)])
         b = statistics.median(times[(name, 1)])
         print(f"| {name} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.3f} |")

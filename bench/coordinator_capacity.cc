@@ -34,7 +34,6 @@
 // have no other idle workers (the job's ranks must all come here).
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,22 +43,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/daemon_process.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 
-extern char** environ;
 
 namespace {
 
@@ -127,49 +125,24 @@ Options ParseArgs(int argc, char** argv) {
   return o;
 }
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // A pipetrain-coordinator of our own, on a fresh database; killed by the destructor.
 class OwnCoordinator {
  public:
   explicit OwnCoordinator(const std::string& binary) {
     dir_ = fs::temp_directory_path() / ("coordinator_capacity_" + std::to_string(getpid()));
     fs::create_directories(dir_);
-    const fs::path log = dir_ / "coordinator.log";
-    std::vector<std::string> args = {binary, "--listen", "127.0.0.1:0", "--db",
-                                     (dir_ / "jobs.db").string()};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-      Die("cannot start " + binary);
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    const std::regex listening("listening on ([0-9.]+:[0-9]+)");
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (address_.empty() && Clock::now() < deadline) {
-      std::smatch m;
-      const std::string text = ReadFile(log);
-      if (std::regex_search(text, m, listening)) {
-        address_ = m[1];
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    if (address_.empty()) Die("the coordinator did not start:\n" + ReadFile(log));
+    const fs::path log = dir_ / "coordinator.log", port_file = dir_ / "coordinator.port";
+    pid_ = pipetrain::client::SpawnDaemon({binary, "--listen", "127.0.0.1:0", "--db",
+                                (dir_ / "jobs.db").string(), "--port-file", port_file.string()},
+                               log.string(), SIGTERM);
+    if (pid_ <= 0) Die("cannot start " + binary);
+    absl::StatusOr<std::string> address =
+        pipetrain::client::WaitForPortFile(port_file.string(), pid_, absl::Seconds(30), log.string());
+    if (!address.ok()) Die("the coordinator did not start: " + std::string(address.status().message()));
+    address_ = *address;
   }
   ~OwnCoordinator() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+    pipetrain::client::StopDaemon(pid_, SIGTERM, absl::Seconds(10));
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }

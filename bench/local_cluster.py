@@ -6,7 +6,7 @@ benchmarks (control_plane_overhead.py, submit_to_first_step.py). Standard librar
         cluster.cli(["submit", "job.yaml", "--follow"])
 
 The coordinator gets a fresh SQLite file in a temporary folder and port 0; its address is
-read from its "listening on HOST:PORT" line. Every line the daemons print on stderr is kept
+read from the file it writes with --port-file. Every line the daemons print on stderr is kept
 with the time.monotonic() at which it was read (`lines`), so a benchmark can place worker
 log lines ("running rank R of job-0001") on its own clock. Every process is killed on exit,
 also when the script is killed (SIGTERM, or SIGKILL: the daemons get SIGKILL when it dies).
@@ -65,16 +65,19 @@ class LocalCluster:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that close() runs
         try:
+            port_file = os.path.join(self.dir, "coordinator.port")
             coordinator = self._spawn("coordinator", [
                 self.coordinator_path, "--listen", "127.0.0.1:0", "--db",
-                os.path.join(self.dir, "jobs.db"), "--heartbeat-ms", str(heartbeat_ms)])
+                os.path.join(self.dir, "jobs.db"), "--heartbeat-ms", str(heartbeat_ms),
+                "--port-file", port_file])
             deadline = time.monotonic() + 30
             while self.address is None and time.monotonic() < deadline:
-                with self._lock:
-                    for _, name, line in self.lines:
-                        m = re.search(r"listening on ([0-9.]+:[0-9]+)", line)
-                        if name == "coordinator" and m:
-                            self.address = m.group(1)
+                if os.path.exists(port_file):
+                    with open(port_file) as f:
+                        text = f.read()  # written whole or not at all
+                    if text.endswith("\n"):
+                        self.address = text.strip()
+                        break
                 if coordinator.poll() is not None:
                     break
                 time.sleep(0.02)

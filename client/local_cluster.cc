@@ -13,39 +13,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/daemon_process.h"
 #include "client/jobs.h"
 #include "client/spec_yaml.h"
 #include "runtime/base/exit_codes.h"
 
 namespace pipetrain::client {
-namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The last `n` lines of a log, for an error message.
-std::string Tail(const fs::path& path, int n = 8) {
-  std::vector<std::string> lines = absl::StrSplit(ReadText(path), '\n', absl::SkipEmpty());
-  const size_t from = lines.size() > static_cast<size_t>(n) ? lines.size() - n : 0;
-  std::string out;
-  for (size_t i = from; i < lines.size(); ++i) out += "    " + lines[i] + "\n";
-  return out;
-}
-
-}  // namespace
 
 void Exec(const std::vector<std::string>& argv) {
   std::vector<char*> args;
@@ -74,45 +55,6 @@ std::string FindDaemon(const std::string& name) {
   return "";
 }
 
-namespace {
-
-// Starts `argv` with stdout and stderr to `log`; it gets SIGTERM if this process dies.
-pid_t Spawn(const std::vector<std::string>& argv, const fs::path& log) {
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() != parent) _exit(127);  // the parent is already gone
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0) {
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    close(fd);
-  }
-  Exec(argv);
-  _exit(127);
-}
-
-// SIGTERM, then SIGKILL if it has not exited within `grace`.
-void Stop(pid_t pid, std::chrono::seconds grace) {
-  if (pid <= 0) return;
-  kill(pid, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-}
-
-bool Exited(pid_t pid) {
-  int status = 0;
-  return waitpid(pid, &status, WNOHANG) == pid;
-}
-
-}  // namespace
-
 int RunOnLocalCluster(const LocalClusterRun& run) {
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(run.spec_yaml);
   if (!spec.ok()) {
@@ -139,8 +81,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   std::vector<pid_t> workers;
   auto stop_all = [&] {
     for (pid_t w : workers) kill(w, SIGTERM);  // they drain in parallel
-    for (pid_t w : workers) Stop(w, std::chrono::seconds(10));
-    Stop(coordinator, std::chrono::seconds(10));
+    for (pid_t w : workers) StopDaemon(w, SIGTERM, absl::Seconds(10));
+    StopDaemon(coordinator, SIGTERM, absl::Seconds(10));
   };
   auto fail = [&](int code, const std::string& message) {
     std::fprintf(stderr, "pipetrain: %s\n", message.c_str());
@@ -150,28 +92,19 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   };
 
   const fs::path coordinator_log = dir / "coordinator.log";
-  coordinator = Spawn({coordinator_bin, "--listen", "127.0.0.1:0", "--db",
-                       (dir / "jobs.db").string()},
-                      coordinator_log);
-  std::string address;
-  const std::regex listening("listening on ([0-9.]+:[0-9]+)");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (address.empty()) {
-    std::smatch m;
-    const std::string log = ReadText(coordinator_log);
-    if (std::regex_search(log, m, listening)) {
-      address = m[1];
-    } else if (Exited(coordinator)) {
-      coordinator = -1;
-      return fail(exit_code::kUnavailable,
-                  "the coordinator did not start:\n" + Tail(coordinator_log));
-    } else if (std::chrono::steady_clock::now() > deadline) {
-      return fail(exit_code::kUnavailable,
-                  "the coordinator did not serve within 20 s:\n" + Tail(coordinator_log));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+  const fs::path port_file = dir / "coordinator.port";
+  coordinator = SpawnDaemon({coordinator_bin, "--listen", "127.0.0.1:0", "--db",
+                             (dir / "jobs.db").string(), "--port-file", port_file.string()},
+                            coordinator_log.string(), SIGTERM);
+  absl::StatusOr<std::string> served = WaitForPortFile(port_file.string(), coordinator,
+                                                       absl::Seconds(20),
+                                                       coordinator_log.string());
+  if (!served.ok()) {
+    if (DaemonExited(coordinator)) coordinator = -1;
+    return fail(exit_code::kUnavailable,
+                absl::StrCat("the coordinator did not start: ", served.status().message()));
   }
+  const std::string address = *served;
 
   // Submitted before any worker is there: the coordinator resolves the job's ranks.
   v1::Job job;
@@ -194,8 +127,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                job.id().c_str(), job.stages(), job.replicas(), n, n == 1 ? "" : "s",
                address.c_str(), dir.c_str());
   for (int w = 0; w < n; ++w) {
-    workers.push_back(Spawn({worker_bin, "--coordinator", address},
-                            dir / absl::StrCat("worker", w, ".log")));
+    workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address},
+                                  (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
   }
   const int code = FollowJob(address, job.id());
   stop_all();

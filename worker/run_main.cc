@@ -427,8 +427,16 @@ void AddTrainingFlags(CLI::App* run, JobFlags& f) {
           [](job::JobConfig& c) -> double& { return c.optimizer.lr; });
   f.Field(t, "--momentum", "sgd momentum",
           [](job::JobConfig& c) -> double& { return c.optimizer.momentum; });
-  f.Field(t, "--weight-decay", "decoupled weight decay",
+  f.Field(t, "--weight-decay",
+          "weight decay: decoupled for adamw (AdamW's rule), coupled for sgd (added to the "
+          "gradient, as torch.optim.SGD does)",
           [](job::JobConfig& c) -> double& { return c.optimizer.weight_decay; });
+  f.Field(t, "--beta1", "adamw: decay of the first moment",
+          [](job::JobConfig& c) -> double& { return c.optimizer.beta1; });
+  f.Field(t, "--beta2", "adamw: decay of the second moment",
+          [](job::JobConfig& c) -> double& { return c.optimizer.beta2; });
+  f.Field(t, "--eps", "adamw: added to the denominator",
+          [](job::JobConfig& c) -> double& { return c.optimizer.eps; });
   f.Field(t, "--seed", "initialization and data order",
           [](job::JobConfig& c) -> uint64_t& { return c.seed; });
   f.Parsed(t, "--dtype", "float32", "float32 | float64",

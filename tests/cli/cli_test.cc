@@ -130,6 +130,24 @@ TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
   }
 }
 
+// AdamW's betas, eps and weight decay reach the optimizer: they change the result, and the
+// result still equals torch.optim.AdamW's with the same values.
+TEST_F(CliTest, AdamWFlagsReachTheOptimizer) {
+  const std::string job =
+      "run -q --reference --dtype float64 --schedule 1f1b --stages 2 --microbatches 2 "
+      "--steps 4 --d-model 16 --n-heads 2 --n-layers 2 --seq-len 8 --vocab 16 --lr 0.01 "
+      "--summary ";
+  const fs::path plain = dir_ / "plain.json", tuned = dir_ / "tuned.json";
+  Result a = Run(job + plain.string());
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  Result b = Run(job + tuned.string() +
+                 " --beta1 0.5 --beta2 0.9 --eps 1e-3 --weight-decay 0.1");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  auto ja = nlohmann::json::parse(ReadFile(plain)), jb = nlohmann::json::parse(ReadFile(tuned));
+  EXPECT_NE(ja["final_loss"].get<double>(), jb["final_loss"].get<double>());
+  EXPECT_LE(jb["max_param_rel_diff"].get<double>(), 1e-10);
+}
+
 TEST_F(CliTest, YamlJobFileWithFlagOverride) {
   const fs::path job = Write("job.yaml", R"(
 model: {name: mlp, hidden: 16, hidden_layers: 3, input_dim: 8, num_classes: 4}

@@ -1,5 +1,7 @@
 #include "tests/daemons/local_cluster.h"
 
+#include "client/daemon_process.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,37 +22,20 @@ extern char** environ;
 namespace pipetrain::test {
 namespace {
 
-// Starts `args` with stdout and stderr going to `log` (truncated); -1 if it cannot start.
-// The child is killed (SIGKILL) if this process dies first, e.g. killed by a test timeout,
-// so that no daemon outlives its test.
-pid_t Spawn(std::vector<std::string> args, const fs::path& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const pid_t parent = getpid();
-  const pid_t pid = out >= 0 && in >= 0 ? fork() : -1;
-  if (pid == 0) {  // only async-signal-safe calls from here to exec
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
-    if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
-    execve(argv[0], argv.data(), environ);
-    _exit(127);
-  }
-  if (out >= 0) close(out);
-  if (in >= 0) close(in);
+// Started with client/daemon_process.h: a daemon is SIGKILLed if the test process dies
+// first (e.g. killed by a test timeout), so that none outlives its test.
+pid_t Spawn(const std::vector<std::string>& args, const fs::path& log) {
+  const pid_t pid = client::SpawnDaemon(args, log.string(), SIGKILL);
   EXPECT_GT(pid, 0) << "cannot start " << args[0];
-  return pid > 0 ? pid : -1;
+  return pid;
 }
 
-// Sends `sig` and reaps; the exit code, or -1 if it ended by a signal (or was not running).
+// Sends `sig` and reaps (SIGKILL after a minute); the exit code, or -1 if it ended by a
+// signal (or was not running).
 int SignalAndReap(pid_t& pid, int sig) {
-  if (pid <= 0) return -1;
-  kill(pid, sig);
-  int status = 0;
-  const pid_t reaped = waitpid(pid, &status, 0);
+  const int code = client::StopDaemon(pid, sig, absl::Seconds(60));
   pid = -1;
-  return reaped > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return code;
 }
 
 std::string Quote(const std::string& arg) {
@@ -162,25 +147,17 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
   args.insert(args.end(), {"--port-file", port_file.string()});
   coordinator_pid_ = Spawn(args, log);
   if (coordinator_pid_ <= 0) return false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::string address = ReadFile(port_file);  // written whole or not at all
-    if (!address.empty() && address.back() == '\n') {
-      address.pop_back();
-      address_ = address;
-      port_ = std::stoi(address.substr(address.rfind(':') + 1));
-      return true;
-    }
-    int status = 0;
-    if (waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
-      coordinator_pid_ = -1;
-      ADD_FAILURE() << "the coordinator exited at start:\n" << ReadFile(log);
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  absl::StatusOr<std::string> address =
+      client::WaitForPortFile(port_file.string(), coordinator_pid_, absl::Seconds(20),
+                              log.string());
+  if (!address.ok()) {
+    if (client::DaemonExited(coordinator_pid_)) coordinator_pid_ = -1;
+    ADD_FAILURE() << "the coordinator did not serve: " << address.status().message();
+    return false;
   }
-  ADD_FAILURE() << "the coordinator did not serve within 20 s:\n" << ReadFile(log);
-  return false;
+  address_ = *address;
+  port_ = std::stoi(address_.substr(address_.rfind(':') + 1));
+  return true;
 }
 
 void LocalCluster::KillCoordinator() { SignalAndReap(coordinator_pid_, SIGKILL); }

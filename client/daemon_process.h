@@ -1,0 +1,41 @@
+// The daemons as child processes: how `pipetrain run`'s local cluster, the daemon tests and
+// the benchmarks start pipetrain-coordinator and pipetrain-worker, learn the address one
+// serves on, and stop them. No gRPC and no LibTorch here.
+//
+// A daemon started with `--port-file PATH` writes "host:port\n" there once it serves
+// (atomically: a reader sees all of it or nothing); WaitForPortFile reads it. No log line is
+// parsed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pipetrain::client {
+
+// Starts argv[0] with `argv`, stdin from /dev/null, stdout and stderr to `log` (truncated).
+// The child gets `death_signal` if this process dies first (PR_SET_PDEATHSIG), so that no
+// daemon outlives whoever started it. Returns its pid, or -1 if it cannot start.
+pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log,
+                  int death_signal);
+
+// Waits until `port_file` holds an address; Unavailable, with the end of `log`, if `pid`
+// exits first or `timeout` passes (then it does not stop the process).
+absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t pid,
+                                            absl::Duration timeout, const std::string& log);
+
+// Sends `signal` and waits up to `grace` for the process to exit, then SIGKILLs it. Reaps it.
+// Its exit code; -1 if it ended by a signal or `pid` <= 0.
+int StopDaemon(pid_t pid, int signal, absl::Duration grace);
+
+// Whether `pid` has exited (and is reaped).
+bool DaemonExited(pid_t pid);
+
+// The last `lines` non-empty lines of `log`, each indented by four spaces.
+std::string LogTail(const std::string& log, int lines = 8);
+
+}  // namespace pipetrain::client
