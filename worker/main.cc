@@ -14,12 +14,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::worker;
+  pipetrain::TuneAllocatorForTraining();
   namespace exit_code = pipetrain::exit_code;
   CLI::App app{"pipetrain-worker: runs the pipeline stages the coordinator assigns to this "
                "device, over the Gloo data plane, and reports every step."};

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/numbers.h"
+#include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/progress_line.h"
@@ -453,6 +454,7 @@ void AddTrainingFlags(CLI::App* run, JobFlags& f) {
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
+  TuneAllocatorForTraining();
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
   CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
                "stage of each replica a thread of this process (or a process of its own with "
