@@ -319,6 +319,110 @@ double Percentile(const std::vector<double>& sorted, double q) {
   return sorted[i];
 }
 
+// Registers `n` simulated workers, all served by `worker_address`.
+void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
+                              const std::string& target, const std::string& worker_address,
+                              int n, Cluster& cluster) {
+  cluster.last_heartbeat.reset(new std::atomic<int64_t>[n]);
+  cluster.next_step.reset(new std::atomic<int64_t>[n]);
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::RegisterWorkerRequest request;
+    request.set_address(worker_address);
+    request.set_device("cpu");
+    request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
+    v1::RegisterWorkerResponse response;
+    grpc::Status s = coordinator.RegisterWorker(&ctx, request, &response);
+    if (!s.ok()) Die("RegisterWorker at " + target + ": " + s.error_message());
+    cluster.worker_ids.push_back(response.worker_id());
+    cluster.heartbeat_ms = response.heartbeat_interval_ms();
+    cluster.last_heartbeat[i].store(NowNs());
+    cluster.next_step[i].store(0);
+  }
+}
+
+// Submits one job whose ranks take every simulated worker and waits until all are assigned;
+// returns its id.
+std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& service,
+                             int stages, int n) {
+  v1::SubmitJobRequest request;
+  v1::JobSpec* spec = request.mutable_spec();
+  spec->set_name("coordinator_capacity");
+  spec->mutable_model()->set_name("gpt");
+  spec->set_schedule("1f1b");
+  spec->set_stages(stages);
+  spec->set_replicas(n / stages);
+  spec->set_microbatches(std::max(stages, 4));
+  // Long enough never to finish: the coordinator logs an event every steps/10 steps.
+  spec->set_steps(1000000000);
+  grpc::ClientContext ctx;
+  Prepare(&ctx, 30);
+  v1::Job job;
+  grpc::Status s = jobs.SubmitJob(&ctx, request, &job);
+  if (!s.ok()) Die("SubmitJob: " + s.error_message());
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (service.assigned() < n && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (service.assigned() < n) {
+    Die("only " + std::to_string(service.assigned()) + " of " + std::to_string(n) +
+        " ranks of " + job.id() +
+        " were assigned to the simulated workers (does the coordinator have other idle "
+        "workers, or too few of ours?)");
+  }
+  return job.id();
+}
+
+// One row per (client threads, kind of call), as a Markdown table.
+void MeasureAndPrint(const Options& options, const std::string& target, Cluster& cluster) {
+  const int n = options.workers;
+  std::printf("| RPC | client threads | calls/s | p50 us | p99 us | calls | errors |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (int threads : options.threads) {
+    for (Kind kind : {Kind::kHeartbeat, Kind::kReportStep, Kind::kMixed}) {
+      const char* name = kind == Kind::kHeartbeat    ? "Heartbeat"
+                         : kind == Kind::kReportStep ? "ReportStep"
+                                                     : "mixed (alternating)";
+      std::fprintf(stderr, "%s, %d threads, %.1f s...\n", name, threads, options.seconds);
+      PhaseResult r = RunPhase(target, cluster, kind, threads, options.seconds);
+      std::printf("| %s | %d | %.0f | %.0f | %.0f | %lld | %lld |\n", name, threads,
+                  (r.calls - r.errors) / r.seconds, Percentile(r.latencies_us, 0.5),
+                  Percentile(r.latencies_us, 0.99), static_cast<long long>(r.calls),
+                  static_cast<long long>(r.errors));
+      std::fflush(stdout);
+      if (r.errors > 0) std::fprintf(stderr, "  first error: %s\n", r.first_error.c_str());
+    }
+  }
+  std::printf("\n%d simulated workers (one job: %d stages x %d replicas), %.1f s per row; "
+              "latency = one call as the client sees it.\n",
+              n, options.stages, n / options.stages, options.seconds);
+}
+
+// Cancels the job and ends every rank, so the simulated workers are idle again.
+void EndEveryRank(v1::JobService::Stub& jobs, v1::CoordinatorService::Stub& coordinator,
+                  const Cluster& cluster, int n) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::CancelJobRequest request;
+  request.set_id(cluster.job_id);
+  v1::Job job;
+  grpc::Status s = jobs.CancelJob(&ctx, request, &job);
+  if (!s.ok()) std::fprintf(stderr, "CancelJob: %s\n", s.error_message().c_str());
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext end_ctx;
+    Prepare(&end_ctx);
+    v1::StageEnd end;
+    end.set_worker_id(cluster.worker_ids[i]);
+    end.set_job_id(cluster.job_id);
+    end.set_rank(i);
+    end.set_ok(false);
+    end.set_error("coordinator_capacity finished");
+    v1::ReportResponse response;
+    (void)coordinator.ReportStageEnd(&end_ctx, end, &response);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,23 +449,7 @@ int main(int argc, char** argv) {
   auto jobs = v1::JobService::NewStub(OwnChannel(target));
   Cluster cluster;
   cluster.stages = options.stages;
-  cluster.last_heartbeat.reset(new std::atomic<int64_t>[n]);
-  cluster.next_step.reset(new std::atomic<int64_t>[n]);
-  for (int i = 0; i < n; ++i) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    v1::RegisterWorkerRequest request;
-    request.set_address(worker_address);
-    request.set_device("cpu");
-    request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
-    v1::RegisterWorkerResponse response;
-    grpc::Status s = coordinator->RegisterWorker(&ctx, request, &response);
-    if (!s.ok()) Die("RegisterWorker at " + target + ": " + s.error_message());
-    cluster.worker_ids.push_back(response.worker_id());
-    cluster.heartbeat_ms = response.heartbeat_interval_ms();
-    cluster.last_heartbeat[i].store(NowNs());
-    cluster.next_step[i].store(0);
-  }
+  RegisterSimulatedWorkers(*coordinator, target, worker_address, n, cluster);
 
   // Keeps every simulated worker alive: a heartbeat once per interval for each worker that
   // no measured call covered in the last interval.
@@ -394,33 +482,9 @@ int main(int argc, char** argv) {
 
   // 2. One job over all N simulated workers.
   {
-    v1::SubmitJobRequest request;
-    v1::JobSpec* spec = request.mutable_spec();
-    spec->set_name("coordinator_capacity");
-    spec->mutable_model()->set_name("gpt");
-    spec->set_schedule("1f1b");
-    spec->set_stages(options.stages);
-    spec->set_replicas(n / options.stages);
-    spec->set_microbatches(std::max(options.stages, 4));
-    // Long enough never to finish: the coordinator logs an event every steps/10 steps.
-    spec->set_steps(1000000000);
-    grpc::ClientContext ctx;
-    Prepare(&ctx, 30);
-    v1::Job job;
-    grpc::Status s = jobs->SubmitJob(&ctx, request, &job);
-    if (!s.ok()) Die("SubmitJob: " + s.error_message());
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (service.assigned() < n && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (service.assigned() < n) {
-      Die("only " + std::to_string(service.assigned()) + " of " + std::to_string(n) +
-          " ranks of " + job.id() +
-          " were assigned to the simulated workers (does the coordinator have other idle "
-          "workers, or too few of ours?)");
-    }
+    const std::string job_id = SubmitJobOverAll(*jobs, service, options.stages, n);
     std::lock_guard<std::mutex> lock(job_mu);
-    cluster.job_id = job.id();
+    cluster.job_id = job_id;
   }
   std::fprintf(stderr,
                "coordinator %s: %d simulated workers registered, job %s (%d stages x %d "
@@ -428,49 +492,10 @@ int main(int argc, char** argv) {
                target.c_str(), n, cluster.job_id.c_str(), options.stages, n / options.stages);
 
   // 3. The measurements.
-  std::printf("| RPC | client threads | calls/s | p50 us | p99 us | calls | errors |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  for (int threads : options.threads) {
-    for (Kind kind : {Kind::kHeartbeat, Kind::kReportStep, Kind::kMixed}) {
-      const char* name = kind == Kind::kHeartbeat    ? "Heartbeat"
-                         : kind == Kind::kReportStep ? "ReportStep"
-                                                     : "mixed (alternating)";
-      std::fprintf(stderr, "%s, %d threads, %.1f s...\n", name, threads, options.seconds);
-      PhaseResult r = RunPhase(target, cluster, kind, threads, options.seconds);
-      std::printf("| %s | %d | %.0f | %.0f | %.0f | %lld | %lld |\n", name, threads,
-                  (r.calls - r.errors) / r.seconds, Percentile(r.latencies_us, 0.5),
-                  Percentile(r.latencies_us, 0.99), static_cast<long long>(r.calls),
-                  static_cast<long long>(r.errors));
-      std::fflush(stdout);
-      if (r.errors > 0) std::fprintf(stderr, "  first error: %s\n", r.first_error.c_str());
-    }
-  }
-  std::printf("\n%d simulated workers (one job: %d stages x %d replicas), %.1f s per row; "
-              "latency = one call as the client sees it.\n",
-              n, options.stages, n / options.stages, options.seconds);
+  MeasureAndPrint(options, target, cluster);
 
   // 4. Cancel the job and end every rank, so the simulated workers are idle again.
-  {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    v1::CancelJobRequest request;
-    request.set_id(cluster.job_id);
-    v1::Job job;
-    grpc::Status s = jobs->CancelJob(&ctx, request, &job);
-    if (!s.ok()) std::fprintf(stderr, "CancelJob: %s\n", s.error_message().c_str());
-    for (int i = 0; i < n; ++i) {
-      grpc::ClientContext end_ctx;
-      Prepare(&end_ctx);
-      v1::StageEnd end;
-      end.set_worker_id(cluster.worker_ids[i]);
-      end.set_job_id(cluster.job_id);
-      end.set_rank(i);
-      end.set_ok(false);
-      end.set_error("coordinator_capacity finished");
-      v1::ReportResponse response;
-      (void)coordinator->ReportStageEnd(&end_ctx, end, &response);
-    }
-  }
+  EndEveryRank(*jobs, *coordinator, cluster, n);
   stopping.store(true);
   keepalive.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
