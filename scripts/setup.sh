@@ -13,7 +13,7 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread libabsl-dev libyaml-cpp-dev nlohmann-json3-dev
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS)
   libgtest-dev libgmock-dev procps openssl
 )
