@@ -68,6 +68,10 @@ class StepReporter {
       for (v1::StepReport& r : queue_) *batch.add_reports() = std::move(r);
       queue_.clear();
       lock.unlock();
+      // The process's memory high-water, read here (once per batch) rather than on the
+      // stage's thread at every step.
+      const int64_t peak_memory = PeakResidentMemoryBytes();
+      for (v1::StepReport& r : *batch.mutable_reports()) r.set_peak_memory_bytes(peak_memory);
       grpc::ClientContext ctx;
       ctx.set_deadline(In(absl::Seconds(5)));
       v1::ReportResponse response;
@@ -328,7 +332,6 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       report.set_compute_s(step.compute_s);
       report.set_wait_s(step.wait_s);
       report.set_parameter_bytes(parameter_bytes);
-      report.set_peak_memory_bytes(PeakResidentMemoryBytes());
       for (v1::StepCommand c : proto::StepCommandsOf(step.commands_after)) {
         report.add_commands_after(c);
       }

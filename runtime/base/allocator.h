@@ -6,8 +6,9 @@
 // (attention scores, logits, gradients); at the default 128 KiB thresholds each of those is
 // mapped and unmapped, or the heap top trimmed, every time, and pays the page faults again.
 // Measured on the default job with its 4 stages as threads: the last stage's compute took
-// about 20% longer that way (docs/performance.md, "Memory per rank"). Fixing the thresholds
-// at start makes the behaviour the same whatever the process happened to allocate first.
+// about 20% longer that way (docs/performance.md, "Step time against the previous build").
+// Fixing the thresholds at start makes the behaviour the same whatever the process happened
+// to allocate first.
 #pragma once
 
 #include <malloc.h>

@@ -11,10 +11,6 @@ namespace {
 
 constexpr int64_t kMaxDepth = 1 << 16;
 
-// cnn: output channels and stride of conv layer i (the second block halves the resolution).
-int64_t ConvChannels(const ModelConfig& c, int64_t i) { return c.hidden * (i == 0 ? 1 : 2); }
-int64_t ConvStride(int64_t i) { return i == 1 ? 2 : 1; }
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -120,7 +116,7 @@ absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& c) {
   } else {  // cnn
     int64_t in = c.image_shape[0];
     for (int64_t i = 0; i < c.hidden_layers; ++i) {
-      const int64_t out = ConvChannels(c, i);
+      const int64_t out = CnnChannels(c, i);
       counts.push_back(out * in * 9 + 2 * out);  // conv weight, BatchNorm weight and bias
       in = out;
     }
@@ -165,15 +161,18 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
     return std::vector<int64_t>{in[0], layer == depth - 1 ? c.num_classes : c.hidden};
   }
   // cnn
-  const int64_t channels = layer == 0 ? c.image_shape[0] : ConvChannels(c, layer - 1);
+  const int64_t channels = layer == 0 ? c.image_shape[0] : CnnChannels(c, layer - 1);
   if (in.size() != 4 || in[1] != channels || in[2] < 1 || in[3] < 1) {
     return unfit(absl::StrCat("[batch, ", channels, ", height, width]"));
   }
   if (layer == depth - 1) return std::vector<int64_t>{in[0], c.num_classes};
-  const int64_t stride = ConvStride(layer);  // 3x3, padding 1
-  return std::vector<int64_t>{in[0], ConvChannels(c, layer), (in[2] - 1) / stride + 1,
+  const int64_t stride = CnnStride(layer);  // 3x3, padding 1
+  return std::vector<int64_t>{in[0], CnnChannels(c, layer), (in[2] - 1) / stride + 1,
                               (in[3] - 1) / stride + 1};
 }
+
+int64_t CnnChannels(const ModelConfig& c, int64_t conv) { return c.hidden * (conv == 0 ? 1 : 2); }
+int64_t CnnStride(int64_t conv) { return conv == 1 ? 2 : 1; }
 
 uint64_t LayerInitSeed(uint64_t seed, int layer) {
   return Mix64(Mix64(seed) ^ (static_cast<uint64_t>(layer) + 0x5851F42D4C957F2DULL));

@@ -72,6 +72,11 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
                                                              int layer,
                                                              const std::vector<int64_t>& input_shape);
 
+// cnn: output channels and stride of conv block `conv` (the second block halves the
+// resolution). One definition for the formulas here and the layers model_zoo builds.
+int64_t CnnChannels(const ModelConfig& config, int64_t conv);
+int64_t CnnStride(int64_t conv);
+
 // The seed of layer `layer`'s initial parameters: a layer's initial values depend only on
 // (job seed, global layer index, model config), never on the partition.
 uint64_t LayerInitSeed(uint64_t seed, int layer);

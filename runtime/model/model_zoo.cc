@@ -442,11 +442,9 @@ std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
     }
     return Make<LinearImpl>("classifier", in, c.num_classes, true, false);
   }
-  // cnn: conv i has hidden (i = 0) or 2 * hidden channels; conv 1 halves the resolution.
-  auto channels = [&](int64_t k) { return c.hidden * (k == 0 ? 1 : 2); };
-  const int64_t in = i == 0 ? c.image_shape[0] : channels(i - 1);
+  const int64_t in = i == 0 ? c.image_shape[0] : CnnChannels(c, i - 1);
   if (i < c.hidden_layers) {
-    return Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, channels(i), /*stride=*/i == 1 ? 2 : 1);
+    return Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, CnnChannels(c, i), CnnStride(i));
   }
   return Make<PoolLinearImpl>("classifier", in, c.num_classes);
 }
