@@ -77,7 +77,7 @@ echo >&2 "data_parallel: $((SECONDS - start)) s"
 
 section "Memory per rank (bench/memory_per_rank.py)"
 start=${SECONDS}
-"${PY}" bench/memory_per_rank.py "${BUILD_DIR}/worker/pipetrain-run"
+"${PY}" bench/memory_per_rank.py "${BUILD_DIR}/client/pipetrain-run"
 echo >&2 "memory_per_rank: $((SECONDS - start)) s"
 
 if [[ ${DAEMONS} == 1 ]]; then

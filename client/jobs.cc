@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/spec_yaml.h"
+#include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
@@ -180,7 +180,7 @@ progress::Progress ProgressOf(const v1::Job& job) {
 }
 
 // Follows a job until it ends: the progress line (runtime/base/progress_line.h) on stderr.
-int Follow(Client& client, const std::string& id, bool json) {
+int Follow(Client& client, const std::string& id, bool json, bool quiet = false) {
   grpc::ClientContext ctx;
   v1::GetJobRequest request;
   request.set_id(id);
@@ -193,7 +193,7 @@ int Follow(Client& client, const std::string& id, bool json) {
     if (json) {
       std::printf("%s\n", Json(job).c_str());
       std::fflush(stdout);
-    } else {
+    } else if (!quiet) {
       std::fputs(line.Update(ProgressOf(job)).c_str(), stderr);
     }
     if (Ended(job.state())) break;
@@ -206,7 +206,7 @@ int Follow(Client& client, const std::string& id, bool json) {
         s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s,
         absl::StrCat("following ", id));
   }
-  if (!json) {
+  if (!json && !quiet) {
     std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
                 job.message().empty() ? "" : ": ", job.message().c_str());
   }
@@ -235,19 +235,20 @@ int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job)
   return s.ok() ? 0 : client.Fail(s, "submit");
 }
 
-int FollowJob(const std::string& address, const std::string& id) {
+int FollowJob(const std::string& address, const std::string& id, bool quiet, v1::Job* job) {
   Client client(LocalClusterCommon(address));
-  const int code = Follow(client, id, /*json=*/false);
+  const int code = Follow(client, id, /*json=*/false, quiet);
   v1::GetJobRequest request;
   request.set_id(id);
-  v1::Job job;
   if (code != exit_code::kUnavailable &&
-      client.Call(&v1::JobService::Stub::GetJob, request, &job).ok()) {
+      client.Call(&v1::JobService::Stub::GetJob, request, job).ok() && !quiet) {
     std::printf("\n");
-    PrintJobTable(job);
+    PrintJobTable(*job);
   }
   return code;
 }
+
+std::string JobStateName(v1::JobState state) { return StateName(state); }
 
 namespace {
 
@@ -281,28 +282,31 @@ struct JobCommands {
 void AddSubmit(CLI::App& app, const JobCommands& c) {
   const std::shared_ptr<Common>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
-  auto submit = app.add_subcommand("submit", "Submit a job file to the coordinator; prints its id");
+  auto submit = app.add_subcommand(
+      "submit", "Submit a job to the coordinator (a YAML job file, the flags below over it; "
+                "the same job `pipetrain run` takes); prints its id");
   auto job_file = std::make_shared<std::string>();
   auto follow = std::make_shared<bool>(false);
-  auto name = std::make_shared<std::string>();
-  submit->add_option("job", *job_file, "YAML job file (see examples/)")->required();
+  submit->add_option("job", *job_file, "YAML job file (see examples/)");
   submit->add_flag("-f,--follow", *follow, "follow the job until it ends; exit 1 if it fails");
-  submit->add_option("--name", *name, "a name shown by list");
   c.AddCommonOptions(submit);
+  auto spec_flags = std::make_shared<jobspec::SpecFlags>(submit);
   submit->callback([=] {
     *chosen = [=]() -> int {
-      auto spec = LoadJobSpec(*job_file);
+      auto spec = jobspec::BuildJobSpec(*job_file, *spec_flags);
       if (!spec.ok()) {
         std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
         return exit_code::For(spec.status());
       }
-      if (!name->empty()) spec->set_name(*name);
       Client client(*common);
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, &job);
-      if (!s.ok()) return client.Fail(s, absl::StrCat("submitting ", *job_file));
+      if (!s.ok()) {
+        return client.Fail(s, job_file->empty() ? std::string("submitting the job")
+                                                : absl::StrCat("submitting ", *job_file));
+      }
       if (common->output == "json" && !*follow) {
         std::printf("%s\n", Json(job).c_str());
       } else {

@@ -30,8 +30,11 @@ std::function<int()> AddJobCommands(CLI::App& app);
 // prints why and returns the exit code, else 0.
 int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job);
 // Follows job `id` until it ends, with progress on stderr, then prints its table (as
-// `status` does); 0 if it succeeded, 1 if it failed or was cancelled, the exit code of the
-// RPC failure otherwise.
-int FollowJob(const std::string& address, const std::string& id);
+// `status` does) unless `quiet`, and fills `job` with its last state; 0 if it succeeded, 1 if
+// it failed or was cancelled, the exit code of the RPC failure otherwise.
+int FollowJob(const std::string& address, const std::string& id, bool quiet, v1::Job* job);
+
+// "queued", "running", "succeeded", ...
+std::string JobStateName(v1::JobState state);
 
 }  // namespace pipetrain::client

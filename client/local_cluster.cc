@@ -17,11 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/daemon_process.h"
 #include "client/jobs.h"
-#include "client/spec_yaml.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_text.h"
+#include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 
 namespace pipetrain::client {
@@ -55,12 +59,53 @@ std::string FindDaemon(const std::string& name) {
   return "";
 }
 
-int RunOnLocalCluster(const LocalClusterRun& run) {
-  absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(run.spec_yaml);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
-    return exit_code::For(spec.status());
+namespace {
+
+// Runs `argv` to its end; its exit code (kJobFailed if it was killed).
+int RunChild(const std::vector<std::string>& argv) {
+  const pid_t pid = fork();
+  if (pid < 0) return exit_code::kUnavailable;
+  if (pid == 0) {
+    Exec(argv);
+    _exit(exit_code::kUnavailable);
   }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code::kJobFailed;
+}
+
+// The summary of a job run on the local cluster, from the coordinator's last view of it.
+absl::Status WriteSummary(const std::string& path, const v1::Job& job, double wall_s) {
+  nlohmann::json j;
+  j["job_id"] = job.id();
+  j["name"] = job.spec().name();
+  j["state"] = JobStateName(job.state());
+  j["stages"] = job.stages();
+  j["replicas"] = job.replicas();
+  j["steps"] = job.steps();
+  j["final_loss"] = job.loss();
+  j[job.data_unit() == "tok" ? "tokens_per_s" : "samples_per_s"] = job.tokens_per_s();
+  j["wall_s"] = wall_s;
+  j["per_stage"] = nlohmann::json::array();
+  for (const v1::StageStatus& s : job.stage_status()) {
+    j["per_stage"].push_back({{"stage", s.stage()},
+                              {"replica", s.replica()},
+                              {"worker", s.worker_id()},
+                              {"compute_s", s.compute_s()},
+                              {"wait_s", s.wait_s()},
+                              {"parameter_bytes", s.parameter_bytes()},
+                              {"peak_memory_bytes", s.peak_memory_bytes()}});
+  }
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
+  if (config.ok()) j["config"] = nlohmann::json::parse(job::JobConfigToJson(*config));
+  return WriteFileAtomically(path, j.dump(2));
+}
+
+}  // namespace
+
+int RunOnLocalCluster(const LocalClusterRun& run) {
+  const auto start = std::chrono::steady_clock::now();
   const std::string coordinator_bin = FindDaemon("pipetrain-coordinator");
   const std::string worker_bin = FindDaemon("pipetrain-worker");
   if (coordinator_bin.empty() || worker_bin.empty()) {
@@ -77,6 +122,10 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
     return exit_code::kUnavailable;
   }
   const fs::path dir = dir_template;
+  v1::JobSpec spec = run.spec;
+  if (!run.weights_file.empty() && !spec.has_weights_dir()) {
+    spec.set_weights_dir((dir / "weights").string());
+  }
   pid_t coordinator = -1;
   std::vector<pid_t> workers;
   auto stop_all = [&] {
@@ -108,7 +157,7 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
 
   // Submitted before any worker is there: the coordinator resolves the job's ranks.
   v1::Job job;
-  if (int code = SubmitJob(address, *spec, &job); code != 0) {
+  if (int code = SubmitJob(address, spec, &job); code != 0) {
     stop_all();
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -122,16 +171,40 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                              " ranks (", job.stages(), " stages x ", job.replicas(),
                              " replicas), one per worker"));
   }
-  std::fprintf(stderr, "pipetrain: %s: %d stages x %d replicas on a local cluster of %d worker%s "
-               "(coordinator %s, logs in %s)\n",
-               job.id().c_str(), job.stages(), job.replicas(), n, n == 1 ? "" : "s",
-               address.c_str(), dir.c_str());
+  if (!run.quiet) {
+    std::fprintf(stderr,
+                 "pipetrain: %s: %d stages x %d replicas on a local cluster of %d worker%s "
+                 "(coordinator %s, logs in %s)\n",
+                 job.id().c_str(), job.stages(), job.replicas(), n, n == 1 ? "" : "s",
+                 address.c_str(), dir.c_str());
+  }
   for (int w = 0; w < n; ++w) {
     workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address},
                                   (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
   }
-  const int code = FollowJob(address, job.id());
+  v1::Job final_job;
+  int code = FollowJob(address, job.id(), run.quiet, &final_job);
   stop_all();
+  if (code == exit_code::kOk && !run.summary_file.empty()) {
+    const double wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (absl::Status s = WriteSummary(run.summary_file, final_job, wall_s); !s.ok()) {
+      std::fprintf(stderr, "pipetrain: %s\n", std::string(s.message()).c_str());
+      code = exit_code::kJobFailed;
+    }
+  }
+  if (code == exit_code::kOk && !run.weights_file.empty()) {
+    // The stage files are LibTorch's: pipetrain-run gathers them.
+    const std::string runner = FindDaemon("pipetrain-run");
+    code = runner.empty() ? exit_code::kUnavailable
+                          : RunChild({runner, "--spec-text", jobspec::JobSpecToText(spec),
+                                      "--gather-weights", spec.weights_dir(), "--save-weights",
+                                      run.weights_file});
+    if (code != exit_code::kOk) {
+      std::fprintf(stderr, "pipetrain: gathering the weights from %s into %s failed\n",
+                   spec.weights_dir().c_str(), run.weights_file.c_str());
+    }
+  }
   if (code == 0 && !run.keep_logs) {
     std::error_code ec;
     fs::remove_all(dir, ec);

@@ -10,12 +10,21 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/v1/job.pb.h"
+
 namespace pipetrain::client {
 
 struct LocalClusterRun {
-  std::string spec_yaml;  // the whole job file
+  v1::JobSpec spec;
   int workers = 0;        // 0: as many as the job has ranks (stages x replicas)
   bool keep_logs = false; // keep the log directory even when the job succeeds
+  bool quiet = false;     // no progress, no table
+  // When set, written once the job has succeeded: a JSON report of the job as the
+  // coordinator last saw it (with the job as it ran under "config"), and the whole model's
+  // final weights (as pipetrain-run --save-weights writes them; the stage files are gathered
+  // from the job's weights_dir, a directory beside the logs if the spec has none).
+  std::string summary_file;
+  std::string weights_file;
 };
 
 // Returns the CLI exit code: 0 succeeded, 1 failed, 2 invalid spec, 5 a daemon did not start.

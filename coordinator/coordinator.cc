@@ -7,7 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/placement.h"
-#include "proto/job_spec.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "runtime/control/step_commands.h"
 
@@ -16,7 +17,7 @@ namespace {
 
 // "flush", "switch", "checkpoint", "stop": the names the CLI takes.
 std::string CommandName(v1::StepCommand command) {
-  return control::StepCommandsName(proto::StepCommandBit(command));
+  return control::StepCommandsName(jobspec::StepCommandBit(command));
 }
 
 bool Ended(v1::JobState s) {
@@ -84,7 +85,7 @@ absl::Status Coordinator::Load() {
       return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
     }
     entry.order = next_order_++;
-    auto config = proto::JobConfigFromSpec(entry.job.spec());
+    auto config = jobspec::JobConfigFromSpec(entry.job.spec());
     if (config.ok()) entry.config = *config;
     auto [it, inserted] = jobs_.emplace(s.id, std::move(entry));
     JobEntry& e = it->second;
@@ -175,7 +176,7 @@ void Coordinator::Later(std::function<void()> call) {
 }
 
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
-  absl::StatusOr<job::JobConfig> config = proto::JobConfigFromSpec(spec);
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
   std::string id;
   {
@@ -263,7 +264,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
     JobEntry& e = it->second;
-    if (proto::StepCommandBit(request.command()) == 0) {
+    if (jobspec::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
     if (e.job.state() != v1::JOB_STATE_RUNNING) {
@@ -452,7 +453,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (r.commands_after_size() > 0 &&
       ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
     uint32_t bits = 0;
-    for (int c : r.commands_after()) bits |= proto::StepCommandBit(static_cast<v1::StepCommand>(c));
+    for (int c : r.commands_after()) bits |= jobspec::StepCommandBit(static_cast<v1::StepCommand>(c));
     Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
                                    r.step() + 1, " on all ", e.job.stage_status_size(),
                                    " ranks"));

@@ -10,13 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 debs=(libabsl-dev libabsl20220623 libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev libcli11-dev
-      libgtest-dev libgmock-dev)
+      libgtest-dev libgmock-dev libprotobuf-dev libprotobuf32 protobuf-compiler libprotoc32)
 if [[ "${1:-}" == "--download" ]]; then
   mkdir -p build-gpu/debs
   (cd build-gpu/debs && apt-get download "${debs[@]}")
   exit 0
 fi
 for deb in build-gpu/debs/*.deb; do dpkg -x "$deb" build-gpu/deps; done
+# protoc (the job spec is a protobuf message) runs from the unpacked tree.
+export LD_LIBRARY_PATH="$PWD/build-gpu/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 torch_prefix=${TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
 # Prefer the NCCL of PyTorch's own wheel (under site-packages/nvidia/): one libnccl.so.2 then
 # serves both LibTorch and pipetrain. Otherwise CMake looks beside the CUDA toolkit's cudart.

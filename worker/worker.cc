@@ -12,7 +12,8 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
-#include "proto/job_spec.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "worker/coordinator_store.h"
 #include "runtime/base/process_memory.h"
@@ -242,7 +243,7 @@ grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest*
 grpc::Status Worker::ScheduleCommand(grpc::ServerContext*,
                                      const v1::SendCommandRequest* request,
                                      v1::SendCommandResponse* response) {
-  const uint32_t command = proto::StepCommandBit(request->command());
+  const uint32_t command = jobspec::StepCommandBit(request->command());
   if (command == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
   }
@@ -267,7 +268,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
                a.rank(), a.job_id().c_str());
   absl::Status result = [&]() -> absl::Status {
-    absl::StatusOr<job::JobConfig> config = proto::JobConfigFromSpec(a.spec());
+    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
     if (!config.ok()) return config.status();
     std::shared_ptr<rendezvous::KeyValueStore> shared_store =
         MakeCoordinatorStore(coordinator_, a.job_id());
@@ -332,7 +333,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
       report.set_compute_s(step.compute_s);
       report.set_wait_s(step.wait_s);
       report.set_parameter_bytes(parameter_bytes);
-      for (v1::StepCommand c : proto::StepCommandsOf(step.commands_after)) {
+      for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
         report.add_commands_after(c);
       }
       reporter.Add(std::move(report));
@@ -346,12 +347,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
     absl::Status written = join_writers();
     if (!outcome.ok()) return outcome.status();
     if (!written.ok()) return written;
-    if (a.spec().has_weights_dir()) {
-      std::error_code ec;
-      std::filesystem::create_directories(a.spec().weights_dir(), ec);
-      return job::WriteStageOutcome(a.spec().weights_dir(), a.rank(), *outcome);
-    }
-    return absl::OkStatus();
+    return job::SaveStageWeights(*config, a.rank(), *outcome);
   }();
   std::string error;
   {

@@ -2,8 +2,9 @@
 //
 // JobConfig is plain data with defaults that train the built-in GPT on the built-in corpus
 // with 4 stages under PipeDream-2BW. ValidateJobConfig checks everything before any stage
-// is built and reports every violation at once, each with its field path. YAML job files map
-// one-to-one onto JobConfig (see examples/ and ParseJobYaml).
+// is built and reports every violation at once, each with its field path. It is the runtime's
+// plain-C++ form of the job spec, pipetrain.v1.JobSpec: jobspec/ reads the spec from YAML and
+// flags and converts it to a JobConfig (the runtime includes no protobuf).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ absl::StatusOr<RecomputeConfig> ParseRecompute(const std::string& text);
 std::string FormatRecompute(const RecomputeConfig& config);
 
 struct JobConfig {
+  std::string name;  // shown by `pipetrain list`; no effect on training
   model::ModelConfig model;
   DataConfig data;
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kTwoBW;
@@ -63,6 +65,9 @@ struct JobConfig {
   bool float64 = false;
   int threads_per_stage = 0;      // 0: available cores / stages, at least 1
   double recv_timeout_s = 120.0;  // deadline of every wait for a peer
+  // When set, every rank writes its final parameters and buffers to
+  // <weights_dir>/stage<RANK>.pt (rank = replica * stages + stage) where it runs.
+  std::string weights_dir;
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked
@@ -81,13 +86,10 @@ absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text);
 // The data kind after applying the default for the model.
 std::string EffectiveDataKind(const JobConfig& config);
 
-// Parses a YAML job spec over the defaults above. Unknown keys and wrong types are errors,
-// all reported at once with their paths; the result is then validated.
-absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text);
-// The job as a YAML job file with every field written out (what ParseJobYaml reads back to
-// an equal JobConfig; doubles keep all their digits).
-std::string JobConfigToYaml(const JobConfig& config);
-// Reads and parses a YAML file; NotFound names the path.
-absl::StatusOr<JobConfig> LoadJobYaml(const std::string& path);
+// Every field of the job as one line of JSON, keyed and nested by the field paths of the
+// job spec (pipetrain.v1.JobSpec, the YAML job file): "microbatches", "optimizer.lr",
+// "model.path" (the TorchScript file), "timeout_s", "dtype" as its name, "stage_ranges" as
+// [[begin, end], ...]. What a run prints with --dry-run and writes as its summary's "config".
+std::string JobConfigToJson(const JobConfig& config);
 
 }  // namespace pipetrain::job

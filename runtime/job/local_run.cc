@@ -1,4 +1,5 @@
 #include "runtime/job/local_run.h"
+#include "runtime/job/stage_run.h"
 
 #include <algorithm>
 #include <limits>
@@ -76,6 +77,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
                         DetachedBuffers(*stages[s].weights), stages[s].parameter_bytes,
                         peak_memory});
+    PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   return AssembleReport(c, plan, std::move(outcomes), start_s);
 }

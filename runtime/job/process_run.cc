@@ -93,6 +93,7 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   if (absl::Status s = WriteStageOutcome(args.result_dir, args.rank, *outcome); !s.ok()) {
     return fail(s);
   }
+  if (absl::Status s = SaveStageWeights(c, args.rank, *outcome); !s.ok()) return fail(s);
   return absl::OkStatus();
 }
 

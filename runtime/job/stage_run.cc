@@ -162,6 +162,17 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   return absl::OkStatus();
 }
 
+absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutcome& outcome) {
+  if (config.weights_dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(config.weights_dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("weights_dir: cannot create ", config.weights_dir,
+                                            ": ", ec.message()));
+  }
+  return WriteStageOutcome(config.weights_dir, rank, outcome);
+}
+
 absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage) {
   try {
     std::ifstream in(OutcomePath(dir, stage, ".json"));

@@ -52,4 +52,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
 absl::Status WriteStageOutcome(const std::string& dir, int rank, const StageOutcome& outcome);
 absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int rank);
 
+// The job's weights_dir, if set: the rank's outcome written there as above (the directory
+// made if missing), by whoever ran the rank (a thread, a stage process, a worker).
+absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutcome& outcome);
+
 }  // namespace pipetrain::job

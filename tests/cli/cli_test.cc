@@ -16,6 +16,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_yaml.h"
+#include "tests/jobspec/one_job.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -71,13 +75,13 @@ class CliTest : public ::testing::Test {
   }
 
   // Bad input: exit 2 (or `exit_code`: 3 for a file that is not there), one line
-  // "error: ..." naming the problem, no report written.
+  // "pipetrain: ..." naming the problem, no report written.
   void ExpectRejected(const std::string& args, const std::string& needle, int exit_code = 2) {
     SCOPED_TRACE(args);
     const fs::path summary = dir_ / "summary.json";
     Result r = Run(args + " --summary " + summary.string());
     EXPECT_EQ(r.exit_code, exit_code) << r.err;
-    EXPECT_THAT(r.err, StartsWith("error: "));
+    EXPECT_THAT(r.err, StartsWith("pipetrain: "));
     EXPECT_THAT(r.err, HasSubstr(needle));
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_FALSE(fs::exists(summary));
@@ -171,10 +175,56 @@ dtype: float64
   EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
 }
 
+// One job, from a YAML file and from flags, runs as exactly that job in every launch mode:
+// the "config" each run reports is the spec's conversion (made here in process), name and
+// weights_dir included, and so is what --dry-run prints; every rank writes its weights to
+// weights_dir; --save-weights works in each mode, and the trained weights are bitwise the
+// same whichever launch ran them.
+TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
+  absl::StatusOr<pipetrain::v1::JobSpec> spec =
+      pipetrain::jobspec::JobSpecFromYaml(pipetrain::test::kOneJobYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<pipetrain::job::JobConfig> config =
+      pipetrain::jobspec::JobConfigFromSpec(*spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  nlohmann::json expected = nlohmann::json::parse(pipetrain::job::JobConfigToJson(*config));
+  const fs::path job_file = Write("one.yaml", pipetrain::test::kOneJobYaml);
+  std::string first_weights;
+  for (const std::string launch : {"threads", "processes", "cluster"}) {
+    for (const std::string how : {"file", "flags"}) {
+      SCOPED_TRACE(launch + " " + how);
+      const fs::path weights_dir = dir_ / (launch + "-" + how);
+      const std::string job = (how == "file" ? job_file.string() : pipetrain::test::kOneJobFlags) +
+                              " --weights-dir " + weights_dir.string();
+      expected["weights_dir"] = weights_dir.string();
+      Result dry = Run("run --launch " + launch + " --dry-run " + job);
+      ASSERT_EQ(dry.exit_code, 0) << dry.err;
+      EXPECT_EQ(nlohmann::json::parse(dry.out), expected);
+
+      const fs::path summary = dir_ / "summary.json", weights = dir_ / "weights.pt";
+      Result r = Run("run -q --launch " + launch + " --summary " + summary.string() +
+                     " --save-weights " + weights.string() + " " + job);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const auto j = nlohmann::json::parse(ReadFile(summary));
+      EXPECT_EQ(j["config"], expected);
+      EXPECT_EQ(j["per_stage"].size(), 2u);
+      EXPECT_GT(j["final_loss"].get<double>(), 0);
+      for (int rank = 0; rank < 2; ++rank) {
+        EXPECT_TRUE(fs::exists(weights_dir / ("stage" + std::to_string(rank) + ".pt")));
+      }
+      const std::string trained = ReadFile(weights);
+      ASSERT_FALSE(trained.empty());
+      if (first_weights.empty()) first_weights = trained;
+      EXPECT_TRUE(trained == first_weights) << "the trained weights differ from threads/file's";
+      fs::remove(weights);
+    }
+  }
+}
+
 TEST_F(CliTest, BadPartitionNamesTheLayers) {
   ExpectRejected("run --stages 0:2,3:7", "layer 2 (block1) belong to no stage");
   ExpectRejected("run --stages 0:3,2:8", "runs past the last layer 6");
-  ExpectRejected("run --stages 0:a", "bad stage range '0:a'");
+  ExpectRejected("run --stages 0:a", "--stages (stages): expected a count, \"0:2,2:7\"");
 }
 
 TEST_F(CliTest, TwoBWNeedsAtLeastAsManyMicroBatchesAsStages) {
@@ -199,7 +249,7 @@ TEST_F(CliTest, UnreadableDataAndTorchScript) {
 
 TEST_F(CliTest, MalformedYamlAndEveryViolationListed) {
   ExpectRejected("run " + Write("broken.yaml", "model: {name: gpt\nsteps: [").string(),
-                 "malformed YAML");
+                 "not YAML");
   const std::string job =
       Write("bad.yaml", "steps: many\nmicrobatches: 0\nlearning_rate: 3\nmodel: {name: gpt, "
                         "d_model: 30, n_heads: 4}\n")
@@ -304,7 +354,7 @@ TEST_F(CliTest, KilledStageProcessStopsTheJobAndLeavesNothingBehind) {
   ASSERT_GE(launcher, 0);
   if (launcher == 0) {
     const std::string command = std::string("exec ") + PIPETRAIN_CLI +
-                                " run --launch processes --stages 4 --steps 2000 --timeout 60 >" +
+                                " run --launch processes --stages 4 --steps 2000 --peer-timeout 60 >" +
                                 out.string() + " 2>" + err.string();
     execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     _exit(127);

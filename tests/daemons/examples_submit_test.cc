@@ -1,6 +1,7 @@
 // Every job file in examples/ is accepted by the coordinator as `pipetrain submit` sends it:
-// the CLI's YAML reading (client/spec_yaml) and the coordinator's complete validation
-// (proto/job_spec: every field, and the partition against the model's layers). The
+// the one YAML reader (jobspec/spec_yaml) and the coordinator's complete validation
+// (jobspec/job_config_from_spec: every field, and the partition against the model's layers).
+// And one job submitted from a file and from flags is stored as exactly that job. The
 // coordinator has no workers, so each job is only queued; nothing trains. That
 // `pipetrain run` takes every example too is cli_test's EveryExampleJobRuns.
 #include <algorithm>
@@ -12,7 +13,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <google/protobuf/util/json_util.h>
+
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_yaml.h"
 #include "tests/daemons/local_cluster.h"
+#include "tests/jobspec/one_job.h"
 
 namespace pipetrain::test {
 namespace {
@@ -55,6 +61,38 @@ TEST_F(ExamplesSubmitTest, AnInvalidJobFileIsRefused) {
   Result r = cluster.Cli("submit " + bad.string() + " -o json");
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("stages"));
+}
+
+// `submit` takes the job as `run` does, from a file or from flags: the spec the coordinator
+// stores (and assigns to workers) converts to the job the file describes, every field.
+TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
+  LocalCluster cluster(dir_, 0);
+  ASSERT_FALSE(cluster.address().empty());
+  const std::string weights = " --weights-dir /tmp/one-job-weights";
+  absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(
+      std::string(kOneJobYaml) + "weights_dir: /tmp/one-job-weights\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<job::JobConfig> expected = jobspec::JobConfigFromSpec(*spec);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const fs::path file = Write("one.yaml", kOneJobYaml);
+  for (const std::string& job : {file.string() + weights, std::string(kOneJobFlags) + weights}) {
+    SCOPED_TRACE(job);
+    Result r = cluster.Cli("submit -o json " + job);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string id = nlohmann::json::parse(r.out).at("id");
+    Result status = cluster.Cli("status -o json " + id);
+    ASSERT_EQ(status.exit_code, 0) << status.err;
+    v1::Job stored;
+    const std::string spec_json = nlohmann::json::parse(status.out).at("spec").dump();
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(spec_json, stored.mutable_spec()).ok());
+    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(stored.spec());
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(job::JobConfigToJson(*config), job::JobConfigToJson(*expected));
+  }
+  // A bad flag value is refused by the CLI, naming the flag and the field; nothing is sent.
+  Result bad = cluster.Cli("submit --steps many");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--steps (steps): expected an integer, got 'many'"));
 }
 
 }  // namespace

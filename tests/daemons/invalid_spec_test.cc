@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_split.h"
-#include "client/spec_yaml.h"
+#include "jobspec/spec_yaml.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "tests/daemons/local_cluster.h"
 
@@ -239,10 +239,10 @@ TEST_F(InvalidSpecTest, EveryKindIsRefusedWithEveryViolationAndNothingRuns) {
     }
     // The same spec through the API: the CLI's reader refuses it before any call, or the
     // coordinator answers INVALID_ARGUMENT with the very message the CLI printed.
-    absl::StatusOr<v1::JobSpec> spec = ::pipetrain::client::JobSpecFromYaml(c.yaml);
+    absl::StatusOr<v1::JobSpec> spec = ::pipetrain::jobspec::JobSpecFromYaml(c.yaml);
     if (c.caught_by_cli) {
       ASSERT_FALSE(spec.ok());
-      EXPECT_EQ(r.err, "pipetrain: " + std::string(spec.status().message()) + "\n");
+      EXPECT_EQ(r.err, "pipetrain: " + file + ": " + std::string(spec.status().message()) + "\n");
       continue;
     }
     ASSERT_TRUE(spec.ok()) << spec.status();

@@ -161,14 +161,14 @@ TEST_F(LocalClusterTest, RunStartsALocalClusterAndCleansUp) {
                             logs + ")'");
   EXPECT_EQ(left.exit_code, 1) << "still running (or no pgrep): " << left.out << left.err;
 
-  // Too few workers for the job: refused at once, nothing left running; --summary needs the
+  // Too few workers for the job: refused at once, nothing left running; --trace needs the
   // runner without daemons.
   Result few = tools.Shell(cli + " run --stages 2 --replicas 2 --workers 3 --steps 2");
   EXPECT_EQ(few.exit_code, 2) << few.err;
   EXPECT_THAT(few.err, HasSubstr("--workers 3 cannot run job-0001: it has 4 ranks"));
-  Result summary = tools.Shell(cli + " run --steps 2 --summary /dev/null");
-  EXPECT_EQ(summary.exit_code, 2);
-  EXPECT_THAT(summary.err, HasSubstr("--summary: only with --launch threads or processes"));
+  Result trace = tools.Shell(cli + " run --steps 2 --trace /dev/null");
+  EXPECT_EQ(trace.exit_code, 2);
+  EXPECT_THAT(trace.err, HasSubstr("--trace: only with --launch threads or processes"));
 }
 
 // Heartbeats carry each stage's current action and what it waits for. A worker frozen

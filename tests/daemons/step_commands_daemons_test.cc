@@ -16,6 +16,8 @@
 
 #include "rpc/status.h"
 #include "runtime/control/step_commands.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_yaml.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/local_run.h"
 #include "runtime/job/stage_run.h"
@@ -146,7 +148,9 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
   }
 
   // The weights: the delayed update, restarted at the switch and the checkpoint.
-  absl::StatusOr<job::JobConfig> config = job::ParseJobYaml(kJob);
+  absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(kJob);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
   ASSERT_TRUE(config.ok()) << config.status();
   config->steps = static_cast<int>(n_stop);
   auto reference = job::TrainReference(*config, {n_switch, n_checkpoint});

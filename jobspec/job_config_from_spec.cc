@@ -1,8 +1,4 @@
-#include "proto/job_spec.h"
-
-#include <utility>
-
-#include "runtime/control/step_commands.h"
+#include "jobspec/job_config_from_spec.h"
 
 #include <string>
 #include <vector>
@@ -13,7 +9,7 @@
 #include "runtime/base/errors.h"
 #include "runtime/schedule/schedule.h"
 
-namespace pipetrain::proto {
+namespace pipetrain::jobspec {
 namespace {
 
 template <typename From, typename To>
@@ -26,6 +22,7 @@ void Copy(bool present, const From& from, To* to) {
 absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   job::JobConfig c;
   std::vector<std::string> errors;
+  c.name = s.name();
   const v1::ModelSpec& m = s.model();
   Copy(m.has_name(), m.name(), &c.model.name);
   Copy(m.has_d_model(), m.d_model(), &c.model.d_model);
@@ -100,6 +97,7 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   if (s.has_weights_dir() && s.weights_dir().empty()) {
     errors.push_back("weights_dir: must not be empty when set");
   }
+  Copy(s.has_weights_dir(), s.weights_dir(), &c.weights_dir);
   for (const std::string& v : ViolationsOf(job::ValidateJobConfig(c))) {
     // ValidateJobConfig prefixes its list with "invalid job: ".
     constexpr absl::string_view kPrefix = "invalid job: ";
@@ -109,28 +107,4 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   return c;
 }
 
-namespace {
-constexpr std::pair<v1::StepCommand, uint32_t> kStepCommands[] = {
-    {v1::STEP_COMMAND_FLUSH, control::kFlush},
-    {v1::STEP_COMMAND_SWITCH_VERSION, control::kSwitchVersion},
-    {v1::STEP_COMMAND_CHECKPOINT, control::kCheckpoint},
-    {v1::STEP_COMMAND_STOP, control::kStop},
-};
-}  // namespace
-
-uint32_t StepCommandBit(v1::StepCommand command) {
-  for (const auto& [c, bit] : kStepCommands) {
-    if (c == command) return bit;
-  }
-  return 0;
-}
-
-std::vector<v1::StepCommand> StepCommandsOf(uint32_t bits) {
-  std::vector<v1::StepCommand> commands;
-  for (const auto& [c, bit] : kStepCommands) {
-    if (bits & bit) commands.push_back(c);
-  }
-  return commands;
-}
-
-}  // namespace pipetrain::proto
+}  // namespace pipetrain::jobspec

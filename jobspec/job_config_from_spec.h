@@ -1,5 +1,7 @@
-// pipetrain.v1.JobSpec -> the runtime's JobConfig (the coordinator validates with it, workers build
-// their stage from it), and v1.StepCommand <-> the runtime's step command bits.
+// pipetrain.v1.JobSpec -> the runtime's JobConfig: the one conversion, used by the coordinator
+// (to validate), the workers (to build their stage) and pipetrain-run. Unset fields take
+// JobConfig's defaults; adding a field to the spec means adding it here (and the test in
+// tests/jobspec walks the spec's fields, so one left out fails it).
 //
 // JobConfigFromSpec validates everything that needs no model and no data (every field's type
 // and range, the partition arithmetic, the partition against a built-in model's layers,
@@ -9,20 +11,12 @@
 // the worker when it plans its stage, and fails the job naming the field.
 #pragma once
 
-#include <cstdint>
-#include <vector>
-
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/job.pb.h"
 #include "runtime/job/job_config.h"
 
-namespace pipetrain::proto {
+namespace pipetrain::jobspec {
 
 absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& spec);
 
-// The control::StepCommand bit of `command`; 0 for UNSPECIFIED or an unknown value.
-uint32_t StepCommandBit(v1::StepCommand command);
-// Every command in a set of control::StepCommand bits, in the order of the enum.
-std::vector<v1::StepCommand> StepCommandsOf(uint32_t bits);
-
-}  // namespace pipetrain::proto
+}  // namespace pipetrain::jobspec

@@ -1,4 +1,4 @@
-#include "client/spec_yaml.h"
+#include "jobspec/spec_yaml.h"
 
 #include <fstream>
 #include <sstream>
@@ -9,12 +9,13 @@
 #include <google/protobuf/reflection.h>
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-namespace pipetrain::client {
+namespace pipetrain::jobspec {
 namespace {
 
 using google::protobuf::FieldDescriptor;
@@ -53,7 +54,6 @@ class Reader {
     }
   }
 
- private:
   void ReadField(const YAML::Node& node, const std::string& path, Message* msg,
                  const FieldDescriptor* f) {
     const auto* r = msg->GetReflection();
@@ -122,6 +122,9 @@ class Reader {
     }
   }
 
+  void ReadStages(const YAML::Node& node, v1::JobSpec* spec);
+
+ private:
   template <typename T>
   bool ScalarAs(const YAML::Node& node, const std::string& path, const char* what, T* out) {
     if (node.IsScalar()) {
@@ -136,50 +139,50 @@ class Reader {
     return false;
   }
 
-  void ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
-    if (node.IsScalar()) {
-      int count = 0;
-      if (absl::SimpleAtoi(node.Scalar(), &count)) {
-        spec->set_stages(count);
-        return;
-      }
-      for (absl::string_view part : absl::StrSplit(node.Scalar(), ',')) {
-        std::vector<std::string> ends = absl::StrSplit(part, ':');
-        int b = 0, e = 0;
-        if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &b) || !absl::SimpleAtoi(ends[1], &e)) {
-          errors_->push_back(absl::StrCat("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
-                                          node.Scalar(), "'"));
-          spec->clear_stage_ranges();
-          return;
-        }
-        auto* r = spec->add_stage_ranges();
-        r->set_begin(b);
-        r->set_end(e);
-      }
-      return;
-    }
-    if (node.IsSequence()) {
-      for (size_t i = 0; i < node.size(); ++i) {
-        int b = 0, e = 0;
-        if (!node[i].IsSequence() || node[i].size() != 2 ||
-            !ScalarAs(node[i][0], absl::StrCat("stages[", i, "][0]"), "an integer", &b) ||
-            !ScalarAs(node[i][1], absl::StrCat("stages[", i, "][1]"), "an integer", &e)) {
-          if (!node[i].IsSequence() || node[i].size() != 2) {
-            errors_->push_back(absl::StrCat("stages[", i, "]: expected [begin, end]"));
-          }
-          continue;
-        }
-        auto* r = spec->add_stage_ranges();
-        r->set_begin(b);
-        r->set_end(e);
-      }
-      return;
-    }
-    errors_->push_back("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]]");
-  }
-
   std::vector<std::string>* errors_;
 };
+
+void Reader::ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
+  if (node.IsScalar()) {
+    int count = 0;
+    if (absl::SimpleAtoi(node.Scalar(), &count)) {
+      spec->set_stages(count);
+      return;
+    }
+    for (absl::string_view part : absl::StrSplit(node.Scalar(), ',')) {
+      std::vector<std::string> ends = absl::StrSplit(part, ':');
+      int b = 0, e = 0;
+      if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &b) || !absl::SimpleAtoi(ends[1], &e)) {
+        errors_->push_back(absl::StrCat("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
+                                        node.Scalar(), "'"));
+        spec->clear_stage_ranges();
+        return;
+      }
+      auto* r = spec->add_stage_ranges();
+      r->set_begin(b);
+      r->set_end(e);
+    }
+    return;
+  }
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      int b = 0, e = 0;
+      if (!node[i].IsSequence() || node[i].size() != 2 ||
+          !ScalarAs(node[i][0], absl::StrCat("stages[", i, "][0]"), "an integer", &b) ||
+          !ScalarAs(node[i][1], absl::StrCat("stages[", i, "][1]"), "an integer", &e)) {
+        if (!node[i].IsSequence() || node[i].size() != 2) {
+          errors_->push_back(absl::StrCat("stages[", i, "]: expected [begin, end]"));
+        }
+        continue;
+      }
+      auto* r = spec->add_stage_ranges();
+      r->set_begin(b);
+      r->set_end(e);
+    }
+    return;
+  }
+  errors_->push_back("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]]");
+}
 
 }  // namespace
 
@@ -200,6 +203,43 @@ absl::StatusOr<v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text) {
   return spec;
 }
 
+void SetSpecField(const std::string& path, const std::string& text, v1::JobSpec* spec,
+                  std::vector<std::string>* errors) {
+  Reader reader(errors);
+  if (path == "stages") {  // a count or ranges, replacing either
+    spec->clear_stages();
+    spec->clear_stage_ranges();
+    reader.ReadStages(YAML::Node(text), spec);
+    return;
+  }
+  const std::vector<std::string> parts = absl::StrSplit(path, '.');
+  Message* msg = spec;
+  const FieldDescriptor* f = nullptr;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    f = msg->GetDescriptor()->FindFieldByName(parts[i]);
+    if (f == nullptr || i + 1 == parts.size()) break;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE || f->is_repeated()) {
+      f = nullptr;
+      break;
+    }
+    msg = msg->GetReflection()->MutableMessage(msg, f);
+  }
+  if (f == nullptr || f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    errors->push_back(absl::StrCat(path, ": not a settable field of the job spec"));
+    return;
+  }
+  if (f->is_repeated()) {  // "a,b,c"
+    msg->GetReflection()->ClearField(msg, f);
+    YAML::Node list(YAML::NodeType::Sequence);
+    for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+      list.push_back(std::string(absl::StripAsciiWhitespace(item)));
+    }
+    reader.ReadField(list, path, msg, f);
+    return;
+  }
+  reader.ReadField(YAML::Node(text), path, msg, f);
+}
+
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
@@ -208,4 +248,4 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   return JobSpecFromYaml(text.str());
 }
 
-}  // namespace pipetrain::client
+}  // namespace pipetrain::jobspec

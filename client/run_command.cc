@@ -1,0 +1,108 @@
+#include "client/run_command.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "client/local_cluster.h"
+#include "client/run_outputs.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_flags.h"
+#include "jobspec/spec_text.h"
+#include "runtime/base/exit_codes.h"
+
+namespace pipetrain::client {
+namespace {
+
+constexpr char kRunHelp[] =
+    "Train a job on this machine. By default on a local cluster: a pipetrain-coordinator and "
+    "one pipetrain-worker per pipeline stage and replica, each a process of its own on "
+    "loopback; the job is submitted and followed, and the daemons are stopped at the end "
+    "(their logs are kept only if the job fails). With --launch threads or processes it runs "
+    "without daemons (pipetrain-run). The job: a YAML file and the flags below, which "
+    "override it; with neither, the built-in GPT on the built-in corpus, 4 stages, "
+    "PipeDream-2BW.";
+
+struct RunCommand {
+  std::string job_file;
+  std::string launch = "cluster";
+  int workers = 0;
+  bool keep_logs = false;
+  RunOutputs outputs;
+  std::unique_ptr<jobspec::SpecFlags> spec_flags;
+};
+
+int Fail(const absl::Status& status, int code) {
+  std::fprintf(stderr, "pipetrain: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+int RunJob(const RunCommand& c) {
+  absl::StatusOr<v1::JobSpec> spec = jobspec::BuildJobSpec(c.job_file, *c.spec_flags);
+  if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
+  // Refused here with every violation, before anything starts.
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
+
+  if (c.launch == "threads" || c.launch == "processes") {
+    const std::string runner = FindDaemon("pipetrain-run");
+    if (runner.empty()) {
+      return Fail(absl::UnavailableError(
+                      "cannot find pipetrain-run beside the pipetrain binary or on PATH"),
+                  exit_code::kUnavailable);
+    }
+    // Replaced by pipetrain-run (same process: signals and the exit code are its own).
+    std::vector<std::string> argv = {runner, "--launch", c.launch, "--spec-text",
+                                     jobspec::JobSpecToText(*spec)};
+    for (std::string& a : c.outputs.AsArgs()) argv.push_back(std::move(a));
+    Exec(argv);
+    return exit_code::kUnavailable;
+  }
+  std::vector<std::string> without_daemons;
+  if (!c.outputs.trace.empty()) without_daemons.push_back("--trace");
+  if (c.outputs.reference) without_daemons.push_back("--reference");
+  if (!without_daemons.empty()) {
+    std::fprintf(stderr, "pipetrain: %s: only with --launch threads or processes\n",
+                 absl::StrJoin(without_daemons, ", ").c_str());
+    return exit_code::kUsage;
+  }
+  if (c.outputs.dry_run) {  // the conversion the coordinator and every worker make
+    std::printf("%s\n", job::JobConfigToJson(*config).c_str());
+    return exit_code::kOk;
+  }
+  LocalClusterRun run;
+  run.spec = *std::move(spec);
+  run.workers = c.workers;
+  run.keep_logs = c.keep_logs;
+  run.quiet = c.outputs.quiet;
+  run.summary_file = c.outputs.summary;
+  run.weights_file = c.outputs.save_weights;
+  return RunOnLocalCluster(run);
+}
+
+}  // namespace
+
+std::function<int()> AddRunCommand(CLI::App& app) {
+  auto c = std::make_shared<RunCommand>();
+  CLI::App* run = app.add_subcommand("run", kRunHelp);
+  run->add_option("job", c->job_file, "YAML job file (flags given too override it)")
+      ->check(CLI::ExistingFile);
+  auto* launch = run->add_option_group("launch");
+  launch->add_option("--launch", c->launch,
+                     "cluster: a local coordinator and workers; threads: every stage a thread "
+                     "of one process; processes: one process per stage over Gloo (no daemons)")
+      ->check(CLI::IsMember({"cluster", "threads", "processes"}))
+      ->capture_default_str();
+  launch->add_option("--workers", c->workers,
+                     "cluster: workers to start (default: one per rank)")
+      ->check(CLI::PositiveNumber);
+  launch->add_flag("--keep-logs", c->keep_logs,
+                   "cluster: keep the daemons' logs when the job succeeds");
+  c->outputs.AddTo(run);
+  c->spec_flags = std::make_unique<jobspec::SpecFlags>(run);
+  return [c] { return RunJob(*c); };
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,319 @@
+// pipetrain-run: runs a job on this machine without daemons, every stage of every replica a
+// thread of this process (--launch threads) or a process of its own over Gloo (--launch
+// processes). `pipetrain run --launch threads|processes` builds the job spec and hands it
+// over (--spec-text); run directly, it takes a job file and the same flags
+// (jobspec/spec_flags.h). It links no gRPC, so it also builds where only LibTorch is.
+//
+//   pipetrain-run [JOB.yaml] [flags]
+//
+// Exit codes (runtime/base/exit_codes.h, shared with the pipetrain CLI): 0 ok, 1 the job
+// failed, 2 bad usage or invalid job, 3 a file it names is not found, 130 interrupted.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/run_outputs.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_flags.h"
+#include "jobspec/spec_text.h"
+#include "runtime/base/allocator.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/exit_codes.h"
+#include "runtime/base/progress_line.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/job/local_run.h"
+#include "runtime/job/process_run.h"
+#include "runtime/job/stage_run.h"
+#include "runtime/job/trace.h"
+
+namespace pipetrain::run_main {
+namespace {
+
+// 1536 -> "1.5 KiB", 0 -> "-" (not measured).
+std::string FormatBytes(int64_t bytes) {
+  if (bytes <= 0) return "-";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+// The progress line (runtime/base/progress_line.h) on stderr, unless quiet.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(bool quiet, bool token_data)
+      : quiet_(quiet), token_data_(token_data), line_(isatty(STDERR_FILENO)) {}
+
+  void operator()(const job::Progress& p) {
+    if (quiet_) return;
+    progress::Progress now;
+    now.done = p.step + 1;
+    now.steps = p.steps;
+    now.loss = p.loss;
+    now.rate = token_data_ ? p.tokens_per_s : p.samples_per_s;
+    now.unit = token_data_ ? "tok" : "samples";
+    now.elapsed_s = p.elapsed_s;
+    std::fputs(line_.Update(now).c_str(), stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_, token_data_;
+  progress::ProgressLine line_;
+};
+
+nlohmann::json ReportToJson(const job::JobReport& r) {
+  nlohmann::json j;
+  j["schedule"] = r.schedule;
+  j["stages"] = r.stages;
+  j["replicas"] = r.replicas;
+  j["microbatches"] = r.micro_batches;
+  j["microbatch_size"] = r.micro_batch_size;
+  j["steps"] = r.steps;
+  j["model"] = r.model_summary;
+  j["data"] = r.data_summary;
+  j["partition"] = nlohmann::json::array();
+  for (const auto& range : r.partition) j["partition"].push_back({range.begin, range.end});
+  j["losses"] = r.losses;
+  j["first_loss"] = r.losses.front();
+  j["final_loss"] = r.losses.back();
+  if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
+  j["step_time_s"] = r.step_time_s;
+  j["ideal_step_time_s"] = r.ideal_step_time_s;
+  if (r.replicas > 1) {
+    j["allreduce_s"] = r.allreduce_s;
+    j["exposed_allreduce_s"] = r.exposed_allreduce_s;
+  }
+  j["pipeline_efficiency"] = r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0;
+  j["samples_per_s"] = r.samples_per_s;
+  if (r.token_data) j["tokens_per_s"] = r.tokens_per_s;
+  j["wall_s"] = r.wall_s;
+  j["threads_per_stage"] = r.threads_per_stage;
+  j["per_stage"] = nlohmann::json::array();
+  for (const auto& s : r.per_stage) {
+    j["per_stage"].push_back({{"stage", s.stage},
+                              {"layers", {s.layers.begin, s.layers.end}},
+                              {"peak_stashed_microbatches", s.peak_stashed_microbatches},
+                              {"peak_weight_versions", s.peak_weight_versions},
+                              {"compute_s", s.compute_s},
+                              {"wait_s", s.wait_s},
+                              {"allreduce_s", s.allreduce_s},
+                              {"parameter_bytes", s.parameter_bytes},
+                              {"peak_memory_bytes", s.peak_memory_bytes}});
+  }
+  if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
+  return j;
+}
+
+void PrintSummary(const job::JobReport& r) {
+  std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
+  std::printf("schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, %d steps\n",
+              r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
+              r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
+  std::printf("loss %.4f -> %.4f", r.losses.front(), r.losses.back());
+  if (r.data_entropy) {
+    const double gap = r.losses.front() - *r.data_entropy;
+    std::printf("   (entropy %.4f: %.1f%% of the gap closed)", *r.data_entropy,
+                gap > 0 ? 100.0 * (r.losses.front() - r.losses.back()) / gap : 0.0);
+  }
+  const bool tokens = r.token_data;
+  std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",
+              r.step_time_s * 1e3, r.ideal_step_time_s * 1e3,
+              r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0,
+              progress::FormatRate(tokens ? r.tokens_per_s : r.samples_per_s).c_str(),
+              tokens ? "tok/s" : "samples/s", progress::FormatDuration(r.wall_s).c_str());
+  std::printf("%-6s %-8s %-8s %-9s %-10s %-10s %-10s %-10s\n", "stage", "layers", "stashed",
+              "versions", "compute_s", "wait_s", "params", "peak_mem");
+  for (const auto& s : r.per_stage) {
+    std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f %-10s %-10s\n", s.stage,
+                absl::StrCat(s.layers.begin, ":", s.layers.end).c_str(),
+                s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s,
+                FormatBytes(s.parameter_bytes).c_str(), FormatBytes(s.peak_memory_bytes).c_str());
+  }
+  if (r.max_param_rel_diff) {
+    std::printf("max relative parameter difference vs. the un-pipelined reference: %.3g\n",
+                *r.max_param_rel_diff);
+  }
+}
+
+struct RunnerFlags {
+  std::string job_file;
+  std::string spec_text;  // the job spec in protobuf text format (from `pipetrain run`)
+  std::string launch = "threads";
+  client::RunOutputs outputs;
+  std::string gather_weights;  // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
+  // Set by the launcher in the stage processes it starts.
+  int stage_process = -1;
+  int store_port = 0;
+  std::string result_dir;
+};
+
+// One line on stderr, prefixed as the CLI's own errors are (`pipetrain run` becomes this).
+int Fail(const absl::Status& status, int code) {
+  std::fprintf(stderr, "pipetrain: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+// The job: the spec handed over as text, or the job file with the flags applied.
+absl::StatusOr<v1::JobSpec> ResolveSpec(const RunnerFlags& flags,
+                                        const jobspec::SpecFlags& spec_flags) {
+  if (flags.spec_text.empty()) return jobspec::BuildJobSpec(flags.job_file, spec_flags);
+  absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromText(flags.spec_text);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-text: ", spec.status().message()));
+  }
+  return spec;
+}
+
+// The whole model's weights file: the parameters in layer order, then the buffers
+// (torch::save of one tensor list).
+absl::Status SaveWholeModel(std::vector<at::Tensor> parameters,
+                            const std::vector<at::Tensor>& buffers, const std::string& path) {
+  parameters.insert(parameters.end(), buffers.begin(), buffers.end());
+  try {
+    torch::save(parameters, path);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("writing ", path, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// The whole model's parameters (layer order), then its buffers, from the stage files of
+// replica 0 in `dir` (written by the ranks of a job with that weights_dir).
+absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
+                           const std::string& out) {
+  std::vector<at::Tensor> parameters, buffers;
+  for (int s = 0; s < job::PipelineStages(config); ++s) {
+    absl::StatusOr<job::StageOutcome> stage = job::ReadStageOutcome(dir, s);
+    if (!stage.ok()) return stage.status();
+    parameters.insert(parameters.end(), stage->parameters.begin(), stage->parameters.end());
+    buffers.insert(buffers.end(), stage->buffers.begin(), stage->buffers.end());
+  }
+  return SaveWholeModel(std::move(parameters), buffers, out);
+}
+
+// Writes what the run's outputs ask for; the first failure is returned.
+absl::Status WriteOutputs(const client::RunOutputs& outputs, const job::JobConfig& config,
+                          const job::JobReport& report) {
+  if (!outputs.summary.empty()) {
+    nlohmann::json j = ReportToJson(report);
+    j["config"] = nlohmann::json::parse(job::JobConfigToJson(config));
+    PT_RETURN_IF_ERROR(WriteFileAtomically(outputs.summary, j.dump(2)));
+  }
+  if (!outputs.trace.empty()) {
+    PT_RETURN_IF_ERROR(WriteFileAtomically(outputs.trace, job::ChromeTraceJson(report)));
+  }
+  if (!outputs.save_weights.empty()) {
+    return SaveWholeModel(report.final_parameters, report.final_buffers, outputs.save_weights);
+  }
+  return absl::OkStatus();
+}
+
+// Trains `config` as the flags say, then reports and writes the outputs.
+int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfig& config,
+          const std::string& self) {
+  const client::RunOutputs& outputs = flags.outputs;
+  const bool token_data = job::EffectiveDataKind(config) != "classification";
+  ProgressPrinter printer(outputs.quiet, token_data);
+  absl::StatusOr<job::JobReport> report;
+  if (flags.launch == "processes") {
+    job::ProcessRunOptions options;
+    options.command = {self, "--spec-text", jobspec::JobSpecToText(spec)};
+    options.on_progress = std::ref(printer);
+    report = job::RunAsProcesses(config, options);
+  } else {
+    job::RunOptions options;
+    options.on_progress = std::ref(printer);
+    report = job::RunInProcess(config, options);
+  }
+  if (!report.ok()) return Fail(report.status(), exit_code::ForJob(report.status()));
+  if (outputs.reference) {
+    if (!outputs.quiet) std::fprintf(stderr, "training the un-pipelined reference...\n");
+    auto reference = job::TrainReference(config);
+    if (!reference.ok()) return Fail(reference.status(), exit_code::kJobFailed);
+    report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
+  }
+  if (!outputs.quiet) PrintSummary(*report);
+  if (absl::Status s = WriteOutputs(outputs, config, *report); !s.ok()) {
+    return Fail(s, exit_code::kJobFailed);
+  }
+  return exit_code::kOk;
+}
+
+int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const std::string& self) {
+  absl::StatusOr<v1::JobSpec> spec = ResolveSpec(flags, spec_flags);
+  if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
+
+  if (flags.stage_process >= 0) {
+    absl::Status s = job::RunStageProcess(
+        *config, {flags.stage_process, flags.store_port, flags.result_dir});
+    if (!s.ok()) {
+      if (!s.GetPayload(job::kReportedToLauncher)) {  // else the launcher reports it
+        std::fprintf(stderr, "pipetrain: rank %d: %s\n", flags.stage_process,
+                     std::string(s.message()).c_str());
+      }
+      return exit_code::kJobFailed;
+    }
+    return exit_code::kOk;
+  }
+  if (flags.outputs.dry_run) {
+    std::printf("%s\n", job::JobConfigToJson(*config).c_str());
+    return exit_code::kOk;
+  }
+  if (!flags.gather_weights.empty()) {
+    absl::Status s = GatherWeights(*config, flags.gather_weights, flags.outputs.save_weights);
+    return s.ok() ? exit_code::kOk : Fail(s, exit_code::kJobFailed);
+  }
+  return Train(flags, *spec, *config, self);
+}
+
+void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
+  app->add_option("job", flags.job_file, "YAML job file (flags given too override it)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--launch", flags.launch,
+                  "threads: all stages in this process; processes: one process per stage, "
+                  "connected by Gloo over loopback TCP")
+      ->check(CLI::IsMember({"threads", "processes"}))
+      ->capture_default_str();
+  flags.outputs.AddTo(app);
+  auto* internal = app->add_option_group("");  // set by the pipetrain CLI or the launcher
+  internal->add_option("--spec-text", flags.spec_text);
+  internal->add_option("--gather-weights", flags.gather_weights);
+  internal->add_option("--stage-process", flags.stage_process);
+  internal->add_option("--store-port", flags.store_port);
+  internal->add_option("--result-dir", flags.result_dir);
+}
+
+}  // namespace
+}  // namespace pipetrain::run_main
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  TuneAllocatorForTraining();
+  std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
+  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
+               "stage of each replica a thread of this process (or a process of its own with "
+               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
+               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
+  app.set_version_flag("--version", "pipetrain 0.1.0");
+  run_main::RunnerFlags flags;
+  run_main::AddRunnerFlags(&app, flags);
+  jobspec::SpecFlags spec_flags(&app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
+  }
+  return run_main::Run(flags, spec_flags, argv[0]);
+}

@@ -1,0 +1,145 @@
+#include "jobspec/spec_flags.h"
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "jobspec/spec_yaml.h"
+#include "runtime/base/errors.h"
+#include "runtime/job/job_config.h"
+
+namespace pipetrain::jobspec {
+namespace {
+
+// The runtime's default of the field at `path`, as text ("" if it has none to show).
+std::string RuntimeDefault(const std::string& path) {
+  static const nlohmann::json defaults = nlohmann::json::parse(job::JobConfigToJson({}));
+  const nlohmann::json::json_pointer pointer("/" + absl::StrReplaceAll(path, {{".", "/"}}));
+  if (!defaults.contains(pointer)) return "";
+  const nlohmann::json& v = defaults.at(pointer);
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    std::vector<std::string> items;
+    for (const auto& item : v) items.push_back(item.dump());
+    return absl::StrJoin(items, ",");
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+const std::vector<SpecFlag>& SpecFlagTable() {
+  static const std::vector<SpecFlag> table = {
+      {"--name", "name", "job", "a name shown by `pipetrain list`"},
+      {"--weights-dir", "weights_dir", "job",
+       "every rank writes its final parameters and buffers to DIR/stage<RANK>.pt where it runs "
+       "(rank = replica * stages + stage)"},
+
+      {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
+      {"--torchscript", "model.path", "model",
+       "TorchScript file of an nn.Sequential (sets --model torchscript)", nullptr, "model.name",
+       "torchscript"},
+      {"--d-model", "model.d_model", "model", "gpt width"},
+      {"--n-heads", "model.n_heads", "model", "gpt attention heads"},
+      {"--n-layers", "model.n_layers", "model", "gpt transformer blocks"},
+      {"--dropout", "model.dropout", "model", "dropout probability (gpt)"},
+      {"--hidden", "model.hidden", "model", "mlp width / cnn channels"},
+      {"--hidden-layers", "model.hidden_layers", "model", "mlp/cnn hidden layers"},
+      {"--input-dim", "model.input_dim", "model", "mlp input features"},
+      {"--image-shape", "model.image_shape", "model", "cnn input C,H,W"},
+      {"--num-classes", "model.num_classes", "model", "mlp/cnn classes"},
+
+      {"--data", "data.kind", "data", "synthetic | bytes | uint16 | classification",
+       "synthetic (gpt) or classification (mlp, cnn)"},
+      {"--data-path", "data.path", "data", "file for bytes / uint16 data"},
+      {"--seq-len", "data.seq_len", "data", "tokens per sequence (T)"},
+      {"--vocab", "data.vocab", "data", "synthetic vocabulary (uint16: 0 infers it)"},
+      {"--branching", "data.branching", "data", "synthetic: successors per token"},
+      {"--num-tokens", "data.num_tokens", "data", "synthetic: corpus length in tokens"},
+      {"--num-samples", "data.num_samples", "data", "classification: samples"},
+      {"--data-seed", "data.seed", "data", "seed of the synthetic data"},
+
+      {"--schedule", "schedule", "pipeline", "gpipe | 1f1b (alias flush, last-stage) | 2bw"},
+      {"--stages", "stages", "pipeline",
+       "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7"},
+      {"--replicas", "replicas", "pipeline",
+       "data-parallel replicas of the pipeline (w); gradients averaged"},
+      {"--overlap-allreduce", "overlap_allreduce", "pipeline",
+       "Hippie: stage 0 averages gradient buckets during its final backward (true/false)"},
+      {"--bucket-kib", "bucket_kib", "pipeline",
+       "gradient bucket size for the overlapped AllReduce"},
+      {"--microbatches", "microbatches", "pipeline", "micro-batches per step (m)"},
+      {"--microbatch-size", "microbatch_size", "pipeline", "rows per micro-batch (b)"},
+      {"--recompute", "recompute", "pipeline", "none | all | stages:I,J | layers:I,J"},
+      {"--threads-per-stage", "threads_per_stage", "pipeline",
+       "intra-op threads per stage (0: cores / stages)"},
+      {"--peer-timeout", "timeout_s", "pipeline", "seconds any wait for a peer may last"},
+
+      {"--steps", "steps", "training", "optimizer steps"},
+      {"--optimizer", "optimizer.name", "training", "adamw | sgd"},
+      {"--lr", "optimizer.lr", "training", "learning rate"},
+      {"--weight-decay", "optimizer.weight_decay", "training",
+       "weight decay: decoupled for adamw (AdamW's rule), coupled for sgd (added to the "
+       "gradient, as torch.optim.SGD does)"},
+      {"--momentum", "optimizer.momentum", "training", "sgd momentum"},
+      {"--beta1", "optimizer.beta1", "training", "adamw: decay of the first moment"},
+      {"--beta2", "optimizer.beta2", "training", "adamw: decay of the second moment"},
+      {"--eps", "optimizer.eps", "training", "adamw: added to the denominator"},
+      {"--seed", "seed", "training", "initialization and data order"},
+      {"--dtype", "dtype", "training", "float32 | float64"},
+  };
+  return table;
+}
+
+SpecFlags::SpecFlags(CLI::App* app) {
+  std::map<std::string, CLI::Option_group*> groups;
+  for (const SpecFlag& flag : SpecFlagTable()) {
+    CLI::Option_group*& group = groups[flag.group];
+    if (group == nullptr) group = app->add_option_group(flag.group);
+    auto value = std::make_shared<std::string>();
+    CLI::Option* option = group->add_option(flag.name, *value, flag.help);
+    const std::string default_text =
+        flag.default_text != nullptr ? flag.default_text : RuntimeDefault(flag.path);
+    if (!default_text.empty()) option->default_str(default_text);
+    option->type_name(flag.path);
+    bound_.push_back({&flag, option, std::move(value)});
+  }
+}
+
+absl::Status SpecFlags::ApplyTo(v1::JobSpec* spec) const {
+  std::vector<std::string> errors;
+  for (const Bound& b : bound_) {
+    if (b.option->count() == 0) continue;
+    std::vector<std::string> field_errors;
+    SetSpecField(b.flag->path, *b.value, spec, &field_errors);
+    if (b.flag->also_path != nullptr) {
+      SetSpecField(b.flag->also_path, b.flag->also_value, spec, &field_errors);
+    }
+    for (const std::string& e : field_errors) {  // "steps: expected ..." names the flag too
+      const size_t colon = std::min(e.find(": "), e.size());
+      errors.push_back(absl::StrCat(b.flag->name, " (", e.substr(0, colon), ")", e.substr(colon)));
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return InvalidArgumentList("invalid job", errors);
+}
+
+absl::StatusOr<v1::JobSpec> BuildJobSpec(const std::string& job_file, const SpecFlags& flags) {
+  v1::JobSpec spec;
+  if (!job_file.empty()) {
+    absl::StatusOr<v1::JobSpec> loaded = LoadJobSpec(job_file);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat(job_file, ": ", loaded.status().message()));
+    }
+    spec = *std::move(loaded);
+  }
+  if (absl::Status s = flags.ApplyTo(&spec); !s.ok()) return s;
+  return spec;
+}
+
+}  // namespace pipetrain::jobspec

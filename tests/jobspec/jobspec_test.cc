@@ -1,0 +1,263 @@
+// The job spec has one definition: every field of pipetrain.v1.JobSpec, set to a
+// non-default value through YAML and through its command-line flag, reaches the runtime's
+// JobConfig unchanged, and changes nothing else. The fields are found by walking the
+// spec's descriptor, so a field added to job.proto without a flag, a conversion or a value
+// here fails this test. (tests/cli runs the same job through every launch mode and submit.)
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_flags.h"
+#include "jobspec/spec_text.h"
+#include "jobspec/spec_yaml.h"
+
+namespace pipetrain::jobspec {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+// One non-default value of one field: as YAML writes it, as its flag takes it, and as
+// JobConfigToJson shows the runtime's field. Each is valid on its own over the defaults.
+struct FieldValue {
+  std::string path;  // the YAML key path
+  std::string yaml;
+  std::string flag_text;
+  json expected;
+};
+
+const std::vector<FieldValue>& Values() {
+  static const std::vector<FieldValue> values = {
+      {"name", "\"nightly: run 7\"", "nightly: run 7", "nightly: run 7"},
+      {"weights_dir", "/tmp/w eights", "/tmp/w eights", "/tmp/w eights"},
+      {"model.name", "mlp", "mlp", "mlp"},
+      {"model.path", "/tmp/m.pt", "/tmp/m.pt", "/tmp/m.pt"},
+      {"model.d_model", "48", "48", 48},
+      {"model.n_heads", "2", "2", 2},
+      {"model.n_layers", "5", "5", 5},
+      {"model.dropout", "0.25", "0.25", 0.25},
+      {"model.hidden", "40", "40", 40},
+      {"model.hidden_layers", "6", "6", 6},
+      {"model.input_dim", "12", "12", 12},
+      {"model.image_shape", "[3, 16, 12]", "3,16,12", json::array({3, 16, 12})},
+      {"model.num_classes", "7", "7", 7},
+      {"data.kind", "synthetic", "synthetic", "synthetic"},
+      {"data.path", "/tmp/d.bin", "/tmp/d.bin", "/tmp/d.bin"},
+      {"data.seq_len", "24", "24", 24},
+      {"data.vocab", "50", "50", 50},
+      {"data.branching", "3", "3", 3},
+      {"data.num_tokens", "50000", "50000", 50000},
+      {"data.num_samples", "900", "900", 900},
+      {"data.seed", "18446744073709551615", "18446744073709551615",
+       json(uint64_t{18446744073709551615u})},
+      {"schedule", "gpipe", "gpipe", "gpipe"},
+      {"stages", "3", "3", 3},
+      {"replicas", "2", "2", 2},
+      {"overlap_allreduce", "false", "false", false},
+      {"bucket_kib", "64", "64", 64},
+      {"microbatches", "6", "6", 6},
+      {"microbatch_size", "3", "3", 3},
+      {"steps", "17", "17", 17},
+      {"optimizer.name", "sgd", "sgd", "sgd"},
+      {"optimizer.lr", "0.03333333333333333", "0.03333333333333333", 0.1 / 3},
+      {"optimizer.weight_decay", "0.01", "0.01", 0.01},
+      {"optimizer.momentum", "0.5", "0.5", 0.5},
+      {"optimizer.beta1", "0.8", "0.8", 0.8},
+      {"optimizer.beta2", "0.95", "0.95", 0.95},
+      {"optimizer.eps", "1e-6", "1e-6", 1e-6},
+      {"recompute", "layers:1,3", "layers:1,3", "layers:1,3"},
+      {"seed", "987654321012345", "987654321012345", 987654321012345},
+      {"dtype", "float64", "float64", "float64"},
+      {"threads_per_stage", "2", "2", 2},
+      {"timeout_s", "7.25", "7.25", 7.25},
+  };
+  return values;
+}
+
+const FieldValue* ValueOf(const std::string& path) {
+  for (const FieldValue& v : Values()) {
+    if (v.path == path) return &v;
+  }
+  return nullptr;
+}
+
+const SpecFlag* FlagOf(const std::string& path) {
+  const SpecFlag* found = nullptr;
+  for (const SpecFlag& f : SpecFlagTable()) {
+    if (f.path == path) {
+      EXPECT_EQ(found, nullptr) << "two flags set " << path;
+      found = &f;
+    }
+  }
+  return found;
+}
+
+// Every scalar or list-of-scalars field of the spec, by YAML key path. stage_ranges is
+// written as `stages` (a count or ranges) in YAML and on the command line.
+void CollectLeaves(const Descriptor* d, const std::string& prefix, std::vector<std::string>* out) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string path = prefix.empty() ? f->name() : prefix + "." + f->name();
+    if (path == "stage_ranges") continue;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      CollectLeaves(f->message_type(), path, out);
+    } else {
+      out->push_back(path);
+    }
+  }
+}
+
+// "model.d_model", "48" -> "model: {d_model: 48}"
+std::string YamlOf(const std::string& path, const std::string& value) {
+  std::vector<std::string> keys = absl::StrSplit(path, '.');
+  std::string yaml = keys.back() + ": " + value;
+  for (int i = static_cast<int>(keys.size()) - 2; i >= 0; --i) {
+    yaml = keys[i] + ": {" + yaml + "}";
+  }
+  return yaml + "\n";
+}
+
+json::json_pointer PointerOf(const std::string& path) {
+  return json::json_pointer("/" + absl::StrReplaceAll(path, {{".", "/"}}));
+}
+
+json ConfigJson(const v1::JobSpec& spec) {
+  absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(spec);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? json::parse(job::JobConfigToJson(*config)) : json();
+}
+
+// The runtime's defaults with the fields in `changes` set: what a spec that sets exactly
+// those fields must convert to.
+json Expected(const std::vector<std::pair<std::string, json>>& changes) {
+  json j = ConfigJson(v1::JobSpec());
+  for (const auto& [path, value] : changes) j[PointerOf(path)] = value;
+  return j;
+}
+
+// The spec of a command line: the job file `file` (none if empty), the flags `args`.
+absl::StatusOr<v1::JobSpec> FromFlags(std::vector<std::string> args,
+                                      const std::string& file = "") {
+  CLI::App app;
+  SpecFlags flags(&app);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  app.parse(args);
+  return BuildJobSpec(file, flags);
+}
+
+TEST(JobSpec, EveryFieldHasAFlagAndATestValue) {
+  std::vector<std::string> leaves;
+  CollectLeaves(v1::JobSpec::descriptor(), "", &leaves);
+  for (const std::string& path : leaves) {
+    EXPECT_NE(FlagOf(path), nullptr) << path << " has no flag in jobspec/spec_flags.cc";
+    EXPECT_NE(ValueOf(path), nullptr) << path << " has no value in this test";
+  }
+  EXPECT_EQ(leaves.size(), Values().size());
+  EXPECT_EQ(leaves.size(), SpecFlagTable().size());
+}
+
+TEST(JobSpec, EveryFieldThroughYamlReachesTheConfigAloneAndUnchanged) {
+  for (const FieldValue& v : Values()) {
+    SCOPED_TRACE(v.path);
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(YamlOf(v.path, v.yaml));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(ConfigJson(*spec), Expected({{v.path, v.expected}}));
+  }
+}
+
+TEST(JobSpec, EveryFieldThroughItsFlagReachesTheConfigAloneAndUnchanged) {
+  for (const FieldValue& v : Values()) {
+    SCOPED_TRACE(v.path);
+    const SpecFlag* flag = FlagOf(v.path);
+    ASSERT_NE(flag, nullptr);
+    absl::StatusOr<v1::JobSpec> spec = FromFlags({flag->name, v.flag_text});
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    std::vector<std::pair<std::string, json>> changes = {{v.path, v.expected}};
+    if (flag->also_path != nullptr) changes.push_back({flag->also_path, flag->also_value});
+    EXPECT_EQ(ConfigJson(*spec), Expected(changes));
+  }
+}
+
+TEST(JobSpec, LayerRangesThroughYamlAndFlagsAreTheSame) {
+  const json ranges = json::array({json::array({0, 2}), json::array({2, 7})});
+  const json expected = Expected({{"stages", 2}, {"stage_ranges", ranges}});
+  for (const char* yaml : {"stages: [[0, 2], [2, 7]]\n", "stages: \"0:2,2:7\"\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(ConfigJson(*spec), expected) << yaml;
+  }
+  absl::StatusOr<v1::JobSpec> spec = FromFlags({"--stages", "0:2,2:7"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(ConfigJson(*spec), expected);
+}
+
+TEST(JobSpec, FlagsOverrideTheFileFieldByField) {
+  const std::string file = ::testing::TempDir() + "/jobspec_override.yaml";
+  {
+    std::ofstream out(file);
+    out << "steps: 5\nstages: [[0, 2], [2, 6]]\noptimizer: {name: sgd, lr: 0.5}\n";
+  }
+  absl::StatusOr<v1::JobSpec> spec = FromFlags({"--lr", "0.25", "--stages", "3"}, file);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // The flags win; what they do not name stays as the file says.
+  EXPECT_EQ(ConfigJson(*spec), Expected({{"steps", 5},
+                                         {"stages", 3},
+                                         {"optimizer.name", "sgd"},
+                                         {"optimizer.lr", 0.25}}));
+}
+
+TEST(JobSpec, BadFlagValuesAreAllListedWithFlagAndField) {
+  absl::StatusOr<v1::JobSpec> spec =
+      FromFlags({"--steps", "many", "--lr", "fast", "--image-shape", "1,x", "--stages", "0-2"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(spec.status().message());
+  EXPECT_THAT(message, HasSubstr("--steps (steps): expected an integer, got 'many'"));
+  EXPECT_THAT(message, HasSubstr("--lr (optimizer.lr): expected a number, got 'fast'"));
+  EXPECT_THAT(message, HasSubstr("--image-shape (model.image_shape[1]): expected an integer"));
+  EXPECT_THAT(message, HasSubstr("--stages (stages): expected a count"));
+}
+
+TEST(JobSpec, AMissingJobFileIsNotFoundAndNamed) {
+  absl::StatusOr<v1::JobSpec> spec = FromFlags({}, "/nonexistent/job.yaml");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(spec.status().message(), HasSubstr("/nonexistent/job.yaml"));
+}
+
+TEST(JobSpec, TextFormatRoundTripsEveryFieldExactly) {
+  std::string yaml;
+  for (const FieldValue& v : Values()) yaml += YamlOf(v.path, v.yaml);
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string text = JobSpecToText(*spec);
+  EXPECT_EQ(text.find('\n'), std::string::npos) << text;
+  absl::StatusOr<v1::JobSpec> back = JobSpecFromText(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*back, *spec)) << text;
+  EXPECT_FALSE(JobSpecFromText("steps: \"x\"").ok());
+}
+
+TEST(JobSpec, HelpShowsTheRuntimeDefaultAndTheField) {
+  CLI::App app;
+  SpecFlags flags(&app);
+  const std::string help = app.help();
+  EXPECT_THAT(help, HasSubstr("--steps steps=300 "));
+  EXPECT_THAT(help, HasSubstr("--lr optimizer.lr=0.003 "));
+  EXPECT_THAT(help, HasSubstr("coupled for sgd"));
+}
+
+}  // namespace
+}  // namespace pipetrain::jobspec
