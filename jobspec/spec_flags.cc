@@ -36,8 +36,8 @@ const std::vector<SpecFlag>& SpecFlagTable() {
   static const std::vector<SpecFlag> table = {
       {"--name", "name", "job", "a name shown by `pipetrain list`"},
       {"--weights-dir", "weights_dir", "job",
-       "every rank writes its final parameters and buffers to DIR/stage<RANK>.pt where it runs "
-       "(rank = replica * stages + stage)"},
+       "a directory: every rank writes its final parameters and buffers to "
+       "<dir>/stage<RANK>.pt where it runs (rank = replica * stages + stage)"},
 
       {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
       {"--torchscript", "model.path", "model",
