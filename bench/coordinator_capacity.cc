@@ -57,11 +57,13 @@
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "rpc/security.h"
 
 
 namespace {
 
 namespace v1 = pipetrain::v1;
+namespace rpc = pipetrain::rpc;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -204,13 +206,20 @@ double MonotonicSeconds() {
 
 struct Cluster {
   std::vector<std::string> worker_ids;
+  std::vector<std::string> sessions;  // each worker's own credential (rpc::WorkerSession)
   std::string job_id;
   int stages = 0;
   int64_t heartbeat_ms = 1000;
   // Per worker: when its last heartbeat was sent (ns since the clock's epoch).
   std::unique_ptr<std::atomic<int64_t>[]> last_heartbeat;
-  // Per rank: the next step to report.
-  std::unique_ptr<std::atomic<int64_t>[]> next_step;
+  // Per rank: the next step to report, under the rank's lock (the coordinator takes a rank's
+  // steps only in order, so two threads must not race for one rank).
+  std::unique_ptr<int64_t[]> next_step;
+  std::unique_ptr<std::mutex[]> rank_mu;
+  // Sends as worker i.
+  void As(int i, grpc::ClientContext* ctx) const {
+    ctx->AddMetadata(rpc::WorkerSession::kHeader, sessions[i]);
+  }
 };
 
 int64_t NowNs() {
@@ -242,6 +251,7 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
       {
         grpc::ClientContext ctx;
         Prepare(&ctx);
+        cluster.As(t % n, &ctx);
         v1::HeartbeatRequest hb;
         hb.set_worker_id(cluster.worker_ids[t % n]);
         v1::HeartbeatResponse resp;
@@ -253,6 +263,7 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
         const bool heartbeat = kind == Kind::kHeartbeat || (kind == Kind::kMixed && k % 2 == 0);
         grpc::ClientContext ctx;
         Prepare(&ctx);
+        cluster.As(i, &ctx);
         grpc::Status s;
         const auto start = Clock::now();
         if (heartbeat) {
@@ -268,7 +279,8 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
           report.set_worker_id(cluster.worker_ids[i]);
           report.set_job_id(cluster.job_id);
           report.set_rank(i);
-          const int64_t step = cluster.next_step[i].fetch_add(1);
+          std::lock_guard<std::mutex> rank_lock(cluster.rank_mu[i]);
+          const int64_t step = cluster.next_step[i]++;
           report.set_step(step);
           if (i % cluster.stages == cluster.stages - 1) {
             report.set_has_loss(true);
@@ -324,7 +336,8 @@ void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
                               const std::string& target, const std::string& worker_address,
                               int n, Cluster& cluster) {
   cluster.last_heartbeat.reset(new std::atomic<int64_t>[n]);
-  cluster.next_step.reset(new std::atomic<int64_t>[n]);
+  cluster.next_step.reset(new int64_t[n]);
+  cluster.rank_mu.reset(new std::mutex[n]);
   for (int i = 0; i < n; ++i) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
@@ -336,9 +349,10 @@ void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
     grpc::Status s = coordinator.RegisterWorker(&ctx, request, &response);
     if (!s.ok()) Die("RegisterWorker at " + target + ": " + s.error_message());
     cluster.worker_ids.push_back(response.worker_id());
+    cluster.sessions.push_back(response.session());
     cluster.heartbeat_ms = response.heartbeat_interval_ms();
     cluster.last_heartbeat[i].store(NowNs());
-    cluster.next_step[i].store(0);
+    cluster.next_step[i] = 0;
   }
 }
 
@@ -412,6 +426,7 @@ void EndEveryRank(v1::JobService::Stub& jobs, v1::CoordinatorService::Stub& coor
   for (int i = 0; i < n; ++i) {
     grpc::ClientContext end_ctx;
     Prepare(&end_ctx);
+    cluster.As(i, &end_ctx);
     v1::StageEnd end;
     end.set_worker_id(cluster.worker_ids[i]);
     end.set_job_id(cluster.job_id);
@@ -468,6 +483,7 @@ int main(int argc, char** argv) {
         if (NowNs() - cluster.last_heartbeat[i].load() < interval_ns) continue;
         grpc::ClientContext ctx;
         Prepare(&ctx);
+        cluster.As(i, &ctx);
         v1::HeartbeatRequest request;
         request.set_worker_id(cluster.worker_ids[i]);
         request.set_job_id(job_id);

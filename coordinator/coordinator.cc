@@ -1,7 +1,9 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,10 +12,19 @@
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
 
 namespace pipetrain::coordinator {
 namespace {
+
+// A worker's session: 128 random bits as hex, from the system's entropy source.
+std::string NewSession() {
+  std::random_device entropy;
+  std::string session;
+  for (int i = 0; i < 4; ++i) session += absl::StrFormat("%08x", entropy());
+  return session;
+}
 
 // "flush", "switch", "checkpoint", "stop": the names the CLI takes.
 std::string CommandName(v1::StepCommand command) {
@@ -299,8 +310,13 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
 }
 
 absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
-    const std::string& job_id) {
+    const std::string& session, const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, ""));
+  if (caller->info.job_id() != job_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(caller->info.id(), " runs no rank of job ", job_id));
+  }
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !it->second.store) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
@@ -369,9 +385,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     info.set_address(request.address());
     info.set_device(request.device().empty() ? "cpu" : request.device());
     info.set_memory_bytes(request.memory_bytes());
-    pool_.Add(info, *client, deps_.clock->Now());
+    const std::string session = NewSession();
+    pool_.Add(info, *client, session, deps_.clock->Now());
     v1::RegisterWorkerResponse response;
     response.set_worker_id(info.id());
+    response.set_session(session);
     response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
     std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
                  request.address().c_str(), info.device().c_str(),
@@ -381,10 +399,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   });
 }
 
-absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+absl::Status Coordinator::Heartbeat(const std::string& session,
+                                    const v1::HeartbeatRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
+  if (!caller.ok()) return caller.status();
   absl::StatusOr<WorkerPool::Worker*> worker =
-      pool_.Heartbeat(request.worker_id(), deps_.clock->Now());
+      pool_.Heartbeat((*caller)->info.id(), deps_.clock->Now());
   if (!worker.ok()) return worker.status();
   if (request.job_id().empty()) return absl::OkStatus();
   auto j = jobs_.find(request.job_id());
@@ -400,8 +421,10 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
     stop.set_reason(absl::StrCat("job ", request.job_id(), " is no longer running"));
     Later([client, stop] { (void)client->StopStage(stop); });
   }
+  // Its stage's activity, only for the rank it runs.
   if (j != jobs_.end() && request.rank() >= 0 &&
-      request.rank() < j->second.job.stage_status_size()) {
+      request.rank() < j->second.job.stage_status_size() &&
+      j->second.rank_worker[request.rank()] == (*worker)->info.id()) {
     v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
     if (st->action() != request.action() || st->waiting_for() != request.waiting_for()) {
       st->set_action(request.action());
@@ -413,15 +436,72 @@ absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ReportResponse> Coordinator::ReportStep(const v1::StepReport& r) {
-  return LockedThenFlush([&] { return ReportStepLocked(r); });
+absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string& session,
+                                                              const std::string& worker_id) {
+  WorkerPool::Worker* w = pool_.FindBySession(session);
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        session.empty() ? "no worker session: register first"
+                        : "unknown worker session (the coordinator restarted?): register again");
+  }
+  if (!worker_id.empty() && worker_id != w->info.id()) {
+    return absl::PermissionDeniedError(absl::StrCat("the session of ", w->info.id(),
+                                                    " cannot speak for ", worker_id));
+  }
+  return w;
 }
 
-absl::StatusOr<v1::ReportResponse> Coordinator::ReportSteps(const v1::StepReports& reports) {
+absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLocked(
+    const std::string& session, const v1::StepReports& reports) {
+  std::vector<const v1::StepReport*> apply;
+  std::map<std::pair<std::string, int>, int64_t> last;  // (job, rank) -> last step so far
+  for (const v1::StepReport& r : reports.reports()) {
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, r.worker_id()));
+    auto it = jobs_.find(r.job_id());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", r.job_id()));
+    const JobEntry& e = it->second;
+    if (e.job.state() != v1::JOB_STATE_RUNNING) {
+      apply.push_back(&r);  // answered with stop
+      continue;
+    }
+    const std::string where = absl::StrCat("job ", r.job_id(), " rank ", r.rank());
+    if (r.rank() < 0 || r.rank() >= static_cast<int>(e.rank_worker.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no such rank"));
+    }
+    if (e.rank_worker[r.rank()] != caller->info.id()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(where, " runs on ", e.rank_worker[r.rank()], ", not ", caller->info.id()));
+    }
+    auto [seen, fresh] = last.emplace(std::make_pair(r.job_id(), r.rank()), e.rank_step[r.rank()]);
+    if (r.step() <= seen->second) continue;  // resent: counted already
+    if (r.step() != seen->second + 1 || r.step() >= e.job.steps()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": step ", r.step(), " reported, expected step ", seen->second + 1, " of ",
+          e.job.steps(), " (steps are reported in order)"));
+    }
+    for (double v : {r.compute_s(), r.wait_s(), r.end_s()}) {
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " step ", r.step(), ": times must be finite and >= 0, got ", v));
+      }
+    }
+    if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
+    }
+    seen->second = r.step();
+    apply.push_back(&r);
+  }
+  return apply;
+}
+
+absl::StatusOr<v1::ReportResponse> Coordinator::ReportSteps(const std::string& session,
+                                                            const v1::StepReports& reports) {
   return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
+    PT_ASSIGN_OR_RETURN(std::vector<const v1::StepReport*> apply,
+                        CheckReportsLocked(session, reports));
     v1::ReportResponse response;
-    for (const v1::StepReport& r : reports.reports()) {
-      absl::StatusOr<v1::ReportResponse> one = ReportStepLocked(r);
+    for (const v1::StepReport* r : apply) {
+      absl::StatusOr<v1::ReportResponse> one = ReportStepLocked(*r);
       if (!one.ok()) return one.status();
       if (one->stop()) response.set_stop(true);
     }
@@ -488,8 +568,20 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   return response;
 }
 
-absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const v1::StageEnd& end) {
-  return LockedThenFlush([&] { return StageEndLocked(end); });
+absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string& session,
+                                                               const v1::StageEnd& end) {
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, end.worker_id()));
+    auto it = jobs_.find(end.job_id());
+    if (it != jobs_.end() && end.rank() >= 0 &&
+        end.rank() < static_cast<int>(it->second.rank_worker.size()) &&
+        it->second.rank_worker[end.rank()] != caller->info.id()) {
+      return absl::PermissionDeniedError(absl::StrCat("job ", end.job_id(), " rank ", end.rank(),
+                                                      " runs on ", it->second.rank_worker[end.rank()],
+                                                      ", not ", caller->info.id()));
+    }
+    return StageEndLocked(end);
+  });
 }
 
 absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEnd& end) {
@@ -580,7 +672,7 @@ void Coordinator::Schedule() {
   for (const Placement& p : plan.started) {
     JobEntry& e = jobs_.at(p.job_id);
     const int ranks = static_cast<int>(p.rank_workers.size());
-    e.store = rendezvous::MakeMemoryStore();
+    e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
     e.job.set_state(v1::JOB_STATE_RUNNING);
     e.job.set_started_unix_ms(NowMs());
     e.job.clear_stage_status();

@@ -105,14 +105,27 @@ class Coordinator {
   // plane) and returns the boundary it takes effect at.
   absl::StatusOr<v1::SendCommandResponse> SendCommand(const v1::SendCommandRequest& request);
 
-  // CoordinatorService
+  // CoordinatorService. Registering gives a worker its own session (the response's
+  // `session`); every other call names the session it came with (rpc::WorkerSession), and
+  // may speak only for that worker and for the ranks assigned to it: an unknown session is
+  // NotFound (the worker registers again), another worker's id or a rank or job not assigned
+  // to it is PermissionDenied, and nothing is changed.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
-  absl::StatusOr<v1::ReportResponse> ReportStep(const v1::StepReport& report);
-  absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports);
-  absl::StatusOr<v1::ReportResponse> ReportStageEnd(const v1::StageEnd& end);
-  // The key-value store the ranks of running job `job_id` meet in (the KV RPCs).
-  absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(const std::string& job_id);
+  absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request);
+  // A batch is checked whole before any of it is applied: each report is its rank's next step
+  // (one already counted, resent after a lost reply, is skipped) and below the job's steps,
+  // with finite, non-negative times; otherwise InvalidArgument and the job is untouched.
+  absl::StatusOr<v1::ReportResponse> ReportSteps(const std::string& session,
+                                                 const v1::StepReports& reports);
+  absl::StatusOr<v1::ReportResponse> ReportStageEnd(const std::string& session,
+                                                    const v1::StageEnd& end);
+  // The key-value store the ranks of running job `job_id` meet in (the KV RPCs): only for a
+  // worker that runs one of its ranks. It holds at most kKvValueBytes per value and
+  // kKvJobBytes in all.
+  absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(
+      const std::string& session, const std::string& job_id);
+  static constexpr size_t kKvValueBytes = size_t{1} << 20;
+  static constexpr size_t kKvJobBytes = size_t{64} << 20;
 
  private:
   struct JobEntry {
@@ -172,6 +185,14 @@ class Coordinator {
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
   void Schedule();
   void Monitor();
+  // REQUIRES: mu_ held. The worker that holds `session`, if it claims to be `worker_id`
+  // (any id if empty).
+  absl::StatusOr<WorkerPool::Worker*> CallerLocked(const std::string& session,
+                                                   const std::string& worker_id);
+  // REQUIRES: mu_ held. Which reports of a batch to apply (resent ones left out), or why the
+  // batch is refused.
+  absl::StatusOr<std::vector<const v1::StepReport*>> CheckReportsLocked(
+      const std::string& session, const v1::StepReports& reports);
   // REQUIRES: mu_ held.
   absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report);
   // REQUIRES: mu_ held.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/security.h"
 #include "rpc/status.h"
 
 namespace pipetrain::coordinator {
@@ -119,33 +120,37 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::RegisterWorkerResponse* response) override {
     return Reply(c_->Register(*request), response);
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+  // Every other call names the worker's session (rpc::WorkerSession): the core checks that
+  // it speaks only for that worker and its ranks.
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
-    return ToGrpcStatus(c_->Heartbeat(*request));
+    return ToGrpcStatus(c_->Heartbeat(rpc::SessionOf(*ctx), *request));
   }
-  grpc::Status ReportStep(grpc::ServerContext*, const v1::StepReport* request,
+  grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::StepReport* request,
                           v1::ReportResponse* response) override {
-    return Reply(c_->ReportStep(*request), response);
+    v1::StepReports one;
+    *one.add_reports() = *request;
+    return Reply(c_->ReportSteps(rpc::SessionOf(*ctx), one), response);
   }
-  grpc::Status ReportSteps(grpc::ServerContext*, const v1::StepReports* request,
+  grpc::Status ReportSteps(grpc::ServerContext* ctx, const v1::StepReports* request,
                            v1::ReportResponse* response) override {
-    return Reply(c_->ReportSteps(*request), response);
+    return Reply(c_->ReportSteps(rpc::SessionOf(*ctx), *request), response);
   }
-  grpc::Status ReportStageEnd(grpc::ServerContext*, const v1::StageEnd* request,
+  grpc::Status ReportStageEnd(grpc::ServerContext* ctx, const v1::StageEnd* request,
                               v1::ReportResponse* response) override {
-    return Reply(c_->ReportStageEnd(*request), response);
+    return Reply(c_->ReportStageEnd(rpc::SessionOf(*ctx), *request), response);
   }
 
   // The rendezvous key-value store of a running job.
-  grpc::Status KvSet(grpc::ServerContext*, const v1::KvRequest* request,
+  grpc::Status KvSet(grpc::ServerContext* ctx, const v1::KvRequest* request,
                      v1::KvResponse*) override {
-    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*ctx, *request, [&](rendezvous::KeyValueStore& store) {
       return store.Set(request->key(), request->value());
     });
   }
-  grpc::Status KvGet(grpc::ServerContext*, const v1::KvRequest* request,
+  grpc::Status KvGet(grpc::ServerContext* ctx, const v1::KvRequest* request,
                      v1::KvResponse* response) override {
-    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*ctx, *request, [&](rendezvous::KeyValueStore& store) {
       const int64_t wait_ms = std::clamp<int64_t>(request->wait_ms(), 0, 10000);
       absl::StatusOr<std::string> value = store.Get(request->key(), absl::Milliseconds(wait_ms));
       if (absl::IsDeadlineExceeded(value.status())) return absl::OkStatus();  // found: false
@@ -155,35 +160,35 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
       return absl::OkStatus();
     });
   }
-  grpc::Status KvAdd(grpc::ServerContext*, const v1::KvRequest* request,
+  grpc::Status KvAdd(grpc::ServerContext* ctx, const v1::KvRequest* request,
                      v1::KvResponse* response) override {
-    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*ctx, *request, [&](rendezvous::KeyValueStore& store) {
       absl::StatusOr<int64_t> value = store.Add(request->key(), request->delta());
       if (!value.ok()) return value.status();
       response->set_number(*value);
       return absl::OkStatus();
     });
   }
-  grpc::Status KvCheck(grpc::ServerContext*, const v1::KvRequest* request,
+  grpc::Status KvCheck(grpc::ServerContext* ctx, const v1::KvRequest* request,
                        v1::KvResponse* response) override {
-    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*ctx, *request, [&](rendezvous::KeyValueStore& store) {
       absl::StatusOr<bool> all = store.Check({request->keys().begin(), request->keys().end()});
       if (!all.ok()) return all.status();
       response->set_found(*all);
       return absl::OkStatus();
     });
   }
-  grpc::Status KvDelete(grpc::ServerContext*, const v1::KvRequest* request,
+  grpc::Status KvDelete(grpc::ServerContext* ctx, const v1::KvRequest* request,
                         v1::KvResponse*) override {
-    return WithStore(*request, [&](rendezvous::KeyValueStore& store) {
+    return WithStore(*ctx, *request, [&](rendezvous::KeyValueStore& store) {
       return store.Delete(request->key());
     });
   }
 
  private:
-  grpc::Status WithStore(const v1::KvRequest& request,
+  grpc::Status WithStore(const grpc::ServerContext& ctx, const v1::KvRequest& request,
                          const std::function<absl::Status(rendezvous::KeyValueStore&)>& call) {
-    auto store = c_->Rendezvous(request.job_id());
+    auto store = c_->Rendezvous(rpc::SessionOf(ctx), request.job_id());
     if (!store.ok()) return ToGrpcStatus(store.status());
     return ToGrpcStatus(call(**store));
   }

@@ -7,20 +7,28 @@
 namespace pipetrain::coordinator {
 
 WorkerPool::Worker& WorkerPool::Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client,
-                                    absl::Time now) {
+                                    std::string session, absl::Time now) {
   info.set_state("idle");
   info.set_job_id("");
   info.set_rank(-1);
   info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
   const std::string id = info.id();
   Worker& w = workers_[id];
-  w = Worker{std::move(info), now, std::move(client)};
+  if (!w.session.empty()) by_session_.erase(w.session);
+  by_session_[session] = id;
+  w = Worker{std::move(info), now, std::move(client), std::move(session)};
   return w;
 }
 
 WorkerPool::Worker* WorkerPool::Find(const std::string& id) {
   auto it = workers_.find(id);
   return it == workers_.end() ? nullptr : &it->second;
+}
+
+WorkerPool::Worker* WorkerPool::FindBySession(const std::string& session) {
+  if (session.empty()) return nullptr;
+  auto it = by_session_.find(session);
+  return it == by_session_.end() ? nullptr : Find(it->second);
 }
 
 absl::StatusOr<WorkerPool::Worker*> WorkerPool::Heartbeat(const std::string& id, absl::Time now) {

@@ -21,6 +21,7 @@ class WorkerPool {
     v1::WorkerInfo info;  // id, address, device, memory, state, job_id, rank
     absl::Time last_heartbeat;
     std::shared_ptr<WorkerClient> client;
+    std::string session;  // its credential for the calls it makes (rpc::WorkerSession)
   };
   struct Lost {
     std::string id, address, job_id;
@@ -28,10 +29,13 @@ class WorkerPool {
     absl::Duration silent;
   };
 
-  // Adds an idle worker (info.id set by the caller).
-  Worker& Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client, absl::Time now);
+  // Adds an idle worker (info.id and a fresh session set by the caller).
+  Worker& Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client, std::string session,
+              absl::Time now);
   // nullptr if unknown.
   Worker* Find(const std::string& id);
+  // The worker holding `session`; nullptr if none (or `session` is empty).
+  Worker* FindBySession(const std::string& session);
   // Records a heartbeat at `now`; NotFound ("register again") for an unknown or lost worker.
   absl::StatusOr<Worker*> Heartbeat(const std::string& id, absl::Time now);
   // Ids of the idle workers, in id order.
@@ -48,6 +52,7 @@ class WorkerPool {
 
  private:
   std::map<std::string, Worker> workers_;
+  std::map<std::string, std::string> by_session_;  // session -> worker id
 };
 
 }  // namespace pipetrain::coordinator

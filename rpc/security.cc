@@ -159,7 +159,49 @@ class TokenInterceptorFactory final
   std::string value_;
 };
 
+// Adds the worker's current session to every call, when it has one.
+class SessionInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit SessionInterceptor(std::shared_ptr<const WorkerSession> session)
+      : session_(std::move(session)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      auto* metadata = methods->GetSendInitialMetadata();
+      std::string value = session_->Get();
+      if (metadata != nullptr && !value.empty() && metadata->count(WorkerSession::kHeader) == 0) {
+        metadata->emplace(WorkerSession::kHeader, std::move(value));
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::shared_ptr<const WorkerSession> session_;
+};
+
+class SessionInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit SessionInterceptorFactory(std::shared_ptr<const WorkerSession> session)
+      : session_(std::move(session)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new SessionInterceptor(session_);
+  }
+
+ private:
+  std::shared_ptr<const WorkerSession> session_;
+};
+
 }  // namespace
+
+std::string SessionOf(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  if (metadata.count(WorkerSession::kHeader) != 1) return "";
+  const grpc::string_ref value = metadata.find(WorkerSession::kHeader)->second;
+  return std::string(value.data(), value.size());
+}
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   if (token_file.empty()) {
@@ -210,8 +252,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return credentials;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                           const SecurityOptions& options) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& target, const SecurityOptions& options,
+    std::shared_ptr<const WorkerSession> session) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls()) {
     if (options.tls_cert.empty() != options.tls_key.empty()) {
@@ -238,6 +281,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!options.token.empty()) {
     interceptors.push_back(std::make_unique<TokenInterceptorFactory>(options.token));
+  }
+  if (session != nullptr) {
+    interceptors.push_back(std::make_unique<SessionInterceptorFactory>(std::move(session)));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, credentials, grpc::ChannelArguments(), std::move(interceptors));

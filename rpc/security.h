@@ -33,6 +33,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -62,10 +63,36 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options);
 
+// A worker's own credential with the coordinator: RegisterWorker hands each worker a fresh
+// random session, and every later call of that worker carries it as metadata
+// `x-pipetrain-session`, so the coordinator knows which worker calls (the shared token only
+// says that the caller belongs to the cluster). It changes when the worker registers again.
+class WorkerSession {
+ public:
+  static constexpr char kHeader[] = "x-pipetrain-session";
+  void Set(std::string value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    value_ = std::move(value);
+  }
+  std::string Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return value_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string value_;
+};
+
+// The session a call carried ("" if none), on the server side.
+std::string SessionOf(const grpc::ServerContext& context);
+
 // A channel to `target` with TLS as configured that sends the token, if any, with every
-// call (including health checks, which ignore it).
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                           const SecurityOptions& options);
+// call (including health checks, which ignore it), and the worker's session, if given and
+// set, with every call.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& target, const SecurityOptions& options,
+    std::shared_ptr<const WorkerSession> session = nullptr);
 
 // Adds the token, if any, to one call's metadata: for calls on channels not made by
 // MakeChannel (MakeChannel's channels already send it).

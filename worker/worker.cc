@@ -58,6 +58,13 @@ class StepReporter {
   // Sends what has queued up in one ReportSteps, at most every kMinInterval: a fast step
   // costs no RPC of its own (on a few shared cores every RPC takes CPU from the stages).
   static constexpr auto kMinInterval = std::chrono::milliseconds(100);
+  // Reports kept for resending while the coordinator does not answer (its job is failed by
+  // then: two missed heartbeats).
+  static constexpr size_t kMaxQueued = 100000;
+  static bool IsTransient(grpc::StatusCode code) {
+    return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+           code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     auto last_sent = std::chrono::steady_clock::now() - kMinInterval;
@@ -76,9 +83,18 @@ class StepReporter {
       grpc::ClientContext ctx;
       ctx.set_deadline(In(absl::Seconds(5)));
       v1::ReportResponse response;
-      if (coordinator_->ReportSteps(&ctx, batch, &response).ok() && response.stop()) on_stop_();
+      const grpc::Status sent = coordinator_->ReportSteps(&ctx, batch, &response);
+      if (sent.ok() && response.stop()) on_stop_();
       last_sent = std::chrono::steady_clock::now();
       lock.lock();
+      // Not taken for want of an answer: sent again, in order, with the next batch (the
+      // coordinator skips reports it has counted already). Refused ones are not resent.
+      if (IsTransient(sent.error_code())) {
+        for (int i = batch.reports_size() - 1; i >= 0; --i) {
+          queue_.push_front(std::move(*batch.mutable_reports(i)));
+        }
+        while (queue_.size() > kMaxQueued) queue_.pop_front();
+      }
     }
   }
 
@@ -102,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto credentials = rpc::MakeServerCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
-  auto channel = rpc::MakeChannel(options.coordinator, options.security);
+  // Every call after registering carries this worker's session (rpc::WorkerSession).
+  auto channel = rpc::MakeChannel(options.coordinator, options.security, w->session_);
   if (!channel.ok()) return channel.status();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -145,6 +162,7 @@ absl::Status Worker::Register(absl::Time deadline) {
     if (last.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       id_ = response.worker_id();
+      session_->Set(response.session());
       heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, response.heartbeat_interval_ms()));
       std::fprintf(stderr, "pipetrain-worker: registered as %s with %s (serving on %s)\n",
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());

@@ -85,6 +85,9 @@ class Worker : public v1::WorkerService::Service {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
+  // This worker's credential with the coordinator, set at every registration; the
+  // coordinator channel sends it with every call.
+  std::shared_ptr<rpc::WorkerSession> session_ = std::make_shared<rpc::WorkerSession>();
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string id_;

@@ -33,8 +33,15 @@ class KeyValueStore {
 
 // Serves a store on host:port (port 0: any free port) and is a client of it.
 absl::StatusOr<std::unique_ptr<KeyValueStore>> ServeTcpStore(const std::string& host, int port);
-// A store in this process's memory (no c10d store of its own; see c10d_store.h).
-std::unique_ptr<KeyValueStore> MakeMemoryStore();
+// What a store in memory holds at most: each value, and all keys and values together. A Set
+// beyond either is ResourceExhausted and changes nothing.
+struct MemoryStoreLimits {
+  size_t max_value_bytes = SIZE_MAX;
+  size_t max_total_bytes = SIZE_MAX;
+};
+// A store in this process's memory (no c10d store of its own; see c10d_store.h). Add that
+// would overflow int64 is OutOfRange and changes nothing.
+std::unique_ptr<KeyValueStore> MakeMemoryStore(MemoryStoreLimits limits = {});
 // Connects to a served store, retrying until `timeout`.
 absl::StatusOr<std::unique_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port,
                                                                absl::Duration timeout);

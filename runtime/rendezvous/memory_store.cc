@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/key_value_store.h"
 
 namespace pipetrain::rendezvous {
@@ -13,9 +14,11 @@ namespace {
 
 class MemoryStore : public KeyValueStore {
  public:
+  explicit MemoryStore(MemoryStoreLimits limits) : limits_(limits) {}
+
   absl::Status Set(const std::string& key, const std::string& value) override {
     std::lock_guard<std::mutex> lock(mu_);
-    values_[key] = value;
+    PT_RETURN_IF_ERROR(Put(key, value));
     changed_.notify_all();
     return absl::OkStatus();
   }
@@ -37,8 +40,11 @@ class MemoryStore : public KeyValueStore {
       return absl::FailedPreconditionError(
           absl::StrCat("store: add to '", key, "', which holds no integer"));
     }
-    value += delta;
-    values_[key] = absl::StrCat(value);
+    if (__builtin_add_overflow(value, delta, &value)) {
+      return absl::OutOfRangeError(absl::StrCat("store: add ", delta, " to '", key,
+                                                "' overflows a 64-bit integer"));
+    }
+    PT_RETURN_IF_ERROR(Put(key, absl::StrCat(value)));
     changed_.notify_all();
     return value;
   }
@@ -51,11 +57,37 @@ class MemoryStore : public KeyValueStore {
   }
   absl::Status Delete(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);
-    values_.erase(key);
+    auto it = values_.find(key);
+    if (it != values_.end()) {
+      total_bytes_ -= it->first.size() + it->second.size();
+      values_.erase(it);
+    }
     return absl::OkStatus();
   }
 
  private:
+  // Sets `key` within the limits (mu_ held).
+  absl::Status Put(const std::string& key, const std::string& value) {
+    if (value.size() > limits_.max_value_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("store: a value of ", value.size(), " bytes for '", key.substr(0, 64),
+                       "' exceeds the limit of ", limits_.max_value_bytes, " bytes"));
+    }
+    auto it = values_.find(key);
+    const size_t old = it == values_.end() ? 0 : key.size() + it->second.size();
+    const size_t total = total_bytes_ - old + key.size() + value.size();
+    if (total > limits_.max_total_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("store: setting '", key.substr(0, 64), "' would hold ", total,
+                       " bytes, over the limit of ", limits_.max_total_bytes, " bytes"));
+    }
+    values_[key] = value;
+    total_bytes_ = total;
+    return absl::OkStatus();
+  }
+
+  const MemoryStoreLimits limits_;
+  size_t total_bytes_ = 0;
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, std::string> values_;
@@ -63,6 +95,8 @@ class MemoryStore : public KeyValueStore {
 
 }  // namespace
 
-std::unique_ptr<KeyValueStore> MakeMemoryStore() { return std::make_unique<MemoryStore>(); }
+std::unique_ptr<KeyValueStore> MakeMemoryStore(MemoryStoreLimits limits) {
+  return std::make_unique<MemoryStore>(limits);
+}
 
 }  // namespace pipetrain::rendezvous

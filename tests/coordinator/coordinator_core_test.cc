@@ -2,6 +2,7 @@
 // workers that record every call and fail on demand, an in-memory job store that can fail a
 // write, and calls to workers queued until the test runs them. The daemon tests
 // (tests/daemons) check the same rules end to end over gRPC.
+#include <cmath>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -133,13 +134,16 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
   }
 
-  // Registers a worker at "addr-N"; returns its id.
+  // Registers a worker at "addr-N"; returns its id (its session in sessions_).
   std::string Register(int n) {
     v1::RegisterWorkerRequest r;
     r.set_address("addr-" + std::to_string(n));
     auto response = coordinator_->Register(r);
     EXPECT_TRUE(response.ok()) << response.status();
-    return response.ok() ? response->worker_id() : "";
+    if (!response.ok()) return "";
+    EXPECT_EQ(response->session().size(), 32u);
+    sessions_[response->worker_id()] = response->session();
+    return response->worker_id();
   }
 
   FakeWorker& Worker(int n) { return *workers_.at("addr-" + std::to_string(n)); }
@@ -173,7 +177,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     h.set_worker_id(worker);
     h.set_job_id(job);
     h.set_rank(rank);
-    EXPECT_TRUE(coordinator_->Heartbeat(h).ok());
+    EXPECT_TRUE(coordinator_->Heartbeat(sessions_[worker], h).ok());
   }
 
   void EndRank(const std::string& worker, const std::string& job, int rank, bool ok = true,
@@ -184,7 +188,25 @@ class CoordinatorCoreTest : public ::testing::Test {
     end.set_rank(rank);
     end.set_ok(ok);
     end.set_error(error);
-    EXPECT_TRUE(coordinator_->ReportStageEnd(end).ok());
+    EXPECT_TRUE(coordinator_->ReportStageEnd(sessions_[worker], end).ok());
+  }
+
+  // A step report of `worker` for `rank` of `job` (times 1 s per step).
+  static v1::StepReport Report(const std::string& worker, const std::string& job, int rank,
+                               int64_t step) {
+    v1::StepReport r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_compute_s(step + 1.0);
+    r.set_end_s(step + 1.0);
+    return r;
+  }
+  absl::Status ReportSteps(const std::string& session, std::vector<v1::StepReport> reports) {
+    v1::StepReports batch;
+    for (v1::StepReport& r : reports) *batch.add_reports() = std::move(r);
+    return coordinator_->ReportSteps(session, batch).status();
   }
 
   std::vector<std::string> EventTexts(const std::string& job) {
@@ -199,9 +221,122 @@ class CoordinatorCoreTest : public ::testing::Test {
   std::shared_ptr<FakeStore::Data> data_ = std::make_shared<FakeStore::Data>();
   std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
   std::map<std::string, std::shared_ptr<FakeWorker>> workers_;
+  std::map<std::string, std::string> sessions_;  // worker id -> session
   std::vector<std::function<void()>> later_;
   std::unique_ptr<Coordinator> coordinator_;
 };
+
+// A worker speaks only for itself and its own ranks: its session names it. Another worker's
+// id, another worker's rank, or a job it does not run is refused and changes nothing; an
+// unknown session is told to register again.
+TEST_F(CoordinatorCoreTest, AWorkerSpeaksOnlyForItselfAndItsOwnRanks) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  const std::string s1 = sessions_[w1], s2 = sessions_[w2];
+  ASSERT_NE(s1, s2);
+  // Reports: w1 runs rank 0, w2 rank 1.
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 0)}).ok());
+  EXPECT_EQ(ReportSteps(s1, {Report(w2, job.id(), 1, 0)}).code(),
+            absl::StatusCode::kPermissionDenied);  // w1 claiming to be w2
+  EXPECT_EQ(ReportSteps(s1, {Report(w1, job.id(), 1, 0)}).code(),
+            absl::StatusCode::kPermissionDenied);  // w1 reporting w2's rank
+  EXPECT_EQ(ReportSteps("", {Report(w1, job.id(), 0, 1)}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReportSteps("forged", {Report(w1, job.id(), 0, 1)}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(job.id()).stage_status(1).step(), -1);
+  // Ending another's rank, heartbeating as another: refused.
+  v1::StageEnd end;
+  end.set_worker_id(w1);
+  end.set_job_id(job.id());
+  end.set_rank(1);
+  end.set_ok(true);
+  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  end.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->Heartbeat(s1, h).code(), absl::StatusCode::kPermissionDenied);
+  // A heartbeat about a rank the worker does not run does not touch that rank.
+  h.set_worker_id(w1);
+  h.set_job_id(job.id());
+  h.set_rank(1);
+  h.set_action("F9");
+  EXPECT_TRUE(coordinator_->Heartbeat(s1, h).ok());
+  EXPECT_EQ(Get(job.id()).stage_status(1).action(), "");
+  // The rendezvous: only the job's own workers.
+  EXPECT_TRUE(coordinator_->Rendezvous(s1, job.id()).ok());
+  const std::string w3 = Register(3);
+  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w3], job.id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(coordinator_->Rendezvous("", job.id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+}
+
+// Step reports come in order, within the job's steps: anything else is refused whole (the
+// job untouched, however large the step), and a report already counted (resent after a lost
+// reply) is skipped.
+TEST_F(CoordinatorCoreTest, StepReportsAreTheNextStepWithinTheJobOrAreRefusedWhole) {
+  const std::string w1 = Register(1);
+  v1::JobSpec spec = Spec(1);
+  spec.set_steps(6);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  const std::string s1 = sessions_[w1];
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 0), Report(w1, job.id(), 0, 1)}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 1);
+  // A gap, a step far beyond the job (once this wedged the coordinator), past the last step:
+  // the whole batch is refused, its valid first report included.
+  for (int64_t step : {int64_t{4}, int64_t{100000000000}}) {
+    SCOPED_TRACE(step);
+    const absl::Status s =
+        ReportSteps(s1, {Report(w1, job.id(), 0, 2), Report(w1, job.id(), 0, step)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("expected step 3 of 6"));
+    EXPECT_EQ(Get(job.id()).step(), 1);
+  }
+  // Times that are not finite: refused.
+  v1::StepReport bad_time = Report(w1, job.id(), 0, 2);
+  bad_time.set_end_s(std::nan(""));
+  EXPECT_EQ(ReportSteps(s1, {bad_time}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(job.id()).step(), 1);
+  // Resent (a lost reply) and old ones are skipped without error.
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 1), Report(w1, job.id(), 0, 2)}).ok());
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, -5), Report(w1, job.id(), 0, 2)}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 2);
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 3), Report(w1, job.id(), 0, 4),
+                               Report(w1, job.id(), 0, 5)})
+                  .ok());
+  EXPECT_EQ(Get(job.id()).step(), 5);
+  EXPECT_EQ(ReportSteps(s1, {Report(w1, job.id(), 0, 6)}).code(),
+            absl::StatusCode::kInvalidArgument);  // 6 steps: 0..5
+  EXPECT_EQ(Get(job.id()).step(), 5);
+}
+
+// The rendezvous store of a job holds at most 1 MiB per value and 64 MiB in all; adding to
+// a counter past int64 is refused.
+TEST_F(CoordinatorCoreTest, TheRendezvousStoreIsBounded) {
+  const std::string w1 = Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  auto store = coordinator_->Rendezvous(sessions_[w1], job.id());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Set("big", std::string(Coordinator::kKvValueBytes + 1, 'x')).code(),
+            absl::StatusCode::kResourceExhausted);
+  const std::string mib(Coordinator::kKvValueBytes, 'x');
+  int stored = 0;
+  absl::Status s;
+  while ((s = (*store)->Set("k" + std::to_string(stored), mib)).ok()) ++stored;
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(stored, 63);  // 64 MiB in all, keys included
+  EXPECT_TRUE((*store)->Delete("k0").ok());
+  EXPECT_TRUE((*store)->Set("k0", mib).ok());  // room again
+  EXPECT_TRUE((*store)->Add("n", INT64_MAX).ok());
+  EXPECT_EQ((*store)->Add("n", 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*(*store)->Add("n", 0), INT64_MAX);
+}
 
 TEST(Placement, JobsInOrderWithBackfill) {
   const PlacementPlan plan =
@@ -259,7 +394,7 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   // A lost worker's heartbeat is refused: it must register again.
   v1::HeartbeatRequest h;
   h.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->Heartbeat(h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->Heartbeat(sessions_[w2], h).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive) {
