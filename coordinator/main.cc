@@ -2,13 +2,14 @@
 // registered workers, follows them, and keeps every job and event in a SQLite file.
 //
 //   pipetrain-coordinator [--listen 127.0.0.1:7070] [--db pipetrain-coordinator.db]
-//                         [--heartbeat-ms 1000] [--token-file PATH]
+//                         [--heartbeat-ms 1000] [--token-file PATH] [--worker-token-file PATH]
 //                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
 // Once it serves it writes HOST:PORT to --port-file (if given) and says so on stderr.
 // SIGTERM or SIGINT: stops.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
-// sent to workers; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 stopped,
+// sent to workers; with --worker-token-file, workers are asked (and sent) that one instead,
+// and the first serves people only; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 stopped,
 // 2 bad usage (an unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>
@@ -49,6 +50,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "file holding the token every client and worker must present, and that is "
                  "sent to workers (default: $PIPETRAIN_TOKEN; none: no token asked)");
+  std::string worker_token_file;
+  app.add_option("--worker-token-file", worker_token_file,
+                 "file holding a separate join token for workers: asked of every worker call "
+                 "and sent to workers, while --token-file's then serves people (the CLI) "
+                 "only (default: none, --token-file's serves both)");
   app.add_option("--tls-cert", security.tls_cert, "PEM certificate: serve TLS (also presented "
                                                   "to workers as its client certificate)");
   app.add_option("--tls-key", security.tls_key, "PEM private key of --tls-cert");
@@ -63,7 +69,17 @@ int main(int argc, char** argv) {
     return exit_code::kUsage;
   }
   security.token = *std::move(token);
-  options.security = security;  // for its calls to workers
+  if (!worker_token_file.empty()) {
+    auto worker_token = pipetrain::rpc::LoadToken(worker_token_file);
+    if (!worker_token.ok()) {
+      std::fprintf(stderr, "pipetrain-coordinator: --worker-token-file: %s\n",
+                   std::string(worker_token.status().message()).c_str());
+      return exit_code::kUsage;
+    }
+    security.worker_token = *std::move(worker_token);
+  }
+  options.security = security;  // for its calls to workers, with the workers' token
+  if (!security.worker_token.empty()) options.security.token = security.worker_token;
   if (const std::string warning = pipetrain::rpc::ListenWarning(server_options.listen, security);
       !warning.empty()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n", warning.c_str());
@@ -90,7 +106,9 @@ int main(int argc, char** argv) {
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
   std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
                host.c_str(), (*server)->port(), options.db_path.c_str(),
-               security.token.empty() ? "no token" : "token required",
+               !security.worker_token.empty() ? "user and worker tokens required"
+               : security.token.empty()       ? "no token"
+                                              : "token required",
                security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
   if (!port_file.empty()) {
     const std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");

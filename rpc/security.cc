@@ -60,24 +60,34 @@ bool IsOpen(absl::string_view path) {
          absl::StartsWith(path, "/grpc.reflection.v1.ServerReflection/");
 }
 
+// The header values a server asks for: of the workers' service, and of every other one
+// (empty: none asked).
+struct ExpectedTokens {
+  std::string worker, user;
+  const std::string& For(absl::string_view path) const {
+    return absl::StartsWith(path, "/pipetrain.v1.CoordinatorService/") ? worker : user;
+  }
+};
+
 // The token check, as gRPC's server auth filter runs it on every call's initial metadata
-// before the call reaches the server's methods. `state` is the expected header value.
+// before the call reaches the server's methods. `state` is the ExpectedTokens.
 void CheckToken(void* state, grpc_auth_context* /*context*/, const grpc_metadata* metadata,
                 size_t count, grpc_process_auth_metadata_done_cb done, void* user_data) {
-  const std::string& expected = *static_cast<const std::string*>(state);
+  const ExpectedTokens& tokens_asked = *static_cast<const ExpectedTokens*>(state);
   absl::string_view path;
   int tokens = 0;
   bool matches = false;
   for (size_t i = 0; i < count; ++i) {
-    const absl::string_view key = View(metadata[i].key);
-    if (key == ":path") {
-      path = View(metadata[i].value);
-    } else if (key == kHeader) {
+    if (View(metadata[i].key) == ":path") path = View(metadata[i].value);
+  }
+  const std::string& expected = tokens_asked.For(path);
+  for (size_t i = 0; i < count; ++i) {
+    if (View(metadata[i].key) == kHeader) {
       ++tokens;
       matches = ConstantTimeEquals(View(metadata[i].value), expected);
     }
   }
-  if ((tokens == 1 && matches) || IsOpen(path)) {
+  if (expected.empty() || (tokens == 1 && matches) || IsOpen(path)) {
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
   } else {
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, kRefused);
@@ -90,7 +100,8 @@ void CheckToken(void* state, grpc_auth_context* /*context*/, const grpc_metadata
 class CoreServerCredentials final : public grpc::ServerCredentials {
  public:
   // `tls`: null for plaintext, else the certificate, key and, for mutual TLS, the CA.
-  CoreServerCredentials(const grpc::SslServerCredentialsOptions* tls, const std::string& token) {
+  CoreServerCredentials(const grpc::SslServerCredentialsOptions* tls, const std::string& token,
+                        const std::string& worker_token) {
     if (tls == nullptr) {
       credentials_ = grpc_insecure_server_credentials_create();
     } else {
@@ -100,10 +111,13 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
           tls->pem_root_certs.empty() ? nullptr : tls->pem_root_certs.c_str(), &pair, 1,
           tls->client_certificate_request, nullptr);
     }
-    if (credentials_ != nullptr && !token.empty()) {
+    if (credentials_ != nullptr && (!token.empty() || !worker_token.empty())) {
+      const std::string& for_workers = worker_token.empty() ? token : worker_token;
+      auto* expected = new ExpectedTokens{for_workers.empty() ? "" : kScheme + for_workers,
+                                          token.empty() ? "" : kScheme + token};
       grpc_server_credentials_set_auth_metadata_processor(
-          credentials_, {CheckToken, [](void* state) { delete static_cast<std::string*>(state); },
-                         new std::string(kScheme + token)});
+          credentials_,
+          {CheckToken, [](void* state) { delete static_cast<ExpectedTokens*>(state); }, expected});
     }
   }
   ~CoreServerCredentials() override {
@@ -226,7 +240,8 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options) {
-  if (!options.tls()) return std::make_shared<CoreServerCredentials>(nullptr, options.token);
+  if (!options.tls()) return std::make_shared<CoreServerCredentials>(nullptr, options.token,
+                                                                       options.worker_token);
   if (options.tls_cert.empty() || options.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "a server with TLS needs both --tls-cert and --tls-key (and --tls-ca for mutual TLS)");
@@ -244,7 +259,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     ssl.pem_root_certs = *std::move(ca);
   }
   ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
-  auto credentials = std::make_shared<CoreServerCredentials>(&ssl, options.token);
+  auto credentials =
+      std::make_shared<CoreServerCredentials>(&ssl, options.token, options.worker_token);
   if (!credentials->valid()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot use --tls-cert ", options.tls_cert,
                                                    " and --tls-key ", options.tls_key));

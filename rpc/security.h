@@ -14,6 +14,10 @@
 //   for server and client authentication and name the address it is reached at.
 // - Plaintext on loopback with no token is the default. A daemon listening on any other
 //   address without a token or mutual TLS is told so (ListenWarning).
+// - People and workers: a coordinator given a separate worker token (--worker-token-file)
+//   asks it of the workers' service and the user token of everything else, so the CLI's
+//   token cannot register a worker and a worker's cannot submit or cancel jobs. Each
+//   registered worker then speaks with its own session (WorkerSession below).
 // - Left open without a token: gRPC health checking (grpc.health.v1.Health, for probes
 //   such as Kubernetes' that cannot send a token; it reveals only serving or not) and server
 //   reflection (the service schema, public anyway). TLS, when configured, covers them too.
@@ -47,6 +51,9 @@ struct SecurityOptions {
   std::string tls_cert;  // PEM files; all three empty: plaintext
   std::string tls_key;
   std::string tls_ca;  // server: require client certificates signed by it (mutual TLS)
+  // Server only: the join token asked of workers (pipetrain.v1.CoordinatorService) instead of
+  // `token`, which then serves people (the CLI) only; empty: `token` serves both.
+  std::string worker_token;
   bool tls() const { return !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty(); }
 };
 

@@ -208,6 +208,33 @@ TEST_F(AuthTest, CallsWithoutTheTokenExit4AndChangeNothingThenTheRightTokenRunsA
   EXPECT_EQ(StateOf(cluster.JobStatus("job-0001")), "JOB_STATE_SUCCEEDED");
 }
 
+// With a separate join token for workers, the people's token cannot register a worker and
+// the workers' token cannot reach the job service; each in its place runs a job.
+TEST_F(AuthTest, PeopleAndWorkersHaveSeparateTokens) {
+  const std::string join = Write("join", "pt-join-0123456789abcdef\n").string();
+  ClusterOptions o = WithToken();
+  o.coordinator_args = {"--token-file", token_, "--worker-token-file", join};
+  LocalCluster cluster(dir_, o);
+  ASSERT_FALSE(cluster.address().empty());
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), HasSubstr("user and worker tokens required"));
+  const int with_user_token = cluster.StartWorker({"--token-file", token_});
+  EXPECT_TRUE(WaitForExit(cluster.worker_pid(with_user_token)));
+  EXPECT_EQ(cluster.StopWorker(with_user_token), 4) << ReadFile(cluster.worker_log(0));
+  cluster.StartWorker({"--token-file", join});
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(1)) << ReadFile(cluster.worker_log(1));
+  for (const std::string& command : {std::string("list"), "submit " + job_, std::string("workers")}) {
+    Result r = Bare(cluster, command + " --token-file " + join);
+    EXPECT_EQ(r.exit_code, 4) << command << ": " << r.err;
+  }
+  Result list = cluster.Cli("list -o json");
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(list.out, "");  // nothing was submitted with the workers' token
+  Result submitted = cluster.Cli("submit " + job_ + " --stages 1 --follow");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
+                                    << ReadFile(cluster.coordinator_log());
+  EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
+}
+
 TEST_F(AuthTest, WorkerWithoutTheRightTokenCannotRegister) {
   LocalCluster cluster(dir_, WithToken());
   ASSERT_FALSE(cluster.address().empty());
