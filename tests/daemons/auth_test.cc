@@ -409,7 +409,11 @@ TEST(RpcSecurity, LoopbackAddresses) {
   rpc::SecurityOptions token_only;
   token_only.token = "t";
   EXPECT_THAT(rpc::ListenWarning("0.0.0.0:7070", token_only), HasSubstr("plaintext"));
-  rpc::SecurityOptions mtls{"t", "cert.pem", "key.pem", "ca.pem"};
+  rpc::SecurityOptions mtls;
+  mtls.token = "t";
+  mtls.tls_cert = "cert.pem";
+  mtls.tls_key = "key.pem";
+  mtls.tls_ca = "ca.pem";
   EXPECT_EQ(rpc::ListenWarning("0.0.0.0:7070", mtls), "");
 }
 
