@@ -1,6 +1,8 @@
 #include "jobspec/spec_yaml.h"
 
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -21,6 +23,12 @@ namespace {
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 
+// "model.d_model (line 3)" where the node came from a file, else the path alone.
+std::string At(const std::string& path, const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.line >= 0 ? absl::StrCat(path, " (line ", mark.line + 1, ")") : path;
+}
+
 class Reader {
  public:
   explicit Reader(std::vector<std::string>* errors) : errors_(errors) {}
@@ -31,9 +39,14 @@ class Reader {
       return;
     }
     const auto* desc = msg->GetDescriptor();
+    std::set<std::string> seen;
     for (const auto& kv : node) {
       const std::string key = kv.first.as<std::string>();
       const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
+      if (!seen.insert(key).second) {
+        errors_->push_back(absl::StrCat(At(field_path, kv.first), ": duplicate key"));
+        continue;
+      }
       if (path.empty() && key == "stages") {
         ReadStages(kv.second, static_cast<v1::JobSpec*>(msg));
         continue;
@@ -109,7 +122,13 @@ class Reader {
       }
       case FieldDescriptor::CPPTYPE_DOUBLE: {
         double v;
-        if (ScalarAs(node, path, "a number", &v)) r->SetDouble(msg, f, v);
+        if (!ScalarAs(node, path, "a number", &v)) break;
+        if (!std::isfinite(v)) {
+          errors_->push_back(absl::StrCat(At(path, node), ": expected a finite number, got '",
+                                          node.Scalar(), "'"));
+          break;
+        }
+        r->SetDouble(msg, f, v);
         break;
       }
       case FieldDescriptor::CPPTYPE_BOOL: {
@@ -194,7 +213,10 @@ absl::StatusOr<v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job: not YAML: ", e.what()));
   }
   v1::JobSpec spec;
-  if (!root || root.IsNull()) return spec;
+  if (!root || root.IsNull()) {
+    return absl::InvalidArgumentError(
+        "invalid job: the job file is empty (a job file with only defaults is `{}`)");
+  }
   std::vector<std::string> errors;
   Reader(&errors).ReadMessage(root, "", &spec);
   if (!errors.empty()) {

@@ -1,5 +1,6 @@
 #include "runtime/job/job_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/errors.h"
+#include "runtime/job/job_limits.h"
 
 namespace pipetrain::job {
 namespace {
@@ -199,6 +201,16 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (!(c.recv_timeout_s > 0)) {
     errors.push_back(absl::StrCat("timeout_s: must be > 0, got ", c.recv_timeout_s));
   }
+  // The limits table: a field's bounds, unless a check above already named that field.
+  for (std::string& v : LimitViolations(c)) {
+    const std::string path = v.substr(0, v.find_first_of(":[ "));
+    const bool named = std::any_of(errors.begin(), errors.end(), [&](const std::string& e) {
+      return absl::StartsWith(e, path) &&
+             (e.size() == path.size() || absl::string_view(":[ (/").find(e[path.size()]) !=
+                                             absl::string_view::npos);
+    });
+    if (!named) errors.push_back(std::move(v));
+  }
   return InvalidArgumentList("invalid job", errors);
 }
 
@@ -250,7 +262,8 @@ std::string JobConfigToJson(const JobConfig& c) {
   j["threads_per_stage"] = c.threads_per_stage;
   j["timeout_s"] = c.recv_timeout_s;
   j["weights_dir"] = c.weights_dir;
-  return j.dump();
+  // Invalid UTF-8 (a name ValidateJobConfig refuses) is shown replaced, never thrown on.
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace pipetrain::job

@@ -5,6 +5,8 @@
 // here fails this test. (tests/cli runs the same job through every launch mode and submit.)
 #include <algorithm>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_limits.h"
 
 namespace pipetrain::jobspec {
 namespace {
@@ -238,9 +241,12 @@ TEST(JobSpec, AMissingJobFileIsNotFoundAndNamed) {
 }
 
 TEST(JobSpec, TextFormatRoundTripsEveryFieldExactly) {
-  std::string yaml;
-  for (const FieldValue& v : Values()) yaml += YamlOf(v.path, v.yaml);
-  absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml);
+  std::vector<std::string> flags;
+  for (const FieldValue& v : Values()) {
+    flags.push_back(FlagOf(v.path)->name);
+    flags.push_back(v.flag_text);
+  }
+  absl::StatusOr<v1::JobSpec> spec = FromFlags(flags);
   ASSERT_TRUE(spec.ok()) << spec.status();
   const std::string text = JobSpecToText(*spec);
   EXPECT_EQ(text.find('\n'), std::string::npos) << text;
@@ -257,6 +263,118 @@ TEST(JobSpec, HelpShowsTheRuntimeDefaultAndTheField) {
   EXPECT_THAT(help, HasSubstr("--steps steps=300 "));
   EXPECT_THAT(help, HasSubstr("--lr optimizer.lr=0.003 "));
   EXPECT_THAT(help, HasSubstr("coupled for sgd"));
+}
+
+}  // namespace
+}  // namespace pipetrain::jobspec
+
+namespace pipetrain::jobspec {
+namespace {
+
+// Every numeric field of the spec, by YAML key path.
+void CollectNumericLeaves(const Descriptor* d, const std::string& prefix,
+                          std::vector<std::string>* out) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string path = prefix.empty() ? f->name() : prefix + "." + f->name();
+    if (path == "stage_ranges") continue;  // checked against the model's layers
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!f->is_repeated()) CollectNumericLeaves(f->message_type(), path, out);
+    } else if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING &&
+               f->cpp_type() != FieldDescriptor::CPPTYPE_BOOL) {
+      out->push_back(path);
+    }
+  }
+}
+
+TEST(JobLimits, EveryNumericFieldHasABoundAndDocsLimitsIsTheTable) {
+  std::vector<std::string> numeric;
+  CollectNumericLeaves(v1::JobSpec::descriptor(), "", &numeric);
+  std::set<std::string> limited;
+  for (const job::FieldLimit& l : job::JobFieldLimits()) limited.insert(l.path);
+  for (const std::string& path : numeric) EXPECT_TRUE(limited.count(path)) << path;
+  std::ifstream in(std::string(PIPETRAIN_SOURCE_DIR) + "/docs/limits.md");
+  std::stringstream doc;
+  doc << in.rdbuf();
+  EXPECT_THAT(doc.str(), HasSubstr(job::LimitsMarkdown()))
+      << "docs/limits.md is out of date; its table is:\n" << job::LimitsMarkdown();
+}
+
+// Past each bound, and not finite: refused naming the field and the reason; the bound itself
+// is still a job the checks take (where the job stays valid otherwise).
+TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
+  for (const job::FieldLimit& l : job::JobFieldLimits()) {
+    SCOPED_TRACE(l.path);
+    const bool unsigned_field = std::string(l.path).find("seed") != std::string::npos;
+    if (unsigned_field) continue;  // the whole 64-bit range: nothing lies beyond
+    const bool list = std::string(l.path) == "model.image_shape";
+    const std::string above = json(l.max * 2 + 1).dump();
+    absl::StatusOr<v1::JobSpec> spec =
+        JobSpecFromYaml(YamlOf(l.path, list ? "[" + above + ", 8, 8]" : above));
+    if (!spec.ok()) {  // beyond the field's type: the reader refuses it
+      EXPECT_THAT(spec.status().message(), HasSubstr(l.path));
+      continue;
+    }
+    absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(*spec);
+    ASSERT_FALSE(config.ok());
+    EXPECT_THAT(config.status().message(), HasSubstr(l.path));
+  }
+  for (const char* yaml : {"optimizer: {lr: .inf}\n", "optimizer: {eps: .nan}\n",
+                           "timeout_s: -.inf\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml);
+    EXPECT_FALSE(spec.ok()) << yaml;  // the reader refuses them first
+    if (!spec.ok()) {
+      EXPECT_THAT(spec.status().message(), HasSubstr("finite")) << yaml;
+    }
+  }
+  // A field no other check bounds above: the table's reason is given.
+  absl::StatusOr<job::JobConfig> wide = JobConfigFromSpec(*JobSpecFromYaml("model: {d_model: 70000}\n"));
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(wide.status().message(),
+              HasSubstr("model.d_model: must be in [1, 65,536] (wider than any published "
+                        "transformer), got 70000"));
+  // The schedule of every step is held in memory: steps x (4m + 2) is bounded.
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml("steps: 2000000000\nmicrobatches: 8\n");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(*spec);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("every step's schedule is held in memory"));
+}
+
+TEST(JobLimits, NamesArePrintableUtf8OfAtMost256Bytes) {
+  for (const std::string& name : {std::string(257, 'a'), std::string("red\x1b[31m"),
+                                 std::string("bad \xff utf8"), std::string("c1 \xc2\x9b")}) {
+    v1::JobSpec spec;
+    spec.set_name(name);
+    absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(spec);
+    ASSERT_FALSE(config.ok()) << name;
+    EXPECT_THAT(config.status().message(), HasSubstr("name: must be at most 256 bytes"));
+  }
+  for (const std::string& name :
+       {std::string(256, 'a'), std::string("nightly \xc3\xa9t\xc3\xa9 \xe2\x9c\x93")}) {
+    v1::JobSpec spec;
+    spec.set_name(name);
+    EXPECT_TRUE(JobConfigFromSpec(spec).ok()) << name;
+  }
+}
+
+// Duplicate keys, an empty document and numbers that are not finite are refused with the
+// line they are on.
+TEST(JobSpecYaml, DuplicateKeysEmptyDocumentsAndNonFiniteNumbersNameTheLine) {
+  absl::StatusOr<v1::JobSpec> dup = JobSpecFromYaml("steps: 3\nmodel: {name: gpt}\nsteps: 4\n");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_THAT(dup.status().message(), HasSubstr("steps (line 3): duplicate key"));
+  absl::StatusOr<v1::JobSpec> nested = JobSpecFromYaml("model:\n  d_model: 8\n  d_model: 16\n");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_THAT(nested.status().message(), HasSubstr("model.d_model (line 3): duplicate key"));
+  for (const char* empty : {"", "\n# only a comment\n", "---\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(empty);
+    ASSERT_FALSE(spec.ok()) << "'" << empty << "'";
+    EXPECT_THAT(spec.status().message(), HasSubstr("the job file is empty"));
+  }
+  absl::StatusOr<v1::JobSpec> inf = JobSpecFromYaml("steps: 3\noptimizer:\n  lr: .inf\n");
+  ASSERT_FALSE(inf.ok());
+  EXPECT_THAT(inf.status().message(), HasSubstr("optimizer.lr (line 3): expected a finite number"));
 }
 
 }  // namespace

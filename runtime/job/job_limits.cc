@@ -1,0 +1,159 @@
+#include "runtime/job/job_limits.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "runtime/job/job_config.h"
+
+namespace pipetrain::job {
+namespace {
+
+constexpr double kU64Max = 18446744073709551615.0;
+
+// 65536 -> "65,536"; 2^64 - 1 -> "2^64 - 1".
+std::string FormatBound(double v) {
+  if (v >= kU64Max) return "2^64 - 1";
+  if (v != std::floor(v)) return absl::StrFormat("%.10g", v);
+  std::string digits = absl::StrFormat("%.0f", std::fabs(v));
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
+  return (v < 0 ? "-" : "") + digits;
+}
+
+// The violation of `limit` by the number `v` (null: not a finite number), or "".
+std::string Check(const FieldLimit& limit, const std::string& where, const nlohmann::json& v) {
+  if (!v.is_number()) return absl::StrCat(where, ": must be a finite number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) return absl::StrCat(where, ": must be a finite number, got ", x);
+  if (x < limit.min || x > limit.max) {
+    return absl::StrCat(where, ": must be in [", FormatBound(limit.min), ", ",
+                        FormatBound(limit.max), "] (", limit.reason, "), got ", v.dump());
+  }
+  return "";
+}
+
+bool IsPrintableUtf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = s[i];
+    int extra = 0;
+    if (c < 0x20 || c == 0x7f) return false;  // control characters
+    if (c < 0x80) {
+      extra = 0;
+    } else if ((c & 0xe0) == 0xc0 && c >= 0xc2) {
+      extra = 1;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2;
+    } else if ((c & 0xf8) == 0xf0 && c <= 0xf4) {
+      extra = 3;
+    } else {
+      return false;
+    }
+    for (int k = 1; k <= extra; ++k) {
+      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    // C1 control characters (U+0080..U+009F) are not printable either.
+    if (extra == 1 && c == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0) return false;
+    i += 1 + extra;
+  }
+  return true;
+}
+
+}  // namespace
+
+const std::vector<FieldLimit>& JobFieldLimits() {
+  static const std::vector<FieldLimit> limits = {
+      {"model.d_model", 1, 65536, "wider than any published transformer"},
+      {"model.n_heads", 1, 1024, "more heads than any published transformer"},
+      {"model.n_layers", 1, 4096, "a layer each, built and held by one rank"},
+      {"model.dropout", 0, 0.999, "a probability below 1"},
+      {"model.hidden", 1, 1048576, "an mlp/cnn layer of hidden^2 parameters must fit one device"},
+      {"model.hidden_layers", 1, 4096, "a layer each, built and held by one rank"},
+      {"model.input_dim", 1, 16777216, "the synthetic features are held in memory"},
+      {"model.image_shape", 1, 65536, "each of C, H, W"},
+      {"model.num_classes", 2, 16777216, "a classifier needs two classes"},
+      {"data.seq_len", 1, 1048576, "one sequence's activations must fit one device"},
+      {"data.vocab", 0, 16777216, "the embedding and the output layer hold vocab x d_model"},
+      {"data.branching", 1, 16777216, "at most the vocabulary"},
+      {"data.num_tokens", 1, 268435456,
+       "the synthetic corpus is generated in memory, 8 bytes a token (2 GiB)"},
+      {"data.num_samples", 1, 16777216, "the synthetic samples are generated in memory"},
+      {"data.seed", 0, kU64Max, "any 64-bit seed"},
+      {"stages", 1, 1024, "one process or thread per stage"},
+      {"replicas", 1, 1024, "one process or thread per stage and replica"},
+      {"bucket_kib", 1, 1048576, "one bucket is at most 1 GiB"},
+      {"microbatches", 1, 65536, "every micro-batch of a step is in the schedule"},
+      {"microbatch_size", 1, 65536, "one micro-batch's activations must fit one device"},
+      {"steps", 1, 2147483647, "a 32-bit count; see also the schedule limit"},
+      {"optimizer.lr", 1e-12, 1e3, "a finite, positive step size"},
+      {"optimizer.weight_decay", 0, 1e3, "finite and not negative"},
+      {"optimizer.momentum", 0, 0.999, "a decay below 1"},
+      {"optimizer.beta1", 0, 0.999999, "a decay below 1"},
+      {"optimizer.beta2", 0, 0.999999999, "a decay below 1"},
+      {"optimizer.eps", 1e-30, 1, "positive, so the update never divides by zero"},
+      {"seed", 0, kU64Max, "any 64-bit seed"},
+      {"threads_per_stage", 0, 256, "intra-op threads of one stage (0: cores / stages)"},
+      {"timeout_s", 0.001, 86400, "a wait for a peer lasts at most a day"},
+  };
+  return limits;
+}
+
+std::vector<std::string> LimitViolations(const JobConfig& config) {
+  std::vector<std::string> errors;
+  const nlohmann::json j = nlohmann::json::parse(JobConfigToJson(config));
+  for (const FieldLimit& limit : JobFieldLimits()) {
+    const nlohmann::json::json_pointer pointer(
+        "/" + absl::StrReplaceAll(limit.path, {{".", "/"}}));
+    const nlohmann::json& v = j.at(pointer);
+    if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        std::string e = Check(limit, absl::StrCat(limit.path, "[", i, "]"), v[i]);
+        if (!e.empty()) errors.push_back(std::move(e));
+      }
+    } else if (std::string e = Check(limit, limit.path, v); !e.empty()) {
+      errors.push_back(std::move(e));
+    }
+  }
+  const double actions =
+      static_cast<double>(config.steps) * (4.0 * config.micro_batches + 2.0);
+  if (actions > kMaxScheduleActions) {
+    errors.push_back(absl::StrCat(
+        "steps: steps x (4 x microbatches + 2) must be at most ", FormatBound(kMaxScheduleActions),
+        " (every step's schedule is held in memory), got ", FormatBound(actions)));
+  }
+  if (config.name.size() > kMaxNameBytes || !IsPrintableUtf8(config.name)) {
+    errors.push_back(absl::StrCat("name: must be at most ", kMaxNameBytes,
+                                  " bytes of printable UTF-8, got ", config.name.size(),
+                                  " bytes", IsPrintableUtf8(config.name) ? "" : " with control "
+                                  "characters or invalid UTF-8"));
+  }
+  for (const auto& [path, value] : {std::pair<const char*, const std::string*>{
+                                        "model.path", &config.model.torchscript_path},
+                                    {"data.path", &config.data.path},
+                                    {"weights_dir", &config.weights_dir}}) {
+    if (value->size() > kMaxPathBytes || !IsPrintableUtf8(*value)) {
+      errors.push_back(absl::StrCat(path, ": must be a path of at most ", kMaxPathBytes,
+                                    " bytes without control characters"));
+    }
+  }
+  return errors;
+}
+
+std::string LimitsMarkdown() {
+  std::string md = "| field | min | max | why |\n|---|---|---|---|\n";
+  for (const FieldLimit& l : JobFieldLimits()) {
+    absl::StrAppend(&md, "| `", l.path, "` | ", FormatBound(l.min), " | ", FormatBound(l.max),
+                    " | ", l.reason, " |\n");
+  }
+  absl::StrAppend(&md, "\nAlso: every number finite; `steps` x (4 x `microbatches` + 2) at most ",
+                  FormatBound(kMaxScheduleActions),
+                  " (every step's schedule is held in memory, about 64 bytes an action); "
+                  "`name` at most ", kMaxNameBytes,
+                  " bytes of printable UTF-8; `model.path`, `data.path` and `weights_dir` at "
+                  "most ", kMaxPathBytes, " bytes without control characters.\n");
+  return md;
+}
+
+}  // namespace pipetrain::job
