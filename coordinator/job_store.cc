@@ -1,10 +1,17 @@
 #include "coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -37,7 +44,7 @@ absl::Status Error(sqlite3* db, const std::string& what) {
 
 class SqliteJobStore : public JobStore {
  public:
-  explicit SqliteJobStore(sqlite3* db) : db_(db) {}
+  SqliteJobStore(sqlite3* db, int lock_fd) : db_(db), lock_fd_(lock_fd) {}
   ~SqliteJobStore() override;
   absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) override;
   absl::StatusOr<std::vector<StoredJob>> LoadJobs() override;
@@ -47,41 +54,176 @@ class SqliteJobStore : public JobStore {
                                                   int64_t after_seq) override;
   absl::StatusOr<int64_t> Increment(const std::string& name) override;
   absl::Status Exec(const char* sql);
+  // The single value `sql` yields (a PRAGMA's), as text.
+  absl::StatusOr<std::string> Value(const char* sql);
+  // "name type notnull pk" of each column of `table`, in order; empty if there is no table.
+  std::vector<std::string> Columns(const std::string& table);
 
  private:
   std::mutex mu_;
   sqlite3* db_;
+  int lock_fd_;  // held (flock) while the store is open: one coordinator per database
 };
+
+// Marks a database as a pipetrain job store ("PTJS"), and its schema's version.
+constexpr int64_t kApplicationId = 0x50544a53;
+constexpr int64_t kSchemaVersion = 1;
+
+struct Table {
+  const char* name;
+  const char* create;
+  // As PRAGMA table_info describes the table `create` makes: "name type notnull pk".
+  std::vector<std::string> columns;
+};
+const Table kTables[] = {
+    {"jobs", "CREATE TABLE jobs (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, job BLOB NOT NULL)",
+     {"id TEXT 0 1", "ord INTEGER 1 0", "job BLOB 1 0"}},
+    {"events",
+     "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+     "unix_ms INTEGER NOT NULL, text TEXT NOT NULL, PRIMARY KEY (job_id, seq))",
+     {"job_id TEXT 1 1", "seq INTEGER 1 2", "unix_ms INTEGER 1 0", "text TEXT 1 0"}},
+    {"counters", "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+     {"name TEXT 0 1", "value INTEGER 1 0"}},
+};
+
+// Takes `<path>.lock` (flock, released when the process ends however it ends) and writes
+// who holds it; FailedPrecondition naming the holder if another process does.
+absl::StatusOr<int> LockStore(const std::string& path) {
+  const std::string lock_path = path + ".lock";
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open the lock file ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {0};
+    const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+    close(fd);
+    std::string who = n > 0 ? std::string(holder, n) : "another process";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job store ", path, " is in use by ", who, " (lock ", lock_path,
+        "): one coordinator per database; stop that one or give another --db"));
+  }
+  char host[128] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string me = absl::StrCat("pipetrain-coordinator pid ", getpid(), " on ", host, "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) < 0) {
+    // The lock holds anyway; only the holder's name for others is missing.
+  }
+  return fd;
+}
+
+const std::string kSetIds = absl::StrCat("PRAGMA application_id = ", kApplicationId,
+                                         "; PRAGMA user_version = ", kSchemaVersion);
+
+// Creates the tables of a new database, or checks that an existing one is this store, of
+// this schema, and undamaged.
+absl::Status CheckOrCreateSchema(SqliteJobStore& store, const std::string& path) {
+  PT_ASSIGN_OR_RETURN(std::string check, store.Value("PRAGMA quick_check"));
+  if (check != "ok") {
+    return absl::DataLossError(absl::StrCat(
+        "the job store ", path, " is damaged (", check.substr(0, 200),
+        "): the coordinator will not run on it; restore it from a backup or move it away"));
+  }
+  PT_ASSIGN_OR_RETURN(std::string app, store.Value("PRAGMA application_id"));
+  PT_ASSIGN_OR_RETURN(std::string version, store.Value("PRAGMA user_version"));
+  PT_ASSIGN_OR_RETURN(std::string tables,
+                      store.Value("SELECT count(*) FROM sqlite_master WHERE type = 'table'"));
+  if (tables == "0") {  // new: created whole, in one transaction
+    PT_RETURN_IF_ERROR(store.Exec("BEGIN IMMEDIATE"));
+    for (const Table& t : kTables) PT_RETURN_IF_ERROR(store.Exec(t.create));
+    PT_RETURN_IF_ERROR(store.Exec(kSetIds.c_str()));
+    return store.Exec("COMMIT");
+  }
+  const bool ours = app == absl::StrCat(kApplicationId);
+  if (!ours && app != "0") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job store ", path, " is not a pipetrain job store (application_id ", app, ")"));
+  }
+  if (ours && version != absl::StrCat(kSchemaVersion)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job store ", path, " has schema version ", version, "; this coordinator "
+                     "knows version ", kSchemaVersion));
+  }
+  // Every table as this version makes it (also for a store from before the id was set).
+  for (const Table& t : kTables) {
+    const std::vector<std::string> have = store.Columns(t.name);
+    if (have != t.columns) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job store ", path, " is not a pipetrain job store of schema version ",
+          kSchemaVersion, ": table '", t.name, "' ",
+          have.empty() ? "is missing" : "has other columns"));
+    }
+  }
+  return ours ? absl::OkStatus() : store.Exec(kSetIds.c_str());
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& path) {
+  PT_ASSIGN_OR_RETURN(const int lock_fd, LockStore(path));
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
     std::string why = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
+    close(lock_fd);
     return absl::UnavailableError(absl::StrCat("cannot open the job store ", path, ": ", why));
   }
-  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db, lock_fd));
   sqlite3_busy_timeout(db, 5000);
-  for (const char* sql : {
-           "PRAGMA journal_mode=WAL",
-           "PRAGMA synchronous=FULL",
-           "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, "
-           "job BLOB NOT NULL)",
-           "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
-           "unix_ms INTEGER NOT NULL, text TEXT NOT NULL, PRIMARY KEY (job_id, seq))",
-           "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-       }) {
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"}) {
     if (absl::Status s = store->Exec(sql); !s.ok()) {
+      if (absl::StrContains(s.message(), "malformed") ||
+          absl::StrContains(s.message(), "not a database")) {
+        return absl::DataLossError(absl::StrCat("the job store ", path, " is damaged (",
+                                                s.message(), "): the coordinator will not run "
+                                                "on it; restore it from a backup or move it away"));
+      }
       return absl::UnavailableError(absl::StrCat("job store ", path, ": ", s.message()));
     }
+  }
+  if (absl::Status s = CheckOrCreateSchema(*store, path); !s.ok()) {
+    if (s.code() == absl::StatusCode::kInternal) {  // an SQLite error while checking
+      return absl::DataLossError(absl::StrCat("the job store ", path, " cannot be read (",
+                                              s.message(), "): the coordinator will not run on "
+                                              "it; restore it from a backup or move it away"));
+    }
+    return s;
   }
   return std::unique_ptr<JobStore>(std::move(store));
 }
 
-SqliteJobStore::~SqliteJobStore() { sqlite3_close(db_); }
+SqliteJobStore::~SqliteJobStore() {
+  sqlite3_close(db_);
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+absl::StatusOr<std::string> SqliteJobStore::Value(const char* sql) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st(db_, sql);
+  if (!st.ok()) return Error(db_, sql);
+  const int rc = sqlite3_step(st.get());
+  if (rc != SQLITE_ROW) return Error(db_, sql);
+  const unsigned char* text = sqlite3_column_text(st.get(), 0);
+  return text ? std::string(reinterpret_cast<const char*>(text)) : std::string();
+}
+
+std::vector<std::string> SqliteJobStore::Columns(const std::string& table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> columns;
+  Statement st(db_, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+  if (!st.ok()) return columns;
+  while (sqlite3_step(st.get()) == SQLITE_ROW) {
+    auto text = [&](int col) {
+      const unsigned char* t = sqlite3_column_text(st.get(), col);
+      return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
+    };
+    columns.push_back(absl::StrCat(text(1), " ", text(2), " ", text(3), " ", text(5)));
+  }
+  return columns;
+}
 
 absl::Status SqliteJobStore::Exec(const char* sql) {
   char* err = nullptr;

@@ -174,6 +174,14 @@ TEST_F(LifecycleTest, CoordinatorKilledMidJobKeepsEveryJobAndItsHistory) {
   const nlohmann::json finished_before = cluster.JobStatus("job-0001");
   const std::vector<nlohmann::json> finished_events = Events(cluster, "job-0001");
 
+  // A second coordinator on the same database is refused at once, naming the first; the
+  // first serves on.
+  Result second = cluster.Shell(std::string(LocalCluster::coordinator_path()) +
+                                " --listen 127.0.0.1:0 --db " + (dir_ / "jobs.db").string());
+  EXPECT_EQ(second.exit_code, 5) << second.err;
+  EXPECT_THAT(second.err, HasSubstr("is in use by pipetrain-coordinator pid"));
+  EXPECT_EQ(cluster.Cli("health").exit_code, 0);
+
   Result long_job = cluster.Cli("submit " + Write("long.yaml", TwoStageJob(100000)).string());
   ASSERT_EQ(long_job.exit_code, 0) << long_job.err;
   ASSERT_EQ(long_job.out, "job-0002\n");
