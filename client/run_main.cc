@@ -12,6 +12,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -179,12 +180,14 @@ absl::StatusOr<v1::JobSpec> ResolveSpec(const RunnerFlags& flags,
 absl::Status SaveWholeModel(std::vector<at::Tensor> parameters,
                             const std::vector<at::Tensor>& buffers, const std::string& path) {
   parameters.insert(parameters.end(), buffers.begin(), buffers.end());
+  // In memory first: LibTorch's writer throws from a destructor when the disk is full.
+  std::ostringstream bytes;
   try {
-    torch::save(parameters, path);
+    torch::save(parameters, bytes);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("writing ", path, ": ", e.what()));
+    return absl::InternalError(absl::StrCat("serializing the weights: ", e.what()));
   }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, bytes.str());
 }
 
 // The whole model's parameters (layer order), then its buffers, from the stage files of

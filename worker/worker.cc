@@ -281,92 +281,99 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
+  if (!config.ok()) return config.status();
+  std::shared_ptr<rendezvous::KeyValueStore> shared_store =
+      MakeCoordinatorStore(coordinator_, a.job_id());
+  job::StageRunHooks hooks;
+  hooks.host = options_.data_host;
+  if (a.rank() == 0) {
+    hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_ = hooks.commands;
+  }
+  // Checkpoints are written beside the stage, which goes on; all are done before the end
+  // is reported, and a failed write fails the stage.
+  std::vector<std::thread> writers;
+  std::mutex write_mu;
+  absl::Status write_error;
+  auto join_writers = [&] {
+    for (std::thread& t : writers) t.join();
+    writers.clear();
+    return write_error;
+  };
+  hooks.on_checkpoint = [&](int64_t step, const job::StageOutcome& weights) {
+    const std::string dir = (std::filesystem::path(a.spec().weights_dir()) /
+                             absl::StrCat("checkpoint-", step)).string();
+    writers.emplace_back([&, dir, weights, rank = a.rank()] {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      absl::Status s = job::WriteStageOutcome(dir, rank, weights);
+      std::lock_guard<std::mutex> lock(write_mu);
+      if (!s.ok() && write_error.ok()) write_error = s;
+    });
+  };
+  hooks.on_transport = [this](transport::Transport* t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    transport_ = t;
+    if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
+  };
+  hooks.on_executor = [this](const executor::StageExecutor* e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    executor_ = e;
+  };
+  hooks.on_transport_gone = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    transport_ = nullptr;
+  };
+  StepReporter reporter(coordinator_, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    AbortStage("the coordinator ended the job");
+  });
+  int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
+  hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
+  hooks.on_step = [&](const executor::StepRecord& step) {
+    v1::StepReport report;
+    report.set_worker_id(worker_id);
+    report.set_job_id(a.job_id());
+    report.set_rank(a.rank());
+    report.set_step(step.step);
+    if (step.mean_loss) {
+      report.set_has_loss(true);
+      report.set_loss(*step.mean_loss);
+    }
+    report.set_end_s(step.end_s);
+    report.set_compute_s(step.compute_s);
+    report.set_wait_s(step.wait_s);
+    report.set_parameter_bytes(parameter_bytes);
+    for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
+      report.add_commands_after(c);
+    }
+    reporter.Add(std::move(report));
+  };
+  absl::StatusOr<job::StageOutcome> outcome =
+      job::RunStage(*config, a.rank(), shared_store, hooks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.reset();
+  }
+  absl::Status written = join_writers();
+  if (!outcome.ok()) return outcome.status();
+  if (!written.ok()) return written;
+  return job::SaveStageWeights(*config, a.rank(), *outcome);
+}
+
 void Worker::RunAssignment(v1::StageAssignment a) {
   const std::string worker_id = id();
   std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
                a.rank(), a.job_id().c_str());
-  absl::Status result = [&]() -> absl::Status {
-    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
-    if (!config.ok()) return config.status();
-    std::shared_ptr<rendezvous::KeyValueStore> shared_store =
-        MakeCoordinatorStore(coordinator_, a.job_id());
-    job::StageRunHooks hooks;
-    hooks.host = options_.data_host;
-    if (a.rank() == 0) {
-      hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
-      std::lock_guard<std::mutex> lock(mu_);
-      commands_ = hooks.commands;
-    }
-    // Checkpoints are written beside the stage, which goes on; all are done before the end
-    // is reported, and a failed write fails the stage.
-    std::vector<std::thread> writers;
-    std::mutex write_mu;
-    absl::Status write_error;
-    auto join_writers = [&] {
-      for (std::thread& t : writers) t.join();
-      writers.clear();
-      return write_error;
-    };
-    hooks.on_checkpoint = [&](int64_t step, const job::StageOutcome& weights) {
-      const std::string dir = (std::filesystem::path(a.spec().weights_dir()) /
-                               absl::StrCat("checkpoint-", step)).string();
-      writers.emplace_back([&, dir, weights, rank = a.rank()] {
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        absl::Status s = job::WriteStageOutcome(dir, rank, weights);
-        std::lock_guard<std::mutex> lock(write_mu);
-        if (!s.ok() && write_error.ok()) write_error = s;
-      });
-    };
-    hooks.on_transport = [this](transport::Transport* t) {
-      std::lock_guard<std::mutex> lock(mu_);
-      transport_ = t;
-      if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
-    };
-    hooks.on_executor = [this](const executor::StageExecutor* e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      executor_ = e;
-    };
-    hooks.on_transport_gone = [this] {
-      std::lock_guard<std::mutex> lock(mu_);
-      transport_ = nullptr;
-    };
-    StepReporter reporter(coordinator_, [this] {
-      std::lock_guard<std::mutex> lock(mu_);
-      AbortStage("the coordinator ended the job");
-    });
-    int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
-    hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
-    hooks.on_step = [&](const executor::StepRecord& step) {
-      v1::StepReport report;
-      report.set_worker_id(worker_id);
-      report.set_job_id(a.job_id());
-      report.set_rank(a.rank());
-      report.set_step(step.step);
-      if (step.mean_loss) {
-        report.set_has_loss(true);
-        report.set_loss(*step.mean_loss);
-      }
-      report.set_end_s(step.end_s);
-      report.set_compute_s(step.compute_s);
-      report.set_wait_s(step.wait_s);
-      report.set_parameter_bytes(parameter_bytes);
-      for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
-        report.add_commands_after(c);
-      }
-      reporter.Add(std::move(report));
-    };
-    absl::StatusOr<job::StageOutcome> outcome =
-        job::RunStage(*config, a.rank(), shared_store, hooks);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      commands_.reset();
-    }
-    absl::Status written = join_writers();
-    if (!outcome.ok()) return outcome.status();
-    if (!written.ok()) return written;
-    return job::SaveStageWeights(*config, a.rank(), *outcome);
-  }();
+  absl::Status result;
+  try {
+    result = RunStage(a, worker_id);
+  } catch (const std::exception& e) {  // out of memory, a LibTorch error: this job's, not ours
+    result = absl::InternalError(absl::StrCat("rank ", a.rank(), ": ", e.what()));
+  }
   std::string error;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -77,6 +77,8 @@ class Worker : public v1::WorkerService::Service {
   explicit Worker(WorkerOptions options);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
+  // Builds and runs the assigned rank until it ends; its outcome (a failure names its cause).
+  absl::Status RunStage(const v1::StageAssignment& assignment, const std::string& worker_id);
   void RunAssignment(v1::StageAssignment assignment);
   // REQUIRES: mu_ held.
   void AbortStage(const std::string& why);

@@ -21,6 +21,7 @@
 
 namespace pipetrain::job {
 absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& options) {
+  PT_RETURN_IF_ERROR(CheckWeightsDir(c));
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages(), w = c.replicas;
   const int threads = ThreadsPerStage(c, p * w);

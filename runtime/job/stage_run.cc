@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/atomic_file.h"
 #include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
@@ -85,6 +87,7 @@ fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunHooks& hooks) {
+  PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages();
   if (rank < 0 || rank >= p * c.replicas) {
@@ -147,18 +150,39 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
+  // Serialized in memory first: LibTorch's writer throws from a destructor when the disk is
+  // full (which would end the process); here a failed write is an error like any other.
+  std::ostringstream weights;
   try {
     std::vector<at::Tensor> tensors = out.parameters;
     tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
-    torch::save(tensors, OutcomePath(dir, stage, ".pt").string());
-    nlohmann::json j = StatsToJson(out.stats);
-    j["num_parameters"] = out.parameters.size();
-    j["parameter_bytes"] = out.parameter_bytes;
-    j["peak_memory_bytes"] = out.peak_memory_bytes;
-    std::ofstream(OutcomePath(dir, stage, ".json")) << j.dump();
+    torch::save(tensors, weights);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("stage ", stage, ": writing results: ", e.what()));
+    return absl::InternalError(absl::StrCat("stage ", stage, ": serializing its weights: ",
+                                            e.what()));
   }
+  nlohmann::json j = StatsToJson(out.stats);
+  j["num_parameters"] = out.parameters.size();
+  j["parameter_bytes"] = out.parameter_bytes;
+  j["peak_memory_bytes"] = out.peak_memory_bytes;
+  PT_RETURN_IF_ERROR(WriteFileAtomically(OutcomePath(dir, stage, ".pt").string(), weights.str()));
+  return WriteFileAtomically(OutcomePath(dir, stage, ".json").string(), j.dump());
+}
+
+absl::Status CheckWeightsDir(const JobConfig& config) {
+  if (config.weights_dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(config.weights_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights_dir: cannot create ", config.weights_dir, ": ", ec.message()));
+  }
+  const std::string probe = (std::filesystem::path(config.weights_dir) /
+                             absl::StrCat(".pipetrain-probe-", getpid())).string();
+  if (absl::Status s = WriteFileAtomically(probe, "probe"); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("weights_dir: ", s.message()));
+  }
+  std::filesystem::remove(probe, ec);
   return absl::OkStatus();
 }
 
@@ -170,7 +194,11 @@ absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutc
     return absl::InternalError(absl::StrCat("weights_dir: cannot create ", config.weights_dir,
                                             ": ", ec.message()));
   }
-  return WriteStageOutcome(config.weights_dir, rank, outcome);
+  absl::Status written = WriteStageOutcome(config.weights_dir, rank, outcome);
+  if (!written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("weights_dir: ", written.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage) {

@@ -52,6 +52,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
 absl::Status WriteStageOutcome(const std::string& dir, int rank, const StageOutcome& outcome);
 absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int rank);
 
+// The job's weights_dir, if set, exists (made if missing) and takes a file: checked before a
+// rank builds anything, so a job that could not save its weights fails at once.
+absl::Status CheckWeightsDir(const JobConfig& config);
+
 // The job's weights_dir, if set: the rank's outcome written there as above (the directory
 // made if missing), by whoever ran the rank (a thread, a stage process, a worker).
 absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutcome& outcome);

@@ -8,7 +8,10 @@
 // the second, since it has no spec to check. What needs the model or the data (a data file,
 // a TorchScript file) is checked by the workers when they plan their stage: the job fails at
 // once naming the field, and every worker is free again.
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <set>
 #include <string>
@@ -28,6 +31,7 @@
 namespace {
 
 namespace v1 = ::pipetrain::v1;
+namespace fs = std::filesystem;
 using ::pipetrain::test::LocalCluster;
 using ::pipetrain::test::ReadFile;
 using ::pipetrain::test::Result;
@@ -282,18 +286,39 @@ TEST_F(InvalidSpecTest, EveryKindIsRefusedWithEveryViolationAndNothingRuns) {
   EXPECT_THAT(valid.out, HasSubstr("job-0001 succeeded"));
 }
 
+// What only a worker can check (the data, the model file, its output directory) and what
+// fails while writing (a full disk) fails the job with its cause, naming the field; the
+// workers stay up and take the next job.
 TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheField) {
   LocalCluster cluster(dir_, 2);
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
-  const struct {
+  struct Case {
     std::string yaml, field;
-  } cases[] = {
+  };
+  std::vector<Case> cases = {
       {Spec({{"data", "{kind: bytes, path: /nonexistent/corpus.txt}"}}),
        "data.path: cannot open"},
       {Spec({{"model", "{name: torchscript, path: /nonexistent/model.pt}"},
              {"data", "{kind: classification}"}}),
        "model.path: cannot load TorchScript model '/nonexistent/model.pt'"},
+      // An output directory that cannot be made: refused before the first step.
+      {Spec({{"weights_dir", Write("a-file", "").string() + "/weights"}}),
+       "weights_dir: cannot create"},
   };
+  // A full disk when the weights are written at the end (LibTorch's writer once took the
+  // worker process down with it): the job fails with the cause, the workers stay.
+  const fs::path full = dir_ / "full";
+  fs::create_directories(full);
+  const bool have_full_disk =
+      geteuid() == 0 &&
+      cluster.Shell("mount -t tmpfs -o size=32k tmpfs " + full.string()).exit_code == 0;
+  if (have_full_disk) {
+    cases.push_back({Spec({{"weights_dir", (full / "w").string()},
+                           {"model", "{name: gpt, d_model: 64, n_heads: 2, n_layers: 2}"}}),
+                     "No space left on device"});
+  } else {
+    std::fprintf(stderr, "note: no tmpfs to fill (not root?): the full-disk case is left out\n");
+  }
   int n = 0;
   for (const auto& c : cases) {
     SCOPED_TRACE(c.field);
@@ -306,9 +331,12 @@ TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheFiel
     // Nothing is left running: both workers take the next job at once.
     EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
   }
+  if (have_full_disk) cluster.Shell("umount " + full.string());
   Result valid = cluster.Cli("submit " + Write("valid.yaml", Spec({})).string() + " --follow");
   EXPECT_EQ(valid.exit_code, 0) << valid.out << valid.err;
-  EXPECT_THAT(valid.out, HasSubstr("job-0003 succeeded"));
+  EXPECT_THAT(valid.out, HasSubstr("job-000" + std::to_string(n + 1) + " succeeded"));
+  // The same two workers ran every job: none died and registered again.
+  EXPECT_EQ(cluster.Workers().size(), 2u);
 }
 
 }  // namespace
