@@ -379,6 +379,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
   }
   return LockedThenFlush([&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
+    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address())) {
+      // The same service address again: that worker restarted (on a fixed port).
+      const std::string old_id = old->info.id();
+      if (old->info.state() != "lost") LoseWorker(*old, "registered again (it restarted)");
+      pool_.Remove(old_id);
+    }
     next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
     v1::WorkerInfo info;
     info.set_id(absl::StrFormat("worker-%d", next_worker_));
@@ -396,6 +402,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
                  request.name().empty() ? "" : ", ", request.name().c_str());
     Schedule();
     return response;
+  });
+}
+
+absl::Status Coordinator::Deregister(const std::string& session,
+                                     const v1::DeregisterWorkerRequest& request) {
+  return LockedThenFlush([&]() -> absl::Status {
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
+    const std::string id = w->info.id();
+    if (!w->info.job_id().empty()) LoseWorker(*w, "stopped (it was shut down)");
+    std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
+    pool_.Remove(id);
+    Schedule();
+    return absl::OkStatus();
   });
 }
 
@@ -679,6 +698,7 @@ void Coordinator::Schedule() {
     e.rank_worker = p.rank_workers;
     e.rank_ended.assign(ranks, false);
     e.rank_step.assign(ranks, -1);
+    e.assign_attempts.assign(ranks, 0);
     std::vector<std::string> placed;
     for (int r = 0; r < ranks; ++r) {
       pool_.Assign(*pool_.Find(p.rank_workers[r]), e.job.id(), r);
@@ -708,24 +728,53 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;
     LockedThenFlush([&] {
-      auto it = jobs_.find(assignment.job_id());
-      if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return 0;
-      if (WorkerPool::Worker* w = pool_.Find(worker_id)) pool_.Release(*w);
-      it->second.rank_ended[assignment.rank()] = true;
-      EndJob(it->second, v1::JOB_STATE_FAILED,
-             absl::StrCat("assigning ", Rank(it->second.job, assignment.rank()), " to ",
-                          worker_id, " failed: ", s.message()));
-      Schedule();
+      AssignmentFailed(assignment.job_id(), assignment.rank(), worker_id, s);
       return 0;
     });
   });
 }
 
-void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
-  const std::string silent =
-      absl::FormatDuration(absl::Trunc(lost.silent, absl::Milliseconds(1)));
-  std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", lost.id.c_str(),
-               lost.address.c_str(), silent.c_str());
+void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
+                                   const std::string& worker_id, const absl::Status& error) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
+  JobEntry& e = it->second;
+  if (e.rank_worker[rank] != worker_id) return;  // moved already
+  const std::string failed = absl::StrCat("assigning ", Rank(e.job, rank), " to ", worker_id,
+                                          " failed: ", error.message());
+  WorkerPool::Worker* w = pool_.Find(worker_id);
+  const bool unreachable = absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error);
+  if (w != nullptr) {
+    if (unreachable) {
+      pool_.MarkLost(*w, deps_.clock->Now());  // not chosen again until it registers again
+    } else {
+      pool_.Release(*w);
+    }
+  }
+  const std::vector<std::string> idle = pool_.IdleIds();
+  if (unreachable && !idle.empty() && ++e.assign_attempts[rank] < options_.assign_attempts) {
+    const std::string next = idle.front();
+    pool_.Assign(*pool_.Find(next), job_id, rank);
+    e.rank_worker[rank] = next;
+    e.job.mutable_stage_status(rank)->set_worker_id(next);
+    Event(job_id, absl::StrCat(failed, "; assigned to ", next, " instead"));
+    Changed(e);
+    AssignRank(job_id, rank);
+    return;
+  }
+  e.rank_ended[rank] = true;
+  EndJob(e, v1::JOB_STATE_FAILED, failed);
+  Schedule();
+}
+
+void Coordinator::LoseWorker(WorkerPool::Worker& w, const std::string& why) {
+  WorkerPool::Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
+                        absl::ZeroDuration()};
+  pool_.MarkLost(w, deps_.clock->Now());
+  FailRankOf(lost, why);
+}
+
+void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& why) {
   auto j = jobs_.find(lost.job_id);
   if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
   JobEntry& e = j->second;
@@ -734,12 +783,24 @@ void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
     e.job.mutable_stage_status(lost.rank)->set_state("lost");
   }
   EndJob(e, v1::JOB_STATE_FAILED,
-         absl::StrCat(lost.id, " (", lost.address, ") running ", Rank(e.job, lost.rank),
-                      " stopped sending heartbeats (none for ", silent, ")"));
+         absl::StrCat(lost.id, " (", lost.address, ") running ", Rank(e.job, lost.rank), " ",
+                      why));
+}
+
+void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
+  const std::string silent =
+      absl::FormatDuration(absl::Trunc(lost.silent, absl::Milliseconds(1)));
+  std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", lost.id.c_str(),
+               lost.address.c_str(), silent.c_str());
+  FailRankOf(lost, absl::StrCat("stopped sending heartbeats (none for ", silent, ")"));
 }
 
 void Coordinator::TickLocked() {
   const absl::Time now = deps_.clock->Now();
+  for (const std::string& id : pool_.RemoveLostFor(now, options_.lost_worker_ttl)) {
+    std::fprintf(stderr, "coordinator: %s forgotten (lost for over %s)\n", id.c_str(),
+                 absl::FormatDuration(options_.lost_worker_ttl).c_str());
+  }
   for (const WorkerPool::Lost& lost : pool_.ExpireSilent(now, 2 * options_.heartbeat_interval)) {
     FailLostWorker(lost);
   }

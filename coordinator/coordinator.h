@@ -65,6 +65,11 @@ struct CoordinatorOptions {
   std::string db_path = "pipetrain-coordinator.db";
   absl::Duration heartbeat_interval = absl::Seconds(1);
   rpc::SecurityOptions security;         // token and TLS for its calls to workers
+  // A lost worker is listed (state "lost") this long, then forgotten.
+  absl::Duration lost_worker_ttl = absl::Minutes(1);
+  // A rank whose assignment fails (the worker cannot be reached) is tried on another idle
+  // worker, this many times in all, before its job fails.
+  int assign_attempts = 3;
 };
 
 // What the coordinator talks to. Open(options) uses the real ones.
@@ -110,7 +115,11 @@ class Coordinator {
   // may speak only for that worker and for the ranks assigned to it: an unknown session is
   // NotFound (the worker registers again), another worker's id or a rank or job not assigned
   // to it is PermissionDenied, and nothing is changed.
+  // A worker registering from the address of one already known replaces it (a worker that
+  // restarted on a fixed port): the old entry's rank, if any, is lost.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  // A worker stopping on purpose leaves the pool (a rank it still ran is lost).
+  absl::Status Deregister(const std::string& session, const v1::DeregisterWorkerRequest& request);
   absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request);
   // A batch is checked whole before any of it is applied: each report is its rank's next step
   // (one already counted, resent after a lost reply, is skipped) and below the job's steps,
@@ -138,6 +147,7 @@ class Coordinator {
     std::vector<std::string> rank_worker;              // worker id per rank
     std::vector<bool> rank_ended;
     std::vector<int64_t> rank_step;                    // last reported step per rank
+    std::vector<int> assign_attempts;                  // assignments tried per rank
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
     double first_end_s = -1;                           // rank 0's end_s of step 0
     int64_t tokens_per_step = 0;
@@ -178,7 +188,16 @@ class Coordinator {
   // REQUIRES: mu_ held.
   void TickLocked();
   void FailLostWorker(const WorkerPool::Lost& lost);
+  // REQUIRES: mu_ held. Marks the worker lost and fails the job of the rank it ran.
+  void LoseWorker(WorkerPool::Worker& worker, const std::string& why);
+  // REQUIRES: mu_ held. Fails the running job of the rank a lost worker ran ("<id> (<address>)
+  // running stage S <why>").
+  void FailRankOf(const WorkerPool::Lost& lost, const std::string& why);
   void AssignRank(const std::string& job_id, int rank);
+  // REQUIRES: mu_ held. The assignment of `rank` to `worker_id` failed with `error`: the rank
+  // goes to another idle worker (the unreachable one is lost), or its job fails.
+  void AssignmentFailed(const std::string& job_id, int rank, const std::string& worker_id,
+                        const absl::Status& error);
   int64_t NowMs() const;
   // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);

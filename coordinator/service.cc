@@ -120,6 +120,11 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::RegisterWorkerResponse* response) override {
     return Reply(c_->Register(*request), response);
   }
+  grpc::Status DeregisterWorker(grpc::ServerContext* ctx,
+                                const v1::DeregisterWorkerRequest* request,
+                                v1::DeregisterWorkerResponse*) override {
+    return ToGrpcStatus(c_->Deregister(rpc::SessionOf(*ctx), *request));
+  }
   // Every other call names the worker's session (rpc::WorkerSession): the core checks that
   // it speaks only for that worker and its ranks.
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,

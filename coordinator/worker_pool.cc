@@ -41,6 +41,36 @@ absl::StatusOr<WorkerPool::Worker*> WorkerPool::Heartbeat(const std::string& id,
   return w;
 }
 
+WorkerPool::Worker* WorkerPool::FindByAddress(const std::string& address) {
+  for (auto& [id, w] : workers_) {
+    if (w.info.address() == address) return &w;
+  }
+  return nullptr;
+}
+
+void WorkerPool::Remove(const std::string& id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  by_session_.erase(it->second.session);
+  workers_.erase(it);
+}
+
+void WorkerPool::MarkLost(Worker& w, absl::Time now) {
+  w.info.set_state("lost");
+  w.info.set_job_id("");
+  w.info.set_rank(-1);
+  w.lost_at = now;
+}
+
+std::vector<std::string> WorkerPool::RemoveLostFor(absl::Time now, absl::Duration ttl) {
+  std::vector<std::string> removed;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() == "lost" && now - w.lost_at > ttl) removed.push_back(id);
+  }
+  for (const std::string& id : removed) Remove(id);
+  return removed;
+}
+
 std::vector<std::string> WorkerPool::IdleIds() const {
   std::vector<std::string> ids;
   for (const auto& [id, w] : workers_) {
@@ -67,9 +97,7 @@ std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Dur
   for (auto& [id, w] : workers_) {
     if (w.info.state() == "lost" || now - w.last_heartbeat <= limit) continue;
     lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat});
-    w.info.set_state("lost");
-    w.info.set_job_id("");
-    w.info.set_rank(-1);
+    MarkLost(w, now);
   }
   return lost;
 }

@@ -22,6 +22,7 @@ class WorkerPool {
     absl::Time last_heartbeat;
     std::shared_ptr<WorkerClient> client;
     std::string session;  // its credential for the calls it makes (rpc::WorkerSession)
+    absl::Time lost_at = absl::InfinitePast();  // when it was marked lost
   };
   struct Lost {
     std::string id, address, job_id;
@@ -36,6 +37,14 @@ class WorkerPool {
   Worker* Find(const std::string& id);
   // The worker holding `session`; nullptr if none (or `session` is empty).
   Worker* FindBySession(const std::string& session);
+  // The worker whose service is at `address`; nullptr if none.
+  Worker* FindByAddress(const std::string& address);
+  // Forgets the worker (its session too).
+  void Remove(const std::string& id);
+  // Lost at `now` (unreachable, or silent): never chosen again; it must register again.
+  void MarkLost(Worker& worker, absl::Time now);
+  // Removes the workers lost for longer than `ttl`; returns their ids.
+  std::vector<std::string> RemoveLostFor(absl::Time now, absl::Duration ttl);
   // Records a heartbeat at `now`; NotFound ("register again") for an unknown or lost worker.
   absl::StatusOr<Worker*> Heartbeat(const std::string& id, absl::Time now);
   // Ids of the idle workers, in id order.

@@ -413,6 +413,15 @@ void Worker::Stop() {
   cv_.notify_all();
   if (stage.joinable()) stage.join();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // Leaves the pool at once rather than being found lost two heartbeats later.
+  if (coordinator_ && !id().empty()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(1)));
+    v1::DeregisterWorkerRequest request;
+    request.set_worker_id(id());
+    v1::DeregisterWorkerResponse response;
+    (void)coordinator_->DeregisterWorker(&ctx, request, &response);
+  }
   if (server_) server_->Shutdown(In(absl::Seconds(2)));
 }
 

@@ -441,7 +441,79 @@ TEST_F(CoordinatorCoreTest, AFailedAssignmentFailsTheJobAndFreesItsWorkers) {
               HasSubstr("assigning stage 0 to worker-1 failed: connection refused"));
   ASSERT_EQ(Worker(2).stopped.size(), 1u);
   EndRank(w2, job.id(), 1, false, "stopped");
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), "idle");
+  // The unreachable worker is lost (never chosen again until it registers again); the other
+  // is free.
+  std::map<std::string, std::string> states;
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
+  EXPECT_EQ(states["worker-1"], "lost");
+  EXPECT_EQ(states[w2], "idle");
+}
+
+// An assignment a worker cannot take (unreachable) goes to another idle worker, a bounded
+// number of times; the job runs on the workers that took it.
+TEST_F(CoordinatorCoreTest, AFailedAssignmentIsRetriedOnAnotherIdleWorker) {
+  Register(1);
+  Register(2);
+  Register(3);
+  Worker(1).fail_assign = true;
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  const v1::Job running = Get(job.id());
+  EXPECT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.stage_status(0).worker_id(), "worker-3");
+  EXPECT_EQ(running.stage_status(1).worker_id(), "worker-2");
+  ASSERT_EQ(Worker(3).assigned.size(), 1u);
+  EXPECT_EQ(Worker(3).assigned[0].rank(), 0);
+  EXPECT_THAT(EventTexts(job.id()),
+              ::testing::Contains(HasSubstr("assigning stage 0 to worker-1 failed: connection "
+                                            "refused; assigned to worker-3 instead")));
+  // Every worker unreachable: tried assign_attempts (3) times in all, then the job fails.
+  for (int n = 4; n <= 8; ++n) Register(n);
+  for (int n = 4; n <= 8; ++n) Worker(n).fail_assign = true;
+  const v1::Job doomed = Submit(Spec(1));
+  RunLater();
+  EXPECT_EQ(Get(doomed.id()).state(), v1::JOB_STATE_FAILED);
+  int tried = 0;
+  for (int n = 4; n <= 8; ++n) tried += static_cast<int>(Worker(n).assigned.size());
+  EXPECT_EQ(tried, 3);
+}
+
+// A worker that stops on purpose leaves at once (the rank it ran is lost, naming why); one
+// that is lost is listed as lost, then forgotten after the TTL; one registering again from
+// the same address replaces its old entry.
+TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplacedWhenBack) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  v1::DeregisterWorkerRequest leave;
+  leave.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->Deregister(sessions_[w1], leave).code(),
+            absl::StatusCode::kPermissionDenied);  // not for another worker
+  EXPECT_TRUE(coordinator_->Deregister(sessions_[w2], leave).ok());
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (addr-2) running stage 1 stopped (it was shut "
+                                          "down)"));
+  EXPECT_EQ(coordinator_->Workers().size(), 1u);
+
+  // Lost, listed as lost, then forgotten (TTL 1 minute).
+  clock_->Advance(absl::Seconds(3));
+  coordinator_->Tick();
+  ASSERT_EQ(coordinator_->Workers().size(), 1u);
+  EXPECT_EQ(coordinator_->Workers()[0].state(), "lost");
+  clock_->Advance(absl::Seconds(61));
+  coordinator_->Tick();
+  EXPECT_TRUE(coordinator_->Workers().empty());
+
+  // Registering twice from one address: one entry, the newest.
+  const std::string first = Register(5), second = Register(5);
+  ASSERT_NE(first, second);
+  const std::vector<v1::WorkerInfo> workers = coordinator_->Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].id(), second);
+  v1::HeartbeatRequest h;
+  h.set_worker_id(first);
+  EXPECT_EQ(coordinator_->Heartbeat(sessions_[first], h).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {

@@ -373,3 +373,23 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
 }
 
 }  // namespace
+
+namespace {
+
+// A worker stopped with SIGTERM leaves the pool at once (it is never chosen again, so the
+// next job runs on the others instead of failing on a closed port).
+TEST_F(LifecycleTest, AWorkerStoppedWithSigtermLeavesThePoolAtOnce) {
+  LocalCluster cluster(dir_, Options(3));
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(3));
+  EXPECT_EQ(cluster.StopWorker(0), 0);
+  EXPECT_EQ(cluster.Workers().size(), 2u);  // gone before SIGTERM's exit was reaped
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), HasSubstr("left (deregistered)"));
+  for (int i = 0; i < 2; ++i) {
+    const fs::path job = Write("job" + std::to_string(i) + ".yaml", TwoStageJob(3));
+    Result r = cluster.Cli("submit " + job.string() + " --follow");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+}
+
+}  // namespace
