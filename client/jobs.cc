@@ -23,6 +23,7 @@
 #include "rpc/security.h"
 #include "rpc/status.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
 #include "runtime/base/progress_line.h"
 
 namespace pipetrain::client {
@@ -41,7 +42,8 @@ struct Common {
 int ExitFor(const grpc::Status& s) { return exit_code::For(rpc::ToAbslStatus(s)); }
 
 int Fail(const grpc::Status& s, const std::string& what) {
-  std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(), s.error_message().c_str());
+  std::fprintf(stderr, "pipetrain: %s: %s\n", Printable(what).c_str(),
+               Printable(s.error_message()).c_str());
   return ExitFor(s);
 }
 
@@ -75,7 +77,8 @@ class Client {
     if (ExitFor(s) != exit_code::kDenied) return client::Fail(s, what);
     std::fprintf(stderr,
                  "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
-                 what.c_str(), common_.coordinator.c_str(), s.error_message().c_str(),
+                 Printable(what).c_str(), common_.coordinator.c_str(),
+                 Printable(s.error_message()).c_str(),
                  common_.security.token.empty()
                      ? "--token-file or PIPETRAIN_TOKEN"
                      : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
@@ -114,9 +117,10 @@ std::string MebiBytes(int64_t bytes) {
 }
 
 void PrintJobTable(const v1::Job& job) {
-  std::printf("job %s%s%s: %s", job.id().c_str(), job.spec().name().empty() ? "" : " ",
-              job.spec().name().c_str(), StateName(job.state()).c_str());
-  if (!job.message().empty()) std::printf(" (%s)", job.message().c_str());
+  std::printf("job %s%s%s: %s", Printable(job.id()).c_str(),
+              job.spec().name().empty() ? "" : " ", Printable(job.spec().name()).c_str(),
+              StateName(job.state()).c_str());
+  if (!job.message().empty()) std::printf(" (%s)", Printable(job.message()).c_str());
   std::printf("\nstep %lld/%d  loss %.4f  %.0f %s/s  %d stages x %d replicas\n",
               static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
               job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
@@ -124,11 +128,11 @@ void PrintJobTable(const v1::Job& job) {
   std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s %-10s %-10s\n", "stage", "replica",
               "worker", "step", "state", "action", "compute_s", "wait_s", "params", "peak_mem");
   for (const v1::StageStatus& s : job.stage_status()) {
-    std::string action = s.action();
-    if (!s.waiting_for().empty()) action += " <- " + s.waiting_for();
+    std::string action = Printable(s.action());
+    if (!s.waiting_for().empty()) action += " <- " + Printable(s.waiting_for());
     std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f %-10s %-10s\n", s.stage(),
-                s.replica(), s.worker_id().c_str(), static_cast<long long>(s.step() + 1),
-                s.state().c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
+                s.replica(), Printable(s.worker_id()).c_str(), static_cast<long long>(s.step() + 1),
+                Printable(s.state()).c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
                 s.wait_s(), MebiBytes(s.parameter_bytes()).c_str(),
                 MebiBytes(s.peak_memory_bytes()).c_str());
   }
@@ -148,8 +152,8 @@ void PrintJobTable(const v1::Job& job) {
       std::string cell = "-";
       if (rank < job.stage_status_size()) {
         const v1::StageStatus& s = job.stage_status(rank);
-        if (!s.action().empty()) cell = s.action();
-        if (!s.waiting_for().empty()) cell += " -> " + s.waiting_for();
+        if (!s.action().empty()) cell = Printable(s.action());
+        if (!s.waiting_for().empty()) cell += " -> " + Printable(s.waiting_for());
       }
       std::printf("  %-24s", cell.c_str());
     }
@@ -207,8 +211,8 @@ int Follow(Client& client, const std::string& id, bool json, bool quiet = false)
         absl::StrCat("following ", id));
   }
   if (!json && !quiet) {
-    std::printf("job %s %s%s%s\n", id.c_str(), StateName(job.state()).c_str(),
-                job.message().empty() ? "" : ": ", job.message().c_str());
+    std::printf("job %s %s%s%s\n", Printable(id).c_str(), StateName(job.state()).c_str(),
+                job.message().empty() ? "" : ": ", Printable(job.message()).c_str());
   }
   return job.state() == v1::JOB_STATE_SUCCEEDED ? exit_code::kOk : exit_code::kJobFailed;
 }
@@ -353,25 +357,28 @@ void AddList(CLI::App& app, const JobCommands& c) {
   list->callback([=] {
     *chosen = [=]() -> int {
       Client client(*common);
-      v1::ListJobsResponse response;
-      grpc::Status s =
-          client.Call(&v1::JobService::Stub::ListJobs, v1::ListJobsRequest(), &response);
-      if (!s.ok()) return client.Fail(s, "list");
-      if (common->output == "table") {
-        std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss", "layout",
-                    "name");
-      }
-      for (const v1::Job& job : response.jobs()) {
-        if (common->output == "json") {
-          std::printf("%s\n", Json(job).c_str());
-        } else {
-          std::printf("%-10s %-10s %-11s %-12.4f %-10s %s\n", job.id().c_str(),
-                      StateName(job.state()).c_str(),
-                      absl::StrCat(job.step() + 1, "/", job.steps()).c_str(), job.loss(),
-                      absl::StrCat(job.stages(), "x", job.replicas()).c_str(),
-                      job.spec().name().c_str());
+      v1::ListJobsRequest request;  // page after page: no answer nears the message limit
+      do {
+        v1::ListJobsResponse response;
+        grpc::Status s = client.Call(&v1::JobService::Stub::ListJobs, request, &response);
+        if (!s.ok()) return client.Fail(s, "list");
+        if (common->output == "table" && request.page_token().empty()) {  // after the first
+          std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss",
+                      "layout", "name");
         }
-      }
+        for (const v1::Job& job : response.jobs()) {
+          if (common->output == "json") {
+            std::printf("%s\n", Json(job).c_str());
+          } else {
+            std::printf("%-10s %-10s %-11s %-12.4f %-10s %s\n", Printable(job.id()).c_str(),
+                        StateName(job.state()).c_str(),
+                        absl::StrCat(job.step() + 1, "/", job.steps()).c_str(), job.loss(),
+                        absl::StrCat(job.stages(), "x", job.replicas()).c_str(),
+                        Printable(job.spec().name()).c_str());
+          }
+        }
+        request.set_page_token(response.next_page_token());
+      } while (!request.page_token().empty());
       return exit_code::kOk;
     };
   });
@@ -483,7 +490,7 @@ void AddLogs(CLI::App& app, const JobCommands& c) {
                       absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.unix_ms()),
                                        absl::LocalTimeZone())
                           .c_str(),
-                      e.text().c_str());
+                      Printable(e.text()).c_str());
         }
         std::fflush(stdout);
       }
@@ -517,9 +524,10 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
           const std::string memory =
               w.memory_bytes() > 0 ? absl::StrFormat("%.1fG", w.memory_bytes() / double(1 << 30))
                                    : "-";
-          std::printf("%-10s %-22s %-6s %-8s %-6s %-10s %s\n", w.id().c_str(),
-                      w.address().c_str(), w.device().c_str(), memory.c_str(), w.state().c_str(),
-                      w.job_id().empty() ? "-" : w.job_id().c_str(),
+          std::printf("%-10s %-22s %-6s %-8s %-6s %-10s %s\n", Printable(w.id()).c_str(),
+                      Printable(w.address()).c_str(), Printable(w.device()).c_str(),
+                      memory.c_str(), w.state().c_str(),
+                      w.job_id().empty() ? "-" : Printable(w.job_id()).c_str(),
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }
       }

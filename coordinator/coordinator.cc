@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -242,15 +243,33 @@ absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
   return it->second.job;
 }
 
-std::vector<v1::Job> Coordinator::List() {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
+                                                      const std::string& page_token) {
+  int64_t after = -1;  // the order of the last job of the previous page
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
+    return absl::InvalidArgumentError("page_token: not one this coordinator gave");
+  }
+  const int limit = page_size <= 0 ? 100 : std::min(page_size, 500);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<const JobEntry*> entries;
-  for (const auto& [id, e] : jobs_) entries.push_back(&e);
+  for (const auto& [id, e] : jobs_) {
+    if (e.order > after) entries.push_back(&e);
+  }
   std::sort(entries.begin(), entries.end(),
             [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
-  std::vector<v1::Job> jobs;
-  for (const JobEntry* e : entries) jobs.push_back(e->job);
-  return jobs;
+  v1::ListJobsResponse page;
+  size_t bytes = 0;
+  int64_t last_order = after;
+  for (const JobEntry* e : entries) {
+    if (page.jobs_size() == limit || (page.jobs_size() > 0 && bytes >= kListPageBytes)) {
+      page.set_next_page_token(absl::StrCat(last_order));  // more after this page
+      break;
+    }
+    bytes += e->job.ByteSizeLong();
+    *page.add_jobs() = e->job;
+    last_order = e->order;
+  }
+  return page;
 }
 
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
@@ -346,7 +365,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
     if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
   (void)FlushWrites();  // what was said so far
-  auto stored = deps_.store->Events(id, after_seq);
+  auto stored = deps_.store->Events(id, after_seq, kEventsPerCall);
   if (!stored.ok()) return stored.status();
   std::vector<v1::JobEvent> events;
   for (const StoredEvent& s : *stored) {
@@ -369,6 +388,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     const v1::RegisterWorkerRequest& request) {
   if (request.address().empty()) {
     return absl::InvalidArgumentError("address: the worker's service address is required");
+  }
+  if (request.address().size() > 256 || request.device().size() > 64 ||
+      request.name().size() > 256 || request.memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0");
   }
   absl::StatusOr<std::shared_ptr<WorkerClient>> client = deps_.connect(request.address());
   if (!client.ok()) return client.status();
@@ -423,6 +447,9 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
   if (!caller.ok()) return caller.status();
+  if (request.action().size() > 64 || request.waiting_for().size() > 64) {
+    return absl::InvalidArgumentError("action and waiting_for are at most 64 bytes");
+  }
   absl::StatusOr<WorkerPool::Worker*> worker =
       pool_.Heartbeat((*caller)->info.id(), deps_.clock->Now());
   if (!worker.ok()) return worker.status();
@@ -599,7 +626,10 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string
                                                       " runs on ", it->second.rank_worker[end.rank()],
                                                       ", not ", caller->info.id()));
     }
-    return StageEndLocked(end);
+    if (end.error().size() <= kMaxErrorBytes) return StageEndLocked(end);
+    v1::StageEnd cut = end;  // a cause is kept to its first kMaxErrorBytes
+    cut.set_error(absl::StrCat(end.error().substr(0, kMaxErrorBytes), "..."));
+    return StageEndLocked(cut);
   });
 }
 

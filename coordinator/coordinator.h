@@ -98,13 +98,19 @@ class Coordinator {
   // JobService
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> Get(const std::string& id);
-  std::vector<v1::Job> List();
+  // Jobs oldest first, a page at a time: at most `page_size` (0: 100; at most 500) and about
+  // kListPageBytes, after the job `page_token` names ("" from the first). The page's
+  // next_page_token is "" after the last job; an invalid token is InvalidArgument.
+  absl::StatusOr<v1::ListJobsResponse> List(int page_size = 0, const std::string& page_token = "");
+  static constexpr size_t kListPageBytes = size_t{1} << 20;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Waits until job `id` differs from `version` (or `deadline`); returns it and its version.
   absl::StatusOr<std::pair<v1::Job, int64_t>> WaitForChange(const std::string& id,
                                                             int64_t version,
                                                             absl::Time deadline);
+  // At most kEventsPerCall events after `after_seq` (a caller wanting more asks again).
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& id, int64_t after_seq);
+  static constexpr int64_t kEventsPerCall = 1000;
   std::vector<v1::WorkerInfo> Workers();
   // Passes a step command to the worker of rank 0 (it reaches every stage through the data
   // plane) and returns the boundary it takes effect at.
@@ -134,6 +140,8 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(
       const std::string& session, const std::string& job_id);
   static constexpr size_t kKvValueBytes = size_t{1} << 20;
+  static constexpr size_t kKvKeyBytes = 1024;
+  static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
   static constexpr size_t kKvJobBytes = size_t{64} << 20;
 
  private:

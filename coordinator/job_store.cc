@@ -51,7 +51,7 @@ class SqliteJobStore : public JobStore {
   absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
                                       const std::string& text) override;
   absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
-                                                  int64_t after_seq) override;
+                                                  int64_t after_seq, int64_t limit) override;
   absl::StatusOr<int64_t> Increment(const std::string& name) override;
   absl::Status Exec(const char* sql);
   // The single value `sql` yields (a PRAGMA's), as text.
@@ -288,14 +288,15 @@ absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<StoredEvent>> SqliteJobStore::Events(const std::string& job_id,
-                                                          int64_t after_seq) {
+                                                          int64_t after_seq, int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
                "SELECT seq, unix_ms, text FROM events WHERE job_id = ?1 AND seq > ?2 "
-               "ORDER BY seq");
+               "ORDER BY seq LIMIT ?3");
   if (!st.ok()) return Error(db_, "preparing the event list");
   st.Bind(1, job_id);
   st.Bind(2, after_seq);
+  st.Bind(3, limit);
   std::vector<StoredEvent> events;
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {

@@ -34,8 +34,9 @@ class JobStore {
   // Appends an event; returns its sequence number.
   virtual absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
                                               const std::string& text) = 0;
+  // At most `limit` events after `after_seq`, in order.
   virtual absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
-                                                          int64_t after_seq) = 0;
+                                                          int64_t after_seq, int64_t limit) = 0;
   // Adds one to the counter `name` (0 when first used) and returns it: numbers that are
   // never handed out twice, across restarts (worker ids).
   virtual absl::StatusOr<int64_t> Increment(const std::string& name) = 0;

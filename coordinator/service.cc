@@ -42,10 +42,9 @@ class JobServiceImpl final : public v1::JobService::Service {
                       v1::Job* response) override {
     return Reply(c_->Get(request->id()), response);
   }
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override {
-    for (v1::Job& job : c_->List()) *response->add_jobs() = std::move(job);
-    return grpc::Status::OK;
+    return Reply(c_->List(request->page_size(), request->page_token()), response);
   }
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
@@ -82,6 +81,8 @@ class JobServiceImpl final : public v1::JobService::Service {
         if (!writer->Write(e)) return grpc::Status::OK;
         after = e.seq();
       }
+      // A full page: there may be more at once.
+      if (static_cast<int64_t>(events->size()) == Coordinator::kEventsPerCall) continue;
       if (!request->follow()) return grpc::Status::OK;
       auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(500));
       if (!job.ok()) return ToGrpcStatus(job.status());
@@ -90,9 +91,14 @@ class JobServiceImpl final : public v1::JobService::Service {
       if (s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
           s == v1::JOB_STATE_CANCELLED) {
         // Whatever was appended with the end, then stop.
-        auto last = c_->Events(request->job_id(), after);
-        if (last.ok()) {
-          for (const v1::JobEvent& e : *last) writer->Write(e);
+        for (bool more = true; more;) {
+          auto last = c_->Events(request->job_id(), after);
+          if (!last.ok()) break;
+          for (const v1::JobEvent& e : *last) {
+            if (!writer->Write(e)) return grpc::Status::OK;
+            after = e.seq();
+          }
+          more = static_cast<int64_t>(last->size()) == Coordinator::kEventsPerCall;
         }
         return grpc::Status::OK;
       }
@@ -193,6 +199,16 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  private:
   grpc::Status WithStore(const grpc::ServerContext& ctx, const v1::KvRequest& request,
                          const std::function<absl::Status(rendezvous::KeyValueStore&)>& call) {
+    if (request.key().size() > Coordinator::kKvKeyBytes || request.keys_size() > 1024) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a rendezvous key is at most 1 KiB, a check at most 1024 keys");
+    }
+    for (const std::string& key : request.keys()) {
+      if (key.size() > Coordinator::kKvKeyBytes) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a rendezvous key is at most 1 KiB");
+      }
+    }
     auto store = c_->Rendezvous(rpc::SessionOf(ctx), request.job_id());
     if (!store.ok()) return ToGrpcStatus(store.status());
     return ToGrpcStatus(call(**store));

@@ -116,6 +116,11 @@ std::vector<std::string> LimitViolations(const JobConfig& config) {
       errors.push_back(std::move(e));
     }
   }
+  if (static_cast<double>(config.stages) * config.replicas > kMaxRanks) {
+    errors.push_back(absl::StrCat("replicas: stages x replicas must be at most ",
+                                  FormatBound(kMaxRanks), " (a rank each, all listed in the "
+                                  "job's status), got ", int64_t{config.stages} * config.replicas));
+  }
   const double actions =
       static_cast<double>(config.steps) * (4.0 * config.micro_batches + 2.0);
   if (actions > kMaxScheduleActions) {
@@ -150,6 +155,8 @@ std::string LimitsMarkdown() {
   absl::StrAppend(&md, "\nAlso: every number finite; `steps` x (4 x `microbatches` + 2) at most ",
                   FormatBound(kMaxScheduleActions),
                   " (every step's schedule is held in memory, about 64 bytes an action); "
+                  "`stages` x `replicas` at most ", FormatBound(kMaxRanks),
+                  " (a rank each, all listed in the job's status); "
                   "`name` at most ", kMaxNameBytes,
                   " bytes of printable UTF-8; `model.path`, `data.path` and `weights_dir` at "
                   "most ", kMaxPathBytes, " bytes without control characters.\n");

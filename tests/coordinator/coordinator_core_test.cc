@@ -2,6 +2,7 @@
 // workers that record every call and fail on demand, an in-memory job store that can fail a
 // write, and calls to workers queued until the test runs them. The daemon tests
 // (tests/daemons) check the same rules end to end over gRPC.
+#include <algorithm>
 #include <cmath>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -85,11 +86,11 @@ class FakeStore : public JobStore {
     list.push_back({static_cast<int64_t>(list.size()) + 1, unix_ms, text});
     return list.back().seq;
   }
-  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
-                                                  int64_t after_seq) override {
+  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id, int64_t after_seq,
+                                                  int64_t limit) override {
     std::vector<StoredEvent> out;
     for (const StoredEvent& e : d_->events[job_id]) {
-      if (e.seq > after_seq) out.push_back(e);
+      if (e.seq > after_seq && static_cast<int64_t>(out.size()) < limit) out.push_back(e);
     }
     return out;
   }
@@ -338,6 +339,49 @@ TEST_F(CoordinatorCoreTest, TheRendezvousStoreIsBounded) {
   EXPECT_EQ(*(*store)->Add("n", 0), INT64_MAX);
 }
 
+// Listing is paged, so no answer nears the message limit whatever is stored; a page token
+// that this coordinator did not give is refused.
+TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
+  for (int i = 0; i < 230; ++i) Submit(Spec(1));
+  std::vector<std::string> ids;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->List(100, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs_size(), 100);
+    for (const v1::Job& j : page->jobs()) ids.push_back(j.id());
+    token = page->next_page_token();
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(ids.size(), 230u);
+  EXPECT_EQ(ids.front(), "job-0001");
+  EXPECT_EQ(ids.back(), "job-0230");
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  EXPECT_EQ(coordinator_->List(100000)->jobs_size(), 230);  // capped at 500 a page
+  EXPECT_EQ(coordinator_->List(0, "not-a-token").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Oversized fields of worker calls are refused or cut, never stored whole.
+TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
+  v1::RegisterWorkerRequest r;
+  r.set_address(std::string(300, 'a'));
+  EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string w1 = Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w1);
+  h.set_action(std::string(1000, 'F'));
+  EXPECT_EQ(coordinator_->Heartbeat(sessions_[w1], h).code(), absl::StatusCode::kInvalidArgument);
+  EndRank(w1, job.id(), 0, false, std::string(1 << 20, 'e'));
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_LT(failed.message().size(), 4200u);
+}
+
 TEST(Placement, JobsInOrderWithBackfill) {
   const PlacementPlan plan =
       PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}}, {"w1", "w2", "w3", "w4"});
@@ -562,7 +606,7 @@ TEST_F(CoordinatorCoreTest, ASubmissionWhoseWriteFailsIsRefusedAndLeavesNothing)
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("disk I/O error"));
-  EXPECT_TRUE(coordinator_->List().empty());
+  EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
   RunLater();
   EXPECT_TRUE(Worker(1).assigned.empty());  // never placed
   EXPECT_TRUE(data_->events.empty());

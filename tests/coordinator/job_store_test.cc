@@ -71,7 +71,7 @@ TEST_F(JobStoreTest, AcknowledgedWritesSurviveAReopen) {
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok());
   EXPECT_EQ(jobs->size(), 50u);
-  auto events = (*store)->Events("job-7", 0);
+  auto events = (*store)->Events("job-7", 0, 10);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].text, "submitted");
