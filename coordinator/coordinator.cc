@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,6 +19,28 @@
 
 namespace pipetrain::coordinator {
 namespace {
+
+// "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
+// brackets) and a port in 1..65535. What a channel is made to, so nothing else is taken.
+bool IsServiceAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return false;
+  }
+  std::string host = address.substr(0, colon);
+  if (host.front() == '[') {
+    if (host.back() != ']' || host.size() < 3) return false;
+    host = host.substr(1, host.size() - 2);
+    return std::all_of(host.begin(), host.end(), [](char c) {
+      return absl::ascii_isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+    });
+  }
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
 
 // A worker's session: 128 random bits as hex, from the system's entropy source.
 std::string NewSession() {
@@ -393,6 +416,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
       request.name().size() > 256 || request.memory_bytes() < 0) {
     return absl::InvalidArgumentError(
         "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0");
+  }
+  if (!IsServiceAddress(request.address())) {
+    return absl::InvalidArgumentError(
+        "address: expected the worker's service as host:port (a name, an IPv4 address or "
+        "[IPv6]) with a port in 1..65535");
   }
   absl::StatusOr<std::shared_ptr<WorkerClient>> client = deps_.connect(request.address());
   if (!client.ok()) return client.status();

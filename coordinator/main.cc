@@ -20,12 +20,14 @@
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service.h"
+#include "rpc/protobuf_logs.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::coordinator;
   namespace exit_code = pipetrain::exit_code;
+  pipetrain::rpc::QuietMalformedRequestLogs();
   CLI::App app{"pipetrain-coordinator: the control plane of pipetrain. Takes jobs from the "
                "pipetrain CLI, assigns their pipeline stages to registered workers, follows "
                "them, and keeps every job and its events in a SQLite file that survives "

@@ -54,7 +54,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::Job>* writer) override {
     int64_t version = -1;
     while (!context->IsCancelled()) {
-      auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(500));
+      auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
       if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
       version = next->second;
@@ -84,7 +84,7 @@ class JobServiceImpl final : public v1::JobService::Service {
       // A full page: there may be more at once.
       if (static_cast<int64_t>(events->size()) == Coordinator::kEventsPerCall) continue;
       if (!request->follow()) return grpc::Status::OK;
-      auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(500));
+      auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(100));
       if (!job.ok()) return ToGrpcStatus(job.status());
       version = job->second;
       const v1::JobState s = job->first.state();
@@ -217,6 +217,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   Coordinator* c_;
 };
 
+constexpr int kMaxRequestBytes = static_cast<int>(Coordinator::kKvValueBytes) + (64 << 10);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -232,6 +234,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->coordinator_service_.get());
+  // No request needs more than a rendezvous value (1 MiB) and a little: a larger one is
+  // refused by gRPC before it is buffered or parsed.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

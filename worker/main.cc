@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "rpc/protobuf_logs.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   using namespace pipetrain::worker;
   pipetrain::TuneAllocatorForTraining();
   namespace exit_code = pipetrain::exit_code;
+  pipetrain::rpc::QuietMalformedRequestLogs();
   CLI::App app{"pipetrain-worker: runs the pipeline stages the coordinator assigns to this "
                "device, over the Gloo data plane, and reports every step."};
   WorkerOptions options;

@@ -61,6 +61,7 @@ class StepReporter {
   // Reports kept for resending while the coordinator does not answer (its job is failed by
   // then: two missed heartbeats).
   static constexpr size_t kMaxQueued = 100000;
+  static constexpr int kMaxBatch = 1000;
   static bool IsTransient(grpc::StatusCode code) {
     return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
            code == grpc::StatusCode::RESOURCE_EXHAUSTED;
@@ -72,9 +73,12 @@ class StepReporter {
       cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
       if (queue_.empty()) return;
       cv_.wait_until(lock, last_sent + kMinInterval, [this] { return closing_; });
+      // At most kMaxBatch a call (the coordinator takes requests of about 1 MiB).
       v1::StepReports batch;
-      for (v1::StepReport& r : queue_) *batch.add_reports() = std::move(r);
-      queue_.clear();
+      while (!queue_.empty() && batch.reports_size() < kMaxBatch) {
+        *batch.add_reports() = std::move(queue_.front());
+        queue_.pop_front();
+      }
       lock.unlock();
       // The process's memory high-water, read here (once per batch) rather than on the
       // stage's thread at every step.

@@ -135,10 +135,10 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
   }
 
-  // Registers a worker at "addr-N"; returns its id (its session in sessions_).
+  // Registers a worker at "host-N:7000"; returns its id (its session in sessions_).
   std::string Register(int n) {
     v1::RegisterWorkerRequest r;
-    r.set_address("addr-" + std::to_string(n));
+    r.set_address("host-" + std::to_string(n) + ":7000");
     auto response = coordinator_->Register(r);
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return "";
@@ -147,7 +147,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     return response->worker_id();
   }
 
-  FakeWorker& Worker(int n) { return *workers_.at("addr-" + std::to_string(n)); }
+  FakeWorker& Worker(int n) { return *workers_.at("host-" + std::to_string(n) + ":7000"); }
 
   // A valid spec of `stages` stages x `replicas` replicas (a GPT of 5 layers).
   static v1::JobSpec Spec(int stages, int replicas = 1) {
@@ -367,8 +367,13 @@ TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
 // Oversized fields of worker calls are refused or cut, never stored whole.
 TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   v1::RegisterWorkerRequest r;
-  r.set_address(std::string(300, 'a'));
-  EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& address : {std::string(300, 'a'), std::string("no-port"),
+                                    std::string("host:0"), std::string("host:70000"),
+                                    std::string("\x1b[31m:80"), std::string("dns:///x:80")}) {
+    r.set_address(address);
+    EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument)
+        << address;
+  }
   const std::string w1 = Register(1);
   const v1::Job job = Submit(Spec(1));
   RunLater();
@@ -380,6 +385,8 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_LT(failed.message().size(), 4200u);
+  r.set_address("[::1]:7000");
+  EXPECT_TRUE(coordinator_->Register(r).ok());
 }
 
 TEST(Placement, JobsInOrderWithBackfill) {
@@ -427,7 +434,7 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   coordinator_->Tick();
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (addr-2) running stage 1 stopped sending "
+  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (host-2:7000) running stage 1 stopped sending "
                                           "heartbeats (none for 2.1s)"));
   RunLater();
   ASSERT_EQ(Worker(1).stopped.size(), 1u);  // the survivor is told to stop
@@ -451,7 +458,7 @@ TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive)
   // Worker 2 then dies: its loss, not the survivor's complaint, is the job's cause.
   clock_->Advance(absl::Milliseconds(2100));
   coordinator_->Tick();
-  EXPECT_THAT(Get(job.id()).message(), HasSubstr(w2 + " (addr-2) running stage 1"));
+  EXPECT_THAT(Get(job.id()).message(), HasSubstr(w2 + " (host-2:7000) running stage 1"));
 }
 
 TEST_F(CoordinatorCoreTest, QueuedJobsStartInOrderWithBackfill) {
@@ -536,7 +543,7 @@ TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplac
   EXPECT_TRUE(coordinator_->Deregister(sessions_[w2], leave).ok());
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (addr-2) running stage 1 stopped (it was shut "
+  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (host-2:7000) running stage 1 stopped (it was shut "
                                           "down)"));
   EXPECT_EQ(coordinator_->Workers().size(), 1u);
 
