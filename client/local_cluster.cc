@@ -179,7 +179,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                  address.c_str(), dir.c_str());
   }
   for (int w = 0; w < n; ++w) {
-    workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address},
+    // The user's own files, as with --launch threads: the workers run as the user.
+    workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address, "--data-root", "/"},
                                   (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
   }
   v1::Job final_job;

@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
   app.add_option("--data-host", options.data_host,
                  "address its stages listen on for their peers")
       ->capture_default_str();
+  app.add_option("--data-root", options.data_roots,
+                 "a directory jobs may read their files from (data.path, model.path); "
+                 "repeatable; symlinks are resolved, only regular files are read (default: "
+                 "none, so a job may name no file)");
   app.add_option("--register-timeout", register_timeout_s,
                  "seconds to keep trying to reach the coordinator at start")
       ->capture_default_str();

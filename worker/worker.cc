@@ -1,7 +1,11 @@
 #include "worker/worker.h"
 
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -12,13 +16,15 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
-#include "worker/coordinator_store.h"
 #include "runtime/base/process_memory.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
+#include "worker/coordinator_store.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -285,9 +291,40 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+absl::Status CheckUnderDataRoots(const std::string& field, const std::string& path,
+                                 const std::vector<std::string>& roots) {
+  char resolved[PATH_MAX];
+  if (realpath(path.c_str(), resolved) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": cannot open ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (stat(resolved, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ": ", path, " is not a regular file (this worker reads only files)"));
+  }
+  const std::string file = resolved;
+  for (const std::string& root : roots) {
+    char root_resolved[PATH_MAX];
+    if (realpath(root.c_str(), root_resolved) == nullptr) continue;
+    std::string r = root_resolved;
+    if (r != "/") r += "/";
+    if (file.compare(0, r.size(), r) == 0) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": ", path, " is outside the directories this worker reads jobs' files from (",
+      roots.empty() ? "none: it was started without --data-root" : absl::StrJoin(roots, ", "),
+      ")"));
+}
+
 absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
   if (!config.ok()) return config.status();
+  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
+                                        "data.path", &config->data.path},
+                                    {"model.path", &config->model.torchscript_path}}) {
+    if (!path->empty()) PT_RETURN_IF_ERROR(CheckUnderDataRoots(field, *path, options_.data_roots));
+  }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store =
       MakeCoordinatorStore(coordinator_, a.job_id());
   job::StageRunHooks hooks;

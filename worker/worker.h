@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -51,7 +52,16 @@ struct WorkerOptions {
   std::string device = "cpu";
   std::string data_host = "127.0.0.1";  // address its stage listens on for peers
   rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
+  // The only directories a job's files (data.path, model.path) may be read from, resolved
+  // through symlinks; regular files only. None: a job may name no file at all.
+  std::vector<std::string> data_roots;
 };
+
+// Whether `path` (the job field `field`) is a regular file under one of `roots` once every
+// symlink is resolved: NotFound if it is not there, PermissionDenied naming the roots if it
+// lies outside them or is not a regular file (a FIFO, a device).
+absl::Status CheckUnderDataRoots(const std::string& field, const std::string& path,
+                                 const std::vector<std::string>& roots);
 
 class Worker : public v1::WorkerService::Service {
  public:

@@ -8,6 +8,7 @@
 // the second, since it has no spec to check. What needs the model or the data (a data file,
 // a TorchScript file) is checked by the workers when they plan their stage: the job fails at
 // once naming the field, and every worker is free again.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -300,7 +301,7 @@ TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheFiel
        "data.path: cannot open"},
       {Spec({{"model", "{name: torchscript, path: /nonexistent/model.pt}"},
              {"data", "{kind: classification}"}}),
-       "model.path: cannot load TorchScript model '/nonexistent/model.pt'"},
+       "model.path: cannot open /nonexistent/model.pt"},
       // An output directory that cannot be made: refused before the first step.
       {Spec({{"weights_dir", Write("a-file", "").string() + "/weights"}}),
        "weights_dir: cannot create"},
@@ -337,6 +338,55 @@ TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheFiel
   EXPECT_THAT(valid.out, HasSubstr("job-000" + std::to_string(n + 1) + " succeeded"));
   // The same two workers ran every job: none died and registered again.
   EXPECT_EQ(cluster.Workers().size(), 2u);
+}
+
+}  // namespace
+
+namespace {
+
+// A worker reads a job's files only under its --data-root directories, symlinks resolved,
+// regular files only: a file elsewhere, a symlink leading out, a FIFO (which would block the
+// stage) fail the job naming the field; a file inside runs.
+TEST_F(InvalidSpecTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
+  const fs::path root = dir_ / "data";
+  fs::create_directories(root);
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  const fs::path inside = Write("data/corpus.txt", text);
+  const fs::path outside = Write("corpus-outside.txt", text);
+  fs::create_symlink(outside, root / "link-out.txt");
+  const fs::path fifo = root / "fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  pipetrain::test::ClusterOptions options;
+  options.workers = 2;
+  options.worker_args = {"--data-root", root.string()};
+  LocalCluster cluster(dir_, options);
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  auto job = [&](const fs::path& data) {
+    return Spec({{"data", "{kind: bytes, path: " + data.string() + ", seq_len: 8}"},
+                 {"model", "{name: gpt, d_model: 16, n_heads: 2, n_layers: 2}"}});
+  };
+  const struct {
+    fs::path data;
+    std::string why;
+  } refused[] = {
+      {outside, "is outside the directories this worker reads jobs' files from (" +
+                    root.string() + ")"},
+      {root / "link-out.txt", "is outside the directories"},
+      {fifo, "is not a regular file"},
+  };
+  int n = 0;
+  for (const auto& r : refused) {
+    SCOPED_TRACE(r.data.string());
+    Result result = cluster.Cli("submit " + Write("job" + std::to_string(n++) + ".yaml",
+                                                  job(r.data)).string() + " --follow");
+    EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+    EXPECT_THAT(result.out + result.err, HasSubstr("data.path: " + r.data.string()));
+    EXPECT_THAT(result.out + result.err, HasSubstr(r.why));
+    EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
+  }
+  Result ok = cluster.Cli("submit " + Write("ok.yaml", job(inside)).string() + " --follow");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "client/daemon_process.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -178,6 +179,10 @@ int LocalCluster::StartWorker(const std::vector<std::string>& extra_args) {
   std::vector<std::string> args = {worker_path(), "--coordinator", address_};
   args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  // Files anywhere (as the user running the tests can read them), unless a test says where.
+  if (std::find(args.begin(), args.end(), "--data-root") == args.end()) {
+    args.insert(args.end(), {"--data-root", "/"});
+  }
   worker_pids_.push_back(Spawn(args, worker_log(index)));
   return index;
 }

@@ -89,7 +89,8 @@ class LocalCluster {
   int coordinator_starts() const { return coordinator_starts_; }
 
   // --- Workers, numbered from 0 in start order; the log of worker N is worker<N>.log.
-  // Starts one more (with options().worker_args and `extra_args`); returns its number.
+  // Starts one more (with options().worker_args and `extra_args`, and `--data-root /` unless
+  // they give one); returns its number.
   int StartWorker(const std::vector<std::string>& extra_args = {});
   void KillWorker(int index);  // SIGKILL, reaped
   int StopWorker(int index);   // SIGTERM; its exit code once reaped (it drains first)
