@@ -84,7 +84,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   const bool monitor = deps.start_monitor;
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(deps)));
   if (absl::Status s = c->Load(); !s.ok()) return s;
-  if (monitor) c->monitor_ = std::thread([raw = c.get()] { raw->Monitor(); });
+  if (monitor) {
+    c->last_pass_ms_.store(absl::ToUnixMillis(c->deps_.clock->Now()));
+    c->monitor_ = std::thread([raw = c.get()] { raw->Monitor(); });
+  }
   return c;
 }
 
@@ -906,8 +909,15 @@ void Coordinator::Monitor() {
     TickLocked();
     lock.unlock();
     (void)FlushWrites();
+    last_pass_ms_.store(absl::ToUnixMillis(deps_.clock->Now()));
     lock.lock();
   }
+}
+
+bool Coordinator::StateLoopLive() const {
+  if (!monitor_.joinable()) return true;
+  const absl::Time last = absl::FromUnixMillis(last_pass_ms_.load());
+  return deps_.clock->Now() - last <= options_.stall_limit;
 }
 
 }  // namespace pipetrain::coordinator

@@ -70,6 +70,8 @@ struct CoordinatorOptions {
   // A rank whose assignment fails (the worker cannot be reached) is tried on another idle
   // worker, this many times in all, before its job fails.
   int assign_attempts = 3;
+  // The monitor's state loop counts as blocked once no pass completed for this long.
+  absl::Duration stall_limit = absl::Seconds(5);
 };
 
 // What the coordinator talks to. Open(options) uses the real ones.
@@ -94,6 +96,12 @@ class Coordinator {
   // One pass of the monitor at the clock's time: workers silent for two heartbeat intervals
   // are lost (failing their jobs), held-back rank failures are decided, queued jobs placed.
   void Tick();
+
+  // Whether the monitor has completed a pass (a tick and its writes) within
+  // options.stall_limit of the clock's time: false while its state loop is blocked (a lock
+  // held too long, a store write that hangs), so health checks can say NOT_SERVING. Always
+  // true without the monitor thread. Thread-safe, takes no lock.
+  bool StateLoopLive() const;
 
   // JobService
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
@@ -250,6 +258,7 @@ class Coordinator {
   int64_t next_worker_ = 0;
   bool stopping_ = false;
   std::thread monitor_;
+  std::atomic<int64_t> last_pass_ms_{0};  // clock time of the monitor's last completed pass
   struct Call {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;

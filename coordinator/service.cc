@@ -244,10 +244,37 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("pipetrain.v1.JobService", true);
   health->SetServingStatus("pipetrain.v1.CoordinatorService", true);
+  server->watchdog_ = std::thread([raw = server.get(), coordinator] {
+    raw->WatchStateLoop(coordinator);
+  });
   return server;
 }
 
+void CoordinatorServer::WatchStateLoop(Coordinator* coordinator) {
+  bool serving = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
+    const bool live = coordinator->StateLoopLive();
+    if (live == serving) continue;
+    serving = live;
+    std::fprintf(stderr, "coordinator: %s\n",
+                 live ? "the state loop runs again: serving"
+                      : "the state loop has been blocked for over its limit: health says "
+                        "NOT_SERVING");
+    auto* health = server_->GetHealthCheckService();
+    health->SetServingStatus(live);  // the server as a whole ("")
+    health->SetServingStatus("pipetrain.v1.JobService", live);
+    health->SetServingStatus("pipetrain.v1.CoordinatorService", live);
+  }
+}
+
 void CoordinatorServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

@@ -6,8 +6,11 @@
 // credentials check it: rpc/security.h). Health and reflection stay open.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,9 +36,16 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer() = default;
+  // Health follows the coordinator's state loop (Coordinator::StateLoopLive), checked every
+  // half second.
+  void WatchStateLoop(Coordinator* coordinator);
   std::unique_ptr<grpc::Service> job_service_, coordinator_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace pipetrain::coordinator

@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,9 +65,20 @@ class FakeStore : public JobStore {
     std::map<std::string, int64_t> counters;
     bool fail_puts = false;
     int puts = 0;
+    // While set, a job write waits (a disk that hangs).
+    std::mutex mu;
+    std::condition_variable released;
+    bool hang_puts = false;
+    int hanging = 0;  // writes waiting now
   };
   explicit FakeStore(std::shared_ptr<Data> data) : d_(std::move(data)) {}
   absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) override {
+    {
+      std::unique_lock<std::mutex> lock(d_->mu);
+      ++d_->hanging;
+      d_->released.wait(lock, [this] { return !d_->hang_puts; });
+      --d_->hanging;
+    }
     if (d_->fail_puts) return absl::InternalError("job store: disk I/O error");
     ++d_->puts;
     d_->jobs[id] = {id, job};
@@ -387,6 +401,58 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   EXPECT_LT(failed.message().size(), 4200u);
   r.set_address("[::1]:7000");
   EXPECT_TRUE(coordinator_->Register(r).ok());
+}
+
+// A state loop blocked (here by a store write that hangs) is noticed: once no pass of the
+// monitor completed for stall_limit, StateLoopLive() is false (health then says
+// NOT_SERVING); it is true again once the loop runs.
+TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
+  CoordinatorDeps deps;
+  deps.store = std::make_unique<FakeStore>(data_);
+  deps.clock = clock_;
+  deps.connect = [this](const std::string& address)
+      -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+    auto& w = workers_[address];
+    if (!w) w = std::make_shared<FakeWorker>();
+    return std::shared_ptr<WorkerClient>(w);
+  };
+  deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
+  deps.start_monitor = true;
+  CoordinatorOptions options;
+  options.heartbeat_interval = absl::Milliseconds(40);  // the monitor passes every 10 ms
+  options.stall_limit = absl::Seconds(5);
+  auto c = Coordinator::Open(options, std::move(deps));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->StateLoopLive());
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = true;
+  }
+  // A submission whose write hangs holds the store; the monitor's own writes wait for it.
+  std::thread submit([&] { (void)(*c)->Submit(Spec(1)); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto hanging = [&] {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    return data_->hanging > 0;
+  };
+  while (!hanging() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  // A pass under way may still complete once (stamping the moved clock); the one after it
+  // cannot, so the clock moves until the loop is seen blocked.
+  while ((*c)->StateLoopLive() && std::chrono::steady_clock::now() < deadline) {
+    clock_->Advance(absl::Seconds(6));
+    for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+  }
+  EXPECT_FALSE((*c)->StateLoopLive());
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = false;
+  }
+  data_->released.notify_all();
+  submit.join();
+  while (!(*c)->StateLoopLive() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE((*c)->StateLoopLive());
 }
 
 TEST(Placement, JobsInOrderWithBackfill) {
