@@ -4,6 +4,7 @@
 // `pipetrain status` calls) is polled directly where a CLI process would start too slowly
 // to time an event.
 #include <chrono>
+#include <functional>
 #include <regex>
 #include <set>
 #include <string>
@@ -390,6 +391,42 @@ TEST_F(LifecycleTest, AWorkerStoppedWithSigtermLeavesThePoolAtOnce) {
     Result r = cluster.Cli("submit " + job.string() + " --follow");
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// SIGTERM stops each daemon within 2 s while a job runs and a client follows it: the worker
+// aborts its stage, reports it and deregisters; the coordinator ends its streams.
+TEST_F(LifecycleTest, SigtermStopsEachDaemonWithinTwoSecondsWhileAJobRuns) {
+  LocalCluster cluster(dir_, Options(2));
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  Result submitted = cluster.Cli("submit " + Write("long.yaml", TwoStageJob(100000)).string());
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  ASSERT_FALSE(cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
+                        return Int64Of(j, "step", -1) >= 3;
+                      }).is_null());
+  // A client following the job's events, as `pipetrain logs -f` does.
+  const std::string follower = std::string(LocalCluster::cli_path()) +
+                               " logs -f job-0001 --coordinator " + cluster.address() +
+                               " >/dev/null 2>&1 &";
+  cluster.Shell(follower);
+  auto seconds_to_stop = [](const std::function<int()>& stop, int* code) {
+    const auto start = std::chrono::steady_clock::now();
+    *code = stop();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int code = -1;
+  const double worker_s = seconds_to_stop([&] { return cluster.StopWorker(0); }, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_LT(worker_s, 2.0);
+  const double coordinator_s = seconds_to_stop([&] { return cluster.StopCoordinator(); }, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_LT(coordinator_s, 2.0);
+  std::fprintf(stderr, "SIGTERM to exit: worker %.2f s, coordinator %.2f s\n", worker_s,
+               coordinator_s);
 }
 
 }  // namespace
