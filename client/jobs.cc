@@ -2,11 +2,9 @@
 
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <google/protobuf/util/json_util.h>
@@ -20,6 +18,7 @@
 #include "absl/time/time.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/health.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
 #include "runtime/base/exit_codes.h"
@@ -547,31 +546,9 @@ void AddHealth(CLI::App& app, const JobCommands& c) {
       Client client(*common);
       grpc::ClientContext ctx;
       client.Prepare(&ctx);
-      // grpc.health.v1.Health/Check with an empty service name: the server as a whole.
-      grpc::GenericStub generic(client.channel());
-      grpc::ByteBuffer request_bytes, response_bytes;
-      grpc::Slice empty("");
-      request_bytes = grpc::ByteBuffer(&empty, 1);
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      grpc::Status status;
-      generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_bytes,
-                        &response_bytes, [&](grpc::Status s) {
-                          std::lock_guard<std::mutex> lock(mu);
-                          status = s;
-                          done = true;
-                          cv.notify_all();
-                        });
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done; });
+      bool serving = false;
+      const grpc::Status status = rpc::CheckServing(client.channel(), &ctx, &serving);
       if (!status.ok()) return client.Fail(status, absl::StrCat("health of ", common->coordinator));
-      // HealthCheckResponse { ServingStatus status = 1; }: SERVING is 1, encoded 08 01.
-      std::vector<grpc::Slice> slices;
-      (void)response_bytes.Dump(&slices);
-      std::string bytes;
-      for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-      const bool serving = bytes == std::string("\x08\x01", 2);
       if (common->output == "json") {
         std::printf("{\"coordinator\":\"%s\",\"serving\":%s}\n", common->coordinator.c_str(),
                     serving ? "true" : "false");

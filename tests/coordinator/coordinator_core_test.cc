@@ -122,6 +122,16 @@ class CoordinatorCoreTest : public ::testing::Test {
   void SetUp() override { Open(); }
 
   void Open() {
+    CoordinatorOptions options;
+    options.heartbeat_interval = absl::Seconds(1);
+    auto c = Open(options, /*start_monitor=*/false);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+  }
+
+  // A coordinator on the fakes of this fixture.
+  absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options,
+                                                    bool start_monitor) {
     CoordinatorDeps deps;
     deps.store = std::make_unique<FakeStore>(data_);
     deps.clock = clock_;
@@ -132,12 +142,8 @@ class CoordinatorCoreTest : public ::testing::Test {
       return std::shared_ptr<WorkerClient>(w);
     };
     deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
-    deps.start_monitor = false;
-    CoordinatorOptions options;
-    options.heartbeat_interval = absl::Seconds(1);
-    auto c = Coordinator::Open(options, std::move(deps));
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = *std::move(c);
+    deps.start_monitor = start_monitor;
+    return Coordinator::Open(options, std::move(deps));
   }
 
   // Runs the queued calls to workers (and any they queue), as the threads would.
@@ -407,21 +413,10 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
 // monitor completed for stall_limit, StateLoopLive() is false (health then says
 // NOT_SERVING); it is true again once the loop runs.
 TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
-  CoordinatorDeps deps;
-  deps.store = std::make_unique<FakeStore>(data_);
-  deps.clock = clock_;
-  deps.connect = [this](const std::string& address)
-      -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
-    auto& w = workers_[address];
-    if (!w) w = std::make_shared<FakeWorker>();
-    return std::shared_ptr<WorkerClient>(w);
-  };
-  deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
-  deps.start_monitor = true;
   CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(40);  // the monitor passes every 10 ms
   options.stall_limit = absl::Seconds(5);
-  auto c = Coordinator::Open(options, std::move(deps));
+  auto c = Open(options, /*start_monitor=*/true);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE((*c)->StateLoopLive());
   {

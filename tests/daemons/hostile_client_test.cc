@@ -9,8 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -20,7 +18,6 @@
 #include <vector>
 
 #include <gmock/gmock.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -28,6 +25,7 @@
 
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/health.h"
 #include "rpc/security.h"
 #include "tests/daemons/local_cluster.h"
 
@@ -84,8 +82,10 @@ class Chaos {
   std::string Text() {
     switch (Pick(6)) {
       case 0: return "";
-      case 1:  // over every field's limit, over the coordinator's request limit, 3 MB
-        return std::string(Pick(4) ? 300 : (Pick(8) ? (1 << 20) + (128 << 10) : 3 << 20), 'x');
+      case 1: {  // over every field's limit, over the coordinator's request limit, 3 MB
+        static const std::string over_request((1 << 20) + (128 << 10), 'x'), huge(3 << 20, 'x');
+        return Pick(4) ? std::string(300, 'x') : (Pick(8) ? over_request : huge);
+      }
       case 2: return "\x1b[31mred\x1b[0m\n";
       case 3: return std::string("nul\0in", 6);
       case 4: return "\xff\xfe broken utf-8";
@@ -284,32 +284,12 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
   (void)s;  // any answer will do: that the daemons stay up and the job ends well is checked
 }
 
-// grpc.health.v1.Health/Check of the whole server (no generated health stub is installed):
-// whether it said SERVING within 1 s.
+// Whether the server said SERVING within 1 s.
 bool Serving(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(std::chrono::milliseconds(1000)));
-  grpc::GenericStub generic(channel);
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      std::lock_guard<std::mutex> lock(mu);
-                      status = s;
-                      done = true;
-                      cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  std::vector<grpc::Slice> slices;
-  if (!status.ok() || !response.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  return bytes == std::string("\x08\x01", 2);  // HealthCheckResponse{status: SERVING}
+  bool serving = false;
+  return rpc::CheckServing(channel, &ctx, &serving).ok() && serving;
 }
 
 // The final loss of job `id` once it ended, or NaN.
