@@ -173,6 +173,7 @@ absl::Status Worker::Register(absl::Time deadline) {
       std::lock_guard<std::mutex> lock(mu_);
       id_ = response.worker_id();
       session_->Set(response.session());
+      cv_.notify_all();  // an assignment may be waiting for the id
       heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, response.heartbeat_interval_ms()));
       std::fprintf(stderr, "pipetrain-worker: registered as %s with %s (serving on %s)\n",
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
@@ -222,8 +223,11 @@ void Worker::HeartbeatLoop() {
     grpc::Status s = coordinator_->Heartbeat(&ctx, request, &response);
     lock.lock();
     if (s.error_code() == grpc::StatusCode::NOT_FOUND && !stopping_) {
-      // The coordinator restarted (or gave this worker up): whatever ran is orphaned.
+      // The coordinator restarted (or gave this worker up): whatever ran is orphaned, and the
+      // old id and session are void until it has registered again.
       AbortStage("the coordinator no longer knows this worker");
+      id_.clear();
+      session_->Set("");
       lock.unlock();
       absl::Status r = Register(absl::Now() + absl::Seconds(5));
       lock.lock();
@@ -243,6 +247,12 @@ void Worker::AbortStage(const std::string& why) {
 grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
                                  v1::AssignResponse*) {
   std::unique_lock<std::mutex> lock(mu_);
+  // The coordinator may assign a rank as soon as it has registered this worker, before the
+  // answer to RegisterWorker (its id and session) has arrived here: wait for that too.
+  cv_.wait_for(lock, std::chrono::seconds(5), [this] { return !id_.empty() || stopping_; });
+  if (id_.empty() && !stopping_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not registered yet");
+  }
   // A stage that has ended (its end being reported) or was told to stop is on its way out:
   // the coordinator may count this worker idle already, so wait for it rather than refuse.
   cv_.wait_for(lock, std::chrono::seconds(8), [this] {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "runtime/base/printable.h"
 #include "runtime/job/job_config.h"
 
 namespace pipetrain::job {
@@ -35,31 +36,8 @@ std::string Check(const FieldLimit& limit, const std::string& where, const nlohm
   return "";
 }
 
-bool IsPrintableUtf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = s[i];
-    int extra = 0;
-    if (c < 0x20 || c == 0x7f) return false;  // control characters
-    if (c < 0x80) {
-      extra = 0;
-    } else if ((c & 0xe0) == 0xc0 && c >= 0xc2) {
-      extra = 1;
-    } else if ((c & 0xf0) == 0xe0) {
-      extra = 2;
-    } else if ((c & 0xf8) == 0xf0 && c <= 0xf4) {
-      extra = 3;
-    } else {
-      return false;
-    }
-    for (int k = 1; k <= extra; ++k) {
-      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    // C1 control characters (U+0080..U+009F) are not printable either.
-    if (extra == 1 && c == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0) return false;
-    i += 1 + extra;
-  }
-  return true;
-}
+// Printable UTF-8: nothing Printable() would escape.
+bool IsPrintableUtf8(const std::string& s) { return Printable(s) == s; }
 
 }  // namespace
 
