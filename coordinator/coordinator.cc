@@ -96,13 +96,17 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
 
 int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now()); }
 
-Coordinator::~Coordinator() {
+void Coordinator::StopMonitor() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
   changed_.notify_all();
   if (monitor_.joinable()) monitor_.join();
+}
+
+Coordinator::~Coordinator() {
+  StopMonitor();
   std::vector<Call> calls;
   {
     std::lock_guard<std::mutex> lock(mu_);

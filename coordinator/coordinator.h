@@ -93,6 +93,12 @@ class Coordinator {
                                                            CoordinatorDeps deps);
   ~Coordinator();
 
+  // Stops the monitor thread (no worker is declared lost from then on): first thing on
+  // SIGTERM, so that heartbeats refused while the server drains are not taken for lost
+  // workers (the running jobs are then "interrupted by a coordinator restart" at the next
+  // start, their true cause).
+  void StopMonitor();
+
   // One pass of the monitor at the clock's time: workers silent for two heartbeat intervals
   // are lost (failing their jobs), held-back rank failures are decided, queued jobs placed.
   void Tick();

@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
+  (*coordinator)->StopMonitor();
   (*server)->Shutdown();
   server->reset();
   coordinator->reset();

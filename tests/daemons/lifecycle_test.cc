@@ -427,6 +427,13 @@ TEST_F(LifecycleTest, SigtermStopsEachDaemonWithinTwoSecondsWhileAJobRuns) {
   EXPECT_LT(coordinator_s, 2.0);
   std::fprintf(stderr, "SIGTERM to exit: worker %.2f s, coordinator %.2f s\n", worker_s,
                coordinator_s);
+  // The job's cause is the worker that was stopped, not a worker taken for lost while the
+  // coordinator drained (its monitor stops first).
+  ASSERT_TRUE(cluster.StartCoordinator(cluster.port()));
+  const nlohmann::json job = cluster.JobStatus("job-0001");
+  EXPECT_EQ(StateOf(job), "JOB_STATE_FAILED");
+  EXPECT_THAT(job.value("message", ""), HasSubstr("the worker is shutting down"));
+  EXPECT_THAT(job.value("message", ""), ::testing::Not(HasSubstr("stopped sending heartbeats")));
 }
 
 }  // namespace
