@@ -68,9 +68,10 @@ class StepReporter {
   // then: two missed heartbeats).
   static constexpr size_t kMaxQueued = 100000;
   static constexpr int kMaxBatch = 1000;
+  // No answer (RESOURCE_EXHAUSTED is not one: a batch over the coordinator's request limit
+  // would be refused again however often it were sent).
   static bool IsTransient(grpc::StatusCode code) {
-    return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
-           code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
   }
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
