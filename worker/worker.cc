@@ -52,22 +52,30 @@ class StepReporter {
     cv_.notify_all();
     thread_.join();
   }
-  void Add(v1::StepReport report) {
+  // Queues a report. While kMaxQueued are waiting (steps faster than the coordinator takes
+  // them), waits for room up to `patience`: the stage runs at the pace the coordinator can
+  // follow. False if there was no room by then (the report is dropped).
+  bool Add(v1::StepReport report, absl::Duration patience) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!room_.wait_for(lock, absl::ToChronoNanoseconds(patience),
+                          [this] { return queue_.size() < kMaxQueued; })) {
+        return false;
+      }
       queue_.push_back(std::move(report));
     }
     cv_.notify_all();
+    return true;
   }
 
  private:
   // Sends what has queued up in one ReportSteps, at most every kMinInterval: a fast step
   // costs no RPC of its own (on a few shared cores every RPC takes CPU from the stages).
   static constexpr auto kMinInterval = std::chrono::milliseconds(100);
-  // Reports kept for resending while the coordinator does not answer (its job is failed by
-  // then: two missed heartbeats).
-  static constexpr size_t kMaxQueued = 100000;
-  static constexpr int kMaxBatch = 1000;
+  // Reports waiting to be sent, or kept for resending while the coordinator does not answer
+  // (its job is failed by then: two missed heartbeats). About 150 bytes each.
+  static constexpr size_t kMaxQueued = 4000;
+  static constexpr size_t kMaxBatch = 1000;
   // No answer (RESOURCE_EXHAUSTED is not one: a batch over the coordinator's request limit
   // would be refused again however often it were sent).
   static bool IsTransient(grpc::StatusCode code) {
@@ -79,13 +87,15 @@ class StepReporter {
     while (true) {
       cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      cv_.wait_until(lock, last_sent + kMinInterval, [this] { return closing_; });
+      cv_.wait_until(lock, last_sent + kMinInterval,
+                     [this] { return closing_ || queue_.size() >= kMaxBatch; });
       // At most kMaxBatch a call (the coordinator takes requests of about 1 MiB).
       v1::StepReports batch;
-      while (!queue_.empty() && batch.reports_size() < kMaxBatch) {
+      while (!queue_.empty() && static_cast<size_t>(batch.reports_size()) < kMaxBatch) {
         *batch.add_reports() = std::move(queue_.front());
         queue_.pop_front();
       }
+      room_.notify_all();
       lock.unlock();
       // The process's memory high-water, read here (once per batch) rather than on the
       // stage's thread at every step.
@@ -112,7 +122,8 @@ class StepReporter {
   std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
   std::function<void()> on_stop_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;    // the reporter's thread: reports, or closing
+  std::condition_variable room_;  // Add(): the queue has room
   std::deque<v1::StepReport> queue_;
   bool closing_ = false;
   std::thread thread_;  // last: starts once the rest is ready
@@ -242,7 +253,11 @@ void Worker::HeartbeatLoop() {
 void Worker::AbortStage(const std::string& why) {
   if (job_id_.empty()) return;
   if (stop_reason_.empty()) stop_reason_ = why;
-  if (transport_) transport_->Abort(absl::CancelledError(why));
+  if (executor_) {
+    executor_->Stop(absl::CancelledError(why));  // also a stage that never waits for a peer
+  } else if (transport_) {
+    transport_->Abort(absl::CancelledError(why));
+  }
 }
 
 grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
@@ -371,7 +386,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     transport_ = t;
     if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
   };
-  hooks.on_executor = [this](const executor::StageExecutor* e) {
+  hooks.on_executor = [this](executor::StageExecutor* e) {
     std::lock_guard<std::mutex> lock(mu_);
     executor_ = e;
   };
@@ -402,7 +417,12 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
       report.add_commands_after(c);
     }
-    reporter.Add(std::move(report));
+    const absl::Duration patience = absl::Seconds(config->recv_timeout_s);
+    if (!reporter.Add(std::move(report), patience)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      AbortStage(absl::StrCat("the coordinator took no step report for ",
+                              absl::FormatDuration(patience)));
+    }
   };
   absl::StatusOr<job::StageOutcome> outcome =
       job::RunStage(*config, a.rank(), shared_store, hooks);

@@ -110,7 +110,7 @@ class Worker : public v1::WorkerService::Service {
   int rank_ = -1;
   transport::Transport* transport_ = nullptr;
   std::shared_ptr<control::StepCommandQueue> commands_;  // while it runs rank 0
-  const executor::StageExecutor* executor_ = nullptr;     // its Activity() goes in heartbeats
+  executor::StageExecutor* executor_ = nullptr;     // its Activity() goes in heartbeats
   std::string stop_reason_;
   bool stage_ending_ = false;  // the running stage has ended; its end is being reported
   std::thread stage_thread_;

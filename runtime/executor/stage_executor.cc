@@ -20,14 +20,11 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
                              transport::Transport* transport,
                              std::function<void(const StepRecord&)> on_step)
     : config_(std::move(config)),
-      actions_(config_.actions),
-      schedule_(config_.schedule),
       weights_(weights),
       transport_(transport),
       on_step_(std::move(on_step)),
       is_first_(config_.stage == 0),
       is_last_(config_.stage == config_.num_stages - 1) {
-  stats_.records.reserve(actions_.size());
   const std::vector<at::Tensor> params = weights_->Newest().Parameters();
   if (!params.empty()) device_ = params[0].device();
   if (config_.replicas > 1) {
@@ -39,7 +36,7 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
       waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
       const double end = MonotonicSeconds();
       step_allreduce_s_ += end - start;
-      stats_.allreduces.push_back({t, -1, start, end});
+      Keep(stats_.allreduces, {t, -1, start, end}, config_.history.allreduces);
       return s;
     });
   }
@@ -60,6 +57,15 @@ StageActivity StageExecutor::Activity() const {
   return activity;
 }
 
+void StageExecutor::Stop(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stop_reason_.ok()) stop_reason_ = reason;
+  }
+  stop_requested_.store(true, std::memory_order_release);
+  transport_->Abort(reason);
+}
+
 std::string StageExecutor::Where(const Action& action) const {
   return absl::StrCat("stage ", config_.stage, " ", schedule::ToString(action));
 }
@@ -69,17 +75,24 @@ absl::Status StageExecutor::Run() {
   if (is_last_ && !config_.targets) {
     return absl::InvalidArgumentError("the last stage has no targets");
   }
+  PT_ASSIGN_OR_RETURN(schedule::StageActionStream actions,
+                      schedule::StageActionStream::Create(config_.schedule, config_.stage));
+  actions_ = std::make_unique<schedule::StageActionStream>(std::move(actions));
   NoteLiveVersions();
-  for (next_ = 0; next_ < actions_.size(); ++next_) {
-    const Action action = actions_[next_];  // step commands may rewrite what follows
+  for (; !actions_->done(); actions_->Advance()) {
+    const Action action = actions_->current();  // step commands may rewrite what follows
     running_action_.store(action.index * 8 + static_cast<int64_t>(action.kind),
                           std::memory_order_relaxed);
     ActionRecord record;
     record.action = action;
     record.start_s = MonotonicSeconds();
     absl::Status status;
+    if (stop_requested_.load(std::memory_order_acquire)) {
+      absl::MutexLock lock(&stop_mu_);
+      status = stop_reason_;
+    }
     try {
-      status = Execute(action, record);
+      if (status.ok()) status = Execute(action, record);
     } catch (const std::exception& e) {
       std::string what = e.what();
       status = absl::InternalError(what.substr(0, what.find("\nException raised from")));
@@ -97,7 +110,7 @@ absl::Status StageExecutor::Run() {
     }
     stats_.wait_s += record.wait_s;
     stats_.compute_s += (record.end_s - record.start_s) - record.wait_s;
-    stats_.records.push_back(record);
+    Keep(stats_.records, record, config_.history.actions);
   }
   running_action_.store(-1, std::memory_order_relaxed);
   // Messages still in flight must leave before this stage may report success (and its
@@ -172,9 +185,11 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
         step.commands_after = c->second;
       }
-      stats_.steps.push_back(step);
+      // Boundaries up to j + 1 have been passed on (SEND_ACT precedes this STEP).
+      boundary_commands_.erase(boundary_commands_.begin(), boundary_commands_.upper_bound(j + 1));
+      Keep(stats_.steps, step, config_.history.steps);
       NoteLiveVersions();
-      if (is_first_ && j + 2 < schedule_.steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
+      if (is_first_ && j + 2 < actions_->params().steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
       if (on_step_) on_step_(step);
       return absl::OkStatus();
     }
@@ -332,7 +347,7 @@ absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::Stag
     waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
     PT_RETURN_IF_ERROR(waited);
     launched[b].end_s = MonotonicSeconds();
-    stats_.allreduces.push_back(launched[b]);
+    Keep(stats_.allreduces, launched[b], config_.history.allreduces);
   }
   step_allreduce_s_ += MonotonicSeconds() - start;  // the part not hidden by the backward
   reduced_steps_.insert(t);
@@ -393,22 +408,19 @@ absl::Status StageExecutor::ApplyBoundary(int64_t n, uint32_t commands) {
   }
   boundary_commands_[n] = commands;
   if (!control::DrainsPipeline(commands)) return absl::OkStatus();
+  schedule::ScheduleParams changed = actions_->params();
   if (commands & control::kStop) {
-    schedule_.steps = static_cast<int>(n);
+    changed.steps = static_cast<int>(n);
   } else {
-    schedule_.flush_before.push_back(n);
+    changed.flush_before.push_back(n);
   }
-  PT_ASSIGN_OR_RETURN(std::vector<Action> rebuilt,
-                      schedule::BuildStageSchedule(schedule_, config_.stage));
-  for (size_t i = 0; i <= next_; ++i) {
-    if (i >= rebuilt.size() || rebuilt[i] != actions_[i]) {
-      return absl::InternalError(absl::StrCat(
-          "the ", control::StepCommandsName(commands), " before step ", n,
-          " reached this stage after it ran action ", i, " (",
-          schedule::ToString(actions_[i]), "), which the command changes"));
-    }
+  absl::StatusOr<schedule::StageActionStream> rebased = actions_->Rebase(changed);
+  if (!rebased.ok()) {
+    return absl::InternalError(absl::StrCat("the ", control::StepCommandsName(commands),
+                                            " before step ", n, " reached this stage too late: ",
+                                            rebased.status().message()));
   }
-  actions_ = std::move(rebuilt);
+  *actions_ = std::move(*rebased);
   if (control::SwitchesToNewest(commands)) PT_RETURN_IF_ERROR(weights_->UseNewestFrom(n));
   return absl::OkStatus();
 }

@@ -28,7 +28,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <map>
 #include <optional>
 #include <set>
@@ -39,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/schedule/action.h"
@@ -51,6 +54,15 @@ namespace pipetrain::executor {
 // Input ids/values of stage 0 or targets of the last stage, for a global micro-batch.
 using MicroBatchTensorSource = std::function<absl::StatusOr<at::Tensor>(int64_t micro_batch)>;
 
+// How much of its past a stage keeps in StageStats: the most recent records of each kind.
+// Totals, peaks and per-step callbacks are exact whatever the limits, so a stage's memory
+// does not grow with the number of steps; reports and traces cover the kept window.
+struct HistoryLimits {
+  size_t actions = size_t{1} << 14;  // ActionRecord: 48 bytes (the default GPT job: 12,000)
+  size_t steps = size_t{1} << 12;    // StepRecord: 80 bytes
+  size_t allreduces = size_t{1} << 12;  // AllReduceRecord: 32 bytes
+};
+
 struct StageConfig {
   int stage = 0;
   int num_stages = 1;
@@ -62,8 +74,8 @@ struct StageConfig {
   bool overlap_allreduce = true;
   int64_t bucket_bytes = 256 << 10;
   uint64_t seed = 0;
-  std::vector<schedule::Action> actions;
-  // The parameters `actions` were built from: rebuilt from them when step commands arrive.
+  // The stage runs schedule::StageActionStream(schedule, stage), regenerated when step
+  // commands arrive.
   schedule::ScheduleParams schedule;
   // Stage 0 of replica 0: where the host puts step commands (may be null: none).
   control::StepCommandQueue* commands = nullptr;
@@ -74,6 +86,7 @@ struct StageConfig {
   // gradient received from stage s+1 (s < p-1).
   transport::TensorSpec expected_input;
   transport::TensorSpec expected_output_grad;
+  HistoryLimits history;
 };
 
 struct ActionRecord {
@@ -124,9 +137,10 @@ struct StageStats {
   double compute_s = 0;  // F, B, STEP and sends
   double wait_s = 0;     // blocked in receives
   double allreduce_s = 0;  // gradient AllReduce among replicas (part of compute_s)
-  std::vector<ActionRecord> records;
-  std::vector<StepRecord> steps;
-  std::vector<AllReduceRecord> allreduces;
+  // The most recent records, oldest first (StageConfig::history).
+  std::deque<ActionRecord> records;
+  std::deque<StepRecord> steps;
+  std::deque<AllReduceRecord> allreduces;
 };
 
 class StageExecutor {
@@ -145,6 +159,9 @@ class StageExecutor {
   const std::optional<schedule::Action>& stopped_at() const { return stopped_at_; }
   // Thread-safe: may be called from any thread while Run() runs.
   StageActivity Activity() const;
+  // Thread-safe: Run() fails with `reason` before its next action (or at its current wait:
+  // the transport is aborted too), also on a stage that never waits for a peer.
+  void Stop(const absl::Status& reason);
 
  private:
   struct Stashed {
@@ -172,10 +189,16 @@ class StageExecutor {
   bool CarriesBoundary(int64_t j) const;
   std::string Where(const schedule::Action& action) const;
 
+  template <typename Record>
+  static void Keep(std::deque<Record>& kept, const Record& record, size_t limit) {
+    kept.push_back(record);
+    while (kept.size() > limit) kept.pop_front();
+  }
+
   StageConfig config_;
-  std::vector<schedule::Action> actions_;  // what is left to run changes with step commands
-  size_t next_ = 0;                        // index in actions_ of the running action
-  schedule::ScheduleParams schedule_;      // config_.schedule plus the commands applied
+  // What runs, from config_.schedule plus the step commands applied (made by Run()).
+  std::unique_ptr<schedule::StageActionStream> actions_;
+  // Commands of boundaries not yet passed on by this stage.
   std::map<int64_t, uint32_t> boundary_commands_;
   at::Device device_ = at::kCPU;  // of the stage's parameters: where its small tensors go
   weights::WeightStore* weights_;
@@ -201,6 +224,9 @@ class StageExecutor {
   // (kNotWaiting, kWaitingForReplicas, or a peer stage).
   static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2;
   std::atomic<int64_t> running_action_{-1};
+  std::atomic<bool> stop_requested_{false};
+  absl::Mutex stop_mu_;
+  absl::Status stop_reason_ ABSL_GUARDED_BY(stop_mu_);
   std::atomic<int> waiting_for_{kNotWaiting};
 };
 

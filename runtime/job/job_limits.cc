@@ -64,7 +64,7 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"bucket_kib", 1, 1048576, "one bucket is at most 1 GiB"},
       {"microbatches", 1, 65536, "every micro-batch of a step is in the schedule"},
       {"microbatch_size", 1, 65536, "one micro-batch's activations must fit one device"},
-      {"steps", 1, 2147483647, "a 32-bit count; see also the schedule limit"},
+      {"steps", 1, 2147483647, "a 32-bit count (a stage's memory does not grow with it)"},
       {"optimizer.lr", 1e-12, 1e3, "a finite, positive step size"},
       {"optimizer.weight_decay", 0, 1e3, "finite and not negative"},
       {"optimizer.momentum", 0, 0.999, "a decay below 1"},
@@ -99,13 +99,6 @@ std::vector<std::string> LimitViolations(const JobConfig& config) {
                                   FormatBound(kMaxRanks), " (a rank each, all listed in the "
                                   "job's status), got ", int64_t{config.stages} * config.replicas));
   }
-  const double actions =
-      static_cast<double>(config.steps) * (4.0 * config.micro_batches + 2.0);
-  if (actions > kMaxScheduleActions) {
-    errors.push_back(absl::StrCat(
-        "steps: steps x (4 x microbatches + 2) must be at most ", FormatBound(kMaxScheduleActions),
-        " (every step's schedule is held in memory), got ", FormatBound(actions)));
-  }
   if (config.name.size() > kMaxNameBytes || !IsPrintableUtf8(config.name)) {
     errors.push_back(absl::StrCat("name: must be at most ", kMaxNameBytes,
                                   " bytes of printable UTF-8, got ", config.name.size(),
@@ -130,10 +123,7 @@ std::string LimitsMarkdown() {
     absl::StrAppend(&md, "| `", l.path, "` | ", FormatBound(l.min), " | ", FormatBound(l.max),
                     " | ", l.reason, " |\n");
   }
-  absl::StrAppend(&md, "\nAlso: every number finite; `steps` x (4 x `microbatches` + 2) at most ",
-                  FormatBound(kMaxScheduleActions),
-                  " (every step's schedule is held in memory, about 64 bytes an action); "
-                  "`stages` x `replicas` at most ", FormatBound(kMaxRanks),
+  absl::StrAppend(&md, "\nAlso: every number finite; `stages` x `replicas` at most ", FormatBound(kMaxRanks),
                   " (a rank each, all listed in the job's status); "
                   "`name` at most ", kMaxNameBytes,
                   " bytes of printable UTF-8; `model.path`, `data.path` and `weights_dir` at "

@@ -25,9 +25,6 @@ const std::vector<FieldLimit>& JobFieldLimits();
 
 inline constexpr size_t kMaxNameBytes = 256;
 inline constexpr size_t kMaxPathBytes = 4096;
-// The whole schedule of every step is held in memory (about 64 bytes an action per stage):
-// steps x (4 x microbatches + 2) is at most this.
-inline constexpr double kMaxScheduleActions = 1 << 24;
 // One worker (or thread) per rank, every rank listed in the job's status: stages x replicas.
 inline constexpr double kMaxRanks = 4096;
 

@@ -80,7 +80,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
                         peak_memory});
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
-  return AssembleReport(c, plan, std::move(outcomes), start_s);
+  return AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s);
 }
 
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,

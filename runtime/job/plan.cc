@@ -233,7 +233,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
   sc.schedule = {c.schedule, p, c.micro_batches, c.steps};
-  PT_ASSIGN_OR_RETURN(sc.actions, schedule::BuildStageSchedule(sc.schedule, s));
+  PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   if (s == 0) {
     sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };
   }

@@ -138,18 +138,23 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     }
   }
 
-  // Progress, in step order, from what the stages publish in the store.
+  // Progress, in step order, from what the stages publish in the store. Once every stage
+  // has exited, whatever they published is there: the first key missing then ends it.
   std::atomic<bool> finished{false};
+  ProgressTracker tracker(c, plan, start_s, options.on_progress);
   std::thread progress([&] {
-    ProgressTracker tracker(c, plan, start_s, options.on_progress);
-    for (int64_t t = 0; t < c.steps && !finished; ++t) {
+    for (int64_t t = 0; t < c.steps; ++t) {
       std::vector<std::string> keys;
       for (int r = 0; r < c.replicas; ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
       keys.push_back(ProgressKey("end", t));
       for (size_t k = 0; k < keys.size(); ++k) {
-        while (!finished) {
-          auto v = store->Get(keys[k], absl::Milliseconds(200));
-          if (!v.ok()) continue;
+        while (true) {
+          const bool last_look = finished;
+          auto v = store->Get(keys[k], absl::Milliseconds(last_look ? 1 : 200));
+          if (!v.ok()) {
+            if (last_look) return;
+            continue;
+          }
           double x = 0;
           if (!absl::SimpleAtod(*v, &x)) break;
           if (k + 1 < keys.size()) {
@@ -215,7 +220,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     PT_ASSIGN_OR_RETURN(StageOutcome out, ReadStageOutcome(result_dir, s));
     outcomes.push_back(std::move(out));
   }
-  return AssembleReport(c, plan, std::move(outcomes), start_s);
+  return AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s);
 }
 
 }  // namespace pipetrain::job

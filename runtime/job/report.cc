@@ -139,26 +139,38 @@ void ProgressTracker::LossKnown(int64_t step, double loss) {
 }
 
 void ProgressTracker::Flush() {
-    while (ends_.count(next_) && loss_count_[next_] == replicas_) {
-      Progress p;
-      p.step = next_;
-      p.steps = steps_;
-      p.loss = losses_[next_];
-      p.elapsed_s = ends_[next_] - start_s_;
-      if (next_ > 0) {
-        const double dt = ends_[next_] - ends_[0];
-        p.samples_per_s = dt > 0 ? rows_per_step_ * next_ / dt : 0;
-      } else {
-        p.samples_per_s = p.elapsed_s > 0 ? rows_per_step_ / p.elapsed_s : 0;
-      }
-      p.tokens_per_s = p.samples_per_s * tokens_per_row_;
-      if (sink_) sink_(p);
-      ++next_;
+  while (ends_.count(next_) && loss_count_[next_] == replicas_) {
+    Progress p;
+    p.step = next_;
+    p.steps = steps_;
+    p.loss = losses_[next_];
+    const double end_s = ends_[next_];
+    if (next_ == 0) first_end_s_ = end_s;
+    p.elapsed_s = end_s - start_s_;
+    if (next_ > 0) {
+      const double dt = end_s - first_end_s_;
+      p.samples_per_s = dt > 0 ? rows_per_step_ * next_ / dt : 0;
+    } else {
+      p.samples_per_s = p.elapsed_s > 0 ? rows_per_step_ / p.elapsed_s : 0;
     }
+    p.tokens_per_s = p.samples_per_s * tokens_per_row_;
+    emitted_losses_.push_back(p.loss);
+    ends_.erase(next_);
+    losses_.erase(next_);
+    loss_count_.erase(next_);
+    if (sink_) sink_(p);
+    ++next_;
+  }
+}
+
+std::vector<double> ProgressTracker::Losses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return emitted_losses_;
 }
 
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
-                                         std::vector<StageOutcome> stages, double start_s) {
+                                         std::vector<StageOutcome> stages,
+                                         std::vector<double> losses, double start_s) {
   const int p = plan.stages();
   if (static_cast<int>(stages.size()) != p * c.replicas) {
     return absl::InternalError("AssembleReport needs one outcome per replica and stage");
@@ -177,12 +189,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
                                       plan.num_parameters(), " parameters");
   report.threads_per_stage = ThreadsPerStage(c, p);
   report.wall_s = MonotonicSeconds() - start_s;
-  report.losses.assign(c.steps, 0.0);
-  for (int r = 0; r < c.replicas; ++r) {
-    for (const auto& step : stages[r * p + p - 1].stats.steps) {
-      if (step.mean_loss) report.losses[step.step] += *step.mean_loss / c.replicas;
-    }
-  }
+  report.losses = std::move(losses);
+  if (report.losses.empty()) return absl::InternalError("the job finished no step");
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
   for (int s = 0; s < p; ++s) {

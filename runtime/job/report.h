@@ -89,10 +89,12 @@ struct StageOutcome {
 };
 
 // The report of a finished run from every (replica, stage) outcome, replica-major; per-stage
-// figures and weights are replica 0's, losses the mean over replicas. `start_s` is when the
-// stages started (MonotonicSeconds).
+// figures and weights are replica 0's. `losses`: every step's loss, the mean over replicas
+// (ProgressTracker::Losses(); the stages keep only their recent steps). `start_s` is when
+// the stages started (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
-                                         std::vector<StageOutcome> stages, double start_s);
+                                         std::vector<StageOutcome> stages,
+                                         std::vector<double> losses, double start_s);
 
 // The error of a failed run: the root cause (the first error that is not another stage's
 // abort) and where every stage stopped ("[stopped at: stage 0 RECV_GRAD5, ...]"). OK if
@@ -114,17 +116,21 @@ class ProgressTracker {
   void StepEnded(int64_t step, double end_s);
   // Called once per replica; the step's loss is the mean over replicas.
   void LossKnown(int64_t step, double loss);
+  // The loss of every step emitted so far, in step order.
+  std::vector<double> Losses() const;
 
  private:
   void Flush();  // REQUIRES: mu_ held
-  std::mutex mu_;
+  mutable std::mutex mu_;
   int64_t steps_;
   double start_s_;
   int64_t rows_per_step_, tokens_per_row_;
   int replicas_;
   std::map<int64_t, int> loss_count_;
   std::function<void(const Progress&)> sink_;
-  std::map<int64_t, double> ends_, losses_;
+  std::map<int64_t, double> ends_, losses_;  // of steps not yet emitted
+  double first_end_s_ = 0;                   // of step 0
+  std::vector<double> emitted_losses_;
   int64_t next_ = 0;
 };
 

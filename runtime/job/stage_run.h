@@ -31,9 +31,9 @@ struct StageRunHooks {
   std::function<void()> on_transport_gone;
   // Called once the stage's layers are built, with one version's parameter bytes.
   std::function<void(int64_t parameter_bytes)> on_built;
-  // Called with the stage's executor once it exists (its Activity() may then be read from
-  // any thread), and with nullptr before it is destroyed.
-  std::function<void(const executor::StageExecutor*)> on_executor;
+  // Called with the stage's executor once it exists (its Activity() and Stop() may then be
+  // used from any thread), and with nullptr before it is destroyed.
+  std::function<void(executor::StageExecutor*)> on_executor;
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
   // Rank 0 only: where step commands for the job arrive (runtime/control).
   std::shared_ptr<control::StepCommandQueue> commands;

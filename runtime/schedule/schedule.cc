@@ -163,6 +163,129 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
   return out;
 }
 
+StageActionStream::StageActionStream(const ScheduleParams& params, int stage)
+    : params_(params), stage_(stage) {
+  std::sort(params_.flush_before.begin(), params_.flush_before.end());
+  params_.flush_before.erase(std::unique(params_.flush_before.begin(), params_.flush_before.end()),
+                             params_.flush_before.end());
+}
+
+absl::StatusOr<StageActionStream> StageActionStream::Create(const ScheduleParams& params,
+                                                            int stage) {
+  PT_RETURN_IF_ERROR(ValidateScheduleParams(params));
+  if (stage < 0 || stage >= params.stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, " out of range [0, ", params.stages, ")"));
+  }
+  StageActionStream stream(params, stage);
+  stream.StartSegment(0, 0);
+  return stream;
+}
+
+int64_t StageActionStream::SegmentEnd(int64_t begin) const {
+  // GPipe and 1F1B drain after every step; 2BW only at flush_before boundaries.
+  if (params_.kind != ScheduleKind::kTwoBW) return begin + 1;
+  auto cut = std::upper_bound(params_.flush_before.begin(), params_.flush_before.end(), begin);
+  return cut == params_.flush_before.end() ? params_.steps : std::min<int64_t>(*cut, params_.steps);
+}
+
+void StageActionStream::StartSegment(int64_t begin, int64_t position) {
+  segment_begin_ = begin;
+  segment_position_ = position;
+  position_ = position;
+  segment_micro_batches_ =
+      begin < params_.steps ? (SegmentEnd(begin) - begin) * params_.micro_batches : 0;
+  op_ = 0;
+  Fill();
+}
+
+void StageActionStream::Fill() {
+  size_ = next_ = 0;
+  if (op_ == 2 * segment_micro_batches_) {
+    if (segment_micro_batches_ == 0) return;  // past the last step: done
+    StartSegment(SegmentEnd(segment_begin_), position_);
+    return;
+  }
+  const int p = params_.stages, s = stage_, m = params_.micro_batches;
+  const int64_t c = segment_micro_batches_, first = segment_begin_ * m, k = op_++;
+  // The k-th forward/backward of the segment, in the order AppendOneFOneB or GPipe's loop
+  // produce them.
+  bool forward;
+  int64_t j;
+  if (params_.kind == ScheduleKind::kGPipe) {
+    forward = k < c;
+    j = first + (forward ? k : k - c);
+  } else {
+    const int64_t warmup = std::min<int64_t>(p - s - 1, c);
+    if (k < warmup) {
+      forward = true, j = first + k;
+    } else if (k < warmup + 2 * (c - warmup)) {
+      const int64_t pair = (k - warmup) / 2;
+      forward = (k - warmup) % 2 == 0;
+      j = forward ? first + warmup + pair : first + pair;
+    } else {
+      forward = false, j = first + (c - warmup) + (k - warmup - 2 * (c - warmup));
+    }
+  }
+  auto push = [this](Action a) { buffer_[size_++] = a; };
+  if (forward) {
+    if (s > 0) push(RecvAct(j));
+    push(F(j));
+    if (s < p - 1) push(SendAct(j));
+  } else {
+    if (s < p - 1) push(RecvGrad(j));
+    push(B(j));
+    if (s > 0) push(SendGrad(j));
+    if ((j + 1) % m == 0) push(Step(j / m));
+  }
+}
+
+void StageActionStream::Advance() {
+  if (done()) return;
+  ++position_;
+  if (++next_ == size_) Fill();
+}
+
+absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams& changed) const {
+  if (changed.kind != params_.kind || changed.stages != params_.stages ||
+      changed.micro_batches != params_.micro_batches) {
+    return absl::InvalidArgumentError("Rebase changes only the boundaries and the steps");
+  }
+  PT_RETURN_IF_ERROR(ValidateScheduleParams(changed));
+  if (params_.kind == ScheduleKind::kTwoBW) {
+    // The segment's start must stay a boundary and nothing may change before it.
+    for (int64_t n : params_.flush_before) {
+      if (n < changed.steps && !std::count(changed.flush_before.begin(),
+                                           changed.flush_before.end(), n)) {
+        return absl::InvalidArgumentError(absl::StrCat("Rebase drops the drain before step ", n));
+      }
+    }
+    for (int64_t n : changed.flush_before) {
+      if (n <= segment_begin_ &&
+          !std::binary_search(params_.flush_before.begin(), params_.flush_before.end(), n)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a drain before step ", n, " is in the past of this stage (at ",
+            done() ? std::string("its end") : ToString(current()), ")"));
+      }
+    }
+  }
+  // Both lists agree up to the segment's start; compare from there through current().
+  StageActionStream before(params_, stage_), after(changed, stage_);
+  before.StartSegment(segment_begin_, segment_position_);
+  after.StartSegment(segment_begin_, segment_position_);
+  while (true) {
+    const bool compare = after.position_ < position_ || !done();
+    if (compare && (after.done() || after.current() != before.current())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "it changes action ", after.position_, " (", ToString(before.current()),
+          "), which this stage already ran"));
+    }
+    if (after.position_ == position_) return after;
+    after.Advance();
+    before.Advance();
+  }
+}
+
 absl::StatusOr<std::vector<std::vector<Action>>> BuildSchedule(const ScheduleParams& params) {
   PT_RETURN_IF_ERROR(ValidateScheduleParams(params));
   std::vector<std::vector<Action>> stages;

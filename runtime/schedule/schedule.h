@@ -24,6 +24,7 @@
 //               identical to those without the flush.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -61,6 +62,48 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params);
 absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& params, int stage);
 // All stages' lists, index = stage.
 absl::StatusOr<std::vector<std::vector<Action>>> BuildSchedule(const ScheduleParams& params);
+
+// The same list as BuildStageSchedule(params, stage), generated as it is consumed: its memory
+// does not depend on `steps`, so a stage can run any number of steps. The executor runs
+// from one; BuildStageSchedule is the plain reference it is tested against.
+class StageActionStream {
+ public:
+  static absl::StatusOr<StageActionStream> Create(const ScheduleParams& params, int stage);
+
+  bool done() const { return size_ == 0; }
+  const Action& current() const { return buffer_[next_]; }  // REQUIRES: !done()
+  void Advance();
+  // Actions before current() (its index in BuildStageSchedule's list).
+  int64_t position() const { return position_; }
+  const ScheduleParams& params() const { return params_; }
+
+  // The list under `changed` (the same kind, p, m and stage; more flush_before boundaries or
+  // fewer steps, none at or before the start of the drained stretch the stream is in),
+  // positioned at the same action. FailedPrecondition if the two lists differ anywhere up to
+  // and including current(): the change came too late for what already ran. Costs the
+  // actions since the stretch began (the last drained boundary).
+  absl::StatusOr<StageActionStream> Rebase(const ScheduleParams& changed) const;
+
+ private:
+  StageActionStream(const ScheduleParams& params, int stage);
+  // Starts the drained stretch (segment) that begins at mini-batch `begin`, at `position`.
+  void StartSegment(int64_t begin, int64_t position);
+  // End (exclusive, in mini-batches) of the segment that begins at `begin`.
+  int64_t SegmentEnd(int64_t begin) const;
+  // Fills buffer_ with the next forward or backward of the segment (with its communication
+  // and STEP), moving on to the next segment at the end of one; size_ = 0 after the last.
+  void Fill();
+
+  ScheduleParams params_;
+  int stage_ = 0;
+  int64_t segment_begin_ = 0;           // first mini-batch of the segment
+  int64_t segment_micro_batches_ = 0;   // c: micro-batches in the segment
+  int64_t segment_position_ = 0;        // position of the segment's first action
+  int64_t op_ = 0;                      // next forward/backward of the segment, 0 .. 2c-1
+  std::array<Action, 4> buffer_{};      // actions of the forward or backward being emitted
+  int size_ = 0, next_ = 0;
+  int64_t position_ = 0;
+};
 
 // PipeDream-2BW: the weight version used by every F and B of global micro-batch j,
 // max(floor(j/m) - 1, 0).

@@ -14,6 +14,8 @@
 #include "runtime/control/step_commands.h"
 #include "runtime/data/dataset.h"
 #include "runtime/job/local_run.h"
+#include "runtime/job/plan.h"
+#include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/schedule/schedule.h"
 
@@ -654,6 +656,80 @@ TEST(Watchdog, LostMessageFailsEveryStageWithinTheDeadline) {
   EXPECT_NE(message.find(" timed out waiting for the "), std::string::npos) << message;
   EXPECT_NE(message.find("stage 2 RECV_ACT6"), std::string::npos) << message;
   EXPECT_LT(seconds, 5.0);
+}
+
+// A one-stage job never waits for a peer, so aborting its transport alone would not stop it:
+// Stop() does, before the next action, with the reason given.
+TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
+  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 1, 1);
+  c.steps = 1000000;  // far more than run before the stop
+  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  MicroBatchReader reader(*plan, c.micro_batches);
+  absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  auto hub = transport::MakeInProcessHub();
+  std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 0, 1);
+  std::atomic<int64_t> steps_done{0};
+  executor::StageExecutor executor(parts->config, parts->weights.get(), transport.get(),
+                                   [&](const executor::StepRecord&) { ++steps_done; });
+  absl::Status result;
+  std::thread stage([&] { result = executor.Run(); });
+  while (steps_done < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto stopped = std::chrono::steady_clock::now();
+  executor.Stop(absl::CancelledError("the coordinator ended the job"));
+  stage.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped, std::chrono::seconds(1));
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(result.message(), "the coordinator ended the job");
+  EXPECT_TRUE(executor.stopped_at().has_value());
+  EXPECT_LT(steps_done.load(), 1000000);
+}
+
+// The records a stage keeps are a window of the most recent ones (HistoryLimits); the
+// totals still count every action, and the steps kept are the last ones, in order.
+TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
+  JobConfig c = TinyGpt(ScheduleKind::kTwoBW, 2, 2);
+  c.steps = 40;
+  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  MicroBatchReader reader(*plan, c.micro_batches);
+  auto hub = transport::MakeInProcessHub();
+  std::vector<StageParts> parts;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  std::vector<std::unique_ptr<executor::StageExecutor>> executors;
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<StageParts> built = BuildStage(c, *plan, reader, s);
+    ASSERT_TRUE(built.ok()) << built.status();
+    parts.push_back(std::move(*built));
+    parts.back().config.history = {/*actions=*/10, /*steps=*/5, /*allreduces=*/3};
+    transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
+    executors.push_back(std::make_unique<executor::StageExecutor>(
+        parts.back().config, parts.back().weights.get(), transports.back().get()));
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) threads.emplace_back([&, s] { results[s] = executors[s]->Run(); });
+  for (auto& t : threads) t.join();
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(results[s].ok()) << results[s];
+    const executor::StageStats& st = executors[s]->stats();
+    ASSERT_EQ(st.records.size(), 10u);
+    ASSERT_EQ(st.steps.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(st.steps[i].step, 35 + static_cast<int64_t>(i));
+    // The last kept action is the last STEP; the window's actions are consecutive.
+    EXPECT_EQ(schedule::ToString(st.records.back().action), "STEP39");
+    absl::StatusOr<std::vector<schedule::Action>> all = schedule::BuildStageSchedule(
+        {ScheduleKind::kTwoBW, 2, c.micro_batches, c.steps}, s);
+    ASSERT_TRUE(all.ok());
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_EQ(st.records[i].action, (*all)[all->size() - 10 + i]) << "stage " << s;
+    }
+    // Totals cover every action, not only the window.
+    double window = 0;
+    for (const auto& r : st.records) window += r.end_s - r.start_s;
+    EXPECT_GT(st.compute_s + st.wait_s, window);
+  }
 }
 
 }  // namespace

@@ -352,5 +352,93 @@ TEST(TwoBWFlushTest, BoundaryOutsideTheJobIsAnError) {
   EXPECT_THAT(status.message(), HasSubstr("flush_before 3 is not a boundary"));
 }
 
+// The stream the executor runs is the eager list, action for action, under drains too.
+std::vector<Action> Drained(StageActionStream stream) {
+  std::vector<Action> out;
+  const int64_t start = stream.position();
+  for (; !stream.done(); stream.Advance()) {
+    EXPECT_EQ(stream.position(), start + static_cast<int64_t>(out.size()));
+    out.push_back(stream.current());
+  }
+  return out;
+}
+
+TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (int p = 1; p <= 4; ++p) {
+      for (int m = 1; m <= 5; ++m) {
+        if (kind == ScheduleKind::kTwoBW && m < p) continue;
+        for (int steps = 1; steps <= 4; ++steps) {
+          // Every set of drained boundaries (a bit each for 1 .. steps-1).
+          for (int mask = 0; mask < (1 << (steps - 1)); ++mask) {
+            ScheduleParams params{kind, p, m, steps};
+            for (int n = 1; n < steps; ++n) {
+              if (mask & (1 << (n - 1))) params.flush_before.push_back(n);
+            }
+            for (int s = 0; s < p; ++s) {
+              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p
+                                              << " m=" << m << " steps=" << steps
+                                              << " mask=" << mask << " stage " << s);
+              absl::StatusOr<StageActionStream> stream = StageActionStream::Create(params, s);
+              ASSERT_TRUE(stream.ok()) << stream.status();
+              EXPECT_EQ(FormatActions(Drained(*stream)),
+                        FormatActions(*BuildStageSchedule(params, s)));
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(StageActionStream::Create({ScheduleKind::kTwoBW, 4, 2, 1}, 0).ok());
+  EXPECT_FALSE(StageActionStream::Create({ScheduleKind::kGPipe, 2, 2, 1}, 2).ok());
+}
+
+// Rebase (a drain or a stop learned mid-run) succeeds exactly where the new list agrees with
+// the old one through the current action, and then goes on as the new list.
+TEST(StageActionStreamTest, RebaseFollowsTheNewListOrRefusesAChangedPast) {
+  const int steps = 4;
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (int p = 1; p <= 3; ++p) {
+      for (int m = p; m <= 4; ++m) {
+        const ScheduleParams plain{kind, p, m, steps};
+        for (int n = 1; n < steps; ++n) {
+          for (bool stop : {false, true}) {
+            ScheduleParams changed = plain;
+            if (stop) {
+              changed.steps = n;
+            } else {
+              changed.flush_before = {n};
+            }
+            for (int s = 0; s < p; ++s) {
+              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p << " m="
+                                              << m << (stop ? " stop " : " drain ") << n
+                                              << " stage " << s);
+              const std::vector<Action> before = *BuildStageSchedule(plain, s);
+              const std::vector<Action> after = *BuildStageSchedule(changed, s);
+              StageActionStream stream = *StageActionStream::Create(plain, s);
+              for (size_t i = 0; i < before.size(); ++i, stream.Advance()) {
+                const bool same_past =
+                    i < after.size() && std::equal(before.begin(), before.begin() + i + 1,
+                                                   after.begin());
+                absl::StatusOr<StageActionStream> rebased = stream.Rebase(changed);
+                if (!same_past) {
+                  EXPECT_FALSE(rebased.ok()) << "at " << i;
+                  continue;
+                }
+                ASSERT_TRUE(rebased.ok()) << "at " << i << ": " << rebased.status();
+                EXPECT_EQ(rebased->position(), static_cast<int64_t>(i));
+                const std::vector<Action> rest = Drained(*rebased);
+                EXPECT_EQ(FormatActions(rest), FormatActions(std::vector<Action>(
+                                                   after.begin() + i, after.end())))
+                    << "at " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::schedule
