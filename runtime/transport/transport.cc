@@ -20,6 +20,19 @@ class DoneReduction : public Transport::PendingReduction {
 
 }  // namespace
 
+int64_t WireElementSize(int64_t dtype) {
+  using at::ScalarType;
+  for (ScalarType carried :
+       {ScalarType::Byte, ScalarType::Char, ScalarType::Short, ScalarType::Int, ScalarType::Long,
+        ScalarType::Half, ScalarType::Float, ScalarType::Double, ScalarType::ComplexFloat,
+        ScalarType::ComplexDouble, ScalarType::Bool, ScalarType::BFloat16}) {
+    if (dtype == static_cast<int64_t>(carried)) {
+      return static_cast<int64_t>(c10::elementSize(carried));
+    }
+  }
+  return 0;
+}
+
 std::unique_ptr<Transport::PendingReduction> Transport::StartAllReduceMean(
     std::vector<at::Tensor> tensors, absl::Time deadline) {
   return std::make_unique<DoneReduction>(AllReduceMean(tensors, deadline));

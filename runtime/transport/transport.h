@@ -69,6 +69,10 @@ struct TensorSpec {
 };
 
 TensorSpec SpecOf(const at::Tensor& tensor);
+// Bytes of one element of the dtype numbered `dtype` (at::ScalarType) if a transport carries
+// it (integers, bool, half, bfloat16, float, double, complex), else 0: the ElementSizeOf of
+// wire_header.h.
+int64_t WireElementSize(int64_t dtype);
 bool Matches(const TensorSpec& spec, const at::Tensor& tensor);
 
 }  // namespace pipetrain::transport

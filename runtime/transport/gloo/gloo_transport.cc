@@ -16,19 +16,18 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
+#include "runtime/transport/wire_header.h"
 
 namespace pipetrain::transport {
 namespace {
 
-// Every message starts with a header of kHeaderWords int64: kind, micro-batch, dtype, ndim,
-// whether the payload follows inline, then the dims. A payload of at most kInlinePayloadBytes
-// travels inline, in the same Gloo message as its header: the receiver posts that message
-// ahead with room for it, so a small message needs no round trip to ask for its payload
-// (Gloo accepts a message shorter than the posted buffer, never a longer one). A larger
-// payload follows as a second message on its own tag, received straight into its tensor.
-constexpr int kMaxDims = 8;
-constexpr int64_t kHeaderWords = 16;
-constexpr int64_t kHeaderBytes = kHeaderWords * 8;
+// Every message starts with the wire header (wire_header.h). A payload of at most
+// kInlinePayloadBytes travels inline, in the same Gloo message as its header: the receiver
+// posts that message ahead with room for it, so a small message needs no round trip to ask
+// for its payload (Gloo accepts a message shorter than the posted buffer, never a longer
+// one). A larger payload follows as a second message on its own tag, received straight into
+// its tensor.
+constexpr int64_t kHeaderBytes = kWireHeaderWords * 8;
 constexpr int64_t kInlinePayloadBytes = 128 << 10;
 constexpr int64_t kPostedAhead = 4;  // first messages of later micro-batches posted per peer
 
@@ -60,22 +59,22 @@ class GlooTransport : public Transport {
   absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
                     const at::Tensor& tensor) override {
     if (absl::Status s = aborted(); !s.ok()) return s;
-    if (tensor.dim() > kMaxDims) {
+    if (tensor.dim() > kWireMaxDims) {
       return absl::InvalidArgumentError(absl::StrCat("cannot send a tensor of ", tensor.dim(),
-                                                     " dimensions (at most ", kMaxDims, ")"));
+                                                     " dimensions (at most ", kWireMaxDims,
+                                                     ")"));
     }
     at::Tensor payload = tensor.detach().contiguous();
     const int64_t nbytes = payload.numel() * static_cast<int64_t>(payload.element_size());
     const bool inline_payload = nbytes <= kInlinePayloadBytes;
     at::Tensor first = at::empty({kHeaderBytes + (inline_payload ? nbytes : 0)}, at::kByte);
-    auto* h = reinterpret_cast<int64_t*>(first.data_ptr<uint8_t>());
-    std::fill(h, h + kHeaderWords, 0);
-    h[0] = static_cast<int64_t>(kind);
-    h[1] = micro_batch;
-    h[2] = static_cast<int64_t>(tensor.scalar_type());
-    h[3] = tensor.dim();
-    h[4] = inline_payload ? 1 : 0;
-    for (int64_t d = 0; d < tensor.dim(); ++d) h[5 + d] = tensor.size(d);
+    WireHeader header;
+    header.kind = static_cast<int64_t>(kind);
+    header.micro_batch = micro_batch;
+    header.dtype = static_cast<int64_t>(tensor.scalar_type());
+    header.inline_payload = inline_payload;
+    header.shape = tensor.sizes().vec();
+    EncodeWireHeader(header, reinterpret_cast<int64_t*>(first.data_ptr<uint8_t>()));
     if (inline_payload && nbytes > 0) {
       std::memcpy(first.data_ptr<uint8_t>() + kHeaderBytes, payload.data_ptr(), nbytes);
     }
@@ -114,27 +113,17 @@ class GlooTransport : public Transport {
     }
     if (absl::Status s = Wait(*header, peer, deadline, what); !s.ok()) return s;
     const at::Tensor& first = header->buffer[0];
-    const auto* h = reinterpret_cast<const int64_t*>(first.data_ptr<uint8_t>());
-    const int64_t ndim = h[3];
-    bool well_formed = h[0] == static_cast<int64_t>(kind) && h[1] == micro_batch &&
-                       ndim >= 0 && ndim <= kMaxDims && h[2] >= 0 &&
-                       h[2] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
-                       (h[4] == 0 || h[4] == 1);
-    std::vector<int64_t> shape(h + 5, h + 5 + (well_formed ? ndim : 0));
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      well_formed = well_formed && d >= 0 && (d == 0 || numel <= (int64_t{1} << 40) / d);
-      if (well_formed) numel *= d;
-    }
-    const auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(
-        well_formed ? h[2] : static_cast<int64_t>(at::kByte)));
-    const int64_t nbytes =
-        well_formed ? numel * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()))
-                    : 0;
-    if (!well_formed || (h[4] == 1 && nbytes > kInlinePayloadBytes)) {
+    absl::StatusOr<WireHeader> h = DecodeWireHeader(
+        reinterpret_cast<const int64_t*>(first.data_ptr<uint8_t>()), WireElementSize);
+    if (!h.ok()) return absl::DataLossError(absl::StrCat(h.status().message(), " for ", what));
+    if (h->kind != static_cast<int64_t>(kind) || h->micro_batch != micro_batch ||
+        (h->inline_payload && h->payload_bytes > kInlinePayloadBytes)) {
       return absl::DataLossError(absl::StrCat("malformed header for ", what));
     }
-    if (h[4] == 1) {
+    const std::vector<int64_t>& shape = h->shape;
+    const auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(h->dtype));
+    const int64_t nbytes = h->payload_bytes;
+    if (h->inline_payload) {
       // The payload arrived with the header. A payload that fills most of the buffer is
       // handed out in place (the tensor keeps the buffer alive); a small one is copied out,
       // so a stashed activation does not hold on to a mostly empty buffer.

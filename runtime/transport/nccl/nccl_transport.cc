@@ -16,12 +16,13 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/transport/wire_header.h"
 
 namespace pipetrain::transport {
 namespace {
 
-constexpr int kMaxDims = 8;
-constexpr int kHeaderSize = 4 + kMaxDims;  // kind, micro-batch, dtype, ndim, dims
+constexpr int kMaxDims = kWireMaxDims;
+constexpr int kHeaderSize = kWireHeaderWords;  // wire_header.h (the inline flag always 0)
 constexpr size_t kHeaderBytes = kHeaderSize * sizeof(int64_t);
 constexpr auto kPollInterval = std::chrono::microseconds(50);
 // How long destroying a healthy transport waits for its communicators to finalize.
@@ -215,13 +216,12 @@ class NcclTransport : public Transport {
     Message message;
     message.header_host =
         at::empty({kHeaderSize}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-    int64_t* h = message.header_host.data_ptr<int64_t>();
-    std::fill(h, h + kHeaderSize, 0);
-    h[0] = static_cast<int64_t>(kind);
-    h[1] = micro_batch;
-    h[2] = static_cast<int64_t>(tensor.scalar_type());
-    h[3] = tensor.dim();
-    for (int64_t d = 0; d < tensor.dim(); ++d) h[4 + d] = tensor.size(d);
+    WireHeader wire;
+    wire.kind = static_cast<int64_t>(kind);
+    wire.micro_batch = micro_batch;
+    wire.dtype = static_cast<int64_t>(tensor.scalar_type());
+    wire.shape = tensor.sizes().vec();
+    EncodeWireHeader(wire, message.header_host.data_ptr<int64_t>());
     message.header = at::empty({kHeaderSize}, CudaOptions(at::kLong));
     message.payload = tensor.detach().contiguous();
     if (options_.loopback) {
@@ -299,27 +299,23 @@ class NcclTransport : public Transport {
         !s.ok()) {
       return failed(s);
     }
-    const int64_t* h = header_host.data_ptr<int64_t>();
-    const int64_t ndim = h[3];
-    const bool valid = (h[0] == static_cast<int64_t>(MessageKind::kActivation) ||
-                        h[0] == static_cast<int64_t>(MessageKind::kGradient) ||
-                        h[0] == static_cast<int64_t>(MessageKind::kControl)) &&
-                       ndim >= 0 && ndim <= kMaxDims && h[2] >= 0 &&
-                       h[2] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
-                       NcclTypeOf(static_cast<at::ScalarType>(h[2])).has_value() &&
-                       std::all_of(h + 4, h + 4 + ndim, [](int64_t d) { return d >= 0; });
-    if (!valid) {
-      return Fail(absl::DataLossError(
-          absl::StrCat(Self(), " received a malformed header while ", what)));
+    absl::StatusOr<WireHeader> h = DecodeWireHeader(
+        header_host.data_ptr<int64_t>(), [](int64_t dtype) -> int64_t {
+          const int64_t size = WireElementSize(dtype);
+          return size > 0 && NcclTypeOf(static_cast<at::ScalarType>(dtype)) ? size : 0;
+        });
+    if (!h.ok() || h->inline_payload) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          Self(), " received a malformed header while ", what,
+          h.ok() ? std::string() : absl::StrCat(": ", h.status().message()))));
     }
-    if (h[0] != static_cast<int64_t>(kind) || h[1] != micro_batch) {
+    if (h->kind != static_cast<int64_t>(kind) || h->micro_batch != micro_batch) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
           Self(), " expected ", wanted, " but the next message from ", Describe(peer), " is the ",
-          MessageKindName(static_cast<MessageKind>(h[0])), " of micro-batch ", h[1],
+          MessageKindName(static_cast<MessageKind>(h->kind)), " of micro-batch ", h->micro_batch,
           " (NCCL delivers a link's messages in the order they were sent)")));
     }
-    payload = at::empty(std::vector<int64_t>(h + 4, h + 4 + ndim),
-                        CudaOptions(static_cast<at::ScalarType>(h[2])));
+    payload = at::empty(h->shape, CudaOptions(static_cast<at::ScalarType>(h->dtype)));
     if (payload.numel() > 0) {
       if (absl::Status s = Receive(*channel, source ? &source->payload : nullptr, payload,
                                    nullptr, deadline, what);
