@@ -41,7 +41,12 @@ class Reader {
     const auto* desc = msg->GetDescriptor();
     std::set<std::string> seen;
     for (const auto& kv : node) {
-      const std::string key = kv.first.as<std::string>();
+      if (!kv.first.IsScalar()) {
+        errors_->push_back(absl::StrCat(At(path.empty() ? "job" : path, kv.first),
+                                        ": a key must be a plain name, not a list or mapping"));
+        continue;
+      }
+      const std::string key = kv.first.Scalar();
       const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
       if (!seen.insert(key).second) {
         errors_->push_back(absl::StrCat(At(field_path, kv.first), ": duplicate key"));
@@ -218,7 +223,11 @@ absl::StatusOr<v1::JobSpec> JobSpecFromYaml(const std::string& yaml_text) {
         "invalid job: the job file is empty (a job file with only defaults is `{}`)");
   }
   std::vector<std::string> errors;
-  Reader(&errors).ReadMessage(root, "", &spec);
+  try {
+    Reader(&errors).ReadMessage(root, "", &spec);
+  } catch (const YAML::Exception& e) {  // a node of a shape no check above foresaw
+    errors.push_back(e.what());
+  }
   if (!errors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid job: ", absl::StrJoin(errors, "; ")));
   }

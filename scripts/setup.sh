@@ -14,8 +14,9 @@ packages=(
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
-  # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS)
-  libgtest-dev libgmock-dev procps openssl
+  # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
+  # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
+  libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch)

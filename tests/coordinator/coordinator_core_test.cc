@@ -17,104 +17,16 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/placement.h"
+#include "tests/coordinator/coordinator_fakes.h"
 
 namespace pipetrain::coordinator {
 namespace {
 
+using testing_fakes::FakeClock;
+using testing_fakes::FakeStore;
+using testing_fakes::FakeWorker;
+
 using ::testing::HasSubstr;
-
-class FakeClock : public Clock {
- public:
-  absl::Time Now() const override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
-
-class FakeWorker : public WorkerClient {
- public:
-  absl::Status AssignStage(const v1::StageAssignment& a) override {
-    assigned.push_back(a);
-    return fail_assign ? absl::UnavailableError("connection refused") : absl::OkStatus();
-  }
-  absl::Status StopStage(const v1::StopStageRequest& r) override {
-    stopped.push_back(r);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
-      const v1::SendCommandRequest& r) override {
-    commands.push_back(r);
-    v1::SendCommandResponse response;
-    response.set_step(r.step() > 0 ? r.step() : 3);
-    return response;
-  }
-  bool fail_assign = false;
-  std::vector<v1::StageAssignment> assigned;
-  std::vector<v1::StopStageRequest> stopped;
-  std::vector<v1::SendCommandRequest> commands;
-};
-
-// An in-memory JobStore whose contents outlive it (a "restart" opens a new one on them).
-class FakeStore : public JobStore {
- public:
-  struct Data {
-    std::map<std::string, StoredJob> jobs;
-    std::map<std::string, int64_t> order;
-    std::map<std::string, std::vector<StoredEvent>> events;
-    std::map<std::string, int64_t> counters;
-    bool fail_puts = false;
-    int puts = 0;
-    // While set, a job write waits (a disk that hangs).
-    std::mutex mu;
-    std::condition_variable released;
-    bool hang_puts = false;
-    int hanging = 0;  // writes waiting now
-  };
-  explicit FakeStore(std::shared_ptr<Data> data) : d_(std::move(data)) {}
-  absl::Status PutJob(const std::string& id, int64_t order, const std::string& job) override {
-    {
-      std::unique_lock<std::mutex> lock(d_->mu);
-      ++d_->hanging;
-      d_->released.wait(lock, [this] { return !d_->hang_puts; });
-      --d_->hanging;
-    }
-    if (d_->fail_puts) return absl::InternalError("job store: disk I/O error");
-    ++d_->puts;
-    d_->jobs[id] = {id, job};
-    d_->order[id] = order;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<StoredJob>> LoadJobs() override {
-    std::vector<std::pair<int64_t, StoredJob>> byorder;
-    for (const auto& [id, j] : d_->jobs) byorder.push_back({d_->order[id], j});
-    std::sort(byorder.begin(), byorder.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<StoredJob> out;
-    for (auto& [o, j] : byorder) out.push_back(j);
-    return out;
-  }
-  absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
-                                      const std::string& text) override {
-    auto& list = d_->events[job_id];
-    list.push_back({static_cast<int64_t>(list.size()) + 1, unix_ms, text});
-    return list.back().seq;
-  }
-  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id, int64_t after_seq,
-                                                  int64_t limit) override {
-    std::vector<StoredEvent> out;
-    for (const StoredEvent& e : d_->events[job_id]) {
-      if (e.seq > after_seq && static_cast<int64_t>(out.size()) < limit) out.push_back(e);
-    }
-    return out;
-  }
-  absl::StatusOr<int64_t> Increment(const std::string& name) override {
-    return ++d_->counters[name];
-  }
-
- private:
-  std::shared_ptr<Data> d_;
-};
 
 // A coordinator with fakes all round; heartbeat interval 1 s.
 class CoordinatorCoreTest : public ::testing::Test {

@@ -370,6 +370,12 @@ TEST(JobSpecYaml, DuplicateKeysEmptyDocumentsAndNonFiniteNumbersNameTheLine) {
   absl::StatusOr<v1::JobSpec> nested = JobSpecFromYaml("model:\n  d_model: 8\n  d_model: 16\n");
   ASSERT_FALSE(nested.ok());
   EXPECT_THAT(nested.status().message(), HasSubstr("model.d_model (line 3): duplicate key"));
+  // A key that is a list or a mapping (found by the fuzzer: the reader once threw).
+  for (const char* odd : {"steps: 3\n? [a, b]\n: 1\n", "model:\n  {x: 1}: 2\n"}) {
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(odd);
+    ASSERT_FALSE(spec.ok()) << odd;
+    EXPECT_THAT(spec.status().message(), HasSubstr("a key must be a plain name")) << odd;
+  }
   for (const char* empty : {"", "\n# only a comment\n", "---\n"}) {
     absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(empty);
     ASSERT_FALSE(spec.ok()) << "'" << empty << "'";
