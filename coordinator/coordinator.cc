@@ -420,9 +420,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     return absl::InvalidArgumentError("address: the worker's service address is required");
   }
   if (request.address().size() > 256 || request.device().size() > 64 ||
-      request.name().size() > 256 || request.memory_bytes() < 0) {
-    return absl::InvalidArgumentError(
-        "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0");
+      request.name().size() > 256 || request.memory_bytes() < 0 || request.cores() < 0 ||
+      request.cores() > kMaxWorkerCores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0, "
+        "its cores in [0, ", kMaxWorkerCores, "]"));
   }
   if (!IsServiceAddress(request.address())) {
     return absl::InvalidArgumentError(
@@ -450,6 +452,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     info.set_address(request.address());
     info.set_device(request.device().empty() ? "cpu" : request.device());
     info.set_memory_bytes(request.memory_bytes());
+    info.set_cores(request.cores());
     const std::string session = NewSession();
     pool_.Add(info, *client, session, deps_.clock->Now());
     v1::RegisterWorkerResponse response;
@@ -742,22 +745,28 @@ void Coordinator::Schedule() {
             [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
-    wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas()});
+    wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas(),
+                      e->config.threads_per_stage});
   }
-  const std::vector<std::string> idle = pool_.IdleIds();
-  const PlacementPlan plan = PlaceQueuedJobs(wanted, idle);
-  for (const std::string& id : plan.waiting) {
-    JobEntry& e = jobs_.at(id);
-    if (e.queue_logged) continue;
-    Event(id, absl::StrCat("queued: needs ", e.job.stages() * e.job.replicas(), " workers, ",
-                           idle.size(), " idle"));
-    e.queue_logged = true;
+  std::vector<PoolWorker> pool;
+  for (const v1::WorkerInfo& w : pool_.Infos()) {
+    if (w.state() != "lost") pool.push_back({w.id(), w.cores(), w.state() == "idle"});
+  }
+  const PlacementPlan plan = PlaceQueuedJobs(wanted, pool);
+  for (const Waiting& waiting : plan.waiting) {
+    JobEntry& e = jobs_.at(waiting.job_id);
+    if (e.job.message() == waiting.reason) continue;
+    // Why it waits, in `status` and (when it changes) in its events.
+    e.job.set_message(waiting.reason);
+    Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
+    Changed(e);
   }
   for (const Placement& p : plan.started) {
     JobEntry& e = jobs_.at(p.job_id);
     const int ranks = static_cast<int>(p.rank_workers.size());
     e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
     e.job.set_state(v1::JOB_STATE_RUNNING);
+    e.job.clear_message();  // it no longer waits
     e.job.set_started_unix_ms(NowMs());
     e.job.clear_stage_status();
     e.rank_worker = p.rank_workers;

@@ -157,6 +157,7 @@ class Coordinator {
   static constexpr size_t kKvKeyBytes = 1024;
   static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
   static constexpr size_t kKvJobBytes = size_t{64} << 20;
+  static constexpr int kMaxWorkerCores = 65536;
 
  private:
   struct JobEntry {
@@ -173,7 +174,6 @@ class Coordinator {
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
     double first_end_s = -1;                           // rank 0's end_s of step 0
     int64_t tokens_per_step = 0;
-    bool queue_logged = false;   // "queued: needs N workers" said once
     int64_t stop_step = 0;       // a stop command's boundary, once scheduled
     // Step commands seen in step reports: boundary -> ranks that reported them.
     std::map<int64_t, int> command_reports;

@@ -1,19 +1,56 @@
 #include "coordinator/placement.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace pipetrain::coordinator {
+namespace {
+
+bool Suits(const PoolWorker& w, const QueuedJob& job) {
+  return job.min_cores <= 0 || w.cores <= 0 || w.cores >= job.min_cores;
+}
+
+}  // namespace
 
 PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
-                              std::vector<std::string> idle) {
+                              const std::vector<PoolWorker>& pool) {
   PlacementPlan plan;
-  size_t next = 0;  // idle[next..] are still free
+  std::vector<bool> taken(pool.size(), false);
   for (const QueuedJob& job : queued) {
-    if (job.ranks < 1 || idle.size() - next < static_cast<size_t>(job.ranks)) {
-      plan.waiting.push_back(job.id);
+    std::vector<size_t> free;  // suitable and idle, not taken by an earlier job now
+    int suitable = 0, suitable_idle = 0;
+    for (size_t i = 0; i < pool.size(); ++i) {
+      if (!Suits(pool[i], job)) continue;
+      ++suitable;
+      if (!pool[i].idle) continue;
+      ++suitable_idle;
+      if (!taken[i]) free.push_back(i);
+    }
+    if (job.ranks >= 1 && free.size() >= static_cast<size_t>(job.ranks)) {
+      Placement p{job.id, {}};
+      for (int r = 0; r < job.ranks; ++r) {
+        taken[free[r]] = true;
+        p.rank_workers.push_back(pool[free[r]].id);
+      }
+      plan.started.push_back(std::move(p));
       continue;
     }
-    Placement p{job.id, {}};
-    for (int r = 0; r < job.ranks; ++r) p.rank_workers.push_back(idle[next++]);
-    plan.started.push_back(std::move(p));
+    std::string workers = absl::StrCat(job.ranks, job.ranks == 1 ? " worker" : " workers");
+    if (job.min_cores > 0) {
+      absl::StrAppend(&workers, " with at least ", job.min_cores, " cores (threads_per_stage)");
+    }
+    std::string reason;
+    if (suitable < job.ranks) {
+      reason = absl::StrCat("needs ", workers, "; the pool has ", suitable,
+                            job.min_cores > 0 ? absl::StrCat(" such (of ", pool.size(), ")") : "",
+                            ": it waits for more to register");
+    } else {
+      reason = absl::StrCat("needs ", workers, ", ", free.size(), " idle",
+                            suitable_idle > static_cast<int>(free.size())
+                                ? absl::StrCat(" (", suitable_idle - free.size(),
+                                               " more taken by earlier jobs)")
+                                : "");
+    }
+    plan.waiting.push_back({job.id, std::move(reason)});
   }
   return plan;
 }

@@ -1,8 +1,10 @@
 // Which queued jobs start now, and on which workers (one rank per worker).
 //
-// Jobs are taken in submission order; a job starts when as many workers as it has ranks are
-// idle, rank r on the r-th idle worker left. A job that does not fit waits, and a later,
-// smaller job that does fit starts before it (backfill). Pure: no clock, no lock, no I/O.
+// Jobs are taken in submission order; a job starts when as many suitable workers as it has
+// ranks are idle, rank r on the r-th suitable idle worker left. A worker suits a job when it
+// has at least the job's `min_cores` (its threads per stage; 0: any), or did not say how
+// many it has. A job that does not fit waits, with the reason in words, and a later, smaller
+// job that does fit starts before it (backfill). Pure: no clock, no lock, no I/O.
 #pragma once
 
 #include <string>
@@ -12,7 +14,14 @@ namespace pipetrain::coordinator {
 
 struct QueuedJob {
   std::string id;
-  int ranks = 0;  // stages x replicas: the workers it needs
+  int ranks = 0;      // stages x replicas: the workers it needs
+  int min_cores = 0;  // cores each of them must have (0: any)
+};
+
+struct PoolWorker {
+  std::string id;
+  int cores = 0;  // 0: unknown (suits every job)
+  bool idle = true;
 };
 
 struct Placement {
@@ -20,12 +29,21 @@ struct Placement {
   std::vector<std::string> rank_workers;  // worker id of each rank
 };
 
-struct PlacementPlan {
-  std::vector<Placement> started;    // in submission order
-  std::vector<std::string> waiting;  // ids of the jobs that do not fit, in submission order
+struct Waiting {
+  std::string job_id;
+  // "needs 4 workers, 2 idle" or, when the pool itself is short, "needs 4 workers with at
+  // least 8 cores; the pool has 2 (1 idle): it waits for more to register".
+  std::string reason;
 };
 
+struct PlacementPlan {
+  std::vector<Placement> started;  // in submission order
+  std::vector<Waiting> waiting;    // the jobs that do not fit, in submission order
+};
+
+// `pool`: every worker that can run a stage (idle or busy; lost ones left out), in the order
+// idle ones are to be used.
 PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued_in_order,
-                              std::vector<std::string> idle_workers);
+                              const std::vector<PoolWorker>& pool);
 
 }  // namespace pipetrain::coordinator

@@ -22,6 +22,7 @@
 #include "rpc/status.h"
 #include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/threads.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/coordinator_store.h"
@@ -168,6 +169,7 @@ absl::Status Worker::Register(absl::Time deadline) {
   v1::RegisterWorkerRequest request;
   request.set_address(address_);
   request.set_device(options_.device);
+  request.set_cores(AvailableCores());
   if (options_.device == "cpu") {
     request.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
                              static_cast<int64_t>(sysconf(_SC_PAGESIZE)));

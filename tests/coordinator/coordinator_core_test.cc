@@ -362,17 +362,82 @@ TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
   EXPECT_TRUE((*c)->StateLoopLive());
 }
 
+std::vector<std::string> WaitingIds(const PlacementPlan& plan) {
+  std::vector<std::string> ids;
+  for (const Waiting& w : plan.waiting) ids.push_back(w.job_id);
+  return ids;
+}
+
 TEST(Placement, JobsInOrderWithBackfill) {
-  const PlacementPlan plan =
-      PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}}, {"w1", "w2", "w3", "w4"});
+  const PlacementPlan plan = PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}},
+                                             {{"w1"}, {"w2"}, {"w3"}, {"w4"}});
   ASSERT_EQ(plan.started.size(), 3u);
   EXPECT_EQ(plan.started[0].job_id, "a");
   EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"w1", "w2"}));
   EXPECT_EQ(plan.started[1].job_id, "c");  // b does not fit in the 2 left; c and d do
   EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"w3"}));
   EXPECT_EQ(plan.started[2].job_id, "d");
-  EXPECT_EQ(plan.waiting, (std::vector<std::string>{"b"}));
-  EXPECT_EQ(PlaceQueuedJobs({{"a", 1}}, {}).waiting, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(WaitingIds(plan), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(plan.waiting[0].reason, "needs 3 workers, 2 idle (2 more taken by earlier jobs)");
+  const PlacementPlan none = PlaceQueuedJobs({{"a", 1}}, {});
+  EXPECT_EQ(WaitingIds(none), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(none.waiting[0].reason, "needs 1 worker; the pool has 0: it waits for more to register");
+}
+
+// threads_per_stage is a machine-bound field: a job runs only on workers with at least that
+// many cores (or that did not say), and one the pool cannot hold says so while it waits.
+TEST(Placement, ThreadsPerStageNeedWorkersWithThatManyCores) {
+  const std::vector<PoolWorker> pool = {{"small1", 2}, {"big1", 16}, {"small2", 2},
+                                        {"busy-big", 16, /*idle=*/false}, {"unknown", 0}};
+  PlacementPlan plan = PlaceQueuedJobs({{"a", 2, 8}, {"b", 2, 0}}, pool);
+  ASSERT_EQ(plan.started.size(), 2u);
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"big1", "unknown"}));
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"small1", "small2"}));
+  // Three 8-core ranks: the pool has three such workers, one busy -> waits for it.
+  plan = PlaceQueuedJobs({{"c", 3, 8}}, pool);
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"c"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 3 workers with at least 8 cores (threads_per_stage), 2 idle");
+  // Four: more than the pool has, whatever finishes.
+  plan = PlaceQueuedJobs({{"d", 4, 8}}, pool);
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"d"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 4 workers with at least 8 cores (threads_per_stage); the pool has 3 such "
+            "(of 5): it waits for more to register");
+}
+
+TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnoughCores) {
+  auto register_with = [this](int n, int cores) {
+    v1::RegisterWorkerRequest r;
+    r.set_address("host-" + std::to_string(n) + ":7000");
+    r.set_cores(cores);
+    auto response = coordinator_->Register(r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->worker_id() : "";
+  };
+  register_with(1, 2);
+  register_with(2, 2);
+  v1::JobSpec spec = Spec(2);
+  spec.set_threads_per_stage(4);
+  const v1::Job job = Submit(spec);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
+  const std::string why = "needs 2 workers with at least 4 cores (threads_per_stage); the pool "
+                          "has 0 such (of 2): it waits for more to register";
+  EXPECT_EQ(Get(job.id()).message(), why);
+  EXPECT_THAT(EventTexts(job.id()), ::testing::Contains("queued: " + why));
+  const std::string big1 = register_with(3, 8), big2 = register_with(4, 4);
+  coordinator_->Tick();
+  const v1::Job running = Get(job.id());
+  EXPECT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.message(), "");
+  ASSERT_EQ(running.stage_status_size(), 2);
+  EXPECT_EQ(running.stage_status(0).worker_id(), big1);
+  EXPECT_EQ(running.stage_status(1).worker_id(), big2);
+  // A worker's cores are checked like every field it sends.
+  v1::RegisterWorkerRequest r;
+  r.set_address("host-9:7000");
+  r.set_cores(-1);
+  EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEnds) {
