@@ -6,6 +6,8 @@
 #                                          one target for an hour: a long run
 #   scripts/fuzz.sh --merge ...            also add the inputs that found new coverage to
 #                                          fuzz/corpus/<target>/ (minimized)
+#   scripts/fuzz.sh --build-only           build them, run nothing (scripts/test.sh does this
+#                                          before the tests, which then only run them)
 # A crash, a sanitizer report, a leak or a hang (an input over 10 s) fails the script; the
 # input is kept in build-fuzz/artifacts/ (rerun it: build-fuzz/fuzz/<target> FILE) and the
 # report printed.
@@ -13,12 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=10
 merge=0
+build_only=0
 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --merge) merge=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -35,6 +39,7 @@ if [[ ! -f build-fuzz/build.ninja ]]; then
     -DPIPETRAIN_WITH_NCCL=OFF >/dev/null
 fi
 ninja -C build-fuzz fuzzers
+[[ ${build_only} == 1 ]] && exit 0
 
 mkdir -p build-fuzz/artifacts
 status=0

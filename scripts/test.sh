@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+scripts/fuzz.sh --build-only  # the fuzz targets (clang) now, not while other tests run
 ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)" "$@"

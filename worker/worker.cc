@@ -476,12 +476,33 @@ void Worker::RunAssignment(v1::StageAssignment a) {
 }
 
 void Worker::Stop() {
+  constexpr char kWhy[] = "the worker is shutting down";
   std::thread stage;
+  v1::StageEnd end;  // of the rank it runs, if any
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    AbortStage("the worker is shutting down");
+    if (!job_id_.empty() && !stage_ending_ && !id_.empty()) {
+      end.set_worker_id(id_);
+      end.set_job_id(job_id_);
+      end.set_rank(rank_);
+      end.set_error(kWhy);
+    }
+  }
+  cv_.notify_all();  // no heartbeat from here on
+  // The coordinator hears why the rank ends before its peers can report losing it (their
+  // "connection reset" would otherwise be taken for the job's cause). The stage's own report
+  // follows and changes nothing.
+  if (coordinator_ && !end.job_id().empty()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Milliseconds(500)));
+    v1::ReportResponse response;
+    (void)coordinator_->ReportStageEnd(&ctx, end, &response);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    AbortStage(kWhy);
     stage.swap(stage_thread_);
   }
   cv_.notify_all();
