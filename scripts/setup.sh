@@ -14,9 +14,13 @@ packages=(
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
+  # metrics: the daemons' /metrics endpoint (cpp-httplib, found with pkg-config)
+  libcpp-httplib-dev pkgconf
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
+  # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
+  prometheus
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch)
