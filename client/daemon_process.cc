@@ -56,11 +56,8 @@ absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t 
                                             absl::Duration timeout, const std::string& log) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    std::string address = ReadWhole(port_file);
-    if (!address.empty() && address.back() == '\n') {
-      address.pop_back();
-      return address;
-    }
+    const std::string whole = ReadWhole(port_file);
+    if (!whole.empty() && whole.back() == '\n') return whole.substr(0, whole.find('\n'));
     if (DaemonExited(pid)) {
       return absl::UnavailableError(absl::StrCat(log, ": it exited before serving:\n",
                                                  LogTail(log)));
@@ -72,6 +69,15 @@ absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+std::string MetricsAddress(const std::string& port_file) {
+  const std::string whole = ReadWhole(port_file);
+  const std::string key = "\nmetrics ";
+  const size_t at = whole.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = whole.find('\n', at + key.size());
+  return end == std::string::npos ? "" : whole.substr(at + key.size(), end - at - key.size());
 }
 
 int StopDaemon(pid_t pid, int signal, absl::Duration grace) {

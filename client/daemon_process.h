@@ -2,8 +2,9 @@
 // the benchmarks start pipetrain-coordinator and pipetrain-worker, learn the address one
 // serves on, and stop them. No gRPC and no LibTorch here.
 //
-// A daemon started with `--port-file PATH` writes "host:port\n" there once it serves
-// (atomically: a reader sees all of it or nothing); WaitForPortFile reads it. No log line is
+// A daemon started with `--port-file PATH` writes "host:port\n" there once it serves, then
+// "metrics host:port\n" for its /metrics endpoint (atomically: a reader sees all of it or
+// nothing); WaitForPortFile reads the first line, MetricsAddress the second. No log line is
 // parsed.
 #pragma once
 
@@ -27,6 +28,8 @@ pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log,
 // exits first or `timeout` passes (then it does not stop the process).
 absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t pid,
                                             absl::Duration timeout, const std::string& log);
+// The /metrics address a port file names ("" if none, or not written yet).
+std::string MetricsAddress(const std::string& port_file);
 
 // Sends `signal` and waits up to `grace` for the process to exit, then SIGKILLs it. Reaps it.
 // Its exit code; -1 if it ended by a signal or `pid` <= 0.

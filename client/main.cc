@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
                "1F1B-Flush, PipeDream-2BW). `pipetrain run` trains on this machine; the other "
                "commands talk to a coordinator."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "pipetrain 0.1.0");
+  app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   std::function<int()> run_command = client::AddRunCommand(app);
   std::function<int()> job_command = client::AddJobCommands(app);
   try {

@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
                "stage of each replica a thread of this process (or a process of its own with "
                "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
                "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
-  app.set_version_flag("--version", "pipetrain 0.1.0");
+  app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   run_main::RunnerFlags flags;
   run_main::AddRunnerFlags(&app, flags);
   jobspec::SpecFlags spec_flags(&app);

@@ -2,6 +2,7 @@
 // pipeline stages it is assigned.
 //
 //   pipetrain-worker [--coordinator 127.0.0.1:7070] [--listen 127.0.0.1:0] [--device cpu]
+//                    [--metrics-listen 127.0.0.1:0]
 //                    [--token-file PATH] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
@@ -33,8 +34,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string port_file;
   app.add_option("--port-file", port_file,
-                 "once registered, write the host:port it serves on to this file (written "
-                 "whole or not at all: read it to find a worker started with port 0)");
+                 "once registered, write the host:port it serves on to this file, and a second "
+                 "line 'metrics HOST:PORT' (written whole or not at all: read it to find a "
+                 "worker started with port 0)");
+  app.add_option("--metrics-listen", options.metrics_listen,
+                 "host:port of its Prometheus endpoint, GET /metrics (port 0: any free port; "
+                 "\"\": none)")
+      ->capture_default_str();
   app.add_option("--listen", options.listen,
                  "host:port of this worker's service (port 0: any free port)")
       ->capture_default_str();
@@ -88,7 +94,11 @@ int main(int argc, char** argv) {
     return exit_code::For(worker.status());
   }
   if (!port_file.empty()) {
-    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, (*worker)->address() + "\n");
+    std::string lines = (*worker)->address() + "\n";
+    if (!(*worker)->metrics_address().empty()) {
+      lines += "metrics " + (*worker)->metrics_address() + "\n";
+    }
+    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, lines);
         !s.ok()) {
       std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", std::string(s.message()).c_str());
       (*worker)->Stop();

@@ -26,6 +26,7 @@
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/coordinator_store.h"
+#include "worker/stage_metrics.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -154,6 +155,20 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   }
   w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   w->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  if (!options.metrics_listen.empty()) {
+    auto metrics_server = metrics::MetricsServer::Start(options.metrics_listen, &w->metrics_);
+    if (!metrics_server.ok()) return metrics_server.status();
+    w->metrics_server_ = *std::move(metrics_server);
+  }
+  w->metrics_.GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
+                       {"version", "daemon"}, {PIPETRAIN_VERSION, "worker"}).Set(1);
+  w->metrics_.AddCollector(
+      "pipetrain_worker_memory_bytes",
+      "This worker process's resident memory now and its high-water mark.", {"kind"}, [] {
+        return std::vector<metrics::CollectedSample>{
+            {{"resident"}, static_cast<double>(ResidentMemoryBytes())},
+            {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
+      });
   w->coordinator_ = v1::CoordinatorService::NewStub(*channel);
   if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
@@ -357,6 +372,15 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
       MakeCoordinatorStore(coordinator_, a.job_id());
   job::StageRunHooks hooks;
   hooks.host = options_.data_host;
+  // The previous rank's series (its final values) go now that another starts.
+  if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
+  metrics_job_ = a.job_id();
+  const int stages = std::max(1, job::PipelineStages(*config));
+  const bool tokens = job::EffectiveDataKind(*config) != "classification";
+  StageMetrics stage_metrics(&metrics_, {a.job_id(), a.rank() % stages, a.rank() / stages, worker_id},
+                             int64_t{config->micro_batches} * config->micro_batch_size,
+                             tokens ? config->data.seq_len : 0, a.rank() % stages == stages - 1);
+  hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) { stage_metrics.OnAction(r); };
   if (a.rank() == 0) {
     hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
     std::lock_guard<std::mutex> lock(mu_);
@@ -388,7 +412,8 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     transport_ = t;
     if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
   };
-  hooks.on_executor = [this](executor::StageExecutor* e) {
+  hooks.on_executor = [this, &stage_metrics](executor::StageExecutor* e) {
+    stage_metrics.SetExecutor(e);
     std::lock_guard<std::mutex> lock(mu_);
     executor_ = e;
   };
@@ -403,6 +428,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
   hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
   hooks.on_step = [&](const executor::StepRecord& step) {
+    stage_metrics.OnStep(step);
     v1::StepReport report;
     report.set_worker_id(worker_id);
     report.set_job_id(a.job_id());

@@ -36,6 +36,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "metrics/http_server.h"
+#include "metrics/metrics.h"
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
@@ -55,6 +57,8 @@ struct WorkerOptions {
   // The only directories a job's files (data.path, model.path) may be read from, resolved
   // through symlinks; regular files only. None: a job may name no file at all.
   std::vector<std::string> data_roots;
+  // Where GET /metrics is served (Prometheus text format); port 0 picks a free one, "" none.
+  std::string metrics_listen = "127.0.0.1:0";
 };
 
 // Whether `path` (the job field `field`) is a regular file under one of `roots` once every
@@ -73,6 +77,8 @@ class Worker : public v1::WorkerService::Service {
   std::string id() const;
   // host:port its WorkerService serves on (the bound port, when port 0 was asked for).
   const std::string& address() const { return address_; }
+  // host:port of its /metrics endpoint ("" if none).
+  std::string metrics_address() const { return metrics_server_ ? metrics_server_->address() : ""; }
 
   grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                            v1::AssignResponse*) override;
@@ -94,6 +100,9 @@ class Worker : public v1::WorkerService::Service {
   void AbortStage(const std::string& why);
 
   WorkerOptions options_;
+  metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;

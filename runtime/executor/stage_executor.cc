@@ -44,6 +44,8 @@ StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
 
 StageActivity StageExecutor::Activity() const {
   StageActivity activity;
+  activity.stashed_microbatches = stashed_now_.load(std::memory_order_relaxed);
+  activity.live_weight_versions = live_versions_now_.load(std::memory_order_relaxed);
   const int64_t running = running_action_.load(std::memory_order_relaxed);
   if (running < 0) return activity;
   activity.action =
@@ -111,6 +113,7 @@ absl::Status StageExecutor::Run() {
     stats_.wait_s += record.wait_s;
     stats_.compute_s += (record.end_s - record.start_s) - record.wait_s;
     Keep(stats_.records, record, config_.history.actions);
+    if (config_.on_action) config_.on_action(record);
   }
   running_action_.store(-1, std::memory_order_relaxed);
   // Messages still in flight must leave before this stage may report success (and its
@@ -132,6 +135,7 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
     case ActionKind::kRecvActivation: {
       PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(config_.stage - 1, MessageKind::kActivation, j,
                                                 config_.expected_input, record));
+      record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
       if (x.is_floating_point()) x.requires_grad_(true);
       received_activations_[j] = std::move(x);
       if (!CarriesBoundary(j)) return absl::OkStatus();
@@ -143,14 +147,17 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
     case ActionKind::kRecvGradient: {
       PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(config_.stage + 1, MessageKind::kGradient, j,
                                                 config_.expected_output_grad, record));
+      record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
       received_gradients_[j] = std::move(g);
       return absl::OkStatus();
     }
     case ActionKind::kSendActivation: {
       auto it = stash_.find(j);
       if (it == stash_.end()) return absl::InternalError("no output to send: F not run");
-      PT_RETURN_IF_ERROR(transport_->Send(config_.stage + 1, MessageKind::kActivation, j,
-                                          it->second.output.detach()));
+      const at::Tensor& out = it->second.output;
+      PT_RETURN_IF_ERROR(
+          transport_->Send(config_.stage + 1, MessageKind::kActivation, j, out.detach()));
+      record.bytes += out.numel() * static_cast<int64_t>(out.element_size());
       if (!CarriesBoundary(j)) return absl::OkStatus();
       const int64_t t = j / config_.micro_batches;
       const at::Tensor commands =
@@ -165,6 +172,7 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       }
       at::Tensor g = std::move(it->second);
       input_gradients_.erase(it);
+      record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
       return transport_->Send(config_.stage - 1, MessageKind::kGradient, j, g);
     }
     case ActionKind::kOptimizerStep: {
@@ -267,6 +275,7 @@ absl::Status StageExecutor::Backward(int64_t j, ActionRecord& record) {
     input_gradients_[j] = grad;
   }
   stash_.erase(it);
+  stashed_now_.store(static_cast<int>(stash_.size()), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -430,6 +439,8 @@ void StageExecutor::NoteLiveVersions() {
   for (const auto& [j, stashed] : stash_) live.insert(stashed.version);
   stats_.peak_weight_versions =
       std::max(stats_.peak_weight_versions, static_cast<int>(live.size()));
+  live_versions_now_.store(static_cast<int>(live.size()), std::memory_order_relaxed);
+  stashed_now_.store(static_cast<int>(stash_.size()), std::memory_order_relaxed);
 }
 
 }  // namespace pipetrain::executor

@@ -54,6 +54,15 @@ namespace pipetrain::executor {
 // Input ids/values of stage 0 or targets of the last stage, for a global micro-batch.
 using MicroBatchTensorSource = std::function<absl::StatusOr<at::Tensor>(int64_t micro_batch)>;
 
+struct ActionRecord {
+  schedule::Action action;
+  double start_s = 0;  // MonotonicSeconds()
+  double end_s = 0;
+  double wait_s = 0;    // part of [start, end) spent blocked in a receive
+  int64_t version = -1; // weight version used (F and B only)
+  int64_t bytes = 0;    // tensor bytes sent or received (SEND_* and RECV_* only)
+};
+
 // How much of its past a stage keeps in StageStats: the most recent records of each kind.
 // Totals, peaks and per-step callbacks are exact whatever the limits, so a stage's memory
 // does not grow with the number of steps; reports and traces cover the kept window.
@@ -87,15 +96,11 @@ struct StageConfig {
   transport::TensorSpec expected_input;
   transport::TensorSpec expected_output_grad;
   HistoryLimits history;
+  // Called on the stage's thread after every action that succeeded (metrics): it must not
+  // block or take a lock another thread holds for long.
+  std::function<void(const ActionRecord&)> on_action;
 };
 
-struct ActionRecord {
-  schedule::Action action;
-  double start_s = 0;  // MonotonicSeconds()
-  double end_s = 0;
-  double wait_s = 0;    // part of [start, end) spent blocked in a receive
-  int64_t version = -1; // weight version used (F and B only)
-};
 
 // One gradient AllReduce among replicas: a bucket launched during stage 0's final backward
 // (bucket >= 0, started when its last gradient became final), or the whole gradient after
@@ -129,6 +134,8 @@ struct StageActivity {
   std::string action;       // "F3", "RECV_GRAD5"; "" before the first action and after the last
   std::string waiting_for;  // "stage 2" while blocked on that peer, "replicas" in a gradient
                             // AllReduce; "" when computing
+  int stashed_microbatches = 0;  // forward done, backward not yet
+  int live_weight_versions = 0;  // versions used by stashed micro-batches plus the newest
 };
 
 struct StageStats {
@@ -225,6 +232,7 @@ class StageExecutor {
   static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2;
   std::atomic<int64_t> running_action_{-1};
   std::atomic<bool> stop_requested_{false};
+  std::atomic<int> stashed_now_{0}, live_versions_now_{0};
   absl::Mutex stop_mu_;
   absl::Status stop_reason_ ABSL_GUARDED_BY(stop_mu_);
   std::atomic<int> waiting_for_{kNotWaiting};

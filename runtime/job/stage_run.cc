@@ -111,6 +111,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
   if (hooks.on_transport) hooks.on_transport(transport.get());
   if (rank == 0) parts.config.commands = hooks.commands.get();
+  parts.config.on_action = hooks.on_action;
   weights::WeightStore* weights = parts.weights.get();
   auto on_step = [&hooks, weights](const executor::StepRecord& step) {
     if ((step.commands_after & control::kCheckpoint) && hooks.on_checkpoint) {

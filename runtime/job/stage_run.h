@@ -24,6 +24,8 @@ namespace pipetrain::job {
 struct StageRunHooks {
   // Called on the stage's thread after every finished step.
   std::function<void(const executor::StepRecord&)> on_step;
+  // Called on the stage's thread after every action (StageConfig::on_action).
+  std::function<void(const executor::ActionRecord&)> on_action;
   // Called once the data plane is up, with the transport the stage runs on: Abort() on it
   // (from any thread) stops the stage at its next wait. Not called if joining failed.
   std::function<void(transport::Transport*)> on_transport;

@@ -1,0 +1,63 @@
+// The Prometheus series of the rank a worker runs, labelled job_id, pp_stage, dp_replica and
+// worker (docs/metrics.md lists them). Counters and gauges are fetched once, when the rank
+// starts; the stage's thread then only adds to atomics (OnAction, OnStep), so a scrape never
+// holds it up. What the stage is doing now (its action, stash, live weight versions) is read
+// from the executor at scrape time, until this object goes. The counters and gauges stay
+// after it (a scrape after the job ended still sees its final values) until
+// ForgetJob(job_id), which the worker calls when its next rank starts.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "metrics/metrics.h"
+#include "runtime/executor/stage_executor.h"
+
+namespace pipetrain::worker {
+
+struct StageMetricsLabels {
+  std::string job_id;
+  int stage = 0, replica = 0;
+  std::string worker;
+};
+
+class StageMetrics {
+ public:
+  // `samples_per_step`: rows of this replica per step (m x b); `tokens_per_sample`: seq_len
+  // for token data, else 0 (no token counter).
+  StageMetrics(metrics::Registry* registry, const StageMetricsLabels& labels,
+               int64_t samples_per_step, int64_t tokens_per_sample, bool last_stage);
+  ~StageMetrics();
+  // Removes every series of `job_id` from `registry`.
+  static void ForgetJob(metrics::Registry* registry, const std::string& job_id);
+  StageMetrics(const StageMetrics&) = delete;
+  StageMetrics& operator=(const StageMetrics&) = delete;
+
+  // The stage's thread.
+  void OnAction(const executor::ActionRecord& record);
+  void OnStep(const executor::StepRecord& step);
+  // Any thread: the executor whose activity a scrape reads (nullptr once it is gone).
+  void SetExecutor(const executor::StageExecutor* executor);
+
+ private:
+  metrics::Registry* registry_;
+  StageMetricsLabels labels_;
+  int64_t samples_per_step_, tokens_per_sample_;
+  bool last_stage_;
+  metrics::Counter *steps_, *samples_, *tokens_ = nullptr;
+  metrics::Counter *compute_forward_, *compute_backward_, *compute_optimizer_;
+  metrics::Counter *receive_forward_, *receive_backward_, *send_forward_, *send_backward_;
+  metrics::Counter *exposed_allreduce_;
+  metrics::Counter *sent_activation_, *sent_gradient_, *received_activation_,
+      *received_gradient_;
+  metrics::Histogram* step_duration_;
+  metrics::Gauge *bubble_, *last_step_time_, *loss_ = nullptr;
+  // The stage's thread only: the previous step's end and totals.
+  double previous_end_s_ = -1, previous_compute_s_ = 0;
+  std::mutex executor_mu_;  // never taken by the stage's thread
+  const executor::StageExecutor* executor_ = nullptr;
+  int activity_collector_ = -1, stash_collector_ = -1, versions_collector_ = -1;
+};
+
+}  // namespace pipetrain::worker
