@@ -55,6 +55,15 @@ std::string CommandName(v1::StepCommand command) {
   return control::StepCommandsName(jobspec::StepCommandBit(command));
 }
 
+// "queued", "running", "succeeded", "failed", "cancelled".
+std::string StateName(v1::JobState s) {
+  std::string name = v1::JobState_Name(s);
+  name = name.substr(name.rfind('_') + 1);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;
+}
+
 bool Ended(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
          s == v1::JOB_STATE_CANCELLED;
@@ -317,6 +326,53 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
 }
 
 absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
+    const v1::SendCommandRequest& request) {
+  absl::StatusOr<v1::SendCommandResponse> response = SendCommandUncounted(request);
+  const std::string command = jobspec::StepCommandBit(request.command()) != 0
+                                  ? CommandName(request.command())
+                                  : std::string("unknown");
+  std::lock_guard<std::mutex> lock(mu_);
+  ++step_commands_[{command, response.ok() ? std::string("scheduled")
+                                           : absl::StatusCodeToString(response.status().code())}];
+  return response;
+}
+
+Coordinator::MetricsSnapshot Coordinator::Metrics() {
+  MetricsSnapshot m;
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    m.jobs_by_state[StateName(s)] = 0;
+  }
+  for (const char* s : {"idle", "busy", "lost"}) m.workers_by_state[s] = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : jobs_) {
+    ++m.jobs_by_state[StateName(e.job.state())];
+    if (e.job.state() != v1::JOB_STATE_RUNNING) continue;
+    MetricsSnapshot::RunningJob j;
+    j.id = id;
+    j.step = e.job.step();
+    j.tokens_per_s = e.job.tokens_per_s();
+    if (e.job.step() >= 0) j.loss = e.job.loss();
+    const int p = e.job.stages();
+    std::vector<double> per_stage(e.rank_step_compute_s.begin(),
+                                  e.rank_step_compute_s.begin() +
+                                      std::min<size_t>(p, e.rank_step_compute_s.size()));
+    if (static_cast<int>(per_stage.size()) == p &&
+        std::all_of(per_stage.begin(), per_stage.end(), [](double s) { return s > 0; })) {
+      std::vector<double> sorted = per_stage;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = p % 2 ? sorted[p / 2] : 0.5 * (sorted[p / 2 - 1] + sorted[p / 2]);
+      for (double s : per_stage) j.straggler_ratio.push_back(s / median);
+    }
+    m.running.push_back(std::move(j));
+  }
+  for (const v1::WorkerInfo& w : pool_.Infos()) ++m.workers_by_state[w.state()];
+  m.workers_lost_silent = workers_lost_silent_;
+  m.step_commands = step_commands_;
+  return m;
+}
+
+absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
     const v1::SendCommandRequest& request) {
   std::shared_ptr<WorkerClient> client;
   {
@@ -613,6 +669,11 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_peak_memory_bytes(r.peak_memory_bytes());
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();
+  if (static_cast<size_t>(r.rank()) < e.rank_compute_s.size()) {
+    // A stage's compute in its last step (the first step's includes its warm-up: skipped).
+    if (r.step() > 0) e.rank_step_compute_s[r.rank()] = r.compute_s() - e.rank_compute_s[r.rank()];
+    e.rank_compute_s[r.rank()] = r.compute_s();
+  }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
   if (r.commands_after_size() > 0 &&
       ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
@@ -772,6 +833,8 @@ void Coordinator::Schedule() {
     e.rank_worker = p.rank_workers;
     e.rank_ended.assign(ranks, false);
     e.rank_step.assign(ranks, -1);
+    e.rank_compute_s.assign(ranks, 0);
+    e.rank_step_compute_s.assign(ranks, 0);
     e.assign_attempts.assign(ranks, 0);
     std::vector<std::string> placed;
     for (int r = 0; r < ranks; ++r) {
@@ -876,6 +939,7 @@ void Coordinator::TickLocked() {
                  absl::FormatDuration(options_.lost_worker_ttl).c_str());
   }
   for (const WorkerPool::Lost& lost : pool_.ExpireSilent(now, 2 * options_.heartbeat_interval)) {
+    ++workers_lost_silent_;
     FailLostWorker(lost);
   }
   // A held-back rank failure becomes the job's once every worker of a rank still running

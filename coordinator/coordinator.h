@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,7 +160,31 @@ class Coordinator {
   static constexpr size_t kKvJobBytes = size_t{64} << 20;
   static constexpr int kMaxWorkerCores = 65536;
 
+  // What the coordinator's /metrics shows (coordinator_metrics.h), read in one pass under
+  // its lock.
+  struct MetricsSnapshot {
+    std::map<std::string, int> jobs_by_state;     // "queued", "running", ... (every state)
+    std::map<std::string, int> workers_by_state;  // "idle", "busy", "lost" (every state)
+    struct RunningJob {
+      std::string id;
+      int64_t step = -1;  // last step every rank finished
+      double tokens_per_s = 0;
+      std::optional<double> loss;  // of the last step, from the last stage
+      // Per pipeline stage (replica 0's rank): compute seconds of its last step over the
+      // median stage's; empty before every stage has reported two steps.
+      std::vector<double> straggler_ratio;
+    };
+    std::vector<RunningJob> running;
+    int64_t workers_lost_silent = 0;  // workers lost for missed heartbeats, since start
+    // Step commands asked for, by (command, outcome): outcome "scheduled" or the refusal's
+    // status code ("FAILED_PRECONDITION", ...).
+    std::map<std::pair<std::string, std::string>, int64_t> step_commands;
+  };
+  MetricsSnapshot Metrics();
+
  private:
+  absl::StatusOr<v1::SendCommandResponse> SendCommandUncounted(
+      const v1::SendCommandRequest& request);
   struct JobEntry {
     v1::Job job;
     job::JobConfig config;
@@ -170,6 +195,8 @@ class Coordinator {
     std::vector<std::string> rank_worker;              // worker id per rank
     std::vector<bool> rank_ended;
     std::vector<int64_t> rank_step;                    // last reported step per rank
+    std::vector<double> rank_compute_s;                // its compute_s total then
+    std::vector<double> rank_step_compute_s;           // compute seconds of its last step
     std::vector<int> assign_attempts;                  // assignments tried per rank
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
     double first_end_s = -1;                           // rank 0's end_s of step 0
@@ -262,6 +289,8 @@ class Coordinator {
   std::mutex flush_mu_;  // one FlushWrites at a time, so writes land in order
   int64_t next_order_ = 0;
   int64_t next_worker_ = 0;
+  int64_t workers_lost_silent_ = 0;  // guarded by mu_
+  std::map<std::pair<std::string, std::string>, int64_t> step_commands_;  // guarded by mu_
   bool stopping_ = false;
   std::thread monitor_;
   std::atomic<int64_t> last_pass_ms_{0};  // clock time of the monitor's last completed pass

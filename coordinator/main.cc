@@ -16,6 +16,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "coordinator/coordinator_metrics.h"
+#include "metrics/http_server.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
@@ -40,8 +42,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string port_file;
   app.add_option("--port-file", port_file,
-                 "once serving, write the host:port it listens on to this file (written whole "
-                 "or not at all: read it to find a coordinator started with port 0)");
+                 "once serving, write the host:port it listens on to this file, and a second "
+                 "line 'metrics HOST:PORT' (written whole or not at all: read it to find a "
+                 "coordinator started with port 0)");
+  std::string metrics_listen = "127.0.0.1:0";
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port of its Prometheus endpoint, GET /metrics (port 0: any free port; "
+                 "\"\": none)")
+      ->capture_default_str();
   app.add_option("--db", options.db_path, "SQLite file of jobs and events")->capture_default_str();
   app.add_option("--heartbeat-ms", heartbeat_ms,
                  "workers heartbeat this often; one silent for two intervals is lost")
@@ -93,6 +101,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // every thread; sigwait below takes them
 
+  pipetrain::metrics::Registry registry;  // outlives everything that feeds or serves it
+  server_options.metrics = &registry;
   auto coordinator = Coordinator::Open(options);
   if (!coordinator.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
@@ -105,6 +115,18 @@ int main(int argc, char** argv) {
                  std::string(server.status().message()).c_str());
     return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
+  RegisterCoordinatorMetrics(&registry, coordinator->get());
+  std::unique_ptr<pipetrain::metrics::MetricsServer> metrics_server;
+  if (!metrics_listen.empty()) {
+    auto started = pipetrain::metrics::MetricsServer::Start(metrics_listen, &registry);
+    if (!started.ok()) {
+      std::fprintf(stderr, "pipetrain-coordinator: %s\n",
+                   std::string(started.status().message()).c_str());
+      return absl::IsInvalidArgument(started.status()) ? exit_code::kUsage
+                                                        : exit_code::kUnavailable;
+    }
+    metrics_server = *std::move(started);
+  }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
   std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
                host.c_str(), (*server)->port(), options.db_path.c_str(),
@@ -113,7 +135,8 @@ int main(int argc, char** argv) {
                                               : "token required",
                security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
   if (!port_file.empty()) {
-    const std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");
+    std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");
+    if (metrics_server) absl::StrAppend(&address, "metrics ", metrics_server->address(), "\n");
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
                    std::string(s.message()).c_str());
@@ -125,6 +148,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
   (*coordinator)->StopMonitor();
   (*server)->Shutdown();
+  metrics_server.reset();  // its scrapes read the coordinator
   server->reset();
   coordinator->reset();
   return exit_code::kOk;

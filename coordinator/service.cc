@@ -1,3 +1,4 @@
+#include "rpc/metrics_interceptor.h"
 #include "coordinator/service.h"
 
 #include <algorithm>
@@ -237,6 +238,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // No request needs more than a rendezvous value (1 MiB) and a little: a larger one is
   // refused by gRPC before it is buffered or parsed.
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  if (options.metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> timers;
+    timers.push_back(rpc::MakeRpcMetricsInterceptorFactory(options.metrics));
+    builder.experimental().SetInterceptorCreators(std::move(timers));
+  }
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

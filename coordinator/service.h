@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
+#include "metrics/metrics.h"
 #include "rpc/security.h"
 
 namespace pipetrain::coordinator {
@@ -23,6 +24,8 @@ namespace pipetrain::coordinator {
 struct ServerOptions {
   std::string listen = "127.0.0.1:7070";  // host:port; port 0 picks a free one
   rpc::SecurityOptions security;          // token asked of callers; TLS
+  // Where every call's duration is recorded (pipetrain_rpc_duration_seconds); may be null.
+  metrics::Registry* metrics = nullptr;
 };
 
 class CoordinatorServer {

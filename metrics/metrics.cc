@@ -163,14 +163,18 @@ void Registry::RemoveSeriesWith(const std::string& label_name, const std::string
 
 int Registry::AddCollector(const std::string& name, const std::string& help,
                            const std::vector<std::string>& label_names,
-                           std::function<std::vector<CollectedSample>()> collect) {
+                           std::function<std::vector<CollectedSample>()> collect, Type type) {
   CheckFamily(name, label_names, nullptr);
+  if (type == Type::kHistogram) throw std::invalid_argument(name + ": collect gauges or counters");
+  if (type == Type::kCounter && (name.size() < 6 || name.substr(name.size() - 6) != "_total")) {
+    throw std::invalid_argument("a counter's name ends in _total: " + name);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (families_.count(name)) throw std::invalid_argument(name + ": already a metric");
   for (const auto& [id, c] : collectors_) {
     if (c.name == name) throw std::invalid_argument(name + ": already collected");
   }
-  collectors_[next_collector_] = {name, help, label_names, std::move(collect)};
+  collectors_[next_collector_] = {type, name, help, label_names, std::move(collect)};
   return next_collector_++;
 }
 
@@ -215,7 +219,8 @@ std::string Registry::Render() const {
     }
     if (samples.empty()) continue;
     std::string& out = text[c.name];
-    out = "# HELP " + c.name + " " + EscapeHelp(c.help) + "\n# TYPE " + c.name + " gauge\n";
+    out = "# HELP " + c.name + " " + EscapeHelp(c.help) + "\n# TYPE " + c.name + " " +
+          TypeName(c.type) + "\n";
     for (const auto& [labels, value] : samples) {
       out += c.name + LabelSet(c.label_names, labels) + " " + FormatValue(value) + "\n";
     }

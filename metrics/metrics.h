@@ -97,11 +97,14 @@ class Registry {
   // job's or a departed worker's. References to them must no longer be used.
   void RemoveSeriesWith(const std::string& label_name, const std::string& value);
 
-  // A gauge family whose samples `collect` returns at each scrape (called under no lock of
-  // the registry's; it must not call back into it). Returns an id for RemoveCollector.
+  // A family whose samples `collect` returns at each scrape (a gauge, or a counter whose
+  // source only grows: its name ends in _total). `collect` runs under the registry's lock
+  // (so it is never removed while it runs) and must not call back into the registry.
+  // Returns an id for RemoveCollector.
   int AddCollector(const std::string& name, const std::string& help,
                    const std::vector<std::string>& label_names,
-                   std::function<std::vector<CollectedSample>()> collect);
+                   std::function<std::vector<CollectedSample>()> collect,
+                   Type type = Type::kGauge);
   void RemoveCollector(int id);
 
   // Every family, by name, each series once: "# HELP", "# TYPE", then its samples.
@@ -122,6 +125,7 @@ class Registry {
     std::map<LabelValues, Series> series;
   };
   struct Collector {
+    Type type;
     std::string name, help;
     std::vector<std::string> label_names;
     std::function<std::vector<CollectedSample>()> collect;

@@ -183,8 +183,28 @@ int LocalCluster::StartWorker(const std::vector<std::string>& extra_args) {
   if (std::find(args.begin(), args.end(), "--data-root") == args.end()) {
     args.insert(args.end(), {"--data-root", "/"});
   }
+  if (std::find(args.begin(), args.end(), "--port-file") == args.end()) {
+    const fs::path port_file = dir_ / ("worker" + std::to_string(index) + ".port");
+    std::error_code ec;
+    fs::remove(port_file, ec);
+    args.insert(args.end(), {"--port-file", port_file.string()});
+  }
   worker_pids_.push_back(Spawn(args, worker_log(index)));
   return index;
+}
+
+std::string LocalCluster::CoordinatorMetricsAddress() const {
+  return client::MetricsAddress((dir_ / "coordinator.port").string());
+}
+
+std::string LocalCluster::WorkerMetricsAddress(int index, std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string port_file = (dir_ / ("worker" + std::to_string(index) + ".port")).string();
+  while (true) {
+    const std::string address = client::MetricsAddress(port_file);
+    if (!address.empty() || std::chrono::steady_clock::now() >= deadline) return address;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void LocalCluster::KillWorker(int index) { SignalAndReap(worker_pids_.at(index), SIGKILL); }

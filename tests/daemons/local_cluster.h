@@ -97,6 +97,11 @@ class LocalCluster {
   bool worker_running(int index) const { return worker_pids_.at(index) > 0; }
   pid_t worker_pid(int index) const { return worker_pids_.at(index); }
   fs::path worker_log(int index) const;
+  // host:port of the /metrics endpoint of the coordinator / of worker `index` (from their
+  // port files; a worker's is there once it registered: waits up to `timeout`); "" if none.
+  std::string CoordinatorMetricsAddress() const;
+  std::string WorkerMetricsAddress(int index,
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
   int workers_started() const { return static_cast<int>(worker_pids_.size()); }
 
   // --- Asking the coordinator.

@@ -1,0 +1,82 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <string>
+#include <vector>
+
+namespace pipetrain::coordinator {
+
+void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordinator) {
+  using Samples = std::vector<metrics::CollectedSample>;
+  registry->GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
+                     {"version", "daemon"}, {PIPETRAIN_VERSION, "coordinator"}).Set(1);
+  // One snapshot serves every family of a scrape that asks within the same few milliseconds;
+  // each collector takes its own (the coordinator's lock is held for a pass over its jobs).
+  auto snapshot = [coordinator] { return coordinator->Metrics(); };
+  registry->AddCollector("pipetrain_jobs", "Jobs by state.", {"state"}, [snapshot] {
+    Samples out;
+    for (const auto& [state, n] : snapshot().jobs_by_state) out.push_back({{state}, double(n)});
+    return out;
+  });
+  registry->AddCollector("pipetrain_workers", "Workers by state.", {"state"}, [snapshot] {
+    Samples out;
+    for (const auto& [state, n] : snapshot().workers_by_state) {
+      out.push_back({{state}, double(n)});
+    }
+    return out;
+  });
+  registry->AddCollector("pipetrain_job_step", "Last step every rank of a running job finished.",
+                         {"job_id"}, [snapshot] {
+                           Samples out;
+                           for (const auto& j : snapshot().running) {
+                             out.push_back({{j.id}, double(j.step)});
+                           }
+                           return out;
+                         });
+  registry->AddCollector(
+      "pipetrain_job_tokens_per_second",
+      "Tokens (samples for classification data) a running job processes per second.",
+      {"job_id"}, [snapshot] {
+        Samples out;
+        for (const auto& j : snapshot().running) out.push_back({{j.id}, j.tokens_per_s});
+        return out;
+      });
+  registry->AddCollector(
+      "pipetrain_job_loss", "Mean loss of a running job's last step (from its last stage).",
+      {"job_id"}, [snapshot] {
+        Samples out;
+        for (const auto& j : snapshot().running) {
+          if (j.loss) out.push_back({{j.id}, *j.loss});
+        }
+        return out;
+      });
+  registry->AddCollector(
+      "pipetrain_job_straggler_ratio",
+      "A stage's compute seconds in its last step over the median stage's (1: balanced).",
+      {"job_id", "pp_stage"}, [snapshot] {
+        Samples out;
+        for (const auto& j : snapshot().running) {
+          for (size_t s = 0; s < j.straggler_ratio.size(); ++s) {
+            out.push_back({{j.id, std::to_string(s)}, j.straggler_ratio[s]});
+          }
+        }
+        return out;
+      });
+  registry->AddCollector(
+      "pipetrain_workers_lost_total",
+      "Workers declared lost because their heartbeats stopped, since the coordinator started.",
+      {}, [snapshot] { return Samples{{{}, double(snapshot().workers_lost_silent)}}; },
+      metrics::Registry::Type::kCounter);
+  registry->AddCollector(
+      "pipetrain_step_commands_total",
+      "Step commands asked for, by command and outcome (scheduled, or the refusal's code).",
+      {"command", "outcome"}, [snapshot] {
+        Samples out;
+        for (const auto& [key, n] : snapshot().step_commands) {
+          out.push_back({{key.first, key.second}, double(n)});
+        }
+        return out;
+      },
+      metrics::Registry::Type::kCounter);
+}
+
+}  // namespace pipetrain::coordinator
