@@ -1,7 +1,8 @@
 // A real Prometheus server (Debian's), started on loopback with deploy/prometheus's
 // configuration and alert rules, scrapes a real coordinator and two workers while a real job
 // runs. Every target is up, the alert rules load and evaluate without error, and every
-// query the alert rules are built from returns data. promtool checks the configuration and
+// query the alert rules are built from, and every query of every Grafana dashboard panel
+// (deploy/grafana/dashboards, its job_id variable set), returns data. promtool checks the configuration and
 // the rules, and runs the rules' unit tests (deploy/prometheus/alerts_test.yml).
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -50,7 +52,56 @@ nlohmann::json Query(int port, const std::string& promql) {
   return j["data"]["result"];
 }
 
+const fs::path kDashboards = fs::path(PIPETRAIN_SOURCE_DIR) / "deploy" / "grafana" / "dashboards";
+
+// Every dashboard of deploy/grafana/dashboards, parsed.
+std::vector<nlohmann::json> Dashboards() {
+  std::vector<nlohmann::json> out;
+  for (const auto& entry : fs::directory_iterator(kDashboards)) {
+    if (entry.path().extension() == ".json") {
+      out.push_back(nlohmann::json::parse(ReadFile(entry.path()), nullptr, false));
+    }
+  }
+  return out;
+}
+
 class PrometheusTest : public DaemonTest {};
+
+// The dashboards' structure: a stable, unique uid; a `datasource` variable every panel and
+// query uses; a `job_id` variable where a panel filters by it; a unit and a place on every
+// panel.
+TEST_F(PrometheusTest, DashboardsHaveUniqueUidsADataSourceVariableAndAUnitOnEveryPanel) {
+  const std::vector<nlohmann::json> dashboards = Dashboards();
+  ASSERT_GE(dashboards.size(), 2u);
+  std::set<std::string> uids;
+  for (const nlohmann::json& d : dashboards) {
+    ASSERT_FALSE(d.is_discarded());
+    const std::string uid = d.value("uid", "");
+    EXPECT_FALSE(uid.empty());
+    EXPECT_TRUE(uids.insert(uid).second) << "uid twice: " << uid;
+    std::set<std::string> variables;
+    for (const auto& v : d["templating"]["list"]) variables.insert(v.value("name", ""));
+    EXPECT_TRUE(variables.count("datasource")) << uid;
+    std::set<int> ids;
+    for (const auto& panel : d["panels"]) {
+      const std::string where = uid + ": " + panel.value("title", "");
+      EXPECT_TRUE(ids.insert(panel.value("id", -1)).second) << where;
+      EXPECT_FALSE(panel["fieldConfig"]["defaults"].value("unit", "").empty()) << where;
+      for (const char* key : {"x", "y", "w", "h"}) {
+        EXPECT_TRUE(panel["gridPos"].contains(key)) << where << " gridPos." << key;
+      }
+      EXPECT_EQ(panel["datasource"].value("uid", ""), "${datasource}") << where;
+      ASSERT_FALSE(panel["targets"].empty()) << where;
+      for (const auto& target : panel["targets"]) {
+        EXPECT_EQ(target["datasource"].value("uid", ""), "${datasource}") << where;
+        const std::string expr = target.value("expr", "");
+        if (expr.find("$job_id") != std::string::npos) {
+          EXPECT_TRUE(variables.count("job_id")) << where;
+        }
+      }
+    }
+  }
+}
 
 TEST_F(PrometheusTest, PromtoolChecksTheConfigurationAndTheAlertRules) {
   LocalCluster cluster(dir_, 0);
@@ -150,6 +201,20 @@ TEST_F(PrometheusTest, ARealServerScrapesARunningJobAndEveryRuleQueryHasData) {
     }
   }
   EXPECT_EQ(checked, 3);
+  // Every query of every dashboard panel, its variables set to this job, has data.
+  int queries = 0;
+  for (const nlohmann::json& d : Dashboards()) {
+    for (const auto& panel : d["panels"]) {
+      for (const auto& target : panel["targets"]) {
+        const std::string expr =
+            std::regex_replace(target.value("expr", ""), std::regex("\\$job_id"), id);
+        ++queries;
+        EXPECT_FALSE(Query(port, expr).empty())
+            << d.value("uid", "") << ": " << panel.value("title", "") << ": " << expr;
+      }
+    }
+  }
+  EXPECT_GT(queries, 10);
   EXPECT_EQ(cluster.Cli("cancel " + id).exit_code, 0);
 }
 
