@@ -76,7 +76,7 @@ class LocalCluster:
                     with open(port_file) as f:
                         text = f.read()  # written whole or not at all
                     if text.endswith("\n"):
-                        self.address = text.strip()
+                        self.address = text.splitlines()[0]  # then "metrics HOST:PORT"
                         break
                 if coordinator.poll() is not None:
                     break
@@ -84,7 +84,9 @@ class LocalCluster:
             if self.address is None:
                 raise SystemExit("the coordinator did not start:\n" + self.log("coordinator"))
             for i in range(workers):
-                self._spawn(f"worker{i}", [self.worker_path, "--coordinator", self.address])
+                self._spawn(f"worker{i}", [self.worker_path, "--coordinator", self.address,
+                                           "--port-file",
+                                           os.path.join(self.dir, f"worker{i}.port")])
         except BaseException:
             self.close()
             raise
@@ -103,6 +105,18 @@ class LocalCluster:
         t.start()
         self._threads.append(t)
         return proc
+
+    def metrics_addresses(self):
+        """HOST:PORT of the /metrics endpoint of the coordinator and of every worker that
+        has registered (the "metrics" line of their port files)."""
+        out = []
+        for name in sorted(os.listdir(self.dir)):
+            if name.endswith(".port"):
+                with open(os.path.join(self.dir, name)) as f:
+                    for line in f.read().splitlines():
+                        if line.startswith("metrics "):
+                            out.append(line.split(" ", 1)[1])
+        return out
 
     def log(self, name):
         with self._lock:

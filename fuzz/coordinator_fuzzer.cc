@@ -35,19 +35,7 @@ void CheckJob(const v1::Job& job) {
   }
 }
 
-v1::JobSpec ValidSpec(int stages) {
-  v1::JobSpec s;
-  s.mutable_model()->set_name("gpt");
-  s.mutable_model()->set_d_model(16);
-  s.mutable_model()->set_n_heads(2);
-  s.mutable_model()->set_n_layers(2);
-  s.set_schedule("1f1b");
-  s.set_stages(stages);
-  s.set_microbatches(2);
-  s.set_microbatch_size(2);
-  s.set_steps(5);
-  return s;
-}
+using pc::testing_fakes::ValidSpec;
 
 class Harness {
  public:

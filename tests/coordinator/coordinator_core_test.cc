@@ -81,20 +81,8 @@ class CoordinatorCoreTest : public ::testing::Test {
 
   FakeWorker& Worker(int n) { return *workers_.at("host-" + std::to_string(n) + ":7000"); }
 
-  // A valid spec of `stages` stages x `replicas` replicas (a GPT of 5 layers).
   static v1::JobSpec Spec(int stages, int replicas = 1) {
-    v1::JobSpec s;
-    s.mutable_model()->set_name("gpt");
-    s.mutable_model()->set_d_model(16);
-    s.mutable_model()->set_n_heads(2);
-    s.mutable_model()->set_n_layers(2);
-    s.set_schedule("1f1b");
-    s.set_stages(stages);
-    s.set_replicas(replicas);
-    s.set_microbatches(2);
-    s.set_microbatch_size(2);
-    s.set_steps(4);
-    return s;
+    return testing_fakes::ValidSpec(stages, replicas);
   }
 
   v1::Job Submit(const v1::JobSpec& spec) {

@@ -16,8 +16,25 @@
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_client.h"
+#include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator::testing_fakes {
+
+// A valid spec of `stages` stages x `replicas` replicas (a GPT of 4 layers, 4 steps).
+inline v1::JobSpec ValidSpec(int stages, int replicas = 1) {
+  v1::JobSpec s;
+  s.mutable_model()->set_name("gpt");
+  s.mutable_model()->set_d_model(16);
+  s.mutable_model()->set_n_heads(2);
+  s.mutable_model()->set_n_layers(2);
+  s.set_schedule("1f1b");
+  s.set_stages(stages);
+  s.set_replicas(replicas);
+  s.set_microbatches(2);
+  s.set_microbatch_size(2);
+  s.set_steps(4);
+  return s;
+}
 
 class FakeClock : public Clock {
  public:

@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace v1 = ::pipetrain::v1;
 using ::pipetrain::test::ClusterOptions;
+using ::pipetrain::test::GetJob;
 using ::pipetrain::test::Int64Of;
 using ::pipetrain::test::JsonLines;
 using ::pipetrain::test::LocalCluster;
@@ -42,16 +43,6 @@ std::string TwoStageJob(int steps) {
   return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
          "schedule: 1f1b\nstages: 2\nmicrobatches: 4\nmicrobatch_size: 4\n"
          "steps: " + std::to_string(steps) + "\n";
-}
-
-// GetJob over gRPC; an empty job if the call failed.
-v1::Job GetJob(v1::JobService::Stub& stub, const std::string& id) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::GetJobRequest request;
-  request.set_id(id);
-  v1::Job job;
-  return stub.GetJob(&ctx, request, &job).ok() ? job : v1::Job();
 }
 
 // Polls GetJob every `every` until `done(job)`; returns the last job seen.

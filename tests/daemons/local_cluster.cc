@@ -303,4 +303,13 @@ std::unique_ptr<v1::JobService::Stub> LocalCluster::JobStub() const {
       grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
 }
 
+v1::Job GetJob(v1::JobService::Stub& stub, const std::string& id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  return stub.GetJob(&ctx, request, &job).ok() ? job : v1::Job();
+}
+
 }  // namespace pipetrain::test

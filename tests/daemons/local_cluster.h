@@ -154,6 +154,10 @@ class DaemonTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// GetJob over gRPC (what `pipetrain status` calls), 5 s deadline; an empty job if the call
+// failed. Faster to poll than a CLI process.
+v1::Job GetJob(v1::JobService::Stub& stub, const std::string& id);
+
 // The JobState name of a job printed with -o json ("JOB_STATE_RUNNING", ...); "" if none.
 std::string StateOf(const nlohmann::json& job);
 // int64 fields are strings in proto3 JSON; this reads either form (`fallback` if absent).

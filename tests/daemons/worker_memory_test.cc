@@ -20,6 +20,7 @@ namespace {
 
 namespace v1 = ::pipetrain::v1;
 using ::pipetrain::test::DaemonTest;
+using ::pipetrain::test::GetJob;
 using ::pipetrain::test::LocalCluster;
 using ::pipetrain::test::Result;
 using Clock = std::chrono::steady_clock;
@@ -50,14 +51,6 @@ int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   return -1;
 }
 
-v1::Job GetJob(v1::JobService::Stub& stub, const std::string& id) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::GetJobRequest request;
-  request.set_id(id);
-  v1::Job job;
-  return stub.GetJob(&ctx, request, &job).ok() ? job : v1::Job();
-}
 
 class WorkerMemoryTest : public DaemonTest {};
 
