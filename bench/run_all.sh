@@ -9,7 +9,8 @@
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
 #   7. submit_to_first_step.py    `pipetrain submit` -> first finished step, 4 stages, broken down
 #   8. coordinator_capacity.sh    Heartbeat / ReportStep calls/s and latency of a coordinator
-#   (6-8 only when the build has the daemons, PIPETRAIN_WITH_DAEMONS)
+#   9. scrape_overhead.py         step time with /metrics scraped every second vs. unscraped
+#   (6-9 only when the build has the daemons, PIPETRAIN_WITH_DAEMONS)
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
@@ -95,6 +96,11 @@ if [[ ${DAEMONS} == 1 ]]; then
   start=${SECONDS}
   bench/coordinator_capacity.sh "${BUILD_DIR}"
   echo >&2 "coordinator_capacity: $((SECONDS - start)) s"
+
+  section "Control plane: scraping /metrics (bench/scrape_overhead.py)"
+  start=${SECONDS}
+  "${PY}" bench/scrape_overhead.py --build "${BUILD_DIR}" --repeats 8 --steps 200
+  echo >&2 "scrape_overhead: $((SECONDS - start)) s"
 else
   echo >&2 "control-plane benchmarks skipped: ${BUILD_DIR} was built without the daemons"
 fi
