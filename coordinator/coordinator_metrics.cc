@@ -1,5 +1,8 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -9,9 +12,23 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
   using Samples = std::vector<metrics::CollectedSample>;
   registry->GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
                      {"version", "daemon"}, {PIPETRAIN_VERSION, "coordinator"}).Set(1);
-  // One snapshot serves every family of a scrape that asks within the same few milliseconds;
-  // each collector takes its own (the coordinator's lock is held for a pass over its jobs).
-  auto snapshot = [coordinator] { return coordinator->Metrics(); };
+  // One snapshot serves every family of a scrape (they are collected one after another, in
+  // well under 100 ms), so a scrape takes the coordinator's lock for one pass over its jobs.
+  struct Cache {
+    std::mutex mu;
+    std::chrono::steady_clock::time_point taken;
+    Coordinator::MetricsSnapshot snapshot;
+  };
+  auto cache = std::make_shared<Cache>();
+  auto snapshot = [coordinator, cache] {
+    std::lock_guard<std::mutex> lock(cache->mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - cache->taken > std::chrono::milliseconds(100)) {
+      cache->snapshot = coordinator->Metrics();
+      cache->taken = now;
+    }
+    return cache->snapshot;
+  };
   registry->AddCollector("pipetrain_jobs", "Jobs by state.", {"state"}, [snapshot] {
     Samples out;
     for (const auto& [state, n] : snapshot().jobs_by_state) out.push_back({{state}, double(n)});
