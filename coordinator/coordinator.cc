@@ -670,8 +670,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();
   if (static_cast<size_t>(r.rank()) < e.rank_compute_s.size()) {
-    // A stage's compute in its last step (the first step's includes its warm-up: skipped).
-    if (r.step() > 0) e.rank_step_compute_s[r.rank()] = r.compute_s() - e.rank_compute_s[r.rank()];
+    // A stage's compute per step, averaged over recent steps (an exponential moving average
+    // weighing the last step 1/8, so one step slowed by the machine does not flag a
+    // straggler); the first step's includes its warm-up: skipped.
+    if (r.step() > 0) {
+      const double step_s = r.compute_s() - e.rank_compute_s[r.rank()];
+      double& average = e.rank_step_compute_s[r.rank()];
+      average = average > 0 ? average + (step_s - average) / 8 : step_s;
+    }
     e.rank_compute_s[r.rank()] = r.compute_s();
   }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());

@@ -170,8 +170,9 @@ class Coordinator {
       int64_t step = -1;  // last step every rank finished
       double tokens_per_s = 0;
       std::optional<double> loss;  // of the last step, from the last stage
-      // Per pipeline stage (replica 0's rank): compute seconds of its last step over the
-      // median stage's; empty before every stage has reported two steps.
+      // Per pipeline stage (replica 0's rank): its compute seconds per step (a moving
+      // average over recent steps) over the median stage's; empty before every stage has
+      // reported two steps.
       std::vector<double> straggler_ratio;
     };
     std::vector<RunningJob> running;
@@ -196,7 +197,7 @@ class Coordinator {
     std::vector<bool> rank_ended;
     std::vector<int64_t> rank_step;                    // last reported step per rank
     std::vector<double> rank_compute_s;                // its compute_s total then
-    std::vector<double> rank_step_compute_s;           // compute seconds of its last step
+    std::vector<double> rank_step_compute_s;           // its compute seconds per step (EMA)
     std::vector<int> assign_attempts;                  // assignments tried per rank
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
     double first_end_s = -1;                           // rank 0's end_s of step 0

@@ -68,7 +68,8 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
       });
   registry->AddCollector(
       "pipetrain_job_straggler_ratio",
-      "A stage's compute seconds in its last step over the median stage's (1: balanced).",
+      "A stage's compute seconds per step (recent average) over the median stage's (1: "
+      "balanced).",
       {"job_id", "pp_stage"}, [snapshot] {
         Samples out;
         for (const auto& j : snapshot().running) {

@@ -394,6 +394,38 @@ TEST(Placement, ThreadsPerStageNeedWorkersWithThatManyCores) {
             "(of 5): it waits for more to register");
 }
 
+// What /metrics shows of the coordinator: jobs and workers by state, a running job's step,
+// and each stage's compute per step over the median stage's (stage 1 computes 3 s a step,
+// stage 0 1 s: ratios 0.5 and 1.5), step commands counted by outcome.
+TEST_F(CoordinatorCoreTest, MetricsSnapshotCountsStatesAndFindsTheStraggler) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  for (int64_t t = 0; t < 4; ++t) {
+    v1::StepReport r0 = Report(w1, job.id(), 0, t), r1 = Report(w2, job.id(), 1, t);
+    r0.set_compute_s(1.0 * (t + 1));
+    r1.set_compute_s(3.0 * (t + 1));
+    ASSERT_TRUE(ReportSteps(sessions_[w1], {r0}).ok());
+    ASSERT_TRUE(ReportSteps(sessions_[w2], {r1}).ok());
+  }
+  v1::SendCommandRequest command;
+  command.set_job_id("job-9999");
+  command.set_command(v1::STEP_COMMAND_FLUSH);
+  EXPECT_FALSE(coordinator_->SendCommand(command).ok());
+  const Coordinator::MetricsSnapshot m = coordinator_->Metrics();
+  EXPECT_EQ(m.jobs_by_state.at("running"), 1);
+  EXPECT_EQ(m.jobs_by_state.at("queued"), 0);
+  EXPECT_EQ(m.workers_by_state.at("busy"), 2);
+  EXPECT_EQ(m.workers_by_state.at("lost"), 0);
+  ASSERT_EQ(m.running.size(), 1u);
+  EXPECT_EQ(m.running[0].id, job.id());
+  EXPECT_EQ(m.running[0].step, 3);
+  ASSERT_EQ(m.running[0].straggler_ratio.size(), 2u);
+  EXPECT_DOUBLE_EQ(m.running[0].straggler_ratio[0], 0.5);
+  EXPECT_DOUBLE_EQ(m.running[0].straggler_ratio[1], 1.5);
+  EXPECT_EQ(m.step_commands.at({"flush", "NOT_FOUND"}), 1);
+}
+
 TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnoughCores) {
   auto register_with = [this](int n, int cores) {
     v1::RegisterWorkerRequest r;
