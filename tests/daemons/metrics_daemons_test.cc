@@ -27,12 +27,12 @@ using ::pipetrain::test::Result;
 using ::pipetrain::test::StateOf;
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 40, kMicrobatches = 4, kMicrobatchSize = 4, kSeqLen = 16;
+constexpr int kSteps = 200, kMicrobatches = 4, kMicrobatchSize = 4, kSeqLen = 16;
 
 std::string Job() {
   return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
          "data: {seq_len: 16}\nschedule: 1f1b\nstages: 2\nmicrobatches: 4\nmicrobatch_size: 4\n"
-         "steps: 40\n";
+         "steps: 200\n";
 }
 
 // GET http://ADDRESS/PATH: status and body (status -1 if no answer).
