@@ -92,47 +92,43 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
                         "Mean loss of this replica's last step (last stage only).", kRankLabels,
                         rank);
   }
-  // What the stage is doing now, read at scrape time.
-  auto activity = [this](auto read) {
-    std::lock_guard<std::mutex> lock(executor_mu_);
-    std::vector<metrics::CollectedSample> out;
-    if (executor_ != nullptr) read(executor_->Activity(), out);
-    return out;
-  };
-  const metrics::LabelValues base = rank;
-  activity_collector_ = r.AddCollector(
+  // What the stage is doing now, read at scrape time (nothing while no executor runs).
+  using Samples = std::vector<metrics::CollectedSample>;
+  collectors_.push_back(r.AddCollector(
       "pipetrain_stage_action_info",
       "1 for the action this rank runs now and what it waits for (\"\" while computing).",
-      With(With(kRankLabels, "action"), "waiting_for"), [activity, base] {
-        return activity([&base](const executor::StageActivity& a, auto& out) {
-          metrics::LabelValues l = base;
-          l.push_back(a.action);
-          l.push_back(a.waiting_for);
-          out.push_back({l, 1});
-        });
-      });
-  stash_collector_ = r.AddCollector(
+      With(With(kRankLabels, "action"), "waiting_for"), [this, rank] {
+        const std::optional<executor::StageActivity> a = Activity();
+        if (!a) return Samples{};
+        metrics::LabelValues labels = rank;
+        labels.push_back(a->action);
+        labels.push_back(a->waiting_for);
+        return Samples{{labels, 1}};
+      }));
+  collectors_.push_back(r.AddCollector(
       "pipetrain_stage_stashed_microbatches",
       "Micro-batches whose forward is done and backward is not, on this rank now.", kRankLabels,
-      [activity, base] {
-        return activity([&base](const executor::StageActivity& a, auto& out) {
-          out.push_back({base, static_cast<double>(a.stashed_microbatches)});
-        });
-      });
-  versions_collector_ = r.AddCollector(
+      [this, rank] {
+        const std::optional<executor::StageActivity> a = Activity();
+        return a ? Samples{{rank, double(a->stashed_microbatches)}} : Samples{};
+      }));
+  collectors_.push_back(r.AddCollector(
       "pipetrain_stage_live_weight_versions",
       "Weight versions this rank holds now (used by stashed micro-batches, plus the newest).",
-      kRankLabels, [activity, base] {
-        return activity([&base](const executor::StageActivity& a, auto& out) {
-          out.push_back({base, static_cast<double>(a.live_weight_versions)});
-        });
-      });
+      kRankLabels, [this, rank] {
+        const std::optional<executor::StageActivity> a = Activity();
+        return a ? Samples{{rank, double(a->live_weight_versions)}} : Samples{};
+      }));
+}
+
+std::optional<executor::StageActivity> StageMetrics::Activity() {
+  std::lock_guard<std::mutex> lock(executor_mu_);
+  if (executor_ == nullptr) return std::nullopt;
+  return executor_->Activity();
 }
 
 StageMetrics::~StageMetrics() {
-  registry_->RemoveCollector(activity_collector_);
-  registry_->RemoveCollector(stash_collector_);
-  registry_->RemoveCollector(versions_collector_);
+  for (int id : collectors_) registry_->RemoveCollector(id);
 }
 
 void StageMetrics::ForgetJob(metrics::Registry* registry, const std::string& job_id) {

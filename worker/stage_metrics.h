@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
+#include <vector>
 #include <string>
 
 #include "metrics/metrics.h"
@@ -41,6 +43,9 @@ class StageMetrics {
   void SetExecutor(const executor::StageExecutor* executor);
 
  private:
+  // Any thread: what the executor does now; nullopt while none runs.
+  std::optional<executor::StageActivity> Activity();
+
   metrics::Registry* registry_;
   StageMetricsLabels labels_;
   int64_t samples_per_step_, tokens_per_sample_;
@@ -57,7 +62,7 @@ class StageMetrics {
   double previous_end_s_ = -1, previous_compute_s_ = 0;
   std::mutex executor_mu_;  // never taken by the stage's thread
   const executor::StageExecutor* executor_ = nullptr;
-  int activity_collector_ = -1, stash_collector_ = -1, versions_collector_ = -1;
+  std::vector<int> collectors_;  // removed first thing when this object goes
 };
 
 }  // namespace pipetrain::worker

@@ -376,11 +376,14 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
   metrics_job_ = a.job_id();
   const int stages = std::max(1, job::PipelineStages(*config));
+  const int stage = a.rank() % stages;
   const bool tokens = job::EffectiveDataKind(*config) != "classification";
-  StageMetrics stage_metrics(&metrics_, {a.job_id(), a.rank() % stages, a.rank() / stages, worker_id},
+  StageMetrics stage_metrics(&metrics_, {a.job_id(), stage, a.rank() / stages, worker_id},
                              int64_t{config->micro_batches} * config->micro_batch_size,
-                             tokens ? config->data.seq_len : 0, a.rank() % stages == stages - 1);
-  hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) { stage_metrics.OnAction(r); };
+                             tokens ? config->data.seq_len : 0, stage == stages - 1);
+  hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) {
+    stage_metrics.OnAction(r);
+  };
   if (a.rank() == 0) {
     hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
     std::lock_guard<std::mutex> lock(mu_);
@@ -427,6 +430,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   });
   int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
   hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
+  const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
   hooks.on_step = [&](const executor::StepRecord& step) {
     stage_metrics.OnStep(step);
     v1::StepReport report;
@@ -445,11 +449,10 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
       report.add_commands_after(c);
     }
-    const absl::Duration patience = absl::Seconds(config->recv_timeout_s);
-    if (!reporter.Add(std::move(report), patience)) {
+    if (!reporter.Add(std::move(report), report_patience)) {
       std::lock_guard<std::mutex> lock(mu_);
       AbortStage(absl::StrCat("the coordinator took no step report for ",
-                              absl::FormatDuration(patience)));
+                              absl::FormatDuration(report_patience)));
     }
   };
   absl::StatusOr<job::StageOutcome> outcome =
