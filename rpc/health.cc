@@ -10,10 +10,24 @@
 namespace pipetrain::rpc {
 
 grpc::Status CheckServing(const std::shared_ptr<grpc::Channel>& channel,
-                          grpc::ClientContext* context, bool* serving) {
+                          grpc::ClientContext* context, bool* serving,
+                          const std::string& service) {
   grpc::GenericStub generic(channel);
-  grpc::Slice empty("");  // HealthCheckRequest{service: ""}
-  grpc::ByteBuffer request(&empty, 1), response;
+  // HealthCheckRequest{service}: field 1, length-delimited (a varint length, then the bytes).
+  std::string encoded;
+  if (!service.empty()) {
+    encoded.push_back('\x0a');
+    for (size_t n = service.size(); ; n >>= 7) {
+      if (n < 0x80) {
+        encoded.push_back(static_cast<char>(n));
+        break;
+      }
+      encoded.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    }
+    encoded += service;
+  }
+  grpc::Slice slice(encoded);
+  grpc::ByteBuffer request(&slice, 1), response;
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
