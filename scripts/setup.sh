@@ -19,6 +19,7 @@ packages=(
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
+  slurm-wlm munge  # tests/deploy/slurm_test.sh: real munged, slurmctld, slurmd on loopback
   # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
   prometheus
 )
