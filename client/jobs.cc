@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/stage_breakdown.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "rpc/health.h"
@@ -347,6 +349,45 @@ void AddStatus(CLI::App& app, const JobCommands& c) {
   });
 }
 
+// `metrics`: where each rank of a job spends a step (client/stage_breakdown.h).
+void AddMetrics(CLI::App& app, const JobCommands& c) {
+  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
+  auto metrics = app.add_subcommand(
+      "metrics",
+      "Where each stage of a job spends a step: compute, receive and send time, exposed "
+      "AllReduce, bubble and straggler ratios, peak memory (from the coordinator; no "
+      "Prometheus needed)");
+  auto id = std::make_shared<std::string>();
+  auto watch_s = std::make_shared<double>(0);
+  metrics->add_option("job", *id, "job id")->required();
+  metrics->add_option("-w,--watch", *watch_s,
+                      "print again every this many seconds while the job runs (0: once)")
+      ->check(CLI::Range(0.0, 3600.0));
+  c.AddCommonOptions(metrics);
+  metrics->callback([=] {
+    *chosen = [=]() -> int {
+      Client client(*common);
+      v1::GetJobRequest request;
+      request.set_id(*id);
+      while (true) {
+        v1::Job job;
+        grpc::Status s = client.Call(&v1::JobService::Stub::GetJob, request, &job);
+        if (!s.ok()) return client.Fail(s, "metrics");
+        if (common->output == "json") {
+          std::printf("%s\n", StageBreakdownJson(job).dump().c_str());
+        } else {
+          std::printf("%s", StageBreakdownTable(job).c_str());
+        }
+        std::fflush(stdout);
+        if (*watch_s <= 0 || job.state() != v1::JOB_STATE_RUNNING) return exit_code::kOk;
+        std::this_thread::sleep_for(std::chrono::duration<double>(*watch_s));
+        if (common->output != "json") std::printf("\n");
+      }
+    };
+  });
+}
+
 // `list`: every job, oldest first.
 void AddList(CLI::App& app, const JobCommands& c) {
   const std::shared_ptr<Common>& common = c.common;
@@ -568,7 +609,7 @@ std::function<int()> AddJobCommands(CLI::App& app) {
   common->coordinator = env ? env : "127.0.0.1:7070";
   auto chosen = std::make_shared<std::function<int()>>();
   const JobCommands commands{common, chosen};
-  for (auto add : {AddSubmit, AddStatus, AddList, AddCancel, AddStepCommands, AddLogs,
+  for (auto add : {AddSubmit, AddStatus, AddMetrics, AddList, AddCancel, AddStepCommands, AddLogs,
                    AddWorkers, AddHealth}) {
     add(app, commands);
   }

@@ -20,6 +20,22 @@
 namespace pipetrain::coordinator {
 namespace {
 
+// Each stage's compute per step over the median stage's, for the stages of one replica;
+// empty while any has no measure yet (<= 0).
+std::vector<double> StragglerRatios(const std::vector<double>& per_stage) {
+  if (per_stage.empty() ||
+      !std::all_of(per_stage.begin(), per_stage.end(), [](double s) { return s > 0; })) {
+    return {};
+  }
+  std::vector<double> sorted = per_stage;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t p = sorted.size();
+  const double median = p % 2 ? sorted[p / 2] : 0.5 * (sorted[p / 2 - 1] + sorted[p / 2]);
+  std::vector<double> ratios;
+  for (double s : per_stage) ratios.push_back(s / median);
+  return ratios;
+}
+
 // "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
 // brackets) and a port in 1..65535. What a channel is made to, so nothing else is taken.
 bool IsServiceAddress(const std::string& address) {
@@ -354,15 +370,9 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
     j.tokens_per_s = e.job.tokens_per_s();
     if (e.job.step() >= 0) j.loss = e.job.loss();
     const int p = e.job.stages();
-    std::vector<double> per_stage(e.rank_step_compute_s.begin(),
-                                  e.rank_step_compute_s.begin() +
-                                      std::min<size_t>(p, e.rank_step_compute_s.size()));
-    if (static_cast<int>(per_stage.size()) == p &&
-        std::all_of(per_stage.begin(), per_stage.end(), [](double s) { return s > 0; })) {
-      std::vector<double> sorted = per_stage;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = p % 2 ? sorted[p / 2] : 0.5 * (sorted[p / 2 - 1] + sorted[p / 2]);
-      for (double s : per_stage) j.straggler_ratio.push_back(s / median);
+    if (static_cast<int>(e.rank_step_compute_s.size()) >= p) {
+      j.straggler_ratio = StragglerRatios(std::vector<double>(
+          e.rank_step_compute_s.begin(), e.rank_step_compute_s.begin() + p));
     }
     m.running.push_back(std::move(j));
   }
@@ -628,6 +638,20 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
     if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
     }
+    const v1::StageBreakdown& b = r.breakdown();
+    for (double v : {b.forward_s(), b.backward_s(), b.optimizer_s(), b.receive_forward_s(),
+                     b.receive_backward_s(), b.send_forward_s(), b.send_backward_s(),
+                     b.exposed_allreduce_s(), b.last_step_s(), b.last_step_bubble_ratio()}) {
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " step ", r.step(), ": breakdown times must be finite and >= 0, got ", v));
+      }
+    }
+    if (b.last_step_bubble_ratio() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " step ", r.step(), ": a bubble ratio is at most 1, got ",
+          b.last_step_bubble_ratio()));
+    }
     seen->second = r.step();
     apply.push_back(&r);
   }
@@ -667,6 +691,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_wait_s(r.wait_s());
   st->set_parameter_bytes(r.parameter_bytes());
   st->set_peak_memory_bytes(r.peak_memory_bytes());
+  *st->mutable_breakdown() = r.breakdown();
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();
   if (static_cast<size_t>(r.rank()) < e.rank_compute_s.size()) {
@@ -679,6 +704,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       average = average > 0 ? average + (step_s - average) / 8 : step_s;
     }
     e.rank_compute_s[r.rank()] = r.compute_s();
+    // The straggler ratios of the reporting rank's replica.
+    const int p = e.job.stages(), first = r.rank() / p * p;
+    if (first + p <= static_cast<int>(e.rank_step_compute_s.size())) {
+      const std::vector<double> ratios = StragglerRatios(std::vector<double>(
+          e.rank_step_compute_s.begin() + first, e.rank_step_compute_s.begin() + first + p));
+      for (size_t s = 0; s < ratios.size(); ++s) {
+        e.job.mutable_stage_status(first + static_cast<int>(s))->set_straggler_ratio(ratios[s]);
+      }
+    }
   }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
   if (r.commands_after_size() > 0 &&

@@ -142,31 +142,40 @@ void StageMetrics::SetExecutor(const executor::StageExecutor* executor) {
 
 void StageMetrics::OnAction(const executor::ActionRecord& r) {
   const double busy = r.end_s - r.start_s - r.wait_s;
+  const double whole = r.end_s - r.start_s;
+  const double bytes = static_cast<double>(r.bytes);
   switch (r.action.kind) {
     case ActionKind::kForward:
       compute_forward_->Add(busy);
+      times_.forward_s += busy;
       break;
     case ActionKind::kBackward:
       compute_backward_->Add(busy);
+      times_.backward_s += busy;
       break;
     case ActionKind::kOptimizerStep:
       compute_optimizer_->Add(busy);
+      times_.optimizer_s += busy;
       break;
     case ActionKind::kRecvActivation:
-      receive_forward_->Add(r.end_s - r.start_s);
-      received_activation_->Add(static_cast<double>(r.bytes));
+      receive_forward_->Add(whole);
+      times_.receive_forward_s += whole;
+      received_activation_->Add(bytes);
       break;
     case ActionKind::kRecvGradient:
-      receive_backward_->Add(r.end_s - r.start_s);
-      received_gradient_->Add(static_cast<double>(r.bytes));
+      receive_backward_->Add(whole);
+      times_.receive_backward_s += whole;
+      received_gradient_->Add(bytes);
       break;
     case ActionKind::kSendActivation:
-      send_forward_->Add(r.end_s - r.start_s);
-      sent_activation_->Add(static_cast<double>(r.bytes));
+      send_forward_->Add(whole);
+      times_.send_forward_s += whole;
+      sent_activation_->Add(bytes);
       break;
     case ActionKind::kSendGradient:
-      send_backward_->Add(r.end_s - r.start_s);
-      sent_gradient_->Add(static_cast<double>(r.bytes));
+      send_backward_->Add(whole);
+      times_.send_backward_s += whole;
+      sent_gradient_->Add(bytes);
       break;
   }
 }
@@ -176,12 +185,15 @@ void StageMetrics::OnStep(const executor::StepRecord& step) {
   samples_->Add(static_cast<double>(samples_per_step_));
   if (tokens_ != nullptr) tokens_->Add(static_cast<double>(samples_per_step_ * tokens_per_sample_));
   exposed_allreduce_->Add(step.allreduce_s);
+  times_.exposed_allreduce_s += step.allreduce_s;
   if (previous_end_s_ >= 0) {
     const double duration = step.end_s - previous_end_s_;
     step_duration_->Observe(duration);
     if (duration > 0) {
       const double computing = step.compute_s - previous_compute_s_;
-      bubble_->Set(std::clamp(1.0 - computing / duration, 0.0, 1.0));
+      times_.last_step_s = duration;
+      times_.last_step_bubble_ratio = std::clamp(1.0 - computing / duration, 0.0, 1.0);
+      bubble_->Set(times_.last_step_bubble_ratio);
     }
   }
   previous_end_s_ = step.end_s;

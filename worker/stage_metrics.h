@@ -24,6 +24,16 @@ struct StageMetricsLabels {
   std::string worker;
 };
 
+// Where the stage's time went, totals since it started (seconds): what its counters hold,
+// kept as plain numbers on the stage's thread for its step reports.
+struct StageTimes {
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double receive_forward_s = 0, receive_backward_s = 0;
+  double send_forward_s = 0, send_backward_s = 0;
+  double exposed_allreduce_s = 0;
+  double last_step_bubble_ratio = 0, last_step_s = 0;  // 0 before the second step
+};
+
 class StageMetrics {
  public:
   // `samples_per_step`: rows of this replica per step (m x b); `tokens_per_sample`: seq_len
@@ -39,6 +49,8 @@ class StageMetrics {
   // The stage's thread.
   void OnAction(const executor::ActionRecord& record);
   void OnStep(const executor::StepRecord& step);
+  // The stage's thread: the totals as of its last OnAction / OnStep.
+  const StageTimes& times() const { return times_; }
   // Any thread: the executor whose activity a scrape reads (nullptr once it is gone).
   void SetExecutor(const executor::StageExecutor* executor);
 
@@ -60,6 +72,7 @@ class StageMetrics {
   metrics::Gauge *bubble_, *last_step_time_, *loss_ = nullptr;
   // The stage's thread only: the previous step's end and totals.
   double previous_end_s_ = -1, previous_compute_s_ = 0;
+  StageTimes times_;
   std::mutex executor_mu_;  // never taken by the stage's thread
   const executor::StageExecutor* executor_ = nullptr;
   std::vector<int> collectors_;  // removed first thing when this object goes

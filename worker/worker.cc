@@ -446,6 +446,18 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     report.set_compute_s(step.compute_s);
     report.set_wait_s(step.wait_s);
     report.set_parameter_bytes(parameter_bytes);
+    const StageTimes& times = stage_metrics.times();
+    v1::StageBreakdown* b = report.mutable_breakdown();
+    b->set_forward_s(times.forward_s);
+    b->set_backward_s(times.backward_s);
+    b->set_optimizer_s(times.optimizer_s);
+    b->set_receive_forward_s(times.receive_forward_s);
+    b->set_receive_backward_s(times.receive_backward_s);
+    b->set_send_forward_s(times.send_forward_s);
+    b->set_send_backward_s(times.send_backward_s);
+    b->set_exposed_allreduce_s(times.exposed_allreduce_s);
+    b->set_last_step_bubble_ratio(times.last_step_bubble_ratio);
+    b->set_last_step_s(times.last_step_s);
     for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
       report.add_commands_after(c);
     }

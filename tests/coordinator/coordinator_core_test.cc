@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <memory>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,17 @@ TEST_F(CoordinatorCoreTest, StepReportsAreTheNextStepWithinTheJobOrAreRefusedWho
   bad_time.set_end_s(std::nan(""));
   EXPECT_EQ(ReportSteps(s1, {bad_time}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Get(job.id()).step(), 1);
+  // So is a breakdown (`pipetrain metrics`) with a time that is not finite or negative, or a
+  // bubble ratio over 1.
+  for (double forward : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    v1::StepReport bad = Report(w1, job.id(), 0, 2);
+    bad.mutable_breakdown()->set_forward_s(forward);
+    EXPECT_EQ(ReportSteps(s1, {bad}).code(), absl::StatusCode::kInvalidArgument) << forward;
+  }
+  v1::StepReport bad_bubble = Report(w1, job.id(), 0, 2);
+  bad_bubble.mutable_breakdown()->set_last_step_bubble_ratio(1.5);
+  EXPECT_EQ(ReportSteps(s1, {bad_bubble}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(job.id()).stage_status(0).step(), 1);
   // Resent (a lost reply) and old ones are skipped without error.
   EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 1), Report(w1, job.id(), 0, 2)}).ok());
   EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, -5), Report(w1, job.id(), 0, 2)}).ok());
@@ -405,6 +417,8 @@ TEST_F(CoordinatorCoreTest, MetricsSnapshotCountsStatesAndFindsTheStraggler) {
     v1::StepReport r0 = Report(w1, job.id(), 0, t), r1 = Report(w2, job.id(), 1, t);
     r0.set_compute_s(1.0 * (t + 1));
     r1.set_compute_s(3.0 * (t + 1));
+    r0.mutable_breakdown()->set_forward_s(0.5 * (t + 1));
+    r0.mutable_breakdown()->set_last_step_bubble_ratio(0.25);
     ASSERT_TRUE(ReportSteps(sessions_[w1], {r0}).ok());
     ASSERT_TRUE(ReportSteps(sessions_[w2], {r1}).ok());
   }
@@ -424,6 +438,13 @@ TEST_F(CoordinatorCoreTest, MetricsSnapshotCountsStatesAndFindsTheStraggler) {
   EXPECT_DOUBLE_EQ(m.running[0].straggler_ratio[0], 0.5);
   EXPECT_DOUBLE_EQ(m.running[0].straggler_ratio[1], 1.5);
   EXPECT_EQ(m.step_commands.at({"flush", "NOT_FOUND"}), 1);
+  // The job record shows the same ratios per rank (`pipetrain metrics`), and each rank's
+  // last breakdown as reported.
+  const v1::Job now = Get(job.id());
+  EXPECT_DOUBLE_EQ(now.stage_status(0).straggler_ratio(), 0.5);
+  EXPECT_DOUBLE_EQ(now.stage_status(1).straggler_ratio(), 1.5);
+  EXPECT_DOUBLE_EQ(now.stage_status(0).breakdown().forward_s(), 2.0);
+  EXPECT_DOUBLE_EQ(now.stage_status(0).breakdown().last_step_bubble_ratio(), 0.25);
 }
 
 TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnoughCores) {

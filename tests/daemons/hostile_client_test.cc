@@ -235,6 +235,8 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
         rep->set_compute_s(chaos.Real());
         rep->set_end_s(chaos.Real());
         rep->set_peak_memory_bytes(chaos.Int());
+        rep->mutable_breakdown()->set_forward_s(chaos.Real());
+        rep->mutable_breakdown()->set_last_step_bubble_ratio(chaos.Real());
       }
       v1::ReportResponse out;
       s = stubs.workers->ReportSteps(&ctx, r, &out);

@@ -168,6 +168,44 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
   }
   EXPECT_EQ(last_stages, 1);
 
+  // `pipetrain metrics`: the breakdown the step reports carried to the coordinator. Its
+  // parts (forward, backward, optimizer, receives, sends) add up to each rank's whole time,
+  // which the executor totals separately (compute_s + wait_s in the job record); each part
+  // equals the worker's own counter.
+  Result table = cluster.Cli("metrics " + id);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("ms per step"));
+  Result breakdown = cluster.Cli("metrics " + id + " -o json");
+  ASSERT_EQ(breakdown.exit_code, 0) << breakdown.err;
+  const nlohmann::json stages = nlohmann::json::parse(breakdown.out)["stages"];
+  ASSERT_EQ(stages.size(), 2u);
+  for (size_t rank = 0; rank < stages.size(); ++rank) {
+    SCOPED_TRACE(rank);
+    const nlohmann::json& s = stages[rank];
+    ASSERT_EQ(s.value("steps", 0), kSteps);
+    EXPECT_THAT(table.out, HasSubstr(s.value("worker", "?")));
+    double whole = 0;
+    for (const char* part : {"forward", "backward", "optimizer", "recv_act", "recv_grad", "send"}) {
+      whole += s["ms_per_step"].value(part, -1.0) * kSteps / 1e3;
+    }
+    const nlohmann::json& record = job["stage_status"][rank];
+    const double total = record.value("compute_s", 0.0) + record.value("wait_s", 0.0);
+    EXPECT_NEAR(whole, total, 1e-6 * total);
+    EXPECT_GT(s.value("last_step_s", 0.0), 0);
+    EXPECT_GT(s.value("straggler_ratio", 0.0), 0);
+    int counted = 0;  // workers whose counters hold this rank
+    for (const std::string& worker : {worker0, worker1}) {
+      const auto w = Samples(Get(worker, "/metrics").second);
+      const std::string stage = "pp_stage=\"" + std::to_string(s.value("stage", -1)) + "\"";
+      const double forward = Value(w, "pipetrain_stage_compute_seconds_total",
+                                   {"job_id=\"" + id + "\"", stage, "phase=\"forward\""});
+      if (std::isnan(forward)) continue;  // the other worker's rank
+      ++counted;
+      EXPECT_NEAR(s["ms_per_step"].value("forward", -1.0) * kSteps / 1e3, forward, 1e-6 * forward);
+    }
+    EXPECT_EQ(counted, 1);
+  }
+
   // Another path: 404 with a hint.
   const auto [missing, body] = Get(worker0, "/metric");
   EXPECT_EQ(missing, 404);

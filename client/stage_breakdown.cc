@@ -1,0 +1,88 @@
+#include "client/stage_breakdown.h"
+
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/base/printable.h"
+
+namespace pipetrain::client {
+namespace {
+
+// The columns of the breakdown: name and total seconds.
+std::vector<std::pair<const char*, double>> Totals(const v1::StageBreakdown& b) {
+  return {{"forward", b.forward_s()},
+          {"backward", b.backward_s()},
+          {"optimizer", b.optimizer_s()},
+          {"recv_act", b.receive_forward_s()},
+          {"recv_grad", b.receive_backward_s()},
+          {"send", b.send_forward_s() + b.send_backward_s()},
+          {"allreduce", b.exposed_allreduce_s()}};
+}
+
+int64_t StepsDone(const v1::StageStatus& s) { return s.step() + 1; }
+
+}  // namespace
+
+std::string StageBreakdownTable(const v1::Job& job) {
+  std::string out = absl::StrFormat(
+      "job %s: step %d/%d  loss %.4f  %.0f %s/s\n", Printable(job.id()), job.step() + 1, job.steps(),
+      job.loss(), job.tokens_per_s(), job.data_unit().empty() ? "tok" : Printable(job.data_unit()));
+  // Above the seven breakdown columns, and above the last step's two.
+  out += absl::StrFormat("%37s%-70s%s\n", "", "ms per step, mean over the steps done",
+                         "last step");
+  out += absl::StrFormat("%-5s %-7s %-12s %-9s", "stage", "replica", "worker", "steps");
+  for (const auto& [name, total] : Totals(v1::StageBreakdown())) {
+    out += absl::StrFormat(" %9s", name);
+  }
+  out += absl::StrFormat(" %9s %7s %10s %10s\n", "step_ms", "bubble", "straggler", "peak_mem");
+  bool any = false;
+  for (const v1::StageStatus& s : job.stage_status()) {
+    const int64_t steps = StepsDone(s);
+    if (steps <= 0) continue;
+    any = true;
+    out += absl::StrFormat("%-5d %-7d %-12s %-9d", s.stage(), s.replica(),
+                           Printable(s.worker_id()), steps);
+    for (const auto& [name, total] : Totals(s.breakdown())) {
+      out += absl::StrFormat(" %9.2f", 1e3 * total / static_cast<double>(steps));
+    }
+    const v1::StageBreakdown& b = s.breakdown();
+    out += b.last_step_s() > 0 ? absl::StrFormat(" %9.2f %7.2f", 1e3 * b.last_step_s(),
+                                                 b.last_step_bubble_ratio())
+                               : absl::StrFormat(" %9s %7s", "-", "-");
+    out += s.straggler_ratio() > 0 ? absl::StrFormat(" %10.2f", s.straggler_ratio())
+                                   : absl::StrFormat(" %10s", "-");
+    out += s.peak_memory_bytes() > 0
+               ? absl::StrFormat(" %6.1f MiB", static_cast<double>(s.peak_memory_bytes()) / (1 << 20))
+               : absl::StrFormat(" %10s", "-");
+    if (s.straggler_ratio() > kStragglerRatio) out += "  <- straggler";
+    out += "\n";
+  }
+  if (!any) out += "(no step reported yet)\n";
+  return out;
+}
+
+nlohmann::json StageBreakdownJson(const v1::Job& job) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const v1::StageStatus& s : job.stage_status()) {
+    const int64_t steps = StepsDone(s);
+    nlohmann::json per_step = nlohmann::json::object();
+    for (const auto& [name, total] : Totals(s.breakdown())) {
+      per_step[name] = steps > 0 ? 1e3 * total / static_cast<double>(steps) : 0.0;
+    }
+    stages.push_back({{"stage", s.stage()},
+                      {"replica", s.replica()},
+                      {"worker", s.worker_id()},
+                      {"steps", steps},
+                      {"ms_per_step", per_step},
+                      {"last_step_s", s.breakdown().last_step_s()},
+                      {"last_step_bubble_ratio", s.breakdown().last_step_bubble_ratio()},
+                      {"straggler_ratio", s.straggler_ratio()},
+                      {"peak_memory_bytes", s.peak_memory_bytes()}});
+  }
+  return {{"job_id", job.id()}, {"step", job.step()}, {"stages", stages}};
+}
+
+}  // namespace pipetrain::client
