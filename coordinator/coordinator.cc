@@ -245,6 +245,7 @@ void Coordinator::Later(std::function<void()> call) {
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
+  if (absl::Status s = job::RefuseCheckpointingOutsideOneProcess(*config); !s.ok()) return s;
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -98,6 +98,10 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
     errors.push_back("weights_dir: must not be empty when set");
   }
   Copy(s.has_weights_dir(), s.weights_dir(), &c.weights_dir);
+  Copy(s.checkpoint().has_dir(), s.checkpoint().dir(), &c.checkpoint.dir);
+  Copy(s.checkpoint().has_every(), s.checkpoint().every(), &c.checkpoint.every);
+  Copy(s.checkpoint().has_keep(), s.checkpoint().keep(), &c.checkpoint.keep);
+  Copy(s.has_resume_from(), s.resume_from(), &c.resume_from);
   for (const std::string& v : ViolationsOf(job::ValidateJobConfig(c))) {
     // ValidateJobConfig prefixes its list with "invalid job: ".
     constexpr absl::string_view kPrefix = "invalid job: ";

@@ -39,6 +39,14 @@ const std::vector<SpecFlag>& SpecFlagTable() {
        "a directory: every rank writes its final parameters and buffers to "
        "<dir>/stage<RANK>.pt where it runs (rank = replica * stages + stage)"},
 
+      {"--checkpoint-dir", "checkpoint.dir", "job",
+       "where checkpoints keyed by layer go: DIR/step-N/ and DIR/latest"},
+      {"--checkpoint-every", "checkpoint.every", "job",
+       "a checkpoint before every step that is a multiple of this (0: none)"},
+      {"--checkpoint-keep", "checkpoint.keep", "job", "complete checkpoints kept"},
+      {"--resume-from", "resume_from", "job",
+       "start from a checkpoint: latest (under --checkpoint-dir) or a directory"},
+
       {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
       {"--torchscript", "model.path", "model",
        "TorchScript file of an nn.Sequential (sets --model torchscript)", nullptr, "model.name",

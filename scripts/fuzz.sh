@@ -28,7 +28,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(job_spec_yaml_fuzzer wire_header_fuzzer coordinator_fuzzer)
+  targets=(job_spec_yaml_fuzzer wire_header_fuzzer checkpoint_manifest_fuzzer coordinator_fuzzer)
 fi
 
 scripts/setup.sh

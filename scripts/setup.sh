@@ -2,7 +2,8 @@
 # Installs exactly the Debian 12 packages pipetrain needs to build and test. Idempotent:
 # when everything is present it returns at once without touching apt.
 #   scripts/setup.sh            build + test dependencies
-#   scripts/setup.sh --bench    also what bench/ compares against (Debian's python3-torch)
+#   scripts/setup.sh --bench    the same (bench/ compares against Debian's python3-torch,
+#                               which the tests use too)
 set -euo pipefail
 
 packages=(
@@ -14,6 +15,8 @@ packages=(
   libcli11-dev
   # control plane: gRPC + protobuf (coordinator, worker, CLI job commands), SQLite (job store)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
+  # checkpoints: SHA-256 of every file (OpenSSL's libcrypto)
+  libssl-dev
   # metrics: the daemons' /metrics endpoint (cpp-httplib, found with pkg-config)
   libcpp-httplib-dev pkgconf
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
@@ -22,10 +25,9 @@ packages=(
   slurm-wlm munge  # tests/deploy/slurm_test.sh: real munged, slurmctld, slurmd on loopback
   # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
   prometheus
+  # Python's torch.load reads a checkpoint (examples/checkpoint_to_state_dict.py)
+  python3-torch
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch)
-fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -44,4 +46,11 @@ if [[ "$(id -u)" -ne 0 ]]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+log=$(mktemp)
+if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+  echo "setup: apt-get install failed; its last lines:" >&2
+  tail -n 40 "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"

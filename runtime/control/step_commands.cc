@@ -39,7 +39,13 @@ absl::StatusOr<StepCommand> ParseStepCommand(std::string_view name) {
       "unknown step command '", std::string(name), "'; accepted: flush, switch, checkpoint, stop"));
 }
 
-StepCommandQueue::StepCommandQueue(int64_t steps) : steps_(steps) {}
+StepCommandQueue::StepCommandQueue(int64_t steps, int64_t first_step)
+    : steps_(steps), sealed_through_(first_step + 1) {}
+
+void StepCommandQueue::StartAt(int64_t first_step) {
+  absl::MutexLock lock(&mu_);
+  sealed_through_ = std::max(sealed_through_, first_step + 1);
+}
 
 absl::StatusOr<int64_t> StepCommandQueue::Schedule(uint32_t command, int64_t step) {
   if (command == 0 || (command & ~kAllStepCommands) != 0) {

@@ -61,15 +61,19 @@ inline bool SwitchesToNewest(uint32_t commands) {
 
 class StepCommandQueue {
  public:
-  // `steps`: the job's mini-batch count; boundaries 1..steps-1 exist. Boundary 1 is sealed
-  // from the start (stage 0 begins mini-batch 1's micro-batches before any update).
-  explicit StepCommandQueue(int64_t steps);
+  // `steps`: the job's mini-batch count; boundaries 1..steps-1 exist. Boundary
+  // first_step + 1 is sealed from the start (stage 0 begins that mini-batch's micro-batches
+  // before any update); first_step > 0 for a resumed job.
+  explicit StepCommandQueue(int64_t steps, int64_t first_step = 0);
 
   // Adds `command` at boundary `step`, or at the earliest open boundary if `step` is 0.
   // Returns the boundary. InvalidArgument for a boundary outside [1, steps) or an unknown
   // command; FailedPrecondition if the boundary is sealed (the message names the earliest
   // open one) or the job was stopped at an earlier boundary.
   absl::StatusOr<int64_t> Schedule(uint32_t command, int64_t step);
+
+  // A resumed job starts at `first_step`: boundaries up to first_step + 1 are closed.
+  void StartAt(int64_t first_step);
 
   // Stage 0's thread: closes boundary `step` to new commands and returns its commands.
   uint32_t Seal(int64_t step);

@@ -80,6 +80,12 @@ absl::Status StageExecutor::Run() {
   PT_ASSIGN_OR_RETURN(schedule::StageActionStream actions,
                       schedule::StageActionStream::Create(config_.schedule, config_.stage));
   actions_ = std::make_unique<schedule::StageActionStream>(std::move(actions));
+  // The first boundary is sealed from the start (no command can reach it); the checkpoint
+  // policy still applies there.
+  if (const int64_t n = config_.schedule.first_step + 1;
+      is_first_ && n < config_.schedule.steps && PolicyCommands(n) != 0) {
+    PT_RETURN_IF_ERROR(ApplyBoundary(n, PolicyCommands(n)));
+  }
   NoteLiveVersions();
   for (; !actions_->done(); actions_->Advance()) {
     const Action action = actions_->current();  // step commands may rewrite what follows
@@ -388,8 +394,13 @@ bool StageExecutor::CarriesBoundary(int64_t j) const {
   return j % m == m - 1 && j / m + 1 < config_.schedule.steps;
 }
 
+uint32_t StageExecutor::PolicyCommands(int64_t n) const {
+  return config_.checkpoint_every > 0 && n % config_.checkpoint_every == 0 ? control::kCheckpoint
+                                                                          : 0;
+}
+
 absl::Status StageExecutor::SealBoundary(int64_t n) {
-  uint32_t commands = config_.commands ? config_.commands->Seal(n) : 0;
+  uint32_t commands = (config_.commands ? config_.commands->Seal(n) : 0) | PolicyCommands(n);
   if (config_.replicas > 1) {
     // OR across the stage-0 ranks: a bit set anywhere has a mean above 0.
     std::vector<at::Tensor> bits = {

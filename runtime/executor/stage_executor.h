@@ -88,6 +88,9 @@ struct StageConfig {
   schedule::ScheduleParams schedule;
   // Stage 0 of replica 0: where the host puts step commands (may be null: none).
   control::StepCommandQueue* commands = nullptr;
+  // A checkpoint at every boundary N that is a multiple of this (0: none), as if the command
+  // had been scheduled there (every stage sees the same boundaries).
+  int64_t checkpoint_every = 0;
   absl::Duration recv_timeout = absl::Seconds(120);
   MicroBatchTensorSource inputs;   // required on stage 0
   MicroBatchTensorSource targets;  // required on the last stage
@@ -191,6 +194,8 @@ class StageExecutor {
   absl::Status ApplyBoundary(int64_t n, uint32_t commands);
   // Stage 0, after its update of mini-batch n-2: closes boundary n (see the file comment).
   absl::Status SealBoundary(int64_t n);
+  // The commands the checkpoint policy puts at boundary n.
+  uint32_t PolicyCommands(int64_t n) const;
   // Whether micro-batch j is the last of a mini-batch followed by a boundary of the job as
   // submitted (so its activation carries that boundary's commands downstream).
   bool CarriesBoundary(int64_t j) const;

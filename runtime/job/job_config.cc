@@ -96,6 +96,14 @@ std::string EffectiveDataKind(const JobConfig& config) {
                                                                      : "synthetic";
 }
 
+absl::Status RefuseCheckpointingOutsideOneProcess(const JobConfig& c) {
+  if (c.checkpoint.every == 0 && c.resume_from.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "checkpoint.every and resume_from run only with `pipetrain run --launch threads` in this "
+      "version (stage processes and worker daemons do not write or read layer checkpoints "
+      "yet; `pipetrain checkpoint JOB` writes per-stage weights to weights_dir)");
+}
+
 absl::Status ValidateJobConfig(const JobConfig& c) {
   std::vector<std::string> errors;
   model::ModelConfig model = c.model;  // sizes that come from the data are not checked here
@@ -198,6 +206,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.threads_per_stage < 0) {
     errors.push_back(absl::StrCat("threads_per_stage: must be >= 0, got ", c.threads_per_stage));
   }
+  if (c.checkpoint.dir.empty() && (c.checkpoint.every > 0 || c.resume_from == "latest")) {
+    errors.push_back("checkpoint.dir: must not be empty with checkpoint.every or "
+                     "resume_from: latest");
+  }
   if (!(c.recv_timeout_s > 0)) {
     errors.push_back(absl::StrCat("timeout_s: must be > 0, got ", c.recv_timeout_s));
   }
@@ -262,6 +274,11 @@ std::string JobConfigToJson(const JobConfig& c) {
   j["threads_per_stage"] = c.threads_per_stage;
   j["timeout_s"] = c.recv_timeout_s;
   j["weights_dir"] = c.weights_dir;
+  auto& k = j["checkpoint"];
+  k["dir"] = c.checkpoint.dir;
+  k["every"] = c.checkpoint.every;
+  k["keep"] = c.checkpoint.keep;
+  j["resume_from"] = c.resume_from;
   // Invalid UTF-8 (a name ValidateJobConfig refuses) is shown replaced, never thrown on.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }

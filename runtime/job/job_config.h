@@ -68,6 +68,17 @@ struct JobConfig {
   // When set, every rank writes its final parameters and buffers to
   // <weights_dir>/stage<RANK>.pt (rank = replica * stages + stage) where it runs.
   std::string weights_dir;
+  // Checkpoints keyed by global layer (runtime/checkpoint): before every step N that is a
+  // multiple of `every`, the weights W(N) and optimizer state go to dir/step-N/ (2BW: the
+  // pipeline drains and switches to W(N) there, so one version is written).
+  struct Checkpoint {
+    std::string dir = "checkpoints";  // relative: where the run runs
+    int64_t every = 0;  // 0: none
+    int keep = 3;
+  } checkpoint;
+  // "" | "latest" (checkpoint.dir's newest complete checkpoint) | a directory: the job runs
+  // from the checkpoint's step on its weights and optimizer state.
+  std::string resume_from;
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked
@@ -76,6 +87,11 @@ struct JobConfig {
 // an empty stage, more stages than layers) and recompute's layer indices, the layers named;
 // for a TorchScript model the runner checks them once it is loaded (ValidatePartition).
 absl::Status ValidateJobConfig(const JobConfig& config);
+
+// Checkpoint policies and resuming run in one process (RunInProcess) for now: a job that asks
+// for them elsewhere (stage processes, worker daemons) is refused with this error, naming the
+// fields (Unimplemented), before anything runs.
+absl::Status RefuseCheckpointingOutsideOneProcess(const JobConfig& config);
 
 // The pipeline depth p: the number of explicit stage ranges, else `stages`.
 int PipelineStages(const JobConfig& config);

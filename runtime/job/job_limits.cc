@@ -73,6 +73,8 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"optimizer.eps", 1e-30, 1, "positive, so the update never divides by zero"},
       {"seed", 0, kU64Max, "any 64-bit seed"},
       {"threads_per_stage", 0, 256, "intra-op threads of one stage (0: cores / stages)"},
+      {"checkpoint.every", 0, 2147483647, "a step count (0: no policy)"},
+      {"checkpoint.keep", 1, 10000, "complete checkpoints on disk at once"},
       {"timeout_s", 0.001, 86400, "a wait for a peer lasts at most a day"},
   };
   return limits;
@@ -108,7 +110,9 @@ std::vector<std::string> LimitViolations(const JobConfig& config) {
   for (const auto& [path, value] : {std::pair<const char*, const std::string*>{
                                         "model.path", &config.model.torchscript_path},
                                     {"data.path", &config.data.path},
-                                    {"weights_dir", &config.weights_dir}}) {
+                                    {"weights_dir", &config.weights_dir},
+                                    {"checkpoint.dir", &config.checkpoint.dir},
+                                    {"resume_from", &config.resume_from}}) {
     if (value->size() > kMaxPathBytes || !IsPrintableUtf8(*value)) {
       errors.push_back(absl::StrCat(path, ": must be a path of at most ", kMaxPathBytes,
                                     " bytes without control characters"));
@@ -126,8 +130,9 @@ std::string LimitsMarkdown() {
   absl::StrAppend(&md, "\nAlso: every number finite; `stages` x `replicas` at most ", FormatBound(kMaxRanks),
                   " (a rank each, all listed in the job's status); "
                   "`name` at most ", kMaxNameBytes,
-                  " bytes of printable UTF-8; `model.path`, `data.path` and `weights_dir` at "
-                  "most ", kMaxPathBytes, " bytes without control characters.\n");
+                  " bytes of printable UTF-8; `model.path`, `data.path`, `weights_dir`, "
+                  "`checkpoint.dir` and `resume_from` at most ", kMaxPathBytes,
+                  " bytes without control characters.\n");
   return md;
 }
 

@@ -2,6 +2,7 @@
 #include "runtime/job/stage_run.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
+#include "runtime/job/checkpointing.h"
 #include "runtime/job/plan.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
@@ -24,6 +26,16 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages(), w = c.replicas;
+  PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume, FindResumePoint(c, plan));
+  if (resume) {
+    for (const std::string& why : resume->skipped) {
+      std::fprintf(stderr, "pipetrain: resume_from: passed over %s\n", why.c_str());
+    }
+    std::fprintf(stderr, "pipetrain: resuming at step %lld from %s\n",
+                 static_cast<long long>(resume->manifest.step), resume->dir.c_str());
+    if (options.commands) options.commands->StartAt(resume->manifest.step);
+  }
+  CheckpointSink sink(c, plan);
   const int threads = ThreadsPerStage(c, p * w);
   SetIntraOpThreads(threads);
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
@@ -36,17 +48,28 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   std::vector<StageParts> stages;
   std::vector<std::unique_ptr<executor::StageExecutor>> executors;
   const double start_s = MonotonicSeconds();
-  ProgressTracker tracker(c, plan, start_s, options.on_progress);
+  const int64_t first_step = resume ? resume->manifest.step : 0;
+  ProgressTracker tracker(c, plan, start_s, options.on_progress, first_step);
   // Replica-major: index r * p + s.
   for (int r = 0; r < w; ++r) {
     for (int s = 0; s < p; ++s) {
-      PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s));
+      PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, s));
+      PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s, start));
       if (s == 0 && r == 0) parts.config.commands = options.commands.get();
       transports.push_back(transport::MakeInProcessTransport(hub, s, r, w));
       if (options.wrap_transport) {
         transports.back() = options.wrap_transport(std::move(transports.back()), s);
       }
-      auto on_step = [&tracker, s, r](const executor::StepRecord& step) {
+      weights::WeightStore* weights = parts.weights.get();
+      auto on_step = [&tracker, &sink, &c, weights, s, r](const executor::StepRecord& step) {
+        if (r == 0 && (step.commands_after & control::kCheckpoint) && !c.checkpoint.dir.empty()) {
+          // A failed checkpoint costs only itself: the job goes on (the error is reported).
+          if (absl::Status saved = sink.Deliver(step.step + 1, s, *weights); !saved.ok()) {
+            std::fprintf(stderr, "pipetrain: stage %d: checkpoint before step %lld failed: %s\n",
+                         s, static_cast<long long>(step.step + 1),
+                         std::string(saved.message()).c_str());
+          }
+        }
         if (step.mean_loss) tracker.LossKnown(step.step, *step.mean_loss);
         if (s == 0 && r == 0) tracker.StepEnded(step.step, step.end_s);
       };
@@ -80,7 +103,10 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
                         peak_memory});
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
-  return AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s);
+  PT_ASSIGN_OR_RETURN(JobReport report,
+                      AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s));
+  report.first_step = first_step;
+  return report;
 }
 
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,

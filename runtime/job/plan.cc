@@ -198,7 +198,8 @@ at::Tensor MicroBatchReader::Targets(int64_t j) const {
 }
 
 absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
-                                      const MicroBatchReader& reader, int s) {
+                                      const MicroBatchReader& reader, int s,
+                                      const StageStart& start) {
   const int p = plan.stages();
   const model::LayerRange r = plan.partition[s];
   absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
@@ -214,14 +215,29 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   auto module = std::make_unique<model::StageModule>(
       r.begin, *std::move(layers),
       std::vector<bool>(plan.recompute.begin() + r.begin, plan.recompute.begin() + r.end));
+  std::vector<weights::ParameterState> optimizer_state;
+  if (!start.layers.empty()) {
+    auto loaded = checkpoint::LoadLayerStates(start.layers, module.get());
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("resume_from: ", loaded.status().message()));
+    }
+    optimizer_state = *std::move(loaded);
+  }
   PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer));
   if (c.schedule == schedule::ScheduleKind::kTwoBW) {
     PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeDoubleBufferedWeights(
                                            std::move(module), std::move(optimizer),
-                                           c.micro_batches));
+                                           c.micro_batches, start.first_step));
   } else {
-    PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeSingleVersionWeights(std::move(module),
-                                                                         std::move(optimizer)));
+    PT_ASSIGN_OR_RETURN(parts.weights,
+                        weights::MakeSingleVersionWeights(std::move(module), std::move(optimizer),
+                                                          start.first_step));
+  }
+  if (!start.layers.empty()) {
+    if (absl::Status s = parts.weights->LoadOptimizerState(optimizer_state); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("resume_from: ", s.message()));
+    }
   }
   executor::StageConfig& sc = parts.config;
   sc.stage = s;
@@ -233,6 +249,8 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
   sc.schedule = {c.schedule, p, c.micro_batches, c.steps};
+  sc.schedule.first_step = start.first_step;
+  sc.checkpoint_every = c.checkpoint.every;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   if (s == 0) {
     sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };

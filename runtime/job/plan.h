@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/checkpoint/layer_state.h"
 #include "runtime/data/dataset.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
@@ -70,8 +71,15 @@ struct StageParts {
   executor::StageConfig config;
   int64_t parameter_bytes = 0;  // one version of the stage's parameters
 };
+// Where a stage starts: mini-batch 0 on its layers built from (seed, layer index), or a
+// resumed job's first step on its layers' weights and optimizer state from a checkpoint.
+struct StageStart {
+  int64_t first_step = 0;
+  std::vector<checkpoint::LayerState> layers;  // the stage's layers, in order (empty: fresh)
+};
 absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& plan,
-                                      const MicroBatchReader& reader, int stage);
+                                      const MicroBatchReader& reader, int stage,
+                                      const StageStart& start = {});
 
 // Intra-op threads per stage for this job on this machine.
 int ThreadsPerStage(const JobConfig& config, int stages);

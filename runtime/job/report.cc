@@ -117,13 +117,16 @@ std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store) {
 }
 
 ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double start_s,
-                                 std::function<void(const Progress&)> sink)
+                                 std::function<void(const Progress&)> sink,
+                                 int64_t first_step)
     : steps_(c.steps),
       start_s_(start_s),
       rows_per_step_(int64_t{c.replicas} * c.micro_batches * c.micro_batch_size),
       tokens_per_row_(plan.dataset->is_token_data() ? c.data.seq_len : 1),
       replicas_(c.replicas),
-      sink_(std::move(sink)) {}
+      sink_(std::move(sink)),
+      first_step_(first_step),
+      next_(first_step) {}
 
 void ProgressTracker::StepEnded(int64_t step, double end_s) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -145,11 +148,11 @@ void ProgressTracker::Flush() {
     p.steps = steps_;
     p.loss = losses_[next_];
     const double end_s = ends_[next_];
-    if (next_ == 0) first_end_s_ = end_s;
+    if (next_ == first_step_) first_end_s_ = end_s;
     p.elapsed_s = end_s - start_s_;
-    if (next_ > 0) {
+    if (next_ > first_step_) {
       const double dt = end_s - first_end_s_;
-      p.samples_per_s = dt > 0 ? rows_per_step_ * next_ / dt : 0;
+      p.samples_per_s = dt > 0 ? rows_per_step_ * (next_ - first_step_) / dt : 0;
     } else {
       p.samples_per_s = p.elapsed_s > 0 ? rows_per_step_ / p.elapsed_s : 0;
     }

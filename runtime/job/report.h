@@ -45,7 +45,8 @@ struct JobReport {
   std::string model_summary;  // "gpt: 7 layers, 221k parameters"
   std::string data_summary;
   std::vector<model::LayerRange> partition;
-  std::vector<double> losses;  // one per step, mean over the step's micro-batches
+  std::vector<double> losses;  // one per step run, mean over the step's micro-batches
+  int64_t first_step = 0;      // of losses[0]: a resumed job's checkpoint step
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
   double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
@@ -111,12 +112,13 @@ std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store);
 // stage) are known. Thread-safe.
 class ProgressTracker {
  public:
+  // `first_step`: the first step this run runs (a resumed job's checkpoint step).
   ProgressTracker(const JobConfig& config, const JobPlan& plan, double start_s,
-                  std::function<void(const Progress&)> sink);
+                  std::function<void(const Progress&)> sink, int64_t first_step = 0);
   void StepEnded(int64_t step, double end_s);
   // Called once per replica; the step's loss is the mean over replicas.
   void LossKnown(int64_t step, double loss);
-  // The loss of every step emitted so far, in step order.
+  // The loss of every step emitted so far, in step order (from first_step).
   std::vector<double> Losses() const;
 
  private:
@@ -129,9 +131,9 @@ class ProgressTracker {
   std::map<int64_t, int> loss_count_;
   std::function<void(const Progress&)> sink_;
   std::map<int64_t, double> ends_, losses_;  // of steps not yet emitted
-  double first_end_s_ = 0;                   // of step 0
+  double first_end_s_ = 0;                   // of the first step
   std::vector<double> emitted_losses_;
-  int64_t next_ = 0;
+  int64_t first_step_, next_;
 };
 
 }  // namespace pipetrain::job

@@ -14,6 +14,7 @@
 #include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
+#include "runtime/job/checkpointing.h"
 #include "runtime/job/plan.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 
@@ -87,6 +88,7 @@ fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunHooks& hooks) {
+  PT_RETURN_IF_ERROR(RefuseCheckpointingOutsideOneProcess(c));
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages();

@@ -110,10 +110,14 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
   if (params.steps < 1) {
     errors.push_back(absl::StrCat("steps must be >= 1: got steps=", params.steps));
   }
+  if (params.first_step < 0 || (params.steps >= 1 && params.first_step >= params.steps)) {
+    errors.push_back(absl::StrCat("first_step must be in [0, steps=", params.steps, "): got ",
+                                  params.first_step));
+  }
   for (int64_t n : params.flush_before) {
-    if (n <= 0 || n >= params.steps) {
-      errors.push_back(absl::StrCat("flush_before ", n, " is not a boundary: 0 < N < steps=",
-                                    params.steps));
+    if (n <= params.first_step || n >= params.steps) {
+      errors.push_back(absl::StrCat("flush_before ", n, " is not a boundary: ",
+                                    params.first_step, " < N < steps=", params.steps));
     }
   }
   if (params.kind == ScheduleKind::kTwoBW && params.micro_batches < params.stages) {
@@ -133,17 +137,18 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
   }
   std::vector<Action> out;
   // Each micro-batch costs at most 6 actions (RECV, F, SEND twice), plus one STEP per step.
-  out.reserve(static_cast<size_t>(params.steps) * (6 * static_cast<size_t>(m) + 1));
+  out.reserve(static_cast<size_t>(params.steps - params.first_step) *
+              (6 * static_cast<size_t>(m) + 1));
   switch (params.kind) {
     case ScheduleKind::kGPipe:
-      for (int64_t t = 0; t < params.steps; ++t) {
+      for (int64_t t = params.first_step; t < params.steps; ++t) {
         const int64_t first = t * m;
         for (int64_t i = 0; i < m; ++i) AppendForward(p, stage, first + i, &out);
         for (int64_t i = 0; i < m; ++i) AppendBackward(p, stage, m, first + i, &out);
       }
       break;
     case ScheduleKind::kOneFOneB:
-      for (int64_t t = 0; t < params.steps; ++t) {
+      for (int64_t t = params.first_step; t < params.steps; ++t) {
         AppendOneFOneB(p, stage, m, t * m, m, &out);
       }
       break;
@@ -152,7 +157,7 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
       cuts.push_back(params.steps);
       std::sort(cuts.begin(), cuts.end());
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      int64_t begin = 0;
+      int64_t begin = params.first_step;
       for (int64_t end : cuts) {
         AppendOneFOneB(p, stage, m, begin * m, (end - begin) * m, &out);
         begin = end;
@@ -178,7 +183,7 @@ absl::StatusOr<StageActionStream> StageActionStream::Create(const ScheduleParams
         absl::StrCat("stage ", stage, " out of range [0, ", params.stages, ")"));
   }
   StageActionStream stream(params, stage);
-  stream.StartSegment(0, 0);
+  stream.StartSegment(params.first_step, 0);
   return stream;
 }
 
@@ -248,7 +253,7 @@ void StageActionStream::Advance() {
 
 absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams& changed) const {
   if (changed.kind != params_.kind || changed.stages != params_.stages ||
-      changed.micro_batches != params_.micro_batches) {
+      changed.micro_batches != params_.micro_batches || changed.first_step != params_.first_step) {
     return absl::InvalidArgumentError("Rebase changes only the boundaries and the steps");
   }
   PT_RETURN_IF_ERROR(ValidateScheduleParams(changed));

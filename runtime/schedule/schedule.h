@@ -49,13 +49,17 @@ struct ScheduleParams {
   int stages = 1;         // p >= 1
   int micro_batches = 1;  // m >= 1 per step per pipeline
   int steps = 1;          // mini-batches covered by the generated lists, >= 1
-  // Boundaries (0 < N < steps) where the pipeline drains before mini-batch N starts (step
-  // commands, runtime/control). GPipe and 1F1B drain at every boundary anyway.
+  // Boundaries (first_step < N < steps) where the pipeline drains before mini-batch N starts
+  // (step commands, runtime/control). GPipe and 1F1B drain at every boundary anyway.
   std::vector<int64_t> flush_before = {};
+  // A resumed job: mini-batches before it ran earlier. The lists cover [first_step, steps),
+  // the pipeline starting empty there, exactly as after a drain before first_step.
+  int64_t first_step = 0;
 };
 
-// All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1, a
-// flush_before boundary outside (0, steps), and for kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
+// All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1,
+// first_step outside [0, steps), a flush_before boundary outside (first_step, steps), and for
+// kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
 absl::Status ValidateScheduleParams(const ScheduleParams& params);
 
 // The action list of stage `stage` (0 <= stage < p).
@@ -77,7 +81,7 @@ class StageActionStream {
   int64_t position() const { return position_; }
   const ScheduleParams& params() const { return params_; }
 
-  // The list under `changed` (the same kind, p, m and stage; more flush_before boundaries or
+  // The list under `changed` (the same kind, p, m, first_step and stage; more flush_before boundaries or
   // fewer steps, none at or before the start of the drained stretch the stream is in),
   // positioned at the same action. FailedPrecondition if the two lists differ anywhere up to
   // and including current(): the change came too late for what already ran. Costs the

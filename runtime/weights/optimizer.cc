@@ -34,6 +34,29 @@ class Sgd : public Optimizer {
     }
   }
 
+  std::vector<ParameterState> State() const override {
+    std::vector<ParameterState> out(momentum_.size());
+    for (size_t i = 0; i < momentum_.size(); ++i) {
+      if (momentum_[i].defined()) out[i]["momentum_buffer"] = momentum_[i].clone();
+    }
+    return out;
+  }
+
+  absl::Status LoadState(const std::vector<ParameterState>& state) override {
+    std::vector<at::Tensor> momentum(state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      for (const auto& [name, tensor] : state[i]) {
+        if (name != "momentum_buffer") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameter ", i, ": sgd keeps no state named '", name, "'"));
+        }
+        momentum[i] = tensor.clone();
+      }
+    }
+    momentum_ = std::move(momentum);
+    return absl::OkStatus();
+  }
+
  private:
   OptimizerConfig c_;
   std::vector<at::Tensor> momentum_;
@@ -50,7 +73,7 @@ class AdamW : public Optimizer {
       if (!grads[i].defined()) continue;
       const at::Tensor& p = params[i];
       const at::Tensor& grad = grads[i];
-      State& s = state_[i];
+      Moments& s = state_[i];
       p.mul_(1 - c_.lr * c_.weight_decay);
       if (!s.exp_avg.defined()) {
         s.exp_avg = at::zeros_like(p);
@@ -66,13 +89,53 @@ class AdamW : public Optimizer {
     }
   }
 
+  std::vector<ParameterState> State() const override {
+    std::vector<ParameterState> out(state_.size());
+    for (size_t i = 0; i < state_.size(); ++i) {
+      if (!state_[i].exp_avg.defined()) continue;
+      out[i]["step"] = at::scalar_tensor(state_[i].step, at::kLong);
+      out[i]["exp_avg"] = state_[i].exp_avg.clone();
+      out[i]["exp_avg_sq"] = state_[i].exp_avg_sq.clone();
+    }
+    return out;
+  }
+
+  absl::Status LoadState(const std::vector<ParameterState>& state) override {
+    std::vector<Moments> loaded(state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      if (state[i].empty()) continue;
+      for (const auto& [name, tensor] : state[i]) {
+        if (name != "step" && name != "exp_avg" && name != "exp_avg_sq") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameter ", i, ": adamw keeps no state named '", name, "'"));
+        }
+      }
+      for (const char* name : {"step", "exp_avg", "exp_avg_sq"}) {
+        if (!state[i].count(name)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("parameter ", i, ": adamw state without '", name, "'"));
+        }
+      }
+      const at::Tensor& step = state[i].at("step");
+      if (step.numel() != 1 || step.item<double>() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", i, ": adamw 'step' must be one number >= 1"));
+      }
+      loaded[i].step = static_cast<int64_t>(step.item<double>());
+      loaded[i].exp_avg = state[i].at("exp_avg").clone();
+      loaded[i].exp_avg_sq = state[i].at("exp_avg_sq").clone();
+    }
+    state_ = std::move(loaded);
+    return absl::OkStatus();
+  }
+
  private:
-  struct State {
+  struct Moments {
     int64_t step = 0;
     at::Tensor exp_avg, exp_avg_sq;
   };
   OptimizerConfig c_;
-  std::vector<State> state_;
+  std::vector<Moments> state_;
 };
 
 }  // namespace

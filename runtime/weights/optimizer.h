@@ -7,6 +7,7 @@
 // (no amsgrad) step by step. Not thread-safe: one stage thread owns an Optimizer.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,11 @@
 
 namespace pipetrain::weights {
 
+// One parameter's optimizer state, named as PyTorch's optimizers name it in their state
+// dict: AdamW "step" (an int64 scalar), "exp_avg", "exp_avg_sq"; SGD "momentum_buffer".
+// Empty before the parameter's first update (and for SGD without momentum).
+using ParameterState = std::map<std::string, at::Tensor>;
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -25,6 +31,12 @@ class Optimizer {
   // i-th tensor must have the same shape in every call.
   virtual void Step(const std::vector<at::Tensor>& params,
                     const std::vector<at::Tensor>& grads) = 0;
+  // The state of every parameter, by position (copies: later steps do not change them).
+  virtual std::vector<ParameterState> State() const = 0;
+  // Replaces the state with `state` (by position), as State() returned it; InvalidArgument,
+  // changing nothing, for a name this optimizer does not keep or a missing one. The caller
+  // checks the shapes against the parameters.
+  virtual absl::Status LoadState(const std::vector<ParameterState>& state) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);

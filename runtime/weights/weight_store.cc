@@ -17,8 +17,8 @@ namespace {
 class SingleVersionWeights : public WeightStore {
  public:
   SingleVersionWeights(std::unique_ptr<model::StageModule> module,
-                       std::unique_ptr<Optimizer> optimizer)
-      : module_(std::move(module)), optimizer_(std::move(optimizer)) {}
+                       std::unique_ptr<Optimizer> optimizer, int64_t start_version)
+      : module_(std::move(module)), optimizer_(std::move(optimizer)), version_(start_version) {}
 
   absl::StatusOr<model::StageModule*> ModuleFor(int64_t) override { return module_.get(); }
   int64_t VersionFor(int64_t) const override { return version_; }
@@ -35,21 +35,29 @@ class SingleVersionWeights : public WeightStore {
   }
   const model::StageModule& Newest() const override { return *module_; }
   int64_t newest_version() const override { return version_; }
+  std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
+  absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
+    return optimizer_->LoadState(state);
+  }
 
  private:
   std::unique_ptr<model::StageModule> module_;
   std::unique_ptr<Optimizer> optimizer_;
-  int64_t version_ = 0;
+  int64_t version_;
 };
 
 class DoubleBufferedWeights : public WeightStore {
  public:
   DoubleBufferedWeights(std::unique_ptr<model::StageModule> module,
-                        std::unique_ptr<Optimizer> optimizer, int micro_batches)
-      : optimizer_(std::move(optimizer)), micro_batches_(micro_batches) {
-    buffers_[1] = module->Clone();
-    buffers_[0] = std::move(module);
-    held_ = {0, -1};
+                        std::unique_ptr<Optimizer> optimizer, int micro_batches,
+                        int64_t start_version)
+      : optimizer_(std::move(optimizer)), micro_batches_(micro_batches), newest_(start_version) {
+    const int slot = static_cast<int>(start_version % 2);
+    buffers_[1 - slot] = module->Clone();
+    buffers_[slot] = std::move(module);
+    held_[slot] = start_version;
+    held_[1 - slot] = -1;
+    if (start_version > 0) switches_.insert(start_version);
   }
 
   int64_t VersionFor(int64_t micro_batch) const override {
@@ -98,6 +106,10 @@ class DoubleBufferedWeights : public WeightStore {
 
   const model::StageModule& Newest() const override { return *buffers_[newest_ % 2]; }
   int64_t newest_version() const override { return newest_; }
+  std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
+  absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
+    return optimizer_->LoadState(state);
+  }
 
  private:
   absl::StatusOr<model::StageModule*> Holding(int64_t version, const std::string& who) {
@@ -123,7 +135,7 @@ class DoubleBufferedWeights : public WeightStore {
   std::set<int64_t> switches_;
   std::unique_ptr<Optimizer> optimizer_;
   int micro_batches_;
-  int64_t newest_ = 0;
+  int64_t newest_;
 };
 
 }  // namespace
@@ -138,17 +150,20 @@ std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params) {
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
-    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer) {
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int64_t start_version) {
+  if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
   return std::unique_ptr<WeightStore>(
-      new SingleVersionWeights(std::move(module), std::move(optimizer)));
+      new SingleVersionWeights(std::move(module), std::move(optimizer), start_version));
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches) {
+    int micro_batches, int64_t start_version) {
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
-  return std::unique_ptr<WeightStore>(
-      new DoubleBufferedWeights(std::move(module), std::move(optimizer), micro_batches));
+  if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
+  return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(
+      std::move(module), std::move(optimizer), micro_batches, start_version));
 }
 
 }  // namespace pipetrain::weights

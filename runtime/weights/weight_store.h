@@ -45,18 +45,26 @@ class WeightStore {
   // the previous version (2BW); the caller drains the pipeline there first. Must come before
   // any forward of that mini-batch, in increasing order. One version: nothing to do.
   virtual absl::Status UseNewestFrom(int64_t /*mini_batch*/) { return absl::OkStatus(); }
+  // The optimizer's state, by position in Newest().Parameters() (a checkpoint's), and its
+  // replacement (a resumed job's, before its first step).
+  virtual std::vector<ParameterState> OptimizerState() const = 0;
+  virtual absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) = 0;
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
 
  protected:
   GradientHook hook_;
 };
 
+// `module` holds version `start_version` (0; a resumed job's first step N: W(N)). A
+// double-buffered store started at N > 0 runs mini-batch N on W(N), as after a weight-version
+// switch before N (a checkpoint's boundary).
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
-    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer);
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int64_t start_version = 0);
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches);
+    int micro_batches, int64_t start_version = 0);
 
 // Gradients of `params` with undefined ones replaced by zeros of the parameter's shape.
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params);

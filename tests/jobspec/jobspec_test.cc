@@ -46,6 +46,11 @@ const std::vector<FieldValue>& Values() {
   static const std::vector<FieldValue> values = {
       {"name", "\"nightly: run 7\"", "nightly: run 7", "nightly: run 7"},
       {"weights_dir", "/tmp/w eights", "/tmp/w eights", "/tmp/w eights"},
+      {"checkpoint.dir", "/tmp/c kpt", "/tmp/c kpt", "/tmp/c kpt"},
+      {"checkpoint.every", "50", "50", 50},
+      {"checkpoint.keep", "5", "5", 5},
+      {"resume_from", "/tmp/ckpt/step-00000010", "/tmp/ckpt/step-00000010",
+       "/tmp/ckpt/step-00000010"},
       {"model.name", "mlp", "mlp", "mlp"},
       {"model.path", "/tmp/m.pt", "/tmp/m.pt", "/tmp/m.pt"},
       {"model.d_model", "48", "48", 48},

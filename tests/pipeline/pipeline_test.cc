@@ -18,6 +18,7 @@
 #include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/schedule/schedule.h"
+#include "tests/pipeline/forwarding_transport.h"
 
 namespace pipetrain::job {
 namespace {
@@ -573,12 +574,11 @@ TEST(TorchScript, UnreadableFileIsAClearError) {
 }
 
 // Fault injection by wrapping the real transport: corrupts or drops one message.
-class FaultyTransport : public transport::Transport {
+class FaultyTransport : public ForwardingTransport {
  public:
   enum class Fault { kWrongShape, kWrongDtype, kDrop };
   FaultyTransport(std::unique_ptr<transport::Transport> inner, Fault fault, int64_t micro_batch)
-      : inner_(std::move(inner)), fault_(fault), micro_batch_(micro_batch) {}
-  int stage() const override { return inner_->stage(); }
+      : ForwardingTransport(std::move(inner)), fault_(fault), micro_batch_(micro_batch) {}
   absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
                     const at::Tensor& t) override {
     if (kind != transport::MessageKind::kActivation || j != micro_batch_) {
@@ -594,17 +594,8 @@ class FaultyTransport : public transport::Transport {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,
-                                  absl::Time deadline) override {
-    return inner_->Recv(peer, kind, j, deadline);
-  }
-  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    return inner_->AllReduceMean(tensors, deadline);
-  }
-  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   Fault fault_;
   int64_t micro_batch_;
 };

@@ -393,6 +393,58 @@ TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
   EXPECT_FALSE(StageActionStream::Create({ScheduleKind::kGPipe, 2, 2, 1}, 2).ok());
 }
 
+// A resumed job (first_step N) runs exactly what the uninterrupted job runs after a drain
+// before N: the list from N is that list's actions of mini-batches >= N, which follow all of
+// the earlier ones on every stage; the stream generates the same.
+TEST(StageActionStreamTest, AResumedListIsTheDrainedListFromItsFirstStep) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (int p = 1; p <= 4; ++p) {
+      for (int m = 1; m <= 5; ++m) {
+        if (kind == ScheduleKind::kTwoBW && m < p) continue;
+        for (int steps = 2; steps <= 4; ++steps) {
+          for (int first = 1; first < steps; ++first) {
+            ScheduleParams drained{kind, p, m, steps};
+            drained.flush_before = {first};
+            ScheduleParams resumed{kind, p, m, steps};
+            resumed.first_step = first;
+            if (first + 1 < steps) {  // a later drain, too
+              drained.flush_before.push_back(first + 1);
+              resumed.flush_before.push_back(first + 1);
+            }
+            for (int s = 0; s < p; ++s) {
+              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p
+                                              << " m=" << m << " steps=" << steps
+                                              << " first=" << first << " stage " << s);
+              const std::vector<Action> whole = *BuildStageSchedule(drained, s);
+              auto mini_batch = [m](const Action& a) {
+                return a.kind == ActionKind::kOptimizerStep ? a.index : a.index / m;
+              };
+              const auto from = std::find_if(whole.begin(), whole.end(), [&](const Action& a) {
+                return mini_batch(a) >= first;
+              });
+              EXPECT_TRUE(std::all_of(from, whole.end(),
+                                      [&](const Action& a) { return mini_batch(a) >= first; }));
+              const std::vector<Action> tail(from, whole.end());
+              absl::StatusOr<std::vector<Action>> eager = BuildStageSchedule(resumed, s);
+              ASSERT_TRUE(eager.ok()) << eager.status();
+              EXPECT_EQ(FormatActions(*eager), FormatActions(tail));
+              absl::StatusOr<StageActionStream> stream = StageActionStream::Create(resumed, s);
+              ASSERT_TRUE(stream.ok()) << stream.status();
+              EXPECT_EQ(FormatActions(Drained(*stream)), FormatActions(tail));
+            }
+          }
+        }
+      }
+    }
+  }
+  ScheduleParams bad{ScheduleKind::kOneFOneB, 2, 2, 3};
+  bad.first_step = 3;
+  bad.flush_before = {1};
+  const absl::Status status = ValidateScheduleParams(bad);
+  EXPECT_THAT(status.message(), HasSubstr("first_step must be in [0, steps=3): got 3"));
+  EXPECT_THAT(status.message(), HasSubstr("flush_before 1 is not a boundary: 3 < N < steps=3"));
+}
+
 // Rebase (a drain or a stop learned mid-run) succeeds exactly where the new list agrees with
 // the old one through the current action, and then goes on as the new list.
 TEST(StageActionStreamTest, RebaseFollowsTheNewListOrRefusesAChangedPast) {

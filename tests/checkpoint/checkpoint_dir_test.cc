@@ -1,0 +1,205 @@
+// Checkpoint directories on a real file system: a commit is all or nothing, `latest` always
+// names a complete checkpoint, K are kept, a flipped byte or a failed write never costs an
+// earlier checkpoint, and the manifest reader refuses what it cannot trust.
+#include "runtime/checkpoint/checkpoint_dir.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/sha256.h"
+
+namespace pipetrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Sha256, KnownDigests) {
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("pipetrain_ckpt_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A checkpoint of `layers` layers at `step`, each file `bytes` long; the commit's status.
+  absl::Status Write(int64_t step, int layers = 3, int keep = 0, size_t bytes = 100) {
+    auto writer = CheckpointWriter::Begin(root_.string(), step);
+    if (!writer.ok()) return writer.status();
+    Manifest m = TwoStageManifest(step, layers);
+    for (int l = 0; l < layers; ++l) {
+      auto file = (*writer)->WriteLayer(l, std::string(bytes, static_cast<char>('a' + l + step)));
+      if (!file.ok()) return file.status();
+      m.files.push_back(*file);
+    }
+    return (*writer)->Commit(m, keep);
+  }
+
+  static Manifest TwoStageManifest(int64_t step, int layers) {
+    Manifest m;
+    m.step = step;
+    m.num_layers = layers;
+    m.job = R"({"model":{"name":"mlp"}})";
+    m.layout.stages = 2;
+    m.layout.stage_layers = {{0, 1}, {1, layers}};
+    m.layout.micro_batches = 4;
+    m.layout.micro_batch_size = 2;
+    m.global_batch_size = 8;
+    m.samples_seen = 8 * step;
+    return m;
+  }
+
+  std::string Latest() const { return Slurp(root_ / "latest"); }
+
+  fs::path root_;
+};
+
+TEST_F(CheckpointDirTest, ACommittedCheckpointIsFoundWithEveryFileChecked) {
+  ASSERT_TRUE(Write(10).ok());
+  EXPECT_EQ(Latest(), "step-00000010\n");
+  EXPECT_FALSE(fs::exists(root_ / "step-00000010.tmp"));
+  auto found = FindCheckpoint(root_.string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 10);
+  EXPECT_EQ(found->dir, (root_ / "step-00000010").string());
+  EXPECT_TRUE(found->skipped.empty());
+  auto layer = ReadLayer(*found, 2);
+  ASSERT_TRUE(layer.ok());
+  EXPECT_EQ(*layer, std::string(100, 'a' + 2 + 10));
+  // The directory itself names one checkpoint.
+  EXPECT_TRUE(FindCheckpoint((root_ / "step-00000010").string()).ok());
+}
+
+TEST_F(CheckpointDirTest, TheLastKAreKeptAndLatestIsTheNewest) {
+  for (int64_t step : {10, 20, 30, 40}) ASSERT_TRUE(Write(step, 3, /*keep=*/2).ok());
+  EXPECT_FALSE(fs::exists(root_ / "step-00000010"));
+  EXPECT_FALSE(fs::exists(root_ / "step-00000020"));
+  EXPECT_TRUE(fs::exists(root_ / "step-00000030"));
+  EXPECT_TRUE(fs::exists(root_ / "step-00000040"));
+  EXPECT_EQ(Latest(), "step-00000040\n");
+}
+
+// A flipped byte in the newest checkpoint: resume falls back to the previous one and says why.
+TEST_F(CheckpointDirTest, AFlippedByteFallsBackToThePreviousCheckpointAndSaysSo) {
+  ASSERT_TRUE(Write(10).ok());
+  ASSERT_TRUE(Write(20).ok());
+  const fs::path file = root_ / "step-00000020" / LayerFileName(1);
+  std::string bytes = Slurp(file);
+  bytes[50] ^= 0x01;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  auto found = FindCheckpoint(root_.string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 10);
+  ASSERT_EQ(found->skipped.size(), 1u);
+  EXPECT_THAT(found->skipped[0], HasSubstr("step-00000020"));
+  EXPECT_THAT(found->skipped[0], HasSubstr("SHA-256"));
+  // Named directly, the corrupt one is refused.
+  auto named = FindCheckpoint((root_ / "step-00000020").string());
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(named.status().message(), HasSubstr("SHA-256"));
+  // A truncated file too.
+  fs::resize_file(root_ / "step-00000010" / LayerFileName(0), 10);
+  auto none = FindCheckpoint(root_.string());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("10 bytes where the manifest says 100"));
+}
+
+// A write that fails (here: the file-size limit, the error a full disk gives as ENOSPC)
+// removes the partial directory and leaves `latest` and the earlier checkpoint intact.
+TEST_F(CheckpointDirTest, AFailedWriteLeavesLatestAndThePreviousCheckpointIntact) {
+  ASSERT_TRUE(Write(10).ok());
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct sigaction ignore {}, previous {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGXFSZ, &ignore, &previous);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status failed = Write(20, 3, 0, /*bytes=*/8192);
+  setrlimit(RLIMIT_FSIZE, &old);
+  sigaction(SIGXFSZ, &previous, nullptr);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.message(), HasSubstr("File too large"));
+  EXPECT_FALSE(fs::exists(root_ / "step-00000020.tmp"));
+  EXPECT_FALSE(fs::exists(root_ / "step-00000020"));
+  EXPECT_EQ(Latest(), "step-00000010\n");
+  auto found = FindCheckpoint(root_.string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 10);
+}
+
+// A writer killed mid-way leaves step-N.tmp: never taken for a checkpoint, removed by the
+// next writer of that step.
+TEST_F(CheckpointDirTest, APartialDirectoryIsNeverACheckpoint) {
+  ASSERT_TRUE(Write(10).ok());
+  fs::create_directories(root_ / "step-00000020.tmp");
+  std::ofstream(root_ / "step-00000020.tmp" / LayerFileName(0)) << "half";
+  fs::create_directories(root_ / "step-00000030");  // no manifest: an impostor
+  auto found = FindCheckpoint(root_.string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 10);
+  ASSERT_TRUE(Write(20).ok());
+  EXPECT_FALSE(fs::exists(root_ / "step-00000020.tmp"));
+  EXPECT_EQ(FindCheckpoint(root_.string())->manifest.step, 20);
+  EXPECT_EQ(FindCheckpoint((root_ / "nothing").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(Manifest, RoundTripsAndRefusesWhatItCannotTrust) {
+  Manifest m;
+  m.step = 5;
+  m.num_layers = 2;
+  m.job = R"({"steps":20})";
+  m.layout.stage_layers = {{0, 2}};
+  m.global_batch_size = 4;
+  m.samples_seen = 20;
+  for (int l = 0; l < 2; ++l) m.files.push_back({LayerFileName(l), l, 7, Sha256Hex("x")});
+  const std::string text = ManifestToJson(m);
+  auto back = ParseManifest(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ManifestToJson(*back), text);
+
+  auto refused = [&](const std::string& from, const std::string& to) {
+    std::string bad = text;
+    const size_t at = bad.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    bad.replace(at, from.size(), to);
+    absl::StatusOr<Manifest> parsed = ParseManifest(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kDataLoss) << from << " -> " << to;
+    return std::string(parsed.status().message());
+  };
+  EXPECT_THAT(refused("\"format\": 1", "\"format\": 2"), HasSubstr("format 2"));
+  EXPECT_THAT(refused("layer-00001.pt", "../etc/passwd"), HasSubstr("must be named layer-00001.pt"));
+  EXPECT_THAT(refused("\"layer\": 1", "\"layer\": 0"), HasSubstr("layer 1 comes next"));
+  EXPECT_THAT(refused("\"samples_seen\": 20", "\"samples_seen\": 21"), HasSubstr("samples_seen"));
+  EXPECT_THAT(refused(Sha256Hex("x"), "XYZ"), HasSubstr("sha256"));
+  EXPECT_THAT(refused("\"bytes\": 7", "\"bytes\": -7"), HasSubstr("'bytes'"));
+  EXPECT_THAT(refused("\"step\": 5", "\"step\": 18446744073709551615"), HasSubstr("'step'"));
+  EXPECT_EQ(ParseManifest("[]").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseManifest("{").status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace pipetrain::checkpoint

@@ -1,0 +1,35 @@
+// A transport that passes everything to another: the base of the fault-injecting transports
+// of the pipeline tests, which override only what they break.
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "runtime/transport/transport.h"
+
+namespace pipetrain::job {
+
+class ForwardingTransport : public transport::Transport {
+ public:
+  explicit ForwardingTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
+                    const at::Tensor& t) override {
+    return inner_->Send(peer, kind, j, t);
+  }
+  absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,
+                                  absl::Time deadline) override {
+    return inner_->Recv(peer, kind, j, deadline);
+  }
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    return inner_->AllReduceMean(tensors, deadline);
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ protected:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+}  // namespace pipetrain::job
