@@ -154,9 +154,16 @@ absl::Status Coordinator::Load() {
     entry.order = next_order_++;
     auto config = jobspec::JobConfigFromSpec(entry.job.spec());
     if (config.ok()) entry.config = *config;
+    entry.generation = entry.job.generation();
     auto [it, inserted] = jobs_.emplace(s.id, std::move(entry));
     JobEntry& e = it->second;
-    if (e.job.state() == v1::JOB_STATE_RUNNING) {
+    if (e.job.state() == v1::JOB_STATE_RUNNING && config.ok() &&
+        e.job.restarts() < e.config.max_restarts) {
+      // Its workers stop their stages when their next heartbeat is refused and register
+      // again; the job waits for them (PlaceRecovering).
+      FailOrRestart(e, absl::StrCat("the coordinator restarted (", e.job.step() + 1, " of ",
+                                    e.job.steps(), " steps recorded)"));
+    } else if (e.job.state() == v1::JOB_STATE_RUNNING) {
       e.job.set_state(v1::JOB_STATE_FAILED);
       // Progress is written at most once a second: the steps recorded, not those run.
       e.job.set_message(absl::StrCat("interrupted by a coordinator restart (", e.job.step() + 1,
@@ -184,6 +191,11 @@ void Coordinator::Changed(JobEntry& entry, bool progress_only) {
   if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
   entry.persisted_at = now;
   pending_jobs_[entry.job.id()] = {entry.order, entry.job.SerializeAsString()};
+  if (!entry.unwritten_steps.empty()) {
+    std::vector<StoredStep>& rows = pending_steps_[entry.job.id()];
+    rows.insert(rows.end(), entry.unwritten_steps.begin(), entry.unwritten_steps.end());
+    entry.unwritten_steps.clear();
+  }
 }
 
 void Coordinator::Event(const std::string& job_id, const std::string& text) {
@@ -196,10 +208,12 @@ absl::Status Coordinator::FlushWrites() {
   std::lock_guard<std::mutex> flush_lock(flush_mu_);
   std::map<std::string, PendingJob> jobs;
   std::vector<PendingEvent> events;
+  std::map<std::string, std::vector<StoredStep>> steps;
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs.swap(pending_jobs_);
     events.swap(pending_events_);
+    steps.swap(pending_steps_);
   }
   absl::Status first;
   std::map<std::string, PendingJob> failed;
@@ -215,9 +229,20 @@ absl::Status Coordinator::FlushWrites() {
       first = s.status();
     }
   }
-  if (!failed.empty()) {
+  std::map<std::string, std::vector<StoredStep>> steps_failed;
+  for (auto& [id, rows] : steps) {
+    if (absl::Status s = deps_.store->PutSteps(id, rows); !s.ok()) {
+      if (first.ok()) first = s;
+      steps_failed.emplace(id, std::move(rows));
+    }
+  }
+  if (!failed.empty() || !steps_failed.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, job] : failed) pending_jobs_.emplace(id, std::move(job));  // unless newer
+    for (auto& [id, rows] : steps_failed) {  // before any queued since: the later rows win
+      std::vector<StoredStep>& queued = pending_steps_[id];
+      queued.insert(queued.begin(), rows.begin(), rows.end());
+    }
   }
   if (!first.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(first.message()).c_str());
   return first;
@@ -245,7 +270,6 @@ void Coordinator::Later(std::function<void()> call) {
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
-  if (absl::Status s = job::RefuseCheckpointingOutsideOneProcess(*config); !s.ok()) return s;
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -399,10 +423,10 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
           "job ", e.job.id(), " is not running (", v1::JobState_Name(e.job.state()),
           "): step commands go to running jobs"));
     }
-    if (request.command() == v1::STEP_COMMAND_CHECKPOINT && !e.job.spec().has_weights_dir()) {
+    if (e.recovering) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", e.job.id(), " has no weights_dir: a checkpoint is written to "
-          "<weights_dir>/checkpoint-N/ on each worker"));
+          "job ", e.job.id(), " is recovering from a fault (its next generation is not placed "
+          "yet): send the command once it runs again"));
     }
     WorkerPool::Worker* w = pool_.Find(e.rank_worker.empty() ? "" : e.rank_worker[0]);
     if (w == nullptr) {
@@ -479,6 +503,16 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
 std::vector<v1::WorkerInfo> Coordinator::Workers() {
   std::lock_guard<std::mutex> lock(mu_);
   return pool_.Infos();
+}
+
+absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id,
+                                                           int64_t after_step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+  }
+  (void)FlushWrites();  // what was committed so far
+  return deps_.store->Steps(id, after_step, kStepsPerCall);
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
@@ -562,18 +596,24 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   auto j = jobs_.find(request.job_id());
   const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
                           request.rank() < static_cast<int>(j->second.rank_ended.size());
-  if (j == jobs_.end() || (j->second.job.state() != v1::JOB_STATE_RUNNING &&
-                           !(rank_known && j->second.rank_ended[request.rank()]))) {
+  const bool stale = j != jobs_.end() && request.generation() != 0 &&
+                     request.generation() != j->second.generation;
+  if (j == jobs_.end() || stale ||
+      (j->second.job.state() != v1::JOB_STATE_RUNNING &&
+       !(rank_known && j->second.rank_ended[request.rank()]))) {
     // Its stage outlived its job (a stop that reached the worker before the assignment,
     // a job ended while it was unreachable): stop it again, or it would hold the worker.
     std::shared_ptr<WorkerClient> client = (*worker)->client;
     v1::StopStageRequest stop;
     stop.set_job_id(request.job_id());
-    stop.set_reason(absl::StrCat("job ", request.job_id(), " is no longer running"));
+    stop.set_generation(request.generation());
+    stop.set_reason(stale ? absl::StrCat("generation ", request.generation(), " of job ",
+                                         request.job_id(), " has ended")
+                          : absl::StrCat("job ", request.job_id(), " is no longer running"));
     Later([client, stop] { (void)client->StopStage(stop); });
   }
   // Its stage's activity, only for the rank it runs.
-  if (j != jobs_.end() && request.rank() >= 0 &&
+  if (j != jobs_.end() && !stale && request.rank() >= 0 &&
       request.rank() < j->second.job.stage_status_size() &&
       j->second.rank_worker[request.rank()] == (*worker)->info.id()) {
     v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
@@ -615,6 +655,9 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
       apply.push_back(&r);  // answered with stop
       continue;
     }
+    if (e.recovering || (r.generation() != 0 && r.generation() != e.generation)) {
+      continue;  // an earlier generation's: its stage is being stopped
+    }
     const std::string where = absl::StrCat("job ", r.job_id(), " rank ", r.rank());
     if (r.rank() < 0 || r.rank() >= static_cast<int>(e.rank_worker.size())) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no such rank"));
@@ -624,8 +667,12 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
           absl::StrCat(where, " runs on ", e.rank_worker[r.rank()], ", not ", caller->info.id()));
     }
     auto [seen, fresh] = last.emplace(std::make_pair(r.job_id(), r.rank()), e.rank_step[r.rank()]);
-    if (r.step() <= seen->second) continue;  // resent: counted already
-    if (r.step() != seen->second + 1 || r.step() >= e.job.steps()) {
+    // A generation resumed by its spec (resume_from) starts where its checkpoint is: its
+    // first report says where.
+    const bool first_unknown = e.start_step < 0 && seen->second == -1;
+    if (!first_unknown && r.step() <= seen->second) continue;  // resent: counted already
+    if ((!first_unknown && r.step() != seen->second + 1) || r.step() < 0 ||
+        r.step() >= e.job.steps()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": step ", r.step(), " reported, expected step ", seen->second + 1, " of ",
           e.job.steps(), " (steps are reported in order)"));
@@ -638,6 +685,15 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
     }
     if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
+    }
+    if (!r.checkpoint_committed().empty() &&
+        (r.rank() >= e.job.stages() || r.checkpoint_committed().size() > 4096 ||
+         r.checkpoint_committed().front() != '/' ||
+         !std::all_of(r.checkpoint_committed().begin(), r.checkpoint_committed().end(),
+                      [](char c) { return static_cast<unsigned char>(c) >= 0x20; }))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": a committed checkpoint is reported by a rank of replica 0 as an absolute "
+          "path of at most 4096 bytes without control characters"));
     }
     const v1::StageBreakdown& b = r.breakdown();
     for (double v : {b.forward_s(), b.backward_s(), b.optimizer_s(), b.receive_forward_s(),
@@ -686,6 +742,19 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (r.rank() < 0 || r.rank() >= e.job.stage_status_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank(), " out of range"));
   }
+  if (e.start_step < 0) {
+    // The first report of a resumed generation fixes where every rank starts.
+    e.start_step = r.step();
+    for (int64_t& s : e.rank_step) s = std::max(s, r.step() - 1);
+    e.job.set_step(std::max(e.job.step(), r.step() - 1));
+  }
+  if (!r.checkpoint_committed().empty() && r.step() + 1 > e.job.checkpoint_step()) {
+    e.job.set_checkpoint_step(r.step() + 1);
+    e.job.set_checkpoint_path(r.checkpoint_committed());
+    Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " committed: ",
+                                   r.checkpoint_committed()));
+    Changed(e);
+  }
   v1::StageStatus* st = e.job.mutable_stage_status(r.rank());
   st->set_step(r.step());
   st->set_compute_s(r.compute_s());
@@ -733,16 +802,36 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   }
   const int64_t done = *std::min_element(e.rank_step.begin(), e.rank_step.end());
   if (done > e.job.step()) {
-    // The loss of a step is known once every replica's last stage reported it.
+    // The loss of a step is known once every replica's last stage reported it. The step is
+    // committed: its row (replacing one an earlier generation wrote) goes to the store.
     for (int64_t t = e.job.step() + 1; t <= done; ++t) {
+      StoredStep row;
+      row.step = t;
+      row.generation = e.generation;
+      row.unix_ms = NowMs();
       auto losses = e.step_losses.find(t);
       if (losses != e.step_losses.end() && !losses->second.empty()) {
         e.job.set_loss(std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
                        losses->second.size());
+        row.has_loss = true;
+        row.loss = e.job.loss();
         e.step_losses.erase(losses);
       }
+      e.unwritten_steps.push_back(row);
     }
     e.job.set_step(done);
+    if (e.job.recoveries_size() > 0 &&
+        e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.generation &&
+        e.job.recoveries(e.job.recoveries_size() - 1).first_step_unix_ms() == 0) {
+      v1::Recovery* rec = e.job.mutable_recoveries(e.job.recoveries_size() - 1);
+      rec->set_first_step_unix_ms(NowMs());
+      Event(e.job.id(), absl::StrFormat(
+                            "generation %d: step %d done by every rank, %.2f s after the fault "
+                            "(placed after %.2f s)",
+                            e.generation, done, (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
+                            (rec->placed_unix_ms() - rec->detected_unix_ms()) / 1e3));
+      Changed(e);
+    }
     const int64_t every = std::max(1, e.job.steps() / 10);
     if ((done + 1) % every == 0 || done + 1 == e.job.steps()) {
       Event(e.job.id(), absl::StrFormat("step %d/%d loss %.4f %.0f %s/s", done + 1,
@@ -759,6 +848,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string
   return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, end.worker_id()));
     auto it = jobs_.find(end.job_id());
+    if (it != jobs_.end() && end.generation() != 0 && end.generation() != it->second.generation) {
+      // An earlier generation's rank has ended: its worker is free (PlaceRecovering waits
+      // for that); the job is not touched.
+      if (caller->info.job_id() == end.job_id() && caller->generation == end.generation()) {
+        pool_.Release(*caller);
+      }
+      Schedule();
+      return v1::ReportResponse();
+    }
     if (it != jobs_.end() && end.rank() >= 0 &&
         end.rank() < static_cast<int>(it->second.rank_worker.size()) &&
         it->second.rank_worker[end.rank()] != caller->info.id()) {
@@ -776,12 +874,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string
 absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEnd& end) {
   v1::ReportResponse response;
   WorkerPool::Worker* w = pool_.Find(end.worker_id());
-  if (w != nullptr && w->info.job_id() == end.job_id()) pool_.Release(*w);
   auto it = jobs_.find(end.job_id());
+  if (w != nullptr && w->info.job_id() == end.job_id() &&
+      (it == jobs_.end() || w->generation == it->second.generation)) {
+    pool_.Release(*w);
+  }
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", end.job_id()));
   JobEntry& e = it->second;
   if (end.rank() >= 0 && end.rank() < e.job.stage_status_size() &&
-      e.job.state() == v1::JOB_STATE_RUNNING) {
+      e.job.state() == v1::JOB_STATE_RUNNING && !e.recovering) {
     e.rank_ended[end.rank()] = true;
     v1::StageStatus* st = e.job.mutable_stage_status(end.rank());
     st->set_state(end.ok() ? "done" : "failed");
@@ -796,11 +897,13 @@ absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEn
       // Held back (see Monitor) unless no rank is left running whose worker may be the cause.
       if (!all_ended) Event(e.job.id(), e.pending_failure);
     }
-    if (all_ended) {
-      EndJob(e, e.pending_failure.empty() ? v1::JOB_STATE_SUCCEEDED : v1::JOB_STATE_FAILED,
-             e.pending_failure.empty() && e.stop_step > 0
+    if (all_ended && e.pending_failure.empty()) {
+      EndJob(e, v1::JOB_STATE_SUCCEEDED,
+             e.stop_step > 0
                  ? absl::StrCat("stopped before step ", e.stop_step, " by a stop command")
-                 : e.pending_failure);
+                 : std::string());
+    } else if (all_ended) {
+      FailOrRestart(e, e.pending_failure);
     } else {
       Changed(e);
     }
@@ -822,23 +925,196 @@ void Coordinator::EndJob(JobEntry& e, v1::JobState state, const std::string& mes
     Event(e.job.id(), absl::StrCat(state == v1::JOB_STATE_CANCELLED ? "cancelled" : "failed",
                                    ": ", message));
   }
-  if (was_running) {
-    for (size_t r = 0; r < e.rank_worker.size(); ++r) {
-      if (e.rank_ended[r]) continue;
-      WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
-      if (w == nullptr || w->info.state() == "lost") continue;
-      std::shared_ptr<WorkerClient> client = w->client;
-      v1::StopStageRequest request;
-      request.set_job_id(e.job.id());
-      request.set_reason(message);
-      Later([client, request] { (void)client->StopStage(request); });
-    }
-  }
+  if (was_running && !e.recovering) StopRanks(e, message);
+  e.recovering = false;
   e.store.reset();
   Changed(e);
 }
 
+void Coordinator::StopRanks(JobEntry& e, const std::string& reason) {
+  for (size_t r = 0; r < e.rank_worker.size(); ++r) {
+    if (e.rank_ended[r]) continue;
+    WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
+    if (w == nullptr || w->info.state() == "lost") continue;
+    std::shared_ptr<WorkerClient> client = w->client;
+    v1::StopStageRequest request;
+    request.set_job_id(e.job.id());
+    request.set_generation(e.generation);
+    request.set_reason(reason);
+    Later([client, request] { (void)client->StopStage(request); });
+  }
+}
+
+void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
+  if (e.job.restarts() >= e.config.max_restarts) {
+    EndJob(e, v1::JOB_STATE_FAILED,
+           e.job.restarts() == 0
+               ? cause
+               : absl::StrCat(cause, " (after ", e.job.restarts(), " restart",
+                              e.job.restarts() == 1 ? "" : "s", "; max_restarts is ",
+                              e.config.max_restarts, ")"));
+    return;
+  }
+  StopRanks(e, absl::StrCat("generation ", e.generation, " ended: ", cause));
+  e.recovering = true;
+  e.recovering_since = deps_.clock->Now();
+  e.pending_failure.clear();
+  e.store.reset();
+  e.job.set_restarts(e.job.restarts() + 1);
+  for (auto& st : *e.job.mutable_stage_status()) {
+    if (st.state() != "done" && st.state() != "failed" && st.state() != "lost") {
+      st.set_state("stopping");
+    }
+  }
+  const int64_t resume_at = e.job.checkpoint_step();
+  v1::Recovery* rec = e.job.add_recoveries();
+  rec->set_generation(e.generation + 1);
+  rec->set_cause(cause.substr(0, kMaxErrorBytes));
+  rec->set_failed_after_step(e.job.step());
+  rec->set_resumed_at_step(resume_at);
+  rec->set_detected_unix_ms(NowMs());
+  const int64_t again = std::max<int64_t>(0, e.job.step() + 1 - resume_at);
+  e.job.set_message(absl::StrCat("recovering (restart ", e.job.restarts(), " of ",
+                                 e.config.max_restarts, "): ", cause));
+  Event(e.job.id(),
+        absl::StrCat("generation ", e.generation, " ended: ", cause, "; restart ",
+                     e.job.restarts(), " of ", e.config.max_restarts, " from ",
+                     resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
+                                   : std::string("the start"),
+                     " (", again, " step", again == 1 ? "" : "s", " to run again)"));
+  // Steps after the checkpoint are run again, and committed again, by the next generation.
+  e.job.set_step(resume_at - 1);
+  e.step_losses.clear();
+  Changed(e);
+}
+
+void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& rank_workers,
+                                  v1::JobSpec run_spec, int64_t start_step) {
+  const int ranks = static_cast<int>(rank_workers.size());
+  ++e.generation;
+  e.job.set_generation(e.generation);
+  e.recovering = false;
+  e.run_spec = std::move(run_spec);
+  e.start_step = start_step;
+  e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
+  e.job.set_state(v1::JOB_STATE_RUNNING);
+  e.job.clear_message();  // it no longer waits
+  if (e.job.started_unix_ms() == 0) e.job.set_started_unix_ms(NowMs());
+  e.job.clear_stage_status();
+  e.rank_worker = rank_workers;
+  e.rank_ended.assign(ranks, false);
+  e.rank_step.assign(ranks, start_step > 0 ? start_step - 1 : -1);
+  e.rank_compute_s.assign(ranks, 0);
+  e.rank_step_compute_s.assign(ranks, 0);
+  e.assign_attempts.assign(ranks, 0);
+  e.command_reports.clear();
+  e.stop_step = 0;
+  e.first_end_s = -1;
+  e.pending_failure.clear();
+  std::vector<std::string> placed;
+  for (int r = 0; r < ranks; ++r) {
+    pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.generation);
+    v1::StageStatus* st = e.job.add_stage_status();
+    st->set_stage(r % e.job.stages());
+    st->set_replica(r / e.job.stages());
+    st->set_worker_id(rank_workers[r]);
+    st->set_step(std::max<int64_t>(-1, start_step - 1));
+    st->set_state("assigned");
+    placed.push_back(absl::StrCat(Rank(e.job, r), " on ", rank_workers[r]));
+    AssignRank(e.job.id(), r);
+  }
+  Event(e.job.id(), absl::StrCat(e.generation > 1 ? absl::StrCat("generation ", e.generation, " ")
+                                                  : std::string(),
+                                 "running: ", absl::StrJoin(placed, ", ")));
+  Changed(e);
+}
+
+bool Coordinator::PlaceRecovering() {
+  bool waiting = false;
+  std::vector<JobEntry*> recovering;
+  for (auto& [id, e] : jobs_) {
+    if (e.job.state() == v1::JOB_STATE_RUNNING && e.recovering) recovering.push_back(&e);
+  }
+  std::sort(recovering.begin(), recovering.end(),
+            [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
+  const absl::Time now = deps_.clock->Now();
+  for (JobEntry* e : recovering) {
+    // Every rank of the last generation has ended (its worker reported it, or was lost).
+    bool ending = false;
+    for (const v1::WorkerInfo& w : pool_.Infos()) {
+      if (w.state() == "busy" && w.job_id() == e->job.id()) ending = true;
+    }
+    const int min_cores = e->config.threads_per_stage;
+    std::vector<std::string> idle;
+    for (const v1::WorkerInfo& w : pool_.Infos()) {
+      if (w.state() == "idle" && (min_cores <= 0 || w.cores() <= 0 || w.cores() >= min_cores)) {
+        idle.push_back(w.id());
+      }
+    }
+    const v1::JobSpec& spec = e->job.spec();
+    const job::JobConfig& c = e->config;
+    const Layout original{job::PipelineStages(c), c.replicas, c.micro_batches};
+    const bool full = static_cast<int>(idle.size()) >= original.stages * original.replicas;
+    const bool grace_over = now - e->recovering_since >= 3 * options_.heartbeat_interval;
+    std::optional<std::pair<Layout, v1::JobSpec>> chosen;
+    if (!ending && (full || grace_over)) {
+      for (const Layout& l : RecoveryLayouts(original, static_cast<int>(idle.size()),
+                                             spec.stage_ranges_size() > 0)) {
+        v1::JobSpec run = spec;
+        if (l.stages != original.stages) {
+          run.clear_stage_ranges();
+          run.set_stages(l.stages);
+        }
+        run.set_replicas(l.replicas);
+        run.set_microbatches(l.micro_batches);
+        if (e->job.checkpoint_step() > 0) run.set_resume_from(e->job.checkpoint_path());
+        if (jobspec::JobConfigFromSpec(run).ok()) {
+          chosen.emplace(l, std::move(run));
+          break;
+        }
+      }
+    }
+    if (!chosen) {
+      const absl::Duration limit = absl::Seconds(c.recv_timeout_s);
+      if (now - e->recovering_since > limit) {
+        EndJob(*e, v1::JOB_STATE_FAILED,
+               absl::StrCat("no workers to restart on within timeout_s (",
+                            absl::FormatDuration(limit), "): ", idle.size(), " idle",
+                            ending ? ", ranks of the last generation still ending" : "",
+                            "; it ran ", e->job.step() + 1, " of ", e->job.steps(),
+                            " steps; the last fault: ", e->job.recoveries().empty()
+                                ? std::string("?")
+                                : e->job.recoveries(e->job.recoveries_size() - 1).cause()));
+        continue;
+      }
+      waiting = true;
+      continue;
+    }
+    const auto& [layout, run] = *chosen;
+    e->job.set_stages(layout.stages);
+    e->job.set_replicas(layout.replicas);
+    v1::Recovery* rec = e->job.mutable_recoveries(e->job.recoveries_size() - 1);
+    rec->set_stages(layout.stages);
+    rec->set_replicas(layout.replicas);
+    rec->set_microbatches(layout.micro_batches);
+    rec->set_placed_unix_ms(NowMs());
+    if (layout.stages != original.stages || layout.replicas != original.replicas) {
+      Event(e->job.id(), absl::StrCat("only ", idle.size(), " workers: generation ",
+                                      e->generation + 1, " runs ", layout.stages, " stages x ",
+                                      layout.replicas, " replicas x ", layout.micro_batches,
+                                      " micro-batches (the global batch unchanged)"));
+    }
+    const int ranks = layout.stages * layout.replicas;
+    StartGeneration(*e, std::vector<std::string>(idle.begin(), idle.begin() + ranks), run,
+                    e->job.checkpoint_step() > 0 ? e->job.checkpoint_step()
+                                                 : (run.has_resume_from() ? -1 : 0));
+  }
+  return waiting;
+}
+
 void Coordinator::Schedule() {
+  // A job recovering from a fault has the idle workers first; queued jobs wait meanwhile.
+  if (PlaceRecovering()) return;
   std::vector<JobEntry*> queued;
   for (auto& [id, e] : jobs_) {
     if (e.job.state() == v1::JOB_STATE_QUEUED && e.durable) queued.push_back(&e);
@@ -865,32 +1141,7 @@ void Coordinator::Schedule() {
   }
   for (const Placement& p : plan.started) {
     JobEntry& e = jobs_.at(p.job_id);
-    const int ranks = static_cast<int>(p.rank_workers.size());
-    e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
-    e.job.set_state(v1::JOB_STATE_RUNNING);
-    e.job.clear_message();  // it no longer waits
-    e.job.set_started_unix_ms(NowMs());
-    e.job.clear_stage_status();
-    e.rank_worker = p.rank_workers;
-    e.rank_ended.assign(ranks, false);
-    e.rank_step.assign(ranks, -1);
-    e.rank_compute_s.assign(ranks, 0);
-    e.rank_step_compute_s.assign(ranks, 0);
-    e.assign_attempts.assign(ranks, 0);
-    std::vector<std::string> placed;
-    for (int r = 0; r < ranks; ++r) {
-      pool_.Assign(*pool_.Find(p.rank_workers[r]), e.job.id(), r);
-      v1::StageStatus* st = e.job.add_stage_status();
-      st->set_stage(r % e.job.stages());
-      st->set_replica(r / e.job.stages());
-      st->set_worker_id(p.rank_workers[r]);
-      st->set_step(-1);
-      st->set_state("assigned");
-      placed.push_back(absl::StrCat(Rank(e.job, r), " on ", p.rank_workers[r]));
-      AssignRank(e.job.id(), r);
-    }
-    Event(e.job.id(), absl::StrCat("running: ", absl::StrJoin(placed, ", ")));
-    Changed(e);
+    StartGeneration(e, p.rank_workers, e.job.spec(), e.job.spec().has_resume_from() ? -1 : 0);
   }
 }
 
@@ -900,12 +1151,15 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   std::shared_ptr<WorkerClient> client = pool_.Find(worker_id)->client;
   v1::StageAssignment assignment;
   assignment.set_job_id(job_id);
-  *assignment.mutable_spec() = e.job.spec();
+  *assignment.mutable_spec() = e.run_spec;
   assignment.set_rank(rank);
+  assignment.set_generation(e.generation);
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;
     LockedThenFlush([&] {
+      auto it = jobs_.find(assignment.job_id());
+      if (it == jobs_.end() || it->second.generation != assignment.generation()) return 0;
       AssignmentFailed(assignment.job_id(), assignment.rank(), worker_id, s);
       return 0;
     });
@@ -932,7 +1186,7 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
   const std::vector<std::string> idle = pool_.IdleIds();
   if (unreachable && !idle.empty() && ++e.assign_attempts[rank] < options_.assign_attempts) {
     const std::string next = idle.front();
-    pool_.Assign(*pool_.Find(next), job_id, rank);
+    pool_.Assign(*pool_.Find(next), job_id, rank, e.generation);
     e.rank_worker[rank] = next;
     e.job.mutable_stage_status(rank)->set_worker_id(next);
     Event(job_id, absl::StrCat(failed, "; assigned to ", next, " instead"));
@@ -941,13 +1195,13 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
     return;
   }
   e.rank_ended[rank] = true;
-  EndJob(e, v1::JOB_STATE_FAILED, failed);
+  FailOrRestart(e, failed);
   Schedule();
 }
 
 void Coordinator::LoseWorker(WorkerPool::Worker& w, const std::string& why) {
   WorkerPool::Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
-                        absl::ZeroDuration()};
+                        absl::ZeroDuration(), w.generation};
   pool_.MarkLost(w, deps_.clock->Now());
   FailRankOf(lost, why);
 }
@@ -956,13 +1210,15 @@ void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& wh
   auto j = jobs_.find(lost.job_id);
   if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
   JobEntry& e = j->second;
+  // A worker of an earlier generation, still ending its stage: nothing more to fail (the
+  // recovering job no longer waits for it).
+  if (e.recovering || (lost.generation != 0 && lost.generation != e.generation)) return;
   if (lost.rank >= 0 && lost.rank < static_cast<int>(e.rank_ended.size())) {
     e.rank_ended[lost.rank] = true;
     e.job.mutable_stage_status(lost.rank)->set_state("lost");
   }
-  EndJob(e, v1::JOB_STATE_FAILED,
-         absl::StrCat(lost.id, " (", lost.address, ") running ", Rank(e.job, lost.rank), " ",
-                      why));
+  FailOrRestart(e, absl::StrCat(lost.id, " (", lost.address, ") running ",
+                                Rank(e.job, lost.rank), " ", why));
 }
 
 void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
@@ -987,7 +1243,9 @@ void Coordinator::TickLocked() {
   // has heartbeated more than half an interval after it (so that a heartbeat sent before
   // a peer died, still on its way, does not count); a lost one ended the job above.
   for (auto& [id, e] : jobs_) {
-    if (e.job.state() != v1::JOB_STATE_RUNNING || e.pending_failure.empty()) continue;
+    if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering || e.pending_failure.empty()) {
+      continue;
+    }
     bool alive = true;
     for (size_t r = 0; r < e.rank_worker.size(); ++r) {
       const WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
@@ -996,7 +1254,7 @@ void Coordinator::TickLocked() {
         alive = false;
       }
     }
-    if (alive) EndJob(e, v1::JOB_STATE_FAILED, e.pending_failure);
+    if (alive) FailOrRestart(e, e.pending_failure);
   }
   Schedule();
 }

@@ -12,13 +12,27 @@
 // its peers fail first ("lost stage 1"), and the job's message must name the dead worker
 // and its stage, not a survivor.
 //
+// Recovery: a job with restarts left (spec max_restarts) is not failed by a fault (a worker
+// lost or hung, a rank failed, an assignment that cannot be made, a coordinator restart):
+// its generation ends (every rank still running is told to stop), and once every worker of
+// that generation has reported its stage's end or been lost, the job's next generation is
+// placed on idle workers, before any queued job: the same layout if enough are idle (after a
+// grace of three heartbeat intervals, for workers that come back), else the best smaller one
+// (placement.h RecoveryLayouts), resuming from the job's newest committed checkpoint (which
+// the committing rank reports) or from its start. Generations are numbered from 1 and only
+// increase; reports, stage ends and heartbeats of an older generation change nothing. Each
+// step is committed once every rank of the generation has finished it (a row in the store's
+// steps table); a step run again after a restart replaces its row, so every step of the job
+// has exactly one. A job that finds no layout within its timeout_s fails.
+//
 // Step commands (flush, weight-version switch, checkpoint, stop at a named step) go to the
 // worker of rank 0 only; the data plane carries them to every stage, and each rank's step
 // report says when they took effect there (an event once every rank has).
 //
-// After a restart every job and event is loaded back; a job that was running is marked
-// failed ("interrupted by a coordinator restart"), since its workers, no longer known here,
-// stop their stages when their next heartbeat is refused. Worker ids are numbered in the
+// After a restart every job and event is loaded back; a job that was running restarts as
+// above if it has restarts left, else is marked failed ("interrupted by a coordinator
+// restart"). Either way its workers, no longer known here, stop their stages when their next
+// heartbeat is refused, and register again. Worker ids are numbered in the
 // store, so that none is handed out again after a restart.
 //
 // Parts, each with one concern: the worker pool and its liveness (worker_pool.h), placement
@@ -127,6 +141,9 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& id, int64_t after_seq);
   static constexpr int64_t kEventsPerCall = 1000;
   std::vector<v1::WorkerInfo> Workers();
+  // The committed steps of job `id` after `after_step`, at most kStepsPerCall.
+  absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& id, int64_t after_step);
+  static constexpr int64_t kStepsPerCall = 10000;
   // Passes a step command to the worker of rank 0 (it reaches every stage through the data
   // plane) and returns the boundary it takes effect at.
   absl::StatusOr<v1::SendCommandResponse> SendCommand(const v1::SendCommandRequest& request);
@@ -211,6 +228,15 @@ class Coordinator {
     // death makes the survivors fail first, and they would be blamed). See Monitor().
     std::string pending_failure;
     absl::Time pending_since;
+    // Generations (see Recovery above).
+    int generation = 0;          // the one its ranks run now (job.generation())
+    int64_t start_step = 0;      // where they start; -1: at their first report (resume_from)
+    v1::JobSpec run_spec;        // what they run: the spec with the layout and resume point
+    bool recovering = false;     // a fault ended the last generation; the next is not placed
+    absl::Time recovering_since;
+    // Steps committed since its record was last queued for the store: written with it (at
+    // most a second apart while it runs, at once on every state change).
+    std::vector<StoredStep> unwritten_steps;
   };
 
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);
@@ -251,6 +277,18 @@ class Coordinator {
   int64_t NowMs() const;
   // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);
+  // REQUIRES: mu_ held. A fault (`cause`) ended the running job's generation: it restarts
+  // (recovering) if it has restarts left, else it fails with `cause`.
+  void FailOrRestart(JobEntry& entry, const std::string& cause);
+  // REQUIRES: mu_ held. Tells the workers of the generation's ranks still running to stop.
+  void StopRanks(JobEntry& entry, const std::string& reason);
+  // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running
+  // `run_spec`, starting at `start_step`.
+  void StartGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
+                       v1::JobSpec run_spec, int64_t start_step);
+  // REQUIRES: mu_ held. Places the recovering jobs whose last generation has ended (see
+  // Recovery above) or fails those out of time; true while any is still waiting.
+  bool PlaceRecovering();
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
   void Schedule();
   void Monitor();
@@ -287,6 +325,7 @@ class Coordinator {
   };
   std::map<std::string, PendingJob> pending_jobs_;
   std::vector<PendingEvent> pending_events_;
+  std::map<std::string, std::vector<StoredStep>> pending_steps_;  // committed steps per job
   std::mutex flush_mu_;  // one FlushWrites at a time, so writes land in order
   int64_t next_order_ = 0;
   int64_t next_worker_ = 0;

@@ -53,6 +53,9 @@ class SqliteJobStore : public JobStore {
   absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
                                                   int64_t after_seq, int64_t limit) override;
   absl::StatusOr<int64_t> Increment(const std::string& name) override;
+  absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) override;
+  absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id, int64_t after_step,
+                                                int64_t limit) override;
   absl::Status Exec(const char* sql);
   // The single value `sql` yields (a PRAGMA's), as text.
   absl::StatusOr<std::string> Value(const char* sql);
@@ -67,7 +70,7 @@ class SqliteJobStore : public JobStore {
 
 // Marks a database as a pipetrain job store ("PTJS"), and its schema's version.
 constexpr int64_t kApplicationId = 0x50544a53;
-constexpr int64_t kSchemaVersion = 1;
+constexpr int64_t kSchemaVersion = 2;  // 2: the steps table
 
 struct Table {
   const char* name;
@@ -84,6 +87,12 @@ const Table kTables[] = {
      {"job_id TEXT 1 1", "seq INTEGER 1 2", "unix_ms INTEGER 1 0", "text TEXT 1 0"}},
     {"counters", "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
      {"name TEXT 0 1", "value INTEGER 1 0"}},
+    {"steps",
+     "CREATE TABLE steps (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
+     "generation INTEGER NOT NULL, loss REAL, unix_ms INTEGER NOT NULL, "
+     "PRIMARY KEY (job_id, step))",
+     {"job_id TEXT 1 1", "step INTEGER 1 2", "generation INTEGER 1 0", "loss REAL 0 0",
+      "unix_ms INTEGER 1 0"}},
 };
 
 // Takes `<path>.lock` (flock, released when the process ends however it ends) and writes
@@ -140,6 +149,15 @@ absl::Status CheckOrCreateSchema(SqliteJobStore& store, const std::string& path)
   if (!ours && app != "0") {
     return absl::FailedPreconditionError(absl::StrCat(
         "the job store ", path, " is not a pipetrain job store (application_id ", app, ")"));
+  }
+  // Version 1 (and a store from before the ids were set) had no steps table: it is added,
+  // nothing else changes.
+  if ((ours && version == "1") || (!ours && store.Columns("steps").empty())) {
+    PT_RETURN_IF_ERROR(store.Exec("BEGIN IMMEDIATE"));
+    PT_RETURN_IF_ERROR(store.Exec(kTables[3].create));
+    if (ours) PT_RETURN_IF_ERROR(store.Exec(kSetIds.c_str()));
+    PT_RETURN_IF_ERROR(store.Exec("COMMIT"));
+    if (ours) version = absl::StrCat(kSchemaVersion);
   }
   if (ours && version != absl::StrCat(kSchemaVersion)) {
     return absl::FailedPreconditionError(
@@ -272,6 +290,67 @@ absl::StatusOr<int64_t> SqliteJobStore::AppendEvent(const std::string& job_id, i
   const int64_t seq = sqlite3_column_int64(st.get(), 0);
   if (sqlite3_step(st.get()) != SQLITE_DONE) return Error(db_, "writing an event");
   return seq;
+}
+
+absl::Status SqliteJobStore::PutSteps(const std::string& job_id,
+                                      const std::vector<StoredStep>& steps) {
+  if (steps.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return Error(db_, "starting a step write");
+  }
+  auto rollback = [this](absl::Status s) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    return s;
+  };
+  Statement st(db_,
+               "INSERT OR REPLACE INTO steps (job_id, step, generation, loss, unix_ms) "
+               "VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!st.ok()) return rollback(Error(db_, "preparing a step write"));
+  for (const StoredStep& s : steps) {
+    sqlite3_reset(st.get());
+    st.Bind(1, job_id);
+    st.Bind(2, s.step);
+    st.Bind(3, int64_t{s.generation});
+    if (s.has_loss) {
+      sqlite3_bind_double(st.get(), 4, s.loss);
+    } else {
+      sqlite3_bind_null(st.get(), 4);
+    }
+    st.Bind(5, s.unix_ms);
+    if (sqlite3_step(st.get()) != SQLITE_DONE) {
+      return rollback(Error(db_, absl::StrCat("writing step ", s.step, " of ", job_id)));
+    }
+  }
+  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return rollback(Error(db_, "committing a step write"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StoredStep>> SqliteJobStore::Steps(const std::string& job_id,
+                                                             int64_t after_step, int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement st(db_,
+               "SELECT step, generation, loss, unix_ms FROM steps WHERE job_id = ?1 AND step > ?2 "
+               "ORDER BY step LIMIT ?3");
+  if (!st.ok()) return Error(db_, "preparing the step list");
+  st.Bind(1, job_id);
+  st.Bind(2, after_step);
+  st.Bind(3, limit);
+  std::vector<StoredStep> steps;
+  int rc;
+  while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+    StoredStep s;
+    s.step = sqlite3_column_int64(st.get(), 0);
+    s.generation = static_cast<int32_t>(sqlite3_column_int64(st.get(), 1));
+    s.has_loss = sqlite3_column_type(st.get(), 2) != SQLITE_NULL;
+    if (s.has_loss) s.loss = sqlite3_column_double(st.get(), 2);
+    s.unix_ms = sqlite3_column_int64(st.get(), 3);
+    steps.push_back(s);
+  }
+  if (rc != SQLITE_DONE) return Error(db_, "reading steps");
+  return steps;
 }
 
 absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name) {

@@ -17,6 +17,16 @@ struct StoredJob {
   std::string job;  // serialized pipetrain.v1.Job
 };
 
+// One step of a job as committed: every rank of one generation finished it. A step run
+// again after a restart replaces the earlier row (each step is kept once).
+struct StoredStep {
+  int64_t step = 0;
+  int32_t generation = 0;
+  bool has_loss = false;
+  double loss = 0;
+  int64_t unix_ms = 0;
+};
+
 struct StoredEvent {
   int64_t seq = 0;  // per job, from 1
   int64_t unix_ms = 0;
@@ -37,6 +47,11 @@ class JobStore {
   // At most `limit` events after `after_seq`, in order.
   virtual absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
                                                           int64_t after_seq, int64_t limit) = 0;
+  // Inserts or replaces the rows of `steps` (by step), in one write.
+  virtual absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) = 0;
+  // At most `limit` steps after `after_step`, in order.
+  virtual absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id,
+                                                        int64_t after_step, int64_t limit) = 0;
   // Adds one to the counter `name` (0 when first used) and returns it: numbers that are
   // never handed out twice, across restarts (worker ids).
   virtual absl::StatusOr<int64_t> Increment(const std::string& name) = 0;

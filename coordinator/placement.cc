@@ -1,5 +1,8 @@
 #include "coordinator/placement.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain::coordinator {
@@ -53,6 +56,28 @@ PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
     plan.waiting.push_back({job.id, std::move(reason)});
   }
   return plan;
+}
+
+std::vector<Layout> RecoveryLayouts(const Layout& original, int workers, bool stages_fixed) {
+  std::vector<Layout> out;
+  if (original.stages * original.replicas <= workers) out.push_back(original);
+  const int64_t batch = int64_t{original.replicas} * original.micro_batches;
+  std::vector<Layout> smaller;
+  for (int p = stages_fixed ? original.stages : 1; p <= original.stages; ++p) {
+    for (int w = 1; w <= original.replicas; ++w) {
+      if (batch % w != 0 || p * w > workers) continue;
+      if (p == original.stages && w == original.replicas) continue;
+      smaller.push_back({p, w, static_cast<int>(batch / w)});
+    }
+  }
+  std::sort(smaller.begin(), smaller.end(), [](const Layout& a, const Layout& b) {
+    if (a.stages * a.replicas != b.stages * b.replicas) {
+      return a.stages * a.replicas > b.stages * b.replicas;
+    }
+    return a.stages > b.stages;
+  });
+  out.insert(out.end(), smaller.begin(), smaller.end());
+  return out;
 }
 
 }  // namespace pipetrain::coordinator

@@ -79,7 +79,8 @@ std::vector<std::string> WorkerPool::IdleIds() const {
   return ids;
 }
 
-void WorkerPool::Assign(Worker& w, const std::string& job_id, int rank) {
+void WorkerPool::Assign(Worker& w, const std::string& job_id, int rank, int generation) {
+  w.generation = generation;
   w.info.set_state("busy");
   w.info.set_job_id(job_id);
   w.info.set_rank(rank);
@@ -96,7 +97,8 @@ std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Dur
   std::vector<Lost> lost;
   for (auto& [id, w] : workers_) {
     if (w.info.state() == "lost" || now - w.last_heartbeat <= limit) continue;
-    lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat});
+    lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat,
+                    w.generation});
     MarkLost(w, now);
   }
   return lost;

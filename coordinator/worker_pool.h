@@ -23,11 +23,13 @@ class WorkerPool {
     std::shared_ptr<WorkerClient> client;
     std::string session;  // its credential for the calls it makes (rpc::WorkerSession)
     absl::Time lost_at = absl::InfinitePast();  // when it was marked lost
+    int generation = 0;  // of the job whose rank it runs (info.job_id)
   };
   struct Lost {
     std::string id, address, job_id;
     int rank = -1;  // the rank it ran, -1 if idle
     absl::Duration silent;
+    int generation = 0;  // of that rank's job
   };
 
   // Adds an idle worker (info.id and a fresh session set by the caller).
@@ -49,7 +51,7 @@ class WorkerPool {
   absl::StatusOr<Worker*> Heartbeat(const std::string& id, absl::Time now);
   // Ids of the idle workers, in id order.
   std::vector<std::string> IdleIds() const;
-  void Assign(Worker& worker, const std::string& job_id, int rank);
+  void Assign(Worker& worker, const std::string& job_id, int rank, int generation);
   // Idle again (after its rank ended), unless lost.
   void Release(Worker& worker);
   // Marks lost every live worker whose last heartbeat is more than `limit` before `now`.

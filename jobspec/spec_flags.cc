@@ -46,6 +46,9 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--checkpoint-keep", "checkpoint.keep", "job", "complete checkpoints kept"},
       {"--resume-from", "resume_from", "job",
        "start from a checkpoint: latest (under --checkpoint-dir) or a directory"},
+      {"--max-restarts", "max_restarts", "job",
+       "worker daemons: restarts after a fault, each from the latest checkpoint on the "
+       "workers that remain, before the job fails"},
 
       {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
       {"--torchscript", "model.path", "model",

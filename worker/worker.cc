@@ -240,6 +240,7 @@ void Worker::HeartbeatLoop() {
     request.set_worker_id(id_);
     request.set_job_id(job_id_);
     request.set_rank(rank_);
+    request.set_generation(generation_);
     if (executor_) {
       executor::StageActivity activity = executor_->Activity();
       request.set_action(activity.action);
@@ -299,6 +300,7 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   if (stage_thread_.joinable()) stage_thread_.join();  // the previous stage, already ended
   job_id_ = request->job_id();
   rank_ = request->rank();
+  generation_ = request->generation();
   stop_reason_.clear();
   stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
   return grpc::Status::OK;
@@ -307,7 +309,12 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
 grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
                                v1::AssignResponse*) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (job_id_ == request->job_id()) AbortStage(absl::StrCat("stopped: ", request->reason()));
+  // A stop for an earlier generation of the job (sent before this rank was assigned) is not
+  // for this stage.
+  if (job_id_ == request->job_id() &&
+      (request->generation() == 0 || request->generation() == generation_)) {
+    AbortStage(absl::StrCat("stopped: ", request->reason()));
+  }
   return grpc::Status::OK;
 }
 
@@ -389,26 +396,11 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     commands_ = hooks.commands;
   }
-  // Checkpoints are written beside the stage, which goes on; all are done before the end
-  // is reported, and a failed write fails the stage.
-  std::vector<std::thread> writers;
-  std::mutex write_mu;
-  absl::Status write_error;
-  auto join_writers = [&] {
-    for (std::thread& t : writers) t.join();
-    writers.clear();
-    return write_error;
-  };
-  hooks.on_checkpoint = [&](int64_t step, const job::StageOutcome& weights) {
-    const std::string dir = (std::filesystem::path(a.spec().weights_dir()) /
-                             absl::StrCat("checkpoint-", step)).string();
-    writers.emplace_back([&, dir, weights, rank = a.rank()] {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      absl::Status s = job::WriteStageOutcome(dir, rank, weights);
-      std::lock_guard<std::mutex> lock(write_mu);
-      if (!s.ok() && write_error.ok()) write_error = s;
-    });
+  // The checkpoint this rank committed, if any, goes with its next step report (the one of
+  // the step before the checkpoint's boundary): the coordinator restarts from it.
+  std::string committed_checkpoint;  // the stage's thread only
+  hooks.on_checkpoint = [&](int64_t, const job::SharedCheckpointResult& result) {
+    if (!result.committed.empty()) committed_checkpoint = result.committed;
   };
   hooks.on_transport = [this](transport::Transport* t) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -437,7 +429,12 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     report.set_worker_id(worker_id);
     report.set_job_id(a.job_id());
     report.set_rank(a.rank());
+    report.set_generation(a.generation());
     report.set_step(step.step);
+    if (!committed_checkpoint.empty()) {
+      report.set_checkpoint_committed(committed_checkpoint);
+      committed_checkpoint.clear();
+    }
     if (step.mean_loss) {
       report.set_has_loss(true);
       report.set_loss(*step.mean_loss);
@@ -473,9 +470,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     commands_.reset();
   }
-  absl::Status written = join_writers();
   if (!outcome.ok()) return outcome.status();
-  if (!written.ok()) return written;
   return job::SaveStageWeights(*config, a.rank(), *outcome);
 }
 
@@ -501,6 +496,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   end.set_worker_id(worker_id);
   end.set_job_id(a.job_id());
   end.set_rank(a.rank());
+  end.set_generation(a.generation());
   end.set_ok(result.ok());
   end.set_error(error);
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -512,6 +508,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   std::lock_guard<std::mutex> lock(mu_);
   job_id_.clear();
   rank_ = -1;
+  generation_ = 0;
   stage_ending_ = false;
   cv_.notify_all();
 }
@@ -528,6 +525,7 @@ void Worker::Stop() {
       end.set_worker_id(id_);
       end.set_job_id(job_id_);
       end.set_rank(rank_);
+      end.set_generation(generation_);
       end.set_error(kWhy);
     }
   }

@@ -16,8 +16,12 @@
 //
 // Step commands (flush, weight-version switch, checkpoint, stop at a named step) come to the
 // worker that runs rank 0 (stage 0 of replica 0); its stage passes them on through the data
-// plane (runtime/control/step_commands.h). At a checkpoint every rank writes W(N) to
-// <weights_dir>/checkpoint-N/stage<RANK>.pt from a thread of its own, so the stage goes on.
+// plane (runtime/control/step_commands.h). At a checkpoint the ranks of replica 0 write their
+// layers to the job's checkpoint.dir (a directory every worker of the job must share) and one
+// of them commits it (runtime/job/checkpointing.h); that rank's next step report names it.
+//
+// Every assignment names the job's generation; the worker's heartbeats, step reports and
+// stage end carry it, and a stop for another generation of the job leaves its stage alone.
 //
 // With a token in WorkerOptions::security, it sends the token with every call to the
 // coordinator, and its server answers UNAUTHENTICATED, doing nothing, to calls without it
@@ -117,6 +121,7 @@ class Worker : public v1::WorkerService::Service {
   // The running stage, if any.
   std::string job_id_;
   int rank_ = -1;
+  int generation_ = 0;
   transport::Transport* transport_ = nullptr;
   std::shared_ptr<control::StepCommandQueue> commands_;  // while it runs rank 0
   executor::StageExecutor* executor_ = nullptr;     // its Activity() goes in heartbeats

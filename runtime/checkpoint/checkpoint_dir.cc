@@ -166,6 +166,16 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const 
   return w;
 }
 
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Join(const std::string& root,
+                                                                         int64_t step) {
+  if (step < 1) return absl::InvalidArgumentError("a checkpoint is taken before step >= 1");
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step));
+  std::error_code ec;
+  fs::create_directories(w->tmp_, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
+  return w;
+}
+
 absl::StatusOr<LayerFile> CheckpointWriter::WriteLayer(int layer, const std::string& bytes) {
   LayerFile file;
   file.name = LayerFileName(layer);
@@ -199,6 +209,12 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
   if (std::rename(tmp_.c_str(), final_.c_str()) != 0) return fail(Errno("cannot rename", tmp_));
   if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   const std::string latest = (fs::path(root_) / kLatest).string();
+  if (auto named = ReadAll(latest, 256); named.ok()) {
+    auto newer = StepOfName(std::string(absl::StripTrailingAsciiWhitespace(*named)));
+    if (newer && *newer > step_ && fs::is_directory(fs::path(root_) / StepDirName(*newer), ec)) {
+      return absl::OkStatus();  // complete, kept; `latest` stays on the newer one
+    }
+  }
   const std::string latest_tmp = latest + ".tmp";
   if (absl::Status s = WriteAll(latest_tmp, StepDirName(step_) + "\n"); !s.ok()) {
     std::remove(latest_tmp.c_str());
@@ -216,6 +232,12 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
       fs::remove_all(complete.begin()->second, ec);
       complete.erase(complete.begin());
     }
+  }
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string file = entry.path().filename().string();
+    absl::string_view name = file;
+    if (!absl::ConsumeSuffix(&name, ".tmp")) continue;
+    if (auto step = StepOfName(std::string(name)); step && *step < step_) fs::remove_all(entry.path(), ec);
   }
   return absl::OkStatus();
 }
@@ -242,6 +264,17 @@ absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
     return absl::DataLossError(absl::StrCat(path, ": its SHA-256 is not the manifest's"));
   }
   return bytes;
+}
+
+absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir) {
+  auto text = ReadAll((fs::path(step_dir) / kManifest).string(), kMaxManifestBytes);
+  if (!text.ok()) return text.status();
+  auto manifest = ParseManifest(*text);
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(step_dir, ": ", manifest.status().message()));
+  }
+  return FoundCheckpoint{step_dir, *std::move(manifest), {}};
 }
 
 absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path) {

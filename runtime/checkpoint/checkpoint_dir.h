@@ -30,16 +30,26 @@ class CheckpointWriter {
   // Creates ROOT (if missing) and ROOT/step-N.tmp (an older one is removed first).
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Begin(const std::string& root,
                                                                  int64_t step);
+  // For writers in several processes (each writes its own layers, one commits): creates ROOT
+  // and ROOT/step-N.tmp if missing and removes nothing (the others may be writing there).
+  // A file left by an earlier attempt at the same step is rewritten by its layer's writer;
+  // only the files the manifest names are ever read.
+  static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Join(const std::string& root,
+                                                                int64_t step);
   ~CheckpointWriter();  // Aborts if neither Commit nor Abort ran
 
   // Writes LayerFileName(layer) (fsynced); its entry for the manifest.
   absl::StatusOr<LayerFile> WriteLayer(int layer, const std::string& bytes);
   // Writes the manifest (manifest.files must cover every layer, as written), renames the
-  // directory, replaces `latest`, then removes the oldest complete checkpoints beyond
-  // `keep` (never the newest). On failure the directory is removed and `latest` unchanged.
+  // directory, replaces `latest` (unless it names a newer step: a job resumed from an older
+  // checkpoint does not hide the newer ones), removes the oldest complete checkpoints beyond
+  // `keep` (never this one) and step-M.tmp directories of earlier steps (writers that died).
+  // On failure the directory is removed and `latest` unchanged.
   absl::Status Commit(const Manifest& manifest, int keep);
   // Removes the temporary directory.
   void Abort();
+  // Neither commits nor removes anything (a writer whose checkpoint another commits).
+  void Release() { done_ = true; }
 
   const std::string& tmp_dir() const { return tmp_; }
 
@@ -65,6 +75,11 @@ struct FoundCheckpoint {
 // is read and its size and SHA-256 compared. NotFound if none passes (listing why each
 // failed).
 absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path);
+
+// The checkpoint in `step_dir` (a step-N directory) by its manifest alone, its files not
+// read: for a process that reads only some layers, each checked by ReadLayer, after another
+// has checked the whole checkpoint with FindCheckpoint.
+absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir);
 
 // The bytes of one layer's file of a found checkpoint, checked against the manifest again
 // (the file may have changed since FindCheckpoint).

@@ -1,5 +1,8 @@
 #include "runtime/job/checkpointing.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +12,76 @@
 
 namespace pipetrain::job {
 
+namespace {
+
+checkpoint::Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, int64_t step,
+                                  std::vector<checkpoint::LayerFile> files) {
+  checkpoint::Manifest m;
+  m.step = step;
+  m.num_layers = static_cast<int>(plan.layers.size());
+  m.job = JobConfigToJson(config);
+  m.layout.stages = plan.stages();
+  m.layout.replicas = config.replicas;
+  m.layout.micro_batches = config.micro_batches;
+  m.layout.micro_batch_size = config.micro_batch_size;
+  for (const model::LayerRange& r : plan.partition) m.layout.stage_layers.emplace_back(r.begin, r.end);
+  m.global_batch_size = int64_t{config.replicas} * config.micro_batches * config.micro_batch_size;
+  m.samples_seen = step * m.global_batch_size;
+  m.created_unix_ms = absl::ToUnixMillis(absl::Now());
+  m.files = std::move(files);
+  std::sort(m.files.begin(), m.files.end(),
+            [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  return m;
+}
+
+// Writes the stage's layers through `writer`; their entries.
+absl::StatusOr<std::vector<checkpoint::LayerFile>> WriteStageLayers(
+    checkpoint::CheckpointWriter& writer, const JobPlan& plan, int stage,
+    const weights::WeightStore& weights) {
+  const model::LayerRange range = plan.partition[stage];
+  const std::vector<checkpoint::LayerState> layers = checkpoint::StageLayerStates(weights);
+  std::vector<checkpoint::LayerFile> files;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    PT_ASSIGN_OR_RETURN(checkpoint::LayerFile file,
+                        writer.WriteLayer(range.begin + static_cast<int>(i),
+                                          checkpoint::SerializeLayerState(layers[i])));
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+nlohmann::json FilesToJson(const std::vector<checkpoint::LayerFile>& files) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& f : files) out.push_back({f.layer, f.name, f.bytes, f.sha256});
+  return out;
+}
+
+absl::StatusOr<std::vector<checkpoint::LayerFile>> FilesFromJson(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return absl::DataLossError("an unreadable entry");
+  if (j.contains("error")) return absl::AbortedError(j.value("error", std::string("?")));
+  std::vector<checkpoint::LayerFile> files;
+  try {
+    for (const auto& f : j.at("files")) {
+      checkpoint::LayerFile file;
+      file.layer = f.at(0).get<int>();
+      file.name = f.at(1).get<std::string>();
+      file.bytes = f.at(2).get<int64_t>();
+      file.sha256 = f.at(3).get<std::string>();
+      files.push_back(std::move(file));
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("an unreadable entry: ", e.what()));
+  }
+  return files;
+}
+
+}  // namespace
+
 CheckpointSink::CheckpointSink(const JobConfig& config, const JobPlan& plan)
     : config_(config), plan_(plan) {}
 
 absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::WeightStore& weights) {
-  const model::LayerRange range = plan_.partition[stage];
   checkpoint::CheckpointWriter* writer = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -32,15 +100,11 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   absl::Status written;
   std::vector<checkpoint::LayerFile> files;
   if (writer != nullptr) {
-    const std::vector<checkpoint::LayerState> layers = checkpoint::StageLayerStates(weights);
-    for (size_t i = 0; i < layers.size() && written.ok(); ++i) {
-      auto file = writer->WriteLayer(range.begin + static_cast<int>(i),
-                                     checkpoint::SerializeLayerState(layers[i]));
-      if (file.ok()) {
-        files.push_back(*file);
-      } else {
-        written = file.status();
-      }
+    auto wrote = WriteStageLayers(*writer, plan_, stage, weights);
+    if (wrote.ok()) {
+      files = *std::move(wrote);
+    } else {
+      written = wrote.status();
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -51,22 +115,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   // The last stage: commit, or give up on this checkpoint.
   absl::Status result = p.error;
   if (result.ok()) {
-    checkpoint::Manifest m;
-    m.step = step;
-    m.num_layers = static_cast<int>(plan_.layers.size());
-    m.job = JobConfigToJson(config_);
-    m.layout.stages = plan_.stages();
-    m.layout.replicas = config_.replicas;
-    m.layout.micro_batches = config_.micro_batches;
-    m.layout.micro_batch_size = config_.micro_batch_size;
-    for (const model::LayerRange& r : plan_.partition) m.layout.stage_layers.emplace_back(r.begin, r.end);
-    m.global_batch_size = int64_t{config_.replicas} * config_.micro_batches * config_.micro_batch_size;
-    m.samples_seen = step * m.global_batch_size;
-    m.created_unix_ms = absl::ToUnixMillis(absl::Now());
-    m.files = p.files;
-    std::sort(m.files.begin(), m.files.end(),
-              [](const auto& a, const auto& b) { return a.layer < b.layer; });
-    result = p.writer->Commit(m, config_.checkpoint.keep);
+    result = p.writer->Commit(MakeManifest(config_, plan_, step, p.files), config_.checkpoint.keep);
   } else if (p.writer != nullptr) {
     p.writer->Abort();
   }
@@ -83,6 +132,111 @@ int CheckpointSink::committed() const {
 int CheckpointSink::failed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failed_;
+}
+
+SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
+                                           const JobConfig& config, const JobPlan& plan,
+                                           int64_t step, int stage,
+                                           const weights::WeightStore& weights) {
+  SharedCheckpointResult result;
+  const std::string prefix = absl::StrCat("ckpt/", step, "/");
+  auto writer = checkpoint::CheckpointWriter::Join(config.checkpoint.dir, step);
+  absl::StatusOr<std::vector<checkpoint::LayerFile>> files =
+      writer.ok() ? WriteStageLayers(**writer, plan, stage, weights)
+                  : absl::StatusOr<std::vector<checkpoint::LayerFile>>(writer.status());
+  nlohmann::json entry;
+  if (files.ok()) {
+    entry["files"] = FilesToJson(*files);
+  } else {
+    result.status = files.status();
+    entry["error"] = absl::StrCat("stage ", stage, ": ", files.status().message());
+  }
+  if (writer.ok()) (*writer)->Release();  // the committer commits or removes it
+  if (absl::Status s = store.Set(absl::StrCat(prefix, stage), entry.dump()); !s.ok()) {
+    if (result.status.ok()) result.status = s;
+    return result;  // not counted in: the checkpoint never completes, `latest` stays
+  }
+  absl::StatusOr<int64_t> count = store.Add(prefix + "count", 1);
+  if (!count.ok()) {
+    if (result.status.ok()) result.status = count.status();
+    return result;
+  }
+  if (*count != plan.stages()) return result;
+  // Every stage has written (or failed): this rank commits, or removes the directory.
+  std::vector<checkpoint::LayerFile> all;
+  std::vector<std::string> errors;
+  for (int s = 0; s < plan.stages(); ++s) {
+    absl::StatusOr<std::string> text = store.Get(absl::StrCat(prefix, s), absl::Seconds(5));
+    absl::StatusOr<std::vector<checkpoint::LayerFile>> theirs =
+        text.ok() ? FilesFromJson(*text)
+                  : absl::StatusOr<std::vector<checkpoint::LayerFile>>(text.status());
+    if (!theirs.ok()) {
+      errors.push_back(std::string(theirs.status().message()));
+      continue;
+    }
+    all.insert(all.end(), theirs->begin(), theirs->end());
+  }
+  auto committer = checkpoint::CheckpointWriter::Join(config.checkpoint.dir, step);
+  if (!committer.ok()) {
+    errors.push_back(std::string(committer.status().message()));
+  } else if (!errors.empty()) {
+    (*committer)->Abort();
+  } else {
+    absl::Status committed =
+        (*committer)->Commit(MakeManifest(config, plan, step, std::move(all)),
+                             config.checkpoint.keep);
+    if (committed.ok()) {
+      result.committed =
+          (std::filesystem::absolute(config.checkpoint.dir) / checkpoint::StepDirName(step))
+              .lexically_normal()
+              .string();
+    } else {
+      errors.push_back(std::string(committed.message()));
+    }
+  }
+  if (!errors.empty()) {
+    result.status = absl::UnavailableError(absl::StrCat(
+        "the checkpoint before step ", step, " was not committed: ", absl::StrJoin(errors, "; ")));
+  }
+  for (int s = 0; s < plan.stages(); ++s) (void)store.Delete(absl::StrCat(prefix, s));
+  (void)store.Delete(prefix + "count");
+  return result;
+}
+
+absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePointShared(
+    rendezvous::KeyValueStore& store, const JobConfig& config, const JobPlan& plan, int rank,
+    absl::Duration timeout) {
+  if (config.resume_from.empty()) return std::nullopt;
+  constexpr char kKey[] = "resume/checkpoint";
+  if (rank == 0) {
+    auto found = FindResumePoint(config, plan);
+    nlohmann::json published;
+    if (found.ok()) {
+      published["dir"] = (*found)->dir;
+    } else {
+      published["error"] = std::string(found.status().message());
+    }
+    if (absl::Status s = store.Set(kKey, published.dump()); !s.ok() && found.ok()) return s;
+    return found;
+  }
+  absl::StatusOr<std::string> text = store.Get(kKey, timeout);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("resume_from: waiting for rank 0 to find the checkpoint: ",
+                                     text.status().message()));
+  }
+  const nlohmann::json published = nlohmann::json::parse(*text, nullptr, false);
+  if (!published.is_object() || !published.contains("dir")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from: rank 0 found no checkpoint to resume from: ",
+        published.is_object() ? published.value("error", std::string("?")) : std::string("?")));
+  }
+  auto opened = checkpoint::OpenCheckpoint(published["dir"].get<std::string>());
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("resume_from: ", opened.status().message()));
+  }
+  return std::optional<checkpoint::FoundCheckpoint>(*std::move(opened));
 }
 
 absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePoint(const JobConfig& c,

@@ -7,6 +7,11 @@
 // manifest and commits. A failed write aborts that checkpoint only: `latest` and the earlier
 // ones stay, and the error is returned to the stage that saw it (the job goes on).
 //
+// Ranks in separate processes (stage processes, worker daemons; the checkpoint directory on a
+// file system they share) do the same through their job's key-value store: each writes its
+// layers into DIR/step-N.tmp/, publishes their entries (or its error) under ckpt/N/<stage>,
+// and adds 1 to ckpt/N/count; the rank that brings it to the stage count commits.
+//
 // Resuming: the checkpoint named by resume_from is found and checked file by file
 // (checkpoint::FindCheckpoint, falling back past a corrupt one), then against the job: the
 // same model, data, dtype, seed and optimizer, and the same global batch (any stages and
@@ -27,6 +32,7 @@
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/plan.h"
+#include "runtime/rendezvous/key_value_store.h"
 
 namespace pipetrain::job {
 
@@ -58,10 +64,32 @@ class CheckpointSink {
   int committed_ = 0, failed_ = 0;
 };
 
+// What one rank's delivery through the store came to.
+struct SharedCheckpointResult {
+  absl::Status status;    // its own write's, or (for the committer) the checkpoint's
+  std::string committed;  // the step-N directory, if this rank committed it
+};
+
+// Stage `stage` of replica 0, in its own process, at boundary `step`: writes its layers and
+// takes part in the commit as described above. Waits on the store only for the entries of
+// stages that have counted themselves in already (so never for a slower stage).
+SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
+                                           const JobConfig& config, const JobPlan& plan,
+                                           int64_t step, int stage,
+                                           const weights::WeightStore& weights);
+
 // The checkpoint the job resumes from, checked against it; nullopt when resume_from is
 // empty. `skipped` (newer checkpoints passed over, each with why) is in the result.
 absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePoint(const JobConfig& config,
                                                                            const JobPlan& plan);
+
+// FindResumePoint for ranks in separate processes: rank 0 finds and checks the checkpoint
+// and publishes its directory (or its error) under resume/ in the store; the other ranks
+// wait for that (up to `timeout`) and open the same checkpoint by its manifest, so every rank
+// resumes from the same one and the files are read in full once.
+absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePointShared(
+    rendezvous::KeyValueStore& store, const JobConfig& config, const JobPlan& plan, int rank,
+    absl::Duration timeout);
 
 // Where stage `stage` starts: fresh, or at the checkpoint's step with its layers read.
 absl::StatusOr<StageStart> StageStartFrom(const std::optional<checkpoint::FoundCheckpoint>& found,

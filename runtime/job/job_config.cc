@@ -96,14 +96,6 @@ std::string EffectiveDataKind(const JobConfig& config) {
                                                                      : "synthetic";
 }
 
-absl::Status RefuseCheckpointingOutsideOneProcess(const JobConfig& c) {
-  if (c.checkpoint.every == 0 && c.resume_from.empty()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      "checkpoint.every and resume_from run only with `pipetrain run --launch threads` in this "
-      "version (stage processes and worker daemons do not write or read layer checkpoints "
-      "yet; `pipetrain checkpoint JOB` writes per-stage weights to weights_dir)");
-}
-
 absl::Status ValidateJobConfig(const JobConfig& c) {
   std::vector<std::string> errors;
   model::ModelConfig model = c.model;  // sizes that come from the data are not checked here
@@ -279,6 +271,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   k["every"] = c.checkpoint.every;
   k["keep"] = c.checkpoint.keep;
   j["resume_from"] = c.resume_from;
+  j["max_restarts"] = c.max_restarts;
   // Invalid UTF-8 (a name ValidateJobConfig refuses) is shown replaced, never thrown on.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }

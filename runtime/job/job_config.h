@@ -79,6 +79,9 @@ struct JobConfig {
   // "" | "latest" (checkpoint.dir's newest complete checkpoint) | a directory: the job runs
   // from the checkpoint's step on its weights and optimizer state.
   std::string resume_from;
+  // Worker daemons: how often the coordinator restarts the job after a fault (a worker lost,
+  // a rank failed) from its latest checkpoint on the workers that remain, before it fails.
+  int max_restarts = 0;
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked
@@ -88,10 +91,6 @@ struct JobConfig {
 // for a TorchScript model the runner checks them once it is loaded (ValidatePartition).
 absl::Status ValidateJobConfig(const JobConfig& config);
 
-// Checkpoint policies and resuming run in one process (RunInProcess) for now: a job that asks
-// for them elsewhere (stage processes, worker daemons) is refused with this error, naming the
-// fields (Unimplemented), before anything runs.
-absl::Status RefuseCheckpointingOutsideOneProcess(const JobConfig& config);
 
 // The pipeline depth p: the number of explicit stage ranges, else `stages`.
 int PipelineStages(const JobConfig& config);

@@ -76,6 +76,7 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"checkpoint.every", 0, 2147483647, "a step count (0: no policy)"},
       {"checkpoint.keep", 1, 10000, "complete checkpoints on disk at once"},
       {"timeout_s", 0.001, 86400, "a wait for a peer lasts at most a day"},
+      {"max_restarts", 0, 1000, "each restart is listed in the job's status"},
   };
   return limits;
 }

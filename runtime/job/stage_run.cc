@@ -88,7 +88,6 @@ fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunHooks& hooks) {
-  PT_RETURN_IF_ERROR(RefuseCheckpointingOutsideOneProcess(c));
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.stages();
@@ -98,6 +97,19 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                      p, " stages x ", c.replicas, " replicas)"));
   }
   const int stage = rank % p, replica = rank / p;
+  PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume,
+                      FindResumePointShared(*store, c, plan, rank,
+                                            absl::Seconds(c.recv_timeout_s)));
+  if (resume && rank == 0) {
+    for (const std::string& why : resume->skipped) {
+      std::fprintf(stderr, "pipetrain: resume_from: passed over %s\n", why.c_str());
+    }
+    std::fprintf(stderr, "pipetrain: resuming at step %lld from %s\n",
+                 static_cast<long long>(resume->manifest.step), resume->dir.c_str());
+  }
+  const int64_t first_step = resume ? resume->manifest.step : 0;
+  if (hooks.on_start) hooks.on_start(first_step);
+  if (rank == 0 && hooks.commands) hooks.commands->StartAt(first_step);
   SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
   transport::GlooTransportOptions topts;
   topts.stage = stage;
@@ -109,18 +121,26 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeGlooTransport(store, topts));
   MicroBatchReader reader(plan, c.micro_batches, replica);
-  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage));
+  PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
+  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start));
+  start.layers.clear();  // loaded into the stage
   if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
   if (hooks.on_transport) hooks.on_transport(transport.get());
   if (rank == 0) parts.config.commands = hooks.commands.get();
   parts.config.on_action = hooks.on_action;
   weights::WeightStore* weights = parts.weights.get();
-  auto on_step = [&hooks, weights](const executor::StepRecord& step) {
-    if ((step.commands_after & control::kCheckpoint) && hooks.on_checkpoint) {
-      StageOutcome outcome;
-      outcome.parameters = DetachedParameters(*weights);
-      outcome.buffers = DetachedBuffers(*weights);
-      hooks.on_checkpoint(step.step + 1, outcome);
+  auto on_step = [&](const executor::StepRecord& step) {
+    if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
+        !c.checkpoint.dir.empty()) {
+      // A failed checkpoint costs only itself: the job goes on (the error is reported).
+      SharedCheckpointResult saved =
+          DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
+      if (!saved.status.ok()) {
+        std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
+                     static_cast<long long>(step.step + 1),
+                     std::string(saved.status.message()).c_str());
+      }
+      if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, saved);
     }
     if (hooks.on_step) hooks.on_step(step);
   };

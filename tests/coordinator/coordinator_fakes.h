@@ -76,6 +76,7 @@ class FakeStore : public JobStore {
     std::map<std::string, int64_t> order;
     std::map<std::string, std::vector<StoredEvent>> events;
     std::map<std::string, int64_t> counters;
+    std::map<std::string, std::map<int64_t, StoredStep>> steps;
     bool fail_puts = false;
     int puts = 0;
     // While set, a job write waits (a disk that hangs).
@@ -123,6 +124,19 @@ class FakeStore : public JobStore {
   }
   absl::StatusOr<int64_t> Increment(const std::string& name) override {
     return ++d_->counters[name];
+  }
+  absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) override {
+    if (d_->fail_puts) return absl::InternalError("job store: disk I/O error");
+    for (const StoredStep& s : steps) d_->steps[job_id][s.step] = s;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id, int64_t after_step,
+                                                int64_t limit) override {
+    std::vector<StoredStep> out;
+    for (const auto& [step, s] : d_->steps[job_id]) {
+      if (step > after_step && static_cast<int64_t>(out.size()) < limit) out.push_back(s);
+    }
+    return out;
   }
 
  private:
