@@ -217,7 +217,20 @@ absl::Status Coordinator::FlushWrites() {
   }
   absl::Status first;
   std::map<std::string, PendingJob> failed;
+  // Committed steps before the job records that count them (a record never names a
+  // checkpoint whose earlier steps are not in the store).
+  std::map<std::string, std::vector<StoredStep>> steps_failed;
+  for (auto& [id, rows] : steps) {
+    if (absl::Status s = deps_.store->PutSteps(id, rows); !s.ok()) {
+      if (first.ok()) first = s;
+      steps_failed.emplace(id, std::move(rows));
+    }
+  }
   for (auto& [id, job] : jobs) {
+    if (steps_failed.count(id)) {  // kept back with its steps, written again with them
+      failed.emplace(id, std::move(job));
+      continue;
+    }
     absl::Status s = deps_.store->PutJob(id, job.order, job.record);
     if (s.ok()) continue;
     if (first.ok()) first = s;
@@ -227,13 +240,6 @@ absl::Status Coordinator::FlushWrites() {
     if (failed.count(e.job_id)) continue;
     if (auto s = deps_.store->AppendEvent(e.job_id, e.unix_ms, e.text); !s.ok() && first.ok()) {
       first = s.status();
-    }
-  }
-  std::map<std::string, std::vector<StoredStep>> steps_failed;
-  for (auto& [id, rows] : steps) {
-    if (absl::Status s = deps_.store->PutSteps(id, rows); !s.ok()) {
-      if (first.ok()) first = s;
-      steps_failed.emplace(id, std::move(rows));
     }
   }
   if (!failed.empty() || !steps_failed.empty()) {
@@ -749,11 +755,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     e.job.set_step(std::max(e.job.step(), r.step() - 1));
   }
   if (!r.checkpoint_committed().empty() && r.step() + 1 > e.job.checkpoint_step()) {
-    e.job.set_checkpoint_step(r.step() + 1);
-    e.job.set_checkpoint_path(r.checkpoint_committed());
-    Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " committed: ",
-                                   r.checkpoint_committed()));
-    Changed(e);
+    // The job restarts from it once every step before it is committed here too (below).
+    e.reported_checkpoint = {r.step() + 1, r.checkpoint_committed()};
   }
   v1::StageStatus* st = e.job.mutable_stage_status(r.rank());
   st->set_step(r.step());
@@ -820,6 +823,16 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       e.unwritten_steps.push_back(row);
     }
     e.job.set_step(done);
+    if (e.reported_checkpoint.first > e.job.checkpoint_step() &&
+        done >= e.reported_checkpoint.first - 1) {
+      // Written at once, with the rows of the steps before it (FlushWrites writes steps
+      // first): a restart finds every step before the checkpoint it resumes from.
+      e.job.set_checkpoint_step(e.reported_checkpoint.first);
+      e.job.set_checkpoint_path(e.reported_checkpoint.second);
+      Event(e.job.id(), absl::StrCat("checkpoint before step ", e.job.checkpoint_step(),
+                                     " committed: ", e.job.checkpoint_path()));
+      Changed(e);
+    }
     if (e.job.recoveries_size() > 0 &&
         e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.generation &&
         e.job.recoveries(e.job.recoveries_size() - 1).first_step_unix_ms() == 0) {
@@ -1008,6 +1021,7 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.rank_step_compute_s.assign(ranks, 0);
   e.assign_attempts.assign(ranks, 0);
   e.command_reports.clear();
+  e.reported_checkpoint = {0, ""};
   e.stop_step = 0;
   e.first_end_s = -1;
   e.pending_failure.clear();

@@ -237,6 +237,9 @@ class Coordinator {
     // Steps committed since its record was last queued for the store: written with it (at
     // most a second apart while it runs, at once on every state change).
     std::vector<StoredStep> unwritten_steps;
+    // The newest checkpoint a rank reported committing (step, directory), until every step
+    // before it is committed here; then it is the job's (checkpoint_step, checkpoint_path).
+    std::pair<int64_t, std::string> reported_checkpoint{0, ""};
   };
 
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);

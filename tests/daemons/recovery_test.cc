@@ -193,6 +193,9 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
   const std::string victim = running.stage_status(1).worker_id();
   const int index = WorkerIndex(cluster, victim);
   ASSERT_GE(index, 0) << victim;
+  const int64_t hit_unix_ms = std::chrono::duration_cast<milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
   fault(cluster, index);
   const auto hit = Clock::now();
   v1::Job done = PollJob(*stub, id, Ended, milliseconds(180000));
@@ -209,9 +212,9 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
   EXPECT_LE(r.failed_after_step() + 1 - r.resumed_at_step(), 20 + 2)
       << "steps lost beyond the checkpoint interval";
   EXPECT_GT(r.first_step_unix_ms(), r.placed_unix_ms());
-  std::printf("%s: recovered and finished %.1f s after the fault; detected %lld ms, placed "
-              "%lld ms, first good step %lld ms after detection; layout %d x %d x %d\n",
-              what, recovered_s, 0LL,
+  std::printf("%s: finished %.1f s after the fault; detected after %lld ms, then placed "
+              "after %lld ms, first good step after %lld ms; layout %d x %d x %d\n",
+              what, recovered_s, static_cast<long long>(r.detected_unix_ms() - hit_unix_ms),
               static_cast<long long>(r.placed_unix_ms() - r.detected_unix_ms()),
               static_cast<long long>(r.first_step_unix_ms() - r.detected_unix_ms()), r.stages(),
               r.replicas(), r.microbatches());

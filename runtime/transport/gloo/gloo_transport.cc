@@ -6,6 +6,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -151,6 +153,16 @@ class GlooTransport : public Transport {
       } catch (const std::exception&) {
       }
     }
+    // An aborted transport may have a collective still running on a process group's thread
+    // (an AllReduce with a replica that hangs); destroying the group joins that thread, which
+    // waits out Gloo's timeout. The groups are let go on a thread of their own instead, so
+    // the stage ends (and its host can run the next one) at once.
+    if (!aborted().ok()) {
+      std::thread([group = std::move(group_), replicas = std::move(replica_group_)]() mutable {
+        replicas.reset();
+        group.reset();
+      }).detach();
+    }
   }
 
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
@@ -181,17 +193,29 @@ class GlooTransport : public Transport {
   void Abort(const absl::Status& reason) override {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (abort_reason_.ok()) abort_reason_ = reason;
+    for (c10d::Work* work : waiting_) {  // wakes their waits, which then return `reason`
+      try {
+        work->abort();
+      } catch (const std::exception&) {
+      }
+    }
   }
 
   absl::Status Flush(absl::Time deadline) override {
     std::lock_guard<std::mutex> lock(send_mu_);
     for (auto& p : pending_) {
+      if (!BeginWait(p.work.get())) return aborted();
+      bool sent = false;
       try {
-        p.work->wait(TimeLeft(deadline));
+        sent = p.work->wait(TimeLeft(deadline));
       } catch (const std::exception& e) {
+        EndWait(p.work.get());
+        if (absl::Status s = aborted(); !s.ok()) return s;
         return absl::UnavailableError(
             absl::StrCat("stage ", options_.stage, ": delivering sent messages: ", FirstLine(e)));
       }
+      EndWait(p.work.get());
+      if (!sent) return aborted();
     }
     pending_.clear();
     return absl::OkStatus();
@@ -203,10 +227,18 @@ class GlooTransport : public Transport {
         : owner(owner), tensors(std::move(tensors)) {}
     absl::Status Wait(absl::Time deadline) override {
       if (!error.ok() || !work) return error;
-      try {
-        work->wait(TimeLeft(deadline));
-      } catch (const std::exception& e) {
-        return owner->ReductionError(absl::Now() >= deadline ? "timed out" : FirstLine(e));
+      // In slices, so that an Abort() ends the wait (a collective's work cannot be aborted);
+      // a slice that runs out leaves the work as it was.
+      while (true) {
+        if (absl::Status s = owner->aborted(); !s.ok()) return s;
+        const absl::Duration left = deadline - absl::Now();
+        try {
+          work->wait(TimeLeft(absl::Now() + std::min(left, absl::Milliseconds(50))));
+          break;
+        } catch (const std::exception& e) {
+          if (work->isCompleted()) return owner->ReductionError(FirstLine(e));
+          if (absl::Now() >= deadline) return owner->ReductionError("timed out");
+        }
       }
       flat[0].div_(owner->options_.replicas);
       int64_t offset = 0;
@@ -285,11 +317,28 @@ class GlooTransport : public Transport {
                                                why));
   }
 
+  // Registers `work` as waited on (Abort() wakes it); false if the transport is aborted.
+  bool BeginWait(c10d::Work* work) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!abort_reason_.ok()) return false;
+    waiting_.insert(work);
+    return true;
+  }
+  void EndWait(c10d::Work* work) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    waiting_.erase(work);
+  }
+
   absl::Status Wait(PostedRecv& posted, int peer, absl::Time deadline, const std::string& what) {
+    if (!BeginWait(posted.work.get())) return aborted();
     try {
-      posted.work->wait(TimeLeft(deadline));
+      const bool received = posted.work->wait(TimeLeft(deadline));
+      EndWait(posted.work.get());
+      if (!received) return aborted();  // woken by Abort()
       return absl::OkStatus();
     } catch (const std::exception& e) {
+      EndWait(posted.work.get());
+      if (absl::Status s = aborted(); !s.ok()) return s;
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("stage ", options_.stage, " timed out waiting for ", what));
@@ -313,6 +362,7 @@ class GlooTransport : public Transport {
   std::deque<Pending> pending_;  // guarded by send_mu_
   std::mutex abort_mu_;
   absl::Status abort_reason_;  // guarded by abort_mu_
+  std::set<c10d::Work*> waiting_;  // receives and sends being waited on; guarded by abort_mu_
   std::map<HeaderKey, PostedRecv> header_recvs_;  // posted ahead; receiving thread only
 };
 
