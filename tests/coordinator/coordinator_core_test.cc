@@ -103,11 +103,12 @@ class CoordinatorCoreTest : public ::testing::Test {
   }
 
   void EndRank(const std::string& worker, const std::string& job, int rank, bool ok = true,
-               const std::string& error = "") {
+               const std::string& error = "", int generation = 0) {
     v1::StageEnd end;
     end.set_worker_id(worker);
     end.set_job_id(job);
     end.set_rank(rank);
+    end.set_generation(generation);
     end.set_ok(ok);
     end.set_error(error);
     EXPECT_TRUE(coordinator_->ReportStageEnd(sessions_[worker], end).ok());
@@ -683,6 +684,194 @@ TEST_F(CoordinatorCoreTest, ARestartFailsTheRunningJobsAndKeepsTheRest) {
   // Ids are never handed out twice: the next worker and job get new ones.
   EXPECT_EQ(Register(2), "worker-2");
   EXPECT_EQ(Submit(Spec(1)).id(), "job-0003");
+}
+
+// Recovery (coordinator.h): a fault ends generation 1; once its survivors have ended, the
+// job runs generation 2 from the newest checkpoint committed with every step before it;
+// the earlier generation's reports change nothing; each step is committed once.
+TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGeneration) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  v1::JobSpec spec = Spec(2);
+  spec.set_steps(10);
+  spec.set_max_restarts(1);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  ASSERT_EQ(Worker(1).assigned.size(), 1u);
+  EXPECT_EQ(Worker(1).assigned[0].generation(), 1);
+  EXPECT_EQ(Get(job.id()).generation(), 1);
+  // Steps 0..4; rank 0 committed the checkpoint before step 3 (reported with step 2).
+  for (int64_t t = 0; t < 5; ++t) {
+    v1::StepReport r0 = Report(w1, job.id(), 0, t);
+    if (t == 2) r0.set_checkpoint_committed("/ckpt/step-00000003");
+    ASSERT_TRUE(ReportSteps(sessions_[w1], {r0}).ok());
+    v1::StepReport r1 = Report(w2, job.id(), 1, t);
+    r1.set_has_loss(true);
+    r1.set_loss(10.0 - t);
+    ASSERT_TRUE(ReportSteps(sessions_[w2], {r1}).ok());
+  }
+  EXPECT_EQ(Get(job.id()).checkpoint_step(), 3);
+  EXPECT_EQ(Get(job.id()).checkpoint_path(), "/ckpt/step-00000003");
+  // worker-2 goes silent: the job is not failed, it recovers.
+  clock_->Advance(absl::Milliseconds(1500));
+  Heartbeat(w1, job.id(), 0);
+  Heartbeat(w3);
+  clock_->Advance(absl::Milliseconds(600));
+  coordinator_->Tick();
+  v1::Job recovering = Get(job.id());
+  EXPECT_EQ(recovering.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(recovering.restarts(), 1);
+  EXPECT_THAT(recovering.message(), HasSubstr("recovering (restart 1 of 1): " + w2));
+  ASSERT_EQ(recovering.recoveries_size(), 1);
+  EXPECT_EQ(recovering.recoveries(0).generation(), 2);
+  EXPECT_EQ(recovering.recoveries(0).failed_after_step(), 4);
+  EXPECT_EQ(recovering.recoveries(0).resumed_at_step(), 3);
+  EXPECT_EQ(recovering.step(), 2);  // steps 3 and 4 are run again
+  RunLater();
+  ASSERT_EQ(Worker(1).stopped.size(), 1u);
+  EXPECT_EQ(Worker(1).stopped[0].generation(), 1);
+  // Not placed while the survivor's stage has not ended; its late report is ignored.
+  EXPECT_TRUE(Worker(3).assigned.empty());
+  v1::StepReport late = Report(w1, job.id(), 0, 5);
+  late.set_generation(1);
+  EXPECT_TRUE(ReportSteps(sessions_[w1], {late}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 2);
+  EndRank(w1, job.id(), 0, /*ok=*/false, "stopped", /*generation=*/1);
+  RunLater();
+  // Generation 2 on worker-1 and worker-3 (both idle), resuming from the checkpoint.
+  ASSERT_EQ(Worker(1).assigned.size(), 2u);
+  ASSERT_EQ(Worker(3).assigned.size(), 1u);
+  for (const v1::StageAssignment* a : {&Worker(1).assigned[1], &Worker(3).assigned[0]}) {
+    EXPECT_EQ(a->generation(), 2);
+    EXPECT_EQ(a->spec().resume_from(), "/ckpt/step-00000003");
+  }
+  const std::string r0_worker = Worker(1).assigned[1].rank() == 0 ? w1 : w3;
+  const std::string r1_worker = r0_worker == w1 ? w3 : w1;
+  EXPECT_EQ(Get(job.id()).generation(), 2);
+  // Its ranks start at the checkpoint's step: an earlier one counts as resent (skipped), a
+  // later one is refused.
+  v1::StepReport early = Report(r0_worker, job.id(), 0, 2);
+  early.set_generation(2);
+  EXPECT_TRUE(ReportSteps(sessions_[r0_worker], {early}).ok());
+  v1::StepReport skipping = Report(r0_worker, job.id(), 0, 4);
+  skipping.set_generation(2);
+  EXPECT_EQ(ReportSteps(sessions_[r0_worker], {skipping}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(job.id()).stage_status(0).step(), 2);
+  for (int64_t t = 3; t < 10; ++t) {
+    v1::StepReport r0 = Report(r0_worker, job.id(), 0, t);
+    r0.set_generation(2);
+    ASSERT_TRUE(ReportSteps(sessions_[r0_worker], {r0}).ok());
+    v1::StepReport r1 = Report(r1_worker, job.id(), 1, t);
+    r1.set_generation(2);
+    r1.set_has_loss(true);
+    r1.set_loss(100.0 + t);
+    ASSERT_TRUE(ReportSteps(sessions_[r1_worker], {r1}).ok());
+  }
+  EndRank(r0_worker, job.id(), 0, true, "", 2);
+  EndRank(r1_worker, job.id(), 1, true, "", 2);
+  const v1::Job done = Get(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GT(done.recoveries(0).first_step_unix_ms(), 0);
+  // Every step once: 0..2 by generation 1, 3..9 (run again) by generation 2.
+  absl::StatusOr<std::vector<StoredStep>> steps = coordinator_->Steps(job.id(), -1);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 10u);
+  for (int64_t t = 0; t < 10; ++t) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ((*steps)[t].step, t);
+    EXPECT_EQ((*steps)[t].generation, t < 3 ? 1 : 2);
+    EXPECT_DOUBLE_EQ((*steps)[t].loss, t < 3 ? 10.0 - t : 100.0 + t);
+  }
+}
+
+// With too few workers the next generation waits three heartbeat intervals for workers to
+// come back, then runs fewer replicas with the same global batch; a job out of restarts
+// fails naming the fault and the restarts it had.
+TEST_F(CoordinatorCoreTest, ARecoveringJobShrinksAfterTheGraceAndFailsOnceOutOfRestarts) {
+  std::vector<std::string> w;
+  for (int n = 1; n <= 4; ++n) w.push_back(Register(n));
+  v1::JobSpec spec = Spec(2, 2);  // 2 micro-batches per replica
+  spec.set_max_restarts(1);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  EndRank(w[3], job.id(), 3, /*ok=*/false, "stage 1 replica 1: CUDA error", 1);
+  for (int n = 0; n < 3; ++n) Heartbeat(w[n], job.id(), n);
+  clock_->Advance(absl::Seconds(1));
+  for (int n = 0; n < 3; ++n) Heartbeat(w[n], job.id(), n);
+  coordinator_->Tick();  // the failure is the job's: generation 1 ends
+  EXPECT_EQ(Get(job.id()).restarts(), 1);
+  RunLater();
+  // worker-4 leaves; the others end their stages.
+  ASSERT_TRUE(coordinator_->Deregister(sessions_[w[3]], [&] {
+    v1::DeregisterWorkerRequest r;
+    r.set_worker_id(w[3]);
+    return r;
+  }()).ok());
+  for (int n = 0; n < 3; ++n) EndRank(w[n], job.id(), n, false, "stopped", 1);
+  RunLater();
+  EXPECT_EQ(Get(job.id()).generation(), 1);  // 3 idle of 4: waits for the grace
+  clock_->Advance(absl::Milliseconds(3100));
+  for (int n = 0; n < 3; ++n) Heartbeat(w[n]);
+  coordinator_->Tick();
+  RunLater();
+  const v1::Job shrunk = Get(job.id());
+  EXPECT_EQ(shrunk.generation(), 2);
+  EXPECT_EQ(shrunk.stages(), 2);
+  EXPECT_EQ(shrunk.replicas(), 1);
+  EXPECT_EQ(shrunk.recoveries(0).microbatches(), 4);
+  ASSERT_EQ(shrunk.stage_status_size(), 2);
+  const v1::StageAssignment& a = Worker(1).assigned.back();
+  EXPECT_EQ(a.generation(), 2);
+  EXPECT_EQ(a.spec().replicas(), 1);
+  EXPECT_EQ(a.spec().microbatches(), 4);
+  EXPECT_FALSE(a.spec().has_resume_from());  // no checkpoint yet: from the start
+  // Another fault: no restarts left.
+  EndRank(shrunk.stage_status(0).worker_id(), job.id(), 0, false, "out of memory", 2);
+  EndRank(shrunk.stage_status(1).worker_id(), job.id(), 1, false, "lost stage 0", 2);
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr("out of memory (after 1 restart; max_restarts is 1)"));
+}
+
+TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
+  auto text = [](const std::vector<Layout>& layouts) {
+    std::string out;
+    for (const Layout& l : layouts) {
+      out += std::to_string(l.stages) + "x" + std::to_string(l.replicas) + "x" +
+             std::to_string(l.micro_batches) + " ";
+    }
+    return out;
+  };
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 4, false)), "2x2x4 2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 3, false)), "2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, false)), "3x1x8 2x1x8 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, true)), "");  // explicit ranges: 4 stages
+  EXPECT_EQ(text(RecoveryLayouts({2, 3, 1}, 5, false)), "1x3x1 2x1x3 1x1x3 ");  // w | w*m
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 0, false)), "");
+}
+
+// A coordinator that restarts resumes a running job that has restarts left.
+TEST_F(CoordinatorCoreTest, ARestartResumesARunningJobWithRestartsLeft) {
+  const std::string w1 = Register(1);
+  v1::JobSpec spec = Spec(1);
+  spec.set_max_restarts(3);
+  const v1::Job running = Submit(spec);
+  RunLater();
+  coordinator_.reset();
+  Open();
+  v1::Job recovering = Get(running.id());
+  EXPECT_EQ(recovering.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(recovering.restarts(), 1);
+  EXPECT_THAT(recovering.message(), HasSubstr("the coordinator restarted"));
+  // Its worker registers again; after the grace the job runs as generation 2 on it.
+  const std::string again = Register(1);
+  clock_->Advance(absl::Milliseconds(3100));
+  Heartbeat(again);
+  coordinator_->Tick();
+  RunLater();
+  const v1::Job resumed = Get(running.id());
+  EXPECT_EQ(resumed.generation(), 2);
+  EXPECT_EQ(resumed.stage_status(0).worker_id(), again);
 }
 
 TEST_F(CoordinatorCoreTest, ASubmissionWhoseWriteFailsIsRefusedAndLeavesNothing) {
