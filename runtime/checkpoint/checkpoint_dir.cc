@@ -209,23 +209,25 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
   if (std::rename(tmp_.c_str(), final_.c_str()) != 0) return fail(Errno("cannot rename", tmp_));
   if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   const std::string latest = (fs::path(root_) / kLatest).string();
+  bool newer_exists = false;  // then `latest` stays on the newer one
   if (auto named = ReadAll(latest, 256); named.ok()) {
     auto newer = StepOfName(std::string(absl::StripTrailingAsciiWhitespace(*named)));
-    if (newer && *newer > step_ && fs::is_directory(fs::path(root_) / StepDirName(*newer), ec)) {
-      return absl::OkStatus();  // complete, kept; `latest` stays on the newer one
+    newer_exists =
+        newer && *newer > step_ && fs::is_directory(fs::path(root_) / StepDirName(*newer), ec);
+  }
+  if (!newer_exists) {
+    const std::string latest_tmp = latest + ".tmp";
+    if (absl::Status s = WriteAll(latest_tmp, StepDirName(step_) + "\n"); !s.ok()) {
+      std::remove(latest_tmp.c_str());
+      return s;
     }
+    if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
+      absl::Status s = Errno("cannot replace", latest);
+      std::remove(latest_tmp.c_str());
+      return s;
+    }
+    if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   }
-  const std::string latest_tmp = latest + ".tmp";
-  if (absl::Status s = WriteAll(latest_tmp, StepDirName(step_) + "\n"); !s.ok()) {
-    std::remove(latest_tmp.c_str());
-    return s;
-  }
-  if (std::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
-    absl::Status s = Errno("cannot replace", latest);
-    std::remove(latest_tmp.c_str());
-    return s;
-  }
-  if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   if (keep > 0) {
     std::map<int64_t, std::string> complete = CompleteCheckpoints(root_);
     while (static_cast<int>(complete.size()) > keep && complete.begin()->first != step_) {

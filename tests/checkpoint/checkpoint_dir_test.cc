@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -165,6 +166,73 @@ TEST_F(CheckpointDirTest, APartialDirectoryIsNeverACheckpoint) {
   EXPECT_EQ(FindCheckpoint(root_.string())->manifest.step, 20);
   EXPECT_EQ(FindCheckpoint((root_ / "nothing").string()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A process SIGKILLed while it writes a checkpoint (files of many MB, one after another):
+// `latest` and every complete checkpoint stay intact and loadable; the partial step-N.tmp is
+// never taken for one, and the next writer of that step replaces it.
+TEST_F(CheckpointDirTest, AWriterKilledMidWriteLeavesEveryCompleteCheckpointLoadable) {
+  ASSERT_TRUE(Write(10).ok());
+  ASSERT_TRUE(Write(20).ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto writer = CheckpointWriter::Begin(root_.string(), 30);
+    if (!writer.ok()) _exit(2);
+    for (int layer = 0;; ++layer) {  // until killed
+      (void)(*writer)->WriteLayer(layer % 64, std::string(size_t{8} << 20, 'x'));
+    }
+  }
+  // Killed once it has written at least one file and is on the next.
+  const fs::path tmp = root_ / "step-00000030.tmp";
+  for (int i = 0; i < 2000 && !fs::exists(tmp / LayerFileName(1)); ++i) usleep(5000);
+  ASSERT_TRUE(fs::exists(tmp / LayerFileName(1)));
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(Latest(), "step-00000020\n");
+  for (const char* dir : {"step-00000010", "step-00000020"}) {
+    auto found = FindCheckpoint((root_ / dir).string());
+    ASSERT_TRUE(found.ok()) << found.status();
+    for (int layer = 0; layer < 3; ++layer) EXPECT_TRUE(ReadLayer(*found, layer).ok()) << dir;
+  }
+  auto found = FindCheckpoint(root_.string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 20);
+  EXPECT_TRUE(found->skipped.empty());
+  ASSERT_TRUE(Write(30).ok());
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_EQ(FindCheckpoint(root_.string())->manifest.step, 30);
+}
+
+// Writers in several processes join one step-N.tmp (nothing removed); the commit leaves
+// `latest` on a newer checkpoint (a job resumed from an older one writes below it) and removes
+// the step-M.tmp of earlier steps that dead writers left.
+TEST_F(CheckpointDirTest, JoinedWritersShareOneDirectoryAndLatestNeverGoesBack) {
+  ASSERT_TRUE(Write(40).ok());
+  fs::create_directories(root_ / "step-00000005.tmp");
+  auto a = CheckpointWriter::Join(root_.string(), 20);
+  auto b = CheckpointWriter::Join(root_.string(), 20);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Manifest m = TwoStageManifest(20, 2);
+  auto f0 = (*a)->WriteLayer(0, "layer zero");
+  auto f1 = (*b)->WriteLayer(1, "layer one");
+  ASSERT_TRUE(f0.ok() && f1.ok());
+  (*a)->Release();  // a's part is done; b commits both
+  EXPECT_TRUE(fs::exists(root_ / "step-00000020.tmp" / LayerFileName(0)));
+  m.files = {*f0, *f1};
+  ASSERT_TRUE((*b)->Commit(m, 0).ok());
+  EXPECT_EQ(Latest(), "step-00000040\n");
+  EXPECT_FALSE(fs::exists(root_ / "step-00000005.tmp"));
+  auto found = FindCheckpoint((root_ / "step-00000020").string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*ReadLayer(*found, 1), "layer one");
+  // Opened by its manifest alone (no file read), each layer still checked when read.
+  auto opened = OpenCheckpoint((root_ / "step-00000020").string());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::ofstream(root_ / "step-00000020" / LayerFileName(0), std::ios::trunc) << "layer Zero";
+  EXPECT_THAT(ReadLayer(*opened, 0).status().message(), HasSubstr("SHA-256"));
 }
 
 TEST(Manifest, RoundTripsAndRefusesWhatItCannotTrust) {
