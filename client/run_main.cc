@@ -86,6 +86,7 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   for (const auto& range : r.partition) j["partition"].push_back({range.begin, range.end});
   j["losses"] = r.losses;
   j["first_loss"] = r.losses.front();
+  j["first_step"] = r.first_step;  // of losses[0]: a resumed run's checkpoint step
   j["final_loss"] = r.losses.back();
   if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
   j["step_time_s"] = r.step_time_s;

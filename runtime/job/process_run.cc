@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include "runtime/base/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/plan.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -141,9 +143,24 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
   // Progress, in step order, from what the stages publish in the store. Once every stage
   // has exited, whatever they published is there: the first key missing then ends it.
   std::atomic<bool> finished{false};
-  ProgressTracker tracker(c, plan, start_s, options.on_progress);
+  // A resumed job starts at its checkpoint's step: the one rank 0 found and published.
+  std::optional<ProgressTracker> tracker;
+  int64_t first_step = 0;
   std::thread progress([&] {
-    for (int64_t t = 0; t < c.steps; ++t) {
+    if (!c.resume_from.empty()) {
+      while (!finished) {
+        auto published = store->Get("resume/checkpoint", absl::Milliseconds(200));
+        if (!published.ok()) continue;
+        const nlohmann::json j = nlohmann::json::parse(*published, nullptr, false);
+        if (j.is_object() && j.contains("dir")) {
+          auto opened = checkpoint::OpenCheckpoint(j["dir"].get<std::string>());
+          if (opened.ok()) first_step = opened->manifest.step;
+        }
+        break;
+      }
+    }
+    tracker.emplace(c, plan, start_s, options.on_progress, first_step);
+    for (int64_t t = first_step; t < c.steps; ++t) {
       std::vector<std::string> keys;
       for (int r = 0; r < c.replicas; ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
       keys.push_back(ProgressKey("end", t));
@@ -158,9 +175,9 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
           double x = 0;
           if (!absl::SimpleAtod(*v, &x)) break;
           if (k + 1 < keys.size()) {
-            tracker.LossKnown(t, x);
+            tracker->LossKnown(t, x);
           } else {
-            tracker.StepEnded(t, x);
+            tracker->StepEnded(t, x);
           }
           break;
         }
@@ -220,7 +237,10 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     PT_ASSIGN_OR_RETURN(StageOutcome out, ReadStageOutcome(result_dir, s));
     outcomes.push_back(std::move(out));
   }
-  return AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s);
+  PT_ASSIGN_OR_RETURN(JobReport report,
+                      AssembleReport(c, plan, std::move(outcomes), tracker->Losses(), start_s));
+  report.first_step = first_step;
+  return report;
 }
 
 }  // namespace pipetrain::job

@@ -323,6 +323,29 @@ TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
   }
 }
 
+// Stage processes write a checkpoint (each its layers, one commits through the launcher's
+// store) and resume from it on another layout: 4 stages, then 2 stages x 2 replicas; the
+// final parameters equal the uninterrupted reference within 1e-10 (float64).
+TEST_F(CliTest, StageProcessesCheckpointAndResumeOnAnotherLayout) {
+  const std::string common =
+      " --dtype float64 --schedule 1f1b --steps 6 --d-model 16 --n-heads 2 --n-layers 3"
+      " --seq-len 8 --vocab 16 --checkpoint-dir " + (dir_ / "ckpt").string();
+  Result first = Run("run -q --launch processes --stages 4 --microbatches 4 "
+                     "--checkpoint-every 3" + common);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest"), "step-00000003\n");
+  const fs::path summary = dir_ / "summary.json";
+  Result resumed = Run("run -q --launch processes --reference --stages 2 --replicas 2 "
+                       "--microbatches 2 --resume-from latest --summary " + summary.string() +
+                       common);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_THAT(resumed.err, HasSubstr("resuming at step 3 from " + (dir_ / "ckpt").string()));
+  auto j = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(j["first_step"], 3);
+  EXPECT_EQ(j["losses"].size(), 3u);
+  EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+}
+
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> children;
   for (const auto& entry : fs::directory_iterator("/proc")) {
