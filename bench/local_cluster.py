@@ -54,6 +54,8 @@ def binaries(build_dir):
 
 class LocalCluster:
     def __init__(self, build_dir, workers, heartbeat_ms=1000, extra_env=None):
+        self.heartbeat_ms = heartbeat_ms
+        self.named = {}  # process name -> Popen (the latest of that name)
         self.cli_path, self.coordinator_path, self.worker_path = binaries(build_dir)
         self.dir = tempfile.mkdtemp(prefix="pipetrain_bench_cluster_")
         self.env = dict(os.environ, **(extra_env or {}))
@@ -65,37 +67,60 @@ class LocalCluster:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that close() runs
         try:
-            port_file = os.path.join(self.dir, "coordinator.port")
-            coordinator = self._spawn("coordinator", [
-                self.coordinator_path, "--listen", "127.0.0.1:0", "--db",
-                os.path.join(self.dir, "jobs.db"), "--heartbeat-ms", str(heartbeat_ms),
-                "--port-file", port_file])
-            deadline = time.monotonic() + 30
-            while self.address is None and time.monotonic() < deadline:
-                if os.path.exists(port_file):
-                    with open(port_file) as f:
-                        text = f.read()  # written whole or not at all
-                    if text.endswith("\n"):
-                        self.address = text.splitlines()[0]  # then "metrics HOST:PORT"
-                        break
-                if coordinator.poll() is not None:
-                    break
-                time.sleep(0.02)
-            if self.address is None:
-                raise SystemExit("the coordinator did not start:\n" + self.log("coordinator"))
+            self.address = self.start_coordinator("127.0.0.1:0")
             for i in range(workers):
-                self._spawn(f"worker{i}", [self.worker_path, "--coordinator", self.address,
-                                           "--port-file",
-                                           os.path.join(self.dir, f"worker{i}.port")])
+                self.start_worker(f"worker{i}")
         except BaseException:
             self.close()
             raise
+
+    def start_coordinator(self, listen):
+        """Starts the coordinator on `listen` with the cluster's database; its address."""
+        port_file = os.path.join(self.dir, "coordinator.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
+        coordinator = self._spawn("coordinator", [
+            self.coordinator_path, "--listen", listen, "--db",
+            os.path.join(self.dir, "jobs.db"), "--heartbeat-ms", str(self.heartbeat_ms),
+            "--port-file", port_file])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    text = f.read()  # written whole or not at all
+                if text.endswith("\n"):
+                    return text.splitlines()[0]  # then "metrics HOST:PORT"
+            if coordinator.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise SystemExit("the coordinator did not start:\n" + self.log("coordinator"))
+
+    def restart_coordinator(self):
+        """SIGKILLs the coordinator and starts it again on the same port and database."""
+        old = self.named["coordinator"]
+        old.kill()
+        old.wait()
+        self.start_coordinator(self.address)
+
+    def start_worker(self, name):
+        """Starts a worker named `name` (its log and port file are named after it)."""
+        return self._spawn(name, [self.worker_path, "--coordinator", self.address,
+                                  "--port-file", os.path.join(self.dir, f"{name}.port")])
+
+    def worker_ports(self, name):
+        """(service port, metrics port) of worker `name`, from its port file."""
+        with open(os.path.join(self.dir, f"{name}.port")) as f:
+            lines = f.read().splitlines()
+        service = int(lines[0].rsplit(":", 1)[1])
+        metrics = [int(line.rsplit(":", 1)[1]) for line in lines[1:] if line.startswith("metrics ")]
+        return service, (metrics[0] if metrics else -1)
 
     def _spawn(self, name, argv):
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=self.env,
                                 preexec_fn=_die_with_parent)
         self.procs.append(proc)
+        self.named[name] = proc
 
         def read():
             for line in proc.stderr:

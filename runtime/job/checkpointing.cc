@@ -1,6 +1,7 @@
 #include "runtime/job/checkpointing.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,20 @@ checkpoint::Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, 
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.layer < b.layer; });
   return m;
+}
+
+// "pipetrain: checkpoint before step 50 committed: checkpoints/step-00000050 (12.3 MB in
+// 0.41 s)" on stderr.
+void ReportCommitted(const JobConfig& config, const checkpoint::Manifest& m,
+                     absl::Duration took) {
+  int64_t bytes = 0;
+  for (const checkpoint::LayerFile& f : m.files) bytes += f.bytes;
+  std::fprintf(stderr, "pipetrain: checkpoint before step %lld committed: %s (%.1f MB in %.2f s)\n",
+               static_cast<long long>(m.step),
+               (std::filesystem::path(config.checkpoint.dir) / checkpoint::StepDirName(m.step))
+                   .string()
+                   .c_str(),
+               bytes / 1e6, absl::ToDoubleSeconds(took));
 }
 
 // Writes the stage's layers through `writer`; their entries.
@@ -86,6 +101,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   {
     std::lock_guard<std::mutex> lock(mu_);
     Pending& p = pending_[step];
+    if (p.delivered == 0 && p.begun == absl::Time()) p.begun = absl::Now();
     if (p.writer == nullptr && p.error.ok()) {
       auto begun = checkpoint::CheckpointWriter::Begin(config_.checkpoint.dir, step);
       if (begun.ok()) {
@@ -115,7 +131,9 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   // The last stage: commit, or give up on this checkpoint.
   absl::Status result = p.error;
   if (result.ok()) {
-    result = p.writer->Commit(MakeManifest(config_, plan_, step, p.files), config_.checkpoint.keep);
+    const checkpoint::Manifest m = MakeManifest(config_, plan_, step, p.files);
+    result = p.writer->Commit(m, config_.checkpoint.keep);
+    if (result.ok()) ReportCommitted(config_, m, absl::Now() - p.begun);
   } else if (p.writer != nullptr) {
     p.writer->Abort();
   }
@@ -139,6 +157,7 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
                                            int64_t step, int stage,
                                            const weights::WeightStore& weights) {
   SharedCheckpointResult result;
+  const absl::Time begun = absl::Now();
   const std::string prefix = absl::StrCat("ckpt/", step, "/");
   auto writer = checkpoint::CheckpointWriter::Join(config.checkpoint.dir, step);
   absl::StatusOr<std::vector<checkpoint::LayerFile>> files =
@@ -182,10 +201,10 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
   } else if (!errors.empty()) {
     (*committer)->Abort();
   } else {
-    absl::Status committed =
-        (*committer)->Commit(MakeManifest(config, plan, step, std::move(all)),
-                             config.checkpoint.keep);
+    const checkpoint::Manifest m = MakeManifest(config, plan, step, std::move(all));
+    absl::Status committed = (*committer)->Commit(m, config.checkpoint.keep);
     if (committed.ok()) {
+      ReportCommitted(config, m, absl::Now() - begun);
       result.committed =
           (std::filesystem::absolute(config.checkpoint.dir) / checkpoint::StepDirName(step))
               .lexically_normal()

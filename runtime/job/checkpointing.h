@@ -42,7 +42,8 @@ class CheckpointSink {
   CheckpointSink(const JobConfig& config, const JobPlan& plan);
 
   // Stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
-  // checkpoint if it is the last stage to deliver. The write's error, if any (also when an
+  // checkpoint if it is the last stage to deliver (then says so on stderr: its directory,
+  // size and the time from the first stage's delivery to the commit). The write's error, if any (also when an
   // earlier stage's write failed the same checkpoint: the first error).
   absl::Status Deliver(int64_t step, int stage, const weights::WeightStore& weights);
 
@@ -56,6 +57,7 @@ class CheckpointSink {
     std::vector<checkpoint::LayerFile> files;
     int delivered = 0;
     absl::Status error;
+    absl::Time begun;  // the first stage's delivery
   };
   const JobConfig& config_;
   const JobPlan& plan_;
@@ -71,7 +73,8 @@ struct SharedCheckpointResult {
 };
 
 // Stage `stage` of replica 0, in its own process, at boundary `step`: writes its layers and
-// takes part in the commit as described above. Waits on the store only for the entries of
+// takes part in the commit as described above (the committer says so on stderr, as
+// CheckpointSink does, timing its own write and the commit). Waits on the store only for the entries of
 // stages that have counted themselves in already (so never for a slower stage).
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
                                            const JobConfig& config, const JobPlan& plan,
