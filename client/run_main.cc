@@ -87,6 +87,8 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
   j["losses"] = r.losses;
   j["first_loss"] = r.losses.front();
   j["first_step"] = r.first_step;  // of losses[0]: a resumed run's checkpoint step
+  // Updates skipped for a non-finite loss or gradient (every rank skips the same steps).
+  j["skipped_steps"] = r.stage_stats.empty() ? 0 : r.stage_stats[0].skipped_steps;
   j["final_loss"] = r.losses.back();
   if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
   j["step_time_s"] = r.step_time_s;

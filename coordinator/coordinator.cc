@@ -788,6 +788,11 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     }
   }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
+  if (r.skipped() && r.rank() == 0) {  // every rank skips it; rank 0 counts it
+    e.job.set_skipped_steps(e.job.skipped_steps() + 1);
+    Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "
+                                   "not finite (weights and optimizer state unchanged)"));
+  }
   if (r.commands_after_size() > 0 &&
       ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
     uint32_t bits = 0;

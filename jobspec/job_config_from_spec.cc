@@ -103,6 +103,7 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   Copy(s.checkpoint().has_keep(), s.checkpoint().keep(), &c.checkpoint.keep);
   Copy(s.has_resume_from(), s.resume_from(), &c.resume_from);
   Copy(s.has_max_restarts(), s.max_restarts(), &c.max_restarts);
+  Copy(s.has_nonfinite_limit(), s.nonfinite_limit(), &c.nonfinite_limit);
   for (const std::string& v : ViolationsOf(job::ValidateJobConfig(c))) {
     // ValidateJobConfig prefixes its list with "invalid job: ".
     constexpr absl::string_view kPrefix = "invalid job: ";

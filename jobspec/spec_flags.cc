@@ -49,6 +49,9 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--max-restarts", "max_restarts", "job",
        "worker daemons: restarts after a fault, each from the latest checkpoint on the "
        "workers that remain, before the job fails"},
+      {"--nonfinite-limit", "nonfinite_limit", "job",
+       "a step with a non-finite loss or gradient is skipped on every rank; this many in a "
+       "row fail the job"},
 
       {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
       {"--torchscript", "model.path", "model",

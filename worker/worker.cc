@@ -440,6 +440,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
       report.set_loss(*step.mean_loss);
     }
     report.set_end_s(step.end_s);
+    report.set_skipped(step.skipped);
     report.set_compute_s(step.compute_s);
     report.set_wait_s(step.wait_s);
     report.set_parameter_bytes(parameter_bytes);

@@ -185,6 +185,19 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       PT_RETURN_IF_ERROR(weights_->Update(j));
       StepRecord step;
       step.step = j;
+      step.skipped = weights_->last_update_skipped();
+      if (step.skipped) {
+        ++stats_.skipped_steps;
+        if (++consecutive_skips_ >= config_.nonfinite_limit) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the loss or the gradients were not finite in ", consecutive_skips_,
+              " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
+              "; each was skipped): the job stops here (nonfinite_limit ",
+              config_.nonfinite_limit, ")"));
+        }
+      } else {
+        consecutive_skips_ = 0;
+      }
       step.end_s = MonotonicSeconds();
       step.allreduce_s = step_allreduce_s_;
       step.last_backward_end_s = last_backward_end_s_;

@@ -91,6 +91,9 @@ struct StageConfig {
   // A checkpoint at every boundary N that is a multiple of this (0: none), as if the command
   // had been scheduled there (every stage sees the same boundaries).
   int64_t checkpoint_every = 0;
+  // Steps with a non-finite loss or gradient are skipped (WeightStore::Update); this many in
+  // a row fail the stage.
+  int nonfinite_limit = 3;
   absl::Duration recv_timeout = absl::Seconds(120);
   MicroBatchTensorSource inputs;   // required on stage 0
   MicroBatchTensorSource targets;  // required on the last stage
@@ -130,6 +133,8 @@ struct StepRecord {
   // Step commands (control::StepCommand bits) that took effect at the boundary right after
   // this step, on this stage.
   uint32_t commands_after = 0;
+  // Its gradients were not finite: the update was skipped (weights and optimizer unchanged).
+  bool skipped = false;
 };
 
 // What a stage is doing now, for heartbeats and hang diagnosis.
@@ -147,6 +152,7 @@ struct StageStats {
   double compute_s = 0;  // F, B, STEP and sends
   double wait_s = 0;     // blocked in receives
   double allreduce_s = 0;  // gradient AllReduce among replicas (part of compute_s)
+  int64_t skipped_steps = 0;  // updates skipped for non-finite gradients
   // The most recent records, oldest first (StageConfig::history).
   std::deque<ActionRecord> records;
   std::deque<StepRecord> steps;
@@ -224,6 +230,7 @@ class StageExecutor {
   std::map<int64_t, at::Tensor> input_gradients_;
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
+  int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)
   double last_backward_end_s_ = 0;
   std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward
   // Gradient buckets (parameter indices, reverse order, about bucket_bytes each) and the

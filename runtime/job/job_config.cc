@@ -272,6 +272,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   k["keep"] = c.checkpoint.keep;
   j["resume_from"] = c.resume_from;
   j["max_restarts"] = c.max_restarts;
+  j["nonfinite_limit"] = c.nonfinite_limit;
   // Invalid UTF-8 (a name ValidateJobConfig refuses) is shown replaced, never thrown on.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }

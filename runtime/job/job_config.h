@@ -82,6 +82,9 @@ struct JobConfig {
   // Worker daemons: how often the coordinator restarts the job after a fault (a worker lost,
   // a rank failed) from its latest checkpoint on the workers that remain, before it fails.
   int max_restarts = 0;
+  // A step whose loss or gradients are not finite is skipped on every rank (weights and
+  // optimizer state unchanged); this many in a row fail the job.
+  int nonfinite_limit = 3;
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked

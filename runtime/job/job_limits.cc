@@ -77,6 +77,7 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"checkpoint.keep", 1, 10000, "complete checkpoints on disk at once"},
       {"timeout_s", 0.001, 86400, "a wait for a peer lasts at most a day"},
       {"max_restarts", 0, 1000, "each restart is listed in the job's status"},
+      {"nonfinite_limit", 1, 1000000, "steps skipped in a row before the job fails"},
   };
   return limits;
 }

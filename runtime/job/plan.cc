@@ -251,6 +251,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.schedule = {c.schedule, p, c.micro_batches, c.steps};
   sc.schedule.first_step = start.first_step;
   sc.checkpoint_every = c.checkpoint.every;
+  sc.nonfinite_limit = c.nonfinite_limit;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   if (s == 0) {
     sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };

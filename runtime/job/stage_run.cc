@@ -32,6 +32,7 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
   j["compute_s"] = st.compute_s;
   j["wait_s"] = st.wait_s;
   j["allreduce_s"] = st.allreduce_s;
+  j["skipped_steps"] = st.skipped_steps;
   auto& records = j["records"] = nlohmann::json::array();
   for (const auto& r : st.records) {
     records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
@@ -54,6 +55,7 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
   st.compute_s = j.at("compute_s");
   st.wait_s = j.at("wait_s");
   st.allreduce_s = j.at("allreduce_s");
+  st.skipped_steps = j.value("skipped_steps", int64_t{0});
   for (const auto& r : j.at("records")) {
     executor::ActionRecord rec;
     rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};

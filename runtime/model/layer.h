@@ -44,6 +44,9 @@ class Layer {
   // BatchNorm folds the statistics accumulated over t's micro-batches into its running
   // statistics here (docs/design.md section 4.6).
   virtual void FinishMiniBatch(int64_t /*mini_batch*/) {}
+  // Instead of FinishMiniBatch for a skipped step (non-finite gradients): the statistics of
+  // t's micro-batches are dropped, the running statistics left as they were.
+  virtual void DiscardMiniBatch(int64_t /*mini_batch*/) {}
   // True when the layer keeps per-mini-batch statistics (BatchNorm).
   virtual bool HasMiniBatchStatistics() const { return false; }
   // Clone() shares the per-mini-batch statistics between copies (the weight versions of one

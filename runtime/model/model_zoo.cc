@@ -76,6 +76,7 @@ class NnLayer : public Layer {
   void ToDtype(at::ScalarType dtype) override { impl_->to(dtype); }
   void SetTraining(bool training) override { impl_->train(training); }
   void FinishMiniBatch(int64_t mini_batch) override { impl_->finish_mini_batch(mini_batch); }
+  void DiscardMiniBatch(int64_t mini_batch) override { impl_->discard_mini_batch(mini_batch); }
   bool HasMiniBatchStatistics() const override { return impl_->has_mini_batch_statistics(); }
   void UseOwnStatistics() override { impl_->use_own_statistics(); }
 
@@ -88,6 +89,7 @@ class NnLayer : public Layer {
 template <typename Derived>
 struct StatelessModule : torch::nn::Cloneable<Derived> {
   void finish_mini_batch(int64_t) {}
+  void discard_mini_batch(int64_t) {}
   bool has_mini_batch_statistics() const { return false; }
   void use_own_statistics() {}
 };
@@ -273,6 +275,7 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
     running_mean.mul_(1 - momentum).add_(m.mean.to(running_mean.scalar_type()), momentum);
     running_var.mul_(1 - momentum).add_(var.to(running_var.scalar_type()), momentum);
   }
+  void discard_mini_batch(int64_t mini_batch) { (void)stats->Take(mini_batch); }
   bool has_mini_batch_statistics() const { return true; }
   void use_own_statistics() { stats = std::make_shared<BatchStatistics>(); }
 

@@ -132,4 +132,8 @@ void StageModule::FinishMiniBatch(int64_t mini_batch) {
   for (auto& layer : layers_) layer->FinishMiniBatch(mini_batch);
 }
 
+void StageModule::DiscardMiniBatch(int64_t mini_batch) {
+  for (auto& layer : layers_) layer->DiscardMiniBatch(mini_batch);
+}
+
 }  // namespace pipetrain::model

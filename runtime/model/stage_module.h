@@ -40,6 +40,7 @@ class StageModule {
   // Drops every parameter's gradient.
   void ZeroGrad();
   void FinishMiniBatch(int64_t mini_batch);
+  void DiscardMiniBatch(int64_t mini_batch);
 
   int first_layer() const { return first_layer_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }

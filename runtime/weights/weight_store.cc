@@ -27,8 +27,13 @@ class SingleVersionWeights : public WeightStore {
     std::vector<at::Tensor> params = module_->Parameters();
     std::vector<at::Tensor> grads = GradientsOf(params);
     if (hook_) PT_RETURN_IF_ERROR(hook_(mini_batch, grads));
-    optimizer_->Step(params, grads);
-    module_->FinishMiniBatch(mini_batch);
+    last_skipped_ = !AllFinite(grads);
+    if (!last_skipped_) {
+      optimizer_->Step(params, grads);
+      module_->FinishMiniBatch(mini_batch);
+    } else {
+      module_->DiscardMiniBatch(mini_batch);
+    }
     module_->ZeroGrad();
     ++version_;
     return absl::OkStatus();
@@ -96,8 +101,13 @@ class DoubleBufferedWeights : public WeightStore {
     // above, and copying weights leaves gradient tensors alone. Right after a switch the
     // gradient source is `base`, and the target (W(t-1)) is no longer used by anyone.
     target.CopyWeightsFrom(*base);
-    optimizer_->Step(target.Parameters(), grads);
-    target.FinishMiniBatch(t);
+    last_skipped_ = !AllFinite(grads);
+    if (!last_skipped_) {
+      optimizer_->Step(target.Parameters(), grads);
+      target.FinishMiniBatch(t);
+    } else {
+      target.DiscardMiniBatch(t);  // W(t+1) = W(t)
+    }
     grad_source->ZeroGrad();
     held_[target_slot] = t + 1;
     newest_ = t + 1;
@@ -139,6 +149,13 @@ class DoubleBufferedWeights : public WeightStore {
 };
 
 }  // namespace
+
+bool AllFinite(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) return false;
+  }
+  return true;
+}
 
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;

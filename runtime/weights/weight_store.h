@@ -25,6 +25,9 @@
 
 namespace pipetrain::weights {
 
+// Whether every element of every tensor is finite (one reduction per tensor).
+bool AllFinite(const std::vector<at::Tensor>& tensors);
+
 // Called on a mini-batch's accumulated gradients (in Parameters() order) before the update,
 // e.g. to average them across data-parallel replicas. May modify them in place.
 using GradientHook = std::function<absl::Status(int64_t mini_batch, std::vector<at::Tensor>&)>;
@@ -36,7 +39,14 @@ class WeightStore {
   virtual absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) = 0;
   virtual int64_t VersionFor(int64_t micro_batch) const = 0;
   // Applies mini-batch t's gradient (after `hook`, if set) and folds its BatchNorm statistics.
+  // If any gradient (after the hook: averaged over the replicas) is not finite, the step is
+  // skipped instead: the weights, BatchNorm statistics and optimizer state stay as they were
+  // (2BW: W(t+1) = W(t)), the gradients are cleared, and last_update_skipped() is true.
+  // A non-finite loss makes every gradient upstream of it non-finite, and the replicas'
+  // average is non-finite if any replica's is, so every stage of every replica skips the
+  // same step (docs/design.md section 4.7).
   virtual absl::Status Update(int64_t mini_batch) = 0;
+  bool last_update_skipped() const { return last_skipped_; }
   // The newest weights (what a checkpoint or the final report reads).
   virtual const model::StageModule& Newest() const = 0;
   // Number of the newest version (0 before any update).
@@ -53,6 +63,7 @@ class WeightStore {
 
  protected:
   GradientHook hook_;
+  bool last_skipped_ = false;
 };
 
 // `module` holds version `start_version` (0; a resumed job's first step N: W(N)). A

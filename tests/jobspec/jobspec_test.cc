@@ -52,6 +52,7 @@ const std::vector<FieldValue>& Values() {
       {"resume_from", "/tmp/ckpt/step-00000010", "/tmp/ckpt/step-00000010",
        "/tmp/ckpt/step-00000010"},
       {"max_restarts", "4", "4", 4},
+      {"nonfinite_limit", "7", "7", 7},
       {"model.name", "mlp", "mlp", "mlp"},
       {"model.path", "/tmp/m.pt", "/tmp/m.pt", "/tmp/m.pt"},
       {"model.d_model", "48", "48", 48},

@@ -1,0 +1,174 @@
+// Non-finite steps (stages as threads, 2 stages x 2 replicas, float64, AdamW): a NaN put into
+// one replica's activations at step s makes its loss NaN; every rank of both replicas skips
+// step s together, so the weights, BatchNorm statistics and optimizer state after step s are
+// bitwise those before it (compared through the checkpoints of the two boundaries); the skip is
+// counted; nonfinite_limit consecutive skips fail the job with a clear error.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/checkpoint/checkpoint_dir.h"
+#include "runtime/checkpoint/layer_state.h"
+#include "runtime/job/local_run.h"
+#include "tests/pipeline/forwarding_transport.h"
+
+namespace pipetrain::job {
+namespace {
+
+namespace fs = std::filesystem;
+using schedule::ScheduleKind;
+using ::testing::HasSubstr;
+
+JobConfig Gpt(ScheduleKind kind, int steps) {
+  JobConfig c;
+  c.model.name = "gpt";
+  c.model.d_model = 16;
+  c.model.n_heads = 2;
+  c.model.n_layers = 2;
+  c.data.vocab = 16;
+  c.data.seq_len = 8;
+  c.data.num_tokens = 1 << 14;
+  c.schedule = kind;
+  c.stages = 2;
+  c.replicas = 2;
+  c.micro_batches = 2;
+  c.micro_batch_size = 2;
+  c.steps = steps;
+  c.optimizer = {"adamw", 1e-2};
+  c.float64 = true;
+  c.threads_per_stage = 1;
+  c.recv_timeout_s = 60;
+  return c;
+}
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("pipetrain_nonfinite_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Stage 0 of replica 0 sends NaN activations for the micro-batches of `steps`.
+class PoisoningTransport : public ForwardingTransport {
+ public:
+  PoisoningTransport(std::unique_ptr<transport::Transport> inner, int micro_batches,
+                     std::set<int64_t> steps)
+      : ForwardingTransport(std::move(inner)), m_(micro_batches), steps_(std::move(steps)) {}
+  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
+                    const at::Tensor& t) override {
+    if (kind == transport::MessageKind::kActivation && steps_.count(j / m_)) {
+      return inner_->Send(peer, kind, j, at::full_like(t, std::nan("")));
+    }
+    return inner_->Send(peer, kind, j, t);
+  }
+
+ private:
+  int m_;
+  std::set<int64_t> steps_;
+};
+
+RunOptions Poison(const JobConfig& c, std::set<int64_t> steps) {
+  RunOptions options;
+  auto stage0_calls = std::make_shared<int>(0);
+  options.wrap_transport = [m = c.micro_batches, steps, stage0_calls](
+                               std::unique_ptr<transport::Transport> t, int stage) {
+    // Stages are built replica by replica: the first stage 0 is replica 0's.
+    if (stage != 0 || (*stage0_calls)++ != 0) return t;
+    return std::unique_ptr<transport::Transport>(new PoisoningTransport(std::move(t), m, steps));
+  };
+  return options;
+}
+
+// Every tensor of the checkpoint under `root`: parameters, buffers and optimizer state.
+std::vector<at::Tensor> CheckpointTensors(const fs::path& root, int64_t step) {
+  std::vector<at::Tensor> out;
+  auto found = checkpoint::FindCheckpoint(root.string());
+  EXPECT_TRUE(found.ok()) << found.status();
+  if (!found.ok()) return out;
+  EXPECT_EQ(found->manifest.step, step);
+  for (int layer = 0; layer < found->manifest.num_layers; ++layer) {
+    auto state = checkpoint::ParseLayerState(*checkpoint::ReadLayer(*found, layer));
+    EXPECT_TRUE(state.ok()) << state.status();
+    if (!state.ok()) continue;
+    out.insert(out.end(), state->parameters.begin(), state->parameters.end());
+    out.insert(out.end(), state->buffers.begin(), state->buffers.end());
+    for (const weights::ParameterState& p : state->optimizer) {
+      for (const auto& [name, tensor] : p) out.push_back(tensor);
+    }
+  }
+  return out;
+}
+
+class NonFiniteTest : public ::testing::TestWithParam<ScheduleKind> {};
+
+TEST_P(NonFiniteTest, AStepWithANaNLossIsSkippedOnEveryRankAndLeavesEverythingUnchanged) {
+  constexpr int64_t kPoisoned = 4;
+  // Clean, checkpoint before step 4 (W(4), the optimizer after 4 updates).
+  const fs::path before = TempDir("before"), after = TempDir("after");
+  JobConfig clean = Gpt(GetParam(), 5);
+  clean.checkpoint.dir = before.string();
+  clean.checkpoint.every = kPoisoned;
+  ASSERT_TRUE(RunInProcess(clean).ok());
+  // Step 4 poisoned on replica 0 only, checkpoint before step 5.
+  JobConfig poisoned = Gpt(GetParam(), 7);
+  poisoned.checkpoint.dir = after.string();
+  poisoned.checkpoint.every = kPoisoned + 1;
+  absl::StatusOr<JobReport> report = RunInProcess(poisoned, Poison(poisoned, {kPoisoned}));
+  ASSERT_TRUE(report.ok()) << report.status();
+  // Every rank of both replicas skipped exactly that step.
+  ASSERT_EQ(report->stage_stats.size(), 4u);
+  for (const executor::StageStats& st : report->stage_stats) {
+    EXPECT_EQ(st.skipped_steps, 1);
+    for (const executor::StepRecord& step : st.steps) {
+      EXPECT_EQ(step.skipped, step.step == kPoisoned) << "step " << step.step;
+    }
+  }
+  ASSERT_EQ(report->losses.size(), 7u);
+  for (int64_t t = 0; t < 7; ++t) {
+    EXPECT_EQ(std::isnan(report->losses[t]), t == kPoisoned) << "step " << t;
+  }
+  // W(5) = W(4) and the optimizer state after step 4 is that after step 3, bitwise.
+  const std::vector<at::Tensor> a = CheckpointTensors(before, kPoisoned);
+  const std::vector<at::Tensor> b = CheckpointTensors(after, kPoisoned + 1);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(at::equal(a[k], b[k])) << "tensor " << k;
+  // ...and training goes on afterwards with finite weights.
+  for (const at::Tensor& t : report->final_parameters) {
+    EXPECT_TRUE(at::isfinite(t).all().item<bool>());
+  }
+  fs::remove_all(before);
+  fs::remove_all(after);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, NonFiniteTest,
+                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW),
+                         [](const auto& info) {
+                           return info.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "TwoBW";
+                         });
+
+TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
+  JobConfig c = Gpt(ScheduleKind::kOneFOneB, 8);
+  c.nonfinite_limit = 3;
+  absl::StatusOr<JobReport> failed = RunInProcess(c, Poison(c, {2, 3, 4}));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("the loss or the gradients were not finite in 3 consecutive steps (2 "
+                        "to 4; each was skipped)"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("nonfinite_limit 3"));
+  // Two in a row, then a good step, then one more: skipped, counted, and the job succeeds.
+  absl::StatusOr<JobReport> ok = RunInProcess(c, Poison(c, {2, 3, 5}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->stage_stats[0].skipped_steps, 3);
+}
+
+}  // namespace
+}  // namespace pipetrain::job
