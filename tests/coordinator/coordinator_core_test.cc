@@ -833,6 +833,28 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobShrinksAfterTheGraceAndFailsOnceOutOfR
   EXPECT_THAT(failed.message(), HasSubstr("out of memory (after 1 restart; max_restarts is 1)"));
 }
 
+// A skipped step (non-finite loss or gradients) is counted once, from rank 0's report.
+TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  for (int64_t t = 0; t < 2; ++t) {
+    for (auto [worker, rank] : {std::pair{w1, 0}, std::pair{w2, 1}}) {
+      v1::StepReport r = Report(worker, job.id(), rank, t);
+      r.set_skipped(t == 1);
+      ASSERT_TRUE(ReportSteps(sessions_[worker], {r}).ok());
+    }
+  }
+  EXPECT_EQ(Get(job.id()).skipped_steps(), 1);
+  const std::vector<std::string> events = EventTexts(job.id());
+  EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                          [](const std::string& e) {
+                            return e.find("step 1 skipped: its loss or gradients were not "
+                                          "finite") != std::string::npos;
+                          }),
+            1);
+}
+
 TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
   auto text = [](const std::vector<Layout>& layouts) {
     std::string out;
