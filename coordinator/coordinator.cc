@@ -390,7 +390,7 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     m.jobs_by_state[StateName(s)] = 0;
   }
-  for (const char* s : {"idle", "busy", "lost"}) m.workers_by_state[s] = 0;
+  for (const char* s : {"idle", "busy", "draining", "lost"}) m.workers_by_state[s] = 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, e] : jobs_) {
     ++m.jobs_by_state[StateName(e.job.state())];
@@ -633,6 +633,98 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
+    const std::string& session, const v1::DrainWorkerRequest& request) {
+  v1::DrainWorkerResponse response;
+  std::shared_ptr<WorkerClient> rank0;
+  std::string worker_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
+    pool_.MarkDraining(*w);
+    worker_id = w->info.id();
+    auto j = jobs_.find(w->info.job_id());
+    if (j == jobs_.end()) return response;
+    JobEntry& e = j->second;
+    response.set_job_id(e.job.id());
+    if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering ||
+        e.job.restarts() >= e.config.max_restarts || w->generation != e.generation ||
+        e.rank_worker.empty()) {
+      return response;  // nothing to restart: its rank ends with it
+    }
+    if (e.drain_step > 0) {  // another worker's drain already asked for one
+      response.set_checkpoint_step(e.drain_step);
+      return response;
+    }
+    WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
+    if (first == nullptr || first->info.state() == "lost") return response;
+    rank0 = first->client;
+  }
+  v1::SendCommandRequest command;
+  command.set_job_id(response.job_id());
+  command.set_command(v1::STEP_COMMAND_CHECKPOINT);
+  absl::StatusOr<v1::SendCommandResponse> scheduled = rank0->ScheduleCommand(command);
+  if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
+    auto j = jobs_.find(response.job_id());
+    if (j == jobs_.end() || j->second.recovering) return response;
+    JobEntry& e = j->second;
+    e.draining_worker = worker_id;
+    e.drain_step = scheduled->step();
+    response.set_checkpoint_step(scheduled->step());
+    Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
+                                   "step ", scheduled->step(), "; the job restarts from it "
+                                   "without this worker"));
+    Changed(e);
+    return response;
+  });
+}
+
+int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  std::vector<std::pair<std::string, std::shared_ptr<WorkerClient>>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, e] : jobs_) {
+      if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering ||
+          e.job.restarts() >= e.config.max_restarts || e.rank_worker.empty()) {
+        continue;
+      }
+      WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
+      if (first != nullptr && first->info.state() != "lost") targets.push_back({id, first->client});
+    }
+  }
+  std::map<std::string, int64_t> wanted;  // job -> checkpoint step
+  for (const auto& [id, client] : targets) {
+    v1::SendCommandRequest command;
+    command.set_job_id(id);
+    command.set_command(v1::STEP_COMMAND_CHECKPOINT);
+    absl::StatusOr<v1::SendCommandResponse> scheduled = client->ScheduleCommand(command);
+    if (!scheduled.ok()) continue;
+    wanted[id] = scheduled->step();
+    LockedThenFlush([&] {
+      Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
+                             scheduled->step(), "; the job resumes from it when the "
+                             "coordinator starts again"));
+      return 0;
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  int done = 0;
+  while (true) {
+    done = 0;
+    for (const auto& [id, step] : wanted) {
+      const JobEntry& e = jobs_.at(id);
+      if (e.job.checkpoint_step() >= step || e.job.state() != v1::JOB_STATE_RUNNING) ++done;
+    }
+    if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  lock.unlock();
+  (void)FlushWrites();  // the records naming the checkpoints are durable before the exit
+  return done;
+}
+
 absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string& session,
                                                               const std::string& worker_id) {
   WorkerPool::Worker* w = pool_.FindBySession(session);
@@ -745,6 +837,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     response.set_stop(true);
     return response;
   }
+  if (e.recovering) return response;  // an earlier report of this batch ended the generation
   if (r.rank() < 0 || r.rank() >= e.job.stage_status_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank(), " out of range"));
   }
@@ -837,6 +930,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       Event(e.job.id(), absl::StrCat("checkpoint before step ", e.job.checkpoint_step(),
                                      " committed: ", e.job.checkpoint_path()));
       Changed(e);
+      if (e.drain_step > 0 && e.job.checkpoint_step() >= e.drain_step) {
+        WorkerPool::Worker* w = pool_.Find(e.draining_worker);
+        FailOrRestart(e, absl::StrCat(e.draining_worker, " (",
+                                      w != nullptr ? w->info.address() : std::string("?"),
+                                      ") was stopped (drained) after the checkpoint before step ",
+                                      e.drain_step));
+        return response;
+      }
     }
     if (e.job.recoveries_size() > 0 &&
         e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.generation &&
@@ -1027,6 +1128,8 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.assign_attempts.assign(ranks, 0);
   e.command_reports.clear();
   e.reported_checkpoint = {0, ""};
+  e.draining_worker.clear();
+  e.drain_step = 0;
   e.stop_step = 0;
   e.first_end_s = -1;
   e.pending_failure.clear();
@@ -1061,7 +1164,9 @@ bool Coordinator::PlaceRecovering() {
     // Every rank of the last generation has ended (its worker reported it, or was lost).
     bool ending = false;
     for (const v1::WorkerInfo& w : pool_.Infos()) {
-      if (w.state() == "busy" && w.job_id() == e->job.id()) ending = true;
+      if ((w.state() == "busy" || w.state() == "draining") && w.job_id() == e->job.id()) {
+        ending = true;
+      }
     }
     const int min_cores = e->config.threads_per_stage;
     std::vector<std::string> idle;

@@ -159,6 +159,19 @@ class Coordinator {
   // A worker stopping on purpose leaves the pool (a rank it still ran is lost).
   absl::Status Deregister(const std::string& session, const v1::DeregisterWorkerRequest& request);
   absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request);
+  // The worker is draining (CoordinatorService.DrainWorker): no rank is given to it any more;
+  // if it runs a rank of a running job with restarts left, a checkpoint is scheduled at the
+  // job's earliest boundary N (through rank 0's worker, as SendCommand does), and once the
+  // checkpoint before N is the job's restart point the job restarts from it (its generation
+  // ends, so this worker's stage is stopped). Returns N, or 0 when there is nothing to wait
+  // for (the worker stops at once).
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(const std::string& session,
+                                                      const v1::DrainWorkerRequest& request);
+  // Before the coordinator stops (SIGTERM): every running job with restarts left gets a
+  // checkpoint at its earliest boundary; waits until each is the job's restart point (or
+  // the job ended), at most `limit`. A restarted coordinator resumes the jobs from there.
+  // Returns how many jobs got one in time.
+  int CheckpointRunningJobs(absl::Duration limit);
   // A batch is checked whole before any of it is applied: each report is its rank's next step
   // (one already counted, resent after a lost reply, is skipped) and below the job's steps,
   // with finite, non-negative times; otherwise InvalidArgument and the job is untouched.
@@ -240,6 +253,10 @@ class Coordinator {
     // The newest checkpoint a rank reported committing (step, directory), until every step
     // before it is committed here; then it is the job's (checkpoint_step, checkpoint_path).
     std::pair<int64_t, std::string> reported_checkpoint{0, ""};
+    // A draining worker of this generation and the checkpoint boundary scheduled for it: the
+    // job restarts once that checkpoint is its restart point.
+    std::string draining_worker;
+    int64_t drain_step = 0;
   };
 
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);

@@ -146,6 +146,12 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
+  // Jobs that may restart get a checkpoint first, so the next start resumes them from here
+  // (at most 30 s; jobs without restarts left wait for nothing).
+  if (const int saved = (*coordinator)->CheckpointRunningJobs(absl::Seconds(30)); saved > 0) {
+    std::fprintf(stderr, "pipetrain-coordinator: %d running job%s checkpointed\n", saved,
+                 saved == 1 ? "" : "s");
+  }
   (*coordinator)->StopMonitor();
   (*server)->Shutdown();
   metrics_server.reset();  // its scrapes read the coordinator

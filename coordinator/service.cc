@@ -132,6 +132,12 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                                 v1::DeregisterWorkerResponse*) override {
     return ToGrpcStatus(c_->Deregister(rpc::SessionOf(*ctx), *request));
   }
+  grpc::Status DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* request,
+                           v1::DrainWorkerResponse* response) override {
+    absl::StatusOr<v1::DrainWorkerResponse> r = c_->DrainWorker(rpc::SessionOf(*ctx), *request);
+    if (r.ok()) *response = *r;
+    return ToGrpcStatus(r.status());
+  }
   // Every other call names the worker's session (rpc::WorkerSession): the core checks that
   // it speaks only for that worker and its ranks.
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,

@@ -86,9 +86,13 @@ void WorkerPool::Assign(Worker& w, const std::string& job_id, int rank, int gene
   w.info.set_rank(rank);
 }
 
+void WorkerPool::MarkDraining(Worker& w) {
+  if (w.info.state() != "lost") w.info.set_state("draining");
+}
+
 void WorkerPool::Release(Worker& w) {
   if (w.info.state() == "lost") return;
-  w.info.set_state("idle");
+  if (w.info.state() != "draining") w.info.set_state("idle");
   w.info.set_job_id("");
   w.info.set_rank(-1);
 }

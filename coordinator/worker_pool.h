@@ -1,4 +1,4 @@
-// The workers the coordinator knows: identity, address, state (idle, busy, lost), the rank
+// The workers the coordinator knows: identity, address, state (idle, busy, draining, lost), the rank
 // each one runs, and liveness (a worker silent for longer than the limit is lost).
 // Not thread-safe: the coordinator holds its lock around every call.
 #pragma once
@@ -52,8 +52,11 @@ class WorkerPool {
   // Ids of the idle workers, in id order.
   std::vector<std::string> IdleIds() const;
   void Assign(Worker& worker, const std::string& job_id, int rank, int generation);
-  // Idle again (after its rank ended), unless lost.
+  // Idle again (after its rank ended), unless lost; a draining worker stays draining.
   void Release(Worker& worker);
+  // Draining (stopping on purpose): never chosen again; it keeps the rank it runs until it
+  // ends.
+  void MarkDraining(Worker& worker);
   // Marks lost every live worker whose last heartbeat is more than `limit` before `now`.
   std::vector<Lost> ExpireSilent(absl::Time now, absl::Duration limit);
   // When the next live worker will have been silent for more than `limit`

@@ -292,7 +292,9 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   cv_.wait_for(lock, std::chrono::seconds(8), [this] {
     return job_id_.empty() || stopping_ || !(stage_ending_ || !stop_reason_.empty());
   });
-  if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+  if (stopping_ || draining_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+  }
   if (!job_id_.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("busy with rank ", rank_, " of ", job_id_));
@@ -514,8 +516,36 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   cv_.notify_all();
 }
 
+void Worker::Drain() {
+  std::string job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || draining_) return;
+    draining_ = true;  // no new assignment from here on
+    if (job_id_.empty() || stage_ending_ || id_.empty() || !coordinator_) return;
+    job = job_id_;
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(5)));
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(id());
+  v1::DrainWorkerResponse response;
+  if (!coordinator_->DrainWorker(&ctx, request, &response).ok() ||
+      response.checkpoint_step() == 0) {
+    return;
+  }
+  std::fprintf(stderr, "pipetrain-worker: draining: %s is checkpointed before step %lld and "
+               "restarts without this worker; waiting for that (at most %s)\n", job.c_str(),
+               static_cast<long long>(response.checkpoint_step()),
+               absl::FormatDuration(kDrainTimeout).c_str());
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kDrainTimeout)),
+               [&] { return job_id_ != job; });
+}
+
 void Worker::Stop() {
   constexpr char kWhy[] = "the worker is shutting down";
+  Drain();
   std::thread stage;
   v1::StageEnd end;  // of the rank it runs, if any
   {

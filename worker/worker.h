@@ -5,7 +5,10 @@
 // A stage is stopped (its transport aborted, so it leaves its current wait at once) when
 // the coordinator says so, when a step report is answered with stop, or when the
 // coordinator no longer knows this worker (heartbeat refused with NOT_FOUND: it restarted);
-// the worker then registers again. An assignment that arrives while the previous stage is
+// the worker then registers again. Stop() (SIGTERM) while a rank runs first drains: the
+// coordinator checkpoints the job at its earliest boundary and restarts it from there without
+// this worker (CoordinatorService.DrainWorker), and the worker waits for its stage to be
+// stopped that way (at most a minute). An assignment that arrives while the previous stage is
 // on its way out (ended and reporting, or told to stop) waits for it, up to 8 s, instead of
 // being refused: the coordinator counts the worker idle from its stage's end. Stop()
 // drains: no new assignment is taken, a running stage is stopped and reported, and the
@@ -102,6 +105,11 @@ class Worker : public v1::WorkerService::Service {
   void RunAssignment(v1::StageAssignment assignment);
   // REQUIRES: mu_ held.
   void AbortStage(const std::string& why);
+  // Stop()'s first part while a rank runs: asks the coordinator to drain this worker and,
+  // if it scheduled a checkpoint, waits (heartbeating, up to kDrainTimeout) until the
+  // coordinator has stopped the stage after that checkpoint.
+  void Drain();
+  static constexpr absl::Duration kDrainTimeout = absl::Seconds(60);
 
   WorkerOptions options_;
   metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
@@ -118,6 +126,7 @@ class Worker : public v1::WorkerService::Service {
   std::string id_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   bool stopping_ = false;
+  bool draining_ = false;  // Stop() has begun: no new assignment
   // The running stage, if any.
   std::string job_id_;
   int rank_ = -1;

@@ -284,6 +284,81 @@ TEST_F(RecoveryTest, ACoordinatorKilledMidJobResumesItsJobFromTheCheckpoint) {
   EXPECT_TRUE(cluster.WaitForIdleWorkers(4));
 }
 
+// SIGTERM to a worker of the job (a preemption): the job is checkpointed at its earliest
+// boundary, then restarts from that checkpoint on the other workers (a spare keeps the
+// layout); the worker exits 0 once its stage is stopped; few steps are run again.
+TEST_F(RecoveryTest, AWorkerStoppedWithSigtermCheckpointsTheJobFirst) {
+  LocalCluster cluster(dir_, 5);
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(5));
+  const std::string body = Job(200);
+  const fs::path weights = dir_ / "weights";
+  // No checkpoint policy: the only checkpoint is the one the drain asks for.
+  std::ofstream(dir_ / "job.yaml") << WithRecovery(body, dir_ / "ckpt", 0, 1)
+                                   << "weights_dir: " << weights.string() << "\n";
+  auto stub = cluster.JobStub();
+  const std::string id = Submit(cluster, dir_ / "job.yaml");
+  v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
+    return Ended(j) || j.step() >= 30;
+  }, milliseconds(120000));
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
+  const std::string victim = running.stage_status(1).worker_id();
+  const int index = WorkerIndex(cluster, victim);
+  ASSERT_GE(index, 0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(cluster.StopWorker(index), 0);
+  const double stop_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(stop_s, 30) << "the drain waits for one checkpoint, not for its deadline";
+  v1::Job done = PollJob(*stub, id, Ended, milliseconds(180000));
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED)
+      << done.DebugString() << ReadFile(cluster.coordinator_log());
+  EXPECT_EQ(done.restarts(), 1);
+  ASSERT_EQ(done.recoveries_size(), 1);
+  const v1::Recovery& r = done.recoveries(0);
+  EXPECT_THAT(r.cause(), HasSubstr(victim));
+  EXPECT_THAT(r.cause(), HasSubstr("was stopped (drained) after the checkpoint before step"));
+  EXPECT_GE(r.resumed_at_step(), 30);
+  EXPECT_LE(r.failed_after_step() + 1 - r.resumed_at_step(), 3) << "steps run again";
+  ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir_ / "jobs.db", id), 200, 2);
+  ExpectWithin(GatherWeights(weights, 2), Uninterrupted(cluster, dir_, body), 1e-10);
+  std::printf("worker drained and exited in %.2f s; %lld steps run again\n", stop_s,
+              static_cast<long long>(r.failed_after_step() + 1 - r.resumed_at_step()));
+}
+
+// SIGTERM to the coordinator: its running job is checkpointed first; started again, the
+// coordinator resumes the job from that checkpoint (few steps run again) and it succeeds.
+TEST_F(RecoveryTest, ACoordinatorStoppedWithSigtermCheckpointsItsJobsFirst) {
+  LocalCluster cluster(dir_, 4);
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(4));
+  const std::string body = Job(200);
+  const fs::path weights = dir_ / "weights";
+  std::ofstream(dir_ / "job.yaml") << WithRecovery(body, dir_ / "ckpt", 0, 1)
+                                   << "weights_dir: " << weights.string() << "\n";
+  const std::string id = Submit(cluster, dir_ / "job.yaml");
+  {
+    auto stub = cluster.JobStub();
+    v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
+      return Ended(j) || j.step() >= 30;
+    }, milliseconds(120000));
+    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
+  }
+  EXPECT_EQ(cluster.StopCoordinator(), 0);
+  EXPECT_THAT(ReadFile(cluster.coordinator_log()), HasSubstr("1 running job checkpointed"));
+  ASSERT_TRUE(cluster.StartCoordinator(cluster.port()));
+  auto stub = cluster.JobStub();
+  v1::Job done = PollJob(*stub, id, Ended, milliseconds(180000));
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED)
+      << done.DebugString() << ReadFile(cluster.coordinator_log());
+  ASSERT_EQ(done.recoveries_size(), 1);
+  const v1::Recovery& r = done.recoveries(0);
+  EXPECT_THAT(r.cause(), HasSubstr("the coordinator restarted"));
+  EXPECT_GE(r.resumed_at_step(), 30);
+  EXPECT_LE(r.failed_after_step() + 1 - r.resumed_at_step(), 3) << "steps run again";
+  ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir_ / "jobs.db", id), 200, 2);
+  ExpectWithin(GatherWeights(weights, 2), Uninterrupted(cluster, dir_, body), 1e-10);
+}
+
 // /proc/PID: resident memory (bytes) and open file descriptors.
 std::pair<int64_t, int> MemoryAndFds(pid_t pid) {
   int64_t rss = 0;
