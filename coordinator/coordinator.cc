@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/placement.h"
 #include "jobspec/job_config_from_spec.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/partition.h"
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "runtime/base/status_macros.h"
@@ -34,6 +36,37 @@ std::vector<double> StragglerRatios(const std::vector<double>& per_stage) {
   std::vector<double> ratios;
   for (double s : per_stage) ratios.push_back(s / median);
   return ratios;
+}
+
+// What one rank of `layout` holds for its parameters, for the largest stage: each parameter
+// in its weight versions (two for 2BW), its gradient and the optimizer's slots (AdamW two,
+// SGD with momentum one), at the job's dtype. Activations are not counted. nullopt where it
+// is not known without building the model (TorchScript).
+std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const Layout& layout) {
+  model::ModelConfig m = c.model;
+  const std::string kind = job::EffectiveDataKind(c);
+  if (kind != "classification") {
+    m.vocab_size = c.data.vocab > 0 ? c.data.vocab : (kind == "bytes" ? 256 : 65536);
+    m.seq_len = c.data.seq_len;
+  }
+  absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(m);
+  if (!layers.ok()) return std::nullopt;
+  std::vector<double> counts;
+  for (const model::LayerInfo& l : *layers) counts.push_back(static_cast<double>(l.num_parameters));
+  absl::StatusOr<std::vector<model::LayerRange>> ranges =
+      layout.stages == job::PipelineStages(c) && !c.stage_ranges.empty()
+          ? absl::StatusOr<std::vector<model::LayerRange>>(c.stage_ranges)
+          : model::BalancedPartition(counts, layout.stages);
+  if (!ranges.ok()) return std::nullopt;
+  double largest = 0;
+  for (const model::LayerRange& r : *ranges) {
+    double sum = 0;
+    for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
+    largest = std::max(largest, sum);
+  }
+  const int versions = c.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
+  const int slots = c.optimizer.name == "adamw" ? 2 : (c.optimizer.momentum > 0 ? 1 : 0);
+  return static_cast<int64_t>(largest) * (c.float64 ? 8 : 4) * (versions + 1 + slots);
 }
 
 // "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
@@ -1181,9 +1214,25 @@ bool Coordinator::PlaceRecovering() {
     const bool full = static_cast<int>(idle.size()) >= original.stages * original.replicas;
     const bool grace_over = now - e->recovering_since >= 3 * options_.heartbeat_interval;
     std::optional<std::pair<Layout, v1::JobSpec>> chosen;
+    std::vector<std::string> chosen_workers;
+    std::string too_small;  // why layouts were passed over, for the job's message
     if (!ending && (full || grace_over)) {
       for (const Layout& l : RecoveryLayouts(original, static_cast<int>(idle.size()),
                                              spec.stage_ranges_size() > 0)) {
+        // Only workers whose memory holds a rank's parameter state (when both are known).
+        const std::optional<int64_t> need = RankParameterStateBytes(c, l);
+        std::vector<std::string> fit;
+        for (const std::string& id : idle) {
+          const int64_t memory = pool_.Find(id)->info.memory_bytes();
+          if (!need || memory <= 0 || memory >= *need) fit.push_back(id);
+        }
+        if (static_cast<int>(fit.size()) < l.stages * l.replicas) {
+          too_small = absl::StrCat("; ", l.stages, " stages x ", l.replicas, " replicas need ",
+                                   l.stages * l.replicas, " workers with ", need.value_or(0),
+                                   " bytes for a rank's parameters, gradients and optimizer "
+                                   "state, ", fit.size(), " idle have them");
+          continue;
+        }
         v1::JobSpec run = spec;
         if (l.stages != original.stages) {
           run.clear_stage_ranges();
@@ -1194,6 +1243,7 @@ bool Coordinator::PlaceRecovering() {
         if (e->job.checkpoint_step() > 0) run.set_resume_from(e->job.checkpoint_path());
         if (jobspec::JobConfigFromSpec(run).ok()) {
           chosen.emplace(l, std::move(run));
+          chosen_workers = fit;
           break;
         }
       }
@@ -1205,6 +1255,7 @@ bool Coordinator::PlaceRecovering() {
                absl::StrCat("no workers to restart on within timeout_s (",
                             absl::FormatDuration(limit), "): ", idle.size(), " idle",
                             ending ? ", ranks of the last generation still ending" : "",
+                            too_small,
                             "; it ran ", e->job.step() + 1, " of ", e->job.steps(),
                             " steps; the last fault: ", e->job.recoveries().empty()
                                 ? std::string("?")
@@ -1229,7 +1280,8 @@ bool Coordinator::PlaceRecovering() {
                                       " micro-batches (the global batch unchanged)"));
     }
     const int ranks = layout.stages * layout.replicas;
-    StartGeneration(*e, std::vector<std::string>(idle.begin(), idle.begin() + ranks), run,
+    StartGeneration(*e, std::vector<std::string>(chosen_workers.begin(),
+                                                 chosen_workers.begin() + ranks), run,
                     e->job.checkpoint_step() > 0 ? e->job.checkpoint_step()
                                                  : (run.has_resume_from() ? -1 : 0));
   }

@@ -833,6 +833,53 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobShrinksAfterTheGraceAndFailsOnceOutOfR
   EXPECT_THAT(failed.message(), HasSubstr("out of memory (after 1 restart; max_restarts is 1)"));
 }
 
+// The next generation goes only to workers whose memory holds a rank's parameter state; if
+// none fits, the job fails once its timeout_s has passed, saying why.
+TEST_F(CoordinatorCoreTest, ARecoveringJobUsesOnlyWorkersWithMemoryForARank) {
+  auto register_with = [&](int n, int64_t memory) {
+    v1::RegisterWorkerRequest r;
+    r.set_address("host-" + std::to_string(n) + ":7000");
+    r.set_memory_bytes(memory);
+    auto response = coordinator_->Register(r);
+    EXPECT_TRUE(response.ok()) << response.status();
+    sessions_[response->worker_id()] = response->session();
+    return response->worker_id();
+  };
+  const std::string w1 = register_with(1, int64_t{1} << 30), w2 = register_with(2, 1 << 30);
+  v1::JobSpec spec = Spec(2);
+  spec.set_max_restarts(2);
+  spec.set_timeout_s(10);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  const std::string small = register_with(3, 1000), big = register_with(4, int64_t{1} << 30);
+  EndRank(w2, job.id(), 1, false, "CUDA error", 1);
+  Heartbeat(w1, job.id(), 0);
+  clock_->Advance(absl::Seconds(1));
+  Heartbeat(w1, job.id(), 0);
+  coordinator_->Tick();
+  EndRank(w1, job.id(), 0, false, "stopped", 1);
+  RunLater();
+  // Idle: worker-1, -2, -3 (1000 bytes), -4: the small one is passed over.
+  v1::Job second = Get(job.id());
+  ASSERT_EQ(second.generation(), 2);
+  for (const v1::StageStatus& st : second.stage_status()) EXPECT_NE(st.worker_id(), small);
+  // The big workers leave (the first of generation 2 to go ends it: restart 2 of 2); only the
+  // small one is left: no layout fits, and the job fails after timeout_s, saying why.
+  for (const std::string& w : {big, w1, w2}) {
+    v1::DeregisterWorkerRequest leave;
+    leave.set_worker_id(w);
+    ASSERT_TRUE(coordinator_->Deregister(sessions_[w], leave).ok());
+  }
+  clock_->Advance(absl::Seconds(11));
+  Heartbeat(small);
+  coordinator_->Tick();
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.message(), HasSubstr("no workers to restart on within timeout_s"));
+  EXPECT_THAT(failed.message(), HasSubstr("bytes for a rank's parameters, gradients and "
+                                          "optimizer state, 0 idle have them"));
+}
+
 // A skipped step (non-finite loss or gradients) is counted once, from rank 0's report.
 TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
   const std::string w1 = Register(1), w2 = Register(2);
