@@ -914,6 +914,13 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     }
   }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
+  if (!r.checkpoint_failed().empty()) {
+    Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
+                                   Rank(e.job, r.rank()), ": ",
+                                   r.checkpoint_failed().substr(0, kMaxErrorBytes),
+                                   " (the job goes on; its restart point stays at step ",
+                                   e.job.checkpoint_step(), ")"));
+  }
   if (r.skipped() && r.rank() == 0) {  // every rank skips it; rank 0 counts it
     e.job.set_skipped_steps(e.job.skipped_steps() + 1);
     Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "

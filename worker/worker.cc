@@ -400,9 +400,10 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   }
   // The checkpoint this rank committed, if any, goes with its next step report (the one of
   // the step before the checkpoint's boundary): the coordinator restarts from it.
-  std::string committed_checkpoint;  // the stage's thread only
+  std::string committed_checkpoint, failed_checkpoint;  // the stage's thread only
   hooks.on_checkpoint = [&](int64_t, const job::SharedCheckpointResult& result) {
     if (!result.committed.empty()) committed_checkpoint = result.committed;
+    if (!result.status.ok()) failed_checkpoint = std::string(result.status.message());
   };
   hooks.on_transport = [this](transport::Transport* t) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -436,6 +437,10 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     if (!committed_checkpoint.empty()) {
       report.set_checkpoint_committed(committed_checkpoint);
       committed_checkpoint.clear();
+    }
+    if (!failed_checkpoint.empty()) {
+      report.set_checkpoint_failed(failed_checkpoint.substr(0, 1024));
+      failed_checkpoint.clear();
     }
     if (step.mean_loss) {
       report.set_has_loss(true);

@@ -359,6 +359,26 @@ TEST_F(RecoveryTest, ACoordinatorStoppedWithSigtermCheckpointsItsJobsFirst) {
   ExpectWithin(GatherWeights(weights, 2), Uninterrupted(cluster, dir_, body), 1e-10);
 }
 
+// A checkpoint that cannot be written (its directory is a file here; a full disk behaves the
+// same) is reported in the job's events; the job goes on and succeeds, its restart point
+// unchanged.
+TEST_F(RecoveryTest, AFailedCheckpointIsReportedAndTheJobGoesOn) {
+  LocalCluster cluster(dir_, 2);
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  std::ofstream(dir_ / "not-a-directory") << "x";
+  std::ofstream(dir_ / "job.yaml")
+      << "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\nstages: 2\nsteps: 12\n"
+      << "checkpoint: {dir: " << (dir_ / "not-a-directory" / "ckpt").string() << ", every: 5}\n";
+  Result done = cluster.Cli("submit " + (dir_ / "job.yaml").string() + " --follow");
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  Result logs = cluster.Cli("logs job-0001");
+  EXPECT_THAT(logs.out, HasSubstr("checkpoint before step 5 failed on stage"));
+  EXPECT_THAT(logs.out, HasSubstr("the job goes on; its restart point stays at step 0"));
+  EXPECT_THAT(logs.out, HasSubstr("checkpoint before step 10 failed on stage"));
+  EXPECT_EQ(GetJob(*cluster.JobStub(), "job-0001").checkpoint_step(), 0);
+}
+
 // /proc/PID: resident memory (bytes) and open file descriptors.
 std::pair<int64_t, int> MemoryAndFds(pid_t pid) {
   int64_t rss = 0;
