@@ -728,7 +728,9 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
     }
   }
   std::map<std::string, int64_t> wanted;  // job -> checkpoint step
-  for (const auto& [id, client] : targets) {
+  for (const auto& target : targets) {
+    const std::string& id = target.first;
+    const std::shared_ptr<WorkerClient>& client = target.second;
     v1::SendCommandRequest command;
     command.set_job_id(id);
     command.set_command(v1::STEP_COMMAND_CHECKPOINT);

@@ -113,10 +113,11 @@ class Harness {
   }
 
   void Step() {
-    switch (in_.ConsumeIntegralInRange<int>(0, 17)) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 18)) {
       case 0: {  // a spec of random fields, or a valid one with one field changed
         v1::JobSpec spec = in_.ConsumeBool() ? Parsed<v1::JobSpec>() : ValidSpec(1 + in_.ConsumeIntegralInRange<int>(0, 2));
         if (in_.ConsumeBool()) spec.set_steps(static_cast<int32_t>(Number()));
+        if (in_.ConsumeBool()) spec.set_max_restarts(static_cast<int32_t>(Number()));
         auto job = coordinator_->Submit(spec);
         CheckRefusal(job.status());
         if (job.ok()) job_ids_.push_back(job->id());
@@ -160,6 +161,10 @@ class Harness {
           r->set_compute_s(in_.ConsumeFloatingPoint<double>());
           r->set_wait_s(in_.ConsumeFloatingPoint<double>());
           if (in_.ConsumeBool()) r->add_commands_after(static_cast<v1::StepCommand>(Number()));
+          r->set_generation(static_cast<int32_t>(in_.ConsumeIntegralInRange<int>(0, 3)));
+          if (in_.ConsumeBool()) r->set_checkpoint_committed(AnyString());
+          if (in_.ConsumeBool()) r->set_checkpoint_failed(AnyString());
+          r->set_skipped(in_.ConsumeBool());
         }
         auto response = coordinator_->ReportSteps(Session(), reports);
         CheckRefusal(response.status());
@@ -248,6 +253,12 @@ class Harness {
       case 16:  // a worker that fails its next assignment
         for (auto& [address, worker] : workers_) worker->fail_assign = in_.ConsumeBool();
         break;
+      case 17: {  // a worker that drains (SIGTERM)
+        v1::DrainWorkerRequest r;
+        r.set_worker_id(WorkerId());
+        CheckRefusal(coordinator_->DrainWorker(Session(), r).status());
+        break;
+      }
       default: {
         auto job = coordinator_->Submit(Parsed<v1::JobSpec>());
         CheckRefusal(job.status());
