@@ -10,7 +10,10 @@
 #   7. submit_to_first_step.py    `pipetrain submit` -> first finished step, 4 stages, broken down
 #   8. coordinator_capacity.sh    Heartbeat / ReportStep calls/s and latency of a coordinator
 #   9. scrape_overhead.py         step time with /metrics scraped every second vs. unscraped
-#   (6-9 only when the build has the daemons, PIPETRAIN_WITH_DAEMONS)
+#  10. checkpoint_cost.sh         checkpoint write time, size, and step-time overhead
+#  11. recovery.py                fault -> first good step per fault kind; goodput under faults
+#                                 (its goodput part runs two 10-minute jobs: RECOVERY_MINUTES)
+#   (6-9 and 11 only when the build has the daemons, PIPETRAIN_WITH_DAEMONS)
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
@@ -81,6 +84,11 @@ start=${SECONDS}
 "${PY}" bench/memory_per_rank.py "${BUILD_DIR}/client/pipetrain-run"
 echo >&2 "memory_per_rank: $((SECONDS - start)) s"
 
+section "Reliability: checkpoint cost (bench/checkpoint_cost.sh)"
+start=${SECONDS}
+bench/checkpoint_cost.sh "${BUILD_DIR}/client/pipetrain"
+echo >&2 "checkpoint_cost: $((SECONDS - start)) s"
+
 if [[ ${DAEMONS} == 1 ]]; then
   section "Control plane: step time under the daemons (bench/control_plane_overhead.py)"
   start=${SECONDS}
@@ -101,6 +109,11 @@ if [[ ${DAEMONS} == 1 ]]; then
   start=${SECONDS}
   "${PY}" bench/scrape_overhead.py --build "${BUILD_DIR}" --repeats 8 --steps 200
   echo >&2 "scrape_overhead: $((SECONDS - start)) s"
+
+  section "Reliability: recovery and goodput (bench/recovery.py)"
+  start=${SECONDS}
+  "${PY}" bench/recovery.py --build "${BUILD_DIR}" --repeats 3 --minutes "${RECOVERY_MINUTES:-10}"
+  echo >&2 "recovery: $((SECONDS - start)) s"
 else
   echo >&2 "control-plane benchmarks skipped: ${BUILD_DIR} was built without the daemons"
 fi
