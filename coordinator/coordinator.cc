@@ -937,10 +937,13 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                    " ranks"));
   }
   if (r.rank() == 0) {
-    if (r.step() == 0) e.first_end_s = r.end_s();
-    if (r.step() > 0 && e.first_end_s >= 0 && r.end_s() > e.first_end_s) {
-      e.job.set_tokens_per_s(static_cast<double>(e.tokens_per_step) * r.step() /
-                             (r.end_s() - e.first_end_s));
+    // Throughput from this generation's first step on (its worker's clock).
+    if (e.first_end_s < 0) {
+      e.first_end_s = r.end_s();
+      e.first_report_step = r.step();
+    } else if (r.step() > e.first_report_step && r.end_s() > e.first_end_s) {
+      e.job.set_tokens_per_s(static_cast<double>(e.tokens_per_step) *
+                             (r.step() - e.first_report_step) / (r.end_s() - e.first_end_s));
     }
   }
   const int64_t done = *std::min_element(e.rank_step.begin(), e.rank_step.end());

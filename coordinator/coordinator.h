@@ -230,7 +230,8 @@ class Coordinator {
     std::vector<double> rank_step_compute_s;           // its compute seconds per step (EMA)
     std::vector<int> assign_attempts;                  // assignments tried per rank
     std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
-    double first_end_s = -1;                           // rank 0's end_s of step 0
+    double first_end_s = -1;       // rank 0's end_s of this generation's first step
+    int64_t first_report_step = 0;  // that step
     int64_t tokens_per_step = 0;
     int64_t stop_step = 0;       // a stop command's boundary, once scheduled
     // Step commands seen in step reports: boundary -> ranks that reported them.
