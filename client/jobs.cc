@@ -125,6 +125,28 @@ void PrintJobTable(const v1::Job& job) {
   std::printf("\nstep %lld/%d  loss %.4f  %.0f %s/s  %d stages x %d replicas\n",
               static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
               job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
+  if (job.checkpoint_step() > 0 || job.restarts() > 0 || job.skipped_steps() > 0) {
+    std::printf("generation %d  restarts %d/%d  checkpoint before step %lld%s%s  skipped steps %lld\n",
+                job.generation(), job.restarts(), job.spec().max_restarts(),
+                static_cast<long long>(job.checkpoint_step()),
+                job.checkpoint_path().empty() ? "" : " in ",
+                Printable(job.checkpoint_path()).c_str(),
+                static_cast<long long>(job.skipped_steps()));
+  }
+  // Each restart: what ended the generation before it, where it went on, how fast.
+  for (const v1::Recovery& r : job.recoveries()) {
+    std::printf("restart to generation %d: %s\n  after step %lld, from step %lld on %d stages x "
+                "%d replicas x %d micro-batches",
+                r.generation(), Printable(r.cause()).c_str(),
+                static_cast<long long>(r.failed_after_step() + 1),
+                static_cast<long long>(r.resumed_at_step()), r.stages(), r.replicas(),
+                r.microbatches());
+    if (r.first_step_unix_ms() > 0) {
+      std::printf("; first good step %.2f s after the fault was seen",
+                  (r.first_step_unix_ms() - r.detected_unix_ms()) / 1e3);
+    }
+    std::printf("\n");
+  }
   if (job.stage_status_size() == 0) return;
   std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s %-10s %-10s\n", "stage", "replica",
               "worker", "step", "state", "action", "compute_s", "wait_s", "params", "peak_mem");

@@ -223,6 +223,11 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
   Result logs = cluster.Cli("logs " + id);
   EXPECT_THAT(logs.out, HasSubstr("generation 1 ended: " + victim));
   EXPECT_THAT(logs.out, HasSubstr("generation 2 running"));
+  // `pipetrain status` says what happened.
+  Result status = cluster.Cli("status " + id);
+  EXPECT_THAT(status.out, HasSubstr("generation 2  restarts 1/1  checkpoint before step "));
+  EXPECT_THAT(status.out, HasSubstr("restart to generation 2: " + victim));
+  EXPECT_THAT(status.out, HasSubstr("first good step"));
   after(cluster, index);
 }
 
