@@ -187,7 +187,6 @@ absl::Status Coordinator::Load() {
     entry.order = next_order_++;
     auto config = jobspec::JobConfigFromSpec(entry.job.spec());
     if (config.ok()) entry.config = *config;
-    entry.generation = entry.job.generation();
     auto [it, inserted] = jobs_.emplace(s.id, std::move(entry));
     JobEntry& e = it->second;
     if (e.job.state() == v1::JOB_STATE_RUNNING && config.ok() &&
@@ -636,7 +635,7 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
                           request.rank() < static_cast<int>(j->second.rank_ended.size());
   const bool stale = j != jobs_.end() && request.generation() != 0 &&
-                     request.generation() != j->second.generation;
+                     request.generation() != j->second.job.generation();
   if (j == jobs_.end() || stale ||
       (j->second.job.state() != v1::JOB_STATE_RUNNING &&
        !(rank_known && j->second.rank_ended[request.rank()]))) {
@@ -681,7 +680,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     JobEntry& e = j->second;
     response.set_job_id(e.job.id());
     if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering ||
-        e.job.restarts() >= e.config.max_restarts || w->generation != e.generation ||
+        e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation() ||
         e.rank_worker.empty()) {
       return response;  // nothing to restart: its rank ends with it
     }
@@ -788,7 +787,7 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
       apply.push_back(&r);  // answered with stop
       continue;
     }
-    if (e.recovering || (r.generation() != 0 && r.generation() != e.generation)) {
+    if (e.recovering || (r.generation() != 0 && r.generation() != e.job.generation())) {
       continue;  // an earlier generation's: its stage is being stopped
     }
     const std::string where = absl::StrCat("job ", r.job_id(), " rank ", r.rank());
@@ -953,7 +952,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     for (int64_t t = e.job.step() + 1; t <= done; ++t) {
       StoredStep row;
       row.step = t;
-      row.generation = e.generation;
+      row.generation = e.job.generation();
       row.unix_ms = NowMs();
       auto losses = e.step_losses.find(t);
       if (losses != e.step_losses.end() && !losses->second.empty()) {
@@ -985,14 +984,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       }
     }
     if (e.job.recoveries_size() > 0 &&
-        e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.generation &&
+        e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.job.generation() &&
         e.job.recoveries(e.job.recoveries_size() - 1).first_step_unix_ms() == 0) {
       v1::Recovery* rec = e.job.mutable_recoveries(e.job.recoveries_size() - 1);
       rec->set_first_step_unix_ms(NowMs());
       Event(e.job.id(), absl::StrFormat(
                             "generation %d: step %d done by every rank, %.2f s after the fault "
                             "(placed after %.2f s)",
-                            e.generation, done, (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
+                            e.job.generation(), done, (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
                             (rec->placed_unix_ms() - rec->detected_unix_ms()) / 1e3));
       Changed(e);
     }
@@ -1012,7 +1011,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string
   return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, end.worker_id()));
     auto it = jobs_.find(end.job_id());
-    if (it != jobs_.end() && end.generation() != 0 && end.generation() != it->second.generation) {
+    if (it != jobs_.end() && end.generation() != 0 && end.generation() != it->second.job.generation()) {
       // An earlier generation's rank has ended: its worker is free (PlaceRecovering waits
       // for that); the job is not touched.
       if (caller->info.job_id() == end.job_id() && caller->generation == end.generation()) {
@@ -1040,7 +1039,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEn
   WorkerPool::Worker* w = pool_.Find(end.worker_id());
   auto it = jobs_.find(end.job_id());
   if (w != nullptr && w->info.job_id() == end.job_id() &&
-      (it == jobs_.end() || w->generation == it->second.generation)) {
+      (it == jobs_.end() || w->generation == it->second.job.generation())) {
     pool_.Release(*w);
   }
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", end.job_id()));
@@ -1103,7 +1102,7 @@ void Coordinator::StopRanks(JobEntry& e, const std::string& reason) {
     std::shared_ptr<WorkerClient> client = w->client;
     v1::StopStageRequest request;
     request.set_job_id(e.job.id());
-    request.set_generation(e.generation);
+    request.set_generation(e.job.generation());
     request.set_reason(reason);
     Later([client, request] { (void)client->StopStage(request); });
   }
@@ -1119,7 +1118,7 @@ void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
                               e.config.max_restarts, ")"));
     return;
   }
-  StopRanks(e, absl::StrCat("generation ", e.generation, " ended: ", cause));
+  StopRanks(e, absl::StrCat("generation ", e.job.generation(), " ended: ", cause));
   e.recovering = true;
   e.recovering_since = deps_.clock->Now();
   e.pending_failure.clear();
@@ -1132,7 +1131,7 @@ void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
   }
   const int64_t resume_at = e.job.checkpoint_step();
   v1::Recovery* rec = e.job.add_recoveries();
-  rec->set_generation(e.generation + 1);
+  rec->set_generation(e.job.generation() + 1);
   rec->set_cause(cause.substr(0, kMaxErrorBytes));
   rec->set_failed_after_step(e.job.step());
   rec->set_resumed_at_step(resume_at);
@@ -1141,7 +1140,7 @@ void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
   e.job.set_message(absl::StrCat("recovering (restart ", e.job.restarts(), " of ",
                                  e.config.max_restarts, "): ", cause));
   Event(e.job.id(),
-        absl::StrCat("generation ", e.generation, " ended: ", cause, "; restart ",
+        absl::StrCat("generation ", e.job.generation(), " ended: ", cause, "; restart ",
                      e.job.restarts(), " of ", e.config.max_restarts, " from ",
                      resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
                                    : std::string("the start"),
@@ -1155,8 +1154,7 @@ void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
 void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& rank_workers,
                                   v1::JobSpec run_spec, int64_t start_step) {
   const int ranks = static_cast<int>(rank_workers.size());
-  ++e.generation;
-  e.job.set_generation(e.generation);
+  e.job.set_generation(e.job.generation() + 1);
   e.recovering = false;
   e.run_spec = std::move(run_spec);
   e.start_step = start_step;
@@ -1180,7 +1178,7 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.pending_failure.clear();
   std::vector<std::string> placed;
   for (int r = 0; r < ranks; ++r) {
-    pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.generation);
+    pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.job.generation());
     v1::StageStatus* st = e.job.add_stage_status();
     st->set_stage(r % e.job.stages());
     st->set_replica(r / e.job.stages());
@@ -1190,7 +1188,7 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
     placed.push_back(absl::StrCat(Rank(e.job, r), " on ", rank_workers[r]));
     AssignRank(e.job.id(), r);
   }
-  Event(e.job.id(), absl::StrCat(e.generation > 1 ? absl::StrCat("generation ", e.generation, " ")
+  Event(e.job.id(), absl::StrCat(e.job.generation() > 1 ? absl::StrCat("generation ", e.job.generation(), " ")
                                                   : std::string(),
                                  "running: ", absl::StrJoin(placed, ", ")));
   Changed(e);
@@ -1287,7 +1285,7 @@ bool Coordinator::PlaceRecovering() {
     rec->set_placed_unix_ms(NowMs());
     if (layout.stages != original.stages || layout.replicas != original.replicas) {
       Event(e->job.id(), absl::StrCat("only ", idle.size(), " workers: generation ",
-                                      e->generation + 1, " runs ", layout.stages, " stages x ",
+                                      e->job.generation() + 1, " runs ", layout.stages, " stages x ",
                                       layout.replicas, " replicas x ", layout.micro_batches,
                                       " micro-batches (the global batch unchanged)"));
     }
@@ -1341,13 +1339,13 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   assignment.set_job_id(job_id);
   *assignment.mutable_spec() = e.run_spec;
   assignment.set_rank(rank);
-  assignment.set_generation(e.generation);
+  assignment.set_generation(e.job.generation());
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;
     LockedThenFlush([&] {
       auto it = jobs_.find(assignment.job_id());
-      if (it == jobs_.end() || it->second.generation != assignment.generation()) return 0;
+      if (it == jobs_.end() || it->second.job.generation() != assignment.generation()) return 0;
       AssignmentFailed(assignment.job_id(), assignment.rank(), worker_id, s);
       return 0;
     });
@@ -1374,7 +1372,7 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
   const std::vector<std::string> idle = pool_.IdleIds();
   if (unreachable && !idle.empty() && ++e.assign_attempts[rank] < options_.assign_attempts) {
     const std::string next = idle.front();
-    pool_.Assign(*pool_.Find(next), job_id, rank, e.generation);
+    pool_.Assign(*pool_.Find(next), job_id, rank, e.job.generation());
     e.rank_worker[rank] = next;
     e.job.mutable_stage_status(rank)->set_worker_id(next);
     Event(job_id, absl::StrCat(failed, "; assigned to ", next, " instead"));
@@ -1400,7 +1398,7 @@ void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& wh
   JobEntry& e = j->second;
   // A worker of an earlier generation, still ending its stage: nothing more to fail (the
   // recovering job no longer waits for it).
-  if (e.recovering || (lost.generation != 0 && lost.generation != e.generation)) return;
+  if (e.recovering || (lost.generation != 0 && lost.generation != e.job.generation())) return;
   if (lost.rank >= 0 && lost.rank < static_cast<int>(e.rank_ended.size())) {
     e.rank_ended[lost.rank] = true;
     e.job.mutable_stage_status(lost.rank)->set_state("lost");

@@ -242,8 +242,7 @@ class Coordinator {
     // death makes the survivors fail first, and they would be blamed). See Monitor().
     std::string pending_failure;
     absl::Time pending_since;
-    // Generations (see Recovery above).
-    int generation = 0;          // the one its ranks run now (job.generation())
+    // Generations (see Recovery above; job.generation() is the one its ranks run now).
     int64_t start_step = 0;      // where they start; -1: at their first report (resume_from)
     v1::JobSpec run_spec;        // what they run: the spec with the layout and resume point
     bool recovering = false;     // a fault ended the last generation; the next is not placed
