@@ -5,40 +5,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/model/partition.h"
 
 namespace pipetrain::planner {
-namespace {
-
-// Splits layers into `p` contiguous ranges minimizing the largest sum of `cost` (exact DP).
-std::vector<std::pair<int, int>> SplitByCost(const std::vector<double>& cost, int p) {
-  const int L = static_cast<int>(cost.size());
-  std::vector<double> prefix(L + 1, 0);
-  for (int l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + cost[l];
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[k][j]: the best largest sum for layers [0, j) in k ranges; cut[k][j]: the last begin.
-  std::vector<std::vector<double>> best(p + 1, std::vector<double>(L + 1, inf));
-  std::vector<std::vector<int>> cut(p + 1, std::vector<int>(L + 1, 0));
-  best[0][0] = 0;
-  for (int k = 1; k <= p; ++k) {
-    for (int j = k; j <= L; ++j) {
-      for (int i = k - 1; i < j; ++i) {
-        const double v = std::max(best[k - 1][i], prefix[j] - prefix[i]);
-        if (v < best[k][j]) {
-          best[k][j] = v;
-          cut[k][j] = i;
-        }
-      }
-    }
-  }
-  std::vector<std::pair<int, int>> ranges(p);
-  for (int k = p, j = L; k >= 1; --k) {
-    ranges[k - 1] = {cut[k][j], j};
-    j = cut[k][j];
-  }
-  return ranges;
-}
-
-}  // namespace
 
 int64_t TwoBWStageMemory(const std::vector<LayerProfile>& layers, const TwoBWPlan& plan,
                          int stage, int profiled_micro_batch) {
@@ -98,7 +67,10 @@ absl::StatusOr<TwoBWPlan> PlanTwoBW(const std::vector<LayerProfile>& layers,
           plan.micro_batch_size = b;
           plan.micro_batches = m;
           plan.recompute = recompute;
-          plan.stage_layers = SplitByCost(cost, p);
+          absl::StatusOr<std::vector<model::LayerRange>> split =
+              model::BalancedPartition(cost, p);  // p <= layers: always a split
+          if (!split.ok()) return split.status();
+          for (const model::LayerRange& r : *split) plan.stage_layers.emplace_back(r.begin, r.end);
           double slowest = 0, sync = 0;
           for (int s = 0; s < p; ++s) {
             const auto [begin, end] = plan.stage_layers[s];
