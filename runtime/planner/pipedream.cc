@@ -129,4 +129,42 @@ absl::StatusOr<PipeDreamPlan> BruteForcePipeDream(const std::vector<LayerProfile
   return best;
 }
 
+absl::StatusOr<PipeDreamPlan> PartitionPipeDream(const std::vector<LayerProfile>& layers,
+                                                 int stages, int replicas,
+                                                 const LinkProfile& link) {
+  const int L = static_cast<int>(layers.size());
+  if (stages < 1 || stages > L || replicas < 1 || !(link.bytes_per_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a partition needs 1 <= stages <= layers (", L, "), replicas >= 1 and a positive "
+        "bandwidth: got ", stages, " stages, ", replicas, " replicas"));
+  }
+  // best[k][j]: the best slowest-stage time for layers 0..j-1 in k stages; first[k][j]: the
+  // first layer of the k-th stage.
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, kInfinity));
+  std::vector<std::vector<int>> first(stages + 1, std::vector<int>(L + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; ++k) {
+    for (int j = k; j <= L; ++j) {
+      for (int i = k - 1; i < j; ++i) {
+        if (best[k - 1][i] == kInfinity) continue;
+        double t = std::max(best[k - 1][i], StageTime(layers, i, j, replicas, link));
+        if (i > 0) t = std::max(t, BoundaryTime(layers, i - 1, link));
+        if (t < best[k][j]) {
+          best[k][j] = t;
+          first[k][j] = i;
+        }
+      }
+    }
+  }
+  PipeDreamPlan plan;
+  plan.slowest_s = best[stages][L];
+  for (int k = stages, j = L; k > 0; --k) {
+    const int i = first[k][j];
+    plan.stages.insert(plan.stages.begin(),
+                       PlannedStage{i, j, replicas, StageTime(layers, i, j, replicas, link)});
+    j = i;
+  }
+  return plan;
+}
+
 }  // namespace pipetrain::planner

@@ -48,6 +48,14 @@ double BoundaryTime(const std::vector<LayerProfile>& layers, int layer, const Li
 absl::StatusOr<PipeDreamPlan> PlanPipeDream(const std::vector<LayerProfile>& layers,
                                             const ClusterProfile& cluster);
 
+// pipetrain runs every stage with the same replica count w: the split of the layers into
+// exactly `stages` contiguous stages, each on `replicas` replicas, minimizing the same
+// slowest-stage time (T(i..j, replicas) and C at each boundary). Exact O(L^2 p) dynamic
+// program. InvalidArgument unless 1 <= stages <= layers and replicas >= 1.
+absl::StatusOr<PipeDreamPlan> PartitionPipeDream(const std::vector<LayerProfile>& layers,
+                                                 int stages, int replicas,
+                                                 const LinkProfile& link);
+
 // Every split into contiguous stages and every replica count per stage using exactly the
 // cluster's workers: the best. Exponential; for tests (a few layers and workers).
 absl::StatusOr<PipeDreamPlan> BruteForcePipeDream(const std::vector<LayerProfile>& layers,

@@ -1,6 +1,6 @@
 // What the planners know of a model and of the machines it may run on: per layer, costs
-// measured (or given) for one micro-batch of one size; per link, a latency and a bandwidth.
-// Plain data, no LibTorch: planners are pure functions of these.
+// measured (runtime/profiler) or given for one micro-batch of one size; per link, a latency
+// and a bandwidth. Plain data, no LibTorch: planners are pure functions of these.
 #pragma once
 
 #include <cstdint>
@@ -9,27 +9,64 @@
 
 namespace pipetrain::planner {
 
-// Per layer, for one micro-batch of the model profile's micro_batch_size. Times and
-// activation bytes are taken to scale linearly with the micro-batch size.
+// Per layer, for one micro-batch of its profile's micro-batch size.
 struct LayerProfile {
   std::string name;
-  double forward_s = 0;         // one micro-batch
+  double forward_s = 0;         // one micro-batch (a recomputation costs the same again)
   double backward_s = 0;        // one micro-batch
+  double optimizer_s = 0;       // one update of its parameters (once per step)
   int64_t output_bytes = 0;     // the activation it hands to the next layer (and its gradient back)
   int64_t parameter_bytes = 0;  // one version of its parameters
   int64_t optimizer_bytes = 0;  // the optimizer's state for them (AdamW: 2 x parameter_bytes)
-  int64_t stash_bytes = 0;      // what it keeps from a forward for its backward
+  int64_t stash_bytes = 0;      // what it keeps from a forward for its backward (output excluded)
+  int64_t working_bytes = 0;    // the most its backward allocates above that, freed at its end
 };
 
 struct LinkProfile {
   double latency_s = 0;     // per message
   double bytes_per_s = 1;   // > 0
+
+  // Seconds to move `bytes` once.
+  double Seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
+};
+
+// A model profiled at one micro-batch size; one entry per size measured.
+struct MicroBatchProfile {
+  int micro_batch_size = 1;
+  std::vector<LayerProfile> layers;
+};
+
+// Everything measured about one model on one device: the planners' input.
+struct ModelProfile {
+  std::string model;             // what was profiled, in words (name and sizes)
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  int threads = 1;               // intra-op threads the measurements ran with
+  int64_t tokens_per_sample = 1; // gpt: the sequence length; 1 for other models
+  std::vector<MicroBatchProfile> sizes;  // ascending micro-batch size, at least one
+  LinkProfile p2p;               // one activation or gradient between two ranks
+  LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
 };
 
 struct ClusterProfile {
   int workers = 1;          // identical workers, one rank each
-  LinkProfile link;         // between any two of them (activations, gradients, AllReduce)
+  LinkProfile link;         // between any two of them (activations, gradients)
   int64_t memory_bytes = 0; // each worker's (0: not limited)
+  // A ring AllReduce among w ranks takes 2 (w - 1) steps of latency + (bytes / w) / bandwidth
+  // on this link; bytes_per_s 0: on `link`.
+  LinkProfile allreduce{0, 0};
+  // CPU cores all workers share (processes on one machine); 0: each worker computes on
+  // hardware of its own. When more ranks compute at once than there are cores, they share
+  // the cores equally (ranks run one intra-op thread each).
+  int shared_cores = 0;
 };
+
+// Seconds of a ring AllReduce of `bytes` among `replicas` ranks on `cluster` (0 for one).
+double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas);
+
+// The per-layer costs at micro-batch size `b`: the profile of that size when measured, else
+// the nearest measured size's times and activation bytes scaled by b / b0 (parameter and
+// optimizer bytes do not depend on b). REQUIRES: !profile.sizes.empty().
+std::vector<LayerProfile> LayersAt(const ModelProfile& profile, int b);
 
 }  // namespace pipetrain::planner

@@ -4,6 +4,7 @@
 #include "runtime/planner/pipedream.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -101,6 +102,59 @@ TEST(PipeDreamPlanner, BigWeightsArePipelinedAndBigActivationsReplicated) {
   ASSERT_EQ(plan->stages.size(), 1u);
   EXPECT_EQ(plan->stages[0].replicas, 2);
   EXPECT_DOUBLE_EQ(plan->slowest_s, 1.0);
+}
+
+// The uniform-replica partition (what pipetrain runs: every stage on w replicas) against
+// every split of the layers into exactly p contiguous stages.
+TEST(PipeDreamPlanner, UniformReplicaPartitionEqualsBruteForce) {
+  std::mt19937_64 random(11);
+  std::uniform_real_distribution<double> seconds(0.001, 0.1), log_bytes(3, 9);
+  std::uniform_int_distribution<int> layer_count(1, 9), replica_count(1, 4);
+  for (int trial = 0; trial < 200; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<LayerProfile> layers(layer_count(random));
+    for (LayerProfile& l : layers) {
+      l.forward_s = seconds(random);
+      l.backward_s = 2 * seconds(random);
+      l.output_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
+      l.parameter_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
+    }
+    const LinkProfile link{1e-4 * seconds(random), std::pow(10, 8 + 20 * seconds(random))};
+    const int L = static_cast<int>(layers.size());
+    const int p = 1 + static_cast<int>(random() % L), w = replica_count(random);
+    absl::StatusOr<PipeDreamPlan> plan = PartitionPipeDream(layers, p, w, link);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(static_cast<int>(plan->stages.size()), p);
+    // Every choice of p - 1 cut points among the L - 1 gaps.
+    double brute = std::numeric_limits<double>::infinity();
+    for (uint32_t cuts = 0; cuts < (1u << (L - 1)); ++cuts) {
+      if (__builtin_popcount(cuts) != p - 1) continue;
+      double slowest = 0;
+      int begin = 0;
+      for (int l = 0; l < L; ++l) {
+        const bool last = l == L - 1 || (cuts >> l & 1u);
+        if (!last) continue;
+        slowest = std::max(slowest, StageTime(layers, begin, l + 1, w, link));
+        if (l < L - 1) slowest = std::max(slowest, BoundaryTime(layers, l, link));
+        begin = l + 1;
+      }
+      brute = std::min(brute, slowest);
+    }
+    EXPECT_NEAR(plan->slowest_s, brute, 1e-12 * brute);
+    int next = 0;
+    double slowest = 0;
+    for (size_t s = 0; s < plan->stages.size(); ++s) {
+      const PlannedStage& st = plan->stages[s];
+      EXPECT_EQ(st.begin, next);
+      EXPECT_EQ(st.replicas, w);
+      slowest = std::max(slowest, StageTime(layers, st.begin, st.end, w, link));
+      if (s + 1 < plan->stages.size()) slowest = std::max(slowest, BoundaryTime(layers, st.end - 1, link));
+      next = st.end;
+    }
+    EXPECT_EQ(next, L);
+    EXPECT_DOUBLE_EQ(slowest, plan->slowest_s);
+  }
+  EXPECT_FALSE(PartitionPipeDream(std::vector<LayerProfile>(2), 3, 1, {0, 1}).ok());
 }
 
 TEST(PipeDreamPlanner, BadInputIsRefused) {

@@ -1,0 +1,250 @@
+#include "runtime/planner/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::planner {
+namespace {
+
+using schedule::Action;
+using schedule::ActionKind;
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+// Steps simulated: the step time is measured between the STEPs of the last two, once the
+// pipeline (2BW has no flush) is in its steady state.
+constexpr int kSimulatedSteps = 5;
+
+struct StageCosts {
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double allreduce_s = 0, last_bucket_allreduce_s = 0;
+  double send_act_s = 0, send_grad_s = 0;  // link time of the stage's output / input gradient
+};
+
+absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int layers) {
+  if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
+  if (layout.stages() < 1) return absl::InvalidArgumentError("a layout needs at least one stage");
+  int next = 0;
+  for (const auto& [begin, end] : layout.stage_layers) {
+    if (begin != next || end <= begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ranges must be contiguous and non-empty from layer 0: got [",
+                       begin, ", ", end, ") after layer ", next));
+    }
+    next = end;
+  }
+  if (next != layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the stages cover ", next, " of the model's ", layers, " layers"));
+  }
+  if (layout.replicas < 1 || layout.micro_batch_size < 1 || layout.micro_batches < 1) {
+    return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
+  }
+  return schedule::ValidateScheduleParams(
+      {layout.schedule, layout.stages(), layout.micro_batches, kSimulatedSteps});
+}
+
+// Bytes one micro-batch in flight keeps on the stage, and the transient of recomputation.
+std::pair<int64_t, int64_t> ActivationBytes(const std::vector<LayerProfile>& layers,
+                                            const Layout& layout, int begin, int end) {
+  int64_t kept = begin > 0 ? layers[begin - 1].output_bytes : 0;
+  int64_t largest_run = 0, run = 0, working = 0;
+  for (int l = begin; l < end; ++l) {
+    const LayerProfile& layer = layers[l];
+    working = std::max(working, layer.working_bytes);
+    if (!layout.recomputes(l)) {
+      kept += layer.stash_bytes + layer.output_bytes;
+      continue;
+    }
+    run += layer.stash_bytes + layer.output_bytes;
+    largest_run = std::max(largest_run, run);
+    if (l + 1 == end || !layout.recomputes(l + 1)) {
+      kept += layer.output_bytes;  // the run's output stays for the next layer
+      run = 0;
+    }
+  }
+  return {kept, largest_run + working};
+}
+
+}  // namespace
+
+absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
+                                   const Layout& layout) {
+  const std::vector<LayerProfile> layers =
+      profile.sizes.empty() ? std::vector<LayerProfile>{}
+                            : LayersAt(profile, layout.micro_batch_size);
+  if (absl::Status s = CheckLayout(profile, layout, static_cast<int>(layers.size())); !s.ok()) {
+    return s;
+  }
+  const int p = layout.stages(), w = layout.replicas;
+  const LinkProfile& link = cluster.link;
+
+  std::vector<StageCosts> costs(p);
+  Prediction prediction;
+  prediction.stages.resize(p);
+  for (int s = 0; s < p; ++s) {
+    const auto [begin, end] = layout.stage_layers[s];
+    StageCosts& c = costs[s];
+    double parameter_bytes = 0, optimizer_bytes = 0;
+    for (int l = begin; l < end; ++l) {
+      c.forward_s += layers[l].forward_s;
+      c.backward_s += layers[l].backward_s + (layout.recomputes(l) ? layers[l].forward_s : 0);
+      c.optimizer_s += layers[l].optimizer_s;
+      parameter_bytes += static_cast<double>(layers[l].parameter_bytes);
+      optimizer_bytes += static_cast<double>(layers[l].optimizer_bytes);
+    }
+    c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w);
+    c.last_bucket_allreduce_s = AllReduceSeconds(
+        cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w);
+    c.send_act_s = end < static_cast<int>(layers.size())
+                       ? link.Seconds(static_cast<double>(layers[end - 1].output_bytes))
+                       : 0;
+    c.send_grad_s = begin > 0 ? link.Seconds(static_cast<double>(layers[begin - 1].output_bytes))
+                              : 0;
+    const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
+    StagePrediction& out = prediction.stages[s];
+    out.weight_bytes = static_cast<int64_t>((versions + 1) * parameter_bytes + optimizer_bytes);
+    out.allreduce_s = c.allreduce_s;
+    out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
+  }
+
+  schedule::ScheduleParams params{layout.schedule, p, layout.micro_batches, kSimulatedSteps};
+  absl::StatusOr<std::vector<std::vector<Action>>> lists = schedule::BuildSchedule(params);
+  if (!lists.ok()) return lists.status();
+
+  // The event loop. A stage is idle (about to start lists[s][next[s]]), computing (work left
+  // at full speed), or waiting until a known time (its AllReduce).
+  enum class State { kIdle, kComputing, kWaiting, kDone };
+  std::vector<State> state(p, State::kIdle);
+  std::vector<size_t> next(p, 0);
+  std::vector<double> work_left(p, 0), wait_until(p, 0), last_backward_start(p, 0);
+  std::vector<int> in_flight(p, 0), peak_in_flight(p, 0);
+  std::vector<double> exposed(p, 0);
+  std::vector<double> step_end;  // stage 0's STEP ends
+  // (kind, micro-batch, receiving stage) -> arrival time.
+  std::map<std::tuple<ActionKind, int64_t, int>, double> arrivals;
+  double now = 0;
+
+  const auto finish_action = [&](int s) {
+    const Action& a = (*lists)[s][next[s]];
+    if (a.kind == ActionKind::kForward) {
+      peak_in_flight[s] = std::max(peak_in_flight[s], ++in_flight[s]);
+    } else if (a.kind == ActionKind::kBackward) {
+      --in_flight[s];
+    } else if (a.kind == ActionKind::kOptimizerStep && s == 0) {
+      step_end.push_back(now);
+    }
+    ++next[s];
+    state[s] = next[s] == (*lists)[s].size() ? State::kDone : State::kIdle;
+  };
+
+  for (;;) {
+    // Start everything that can start now.
+    bool moved = true;
+    while (moved) {
+      moved = false;
+      for (int s = 0; s < p; ++s) {
+        if (state[s] == State::kWaiting && wait_until[s] <= now) {
+          state[s] = State::kComputing;  // the AllReduce is done: the optimizer runs
+          work_left[s] = costs[s].optimizer_s;
+          moved = true;
+        }
+        if (state[s] != State::kIdle) continue;
+        const Action& a = (*lists)[s][next[s]];
+        switch (a.kind) {
+          case ActionKind::kForward:
+            state[s] = State::kComputing;
+            work_left[s] = costs[s].forward_s;
+            break;
+          case ActionKind::kBackward:
+            state[s] = State::kComputing;
+            work_left[s] = costs[s].backward_s;
+            last_backward_start[s] = now;
+            break;
+          case ActionKind::kSendActivation:
+            arrivals[{ActionKind::kRecvActivation, a.index, s + 1}] = now + costs[s].send_act_s;
+            finish_action(s);
+            break;
+          case ActionKind::kSendGradient:
+            arrivals[{ActionKind::kRecvGradient, a.index, s - 1}] = now + costs[s].send_grad_s;
+            finish_action(s);
+            break;
+          case ActionKind::kRecvActivation:
+          case ActionKind::kRecvGradient: {
+            auto it = arrivals.find({a.kind, a.index, s});
+            if (it == arrivals.end() || it->second > now) continue;  // not there yet
+            arrivals.erase(it);
+            finish_action(s);
+            break;
+          }
+          case ActionKind::kOptimizerStep: {
+            double done = now;
+            if (w > 1) {
+              done = s == 0 && layout.overlap_allreduce
+                         ? std::max(last_backward_start[s] + costs[s].allreduce_s,
+                                    now + costs[s].last_bucket_allreduce_s)
+                         : now + costs[s].allreduce_s;
+            }
+            if (a.index == kSimulatedSteps - 1) exposed[s] = done - now;
+            state[s] = State::kWaiting;
+            wait_until[s] = done;
+            break;
+          }
+        }
+        moved = true;
+      }
+    }
+    if (std::all_of(state.begin(), state.end(), [](State st) { return st == State::kDone; })) {
+      break;
+    }
+    // The next event: a computation ends, a wait ends, a message arrives.
+    int computing = 0;
+    for (int s = 0; s < p; ++s) computing += state[s] == State::kComputing;
+    const double rate =
+        cluster.shared_cores > 0 && computing * w > cluster.shared_cores
+            ? static_cast<double>(cluster.shared_cores) / (computing * w)
+            : 1.0;
+    double event = kNever;
+    for (int s = 0; s < p; ++s) {
+      if (state[s] == State::kComputing) event = std::min(event, now + work_left[s] / rate);
+      if (state[s] == State::kWaiting) event = std::min(event, wait_until[s]);
+      if (state[s] == State::kIdle) {
+        const Action& a = (*lists)[s][next[s]];
+        auto it = arrivals.find({a.kind, a.index, s});
+        if (it != arrivals.end()) event = std::min(event, it->second);
+      }
+    }
+    if (event == kNever) {
+      return absl::InternalError("the simulated schedule cannot go on (no stage can move)");
+    }
+    const double dt = event - now;
+    now = event;
+    for (int s = 0; s < p; ++s) {
+      if (state[s] != State::kComputing) continue;
+      work_left[s] -= dt * rate;
+      if (work_left[s] <= 1e-12 * std::max(1.0, now)) finish_action(s);
+    }
+  }
+
+  if (step_end.size() < 2) return absl::InternalError("the simulation ran fewer than two steps");
+  prediction.step_time_s = step_end.back() - step_end[step_end.size() - 2];
+  prediction.samples_per_s = layout.global_batch() / prediction.step_time_s;
+  prediction.tokens_per_s = prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
+  for (int s = 0; s < p; ++s) {
+    StagePrediction& out = prediction.stages[s];
+    const auto [begin, end] = layout.stage_layers[s];
+    const auto [per_micro_batch, transient] = ActivationBytes(layers, layout, begin, end);
+    out.peak_in_flight = peak_in_flight[s];
+    out.exposed_allreduce_s = exposed[s];
+    out.activation_bytes = peak_in_flight[s] * per_micro_batch + transient;
+    out.peak_memory_bytes = out.weight_bytes + out.activation_bytes;
+    prediction.peak_memory_bytes = std::max(prediction.peak_memory_bytes, out.peak_memory_bytes);
+  }
+  return prediction;
+}
+
+}  // namespace pipetrain::planner

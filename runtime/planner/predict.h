@@ -1,0 +1,81 @@
+// The planners' cost oracle: the step time and per-stage peak memory of one layout, found by
+// running every stage's real action list (runtime/schedule) through a discrete-event
+// simulation with the profiled costs.
+//
+// What the simulation models, as the executor does it (docs/design.md sections 3-5):
+//   - each stage runs its list in order; F<j> costs the forward of its layers, B<j> their
+//     backward plus the forward of every layer it recomputes; the last stage's loss is part of
+//     its last layer's costs;
+//   - SEND never blocks; the message reaches the peer link.latency + bytes / bandwidth later,
+//     and RECV waits for it;
+//   - STEP<t> with w > 1 replicas first averages the stage's gradients: a ring AllReduce of its
+//     parameter bytes. Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0
+//     with overlap starts it with its last backward of the step, bucket by bucket, so it ends
+//     no sooner than that backward plus the last bucket's AllReduce. Then the optimizer
+//     updates the stage's layers;
+//   - with `shared_cores`, ranks that compute at the same time share those cores equally
+//     (w replicas of a stage run the same timeline, so each computing stage counts w times);
+//   - the step time is the steady-state time between two STEPs of stage 0.
+// Memory of a stage (bytes of tensors, the process's own code and libraries not counted):
+//   weights   = (versions + 1) x parameter bytes + optimizer bytes (2BW keeps 2 versions,
+//               the others 1; the +1 is the gradient)
+//   per micro-batch in flight: the stage's input, and per layer its stash and output, except
+//               inside a run of recomputed layers, which keeps only the run's output
+//   transient = the largest recomputed run's stash and outputs (rebuilt during its backward)
+//               plus the largest working_bytes of a layer of the stage
+//   peak      = weights + peak in-flight micro-batches (counted in the simulation) x per
+//               micro-batch + transient.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/planner/profile.h"
+#include "runtime/schedule/schedule.h"
+
+namespace pipetrain::planner {
+
+// One runnable layout of a job.
+struct Layout {
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::kOneFOneB;
+  std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage, contiguous from 0
+  int replicas = 1;                               // w
+  int micro_batch_size = 1;                       // b
+  int micro_batches = 1;                          // m per step per replica
+  std::vector<bool> recompute;                    // per global layer (empty: none)
+  bool overlap_allreduce = true;                  // stage 0's bucketed AllReduce
+  int64_t bucket_bytes = 256 << 10;
+
+  int stages() const { return static_cast<int>(stage_layers.size()); }
+  int global_batch() const { return replicas * micro_batch_size * micro_batches; }
+  bool recomputes(int layer) const {
+    return layer < static_cast<int>(recompute.size()) && recompute[layer];
+  }
+};
+
+struct StagePrediction {
+  double compute_s = 0;            // per step: forwards, backwards, recomputation, optimizer
+  double allreduce_s = 0;          // per step: the AllReduce of its gradients (0 for w = 1)
+  double exposed_allreduce_s = 0;  // the part of it the stage waits for
+  int peak_in_flight = 0;          // micro-batches
+  int64_t weight_bytes = 0;        // weights, gradient, optimizer state
+  int64_t activation_bytes = 0;    // peak in flight x per micro-batch + transient
+  int64_t peak_memory_bytes = 0;   // the sum
+};
+
+struct Prediction {
+  double step_time_s = 0;
+  double samples_per_s = 0;
+  double tokens_per_s = 0;
+  std::vector<StagePrediction> stages;
+  int64_t peak_memory_bytes = 0;   // the largest stage's
+};
+
+// InvalidArgument for a layout that does not fit the profile (stages not contiguous over every
+// layer, a bad count, m < p for 2BW) or a profile without sizes.
+absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
+                                   const Layout& layout);
+
+}  // namespace pipetrain::planner
