@@ -1,0 +1,154 @@
+#include "runtime/planner/profile_json.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::planner {
+namespace {
+
+using nlohmann::json;
+
+json LinkJson(const LinkProfile& link) {
+  return {{"latency_s", link.latency_s}, {"bytes_per_s", link.bytes_per_s}};
+}
+
+json SizeJson(const MicroBatchProfile& size) {
+  json layers = json::array();
+  for (const LayerProfile& l : size.layers) {
+    layers.push_back({{"name", l.name},
+                      {"forward_s", l.forward_s},
+                      {"backward_s", l.backward_s},
+                      {"optimizer_s", l.optimizer_s},
+                      {"output_bytes", l.output_bytes},
+                      {"parameter_bytes", l.parameter_bytes},
+                      {"optimizer_bytes", l.optimizer_bytes},
+                      {"stash_bytes", l.stash_bytes},
+                      {"working_bytes", l.working_bytes}});
+  }
+  return {{"micro_batch_size", size.micro_batch_size}, {"layers", layers}};
+}
+
+// Reads field `key` of object `j` into `out`; the error names `where`.key.
+template <typename T>
+absl::Status Read(const json& j, const char* key, const std::string& where, T& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(where, key, ": missing"));
+  try {
+    out = it->template get<T>();
+  } catch (const json::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat(where, key, ": wrong type"));
+  }
+  if constexpr (std::is_arithmetic_v<T>) {
+    if (!(out >= 0) || !std::isfinite(static_cast<double>(out))) {
+      return absl::InvalidArgumentError(absl::StrCat(where, key, ": must be finite and >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+#define PT_READ(j, key, where, out) \
+  if (absl::Status s = Read(j, key, where, out); !s.ok()) return s
+
+absl::StatusOr<LinkProfile> ReadLink(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": missing or not an object"));
+  }
+  LinkProfile link;
+  const std::string where = absl::StrCat(key, ".");
+  PT_READ(*it, "latency_s", where, link.latency_s);
+  PT_READ(*it, "bytes_per_s", where, link.bytes_per_s);
+  if (!(link.bytes_per_s > 0)) return absl::InvalidArgumentError(absl::StrCat(where, "bytes_per_s: must be > 0"));
+  return link;
+}
+
+absl::StatusOr<MicroBatchProfile> ReadSize(const json& j, const std::string& where) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  MicroBatchProfile size;
+  PT_READ(j, "micro_batch_size", where + ".", size.micro_batch_size);
+  if (size.micro_batch_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".micro_batch_size: must be >= 1"));
+  }
+  auto layers = j.find("layers");
+  if (layers == j.end() || !layers->is_array() || layers->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".layers: missing or empty"));
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const json& l = (*layers)[i];
+    const std::string at = absl::StrCat(where, ".layers[", i, "].");
+    if (!l.is_object()) return absl::InvalidArgumentError(absl::StrCat(at, ": not an object"));
+    LayerProfile layer;
+    PT_READ(l, "name", at, layer.name);
+    PT_READ(l, "forward_s", at, layer.forward_s);
+    PT_READ(l, "backward_s", at, layer.backward_s);
+    PT_READ(l, "optimizer_s", at, layer.optimizer_s);
+    PT_READ(l, "output_bytes", at, layer.output_bytes);
+    PT_READ(l, "parameter_bytes", at, layer.parameter_bytes);
+    PT_READ(l, "optimizer_bytes", at, layer.optimizer_bytes);
+    PT_READ(l, "stash_bytes", at, layer.stash_bytes);
+    PT_READ(l, "working_bytes", at, layer.working_bytes);
+    size.layers.push_back(std::move(layer));
+  }
+  return size;
+}
+
+}  // namespace
+
+std::string MicroBatchProfileToJson(const MicroBatchProfile& size) { return SizeJson(size).dump(); }
+
+std::string ModelProfileToJson(const ModelProfile& p) {
+  json sizes = json::array();
+  for (const MicroBatchProfile& size : p.sizes) sizes.push_back(SizeJson(size));
+  return json{{"model", p.model},
+              {"device", p.device},
+              {"dtype", p.dtype},
+              {"threads", p.threads},
+              {"tokens_per_sample", p.tokens_per_sample},
+              {"p2p", LinkJson(p.p2p)},
+              {"allreduce", LinkJson(p.allreduce)},
+              {"sizes", sizes}}
+      .dump();
+}
+
+absl::StatusOr<MicroBatchProfile> MicroBatchProfileFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
+  return ReadSize(j, "size");
+}
+
+absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  ModelProfile p;
+  PT_READ(j, "model", "", p.model);
+  PT_READ(j, "device", "", p.device);
+  PT_READ(j, "dtype", "", p.dtype);
+  PT_READ(j, "threads", "", p.threads);
+  PT_READ(j, "tokens_per_sample", "", p.tokens_per_sample);
+  absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
+  if (!p2p.ok()) return p2p.status();
+  p.p2p = *p2p;
+  absl::StatusOr<LinkProfile> allreduce = ReadLink(j, "allreduce");
+  if (!allreduce.ok()) return allreduce.status();
+  p.allreduce = *allreduce;
+  auto sizes = j.find("sizes");
+  if (sizes == j.end() || !sizes->is_array() || sizes->empty()) {
+    return absl::InvalidArgumentError("sizes: missing or empty");
+  }
+  for (size_t i = 0; i < sizes->size(); ++i) {
+    absl::StatusOr<MicroBatchProfile> size = ReadSize((*sizes)[i], absl::StrCat("sizes[", i, "]"));
+    if (!size.ok()) return size.status();
+    if (!p.sizes.empty() && size->layers.size() != p.sizes.front().layers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sizes[", i, "]: ", size->layers.size(),
+                                                     " layers, sizes[0] has ",
+                                                     p.sizes.front().layers.size()));
+    }
+    p.sizes.push_back(*std::move(size));
+  }
+  return p;
+}
+
+}  // namespace pipetrain::planner

@@ -1,0 +1,141 @@
+// The profiler measures what the planners are told: the counter counts exactly the tensors
+// allocated; on the built-in GPT every layer's parameter bytes are its parameter count x 4,
+// AdamW's state twice that, the blocks stash activations and the embedding and head hand on
+// [b, T, d] and [b, T, vocab]; a second profile comes from the cache unchanged; profiles survive
+// JSON and bad JSON names its field.
+#include "runtime/profiler/profiler.h"
+
+#include <filesystem>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/memory/tensor_memory.h"
+#include "runtime/model/model_config.h"
+#include "runtime/planner/profile_json.h"
+
+namespace pipetrain::profiler {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TensorMemory, CountsWhatIsAllocatedAndFreed) {
+  memory::CountTensorMemory();
+  ASSERT_TRUE(memory::CountingTensorMemory());
+  const int64_t before = memory::TensorBytesInUse();
+  memory::ResetPeakTensorBytes();
+  {
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    EXPECT_EQ(memory::TensorBytesInUse() - before, 4000);
+    at::Tensor b = at::empty({250}, at::kDouble);
+    EXPECT_EQ(memory::TensorBytesInUse() - before, 6000);
+  }
+  EXPECT_EQ(memory::TensorBytesInUse(), before);
+  EXPECT_EQ(memory::PeakTensorBytes() - before, 6000);
+  memory::ResetPeakTensorBytes();
+  EXPECT_EQ(memory::PeakTensorBytes(), before);
+}
+
+job::JobConfig SmallGpt() {
+  job::JobConfig config;
+  config.model.name = "gpt";
+  config.model.d_model = 32;
+  config.model.n_heads = 2;
+  config.model.n_layers = 2;
+  config.model.seq_len = 16;
+  config.data.seq_len = 16;
+  config.micro_batch_size = 4;
+  return config;
+}
+
+TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
+  const std::string cache = ::testing::TempDir() + "/profiles";
+  std::filesystem::remove_all(cache);
+  job::JobConfig config = SmallGpt();
+  ProfileOptions options;
+  options.micro_batch_sizes = {2, 4};
+  options.cache_dir = cache;
+  std::vector<std::string> lines;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  absl::StatusOr<planner::ModelProfile> profile = ProfileJob(config, options);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->sizes.size(), 2u);
+  EXPECT_EQ(profile->tokens_per_sample, 16);
+  EXPECT_EQ(profile->dtype, "float32");
+  absl::StatusOr<std::vector<model::LayerInfo>> infos = model::BuiltinLayers(config.model);
+  ASSERT_TRUE(infos.ok());
+  const int64_t vocab = 64;  // the built-in corpus's
+  for (const planner::MicroBatchProfile& size : profile->sizes) {
+    SCOPED_TRACE("b=" + std::to_string(size.micro_batch_size));
+    const int64_t b = size.micro_batch_size;
+    ASSERT_EQ(size.layers.size(), infos->size());  // embedding, 2 blocks, final_norm, lm_head
+    for (size_t l = 0; l < size.layers.size(); ++l) {
+      const planner::LayerProfile& layer = size.layers[l];
+      SCOPED_TRACE(layer.name);
+      EXPECT_EQ(layer.name, (*infos)[l].name);
+      EXPECT_GT(layer.forward_s, 0);
+      EXPECT_GT(layer.backward_s, 0);
+      EXPECT_EQ(layer.parameter_bytes, 4 * (*infos)[l].num_parameters);
+      EXPECT_EQ(layer.optimizer_bytes, 2 * layer.parameter_bytes);  // AdamW: exp_avg, exp_avg_sq
+      EXPECT_GT(layer.optimizer_s, 0);
+      const int64_t width = l + 1 == size.layers.size() ? vocab : 32;
+      EXPECT_EQ(layer.output_bytes, 4 * b * 16 * width);
+    }
+    // A block keeps far more than its output for its backward (attention scores, MLP
+    // activations): at least the 4d-wide MLP hidden layer.
+    EXPECT_GT(size.layers[1].stash_bytes, 4 * b * 16 * 4 * 32);
+  }
+  // Twice the micro-batch, twice the activations.
+  EXPECT_EQ(profile->sizes[1].layers[1].output_bytes, 2 * profile->sizes[0].layers[1].output_bytes);
+  EXPECT_GT(profile->p2p.bytes_per_s, 1e6);
+  EXPECT_GT(profile->allreduce.bytes_per_s, 1e6);
+  EXPECT_FALSE(lines.empty());
+
+  // Again: everything from the cache, equal.
+  lines.clear();
+  absl::StatusOr<planner::ModelProfile> again = ProfileJob(config, options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(planner::ModelProfileToJson(*again), planner::ModelProfileToJson(*profile));
+  EXPECT_THAT(lines, ::testing::Contains(HasSubstr("from the cache")));
+  // A different model is measured, not served from the cache.
+  config.model.d_model = 48;
+  options.micro_batch_sizes = {2};
+  options.measure_links = false;
+  absl::StatusOr<planner::ModelProfile> wider = ProfileJob(config, options);
+  ASSERT_TRUE(wider.ok());
+  EXPECT_GT(wider->sizes[0].layers[1].parameter_bytes, profile->sizes[0].layers[1].parameter_bytes);
+}
+
+TEST(Profiler, ProfilesSurviveJsonAndBadJsonNamesTheField) {
+  planner::ModelProfile p;
+  p.model = "m";
+  p.p2p = {1e-5, 2e9};
+  p.allreduce = {2e-5, 1e9};
+  planner::MicroBatchProfile size;
+  size.micro_batch_size = 3;
+  size.layers.push_back({"a", 0.1, 0.2, 0.01, 10, 20, 40, 30, 5});
+  p.sizes.push_back(size);
+  absl::StatusOr<planner::ModelProfile> back =
+      planner::ModelProfileFromJson(planner::ModelProfileToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(planner::ModelProfileToJson(*back), planner::ModelProfileToJson(p));
+  std::string bad = planner::ModelProfileToJson(p);
+  bad.replace(bad.find("\"forward_s\":0.1"), 15, "\"forward_s\":-1");
+  EXPECT_THAT(planner::ModelProfileFromJson(bad).status().message(),
+              HasSubstr("sizes[0].layers[0].forward_s: must be finite and >= 0"));
+  EXPECT_FALSE(planner::ModelProfileFromJson("{").ok());
+}
+
+TEST(Profiler, BadOptionsAreRefused) {
+  ProfileOptions options;
+  options.threads = 0;
+  EXPECT_FALSE(ProfileJob(SmallGpt(), options).ok());
+  options.threads = 1;
+  options.micro_batch_sizes = {0};
+  options.measure_links = false;
+  EXPECT_FALSE(ProfileJob(SmallGpt(), options).ok());
+}
+
+}  // namespace
+}  // namespace pipetrain::profiler
