@@ -3,6 +3,7 @@
 //   pipetrain run [JOB.yaml] [flags]   train on this machine: a local cluster (a coordinator
 //                                      and one worker process per rank), or with
 //                                      --launch threads|processes, pipetrain-run (no daemons)
+//   pipetrain plan|profile [JOB.yaml]  profile the model and plan its layout (pipetrain-run)
 //   pipetrain submit|status|list|logs|cancel|flush|switch|checkpoint|stop|workers|health
 //
 // The CLI builds job specs (jobspec/) and speaks to daemons (proto/, rpc/); the training
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   std::function<int()> run_command = client::AddRunCommand(app);
+  std::function<int()> plan_command = client::AddPlanCommands(app);
   std::function<int()> job_command = client::AddJobCommands(app);
   try {
     app.parse(argc, argv);
@@ -37,5 +39,6 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
   }
   if (app.got_subcommand("run")) return run_command();
+  if (app.got_subcommand("plan") || app.got_subcommand("profile")) return plan_command();
   return job_command();
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "client/local_cluster.h"
+#include "client/plan_flags.h"
 #include "client/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
@@ -31,6 +32,7 @@ struct RunCommand {
   int workers = 0;
   bool keep_logs = false;
   RunOutputs outputs;
+  PlanFlags planning;  // for `stages: auto`
   std::unique_ptr<jobspec::SpecFlags> spec_flags;
 };
 
@@ -57,6 +59,9 @@ int RunJob(const RunCommand& c) {
     std::vector<std::string> argv = {runner, "--launch", c.launch, "--spec-text",
                                      jobspec::JobSpecToText(*spec)};
     for (std::string& a : c.outputs.AsArgs()) argv.push_back(std::move(a));
+    if (config->auto_stages) {
+      for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
+    }
     Exec(argv);
     return exit_code::kUnavailable;
   }
@@ -67,6 +72,12 @@ int RunJob(const RunCommand& c) {
     std::fprintf(stderr, "pipetrain: %s: only with --launch threads or processes\n",
                  absl::StrJoin(without_daemons, ", ").c_str());
     return exit_code::kUsage;
+  }
+  if (config->auto_stages) {
+    return Fail(absl::UnimplementedError(
+                    "stages: auto runs with --launch threads or processes; for daemons, "
+                    "`pipetrain plan` prints a layout to put in the job"),
+                exit_code::kUsage);
   }
   if (c.outputs.dry_run) {  // the conversion the coordinator and every worker make
     std::printf("%s\n", job::JobConfigToJson(*config).c_str());
@@ -82,7 +93,66 @@ int RunJob(const RunCommand& c) {
   return RunOnLocalCluster(run);
 }
 
+constexpr char kPlanHelp[] =
+    "Plan a job: profile its model on this machine (every layer's forward, backward and "
+    "optimizer time and memory at each micro-batch size the planner may pick, cached; the Gloo "
+    "links), then let the job's planner (--planner 2bw | pipedream | hippie) choose the "
+    "schedule, stages, replicas, micro-batch size and recomputation for N workers with the "
+    "given memory each, keeping the job's global batch (replicas x microbatches x "
+    "microbatch_size). Prints the layout, its predicted step time, throughput and per-stage "
+    "peak memory, and the best layout of every other shape with why it lost. `stages: auto` "
+    "in a job does the same when it runs.";
+
+constexpr char kProfileHelp[] =
+    "Profile a job's model on this machine and print the profile the planners use (JSON): per "
+    "micro-batch size, per layer forward/backward/optimizer seconds and output, parameter, "
+    "optimizer-state, stash and working bytes; the Gloo links' latency and bandwidth.";
+
+// `plan` and `profile`: handed over to pipetrain-run, which links LibTorch.
+struct PlanCommand {
+  std::string job_file;
+  PlanFlags planning;
+  std::unique_ptr<jobspec::SpecFlags> spec_flags;
+  bool quiet = false;
+};
+
+int PlanJob(const PlanCommand& c) {
+  absl::StatusOr<v1::JobSpec> spec = jobspec::BuildJobSpec(c.job_file, *c.spec_flags);
+  if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
+  const std::string runner = FindDaemon("pipetrain-run");
+  if (runner.empty()) {
+    return Fail(absl::UnavailableError("cannot find pipetrain-run beside the pipetrain binary or on PATH"),
+                exit_code::kUnavailable);
+  }
+  std::vector<std::string> argv = {runner, "--spec-text", jobspec::JobSpecToText(*spec)};
+  for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
+  if (c.quiet) argv.push_back("--quiet");
+  Exec(argv);
+  return exit_code::kUnavailable;
+}
+
 }  // namespace
+
+std::function<int()> AddPlanCommands(CLI::App& app) {
+  auto chosen = std::make_shared<std::function<int()>>();
+  for (const bool profile : {false, true}) {
+    auto c = std::make_shared<PlanCommand>();
+    CLI::App* cmd = app.add_subcommand(profile ? "profile" : "plan", profile ? kProfileHelp : kPlanHelp);
+    cmd->add_option("job", c->job_file, "YAML job file (flags given too override it)")
+        ->check(CLI::ExistingFile);
+    c->planning.AddTo(cmd, PlanFlags::Where::kPlanCommand);
+    cmd->add_flag("-q,--quiet", c->quiet, "no progress lines on stderr");
+    c->spec_flags = std::make_unique<jobspec::SpecFlags>(cmd);
+    cmd->callback([c, chosen, profile] {
+      c->planning.plan = !profile;
+      c->planning.profile = profile;
+      *chosen = [c] { return PlanJob(*c); };
+    });
+  }
+  return [chosen] { return *chosen ? (*chosen)() : exit_code::kUsage; };
+}
 
 std::function<int()> AddRunCommand(CLI::App& app) {
   auto c = std::make_shared<RunCommand>();
@@ -101,6 +171,7 @@ std::function<int()> AddRunCommand(CLI::App& app) {
   launch->add_flag("--keep-logs", c->keep_logs,
                    "cluster: keep the daemons' logs when the job succeeds");
   c->outputs.AddTo(run);
+  c->planning.AddTo(run, PlanFlags::Where::kRunCommand);
   c->spec_flags = std::make_unique<jobspec::SpecFlags>(run);
   return [c] { return RunJob(*c); };
 }

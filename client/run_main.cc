@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/plan_command.h"
 #include "client/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
@@ -154,6 +155,7 @@ struct RunnerFlags {
   std::string spec_text;  // the job spec in protobuf text format (from `pipetrain run`)
   std::string launch = "threads";
   client::RunOutputs outputs;
+  client::PlanFlags planning;  // pipetrain plan / profile, and `stages: auto`
   std::string gather_weights;  // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
   // Set by the launcher in the stage processes it starts.
   int stage_process = -1;
@@ -273,6 +275,20 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     }
     return exit_code::kOk;
   }
+  if (flags.planning.plan || flags.planning.profile) {
+    client::PlanFlags planning = flags.planning;
+    planning.quiet = flags.outputs.quiet;
+    return client::RunPlanCommand(planning, *config);
+  }
+  if (config->auto_stages) {
+    // Planned here, for this machine's cores (or --plan-workers), then run as planned.
+    client::PlanFlags planning = flags.planning;
+    planning.quiet = flags.outputs.quiet;
+    absl::StatusOr<job::JobConfig> planned = client::PlanAndApply(planning, *config);
+    if (!planned.ok()) return Fail(planned.status(), exit_code::For(planned.status()));
+    *config = *std::move(planned);
+    *spec = jobspec::SpecWithLayoutOf(*spec, *config);
+  }
   if (flags.outputs.dry_run) {
     std::printf("%s\n", job::JobConfigToJson(*config).c_str());
     return exit_code::kOk;
@@ -293,6 +309,7 @@ void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
       ->check(CLI::IsMember({"threads", "processes"}))
       ->capture_default_str();
   flags.outputs.AddTo(app);
+  flags.planning.AddTo(app, client::PlanFlags::Where::kRunner);
   auto* internal = app->add_option_group("");  // set by the pipetrain CLI or the launcher
   internal->add_option("--spec-text", flags.spec_text);
   internal->add_option("--gather-weights", flags.gather_weights);

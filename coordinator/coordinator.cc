@@ -308,6 +308,11 @@ void Coordinator::Later(std::function<void()> call) {
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
+  if (config->auto_stages) {  // planned by pipetrain-run only, so far (docs/design.md 5.1)
+    return absl::InvalidArgumentError(
+        "stages: auto is planned by `pipetrain run --launch threads|processes`; for daemons, "
+        "`pipetrain plan` prints a layout to put in the job");
+  }
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -69,6 +69,8 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   // reports the mismatch).
   for (const v1::LayerRange& r : s.stage_ranges()) c.stage_ranges.push_back({r.begin(), r.end()});
   c.stages = s.has_stages() ? s.stages() : job::PipelineStages(c);
+  c.auto_stages = s.auto_stages();
+  Copy(s.has_planner(), s.planner(), &c.planner);
   Copy(s.has_replicas(), s.replicas(), &c.replicas);
   Copy(s.has_overlap_allreduce(), s.overlap_allreduce(), &c.overlap_allreduce);
   Copy(s.has_bucket_kib(), s.bucket_kib(), &c.bucket_kib);
@@ -111,6 +113,25 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   }
   if (!errors.empty()) return InvalidArgumentList("invalid job", errors);
   return c;
+}
+
+v1::JobSpec SpecWithLayoutOf(const v1::JobSpec& spec, const job::JobConfig& planned) {
+  v1::JobSpec out = spec;
+  out.clear_auto_stages();
+  out.set_schedule(std::string(schedule::ScheduleKindName(planned.schedule)));
+  out.set_stages(job::PipelineStages(planned));
+  out.clear_stage_ranges();
+  for (const model::LayerRange& r : planned.stage_ranges) {
+    v1::LayerRange* range = out.add_stage_ranges();
+    range->set_begin(r.begin);
+    range->set_end(r.end);
+  }
+  out.set_replicas(planned.replicas);
+  out.set_microbatches(planned.micro_batches);
+  out.set_microbatch_size(planned.micro_batch_size);
+  out.set_overlap_allreduce(planned.overlap_allreduce);
+  out.set_recompute(job::FormatRecompute(planned.recompute));
+  return out;
 }
 
 }  // namespace pipetrain::jobspec

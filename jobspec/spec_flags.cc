@@ -79,7 +79,12 @@ const std::vector<SpecFlag>& SpecFlagTable() {
 
       {"--schedule", "schedule", "pipeline", "gpipe | 1f1b (alias flush, last-stage) | 2bw"},
       {"--stages", "stages", "pipeline",
-       "number of stages (balanced split) or layer ranges: 0:2,2:4,4:7"},
+       "number of stages (balanced split), layer ranges: 0:2,2:4,4:7, or auto (planned: "
+       "see --planner)"},
+      {"--planner", "planner", "pipeline",
+       "with --stages auto: 2bw (throughput, PipeDream-2BW) | pipedream (throughput, "
+       "1F1B, PipeDream's partitioner) | hippie (memory efficiency, last-stage schedule)",
+       "2bw"},
       {"--replicas", "replicas", "pipeline",
        "data-parallel replicas of the pipeline (w); gradients averaged"},
       {"--overlap-allreduce", "overlap_allreduce", "pipeline",

@@ -168,6 +168,10 @@ class Reader {
 
 void Reader::ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
   if (node.IsScalar()) {
+    if (node.Scalar() == "auto") {
+      spec->set_auto_stages(true);
+      return;
+    }
     int count = 0;
     if (absl::SimpleAtoi(node.Scalar(), &count)) {
       spec->set_stages(count);
@@ -177,7 +181,7 @@ void Reader::ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
       std::vector<std::string> ends = absl::StrSplit(part, ':');
       int b = 0, e = 0;
       if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &b) || !absl::SimpleAtoi(ends[1], &e)) {
-        errors_->push_back(absl::StrCat("stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
+        errors_->push_back(absl::StrCat("stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
                                         node.Scalar(), "'"));
         spec->clear_stage_ranges();
         return;
@@ -240,6 +244,7 @@ void SetSpecField(const std::string& path, const std::string& text, v1::JobSpec*
   if (path == "stages") {  // a count or ranges, replacing either
     spec->clear_stages();
     spec->clear_stage_ranges();
+    spec->clear_auto_stages();
     reader.ReadStages(YAML::Node(text), spec);
     return;
   }

@@ -148,6 +148,13 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.stages < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", c.stages));
   if (c.replicas < 1) errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas));
   if (c.bucket_kib < 1) errors.push_back(absl::StrCat("bucket_kib: must be >= 1, got ", c.bucket_kib));
+  if (c.planner != "2bw" && c.planner != "pipedream" && c.planner != "hippie") {
+    errors.push_back(absl::StrCat("planner: unknown '", c.planner,
+                                  "' (one of: 2bw, pipedream, hippie)"));
+  }
+  if (c.auto_stages && !c.stage_ranges.empty()) {
+    errors.push_back("stages: auto and explicit layer ranges exclude each other");
+  }
   if (!c.stage_ranges.empty() && static_cast<int>(c.stage_ranges.size()) != c.stages) {
     errors.push_back(absl::StrCat("stages: ", c.stage_ranges.size(),
                                   " layer ranges given for ", c.stages, " stages"));
@@ -273,6 +280,8 @@ std::string JobConfigToJson(const JobConfig& c) {
   j["resume_from"] = c.resume_from;
   j["max_restarts"] = c.max_restarts;
   j["nonfinite_limit"] = c.nonfinite_limit;
+  j["auto_stages"] = c.auto_stages;
+  j["planner"] = c.planner;
   // Invalid UTF-8 (a name ValidateJobConfig refuses) is shown replaced, never thrown on.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }

@@ -85,6 +85,11 @@ struct JobConfig {
   // A step whose loss or gradients are not finite is skipped on every rank (weights and
   // optimizer state unchanged); this many in a row fail the job.
   int nonfinite_limit = 3;
+  // `stages: auto`: schedule, stages, replicas, micro-batch size and count and recomputation
+  // are chosen by `planner` (runtime/planner) for the workers there are, keeping the global
+  // batch replicas x micro_batches x micro_batch_size. A job runs only once planned.
+  bool auto_stages = false;
+  std::string planner = "2bw";  // 2bw | pipedream | hippie
 };
 
 // Every violation in one InvalidArgument, "; "-separated, each "field.path: message". Checks what can be checked

@@ -100,6 +100,10 @@ int64_t JobPlan::num_parameters() const {
 
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   PT_RETURN_IF_ERROR(ValidateJobConfig(c));
+  if (c.auto_stages) {
+    return absl::FailedPreconditionError(
+        "stages: auto: the layout must be planned before the job runs (pipetrain plan)");
+  }
   JobPlan plan;
   absl::StatusOr<std::unique_ptr<data::Dataset>> dataset = MakeDataset(c);
   if (!dataset.ok()) {  // a data file that cannot be read: the field that names it

@@ -305,6 +305,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     one.micro_batches = 1;
     one.micro_batch_size = b;
     one.recompute = {};
+    one.auto_stages = false;  // one stage, whatever the job's layout will be
     if (absl::Status s = job::ValidateJobConfig(one); !s.ok()) return s;
     absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(one);
     if (!plan.ok()) return plan.status();

@@ -121,6 +121,58 @@ TEST_F(CliTest, DefaultRunIsFastAndLearnsTheCorpus) {
   EXPECT_THAT(r.out, HasSubstr("of the gap closed"));
 }
 
+// `pipetrain plan`: the layout, its predictions and the alternatives as JSON; a memory cap
+// that forbids every layout is a clear error; `stages: auto` runs the layout plan printed.
+TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
+  setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
+  const std::string job = " --planner hippie --steps 3 --microbatch-sizes 4,8,16";
+  Result r = Run("plan --workers 4 -o json -q" + job);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto plan = nlohmann::json::parse(r.out);
+  EXPECT_EQ(plan["planner"], "hippie");
+  EXPECT_EQ(plan["schedule"], "1f1b");  // Hippie's last-stage schedule
+  const int p = static_cast<int>(plan["stages"].size());
+  ASSERT_GE(p, 1);
+  EXPECT_LE(p * plan["replicas"].get<int>(), 4);
+  // The default job's global batch: 1 replica x 8 micro-batches x 8.
+  EXPECT_EQ(plan["replicas"].get<int>() * plan["microbatches"].get<int>() *
+                plan["microbatch_size"].get<int>(),
+            64);
+  EXPECT_EQ(plan["stages"][0][0], 0);
+  EXPECT_EQ(plan["stages"][p - 1][1], 7);  // the default GPT's 7 layers
+  EXPECT_EQ(plan["predicted_peak_memory_bytes"].size(), static_cast<size_t>(p));
+  EXPECT_GT(plan["predicted_step_time_s"].get<double>(), 0);
+  EXPECT_TRUE(plan["recompute"].is_array());
+  EXPECT_FALSE(plan["alternatives"].empty());
+  for (const auto& a : plan["alternatives"]) EXPECT_TRUE(a.contains("why"));
+
+  Result tiny = Run("plan --workers 4 --memory-per-worker 64KiB -q" + job);
+  EXPECT_EQ(tiny.exit_code, 1);
+  EXPECT_THAT(tiny.err, HasSubstr("pipetrain: does not fit: needs "));
+  EXPECT_THAT(tiny.err, HasSubstr(" bytes on stage "));
+  EXPECT_THAT(tiny.err, HasSubstr(", have 65536"));
+
+  // The same job with `stages: auto`, planned for 4 workers, runs the plan's layout.
+  const fs::path summary = dir_ / "summary.json";
+  Result run = Run("run --launch threads --stages auto --plan-workers 4 --summary " +
+                   summary.string() + job);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto ran = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(ran["schedule"], plan["schedule"]);
+  EXPECT_EQ(ran["partition"], plan["stages"]);
+  EXPECT_EQ(ran["replicas"], plan["replicas"]);
+  EXPECT_EQ(ran["microbatches"], plan["microbatches"]);
+  EXPECT_EQ(ran["microbatch_size"], plan["microbatch_size"]);
+  EXPECT_EQ(ran["config"]["recompute"],
+            plan["recompute"].empty() ? "none" : "layers:" + [&] {
+              std::string s;
+              for (const auto& l : plan["recompute"]) s += (s.empty() ? "" : ",") + std::to_string(l.get<int>());
+              return s;
+            }());
+  EXPECT_THAT(run.err, HasSubstr("hippie planner:"));
+  unsetenv("PIPETRAIN_CACHE_DIR");
+}
+
 TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
   for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
     const fs::path summary = dir_ / "summary.json";
@@ -224,7 +276,7 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
 TEST_F(CliTest, BadPartitionNamesTheLayers) {
   ExpectRejected("run --stages 0:2,3:7", "layer 2 (block1) belong to no stage");
   ExpectRejected("run --stages 0:3,2:8", "runs past the last layer 6");
-  ExpectRejected("run --stages 0:a", "--stages (stages): expected a count, \"0:2,2:7\"");
+  ExpectRejected("run --stages 0:a", "--stages (stages): expected a count, auto, \"0:2,2:7\"");
 }
 
 TEST_F(CliTest, TwoBWNeedsAtLeastAsManyMicroBatchesAsStages) {

@@ -149,6 +149,20 @@ class CoordinatorCoreTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
 };
 
+// `stages: auto` is planned where the model can be profiled (pipetrain-run); the coordinator
+// refuses it with a message that says where, and keeps nothing.
+TEST_F(CoordinatorCoreTest, StagesAutoIsRefusedWithWhereToPlanIt) {
+  v1::JobSpec spec = Spec(2);
+  spec.clear_stages();
+  spec.clear_stage_ranges();
+  spec.set_auto_stages(true);
+  absl::StatusOr<v1::Job> job = coordinator_->Submit(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), ::testing::HasSubstr("pipetrain plan"));
+  EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
+}
+
 // A worker speaks only for itself and its own ranks: its session names it. Another worker's
 // id, another worker's rank, or a job it does not run is refused and changes nothing; an
 // unknown session is told to register again.

@@ -92,7 +92,7 @@ std::vector<Case> Cases() {
        {"model: expected a mapping"}, true},
       {"a job that is not a mapping", "- steps: 3\n", {"job: expected a mapping"}, true},
       {"stages neither a count nor ranges", Spec({{"stages", "0-2"}}),
-       {"stages: expected a count, \"0:2,2:7\" or [[0, 2], [2, 7]], got '0-2'"}, true},
+       {"stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '0-2'"}, true},
       {"every structural error at once",
        Spec({{"stepz", "3"}, {"microbatches", "lots"}, {"data", "{kind: synthetic, vocabb: 3}"}}),
        {"stepz: unknown key", "microbatches: expected an integer, got 'lots'",

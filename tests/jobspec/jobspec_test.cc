@@ -53,6 +53,7 @@ const std::vector<FieldValue>& Values() {
        "/tmp/ckpt/step-00000010"},
       {"max_restarts", "4", "4", 4},
       {"nonfinite_limit", "7", "7", 7},
+      {"planner", "hippie", "hippie", "hippie"},
       {"model.name", "mlp", "mlp", "mlp"},
       {"model.path", "/tmp/m.pt", "/tmp/m.pt", "/tmp/m.pt"},
       {"model.d_model", "48", "48", 48},
@@ -115,13 +116,14 @@ const SpecFlag* FlagOf(const std::string& path) {
   return found;
 }
 
-// Every scalar or list-of-scalars field of the spec, by YAML key path. stage_ranges is
-// written as `stages` (a count or ranges) in YAML and on the command line.
+// Every scalar or list-of-scalars field of the spec, by YAML key path. stage_ranges and
+// auto_stages are written as `stages` (a count, ranges or auto) in YAML and on the command
+// line.
 void CollectLeaves(const Descriptor* d, const std::string& prefix, std::vector<std::string>* out) {
   for (int i = 0; i < d->field_count(); ++i) {
     const FieldDescriptor* f = d->field(i);
     const std::string path = prefix.empty() ? f->name() : prefix + "." + f->name();
-    if (path == "stage_ranges") continue;
+    if (path == "stage_ranges" || path == "auto_stages") continue;
     if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
       CollectLeaves(f->message_type(), path, out);
     } else {
@@ -212,6 +214,32 @@ TEST(JobSpec, LayerRangesThroughYamlAndFlagsAreTheSame) {
   absl::StatusOr<v1::JobSpec> spec = FromFlags({"--stages", "0:2,2:7"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(ConfigJson(*spec), expected);
+}
+
+// `stages: auto` asks for a planned layout; a count or ranges given later replace it, as they
+// replace each other.
+TEST(JobSpec, StagesAutoThroughYamlAndFlags) {
+  const json expected = Expected({{"auto_stages", true}, {"planner", "hippie"}});
+  absl::StatusOr<v1::JobSpec> yaml = JobSpecFromYaml("stages: auto\nplanner: hippie\n");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_EQ(ConfigJson(*yaml), expected);
+  absl::StatusOr<v1::JobSpec> flags = FromFlags({"--stages", "auto", "--planner", "hippie"});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(ConfigJson(*flags), expected);
+  const std::string file = ::testing::TempDir() + "/jobspec_auto.yaml";
+  {
+    std::ofstream out(file);
+    out << "stages: auto\n";
+  }
+  absl::StatusOr<v1::JobSpec> replaced = FromFlags({"--stages", "3"}, file);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(ConfigJson(*replaced), Expected({{"stages", 3}}));
+  absl::StatusOr<v1::JobSpec> bad = FromFlags({"--planner", "gpipe"});
+  ASSERT_TRUE(bad.ok());
+  absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(*bad);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()),
+              ::testing::HasSubstr("planner: unknown 'gpipe' (one of: 2bw, pipedream, hippie)"));
 }
 
 TEST(JobSpec, FlagsOverrideTheFileFieldByField) {

@@ -1,0 +1,236 @@
+#include "client/plan_command.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/exit_codes.h"
+#include "runtime/base/threads.h"
+#include "runtime/planner/profile_json.h"
+#include "runtime/profiler/profiler.h"
+
+namespace pipetrain::client {
+namespace {
+
+using planner::Candidate;
+using planner::Layout;
+
+std::string Bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+std::vector<int> RecomputedLayers(const Layout& layout) {
+  std::vector<int> layers;
+  for (int l = 0; l < static_cast<int>(layout.recompute.size()); ++l) {
+    if (layout.recompute[l]) layers.push_back(l);
+  }
+  return layers;
+}
+
+std::string Ranges(const Layout& layout) {
+  std::vector<std::string> parts;
+  for (const auto& [b, e] : layout.stage_layers) parts.push_back(absl::StrCat(b, ":", e));
+  return absl::StrJoin(parts, ",");
+}
+
+nlohmann::json CandidateJson(const Candidate& c) {
+  const Layout& l = c.layout;
+  nlohmann::json stages = nlohmann::json::array(), memory = nlohmann::json::array(),
+                 compute = nlohmann::json::array(), exposed = nlohmann::json::array();
+  for (const auto& [b, e] : l.stage_layers) stages.push_back({b, e});
+  for (const planner::StagePrediction& s : c.prediction.stages) {
+    memory.push_back(s.peak_memory_bytes);
+    compute.push_back(s.compute_s);
+    exposed.push_back(s.exposed_allreduce_s);
+  }
+  nlohmann::json j = {{"schedule", std::string(schedule::ScheduleKindName(l.schedule))},
+                      {"stages", stages},
+                      {"replicas", l.replicas},
+                      {"microbatch_size", l.micro_batch_size},
+                      {"microbatches", l.micro_batches},
+                      {"recompute", RecomputedLayers(l)},
+                      {"overlap_allreduce", l.overlap_allreduce},
+                      {"predicted_step_time_s", c.prediction.step_time_s},
+                      {"predicted_samples_per_s", c.prediction.samples_per_s},
+                      {"predicted_tokens_per_s", c.prediction.tokens_per_s},
+                      {"predicted_peak_memory_bytes", memory},
+                      {"predicted_compute_s", compute},
+                      {"predicted_exposed_allreduce_s", exposed},
+                      {"memory_efficiency", c.memory_efficiency},
+                      {"fits", c.fits}};
+  if (!c.why.empty()) j["why"] = c.why;
+  return j;
+}
+
+}  // namespace
+
+planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlags& flags) {
+  // The planner is the job's (`planner`, validated with the job).
+  planner::PlanRequest request;
+  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
+  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+  request.micro_batch_sizes = flags.micro_batch_sizes;
+  request.overlap_allreduce = config.overlap_allreduce;
+  request.bucket_bytes = config.bucket_kib * 1024;
+  return request;
+}
+
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const job::JobConfig&,
+                                   const PlanFlags& flags) {
+  planner::ClusterProfile cluster;
+  cluster.workers = flags.workers > 0 ? flags.workers : AvailableCores();
+  cluster.memory_bytes = flags.memory_per_worker;
+  cluster.link = profile.p2p;
+  cluster.allreduce = profile.allreduce;
+  cluster.shared_cores = flags.shared_cores >= 0 ? flags.shared_cores : AvailableCores();
+  return cluster;
+}
+
+absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
+                                                         const PlanFlags& flags) {
+  profiler::ProfileOptions options;
+  options.micro_batch_sizes = flags.micro_batch_sizes;
+  if (options.micro_batch_sizes.empty()) {
+    const int global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+    for (int b = 1; b <= global_batch; ++b) {
+      if (global_batch % b == 0) options.micro_batch_sizes.push_back(b);
+    }
+  }
+  options.threads = 1;  // ranks sharing a machine's cores run one thread each
+  if (!flags.no_cache) options.cache_dir = profiler::DefaultProfileCacheDir();
+  if (!flags.quiet) {
+    options.progress = [](const std::string& line) {
+      std::fprintf(stderr, "profile: %s\n", line.c_str());
+    };
+  }
+  return profiler::ProfileJob(config, options);
+}
+
+job::JobConfig ApplyPlan(const job::JobConfig& config, const planner::Layout& layout) {
+  job::JobConfig c = config;
+  c.auto_stages = false;
+  c.schedule = layout.schedule;
+  c.stages = layout.stages();
+  c.stage_ranges.clear();
+  for (const auto& [b, e] : layout.stage_layers) c.stage_ranges.push_back({b, e});
+  c.replicas = layout.replicas;
+  c.micro_batch_size = layout.micro_batch_size;
+  c.micro_batches = layout.micro_batches;
+  c.overlap_allreduce = layout.overlap_allreduce;
+  c.recompute = {};
+  const std::vector<int> layers = RecomputedLayers(layout);
+  if (!layers.empty()) {
+    c.recompute.mode = job::RecomputeConfig::Mode::kLayers;
+    c.recompute.indices = layers;
+  }
+  return c;
+}
+
+std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,
+                       const planner::ClusterProfile& cluster) {
+  nlohmann::json j = CandidateJson(plan.chosen);
+  j["planner"] = std::string(planner::PlannerKindName(plan.planner));
+  j["model"] = profile.model;
+  j["workers"] = cluster.workers;
+  j["memory_per_worker_bytes"] = cluster.memory_bytes;
+  j["shared_cores"] = cluster.shared_cores;
+  j["layouts_considered"] = plan.considered;
+  j["data_parallel"] = CandidateJson(plan.data_parallel);
+  j["alternatives"] = nlohmann::json::array();
+  for (const Candidate& c : plan.alternatives) j["alternatives"].push_back(CandidateJson(c));
+  return j.dump(2);
+}
+
+std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProfile& profile,
+                       const planner::ClusterProfile& cluster) {
+  const Candidate& c = plan.chosen;
+  const Layout& l = c.layout;
+  const bool tokens = profile.tokens_per_sample > 1;
+  std::string out = absl::StrFormat(
+      "%s planner: %s on %d workers%s, global batch %d (%d layouts considered)\n",
+      planner::PlannerKindName(plan.planner), profile.model, cluster.workers,
+      cluster.memory_bytes > 0 ? absl::StrCat(" of ", Bytes(cluster.memory_bytes)) : "",
+      l.global_batch(), plan.considered);
+  const std::vector<int> recomputed = RecomputedLayers(l);
+  absl::StrAppendFormat(
+      &out, "  schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, recompute %s\n",
+      schedule::ScheduleKindName(l.schedule), l.stages(), Ranges(l), l.replicas,
+      l.micro_batches, l.micro_batch_size,
+      recomputed.empty() ? "none" : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")));
+  absl::StrAppendFormat(&out, "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
+                              "parallelism (step %.2f ms, peak %s)\n",
+                        c.prediction.step_time_s * 1e3,
+                        tokens ? c.prediction.tokens_per_s : c.prediction.samples_per_s,
+                        tokens ? "tok" : "samples", c.memory_efficiency,
+                        plan.data_parallel.prediction.step_time_s * 1e3,
+                        Bytes(plan.data_parallel.prediction.peak_memory_bytes));
+  absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers",
+                        "compute_ms", "exposed_ar_ms", "in_flight", "peak_memory");
+  for (int s = 0; s < l.stages(); ++s) {
+    const planner::StagePrediction& p = c.prediction.stages[s];
+    absl::StrAppendFormat(&out, "  %-6d %-8s %-11.2f %-13.2f %-10d %s\n", s,
+                          absl::StrCat(l.stage_layers[s].first, ":", l.stage_layers[s].second),
+                          p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
+                          Bytes(p.peak_memory_bytes));
+  }
+  if (!plan.alternatives.empty()) out += "alternatives (the best of each other shape):\n";
+  for (const Candidate& a : plan.alternatives) {
+    const std::vector<int> r = RecomputedLayers(a.layout);
+    absl::StrAppendFormat(&out, "  p=%d w=%d b=%d m=%d stages %s%s: step %.2f ms, peak %s: %s\n",
+                          a.layout.stages(), a.layout.replicas, a.layout.micro_batch_size,
+                          a.layout.micro_batches, Ranges(a.layout),
+                          r.empty() ? "" : absl::StrCat(" recompute ", absl::StrJoin(r, ",")),
+                          a.prediction.step_time_s * 1e3,
+                          Bytes(a.prediction.peak_memory_bytes), a.why);
+  }
+  return out;
+}
+
+absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config) {
+  absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
+  if (!profile.ok()) return profile.status();
+  const planner::ClusterProfile cluster = ClusterFor(*profile, config, flags);
+  absl::StatusOr<planner::PlanResult> plan =
+      planner::MakePlan(*profile, cluster, PlanRequestFor(config, flags));
+  if (!plan.ok()) return plan.status();
+  if (!flags.quiet) {
+    const std::string text = PlanToText(*plan, *profile, cluster);
+    // The chosen layout only (the lines before the alternatives).
+    std::fprintf(stderr, "%s", text.substr(0, text.find("alternatives")).c_str());
+  }
+  return ApplyPlan(config, plan->chosen.layout);
+}
+
+int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
+  const auto fail = [](const absl::Status& s, int code) {
+    std::fprintf(stderr, "pipetrain: %s\n", std::string(s.message()).c_str());
+    return code;
+  };
+  absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
+  if (!profile.ok()) return fail(profile.status(), exit_code::For(profile.status()));
+  if (flags.profile) {
+    std::printf("%s\n", planner::ModelProfileToJson(*profile).c_str());
+    return exit_code::kOk;
+  }
+  const planner::ClusterProfile cluster = ClusterFor(*profile, config, flags);
+  absl::StatusOr<planner::PlanResult> plan =
+      planner::MakePlan(*profile, cluster, PlanRequestFor(config, flags));
+  if (!plan.ok()) {
+    return fail(plan.status(), plan.status().code() == absl::StatusCode::kResourceExhausted
+                                   ? exit_code::kJobFailed
+                                   : exit_code::kUsage);
+  }
+  const std::string text = flags.output == "json" ? PlanToJson(*plan, *profile, cluster)
+                                                  : PlanToText(*plan, *profile, cluster);
+  std::printf("%s\n", text.c_str());
+  return exit_code::kOk;
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,53 @@
+// `pipetrain plan` and `pipetrain profile`, run by pipetrain-run (they measure the model, so
+// they need LibTorch; the pipetrain CLI hands them over like `run --launch threads`).
+//
+//   plan:    profiles the job's model at every micro-batch size the planner may choose (cached,
+//            runtime/profiler) and the Gloo links, runs the chosen planner (runtime/planner) for
+//            `workers` workers of `memory_per_worker` bytes, and prints the layout, its predicted
+//            step time, throughput and per-stage peak memory, and the best layout of every other
+//            shape with why it lost (text, or JSON with -o json).
+//   profile: prints the profile itself (JSON).
+// The planner is the job's `planner`; the global batch is the job's: replicas x micro-batches
+// x micro-batch size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/plan_flags.h"
+#include "pipetrain/v1/job.pb.h"
+#include "runtime/job/job_config.h"
+#include "runtime/planner/planners.h"
+#include "runtime/planner/profile.h"
+
+namespace pipetrain::client {
+
+// Profiles `config` for `flags` (progress on stderr unless quiet).
+absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
+                                                         const PlanFlags& flags);
+
+// The planner's request and cluster for `config` on `flags`' workers.
+planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlags& flags);
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const job::JobConfig& config,
+                                   const PlanFlags& flags);
+
+// `config` with the plan's layout: schedule, stages, replicas, micro-batch size and count,
+// recomputed layers.
+job::JobConfig ApplyPlan(const job::JobConfig& config, const planner::Layout& layout);
+
+// The plan as JSON (the -o json of `pipetrain plan`) and as text.
+std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,
+                       const planner::ClusterProfile& cluster);
+std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProfile& profile,
+                       const planner::ClusterProfile& cluster);
+
+// Profiles and plans `config` (a job with `stages: auto`) and returns it with the plan's
+// layout; the plan is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
+absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config);
+
+// The whole command: 0 ok, 1 no plan fits, 2 bad input.
+int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config);
+
+}  // namespace pipetrain::client

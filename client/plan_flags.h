@@ -1,0 +1,79 @@
+// The options of `pipetrain plan` / `pipetrain profile` and of a job with `stages: auto`:
+// which workers to plan for and what to print. Taken by the pipetrain CLI (which links no
+// LibTorch) and handed on to pipetrain-run (AsArgs), which profiles and plans
+// (plan_command.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_join.h"
+
+namespace pipetrain::client {
+
+struct PlanFlags {
+  bool plan = false;
+  bool profile = false;
+  int workers = 0;                     // 0: this machine's cores
+  int64_t memory_per_worker = 0;       // 0: not limited
+  int shared_cores = -1;               // -1: this machine's cores (every worker runs here)
+  std::vector<int> micro_batch_sizes;  // empty: every divisor of the global batch
+  std::string output = "text";
+  bool no_cache = false;
+  bool quiet = false;
+
+  // Where the flags go: pipetrain-run (all, with --plan and --profile), `pipetrain plan` and
+  // `profile` (--workers, not --plan-workers), `pipetrain run` (what `stages: auto` uses).
+  enum class Where { kRunner, kPlanCommand, kRunCommand };
+
+  void AddTo(CLI::App* app, Where where) {
+    auto* g = app->add_option_group("planning (stages: auto)");
+    const bool with_mode_flags = where == Where::kRunner;
+    if (with_mode_flags) {
+      g->add_flag("--plan", plan, "plan the job (pipetrain plan) instead of running it");
+      g->add_flag("--profile", profile, "print the job's model profile (JSON) instead of running it");
+    }
+    // `pipetrain plan --workers`; elsewhere --plan-workers (`run` has --workers).
+    g->add_option(where == Where::kPlanCommand ? "--workers" : "--plan-workers", workers,
+                  "workers (one rank each) to plan for (default: this machine's cores)")
+        ->check(CLI::Range(1, 4096));
+    g->add_option("--memory-per-worker", memory_per_worker,
+                  "memory of each worker, e.g. 8GiB or 500000000 (default: not limited)")
+        ->transform(CLI::AsSizeValue(false));
+    g->add_option("--shared-cores", shared_cores,
+                  "cores all workers share (they run on one machine); 0: each has its own "
+                  "(default: this machine's cores)");
+    g->add_option("--microbatch-sizes", micro_batch_sizes,
+                  "micro-batch sizes to consider (default: every divisor of the global batch)")
+        ->delimiter(',');
+    if (where != Where::kRunCommand) {
+      g->add_option("-o,--output", output, "text | json")
+          ->check(CLI::IsMember({"text", "json"}))
+          ->capture_default_str();
+    }
+    g->add_flag("--no-cache", no_cache, "measure again instead of using cached profiles");
+  }
+
+  std::vector<std::string> AsArgs() const {
+    std::vector<std::string> args;
+    if (plan) args.push_back("--plan");
+    if (profile) args.push_back("--profile");
+    if (workers > 0) args.insert(args.end(), {"--plan-workers", std::to_string(workers)});
+    if (memory_per_worker > 0) {
+      args.insert(args.end(), {"--memory-per-worker", std::to_string(memory_per_worker)});
+    }
+    args.insert(args.end(), {"-o", output});
+    if (shared_cores >= 0) args.insert(args.end(), {"--shared-cores", std::to_string(shared_cores)});
+    if (!micro_batch_sizes.empty()) {
+      args.insert(args.end(), {"--microbatch-sizes", absl::StrJoin(micro_batch_sizes, ",")});
+    }
+    if (no_cache) args.push_back("--no-cache");
+    return args;
+  }
+};
+
+}  // namespace pipetrain::client
