@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/threads.h"
+#include "runtime/job/plan.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/profiler/profiler.h"
 
@@ -193,6 +194,21 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   return out;
 }
 
+absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
+  absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(config);
+  if (!plan.ok()) return plan.status();
+  planner::Layout layout;
+  layout.schedule = config.schedule;
+  for (const model::LayerRange& r : plan->partition) layout.stage_layers.emplace_back(r.begin, r.end);
+  layout.replicas = config.replicas;
+  layout.micro_batch_size = config.micro_batch_size;
+  layout.micro_batches = config.micro_batches;
+  layout.recompute = plan->recompute;
+  layout.overlap_allreduce = config.overlap_allreduce;
+  layout.bucket_bytes = config.bucket_kib * 1024;
+  return layout;
+}
+
 absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
@@ -220,6 +236,19 @@ int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
     return exit_code::kOk;
   }
   const planner::ClusterProfile cluster = ClusterFor(*profile, config, flags);
+  if (flags.predict) {
+    absl::StatusOr<planner::Layout> layout = LayoutOf(config);
+    if (!layout.ok()) return fail(layout.status(), exit_code::For(layout.status()));
+    absl::StatusOr<planner::Prediction> prediction = planner::Predict(*profile, cluster, *layout);
+    if (!prediction.ok()) return fail(prediction.status(), exit_code::kUsage);
+    planner::Candidate c{*layout, *prediction};
+    c.fits = cluster.memory_bytes <= 0 || prediction->peak_memory_bytes <= cluster.memory_bytes;
+    nlohmann::json j = CandidateJson(c);
+    j["model"] = profile->model;
+    j["shared_cores"] = cluster.shared_cores;
+    std::printf("%s\n", j.dump(2).c_str());
+    return exit_code::kOk;
+  }
   absl::StatusOr<planner::PlanResult> plan =
       planner::MakePlan(*profile, cluster, PlanRequestFor(config, flags));
   if (!plan.ok()) {

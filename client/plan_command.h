@@ -43,6 +43,9 @@ std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProf
 std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProfile& profile,
                        const planner::ClusterProfile& cluster);
 
+// The layout `config` runs (its partition and recomputation resolved as a run resolves them).
+absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config);
+
 // Profiles and plans `config` (a job with `stages: auto`) and returns it with the plan's
 // layout; the plan is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
 absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config);

@@ -18,6 +18,7 @@ namespace pipetrain::client {
 struct PlanFlags {
   bool plan = false;
   bool profile = false;
+  bool predict = false;  // the job's own layout, predicted (no search)
   int workers = 0;                     // 0: this machine's cores
   int64_t memory_per_worker = 0;       // 0: not limited
   int shared_cores = -1;               // -1: this machine's cores (every worker runs here)
@@ -38,6 +39,12 @@ struct PlanFlags {
       g->add_flag("--profile", profile, "print the job's model profile (JSON) instead of running it");
     }
     // `pipetrain plan --workers`; elsewhere --plan-workers (`run` has --workers).
+    if (where != Where::kRunCommand) {
+      g->add_flag("--predict", predict,
+                  "predict the step time and per-stage memory of the job's own layout "
+                  "(its stages, replicas, micro-batches, schedule, recompute) instead of "
+                  "choosing one");
+    }
     g->add_option(where == Where::kPlanCommand ? "--workers" : "--plan-workers", workers,
                   "workers (one rank each) to plan for (default: this machine's cores)")
         ->check(CLI::Range(1, 4096));
@@ -62,6 +69,7 @@ struct PlanFlags {
     std::vector<std::string> args;
     if (plan) args.push_back("--plan");
     if (profile) args.push_back("--profile");
+    if (predict) args.push_back("--predict");
     if (workers > 0) args.insert(args.end(), {"--plan-workers", std::to_string(workers)});
     if (memory_per_worker > 0) {
       args.insert(args.end(), {"--memory-per-worker", std::to_string(memory_per_worker)});

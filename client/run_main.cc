@@ -35,6 +35,7 @@
 #include "runtime/job/process_run.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/job/trace.h"
+#include "runtime/memory/tensor_memory.h"
 
 namespace pipetrain::run_main {
 namespace {
@@ -113,7 +114,8 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
                               {"wait_s", s.wait_s},
                               {"allreduce_s", s.allreduce_s},
                               {"parameter_bytes", s.parameter_bytes},
-                              {"peak_memory_bytes", s.peak_memory_bytes}});
+                              {"peak_memory_bytes", s.peak_memory_bytes},
+                              {"peak_tensor_bytes", s.peak_tensor_bytes}});
   }
   if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
   return j;
@@ -260,6 +262,10 @@ int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfi
 int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const std::string& self) {
   absl::StatusOr<v1::JobSpec> spec = ResolveSpec(flags, spec_flags);
   if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
+  // Planning replaces the job's layout, so it is not checked (--predict keeps it).
+  if ((flags.planning.plan || flags.planning.profile) && !flags.planning.predict) {
+    spec->set_auto_stages(true);
+  }
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
 
@@ -275,7 +281,7 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     }
     return exit_code::kOk;
   }
-  if (flags.planning.plan || flags.planning.profile) {
+  if (flags.planning.plan || flags.planning.profile || flags.planning.predict) {
     client::PlanFlags planning = flags.planning;
     planning.quiet = flags.outputs.quiet;
     return client::RunPlanCommand(planning, *config);
@@ -324,6 +330,7 @@ void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
 int main(int argc, char** argv) {
   using namespace pipetrain;
   TuneAllocatorForTraining();
+  memory::CountTensorMemory();  // the summary's peak_tensor_bytes, compared with plans
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
   CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
                "stage of each replica a thread of this process (or a process of its own with "

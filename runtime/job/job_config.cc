@@ -166,7 +166,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   schedule::ScheduleParams params{c.schedule, c.stages, c.micro_batches, 1};
   if (c.micro_batches < 1) {
     errors.push_back(absl::StrCat("microbatches: must be >= 1, got ", c.micro_batches));
-  } else if (c.stages >= 1) {
+  } else if (c.stages >= 1 && !c.auto_stages) {  // a planned layout is checked once planned
     if (absl::Status s = schedule::ValidateScheduleParams(params); !s.ok()) {
       for (const std::string& v : ViolationsOf(s)) errors.push_back(absl::StrCat("schedule: ", v));
     }
@@ -174,7 +174,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   // The partition against the model's layers, named, when they are known without building
   // it (built-in models); the runner checks it again (a TorchScript model's only there).
   const std::optional<std::vector<std::string>> layers = KnownLayerNames(c.model);
-  if (layers && !c.stage_ranges.empty()) {
+  if (c.auto_stages) {
+    // The planner chooses stages, schedule and recomputation.
+  } else if (layers && !c.stage_ranges.empty()) {
     const absl::Status partition = model::ValidatePartition(c.stage_ranges, *layers);
     for (std::string v : ViolationsOf(partition)) {
       // The first one starts "invalid partition 0:2,3:5: ".
@@ -186,7 +188,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                   layers->size(), " layers (", absl::StrJoin(*layers, ", "),
                                   "): each stage needs at least one layer"));
   }
-  if (c.recompute.mode == RecomputeConfig::Mode::kStages) {
+  if (c.recompute.mode == RecomputeConfig::Mode::kStages && !c.auto_stages) {
     for (int s : c.recompute.indices) {
       if (s >= c.stages) {
         errors.push_back(absl::StrCat("recompute: stage ", s, " does not exist (", c.stages,

@@ -16,6 +16,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/job/checkpointing.h"
 #include "runtime/job/plan.h"
+#include "runtime/memory/tensor_memory.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
 #include "runtime/transport/in_process/in_process_transport.h"
@@ -96,11 +97,12 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   PT_RETURN_IF_ERROR(StoppedStagesError(results, stopped_at));
 
   const int64_t peak_memory = PeakResidentMemoryBytes();  // one process: shared by stages
+  const int64_t peak_tensors = memory::CountingTensorMemory() ? memory::PeakTensorBytes() : 0;
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
                         DetachedBuffers(*stages[s].weights), stages[s].parameter_bytes,
-                        peak_memory});
+                        peak_memory, peak_tensors});
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,

@@ -33,6 +33,9 @@ struct StageReport {
   // The resident high-water mark of the process that ran the stage (VmHWM). With stages as
   // threads of one process, that one process's figure for every stage.
   int64_t peak_memory_bytes = 0;
+  // The most tensor storage the process held at once (runtime/memory; 0 when not counted):
+  // what the planner predicts. Shared by the stages of one process like the above.
+  int64_t peak_tensor_bytes = 0;
 };
 
 struct JobReport {
@@ -87,6 +90,7 @@ struct StageOutcome {
   std::vector<at::Tensor> buffers;
   int64_t parameter_bytes = 0;    // as in StageReport
   int64_t peak_memory_bytes = 0;  // measured when the stage ended, before the copies above
+  int64_t peak_tensor_bytes = 0;  // likewise (0: tensor memory not counted in this process)
 };
 
 // The report of a finished run from every (replica, stage) outcome, replica-major; per-stage

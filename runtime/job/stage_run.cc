@@ -16,6 +16,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/job/checkpointing.h"
 #include "runtime/job/plan.h"
+#include "runtime/memory/tensor_memory.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 
 namespace pipetrain::job {
@@ -170,8 +171,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   if (hooks.on_transport_gone) hooks.on_transport_gone();
   PT_RETURN_IF_ERROR(ran);
   const int64_t peak_memory = PeakResidentMemoryBytes();
+  const int64_t peak_tensors = memory::CountingTensorMemory() ? memory::PeakTensorBytes() : 0;
   return StageOutcome{executor.stats(), DetachedParameters(*parts.weights),
-                      DetachedBuffers(*parts.weights), parts.parameter_bytes, peak_memory};
+                      DetachedBuffers(*parts.weights), parts.parameter_bytes, peak_memory,
+                      peak_tensors};
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
@@ -190,6 +193,7 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   j["num_parameters"] = out.parameters.size();
   j["parameter_bytes"] = out.parameter_bytes;
   j["peak_memory_bytes"] = out.peak_memory_bytes;
+  j["peak_tensor_bytes"] = out.peak_tensor_bytes;
   PT_RETURN_IF_ERROR(WriteFileAtomically(OutcomePath(dir, stage, ".pt").string(), weights.str()));
   return WriteFileAtomically(OutcomePath(dir, stage, ".json").string(), j.dump());
 }
@@ -234,6 +238,7 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
     out.stats = StatsFromJson(j);
     out.parameter_bytes = j.value("parameter_bytes", int64_t{0});
     out.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{0});
+    out.peak_tensor_bytes = j.value("peak_tensor_bytes", int64_t{0});
     std::vector<at::Tensor> tensors;
     torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
     const size_t n = j.at("num_parameters");

@@ -241,7 +241,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     out.peak_in_flight = peak_in_flight[s];
     out.exposed_allreduce_s = exposed[s];
     out.activation_bytes = peak_in_flight[s] * per_micro_batch + transient;
-    out.peak_memory_bytes = out.weight_bytes + out.activation_bytes;
+    const int neighbours = (s > 0) + (s + 1 < p);
+    out.peak_memory_bytes = out.weight_bytes + out.activation_bytes + profile.base_bytes +
+                            neighbours * profile.receive_buffer_bytes;
     prediction.peak_memory_bytes = std::max(prediction.peak_memory_bytes, out.peak_memory_bytes);
   }
   return prediction;

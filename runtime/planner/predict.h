@@ -24,7 +24,8 @@
 //   transient = the largest recomputed run's stash and outputs (rebuilt during its backward)
 //               plus the largest working_bytes of a layer of the stage
 //   peak      = weights + peak in-flight micro-batches (counted in the simulation) x per
-//               micro-batch + transient.
+//               micro-batch + transient + the profile's base_bytes (the dataset every rank
+//               holds) + receive_buffer_bytes per neighbour that sends to the stage.
 #pragma once
 
 #include <cstdint>

@@ -44,7 +44,9 @@ struct ModelProfile {
   int threads = 1;               // intra-op threads the measurements ran with
   int64_t tokens_per_sample = 1; // gpt: the sequence length; 1 for other models
   std::vector<MicroBatchProfile> sizes;  // ascending micro-batch size, at least one
+  int64_t base_bytes = 0;        // tensors every rank holds besides its layers' (the dataset)
   LinkProfile p2p;               // one activation or gradient between two ranks
+  int64_t receive_buffer_bytes = 0;  // kept posted by the transport per peer that sends
   LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
 };
 

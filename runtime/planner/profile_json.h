@@ -1,7 +1,7 @@
 // ModelProfile <-> JSON: the profile cache's files and `pipetrain profile -o json`.
 //
 // {"model": "...", "device": "cpu", "dtype": "float32", "threads": 1, "tokens_per_sample": 64,
-//  "p2p": {"latency_s": .., "bytes_per_s": ..}, "allreduce": {...},
+//  "base_bytes": .., "p2p": {"latency_s": .., "bytes_per_s": ..}, "allreduce": {...},
 //  "sizes": [{"micro_batch_size": 8, "layers": [{"name": "block0", "forward_s": .., ...}]}]}
 #pragma once
 

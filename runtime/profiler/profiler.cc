@@ -298,6 +298,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
   planner::ModelProfile profile;
   profile.threads = options.threads;
   for (int b : sizes) {
+    const int64_t before_plan = memory::TensorBytesInUse();
     job::JobConfig one = config;
     one.stages = 1;
     one.stage_ranges.clear();
@@ -309,6 +310,9 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     if (absl::Status s = job::ValidateJobConfig(one); !s.ok()) return s;
     absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(one);
     if (!plan.ok()) return plan.status();
+    // What the dataset holds (every rank loads it).
+    profile.base_bytes =
+        std::max<int64_t>(profile.base_bytes, memory::TensorBytesInUse() - before_plan);
     profile.dtype = plan->dtype == at::kDouble ? "float64" : "float32";
     profile.tokens_per_sample = plan->model_config.name == "gpt" ? plan->model_config.seq_len : 1;
     profile.model = absl::StrCat(plan->model_config.name, ", ", plan->layers.size(), " layers, ",
@@ -325,6 +329,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     job::MicroBatchReader reader(*plan, 1);
     at::Tensor x = reader.Inputs(0);
     const at::Tensor targets = reader.Targets(0);
+
     planner::MicroBatchProfile size;
     size.micro_batch_size = b;
     for (int l = 0; l < static_cast<int>(plan->layers.size()); ++l) {
@@ -342,6 +347,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     StoreValue(options.cache_dir, key, planner::MicroBatchProfileToJson(size));
     profile.sizes.push_back(std::move(size));
   }
+  profile.receive_buffer_bytes = transport::GlooPostedReceiveBytes();
   if (options.measure_links) {
     const std::string key = nlohmann::json{{"format", kProfileFormat}, {"links", "gloo loopback"},
                                            {"threads", options.threads}}

@@ -11,7 +11,8 @@
 //   output_bytes    its output; parameter_bytes its parameters;
 //   optimizer_bytes what the optimizer's first update allocated;
 //   stash_bytes     what the forward left allocated besides its output (kept for backward);
-//   working_bytes   the most the backward allocated above that.
+//   working_bytes   the most the backward allocated above that;
+//   base_bytes      what the job's dataset holds (every rank loads it).
 // Only one layer exists at a time, so profiling a model needs about one layer's memory.
 // The links: two Gloo transports over loopback in this process, a ping-pong of activations
 // and a 2-rank AllReduce at two sizes, fitted to latency + bytes / bandwidth.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -54,7 +55,9 @@ class GlooTransport : public Transport {
       : store_(std::move(store)),
         group_(std::move(group)),
         replica_group_(std::move(replica_group)),
-        options_(std::move(options)) {}
+        options_(std::move(options)),
+        reaper_([this] { ReapSends(); }) {}
+
 
   int stage() const override { return options_.stage; }
 
@@ -82,7 +85,7 @@ class GlooTransport : public Transport {
     }
     try {
       std::lock_guard<std::mutex> lock(send_mu_);
-      Reap();
+      if (!send_error_.ok()) return send_error_;
       std::vector<at::Tensor> fv = {first};
       pending_.push_back({group_->send(fv, RankOf(peer), Tag(kind, micro_batch, false)), first});
       if (!inline_payload) {
@@ -90,6 +93,7 @@ class GlooTransport : public Transport {
         pending_.push_back(
             {group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
       }
+      send_cv_.notify_all();
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("sending the ", MessageKindName(kind),
                                                  " of micro-batch ", micro_batch, " to ",
@@ -146,6 +150,19 @@ class GlooTransport : public Transport {
   }
 
   ~GlooTransport() override {
+    {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      stopping_ = true;
+      // Sends still in flight (a peer that never received them) are given up.
+      for (Pending& p : pending_) {
+        try {
+          p.work->abort();
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    send_cv_.notify_all();
+    reaper_.join();
     // Receives posted ahead for messages that never came (the one after the last).
     for (auto& [key, posted] : header_recvs_) {
       try {
@@ -169,8 +186,8 @@ class GlooTransport : public Transport {
     return StartAllReduceMean(tensors, deadline)->Wait(deadline);
   }
 
-  // One flat buffer, one asynchronous ring AllReduce (sum); Wait() divides by the replica
-  // count and copies the result back.
+  // One flat buffer, one asynchronous ring AllReduce (sum); Wait() writes the sum divided by
+  // the replica count back.
   std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
                                                        absl::Time deadline) override {
     if (!replica_group_ || tensors.empty()) return Transport::StartAllReduceMean({}, deadline);
@@ -202,23 +219,19 @@ class GlooTransport : public Transport {
   }
 
   absl::Status Flush(absl::Time deadline) override {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    for (auto& p : pending_) {
-      if (!BeginWait(p.work.get())) return aborted();
-      bool sent = false;
-      try {
-        sent = p.work->wait(TimeLeft(deadline));
-      } catch (const std::exception& e) {
-        EndWait(p.work.get());
-        if (absl::Status s = aborted(); !s.ok()) return s;
-        return absl::UnavailableError(
-            absl::StrCat("stage ", options_.stage, ": delivering sent messages: ", FirstLine(e)));
+    std::unique_lock<std::mutex> lock(send_mu_);
+    while (pending_.empty() == false && send_error_.ok()) {
+      if (absl::Status s = aborted(); !s.ok()) return s;
+      // In slices, so that an Abort() (which the reaper sees) ends this wait too.
+      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(50));
+      send_cv_.wait_until(lock, absl::ToChronoTime(slice));
+      if (absl::Now() >= deadline && !pending_.empty()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "stage ", options_.stage, ": ", pending_.size(),
+            " sent messages not delivered by the deadline"));
       }
-      EndWait(p.work.get());
-      if (!sent) return aborted();
     }
-    pending_.clear();
-    return absl::OkStatus();
+    return send_error_;
   }
 
  private:
@@ -240,10 +253,11 @@ class GlooTransport : public Transport {
           if (absl::Now() >= deadline) return owner->ReductionError("timed out");
         }
       }
-      flat[0].div_(owner->options_.replicas);
+      // The mean lands in each tensor in one pass (no division of the flat buffer first).
+      const at::Tensor replicas = at::scalar_tensor(owner->options_.replicas, flat[0].options());
       int64_t offset = 0;
       for (at::Tensor& t : tensors) {
-        t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+        at::div_out(t, flat[0].narrow(0, offset, t.numel()).view_as(t), replicas);
         offset += t.numel();
       }
       return absl::OkStatus();
@@ -347,11 +361,37 @@ class GlooTransport : public Transport {
     }
   }
 
-  // Drops the sends that have completed from the front (they complete mostly in order, and
-  // the rest are dropped once those before them are), so each send costs O(1).
-  // REQUIRES: send_mu_ held.
-  void Reap() {
-    while (!pending_.empty() && pending_.front().work->isCompleted()) pending_.pop_front();
+  // The reaper thread: waits for each send in order and drops it (and the tensor it kept
+  // alive) once the peer has it. A c10d Gloo send reports completion only to a wait, so
+  // without this every sent activation and gradient would stay in memory until Flush().
+  // The wait has no deadline of its own (a Gloo send wait that times out poisons the whole
+  // connection); a peer that is lost fails it, Abort() and the destructor end it.
+  void ReapSends() {
+    constexpr auto kUntilDone = std::chrono::hours(24 * 365);
+    std::unique_lock<std::mutex> lock(send_mu_);
+    while (true) {
+      send_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping
+      c10::intrusive_ptr<c10d::Work> work = pending_.front().work;
+      lock.unlock();
+      absl::Status outcome;
+      if (!BeginWait(work.get())) {
+        outcome = aborted();
+      } else {
+        try {
+          if (!work->wait(kUntilDone)) outcome = aborted();
+        } catch (const std::exception& e) {
+          outcome = absl::UnavailableError(
+              absl::StrCat("stage ", options_.stage, ": delivering a sent message: ", FirstLine(e)));
+        }
+        EndWait(work.get());
+        if (absl::Status s = aborted(); !s.ok()) outcome = s;
+      }
+      lock.lock();
+      if (!outcome.ok() && send_error_.ok() && !stopping_) send_error_ = outcome;
+      pending_.pop_front();
+      send_cv_.notify_all();
+    }
   }
 
   std::shared_ptr<rendezvous::KeyValueStore> store_;
@@ -359,14 +399,20 @@ class GlooTransport : public Transport {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group_;  // null with one replica
   GlooTransportOptions options_;
   std::mutex send_mu_;
-  std::deque<Pending> pending_;  // guarded by send_mu_
+  std::condition_variable send_cv_;  // a send queued, or one delivered
+  std::deque<Pending> pending_;      // sends not yet delivered, oldest first; guarded by send_mu_
+  absl::Status send_error_;          // the first failed delivery; guarded by send_mu_
+  bool stopping_ = false;            // guarded by send_mu_
   std::mutex abort_mu_;
   absl::Status abort_reason_;  // guarded by abort_mu_
   std::set<c10d::Work*> waiting_;  // receives and sends being waited on; guarded by abort_mu_
   std::map<HeaderKey, PostedRecv> header_recvs_;  // posted ahead; receiving thread only
+  std::thread reaper_;  // ReapSends(); last, so that it starts after everything it uses
 };
 
 }  // namespace
+
+int64_t GlooPostedReceiveBytes() { return kPostedAhead * (kHeaderBytes + kInlinePayloadBytes); }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options) {

@@ -10,7 +10,9 @@
 // the real shape and dtype of what arrived and the executor can reject a mismatch with
 // both in the error. The receives of each peer's next few headers are posted ahead;
 // payloads up to 128 KiB travel inline with the header (no round trip to ask for them),
-// larger ones as a second message. Sends are asynchronous; Flush() waits for them.
+// larger ones as a second message. Sends are asynchronous: a thread of the transport waits for
+// each to be delivered and then drops it, so a sent tensor is held only until its peer has
+// it; Flush() waits for all of them.
 // Receives wait until their deadline; a peer that exits makes them fail at once
 // (Unavailable naming the peer's stage and rank). Thread-safe for one sending and one
 // receiving thread.
@@ -34,6 +36,11 @@ struct GlooTransportOptions {
   std::string host = "127.0.0.1";  // address this process listens on for its peers
   absl::Duration connect_timeout = absl::Seconds(60);
 };
+
+// Bytes of receive buffers the transport keeps posted for each peer and kind of message it
+// receives from (the headers posted ahead, each with room for an inline payload): what a
+// stage holds besides its tensors for every neighbour that sends to it.
+int64_t GlooPostedReceiveBytes();
 
 // Connects to every other process of the job through `store` (c10d TCP store). Blocks until
 // all have arrived or the timeout passes (naming who did not).
