@@ -48,10 +48,20 @@ absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int 
       {layout.schedule, layout.stages(), layout.micro_batches, kSimulatedSteps});
 }
 
+// What a received message of `bytes` occupies (profile.h, inline_buffer_bytes).
+int64_t ReceivedBytes(const ModelProfile& profile, int64_t bytes) {
+  const int64_t inline_bytes = profile.inline_buffer_bytes;
+  if (inline_bytes > 0 && 2 * bytes >= inline_bytes && bytes <= inline_bytes) {
+    return inline_bytes;  // its header's few bytes aside
+  }
+  return bytes;
+}
+
 // Bytes one micro-batch in flight keeps on the stage, and the transient of recomputation.
-std::pair<int64_t, int64_t> ActivationBytes(const std::vector<LayerProfile>& layers,
+std::pair<int64_t, int64_t> ActivationBytes(const ModelProfile& profile,
+                                            const std::vector<LayerProfile>& layers,
                                             const Layout& layout, int begin, int end) {
-  int64_t kept = begin > 0 ? layers[begin - 1].output_bytes : 0;
+  int64_t kept = begin > 0 ? ReceivedBytes(profile, layers[begin - 1].output_bytes) : 0;
   int64_t largest_run = 0, run = 0, working = 0;
   for (int l = begin; l < end; ++l) {
     const LayerProfile& layer = layers[l];
@@ -237,7 +247,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   for (int s = 0; s < p; ++s) {
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.stage_layers[s];
-    const auto [per_micro_batch, transient] = ActivationBytes(layers, layout, begin, end);
+    const auto [per_micro_batch, transient] = ActivationBytes(profile, layers, layout, begin, end);
     out.peak_in_flight = peak_in_flight[s];
     out.exposed_allreduce_s = exposed[s];
     out.activation_bytes = peak_in_flight[s] * per_micro_batch + transient;

@@ -19,7 +19,8 @@
 // Memory of a stage (bytes of tensors, the process's own code and libraries not counted):
 //   weights   = (versions + 1) x parameter bytes + optimizer bytes (2BW keeps 2 versions,
 //               the others 1; the +1 is the gradient)
-//   per micro-batch in flight: the stage's input, and per layer its stash and output, except
+//   per micro-batch in flight: the stage's input (as received: see the profile's
+//               inline_buffer_bytes), and per layer its stash and output, except
 //               inside a run of recomputed layers, which keeps only the run's output
 //   transient = the largest recomputed run's stash and outputs (rebuilt during its backward)
 //               plus the largest working_bytes of a layer of the stage

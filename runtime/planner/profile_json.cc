@@ -109,6 +109,7 @@ std::string ModelProfileToJson(const ModelProfile& p) {
               {"tokens_per_sample", p.tokens_per_sample},
               {"base_bytes", p.base_bytes},
               {"receive_buffer_bytes", p.receive_buffer_bytes},
+              {"inline_buffer_bytes", p.inline_buffer_bytes},
               {"p2p", LinkJson(p.p2p)},
               {"allreduce", LinkJson(p.allreduce)},
               {"sizes", sizes}}
@@ -132,6 +133,7 @@ absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text) {
   PT_READ(j, "tokens_per_sample", "", p.tokens_per_sample);
   PT_READ(j, "base_bytes", "", p.base_bytes);
   PT_READ(j, "receive_buffer_bytes", "", p.receive_buffer_bytes);
+  PT_READ(j, "inline_buffer_bytes", "", p.inline_buffer_bytes);
   absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
   if (!p2p.ok()) return p2p.status();
   p.p2p = *p2p;

@@ -348,6 +348,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     profile.sizes.push_back(std::move(size));
   }
   profile.receive_buffer_bytes = transport::GlooPostedReceiveBytes();
+  profile.inline_buffer_bytes = transport::GlooInlinePayloadBytes();
   if (options.measure_links) {
     const std::string key = nlohmann::json{{"format", kProfileFormat}, {"links", "gloo loopback"},
                                            {"threads", options.threads}}

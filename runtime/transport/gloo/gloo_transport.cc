@@ -413,6 +413,7 @@ class GlooTransport : public Transport {
 }  // namespace
 
 int64_t GlooPostedReceiveBytes() { return kPostedAhead * (kHeaderBytes + kInlinePayloadBytes); }
+int64_t GlooInlinePayloadBytes() { return kInlinePayloadBytes; }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options) {

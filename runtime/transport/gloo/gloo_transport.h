@@ -41,6 +41,9 @@ struct GlooTransportOptions {
 // receives from (the headers posted ahead, each with room for an inline payload): what a
 // stage holds besides its tensors for every neighbour that sends to it.
 int64_t GlooPostedReceiveBytes();
+// Received payloads of at most half this many bytes are copied out of their receive buffer;
+// larger ones up to this size are handed out in it (the tensor keeps the whole buffer).
+int64_t GlooInlinePayloadBytes();
 
 // Connects to every other process of the job through `store` (c10d TCP store). Blocks until
 // all have arrived or the timeout passes (naming who did not).
