@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/local_cluster.h"
 #include "client/stage_breakdown.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
@@ -132,6 +133,21 @@ void PrintJobTable(const v1::Job& job) {
                 job.checkpoint_path().empty() ? "" : " in ",
                 Printable(job.checkpoint_path()).c_str(),
                 static_cast<long long>(job.skipped_steps()));
+  }
+  // `stages: auto`: the plan, and its predictions against what the ranks report.
+  if (job.has_plan()) {
+    const v1::PlannedLayout& p = job.plan();
+    std::printf("planned by %s for %d workers: %s\n", Printable(p.planner()).c_str(),
+                p.workers(), Printable(p.layout()).c_str());
+    double measured = 0;  // the slowest rank's last step
+    for (const v1::StageStatus& s : job.stage_status()) {
+      measured = std::max(measured, s.breakdown().last_step_s());
+    }
+    std::printf("  step: predicted %.2f ms", p.predicted_step_time_s() * 1e3);
+    if (measured > 0) std::printf(", measured %.2f ms (last step)", measured * 1e3);
+    std::printf("; predicted peak tensor memory per stage:");
+    for (int64_t bytes : p.predicted_peak_memory_bytes()) std::printf(" %s", MebiBytes(bytes).c_str());
+    std::printf("\n");
   }
   // Each restart: what ended the generation before it, where it went on, how fast.
   for (const v1::Recovery& r : job.recoveries()) {
@@ -254,12 +270,34 @@ Common LocalClusterCommon(const std::string& address) {
 
 }  // namespace
 
-int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job) {
+int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job,
+              const std::string& model_profile_json) {
   Client client(LocalClusterCommon(address));
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
+  request.set_model_profile_json(model_profile_json);
   grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, job);
   return s.ok() ? 0 : client.Fail(s, "submit");
+}
+
+int WaitForWorkers(const std::string& address, int workers, absl::Duration timeout) {
+  Client client(LocalClusterCommon(address));
+  const absl::Time deadline = absl::Now() + timeout;
+  int registered = 0;
+  while (true) {
+    v1::ListWorkersRequest request;
+    v1::ListWorkersResponse response;
+    grpc::Status s = client.Call(&v1::JobService::Stub::ListWorkers, request, &response);
+    if (!s.ok()) return client.Fail(s, "listing the workers");
+    registered = 0;
+    for (const v1::WorkerInfo& w : response.workers()) registered += w.state() != "lost";
+    if (registered >= workers) return 0;
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::fprintf(stderr, "pipetrain: only %d of %d workers registered within %s\n", registered,
+               workers, absl::FormatDuration(timeout).c_str());
+  return exit_code::kUnavailable;
 }
 
 int FollowJob(const std::string& address, const std::string& id, bool quiet, v1::Job* job) {
@@ -328,6 +366,14 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
       Client client(*common);
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
+      if (spec->auto_stages()) {  // the coordinator plans it with the model's profile
+        absl::StatusOr<std::string> profile = MeasureModelProfile(*spec, common->output == "json");
+        if (!profile.ok()) {
+          std::fprintf(stderr, "pipetrain: %s\n", std::string(profile.status().message()).c_str());
+          return exit_code::For(profile.status());
+        }
+        request.set_model_profile_json(*profile);
+      }
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, &job);
       if (!s.ok()) {

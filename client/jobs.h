@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/time/time.h"
 #include "pipetrain/v1/job_service.pb.h"
 
 namespace pipetrain::client {
@@ -28,7 +29,13 @@ std::function<int()> AddJobCommands(CLI::App& app);
 // sent, since the daemons it starts inherit it and ask for it): submits `spec` to
 // the coordinator at `address` and fills `job` (stages and replicas resolved); on failure
 // prints why and returns the exit code, else 0.
-int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job);
+// `model_profile_json`: for a spec with `stages: auto` (MeasureModelProfile).
+int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job,
+              const std::string& model_profile_json = "");
+// Waits until `workers` workers are registered with the coordinator at `address` (a local
+// cluster's, before a `stages: auto` job is planned for them); 0, or the exit code after
+// saying why (5 if `timeout` passes).
+int WaitForWorkers(const std::string& address, int workers, absl::Duration timeout);
 // Follows job `id` until it ends, with progress on stderr, then prints its table (as
 // `status` does) unless `quiet`, and fills `job` with its last state; 0 if it succeeded, 1 if
 // it failed or was cancelled, the exit code of the RPC failure otherwise.

@@ -59,6 +59,43 @@ std::string FindDaemon(const std::string& name) {
   return "";
 }
 
+absl::StatusOr<std::string> MeasureModelProfile(const v1::JobSpec& spec, bool quiet) {
+  const std::string runner = FindDaemon("pipetrain-run");
+  if (runner.empty()) {
+    return absl::UnavailableError("cannot find pipetrain-run beside the pipetrain binary or on PATH");
+  }
+  std::vector<std::string> argv = {runner, "--profile", "--spec-text", jobspec::JobSpecToText(spec)};
+  if (quiet) argv.push_back("--quiet");
+  int out[2];
+  if (pipe(out) != 0) return absl::UnavailableError(std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) return absl::UnavailableError(std::strerror(errno));
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    Exec(argv);
+    _exit(exit_code::kUnavailable);
+  }
+  close(out[1]);
+  std::string text;
+  char buffer[1 << 16];
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::FailedPreconditionError(
+        "profiling the model for stages: auto failed (its error is above)");
+  }
+  return text;
+}
+
 namespace {
 
 // Runs `argv` to its end; its exit code (kJobFailed if it was killed).
@@ -155,16 +192,39 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   }
   const std::string address = *served;
 
-  // Submitted before any worker is there: the coordinator resolves the job's ranks.
+  const auto spawn_workers = [&](int n) {
+    for (int w = static_cast<int>(workers.size()); w < n; ++w) {
+      // The user's own files, as with --launch threads: the workers run as the user.
+      workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address, "--data-root", "/"},
+                                    (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
+    }
+  };
+  // A job with `stages: auto` is planned by the coordinator for the workers it has: they
+  // are started first (--workers, default one per core), and the model is profiled here.
+  std::string profile;
+  if (spec.auto_stages()) {
+    const int n = run.workers > 0 ? run.workers
+                                  : std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    spawn_workers(n);
+    absl::StatusOr<std::string> measured = MeasureModelProfile(spec, run.quiet);
+    if (!measured.ok()) {
+      return fail(exit_code::For(measured.status()), std::string(measured.status().message()));
+    }
+    profile = *std::move(measured);
+    if (int code = WaitForWorkers(address, n, absl::Seconds(30)); code != 0) {
+      return fail(code, "the workers did not register");
+    }
+  }
+  // Otherwise submitted before any worker is there: the coordinator resolves the job's ranks.
   v1::Job job;
-  if (int code = SubmitJob(address, spec, &job); code != 0) {
+  if (int code = SubmitJob(address, spec, &job, profile); code != 0) {
     stop_all();
     std::error_code ec;
     fs::remove_all(dir, ec);
     return code;
   }
   const int ranks = job.stages() * job.replicas();
-  const int n = run.workers > 0 ? run.workers : ranks;
+  const int n = run.workers > 0 ? run.workers : std::max<int>(ranks, workers.size());
   if (n < ranks) {
     return fail(exit_code::kUsage,
                 absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks,
@@ -178,10 +238,11 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                  job.id().c_str(), job.stages(), job.replicas(), n, n == 1 ? "" : "s",
                  address.c_str(), dir.c_str());
   }
-  for (int w = 0; w < n; ++w) {
-    // The user's own files, as with --launch threads: the workers run as the user.
-    workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address, "--data-root", "/"},
-                                  (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
+  spawn_workers(n);
+  if (job.has_plan() && !run.quiet) {
+    std::fprintf(stderr, "pipetrain: %s planned by %s: %s; predicted step %.2f ms\n",
+                 job.id().c_str(), job.plan().planner().c_str(), job.plan().layout().c_str(),
+                 job.plan().predicted_step_time_s() * 1e3);
   }
   v1::Job final_job;
   int code = FollowJob(address, job.id(), run.quiet, &final_job);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::client {
@@ -37,5 +38,10 @@ std::string FindDaemon(const std::string& name);
 // Replaces this process with `argv` (argv[0] a path); returns only if that fails, after
 // saying so on stderr.
 void Exec(const std::vector<std::string>& argv);
+
+// For `stages: auto` on daemons: the model profile of `spec` measured on this machine by
+// pipetrain-run (`pipetrain profile`, JSON; its progress on stderr unless `quiet`).
+// Unavailable if pipetrain-run cannot be found or started; its error otherwise.
+absl::StatusOr<std::string> MeasureModelProfile(const v1::JobSpec& spec, bool quiet);
 
 }  // namespace pipetrain::client

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "jobspec/planned_layout.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
@@ -27,19 +28,9 @@ std::string Bytes(int64_t bytes) {
   return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
 }
 
-std::vector<int> RecomputedLayers(const Layout& layout) {
-  std::vector<int> layers;
-  for (int l = 0; l < static_cast<int>(layout.recompute.size()); ++l) {
-    if (layout.recompute[l]) layers.push_back(l);
-  }
-  return layers;
-}
+using jobspec::RecomputedLayers;
 
-std::string Ranges(const Layout& layout) {
-  std::vector<std::string> parts;
-  for (const auto& [b, e] : layout.stage_layers) parts.push_back(absl::StrCat(b, ":", e));
-  return absl::StrJoin(parts, ",");
-}
+std::string Ranges(const Layout& layout) { return jobspec::FormatStageRanges(layout); }
 
 nlohmann::json CandidateJson(const Candidate& c) {
   const Layout& l = c.layout;
@@ -112,26 +103,6 @@ absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& c
     };
   }
   return profiler::ProfileJob(config, options);
-}
-
-job::JobConfig ApplyPlan(const job::JobConfig& config, const planner::Layout& layout) {
-  job::JobConfig c = config;
-  c.auto_stages = false;
-  c.schedule = layout.schedule;
-  c.stages = layout.stages();
-  c.stage_ranges.clear();
-  for (const auto& [b, e] : layout.stage_layers) c.stage_ranges.push_back({b, e});
-  c.replicas = layout.replicas;
-  c.micro_batch_size = layout.micro_batch_size;
-  c.micro_batches = layout.micro_batches;
-  c.overlap_allreduce = layout.overlap_allreduce;
-  c.recompute = {};
-  const std::vector<int> layers = RecomputedLayers(layout);
-  if (!layers.empty()) {
-    c.recompute.mode = job::RecomputeConfig::Mode::kLayers;
-    c.recompute.indices = layers;
-  }
-  return c;
 }
 
 std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,
@@ -221,7 +192,7 @@ absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::J
     // The chosen layout only (the lines before the alternatives).
     std::fprintf(stderr, "%s", text.substr(0, text.find("alternatives")).c_str());
   }
-  return ApplyPlan(config, plan->chosen.layout);
+  return jobspec::WithLayout(config, plan->chosen.layout);
 }
 
 int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {

@@ -33,10 +33,6 @@ planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlag
 planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const job::JobConfig& config,
                                    const PlanFlags& flags);
 
-// `config` with the plan's layout: schedule, stages, replicas, micro-batch size and count,
-// recomputed layers.
-job::JobConfig ApplyPlan(const job::JobConfig& config, const planner::Layout& layout);
-
 // The plan as JSON (the -o json of `pipetrain plan`) and as text.
 std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,
                        const planner::ClusterProfile& cluster);

@@ -73,12 +73,6 @@ int RunJob(const RunCommand& c) {
                  absl::StrJoin(without_daemons, ", ").c_str());
     return exit_code::kUsage;
   }
-  if (config->auto_stages) {
-    return Fail(absl::UnimplementedError(
-                    "stages: auto runs with --launch threads or processes; for daemons, "
-                    "`pipetrain plan` prints a layout to put in the job"),
-                exit_code::kUsage);
-  }
   if (c.outputs.dry_run) {  // the conversion the coordinator and every worker make
     std::printf("%s\n", job::JobConfigToJson(*config).c_str());
     return exit_code::kOk;

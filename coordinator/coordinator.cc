@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -12,8 +14,11 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/placement.h"
 #include "jobspec/job_config_from_spec.h"
+#include "jobspec/planned_layout.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
+#include "runtime/planner/planners.h"
+#include "runtime/planner/profile_json.h"
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "runtime/base/status_macros.h"
@@ -305,13 +310,92 @@ void Coordinator::Later(std::function<void()> call) {
   calls_.push_back({std::move(thread), done});
 }
 
-absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
+absl::StatusOr<Coordinator::PlannedJob> Coordinator::PlanJob(const v1::JobSpec& spec,
+                                                              const job::JobConfig& config,
+                                                              const std::string& profile_json) {
+  if (profile_json.empty()) {
+    return absl::InvalidArgumentError(
+        "stages: auto needs the model's profile (pipetrain submit measures it; pipetrain "
+        "profile prints it)");
+  }
+  if (profile_json.size() > kMaxProfileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("model_profile_json: ", profile_json.size(),
+                                                   " bytes, at most ", kMaxProfileBytes));
+  }
+  absl::StatusOr<planner::ModelProfile> profile = planner::ModelProfileFromJson(profile_json);
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model_profile_json: ", profile.status().message()));
+  }
+  const size_t layers = profile->sizes.front().layers.size();
+  if (layers > kMaxPlannedLayers || profile->sizes.size() > kMaxProfiledSizes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_profile_json: ", layers, " layers at ", profile->sizes.size(),
+        " micro-batch sizes; the coordinator plans at most ", kMaxPlannedLayers, " layers at ",
+        kMaxProfiledSizes, " sizes"));
+  }
+  if (absl::StatusOr<std::vector<std::string>> names = model::BuiltinLayerNames(config.model);
+      names.ok() && names->size() != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model_profile_json: profiles ", layers,
+                                                   " layers; the job's model has ",
+                                                   names->size()));
+  }
+  planner::ClusterProfile cluster;
+  cluster.workers = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> hosts;
+    int cores = 0;
+    for (const v1::WorkerInfo& w : pool_.Infos()) {
+      if (w.state() == "lost" || w.state() == "draining") continue;
+      ++cluster.workers;
+      if (w.memory_bytes() > 0 && (cluster.memory_bytes == 0 || w.memory_bytes() < cluster.memory_bytes)) {
+        cluster.memory_bytes = w.memory_bytes();
+      }
+      hosts.insert(w.address().substr(0, w.address().rfind(':')));
+      cores = std::max(cores, w.cores());
+    }
+    // Workers on one host share its cores (one intra-op thread each, as profiled).
+    if (hosts.size() == 1 && cluster.workers > 1) cluster.shared_cores = cores;
+  }
+  if (cluster.workers == 0) {
+    return absl::FailedPreconditionError(
+        "stages: auto: no workers to plan for (start the workers, then submit)");
+  }
+  cluster.workers = std::min(cluster.workers, kMaxPlannedWorkers);
+  cluster.link = profile->p2p;
+  cluster.allreduce = profile->allreduce;
+  planner::PlanRequest request;
+  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
+  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+  request.overlap_allreduce = config.overlap_allreduce;
+  request.bucket_bytes = config.bucket_kib * 1024;
+  for (const planner::MicroBatchProfile& size : profile->sizes) {
+    request.micro_batch_sizes.push_back(size.micro_batch_size);  // only what was measured
+  }
+  absl::StatusOr<planner::PlanResult> plan = planner::MakePlan(*profile, cluster, request);
+  if (!plan.ok()) return plan.status();
+  PlannedJob planned;
+  planned.config = jobspec::WithLayout(config, plan->chosen.layout);
+  planned.spec = jobspec::SpecWithLayoutOf(spec, planned.config);
+  planned.record = jobspec::PlannedLayoutRecord(*plan, cluster);
+  return planned;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
+                                            const std::string& model_profile_json) {
+  v1::JobSpec spec = submitted;
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
-  if (config->auto_stages) {  // planned by pipetrain-run only, so far (docs/design.md 5.1)
-    return absl::InvalidArgumentError(
-        "stages: auto is planned by `pipetrain run --launch threads|processes`; for daemons, "
-        "`pipetrain plan` prints a layout to put in the job");
+  std::optional<v1::PlannedLayout> plan;
+  if (config->auto_stages) {
+    absl::StatusOr<PlannedJob> planned = PlanJob(spec, *config, model_profile_json);
+    if (!planned.ok()) return planned.status();
+    spec = planned->spec;
+    config = planned->config;
+    plan = planned->record;
+    if (absl::Status valid = jobspec::JobConfigFromSpec(spec).status(); !valid.ok()) {
+      return absl::InternalError(absl::StrCat("the planned layout is invalid: ", valid.message()));
+    }
   }
   std::string id;
   {
@@ -328,6 +412,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
     job.set_steps(config->steps);
     job.set_step(-1);
     job.set_submitted_unix_ms(NowMs());
+    if (plan) *job.mutable_plan() = *plan;
     const bool tokens = job::EffectiveDataKind(*config) != "classification";
     job.set_data_unit(tokens ? "tok" : "samples");
     entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
@@ -339,6 +424,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& spec) {
     Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
                            ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
                            j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
+    if (j.has_plan()) {
+      Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
+                                j.plan().planner(), j.plan().workers(), j.plan().layout(),
+                                j.plan().predicted_step_time_s() * 1e3));
+    }
   }
   // Acknowledged only once durable; until then it is not scheduled.
   const absl::Status written = FlushWrites();

@@ -124,8 +124,13 @@ class Coordinator {
   // true without the monitor thread. Thread-safe, takes no lock.
   bool StateLoopLive() const;
 
-  // JobService
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  // JobService. A spec with `stages: auto` is planned here with `model_profile_json` (the
+  // model's profile, runtime/planner/profile_json.h) for the workers registered now (idle or
+  // busy; their count, the smallest registered memory, the cores they share when all run on
+  // one host); the job keeps the planned layout in its spec and the plan in `plan`.
+  // InvalidArgument for a missing or bad profile, FailedPrecondition with no worker,
+  // ResourceExhausted when no layout fits ("does not fit: needs X bytes on stage s, have Y").
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& model_profile_json = "");
   absl::StatusOr<v1::Job> Get(const std::string& id);
   // Jobs oldest first, a page at a time: at most `page_size` (0: 100; at most 500) and about
   // kListPageBytes, after the job `page_token` names ("" from the first). The page's
@@ -332,6 +337,21 @@ class Coordinator {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, JobEntry> jobs_;
+  // `stages: auto` (Submit): the planned spec, its config and the plan's record.
+  struct PlannedJob {
+    v1::JobSpec spec;
+    job::JobConfig config;
+    v1::PlannedLayout record;
+  };
+  // The planner's work is bounded: at most this many profiled layers and sizes, and plans
+  // for at most this many workers (more are planned as this many).
+  static constexpr size_t kMaxProfileBytes = size_t{16} << 20;
+  static constexpr size_t kMaxPlannedLayers = 1024;
+  static constexpr size_t kMaxProfiledSizes = 16;
+  static constexpr int kMaxPlannedWorkers = 64;
+  absl::StatusOr<PlannedJob> PlanJob(const v1::JobSpec& spec, const job::JobConfig& config,
+                                     const std::string& profile_json);
+
   WorkerPool pool_;
   // Writes waiting for FlushWrites (guarded by mu_): each job's latest record, and events.
   struct PendingJob {

@@ -37,7 +37,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
-    return Reply(c_->Submit(request->spec()), response);
+    return Reply(c_->Submit(request->spec(), request->model_profile_json()), response);
   }
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                       v1::Job* response) override {

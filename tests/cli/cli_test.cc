@@ -173,6 +173,31 @@ TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
   unsetenv("PIPETRAIN_CACHE_DIR");
 }
 
+// `stages: auto` on daemons: the CLI profiles the model, the coordinator plans the job for
+// the workers registered (here 2 on this machine) and the job runs that layout: the one
+// `pipetrain plan --workers 2` prints from the same profile.
+TEST_F(CliTest, StagesAutoOnDaemonsRunsThePlannedLayout) {
+  setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
+  const std::string job = " --planner hippie --steps 3";
+  Result planned = Run("plan --workers 2 -o json -q" + job);
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  const auto plan = nlohmann::json::parse(planned.out);
+  const fs::path summary = dir_ / "summary.json";
+  Result run = Run("run --launch cluster --stages auto --workers 2 --summary " +
+                   summary.string() + job);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("planned by hippie: "));
+  const auto ran = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(ran["state"], "succeeded");
+  EXPECT_EQ(ran["config"]["schedule"], plan["schedule"]);
+  EXPECT_EQ(ran["config"]["stage_ranges"], plan["stages"]);
+  EXPECT_EQ(ran["config"]["replicas"], plan["replicas"]);
+  EXPECT_EQ(ran["config"]["microbatches"], plan["microbatches"]);
+  EXPECT_EQ(ran["config"]["microbatch_size"], plan["microbatch_size"]);
+  EXPECT_EQ(ran["config"]["auto_stages"], false);
+  unsetenv("PIPETRAIN_CACHE_DIR");
+}
+
 TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
   for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
     const fs::path summary = dir_ / "summary.json";

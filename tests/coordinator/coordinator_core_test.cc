@@ -18,6 +18,8 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/placement.h"
+#include "jobspec/job_config_from_spec.h"
+#include "runtime/planner/profile_json.h"
 #include "tests/coordinator/coordinator_fakes.h"
 
 namespace pipetrain::coordinator {
@@ -86,8 +88,8 @@ class CoordinatorCoreTest : public ::testing::Test {
     return testing_fakes::ValidSpec(stages, replicas);
   }
 
-  v1::Job Submit(const v1::JobSpec& spec) {
-    auto job = coordinator_->Submit(spec);
+  v1::Job Submit(const v1::JobSpec& spec, const std::string& profile = "") {
+    auto job = coordinator_->Submit(spec, profile);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();
   }
@@ -149,18 +151,72 @@ class CoordinatorCoreTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
 };
 
-// `stages: auto` is planned where the model can be profiled (pipetrain-run); the coordinator
-// refuses it with a message that says where, and keeps nothing.
-TEST_F(CoordinatorCoreTest, StagesAutoIsRefusedWithWhereToPlanIt) {
+// `stages: auto`: planned at submission with the model's profile for the workers registered
+// then; the job keeps the planned layout in its spec (same global batch) and the plan; no
+// profile, no worker, a profile of another model or too little memory are clear errors that
+// keep nothing.
+TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   v1::JobSpec spec = Spec(2);
   spec.clear_stages();
-  spec.clear_stage_ranges();
   spec.set_auto_stages(true);
-  absl::StatusOr<v1::Job> job = coordinator_->Submit(spec);
-  ASSERT_FALSE(job.ok());
-  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(job.status().message()), ::testing::HasSubstr("pipetrain plan"));
-  EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
+  const auto refused = [&](const std::string& profile, absl::StatusCode code,
+                           const std::string& needle) {
+    absl::StatusOr<v1::Job> job = coordinator_->Submit(spec, profile);
+    ASSERT_FALSE(job.ok());
+    EXPECT_EQ(job.status().code(), code) << job.status();
+    EXPECT_THAT(std::string(job.status().message()), HasSubstr(needle));
+    EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
+  };
+  // The spec's GPT has 2 blocks: 5 layers.
+  const auto profile = [](int layers) {
+    planner::ModelProfile p;
+    p.p2p = {1e-5, 1e9};
+    p.allreduce = {1e-5, 1e9};
+    for (int b : {1, 2, 4}) {
+      planner::MicroBatchProfile size;
+      size.micro_batch_size = b;
+      for (int l = 0; l < layers; ++l) {
+        size.layers.push_back({"layer", 0.01 * b, 0.02 * b, 0.001, 1000 * b, 1 << 20, 2 << 20,
+                               4000 * b, 100});
+      }
+      p.sizes.push_back(size);
+    }
+    return planner::ModelProfileToJson(p);
+  };
+  refused("", absl::StatusCode::kInvalidArgument, "needs the model's profile");
+  refused("{", absl::StatusCode::kInvalidArgument, "model_profile_json: ");
+  refused(profile(5), absl::StatusCode::kFailedPrecondition, "no workers to plan for");
+  Register(1);
+  Register(2);
+  refused(profile(3), absl::StatusCode::kInvalidArgument,
+          "profiles 3 layers; the job's model has 5");
+
+  const v1::Job job = Submit(spec, profile(5));
+  ASSERT_TRUE(job.has_plan());
+  EXPECT_EQ(job.plan().planner(), "2bw");
+  EXPECT_EQ(job.plan().workers(), 2);
+  EXPECT_FALSE(job.spec().auto_stages());
+  EXPECT_LE(job.stages() * job.replicas(), 2);
+  EXPECT_EQ(job.spec().stage_ranges_size(), job.stages());
+  EXPECT_EQ(job.spec().stage_ranges(0).begin(), 0);
+  EXPECT_EQ(job.spec().stage_ranges(job.stages() - 1).end(), 5);
+  EXPECT_EQ(job.replicas() * job.spec().microbatches() * job.spec().microbatch_size(), 4);
+  EXPECT_EQ(job.plan().predicted_peak_memory_bytes_size(), job.stages());
+  EXPECT_GT(job.plan().predicted_step_time_s(), 0);
+  EXPECT_FALSE(job.plan().layout().empty());
+  // What the workers are given is a job like any other: it validates as it stands.
+  EXPECT_TRUE(jobspec::JobConfigFromSpec(job.spec()).ok());
+
+  // A worker with 1 MiB: nothing fits in it.
+  v1::RegisterWorkerRequest small;
+  small.set_address("host-9:7000");
+  small.set_memory_bytes(1 << 20);
+  ASSERT_TRUE(coordinator_->Register(small).ok());
+  absl::StatusOr<v1::Job> tight = coordinator_->Submit(spec, profile(5));
+  ASSERT_FALSE(tight.ok());
+  EXPECT_EQ(tight.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(tight.status().message()), HasSubstr("does not fit: needs "));
+  EXPECT_THAT(std::string(tight.status().message()), HasSubstr(", have 1048576"));
 }
 
 // A worker speaks only for itself and its own ranks: its session names it. Another worker's

@@ -1,0 +1,73 @@
+#include "jobspec/planned_layout.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pipetrain::jobspec {
+
+std::vector<int> RecomputedLayers(const planner::Layout& layout) {
+  std::vector<int> layers;
+  for (int l = 0; l < static_cast<int>(layout.recompute.size()); ++l) {
+    if (layout.recompute[l]) layers.push_back(l);
+  }
+  return layers;
+}
+
+std::string FormatStageRanges(const planner::Layout& layout) {
+  std::vector<std::string> parts;
+  for (const auto& [b, e] : layout.stage_layers) parts.push_back(absl::StrCat(b, ":", e));
+  return absl::StrJoin(parts, ",");
+}
+
+std::string DescribeLayout(const planner::Layout& l) {
+  const std::vector<int> recomputed = RecomputedLayers(l);
+  return absl::StrCat(std::string(schedule::ScheduleKindName(l.schedule)), ", ", l.stages(), " stage",
+                      l.stages() == 1 ? "" : "s", " (", FormatStageRanges(l), ") x ",
+                      l.replicas, " replica", l.replicas == 1 ? "" : "s", ", ", l.micro_batches,
+                      " micro-batch", l.micro_batches == 1 ? "" : "es", " of ",
+                      l.micro_batch_size, ", recompute ",
+                      recomputed.empty() ? "none"
+                                         : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")));
+}
+
+job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout) {
+  job::JobConfig c = config;
+  c.auto_stages = false;
+  c.schedule = layout.schedule;
+  c.stages = layout.stages();
+  c.stage_ranges.clear();
+  for (const auto& [b, e] : layout.stage_layers) c.stage_ranges.push_back({b, e});
+  c.replicas = layout.replicas;
+  c.micro_batch_size = layout.micro_batch_size;
+  c.micro_batches = layout.micro_batches;
+  c.overlap_allreduce = layout.overlap_allreduce;
+  c.recompute = {};
+  const std::vector<int> layers = RecomputedLayers(layout);
+  if (!layers.empty()) {
+    c.recompute.mode = job::RecomputeConfig::Mode::kLayers;
+    c.recompute.indices = layers;
+  }
+  return c;
+}
+
+v1::PlannedLayout PlannedLayoutRecord(const planner::PlanResult& plan,
+                                      const planner::ClusterProfile& cluster) {
+  v1::PlannedLayout record;
+  record.set_planner(std::string(planner::PlannerKindName(plan.planner)));
+  record.set_layout(DescribeLayout(plan.chosen.layout));
+  record.set_workers(cluster.workers);
+  record.set_memory_per_worker_bytes(cluster.memory_bytes);
+  record.set_shared_cores(cluster.shared_cores);
+  const planner::Prediction& p = plan.chosen.prediction;
+  record.set_predicted_step_time_s(p.step_time_s);
+  record.set_predicted_samples_per_s(p.samples_per_s);
+  record.set_predicted_tokens_per_s(p.tokens_per_s);
+  for (const planner::StagePrediction& s : p.stages) {
+    record.add_predicted_peak_memory_bytes(s.peak_memory_bytes);
+  }
+  record.set_memory_efficiency(plan.chosen.memory_efficiency);
+  record.set_layouts_considered(plan.considered);
+  return record;
+}
+
+}  // namespace pipetrain::jobspec

@@ -1,0 +1,32 @@
+// A planned layout (runtime/planner) applied to a job: what pipetrain-run does with `stages:
+// auto` before it runs a job, and what the coordinator does when it plans a submitted one.
+// No LibTorch (the coordinator links it).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipetrain/v1/job.pb.h"
+#include "runtime/job/job_config.h"
+#include "runtime/planner/planners.h"
+
+namespace pipetrain::jobspec {
+
+// `config` with the layout's schedule, stage ranges, replicas, micro-batch size and count,
+// overlap and recomputed layers, and `stages: auto` cleared.
+job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout);
+
+// The global indices of the layers `layout` recomputes.
+std::vector<int> RecomputedLayers(const planner::Layout& layout);
+
+// "0:3,3:7"
+std::string FormatStageRanges(const planner::Layout& layout);
+
+// "1f1b, 2 stages (0:3,3:7) x 2 replicas, 8 micro-batches of 4, recompute layers 1,2"
+std::string DescribeLayout(const planner::Layout& layout);
+
+// What the job record keeps of a plan: the planner, the layout in words and its predictions.
+v1::PlannedLayout PlannedLayoutRecord(const planner::PlanResult& plan,
+                                      const planner::ClusterProfile& cluster);
+
+}  // namespace pipetrain::jobspec
