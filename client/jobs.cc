@@ -145,8 +145,15 @@ void PrintJobTable(const v1::Job& job) {
     }
     std::printf("  step: predicted %.2f ms", p.predicted_step_time_s() * 1e3);
     if (measured > 0) std::printf(", measured %.2f ms (last step)", measured * 1e3);
-    std::printf("; predicted peak tensor memory per stage:");
-    for (int64_t bytes : p.predicted_peak_memory_bytes()) std::printf(" %s", MebiBytes(bytes).c_str());
+    std::printf("\n  peak tensor memory per stage, predicted (measured on replica 0):");
+    for (int s = 0; s < p.predicted_peak_memory_bytes_size(); ++s) {
+      int64_t measured_bytes = 0;
+      for (const v1::StageStatus& st : job.stage_status()) {
+        if (st.stage() == s && st.replica() == 0) measured_bytes = st.peak_tensor_bytes();
+      }
+      std::printf(" %s", MebiBytes(p.predicted_peak_memory_bytes(s)).c_str());
+      if (measured_bytes > 0) std::printf(" (%s)", MebiBytes(measured_bytes).c_str());
+    }
     std::printf("\n");
   }
   // Each restart: what ended the generation before it, where it went on, how fast.

@@ -132,7 +132,19 @@ absl::Status WriteSummary(const std::string& path, const v1::Job& job, double wa
                               {"compute_s", s.compute_s()},
                               {"wait_s", s.wait_s()},
                               {"parameter_bytes", s.parameter_bytes()},
-                              {"peak_memory_bytes", s.peak_memory_bytes()}});
+                              {"peak_memory_bytes", s.peak_memory_bytes()},
+                              {"peak_tensor_bytes", s.peak_tensor_bytes()}});
+  }
+  if (job.has_plan()) {  // `stages: auto`: what the coordinator planned and predicted
+    const v1::PlannedLayout& p = job.plan();
+    j["plan"] = {{"planner", p.planner()},
+                 {"layout", p.layout()},
+                 {"workers", p.workers()},
+                 {"predicted_step_time_s", p.predicted_step_time_s()},
+                 {"predicted_peak_memory_bytes",
+                  std::vector<int64_t>(p.predicted_peak_memory_bytes().begin(),
+                                       p.predicted_peak_memory_bytes().end())},
+                 {"memory_efficiency", p.memory_efficiency()}};
   }
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
   if (config.ok()) j["config"] = nlohmann::json::parse(job::JobConfigToJson(*config));

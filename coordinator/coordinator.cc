@@ -910,7 +910,7 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
             where, " step ", r.step(), ": times must be finite and >= 0, got ", v));
       }
     }
-    if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0) {
+    if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0 || r.peak_tensor_bytes() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
     }
     if (!r.checkpoint_committed().empty() &&
@@ -986,6 +986,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_wait_s(r.wait_s());
   st->set_parameter_bytes(r.parameter_bytes());
   st->set_peak_memory_bytes(r.peak_memory_bytes());
+  st->set_peak_tensor_bytes(r.peak_tensor_bytes());
   *st->mutable_breakdown() = r.breakdown();
   st->set_state("running");
   e.rank_step[r.rank()] = r.step();

@@ -19,11 +19,13 @@
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/memory/tensor_memory.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain::worker;
   pipetrain::TuneAllocatorForTraining();
+  pipetrain::memory::CountTensorMemory();  // step reports' peak_tensor_bytes
   namespace exit_code = pipetrain::exit_code;
   pipetrain::rpc::QuietMalformedRequestLogs();
   CLI::App app{"pipetrain-worker: runs the pipeline stages the coordinator assigns to this "

@@ -24,6 +24,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/stage_run.h"
+#include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/coordinator_store.h"
 #include "worker/stage_metrics.h"
@@ -102,7 +103,11 @@ class StepReporter {
       // The process's memory high-water, read here (once per batch) rather than on the
       // stage's thread at every step.
       const int64_t peak_memory = PeakResidentMemoryBytes();
-      for (v1::StepReport& r : *batch.mutable_reports()) r.set_peak_memory_bytes(peak_memory);
+      const int64_t peak_tensors = memory::PeakTensorBytes();
+      for (v1::StepReport& r : *batch.mutable_reports()) {
+        r.set_peak_memory_bytes(peak_memory);
+        r.set_peak_tensor_bytes(peak_tensors);
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(In(absl::Seconds(5)));
       v1::ReportResponse response;
@@ -304,6 +309,7 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   rank_ = request->rank();
   generation_ = request->generation();
   stop_reason_.clear();
+  memory::ResetPeakTensorBytes();  // one rank at a time: its peak from here
   stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
   return grpc::Status::OK;
 }

@@ -251,9 +251,11 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     out.peak_in_flight = peak_in_flight[s];
     out.exposed_allreduce_s = exposed[s];
     out.activation_bytes = peak_in_flight[s] * per_micro_batch + transient;
-    const int neighbours = (s > 0) + (s + 1 < p);
+    // What a stage receives: activations and the step commands from s - 1, gradients from
+    // s + 1, each with receives posted ahead.
+    const int streams = (s > 0 ? 2 : 0) + (s + 1 < p ? 1 : 0);
     out.peak_memory_bytes = out.weight_bytes + out.activation_bytes + profile.base_bytes +
-                            neighbours * profile.receive_buffer_bytes;
+                            streams * profile.receive_buffer_bytes;
     prediction.peak_memory_bytes = std::max(prediction.peak_memory_bytes, out.peak_memory_bytes);
   }
   return prediction;

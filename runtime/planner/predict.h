@@ -26,7 +26,8 @@
 //               plus the largest working_bytes of a layer of the stage
 //   peak      = weights + peak in-flight micro-batches (counted in the simulation) x per
 //               micro-batch + transient + the profile's base_bytes (the dataset every rank
-//               holds) + receive_buffer_bytes per neighbour that sends to the stage.
+//               holds) + receive_buffer_bytes per stream of messages the stage receives
+//               (activations and step commands from s - 1, gradients from s + 1).
 #pragma once
 
 #include <cstdint>

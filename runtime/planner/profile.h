@@ -46,7 +46,7 @@ struct ModelProfile {
   std::vector<MicroBatchProfile> sizes;  // ascending micro-batch size, at least one
   int64_t base_bytes = 0;        // tensors every rank holds besides its layers' (the dataset)
   LinkProfile p2p;               // one activation or gradient between two ranks
-  int64_t receive_buffer_bytes = 0;  // kept posted by the transport per peer that sends
+  int64_t receive_buffer_bytes = 0;  // kept posted by the transport per stream it receives
   // A received message of at most half this size is copied out; a larger one up to this size
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;

@@ -195,6 +195,43 @@ TEST_F(CliTest, StagesAutoOnDaemonsRunsThePlannedLayout) {
   EXPECT_EQ(ran["config"]["microbatches"], plan["microbatches"]);
   EXPECT_EQ(ran["config"]["microbatch_size"], plan["microbatch_size"]);
   EXPECT_EQ(ran["config"]["auto_stages"], false);
+  // The workers' measured peak tensor memory per stage, against the coordinator's plan.
+  const auto& predicted = ran["plan"]["predicted_peak_memory_bytes"];
+  ASSERT_EQ(predicted.size(), plan["stages"].size());
+  for (const auto& stage : ran["per_stage"]) {
+    const double expected = predicted[stage["stage"].get<int>()].get<double>();
+    EXPECT_NEAR(stage["peak_tensor_bytes"].get<double>(), expected, 0.15 * expected);
+  }
+  unsetenv("PIPETRAIN_CACHE_DIR");
+}
+
+// A planned job stays within the memory it was planned for: run as processes under two caps,
+// every stage's measured peak of tensor bytes (counted at the allocator) is at most the cap
+// and within 15% of the plan's prediction for it.
+TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
+  setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
+  for (const int64_t cap : {4'500'000, 3'500'000}) {
+    SCOPED_TRACE("cap " + std::to_string(cap));
+    const std::string job = " --planner hippie --steps 10 --memory-per-worker " + std::to_string(cap);
+    Result planned = Run("plan --workers 2 -o json -q" + job);
+    ASSERT_EQ(planned.exit_code, 0) << planned.err;
+    const auto plan = nlohmann::json::parse(planned.out);
+    const fs::path summary = dir_ / "summary.json";
+    Result run = Run("run --launch processes --stages auto --plan-workers 2 -q --summary " +
+                     summary.string() + job);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto ran = nlohmann::json::parse(ReadFile(summary));
+    ASSERT_EQ(ran["partition"], plan["stages"]);
+    const auto& predicted = plan["predicted_peak_memory_bytes"];
+    ASSERT_EQ(ran["per_stage"].size(), predicted.size());
+    for (size_t s = 0; s < predicted.size(); ++s) {
+      const double measured = ran["per_stage"][s]["peak_tensor_bytes"].get<double>();
+      const double expected = predicted[s].get<double>();
+      EXPECT_LE(expected, cap) << "stage " << s;
+      EXPECT_LE(measured, cap) << "stage " << s;
+      EXPECT_NEAR(measured, expected, 0.15 * expected) << "stage " << s;
+    }
+  }
   unsetenv("PIPETRAIN_CACHE_DIR");
 }
 
