@@ -40,20 +40,27 @@ void ExpectValid(const PipeDreamPlan& plan, const std::vector<LayerProfile>& lay
   EXPECT_DOUBLE_EQ(plan.slowest_s, slowest);
 }
 
+// `n` layers with times in [1, 100] ms and bytes from 1 KB to 1 GB (log-uniform).
+std::vector<LayerProfile> RandomLayers(std::mt19937_64& random, int n) {
+  std::uniform_real_distribution<double> seconds(0.001, 0.1), log_bytes(3, 9);
+  std::vector<LayerProfile> layers(n);
+  for (LayerProfile& l : layers) {
+    l.forward_s = seconds(random);
+    l.backward_s = 2 * seconds(random);
+    l.output_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
+    l.parameter_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
+  }
+  return layers;
+}
+
 TEST(PipeDreamPlanner, EqualsBruteForceOnRandomProfiles) {
   std::mt19937_64 random(20261125);
-  std::uniform_real_distribution<double> seconds(0.001, 0.1), log_bytes(3, 9);
+  std::uniform_real_distribution<double> seconds(0.001, 0.1);
   std::uniform_int_distribution<int> layer_count(1, 7), worker_count(1, 6);
   int pipelined = 0, replicated = 0;
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
-    std::vector<LayerProfile> layers(layer_count(random));
-    for (LayerProfile& l : layers) {
-      l.forward_s = seconds(random);
-      l.backward_s = 2 * seconds(random);
-      l.output_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
-      l.parameter_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
-    }
+    const std::vector<LayerProfile> layers = RandomLayers(random, layer_count(random));
     ClusterProfile cluster;
     cluster.workers = worker_count(random);
     cluster.link = {1e-4 * seconds(random), std::pow(10, 8 + 2 * seconds(random) * 10)};
@@ -108,17 +115,11 @@ TEST(PipeDreamPlanner, BigWeightsArePipelinedAndBigActivationsReplicated) {
 // every split of the layers into exactly p contiguous stages.
 TEST(PipeDreamPlanner, UniformReplicaPartitionEqualsBruteForce) {
   std::mt19937_64 random(11);
-  std::uniform_real_distribution<double> seconds(0.001, 0.1), log_bytes(3, 9);
+  std::uniform_real_distribution<double> seconds(0.001, 0.1);
   std::uniform_int_distribution<int> layer_count(1, 9), replica_count(1, 4);
   for (int trial = 0; trial < 200; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
-    std::vector<LayerProfile> layers(layer_count(random));
-    for (LayerProfile& l : layers) {
-      l.forward_s = seconds(random);
-      l.backward_s = 2 * seconds(random);
-      l.output_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
-      l.parameter_bytes = static_cast<int64_t>(std::pow(10, log_bytes(random)));
-    }
+    const std::vector<LayerProfile> layers = RandomLayers(random, layer_count(random));
     const LinkProfile link{1e-4 * seconds(random), std::pow(10, 8 + 20 * seconds(random))};
     const int L = static_cast<int>(layers.size());
     const int p = 1 + static_cast<int>(random() % L), w = replica_count(random);
