@@ -14,6 +14,7 @@
 #include "runtime/base/errors.h"
 #include "runtime/base/hash.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/model/dense_kernels.h"
 
 namespace pipetrain::model {
 namespace {
@@ -137,21 +138,19 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     fc2_b = register_parameter("fc2_b", torch::zeros({d}));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
-    const int64_t b = x.size(0), t = x.size(1), hd = d / heads;
     at::Tensor h = at::layer_norm(x, {d}, ln1_w, ln1_b);
-    auto qkv = at::linear(h, qkv_w, qkv_b).split(d, -1);
-    auto split_heads = [&](const at::Tensor& y) {
-      return y.view({b, t, heads, hd}).transpose(1, 2);
-    };
-    at::Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
-    at::Tensor causal = at::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
-    att = at::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
-    att = Dropout(att, dropout, ctx, 1, is_training());
-    at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({b, t, d});
-    at::Tensor out = x + Dropout(at::linear(y, proj_w, proj_b), dropout, ctx, 2, is_training());
+    at::Tensor qkv = Linear(h, qkv_w, qkv_b);
+    at::Tensor y;
+    if (dropout > 0 && is_training()) {
+      y = CausalSelfAttention(qkv, heads, [&](const at::Tensor& probs) {
+        return Dropout(probs, dropout, ctx, 1, /*training=*/true);
+      });
+    } else {
+      y = CausalSelfAttention(qkv, heads);
+    }
+    at::Tensor out = x + Dropout(Linear(y, proj_w, proj_b), dropout, ctx, 2, is_training());
     h = at::layer_norm(out, {d}, ln2_w, ln2_b);
-    h = at::linear(at::gelu(at::linear(h, fc_w, fc_b)), fc2_w, fc2_b);
+    h = Linear(LinearGelu(h, fc_w, fc_b), fc2_w, fc2_b);
     return out + Dropout(h, dropout, ctx, 3, is_training());
   }
   int64_t d, heads, n_layers;
@@ -185,7 +184,7 @@ struct LinearImpl : StatelessModule<LinearImpl> {
     if (use_bias) bias = register_parameter("bias", Uniform({out}, bound));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    at::Tensor y = at::linear(x, weight, use_bias ? bias : at::Tensor());
+    at::Tensor y = Linear(x, weight, use_bias ? bias : at::Tensor());
     return relu ? at::relu(y) : y;
   }
   int64_t in, out;
@@ -294,7 +293,7 @@ struct PoolLinearImpl : StatelessModule<PoolLinearImpl> {
     bias = register_parameter("bias", Uniform({classes}, bound));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    return at::linear(x.mean({2, 3}), weight, bias);
+    return Linear(x.mean({2, 3}), weight, bias);
   }
   int64_t in, classes;
   at::Tensor weight, bias;

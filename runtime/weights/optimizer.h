@@ -4,7 +4,9 @@
 // (docs/design.md section 4.3: one optimizer state), so Step() takes the tensors to
 // update and their gradients explicitly, and keeps its state by position. The arithmetic
 // follows PyTorch's torch.optim.SGD (dampening 0, no Nesterov) and torch.optim.AdamW
-// (no amsgrad) step by step. Not thread-safe: one stage thread owns an Optimizer.
+// (no amsgrad) step by step; AdamW does it in one pass over each dense CPU parameter, the
+// same operations per element in the same order. Not thread-safe: one stage thread owns an
+// Optimizer.
 #pragma once
 
 #include <map>
