@@ -4,8 +4,10 @@
 Same architecture and sizes as runtime/model/model_zoo.cc (token + position embedding;
 pre-LN blocks: LayerNorm, causal self-attention with a qkv Linear d->3d with bias and a
 proj d->d, LayerNorm, MLP d->4d GELU ->d; final LayerNorm; LM head d->vocab without bias),
-the same operators in the same order, random tokens of the same shape (rows x seq), mean
-cross-entropy, AdamW(lr 3e-3, weight_decay 0: pipetrain's defaults). One step = sample a
+the same math in the same order (pipetrain runs the float32 matrix products and attention on
+its own kernels, runtime/model/dense_kernels.h; this is the composition of PyTorch operators
+they replace), random tokens of the same shape (rows x seq), mean cross-entropy,
+AdamW(lr 3e-3, weight_decay 0: pipetrain's defaults). One step = sample a
 batch, forward, loss, zero_grad, backward, optimizer step, loss.item(). The step time is
 the median of the times between consecutive step ends after the warm-up steps.
 

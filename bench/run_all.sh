@@ -4,6 +4,8 @@
 #   1. pipeline_efficiency.py  gpipe / 1f1b / 2bw, 2 and 4 stages, m = 4, 8, 16
 #   2. overhead_bench          pipetrain 1 stage vs. a plain LibTorch loop, in one process
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
+#      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
+#                              torch's Pipe: tokens/s, peak memory, memory efficiency
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
@@ -17,7 +19,7 @@
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
-# About 25 minutes on 2 cores, plus the build.
+# About 30 minutes on 2 cores, plus the build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,6 +70,11 @@ section "Versus eager PyTorch (bench/versus_python.sh)"
 start=${SECONDS}
 bench/versus_python.sh "${BIN}"
 echo >&2 "versus_python: $((SECONDS - start)) s"
+
+section "Against PyTorch's peers (bench/peers.py)"
+start=${SECONDS}
+"${PY}" bench/peers.py "${BUILD_DIR}/client/pipetrain-run"
+echo >&2 "peers: $((SECONDS - start)) s"
 
 section "Transport throughput (bench/transport_throughput)"
 start=${SECONDS}
