@@ -235,6 +235,28 @@ TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
   unsetenv("PIPETRAIN_CACHE_DIR");
 }
 
+// Stage processes hold no more tensors after 80 steps than after 10: what is sent is dropped
+// once its peer has it (a Gloo send completes only when waited for).
+TEST_F(CliTest, StageProcessesHoldTheSameTensorsAfterMoreSteps) {
+  std::vector<std::vector<int64_t>> peaks;
+  for (int steps : {10, 80}) {
+    const fs::path summary = dir_ / "summary.json";
+    Result r = Run("run --launch processes --stages 2 --schedule 1f1b --microbatches 2 "
+                   "--microbatch-size 8 -q --steps " + std::to_string(steps) + " --summary " +
+                   summary.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<int64_t> peak;
+    for (const auto& s : nlohmann::json::parse(ReadFile(summary))["per_stage"]) {
+      peak.push_back(s["peak_tensor_bytes"].get<int64_t>());
+      EXPECT_GT(peak.back(), 0);
+    }
+    peaks.push_back(peak);
+  }
+  // 70 steps more sent 140 activations and 140 gradients of 64 KiB each; none is kept.
+  ASSERT_EQ(peaks[0].size(), 2u);
+  for (int s = 0; s < 2; ++s) EXPECT_LE(peaks[1][s], peaks[0][s] + (64 << 10)) << "stage " << s;
+}
+
 TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
   for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
     const fs::path summary = dir_ / "summary.json";
