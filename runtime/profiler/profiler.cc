@@ -51,11 +51,25 @@ uint64_t HashText(const std::string& text) {
   return h;
 }
 
+// The build that measures: the size and modification time of this executable, so that a new
+// build (other kernels) measures again; and the kernel choice of the environment.
+std::string BuildIdentity() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "unknown";
+  const auto size = std::filesystem::file_size(self, ec);
+  const auto time = std::filesystem::last_write_time(self, ec);
+  const char* gemm = std::getenv("PIPETRAIN_GEMM");
+  return absl::StrCat(size, "@", time.time_since_epoch().count(), gemm ? " gemm=" : "",
+                      gemm ? gemm : "");
+}
+
 // What a profile of one micro-batch size depends on, as text: the cache key.
 std::string CacheKey(const job::JobPlan& plan, const job::JobConfig& config, int b, int threads) {
   const model::ModelConfig& m = plan.model_config;
   nlohmann::json key = {
-      {"format", kProfileFormat}, {"device", "cpu"}, {"threads", threads},
+      {"format", kProfileFormat}, {"build", BuildIdentity()}, {"device", "cpu"},
+      {"threads", threads},
       {"micro_batch_size", b},    {"dtype", plan.dtype == at::kDouble ? "float64" : "float32"},
       {"optimizer", config.optimizer.name}, {"model", m.name}, {"vocab_size", m.vocab_size},
       {"seq_len", m.seq_len},     {"d_model", m.d_model},      {"n_heads", m.n_heads},

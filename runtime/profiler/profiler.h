@@ -17,8 +17,9 @@
 // The links: two Gloo transports over loopback in this process, a ping-pong of activations
 // and a 2-rank AllReduce at two sizes, fitted to latency + bytes / bandwidth.
 //
-// Results are cached by (model, dtype, optimizer, micro-batch size, threads, device) under
-// `cache_dir`, one JSON file each; a cached size is not measured again.
+// Results are cached by (model, dtype, optimizer, micro-batch size, threads, device, the
+// measuring executable's size and time) under `cache_dir`, one JSON file each; a cached size
+// is not measured again (a new build measures again).
 // Sets the process's intra-op threads to `threads` and installs the tensor-memory counter.
 #pragma once
 
