@@ -15,13 +15,15 @@ using schedule::Action;
 using schedule::ActionKind;
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
-// Steps simulated: the step time is measured between the STEPs of the last two, once the
-// pipeline (2BW has no flush) is in its steady state.
-constexpr int kSimulatedSteps = 5;
+// Steps simulated: the step time is the mean time between the STEPs of steps 1 .. 6, once
+// the pipeline (2BW has no flush) is in its steady state and before the last one drains it.
+constexpr int kSimulatedSteps = 8;
 
 struct StageCosts {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
-  double allreduce_s = 0, last_bucket_allreduce_s = 0;
+  double allreduce_s = 0;           // all gradients at once (stages s > 0, or no overlap)
+  double bucketed_allreduce_s = 0;  // bucket by bucket (stage 0 with overlap): a latency each
+  double last_bucket_allreduce_s = 0;
   double send_act_s = 0, send_grad_s = 0;  // link time of the stage's output / input gradient
 };
 
@@ -108,6 +110,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       optimizer_bytes += static_cast<double>(layers[l].optimizer_bytes);
     }
     c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w);
+    const double buckets =
+        std::max(1.0, std::ceil(parameter_bytes / static_cast<double>(layout.bucket_bytes)));
+    c.bucketed_allreduce_s = buckets * AllReduceSeconds(cluster, parameter_bytes / buckets, w);
     c.last_bucket_allreduce_s = AllReduceSeconds(
         cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w);
     c.send_act_s = end < static_cast<int>(layers.size())
@@ -118,7 +123,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = static_cast<int64_t>((versions + 1) * parameter_bytes + optimizer_bytes);
-    out.allreduce_s = c.allreduce_s;
+    out.allreduce_s = s == 0 && layout.overlap_allreduce ? c.bucketed_allreduce_s : c.allreduce_s;
     out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
   }
 
@@ -195,11 +200,11 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             double done = now;
             if (w > 1) {
               done = s == 0 && layout.overlap_allreduce
-                         ? std::max(last_backward_start[s] + costs[s].allreduce_s,
+                         ? std::max(last_backward_start[s] + costs[s].bucketed_allreduce_s,
                                     now + costs[s].last_bucket_allreduce_s)
                          : now + costs[s].allreduce_s;
             }
-            if (a.index == kSimulatedSteps - 1) exposed[s] = done - now;
+            if (a.index == kSimulatedSteps - 2) exposed[s] = done - now;
             state[s] = State::kWaiting;
             wait_until[s] = done;
             break;
@@ -214,10 +219,16 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     // The next event: a computation ends, a wait ends, a message arrives.
     int computing = 0;
     for (int s = 0; s < p; ++s) computing += state[s] == State::kComputing;
-    const double rate =
-        cluster.shared_cores > 0 && computing * w > cluster.shared_cores
-            ? static_cast<double>(cluster.shared_cores) / (computing * w)
-            : 1.0;
+    double rate = 1.0;
+    if (cluster.shared_cores > 0 && computing > 0) {
+      // Ranks beyond the cores share them; those that run at once are slowed by contention.
+      const int ranks = computing * w;
+      const int running = std::min(ranks, cluster.shared_cores);
+      rate = static_cast<double>(running) / ranks;
+      if (!profile.slowdown.empty()) {
+        rate /= profile.slowdown[std::min<size_t>(running, profile.slowdown.size()) - 1];
+      }
+    }
     double event = kNever;
     for (int s = 0; s < p; ++s) {
       if (state[s] == State::kComputing) event = std::min(event, now + work_left[s] / rate);
@@ -240,8 +251,10 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     }
   }
 
-  if (step_end.size() < 2) return absl::InternalError("the simulation ran fewer than two steps");
-  prediction.step_time_s = step_end.back() - step_end[step_end.size() - 2];
+  if (step_end.size() != kSimulatedSteps) {
+    return absl::InternalError("the simulation did not run every step");
+  }
+  prediction.step_time_s = (step_end[kSimulatedSteps - 2] - step_end[1]) / (kSimulatedSteps - 3);
   prediction.samples_per_s = layout.global_batch() / prediction.step_time_s;
   prediction.tokens_per_s = prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
   for (int s = 0; s < p; ++s) {

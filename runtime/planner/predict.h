@@ -10,12 +10,15 @@
 //     and RECV waits for it;
 //   - STEP<t> with w > 1 replicas first averages the stage's gradients: a ring AllReduce of its
 //     parameter bytes. Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0
-//     with overlap starts it with its last backward of the step, bucket by bucket, so it ends
-//     no sooner than that backward plus the last bucket's AllReduce. Then the optimizer
+//     with overlap starts it with its last backward of the step, bucket by bucket (each
+//     bucket an AllReduce of its own, latency included), so it ends no sooner than that
+//     backward plus the last bucket's AllReduce. Then the optimizer
 //     updates the stage's layers;
 //   - with `shared_cores`, ranks that compute at the same time share those cores equally
-//     (w replicas of a stage run the same timeline, so each computing stage counts w times);
-//   - the step time is the steady-state time between two STEPs of stage 0.
+//     (w replicas of a stage run the same timeline, so each computing stage counts w times),
+//     and k of them computing at once each run the profile's slowdown[k - 1] times slower;
+//   - the step time is the steady-state time between two STEPs of stage 0 (the mean over the
+//     middle steps of eight).
 // Memory of a stage (bytes of tensors, the process's own code and libraries not counted):
 //   weights   = (versions + 1) x parameter bytes + optimizer bytes (2BW keeps 2 versions,
 //               the others 1; the +1 is the gradient)

@@ -51,6 +51,10 @@ struct ModelProfile {
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;
   LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
+  // slowdown[k - 1]: how much longer the same computation takes when k ranks compute at once
+  // on this machine's cores (1 for k = 1; shared caches, memory bandwidth, SMT siblings).
+  // Empty: no slowdown.
+  std::vector<double> slowdown;
 };
 
 struct ClusterProfile {

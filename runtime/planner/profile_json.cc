@@ -110,6 +110,7 @@ std::string ModelProfileToJson(const ModelProfile& p) {
               {"base_bytes", p.base_bytes},
               {"receive_buffer_bytes", p.receive_buffer_bytes},
               {"inline_buffer_bytes", p.inline_buffer_bytes},
+              {"slowdown", p.slowdown},
               {"p2p", LinkJson(p.p2p)},
               {"allreduce", LinkJson(p.allreduce)},
               {"sizes", sizes}}
@@ -134,6 +135,17 @@ absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text) {
   PT_READ(j, "base_bytes", "", p.base_bytes);
   PT_READ(j, "receive_buffer_bytes", "", p.receive_buffer_bytes);
   PT_READ(j, "inline_buffer_bytes", "", p.inline_buffer_bytes);
+  if (auto it = j.find("slowdown"); it != j.end()) {
+    if (!it->is_array() || it->size() > 4096) {
+      return absl::InvalidArgumentError("slowdown: expected an array of at most 4096 factors");
+    }
+    for (const json& f : *it) {
+      if (!f.is_number() || !(f.get<double>() >= 1.0) || !std::isfinite(f.get<double>())) {
+        return absl::InvalidArgumentError("slowdown: every factor must be finite and >= 1");
+      }
+      p.slowdown.push_back(f.get<double>());
+    }
+  }
   absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
   if (!p2p.ok()) return p2p.status();
   p.p2p = *p2p;

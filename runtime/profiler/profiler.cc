@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/hash.h"
 #include "runtime/base/threads.h"
@@ -107,6 +108,16 @@ void StoreValue(const std::string& dir, const std::string& key, const std::strin
   (void)WriteFileAtomically(absl::StrCat(dir, "/", Hex(HashText(key)), ".json"), j.dump(1));
 }
 
+// In a pipeline a layer runs after others have used the caches; timed right after itself it
+// would find its weights and activations there. Writing a buffer larger than the last-level
+// cache before each timed forward and backward measures it as it runs in a stage.
+void EvictCaches() {
+  static std::vector<char> buffer(64 << 20);
+  static char value = 0;
+  std::fill(buffer.begin(), buffer.end(), ++value);
+  asm volatile("" : : "r"(buffer.data()) : "memory");
+}
+
 // One layer at one micro-batch size. `input` is the layer's real input; `next` receives its
 // output (detached) for the next layer.
 absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
@@ -133,6 +144,7 @@ absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
   for (int round = 0; round < options.warmup + options.repeats; ++round) {
     ctx.micro_batch = round;
     const int64_t before = memory::TensorBytesInUse();
+    EvictCaches();
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor y = l.Forward(x, ctx);
     at::Tensor loss;
@@ -144,6 +156,7 @@ absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
     at::Tensor grad = last ? at::Tensor() : at::randn_like(y) * 1e-3;
     memory::ResetPeakTensorBytes();
     const int64_t before_backward = memory::TensorBytesInUse();
+    EvictCaches();
     const auto t2 = std::chrono::steady_clock::now();
     if (last) {
       loss.backward();
@@ -192,6 +205,34 @@ planner::LinkProfile Fit(double small, double t_small, double large, double t_la
   link.bytes_per_s = 1.0 / slope;
   link.latency_s = std::max(0.0, t_small - small * slope);
   return link;
+}
+
+// How much longer the same computation takes on k threads at once, k = 1 .. cores: each
+// thread multiplies 256 x 512 by 512 x 512 and applies GELU, 30 times (about the mix of a
+// transformer block), one intra-op thread each, as ranks sharing this machine run.
+std::vector<double> MeasureSlowdown(int cores) {
+  const auto work = [] {
+    const at::Tensor x = at::randn({256, 512}), w = at::randn({512, 512});
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 30; ++i) at::gelu(at::mm(x, w)).add_(1.0);
+    return Seconds(t0, std::chrono::steady_clock::now());
+  };
+  const auto together = [&](int k) {
+    std::vector<double> times;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::future<double>> runs;
+      for (int t = 0; t < k; ++t) runs.push_back(std::async(std::launch::async, work));
+      double sum = 0;
+      for (auto& r : runs) sum += r.get();
+      times.push_back(sum / k);
+    }
+    return Median(times);
+  };
+  work();  // warm-up
+  const double alone = together(1);
+  std::vector<double> slowdown = {1.0};
+  for (int k = 2; k <= cores; ++k) slowdown.push_back(std::max(1.0, together(k) / alone));
+  return slowdown;
 }
 
 absl::StatusOr<std::pair<planner::LinkProfile, planner::LinkProfile>> ProfileGlooLinks() {
@@ -368,24 +409,32 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
                                            {"threads", options.threads}}
                                 .dump();
     nlohmann::json cached = nlohmann::json::parse(CachedValue(options.cache_dir, key), nullptr, false);
-    if (!cached.is_discarded() && cached.is_object() && cached.contains("p2p")) {
+    if (!cached.is_discarded() && cached.is_object() && cached.contains("p2p") &&
+        cached.contains("slowdown")) {
       profile.p2p = {cached["p2p"][0].get<double>(), cached["p2p"][1].get<double>()};
       profile.allreduce = {cached["allreduce"][0].get<double>(), cached["allreduce"][1].get<double>()};
-      say("links: from the cache");
+      profile.slowdown = cached["slowdown"].get<std::vector<double>>();
+      say("links and cores: from the cache");
     } else {
       absl::StatusOr<std::pair<planner::LinkProfile, planner::LinkProfile>> links = ProfileGlooLinks();
       if (!links.ok()) return links.status();
       profile.p2p = links->first;
       profile.allreduce = links->second;
+      profile.slowdown = MeasureSlowdown(AvailableCores());
       StoreValue(options.cache_dir, key,
                  nlohmann::json{{"p2p", {profile.p2p.latency_s, profile.p2p.bytes_per_s}},
-                                {"allreduce", {profile.allreduce.latency_s, profile.allreduce.bytes_per_s}}}
+                                {"allreduce", {profile.allreduce.latency_s, profile.allreduce.bytes_per_s}},
+                                {"slowdown", profile.slowdown}}
                      .dump());
     }
     say(absl::StrFormat("links (Gloo, loopback): point to point %.1f us + %.2f GB/s; AllReduce "
-                        "of 2 %.1f us + %.2f GB/s",
+                        "of 2 %.1f us + %.2f GB/s; computing on 1..%d cores at once: %s x",
                         profile.p2p.latency_s * 1e6, profile.p2p.bytes_per_s / 1e9,
-                        profile.allreduce.latency_s * 1e6, profile.allreduce.bytes_per_s / 1e9));
+                        profile.allreduce.latency_s * 1e6, profile.allreduce.bytes_per_s / 1e9,
+                        static_cast<int>(profile.slowdown.size()),
+                        absl::StrJoin(profile.slowdown, " ", [](std::string* out, double f) {
+                          absl::StrAppendFormat(out, "%.2f", f);
+                        })));
   }
   return profile;
 }

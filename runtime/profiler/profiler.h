@@ -15,7 +15,8 @@
 //   base_bytes      what the job's dataset holds (every rank loads it).
 // Only one layer exists at a time, so profiling a model needs about one layer's memory.
 // The links: two Gloo transports over loopback in this process, a ping-pong of activations
-// and a 2-rank AllReduce at two sizes, fitted to latency + bytes / bandwidth.
+// and a 2-rank AllReduce at two sizes, fitted to latency + bytes / bandwidth. The cores: how
+// much slower a matrix product and GELU run on k threads at once than alone (slowdown).
 //
 // Results are cached by (model, dtype, optimizer, micro-batch size, threads, device, the
 // measuring executable's size and time) under `cache_dir`, one JSON file each; a cached size
