@@ -21,9 +21,7 @@ constexpr int kSimulatedSteps = 8;
 
 struct StageCosts {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
-  double allreduce_s = 0;           // all gradients at once (stages s > 0, or no overlap)
-  double bucketed_allreduce_s = 0;  // bucket by bucket (stage 0 with overlap): a latency each
-  double last_bucket_allreduce_s = 0;
+  double allreduce_s = 0, last_bucket_allreduce_s = 0;
   double send_act_s = 0, send_grad_s = 0;  // link time of the stage's output / input gradient
 };
 
@@ -110,9 +108,6 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       optimizer_bytes += static_cast<double>(layers[l].optimizer_bytes);
     }
     c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w);
-    const double buckets =
-        std::max(1.0, std::ceil(parameter_bytes / static_cast<double>(layout.bucket_bytes)));
-    c.bucketed_allreduce_s = buckets * AllReduceSeconds(cluster, parameter_bytes / buckets, w);
     c.last_bucket_allreduce_s = AllReduceSeconds(
         cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w);
     c.send_act_s = end < static_cast<int>(layers.size())
@@ -123,7 +118,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = static_cast<int64_t>((versions + 1) * parameter_bytes + optimizer_bytes);
-    out.allreduce_s = s == 0 && layout.overlap_allreduce ? c.bucketed_allreduce_s : c.allreduce_s;
+    out.allreduce_s = c.allreduce_s;
     out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
   }
 
@@ -200,7 +195,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             double done = now;
             if (w > 1) {
               done = s == 0 && layout.overlap_allreduce
-                         ? std::max(last_backward_start[s] + costs[s].bucketed_allreduce_s,
+                         ? std::max(last_backward_start[s] + costs[s].allreduce_s,
                                     now + costs[s].last_bucket_allreduce_s)
                          : now + costs[s].allreduce_s;
             }

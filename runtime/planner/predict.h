@@ -10,9 +10,9 @@
 //     and RECV waits for it;
 //   - STEP<t> with w > 1 replicas first averages the stage's gradients: a ring AllReduce of its
 //     parameter bytes. Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0
-//     with overlap starts it with its last backward of the step, bucket by bucket (each
-//     bucket an AllReduce of its own, latency included), so it ends no sooner than that
-//     backward plus the last bucket's AllReduce. Then the optimizer
+//     with overlap starts it with its last backward of the step, bucket by bucket (the buckets'
+//     AllReduces pipelined: one latency), so it ends no sooner than that backward plus the
+//     last bucket's AllReduce. Then the optimizer
 //     updates the stage's layers;
 //   - with `shared_cores`, ranks that compute at the same time share those cores equally
 //     (w replicas of a stage run the same timeline, so each computing stage counts w times),

@@ -108,16 +108,6 @@ void StoreValue(const std::string& dir, const std::string& key, const std::strin
   (void)WriteFileAtomically(absl::StrCat(dir, "/", Hex(HashText(key)), ".json"), j.dump(1));
 }
 
-// In a pipeline a layer runs after others have used the caches; timed right after itself it
-// would find its weights and activations there. Writing a buffer larger than the last-level
-// cache before each timed forward and backward measures it as it runs in a stage.
-void EvictCaches() {
-  static std::vector<char> buffer(64 << 20);
-  static char value = 0;
-  std::fill(buffer.begin(), buffer.end(), ++value);
-  asm volatile("" : : "r"(buffer.data()) : "memory");
-}
-
 // One layer at one micro-batch size. `input` is the layer's real input; `next` receives its
 // output (detached) for the next layer.
 absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
@@ -144,7 +134,6 @@ absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
   for (int round = 0; round < options.warmup + options.repeats; ++round) {
     ctx.micro_batch = round;
     const int64_t before = memory::TensorBytesInUse();
-    EvictCaches();
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor y = l.Forward(x, ctx);
     at::Tensor loss;
@@ -156,7 +145,6 @@ absl::StatusOr<planner::LayerProfile> ProfileLayer(const job::JobConfig& config,
     at::Tensor grad = last ? at::Tensor() : at::randn_like(y) * 1e-3;
     memory::ResetPeakTensorBytes();
     const int64_t before_backward = memory::TensorBytesInUse();
-    EvictCaches();
     const auto t2 = std::chrono::steady_clock::now();
     if (last) {
       loss.backward();
