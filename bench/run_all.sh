@@ -6,6 +6,7 @@
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
 #      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
 #                              torch's Pipe: tokens/s, peak memory, memory efficiency
+#      plan_accuracy.py        the planner's predicted step time and memory against runs
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
@@ -85,6 +86,11 @@ section "Data x pipeline parallelism (bench/data_parallel.py)"
 start=${SECONDS}
 "${PY}" bench/data_parallel.py "${BIN}"
 echo >&2 "data_parallel: $((SECONDS - start)) s"
+
+section "Planner predictions against measurements (bench/plan_accuracy.py)"
+start=${SECONDS}
+"${PY}" bench/plan_accuracy.py --build "${BUILD_DIR}"
+echo >&2 "plan_accuracy: $((SECONDS - start)) s"
 
 section "Memory per rank (bench/memory_per_rank.py)"
 start=${SECONDS}
