@@ -369,6 +369,7 @@ absl::StatusOr<Coordinator::PlannedJob> Coordinator::PlanJob(const v1::JobSpec& 
   request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
   request.overlap_allreduce = config.overlap_allreduce;
   request.bucket_bytes = config.bucket_kib * 1024;
+  request.max_micro_batches = 64;
   for (const planner::MicroBatchProfile& size : profile->sizes) {
     request.micro_batch_sizes.push_back(size.micro_batch_size);  // only what was measured
   }

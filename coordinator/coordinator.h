@@ -346,9 +346,10 @@ class Coordinator {
   // The planner's work is bounded: at most this many profiled layers and sizes, and plans
   // for at most this many workers (more are planned as this many).
   static constexpr size_t kMaxProfileBytes = size_t{16} << 20;
-  static constexpr size_t kMaxPlannedLayers = 1024;
-  static constexpr size_t kMaxProfiledSizes = 16;
-  static constexpr int kMaxPlannedWorkers = 64;
+  // About a second of planning at most on this machine.
+  static constexpr size_t kMaxPlannedLayers = 256;
+  static constexpr size_t kMaxProfiledSizes = 8;
+  static constexpr int kMaxPlannedWorkers = 16;
   absl::StatusOr<PlannedJob> PlanJob(const v1::JobSpec& spec, const job::JobConfig& config,
                                      const std::string& profile_json);
 

@@ -18,7 +18,7 @@ namespace {
 using schedule::ScheduleKind;
 
 // Hippie's prefixes of the greedy order considered at most (evenly spaced beyond that).
-constexpr int kMaxRecomputePrefixes = 64;
+constexpr int kMaxRecomputePrefixes = 32;
 
 std::vector<std::pair<int, int>> ToPairs(const std::vector<model::LayerRange>& ranges) {
   std::vector<std::pair<int, int>> pairs;
@@ -179,6 +179,7 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
       for (int b : sizes) {
         if (b < 1 || B % (w * b) != 0) continue;
         const int m = B / (w * b);
+        if (m > request.max_micro_batches) continue;  // bounds each simulation's work
         Layout base;
         base.replicas = w;
         base.micro_batch_size = b;

@@ -17,7 +17,8 @@
 //             last stage holding one micro-batch) with the AllReduce overlapped, stages split
 //             by compute, and recomputation chosen greedily: layers ordered by the activation
 //             bytes recomputing them saves per second of recompute (stash_bytes / forward_s,
-//             largest first), and every prefix of that order considered. The highest memory
+//             largest first), and every prefix of that order considered (at most 32, evenly
+//             spaced, for a long order). The highest memory
 //             efficiency ME = (throughput / throughput_DP) / (memory / memory_DP) wins, where
 //             memory is the largest stage's peak and DP is plain data parallelism on the same
 //             workers (p = 1, w the most replicas that divide B, no recomputation), predicted
@@ -49,6 +50,9 @@ struct PlanRequest {
   int global_batch = 1;                // B: samples per step over all replicas
   std::vector<int> micro_batch_sizes;  // b to consider (empty: every divisor of B)
   bool overlap_allreduce = true;       // stage 0's bucketed AllReduce (Hippie always overlaps)
+  // Layouts with more micro-batches per step are not considered: each simulation's work grows
+  // with m, and past this many the bubble is already small.
+  int max_micro_batches = 128;
   int64_t bucket_bytes = 256 << 10;
 };
 

@@ -4,6 +4,9 @@
 // (tests/daemons) check the same rules end to end over gRPC.
 #include <algorithm>
 #include <cmath>
+#include <chrono>
+#include <cstdio>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -217,6 +220,48 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   EXPECT_EQ(tight.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(tight.status().message()), HasSubstr("does not fit: needs "));
   EXPECT_THAT(std::string(tight.status().message()), HasSubstr(", have 1048576"));
+}
+
+// Planning at submission is bounded: a profile at the limits (256 layers, 8 micro-batch sizes)
+// for 16 workers with Hippie's recomputation search is planned in seconds, and one past them
+// is refused.
+TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
+  v1::JobSpec spec = Spec(2);
+  spec.clear_stages();
+  spec.set_auto_stages(true);
+  spec.set_planner("hippie");
+  spec.mutable_model()->set_n_layers(253);  // 256 layers
+  spec.set_microbatches(16);
+  spec.set_microbatch_size(8);  // B = 128
+  for (int n = 1; n <= 20; ++n) Register(n);
+  const auto profile = [](int sizes) {
+    planner::ModelProfile p;
+    p.p2p = {1e-5, 1e9};
+    p.allreduce = {1e-5, 1e9};
+    for (int i = 0; i < sizes; ++i) {
+      const int b = 1 << i;
+      planner::MicroBatchProfile size;
+      size.micro_batch_size = b;
+      for (int l = 0; l < 256; ++l) {
+        size.layers.push_back({"layer", 0.001 * b * (1 + l % 3), 0.002 * b, 0.0001, 1000 * b,
+                               1 << 16, 2 << 16, 4000 * b * (1 + l % 5), 100});
+      }
+      p.sizes.push_back(size);
+    }
+    return planner::ModelProfileToJson(p);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const v1::Job job = Submit(spec, profile(8));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(job.has_plan());
+  EXPECT_EQ(job.plan().workers(), 16);
+  EXPECT_LT(seconds, 20.0);
+  std::printf("planned 256 layers x 8 sizes for 16 workers in %.2f s (%d layouts)\n", seconds,
+              job.plan().layouts_considered());
+  absl::StatusOr<v1::Job> refused = coordinator_->Submit(spec, profile(9));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plans at most 256 layers at 8 sizes"));
 }
 
 // A worker speaks only for itself and its own ranks: its session names it. Another worker's
