@@ -7,6 +7,7 @@
 #      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
 #                              torch's Pipe: tokens/s, peak memory, memory efficiency
 #      plan_accuracy.py        the planner's predicted step time and memory against runs
+#      gpt2_small.py           GPT-2 small's shape as stage processes per schedule, ME vs DP
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
@@ -91,6 +92,11 @@ section "Planner predictions against measurements (bench/plan_accuracy.py)"
 start=${SECONDS}
 "${PY}" bench/plan_accuracy.py --build "${BUILD_DIR}"
 echo >&2 "plan_accuracy: $((SECONDS - start)) s"
+
+section "GPT-2 small's shape as stage processes (bench/gpt2_small.py)"
+start=${SECONDS}
+"${PY}" bench/gpt2_small.py --build "${BUILD_DIR}"
+echo >&2 "gpt2_small: $((SECONDS - start)) s"
 
 section "Memory per rank (bench/memory_per_rank.py)"
 start=${SECONDS}
