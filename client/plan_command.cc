@@ -130,12 +130,7 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
       planner::PlannerKindName(plan.planner), profile.model, cluster.workers,
       cluster.memory_bytes > 0 ? absl::StrCat(" of ", Bytes(cluster.memory_bytes)) : "",
       l.global_batch(), plan.considered);
-  const std::vector<int> recomputed = RecomputedLayers(l);
-  absl::StrAppendFormat(
-      &out, "  schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, recompute %s\n",
-      schedule::ScheduleKindName(l.schedule), l.stages(), Ranges(l), l.replicas,
-      l.micro_batches, l.micro_batch_size,
-      recomputed.empty() ? "none" : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")));
+  absl::StrAppend(&out, "  schedule ", jobspec::DescribeLayout(l), "\n");
   absl::StrAppendFormat(&out, "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
                               "parallelism (step %.2f ms, peak %s)\n",
                         c.prediction.step_time_s * 1e3,
@@ -212,7 +207,9 @@ int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
     if (!layout.ok()) return fail(layout.status(), exit_code::For(layout.status()));
     absl::StatusOr<planner::Prediction> prediction = planner::Predict(*profile, cluster, *layout);
     if (!prediction.ok()) return fail(prediction.status(), exit_code::kUsage);
-    planner::Candidate c{*layout, *prediction};
+    planner::Candidate c;
+    c.layout = *layout;
+    c.prediction = *prediction;
     c.fits = cluster.memory_bytes <= 0 || prediction->peak_memory_bytes <= cluster.memory_bytes;
     nlohmann::json j = CandidateJson(c);
     j["model"] = profile->model;

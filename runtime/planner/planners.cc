@@ -133,7 +133,9 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     absl::StatusOr<Prediction> prediction = Predict(profile, cluster, layout);
     if (!prediction.ok()) return prediction.status();
     ++result.considered;
-    Candidate c{std::move(layout), *std::move(prediction)};
+    Candidate c;
+    c.layout = std::move(layout);
+    c.prediction = *std::move(prediction);
     c.fits = cluster.memory_bytes <= 0 || c.prediction.peak_memory_bytes <= cluster.memory_bytes;
     return c;
   };

@@ -84,7 +84,9 @@ void ExpectConsistent(const ModelProfile& profile, const ClusterProfile& cluster
   for (int s = 0; s < l.stages(); ++s) {
     const int64_t bytes = plan.chosen.prediction.stages[s].peak_memory_bytes;
     EXPECT_EQ(bytes, CountedMemory(profile, l, s)) << "stage " << s;
-    if (cluster.memory_bytes > 0) EXPECT_LE(bytes, cluster.memory_bytes) << "stage " << s;
+    if (cluster.memory_bytes > 0) {
+      EXPECT_LE(bytes, cluster.memory_bytes) << "stage " << s;
+    }
   }
 }
 
@@ -146,7 +148,9 @@ TEST(HippiePlanner, RecomputesAPrefixOfTheGreedyOrder) {
     EXPECT_FALSE(l.recomputes(3));
     EXPECT_GT(plan->chosen.memory_efficiency, 0);
     for (const Candidate& c : plan->alternatives) {
-      if (c.fits) EXPECT_LE(c.memory_efficiency, plan->chosen.memory_efficiency * (1 + 1e-9));
+      if (c.fits) {
+        EXPECT_LE(c.memory_efficiency, plan->chosen.memory_efficiency * (1 + 1e-9));
+      }
       EXPECT_FALSE(c.why.empty());
     }
   }
@@ -188,7 +192,9 @@ TEST(Planners, NoPlanExceedsTheMemoryItWasGiven) {
     }
     ++planned;
     ExpectConsistent(profile, cluster, request, *plan);
-    if (kind == PlannerKind::kTwoBW) EXPECT_GE(plan->chosen.layout.micro_batches, plan->chosen.layout.stages());
+    if (kind == PlannerKind::kTwoBW) {
+      EXPECT_GE(plan->chosen.layout.micro_batches, plan->chosen.layout.stages());
+    }
   }
   EXPECT_GT(planned, 50);
   EXPECT_GT(refused, 10);
