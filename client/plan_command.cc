@@ -63,19 +63,17 @@ nlohmann::json CandidateJson(const Candidate& c) {
 
 }  // namespace
 
+namespace {
+
 planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlags& flags) {
-  // The planner is the job's (`planner`, validated with the job).
-  planner::PlanRequest request;
-  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
-  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+  planner::PlanRequest request = jobspec::PlanRequestFor(config);
   request.micro_batch_sizes = flags.micro_batch_sizes;
-  request.overlap_allreduce = config.overlap_allreduce;
-  request.bucket_bytes = config.bucket_kib * 1024;
   return request;
 }
 
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const job::JobConfig&,
-                                   const PlanFlags& flags) {
+}  // namespace
+
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const PlanFlags& flags) {
   planner::ClusterProfile cluster;
   cluster.workers = flags.workers > 0 ? flags.workers : AvailableCores();
   cluster.memory_bytes = flags.memory_per_worker;
@@ -90,7 +88,7 @@ absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& c
   profiler::ProfileOptions options;
   options.micro_batch_sizes = flags.micro_batch_sizes;
   if (options.micro_batch_sizes.empty()) {
-    const int global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+    const int global_batch = jobspec::PlanRequestFor(config).global_batch;
     for (int b = 1; b <= global_batch; ++b) {
       if (global_batch % b == 0) options.micro_batch_sizes.push_back(b);
     }
@@ -178,7 +176,7 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
 absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
-  const planner::ClusterProfile cluster = ClusterFor(*profile, config, flags);
+  const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
   absl::StatusOr<planner::PlanResult> plan =
       planner::MakePlan(*profile, cluster, PlanRequestFor(config, flags));
   if (!plan.ok()) return plan.status();
@@ -201,7 +199,7 @@ int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
     std::printf("%s\n", planner::ModelProfileToJson(*profile).c_str());
     return exit_code::kOk;
   }
-  const planner::ClusterProfile cluster = ClusterFor(*profile, config, flags);
+  const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
   if (flags.predict) {
     absl::StatusOr<planner::Layout> layout = LayoutOf(config);
     if (!layout.ok()) return fail(layout.status(), exit_code::For(layout.status()));

@@ -28,10 +28,9 @@ namespace pipetrain::client {
 absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
                                                          const PlanFlags& flags);
 
-// The planner's request and cluster for `config` on `flags`' workers.
-planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlags& flags);
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const job::JobConfig& config,
-                                   const PlanFlags& flags);
+// The cluster `flags` describe: --plan-workers (default this machine's cores) of
+// --memory-per-worker, sharing --shared-cores (default this machine's), on the profile's links.
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const PlanFlags& flags);
 
 // The plan as JSON (the -o json of `pipetrain plan`) and as text.
 std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,

@@ -364,11 +364,7 @@ absl::StatusOr<Coordinator::PlannedJob> Coordinator::PlanJob(const v1::JobSpec& 
   cluster.workers = std::min(cluster.workers, kMaxPlannedWorkers);
   cluster.link = profile->p2p;
   cluster.allreduce = profile->allreduce;
-  planner::PlanRequest request;
-  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
-  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
-  request.overlap_allreduce = config.overlap_allreduce;
-  request.bucket_bytes = config.bucket_kib * 1024;
+  planner::PlanRequest request = jobspec::PlanRequestFor(config);
   request.max_micro_batches = 64;
   for (const planner::MicroBatchProfile& size : profile->sizes) {
     request.micro_batch_sizes.push_back(size.micro_batch_size);  // only what was measured

@@ -30,6 +30,16 @@ std::string DescribeLayout(const planner::Layout& l) {
                                          : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")));
 }
 
+planner::PlanRequest PlanRequestFor(const job::JobConfig& config) {
+  planner::PlanRequest request;
+  // Validated with the job (ValidateJobConfig), so it parses.
+  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
+  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
+  request.overlap_allreduce = config.overlap_allreduce;
+  request.bucket_bytes = config.bucket_kib * 1024;
+  return request;
+}
+
 job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout) {
   job::JobConfig c = config;
   c.auto_stages = false;

@@ -12,6 +12,10 @@
 
 namespace pipetrain::jobspec {
 
+// The planner's request for `config`: its planner, its global batch (replicas x micro-batches
+// x micro-batch size), its overlap and bucket size; every micro-batch size (none excluded).
+planner::PlanRequest PlanRequestFor(const job::JobConfig& config);
+
 // `config` with the layout's schedule, stage ranges, replicas, micro-batch size and count,
 // overlap and recomputed layers, and `stages: auto` cleared.
 job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout);
