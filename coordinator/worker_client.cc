@@ -17,11 +17,22 @@ class GrpcWorkerClient : public WorkerClient {
   explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
       : stub_(v1::WorkerService::NewStub(channel)) {}
 
+  // A worker is assigned a rank right after it registered or reported itself alive, so a
+  // failed first connection is more likely a transient loopback or scheduling hiccup than a
+  // dead worker: one more try waits for the channel to connect (at most 3 s) before the
+  // failure counts.
   absl::Status AssignStage(const v1::StageAssignment& assignment) override {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::AssignResponse response;
-    return ToAbslStatus(stub_->AssignStage(&ctx, assignment, &response));
+    grpc::Status s;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(attempt == 0 ? 10 : 3));
+      ctx.set_wait_for_ready(attempt > 0);
+      v1::AssignResponse response;
+      s = stub_->AssignStage(&ctx, assignment, &response);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    return ToAbslStatus(s);
   }
   absl::Status StopStage(const v1::StopStageRequest& request) override {
     grpc::ClientContext ctx;

@@ -80,5 +80,5 @@ if [[ ${#missing_optional[@]} -gt 0 ]]; then
       >/dev/null 2>&1 || "${sudo[@]}" dpkg --purge --force-all munge slurm-wlm slurm-client \
       slurmctld slurmd >/dev/null 2>&1 || true
   fi
-  [[ -n "$policy" ]] && "${sudo[@]}" rm -f "$policy"
+  if [[ -n "$policy" ]]; then "${sudo[@]}" rm -f "$policy"; fi
 fi

@@ -300,6 +300,10 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   if (stopping_ || draining_) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
   }
+  if (job_id_ == request->job_id() && rank_ == request->rank() &&
+      generation_ == request->generation() && stop_reason_.empty()) {
+    return grpc::Status::OK;  // the same assignment again (a retried call): already running
+  }
   if (!job_id_.empty()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("busy with rank ", rank_, " of ", job_id_));
