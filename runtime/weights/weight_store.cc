@@ -150,11 +150,35 @@ class DoubleBufferedWeights : public WeightStore {
 
 }  // namespace
 
+namespace {
+
+// Whether any of n IEEE values has its exponent all ones (an infinity or a NaN). The OR
+// reduction over integers vectorizes; `Bits` is the unsigned type of the value's width.
+template <typename Bits>
+bool AnyNonFinite(const void* data, int64_t n, Bits exponent) {
+  const Bits* bits = static_cast<const Bits*>(data);
+  Bits any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= static_cast<Bits>((bits[i] & exponent) == exponent);
+  return any != 0;
+}
+
+}  // namespace
+
 bool AllFinite(const std::vector<at::Tensor>& tensors) {
+  // A CPU float32/float64 tensor is read in place; any other goes through ATen, its answers
+  // gathered into one (a single synchronization for device tensors).
+  std::vector<at::Tensor> verdicts;
   for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) return false;
+    if (!t.defined() || t.numel() == 0) continue;
+    if (t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat) {
+      if (AnyNonFinite<uint32_t>(t.data_ptr(), t.numel(), 0x7f800000u)) return false;
+    } else if (t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kDouble) {
+      if (AnyNonFinite<uint64_t>(t.data_ptr(), t.numel(), 0x7ff0000000000000ull)) return false;
+    } else {
+      verdicts.push_back(at::isfinite(t).all());
+    }
   }
-  return true;
+  return verdicts.empty() || at::stack(verdicts).all().item<bool>();
 }
 
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params) {

@@ -25,7 +25,8 @@
 
 namespace pipetrain::weights {
 
-// Whether every element of every tensor is finite (one reduction per tensor).
+// Whether every element of every tensor is finite (CPU float32/float64 read in one pass,
+// without allocating; other tensors by ATen reductions answered together).
 bool AllFinite(const std::vector<at::Tensor>& tensors);
 
 // Called on a mini-batch's accumulated gradients (in Parameters() order) before the update,

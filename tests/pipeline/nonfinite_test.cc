@@ -18,6 +18,7 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/job/local_run.h"
+#include "runtime/weights/weight_store.h"
 #include "tests/pipeline/forwarding_transport.h"
 
 namespace pipetrain::job {
@@ -154,6 +155,30 @@ INSTANTIATE_TEST_SUITE_P(Schedules, NonFiniteTest,
                          [](const auto& info) {
                            return info.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "TwoBW";
                          });
+
+// The check every update makes, against ATen's isfinite: each of NaN, +inf and -inf anywhere
+// in a float32 or float64 gradient, contiguous or not, or in a dtype read through ATen.
+TEST(NonFinite, AllFiniteFindsEveryKindOfNonFiniteValueAnywhere) {
+  const double bad[] = {std::numeric_limits<double>::quiet_NaN(),
+                        std::numeric_limits<double>::infinity(),
+                        -std::numeric_limits<double>::infinity()};
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf}) {
+    for (int64_t at_index : {int64_t{0}, int64_t{37}, int64_t{999}}) {
+      for (double value : bad) {
+        at::Tensor finite = at::randn({1000}).to(dtype);
+        at::Tensor grad = at::randn({1000}).to(dtype);
+        grad[at_index] = value;
+        EXPECT_TRUE(weights::AllFinite({finite}));
+        EXPECT_FALSE(weights::AllFinite({finite, grad}))
+            << at::toString(dtype) << " " << value << " at " << at_index;
+        EXPECT_FALSE(weights::AllFinite({grad.reshape({10, 100}).t()}));  // not contiguous
+      }
+    }
+  }
+  // Large finite values are finite; undefined and empty tensors have nothing to check.
+  EXPECT_TRUE(weights::AllFinite({at::full({5}, 3e38f), at::full({5}, 1e308, at::kDouble),
+                                  at::Tensor(), at::empty({0})}));
+}
 
 TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
   JobConfig c = Gpt(ScheduleKind::kOneFOneB, 8);
