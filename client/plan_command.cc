@@ -12,6 +12,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
 #include "runtime/planner/profile_json.h"
+#include "runtime/base/self_executable.h"
 #include "runtime/profiler/profiler.h"
 
 namespace pipetrain::client {
@@ -94,6 +95,10 @@ absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& c
     }
   }
   options.threads = 1;  // ranks sharing a machine's cores run one thread each
+  // The links are measured between processes, as ranks run: this program is the peer.
+  if (const std::string self = SelfExecutable(); !self.empty()) {
+    options.link_peer_command = {self, "--profile-link-peer"};
+  }
   if (!flags.no_cache) options.cache_dir = profiler::DefaultProfileCacheDir();
   if (!flags.quiet) {
     options.progress = [](const std::string& line) {

@@ -35,6 +35,7 @@
 #include "runtime/job/process_run.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/job/trace.h"
+#include "runtime/profiler/profiler.h"
 #include "runtime/memory/tensor_memory.h"
 
 namespace pipetrain::run_main {
@@ -161,6 +162,7 @@ struct RunnerFlags {
   std::string gather_weights;  // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
   // Set by the launcher in the stage processes it starts.
   int stage_process = -1;
+  std::vector<int> link_peer_ports;  // the profiler's link peer (profiler::RunLinkPeer)
   int store_port = 0;
   std::string result_dir;
 };
@@ -269,6 +271,11 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
 
+  if (!flags.link_peer_ports.empty()) {
+    absl::Status s = profiler::RunLinkPeer(flags.link_peer_ports[0], flags.link_peer_ports[1]);
+    if (!s.ok()) std::fprintf(stderr, "pipetrain: link peer: %s\n", std::string(s.message()).c_str());
+    return s.ok() ? exit_code::kOk : exit_code::kJobFailed;
+  }
   if (flags.stage_process >= 0) {
     absl::Status s = job::RunStageProcess(
         *config, {flags.stage_process, flags.store_port, flags.result_dir});
@@ -322,6 +329,7 @@ void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
   internal->add_option("--stage-process", flags.stage_process);
   internal->add_option("--store-port", flags.store_port);
   internal->add_option("--result-dir", flags.result_dir);
+  internal->add_option("--profile-link-peer", flags.link_peer_ports)->expected(2);
 }
 
 }  // namespace

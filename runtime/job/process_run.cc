@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
+#include "runtime/base/self_executable.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
@@ -43,12 +44,6 @@ constexpr char kLoopback[] = "127.0.0.1";
 
 std::string ProgressKey(const char* what, int64_t step) {
   return absl::StrCat("progress/", what, "/", step);
-}
-
-std::string SelfExecutable() {
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : self.string();
 }
 
 std::string DescribeRank(int rank, int stages, int replicas) {

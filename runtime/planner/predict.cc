@@ -21,8 +21,12 @@ constexpr int kSimulatedSteps = 8;
 
 struct StageCosts {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
-  double allreduce_s = 0, last_bucket_allreduce_s = 0;
+  // The gradient AllReduce of a step (w > 1): elapsed, its last bucket's alone, and the CPU
+  // it takes from each rank (every bucket's fixed cost and the bytes).
+  double allreduce_s = 0, last_bucket_allreduce_s = 0, allreduce_cpu_s = 0;
   double send_act_s = 0, send_grad_s = 0;  // link time of the stage's output / input gradient
+  // CPU of the messages the stage sends (its output, its input's gradient) and receives.
+  MessageCost act_out, grad_out, act_in, grad_in;
 };
 
 absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int layers) {
@@ -107,14 +111,31 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       parameter_bytes += static_cast<double>(layers[l].parameter_bytes);
       optimizer_bytes += static_cast<double>(layers[l].optimizer_bytes);
     }
-    c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w);
+    // Stage 0 with overlap averages bucket by bucket, each bucket a collective of its own;
+    // the other stages average the whole gradient at once.
+    const bool bucketed = s == 0 && layout.overlap_allreduce;
+    const int calls =
+        bucketed ? std::max(1, static_cast<int>(std::ceil(
+                                   parameter_bytes / std::max<int64_t>(1, layout.bucket_bytes))))
+                 : 1;
+    c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w, calls);
     c.last_bucket_allreduce_s = AllReduceSeconds(
         cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w);
-    c.send_act_s = end < static_cast<int>(layers.size())
-                       ? link.Seconds(static_cast<double>(layers[end - 1].output_bytes))
-                       : 0;
-    c.send_grad_s = begin > 0 ? link.Seconds(static_cast<double>(layers[begin - 1].output_bytes))
-                              : 0;
+    c.allreduce_cpu_s = AllReduceCpuSeconds(profile, parameter_bytes, w, calls);
+    // A message's way: as measured between busy ranks, else the link's latency + bandwidth.
+    const auto way = [&](const MessageCost& cost, double bytes) {
+      return cost.latency_s > 0 ? cost.latency_s : link.Seconds(bytes);
+    };
+    if (end < static_cast<int>(layers.size())) {
+      const double bytes = static_cast<double>(layers[end - 1].output_bytes);
+      c.act_out = c.grad_in = MessageCostAt(profile.message_costs, bytes);
+      c.send_act_s = way(c.act_out, bytes);
+    }
+    if (begin > 0) {
+      const double bytes = static_cast<double>(layers[begin - 1].output_bytes);
+      c.grad_out = c.act_in = MessageCostAt(profile.message_costs, bytes);
+      c.send_grad_s = way(c.grad_out, bytes);
+    }
     const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = static_cast<int64_t>((versions + 1) * parameter_bytes + optimizer_bytes);
@@ -135,6 +156,29 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   std::vector<int> in_flight(p, 0), peak_in_flight(p, 0);
   std::vector<double> exposed(p, 0);
   std::vector<double> step_end;  // stage 0's STEP ends
+  // CPU work of the transports' own threads (per replica) still to run: it takes its share
+  // of the cores like a computing rank.
+  std::vector<double> background;
+  // A stage's gradient AllReduce: the CPU it still needs (per rank; it shares the cores
+  // like a computing rank too). A waiting stage goes on once that is done and wait_until
+  // has passed.
+  std::vector<double> allreduce_cpu_left(p, 0);
+  // Per stage, the positions of its lists' last backward before each STEP: where stage 0
+  // with overlap starts its bucketed AllReduce.
+  std::vector<std::vector<bool>> last_backward(p);
+  for (int s = 0; s < p; ++s) {
+    const std::vector<Action>& list = (*lists)[s];
+    last_backward[s].assign(list.size(), false);
+    int last = -1;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].kind == ActionKind::kBackward) last = static_cast<int>(i);
+      if (list[i].kind == ActionKind::kOptimizerStep && last >= 0) {
+        last_backward[s][last] = true;
+        last = -1;
+      }
+    }
+  }
+  const bool overlapped = w > 1 && layout.overlap_allreduce;
   // (kind, micro-batch, receiving stage) -> arrival time.
   std::map<std::tuple<ActionKind, int64_t, int>, double> arrivals;
   double now = 0;
@@ -147,6 +191,12 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       --in_flight[s];
     } else if (a.kind == ActionKind::kOptimizerStep && s == 0) {
       step_end.push_back(now);
+    } else if (a.kind == ActionKind::kSendActivation) {
+      arrivals[{ActionKind::kRecvActivation, a.index, s + 1}] = now + costs[s].send_act_s;
+      if (costs[s].act_out.background_s > 0) background.push_back(costs[s].act_out.background_s);
+    } else if (a.kind == ActionKind::kSendGradient) {
+      arrivals[{ActionKind::kRecvGradient, a.index, s - 1}] = now + costs[s].send_grad_s;
+      if (costs[s].grad_out.background_s > 0) background.push_back(costs[s].grad_out.background_s);
     }
     ++next[s];
     state[s] = next[s] == (*lists)[s].size() ? State::kDone : State::kIdle;
@@ -158,7 +208,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     while (moved) {
       moved = false;
       for (int s = 0; s < p; ++s) {
-        if (state[s] == State::kWaiting && wait_until[s] <= now) {
+        if (state[s] == State::kWaiting && wait_until[s] <= now && allreduce_cpu_left[s] <= 0) {
           state[s] = State::kComputing;  // the AllReduce is done: the optimizer runs
           work_left[s] = costs[s].optimizer_s;
           moved = true;
@@ -174,30 +224,46 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             state[s] = State::kComputing;
             work_left[s] = costs[s].backward_s;
             last_backward_start[s] = now;
+            if (s == 0 && overlapped && last_backward[s][next[s]]) {
+              allreduce_cpu_left[s] = costs[s].allreduce_cpu_s;  // buckets go as they fill
+            }
             break;
           case ActionKind::kSendActivation:
-            arrivals[{ActionKind::kRecvActivation, a.index, s + 1}] = now + costs[s].send_act_s;
-            finish_action(s);
-            break;
           case ActionKind::kSendGradient:
-            arrivals[{ActionKind::kRecvGradient, a.index, s - 1}] = now + costs[s].send_grad_s;
-            finish_action(s);
+            // The sending thread's part; the message leaves when it is done.
+            work_left[s] = a.kind == ActionKind::kSendActivation ? costs[s].act_out.send_s
+                                                                 : costs[s].grad_out.send_s;
+            if (work_left[s] > 0) {
+              state[s] = State::kComputing;
+            } else {
+              finish_action(s);
+            }
             break;
           case ActionKind::kRecvActivation:
           case ActionKind::kRecvGradient: {
             auto it = arrivals.find({a.kind, a.index, s});
             if (it == arrivals.end() || it->second > now) continue;  // not there yet
             arrivals.erase(it);
-            finish_action(s);
+            // The receiving thread's part.
+            work_left[s] = a.kind == ActionKind::kRecvActivation ? costs[s].act_in.recv_s
+                                                                 : costs[s].grad_in.recv_s;
+            if (work_left[s] > 0) {
+              state[s] = State::kComputing;
+            } else {
+              finish_action(s);
+            }
             break;
           }
           case ActionKind::kOptimizerStep: {
             double done = now;
             if (w > 1) {
-              done = s == 0 && layout.overlap_allreduce
-                         ? std::max(last_backward_start[s] + costs[s].allreduce_s,
-                                    now + costs[s].last_bucket_allreduce_s)
-                         : now + costs[s].allreduce_s;
+              if (s == 0 && overlapped) {
+                done = std::max(last_backward_start[s] + costs[s].allreduce_s,
+                                now + costs[s].last_bucket_allreduce_s);
+              } else {
+                done = now + costs[s].allreduce_s;
+                allreduce_cpu_left[s] = costs[s].allreduce_cpu_s;
+              }
             }
             if (a.index == kSimulatedSteps - 2) exposed[s] = done - now;
             state[s] = State::kWaiting;
@@ -212,11 +278,14 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       break;
     }
     // The next event: a computation ends, a wait ends, a message arrives.
-    int computing = 0;
-    for (int s = 0; s < p; ++s) computing += state[s] == State::kComputing;
+    int computing = static_cast<int>(background.size());
+    for (int s = 0; s < p; ++s) {
+      computing += (state[s] == State::kComputing) + (allreduce_cpu_left[s] > 0);
+    }
     double rate = 1.0;
     if (cluster.shared_cores > 0 && computing > 0) {
-      // Ranks beyond the cores share them; those that run at once are slowed by contention.
+      // Ranks and the transports' threads beyond the cores share them; those that run at
+      // once are slowed by contention.
       const int ranks = computing * w;
       const int running = std::min(ranks, cluster.shared_cores);
       rate = static_cast<double>(running) / ranks;
@@ -224,10 +293,18 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
         rate /= profile.slowdown[std::min<size_t>(running, profile.slowdown.size()) - 1];
       }
     }
+    // Without shared cores the transports' threads are taken to have cores of their own.
+    const double background_rate = cluster.shared_cores > 0 ? rate : 1.0;
     double event = kNever;
+    for (const double left : background) event = std::min(event, now + left / background_rate);
+    for (const double left : allreduce_cpu_left) {
+      if (left > 0) event = std::min(event, now + left / background_rate);
+    }
     for (int s = 0; s < p; ++s) {
       if (state[s] == State::kComputing) event = std::min(event, now + work_left[s] / rate);
-      if (state[s] == State::kWaiting) event = std::min(event, wait_until[s]);
+      if (state[s] == State::kWaiting && wait_until[s] > now) {
+        event = std::min(event, wait_until[s]);
+      }
       if (state[s] == State::kIdle) {
         const Action& a = (*lists)[s][next[s]];
         auto it = arrivals.find({a.kind, a.index, s});
@@ -239,10 +316,18 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     }
     const double dt = event - now;
     now = event;
+    const double done = 1e-12 * std::max(1.0, now);
+    for (double& left : background) left -= dt * background_rate;
+    for (double& left : allreduce_cpu_left) {
+      if (left > 0 && (left -= dt * background_rate) <= done) left = 0;
+    }
+    background.erase(std::remove_if(background.begin(), background.end(),
+                                    [done](double left) { return left <= done; }),
+                     background.end());
     for (int s = 0; s < p; ++s) {
       if (state[s] != State::kComputing) continue;
       work_left[s] -= dt * rate;
-      if (work_left[s] <= 1e-12 * std::max(1.0, now)) finish_action(s);
+      if (work_left[s] <= done) finish_action(s);
     }
   }
 

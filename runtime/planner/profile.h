@@ -30,6 +30,18 @@ struct LinkProfile {
   double Seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
 };
 
+// One message of `bytes` between ranks that compute in between, as neighbouring stages do:
+// the CPU of the sending thread's Send, of the receiving thread's Recv once it has arrived,
+// and of the transport's own threads at both ends (event loops, delivery), and the time from
+// the end of the Send to the return of a Recv that waits for it.
+struct MessageCost {
+  int64_t bytes = 0;
+  double send_s = 0;
+  double recv_s = 0;
+  double background_s = 0;
+  double latency_s = 0;  // 0: not measured (the link's latency + bytes / bandwidth instead)
+};
+
 // A model profiled at one micro-batch size; one entry per size measured.
 struct MicroBatchProfile {
   int micro_batch_size = 1;
@@ -51,6 +63,11 @@ struct ModelProfile {
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;
   LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
+  // The CPU one rank spends on that AllReduce: fixed + bytes / rate (zero: none counted).
+  LinkProfile allreduce_cpu{0, 0};
+  // Ascending bytes; between two sizes the costs are interpolated, beyond the largest they
+  // grow as between the last two. Empty: messages cost no CPU.
+  std::vector<MessageCost> message_costs;
   // slowdown[k - 1]: how much longer the same computation takes when k ranks compute at once
   // on this machine's cores (1 for k = 1; shared caches, memory bandwidth, SMT siblings).
   // Empty: no slowdown.
@@ -70,8 +87,17 @@ struct ClusterProfile {
   int shared_cores = 0;
 };
 
-// Seconds of a ring AllReduce of `bytes` among `replicas` ranks on `cluster` (0 for one).
-double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas);
+// The CPU costs of one message of `bytes`: interpolated between the two measured sizes around
+// it, extrapolated beyond the last two (never below zero); all zero when none was measured.
+MessageCost MessageCostAt(const std::vector<MessageCost>& costs, double bytes);
+
+// Seconds of a ring AllReduce of `bytes` among `replicas` ranks on `cluster` (0 for one),
+// made in `calls` collectives (buckets) of equal size: each pays the latency.
+double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas, int calls = 1);
+// The CPU one rank spends on that AllReduce (the profile's allreduce_cpu, measured for 2
+// ranks: fixed per call + the 2 (w - 1) / w share of the bytes at its rate); 0 when the
+// profile has none.
+double AllReduceCpuSeconds(const ModelProfile& profile, double bytes, int replicas, int calls = 1);
 
 // The per-layer costs at micro-batch size `b`: the profile of that size when measured, else
 // the nearest measured size's times and activation bytes scaled by b / b0 (parameter and

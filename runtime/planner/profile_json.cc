@@ -95,26 +95,101 @@ absl::StatusOr<MicroBatchProfile> ReadSize(const json& j, const std::string& whe
   return size;
 }
 
+json MachineJson(const ModelProfile& p) {
+  json messages = json::array();
+  for (const MessageCost& c : p.message_costs) {
+    messages.push_back({{"bytes", c.bytes},
+                        {"send_s", c.send_s},
+                        {"recv_s", c.recv_s},
+                        {"background_s", c.background_s},
+                        {"latency_s", c.latency_s}});
+  }
+  json j = {{"slowdown", p.slowdown},
+            {"p2p", LinkJson(p.p2p)},
+            {"allreduce", LinkJson(p.allreduce)},
+            {"message_costs", messages}};
+  if (p.allreduce_cpu.bytes_per_s > 0) j["allreduce_cpu"] = LinkJson(p.allreduce_cpu);
+  return j;
+}
+
+// The links and cores (slowdown, p2p, allreduce, allreduce_cpu, message_costs) into `p`.
+absl::Status ReadMachine(const json& j, ModelProfile& p) {
+  p.slowdown.clear();
+  if (auto it = j.find("slowdown"); it != j.end()) {
+    if (!it->is_array() || it->size() > 4096) {
+      return absl::InvalidArgumentError("slowdown: expected an array of at most 4096 factors");
+    }
+    for (const json& f : *it) {
+      if (!f.is_number() || !(f.get<double>() >= 1.0) || !std::isfinite(f.get<double>())) {
+        return absl::InvalidArgumentError("slowdown: every factor must be finite and >= 1");
+      }
+      p.slowdown.push_back(f.get<double>());
+    }
+  }
+  absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
+  if (!p2p.ok()) return p2p.status();
+  p.p2p = *p2p;
+  absl::StatusOr<LinkProfile> allreduce = ReadLink(j, "allreduce");
+  if (!allreduce.ok()) return allreduce.status();
+  p.allreduce = *allreduce;
+  p.allreduce_cpu = LinkProfile{0, 0};
+  if (j.contains("allreduce_cpu")) {
+    absl::StatusOr<LinkProfile> cpu = ReadLink(j, "allreduce_cpu");
+    if (!cpu.ok()) return cpu.status();
+    p.allreduce_cpu = *cpu;
+  }
+  p.message_costs.clear();
+  if (auto it = j.find("message_costs"); it != j.end()) {
+    if (!it->is_array() || it->size() > 64) {
+      return absl::InvalidArgumentError("message_costs: expected an array of at most 64 sizes");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& c = (*it)[i];
+      const std::string at = absl::StrCat("message_costs[", i, "].");
+      if (!c.is_object()) return absl::InvalidArgumentError(absl::StrCat(at, ": not an object"));
+      MessageCost cost;
+      PT_READ(c, "bytes", at, cost.bytes);
+      PT_READ(c, "send_s", at, cost.send_s);
+      PT_READ(c, "recv_s", at, cost.recv_s);
+      PT_READ(c, "background_s", at, cost.background_s);
+      if (c.contains("latency_s")) PT_READ(c, "latency_s", at, cost.latency_s);
+      if (!p.message_costs.empty() && cost.bytes <= p.message_costs.back().bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(at, "bytes: sizes must ascend"));
+      }
+      p.message_costs.push_back(cost);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string MachineProfileToJson(const ModelProfile& profile) {
+  return MachineJson(profile).dump();
+}
+
+absl::Status MachineProfileFromJson(const std::string& text, ModelProfile* profile) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  return ReadMachine(j, *profile);
+}
 
 std::string MicroBatchProfileToJson(const MicroBatchProfile& size) { return SizeJson(size).dump(); }
 
 std::string ModelProfileToJson(const ModelProfile& p) {
   json sizes = json::array();
   for (const MicroBatchProfile& size : p.sizes) sizes.push_back(SizeJson(size));
-  return json{{"model", p.model},
-              {"device", p.device},
-              {"dtype", p.dtype},
-              {"threads", p.threads},
-              {"tokens_per_sample", p.tokens_per_sample},
-              {"base_bytes", p.base_bytes},
-              {"receive_buffer_bytes", p.receive_buffer_bytes},
-              {"inline_buffer_bytes", p.inline_buffer_bytes},
-              {"slowdown", p.slowdown},
-              {"p2p", LinkJson(p.p2p)},
-              {"allreduce", LinkJson(p.allreduce)},
-              {"sizes", sizes}}
-      .dump();
+  json j = MachineJson(p);
+  j.update(json{{"model", p.model},
+                {"device", p.device},
+                {"dtype", p.dtype},
+                {"threads", p.threads},
+                {"tokens_per_sample", p.tokens_per_sample},
+                {"base_bytes", p.base_bytes},
+                {"receive_buffer_bytes", p.receive_buffer_bytes},
+                {"inline_buffer_bytes", p.inline_buffer_bytes},
+                {"sizes", sizes}});
+  return j.dump();
 }
 
 absl::StatusOr<MicroBatchProfile> MicroBatchProfileFromJson(const std::string& text) {
@@ -135,23 +210,7 @@ absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text) {
   PT_READ(j, "base_bytes", "", p.base_bytes);
   PT_READ(j, "receive_buffer_bytes", "", p.receive_buffer_bytes);
   PT_READ(j, "inline_buffer_bytes", "", p.inline_buffer_bytes);
-  if (auto it = j.find("slowdown"); it != j.end()) {
-    if (!it->is_array() || it->size() > 4096) {
-      return absl::InvalidArgumentError("slowdown: expected an array of at most 4096 factors");
-    }
-    for (const json& f : *it) {
-      if (!f.is_number() || !(f.get<double>() >= 1.0) || !std::isfinite(f.get<double>())) {
-        return absl::InvalidArgumentError("slowdown: every factor must be finite and >= 1");
-      }
-      p.slowdown.push_back(f.get<double>());
-    }
-  }
-  absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
-  if (!p2p.ok()) return p2p.status();
-  p.p2p = *p2p;
-  absl::StatusOr<LinkProfile> allreduce = ReadLink(j, "allreduce");
-  if (!allreduce.ok()) return allreduce.status();
-  p.allreduce = *allreduce;
+  if (absl::Status m = ReadMachine(j, p); !m.ok()) return m;
   auto sizes = j.find("sizes");
   if (sizes == j.end() || !sizes->is_array() || sizes->empty()) {
     return absl::InvalidArgumentError("sizes: missing or empty");

@@ -2,6 +2,8 @@
 //
 // {"model": "...", "device": "cpu", "dtype": "float32", "threads": 1, "tokens_per_sample": 64,
 //  "base_bytes": .., "p2p": {"latency_s": .., "bytes_per_s": ..}, "allreduce": {...},
+//  "allreduce_cpu": {...}, "message_costs": [{"bytes": .., "send_s": .., "recv_s": ..,
+//  "background_s": ..}], "slowdown": [..],
 //  "sizes": [{"micro_batch_size": 8, "layers": [{"name": "block0", "forward_s": .., ...}]}]}
 #pragma once
 
@@ -20,5 +22,10 @@ std::string MicroBatchProfileToJson(const MicroBatchProfile& size);
 // counts differ).
 absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text);
 absl::StatusOr<MicroBatchProfile> MicroBatchProfileFromJson(const std::string& text);
+
+// The machine's part alone (links, message costs, slowdown): what the profiler caches once
+// per machine. FromJson replaces those fields of `profile`.
+std::string MachineProfileToJson(const ModelProfile& profile);
+absl::Status MachineProfileFromJson(const std::string& text, ModelProfile* profile);
 
 }  // namespace pipetrain::planner

@@ -1,7 +1,8 @@
 // The simulation that scores layouts, against step times and memory computed by hand: one
 // stage; the (m + p - 1) bubble of GPipe and 1F1B; 2BW without a bubble; cores shared by
-// every rank; the AllReduce with and without stage 0's overlap; activation memory with and
-// without recomputation; bad layouts.
+// every rank; what messages cost their sender, receiver and the transports' threads; the
+// AllReduce with and without stage 0's overlap, on spare and on busy cores; activation
+// memory with and without recomputation; bad layouts.
 #include "runtime/planner/predict.h"
 
 #include <gmock/gmock.h>
@@ -115,6 +116,80 @@ TEST(Predict, StageZeroHidesItsAllReduceBehindItsLastBackward) {
   ASSERT_TRUE(after.ok());
   EXPECT_NEAR(after->stages[0].exposed_allreduce_s, 3.0, 1e-9);
   EXPECT_NEAR(after->step_time_s, 9.5, 1e-9);
+}
+
+// Two stages of one layer each (f = 1, b = 2, no optimizer), one micro-batch per step.
+Layout TwoStagesOneMicroBatch() { return Even(ScheduleKind::kGPipe, 2, 2, 1); }
+
+TEST(Predict, MessagesCostTheirSenderTheirReceiverAndTheWay) {
+  ModelProfile profile = Uniform(2, 1.0);
+  // Every message: 0.1 s of the sender's CPU, 0.2 s of the receiver's, 0.5 s on the way.
+  profile.message_costs = {{1, 0.1, 0.2, 0.0, 0.5}};
+  absl::StatusOr<Prediction> p = Predict(profile, FreeLinks(), TwoStagesOneMicroBatch());
+  ASSERT_TRUE(p.ok()) << p.status();
+  // F0 ends at 1, its send at 1.1, the activation arrives at 1.6 and is taken by 1.8; F1 and
+  // B1 end at 4.8, the gradient's send at 4.9, it arrives at 5.4 and is taken by 5.6; B0
+  // ends at 7.6, and the next step starts there.
+  EXPECT_NEAR(p->step_time_s, 7.6, 1e-9);
+}
+
+TEST(Predict, TheTransportsThreadsShareTheCoresWithTheRanks) {
+  ModelProfile profile = Uniform(2, 1.0);
+  // Instant messages whose transports take 0.3 s of CPU each.
+  profile.message_costs = {{1, 0.1, 0.2, 0.3, 0.0}};
+  ClusterProfile cluster = FreeLinks();
+  cluster.shared_cores = 1;
+  absl::StatusOr<Prediction> shared = Predict(profile, cluster, TwoStagesOneMicroBatch());
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  // One core does all of it: 2 x (1 + 2) of the layers, 2 sends of 0.1, 2 receives of 0.2
+  // and 2 x 0.3 of the transports' threads.
+  EXPECT_NEAR(shared->step_time_s, 6 + 0.2 + 0.4 + 0.6, 1e-9);
+  // With hardware of their own, the transports' threads cost the ranks nothing.
+  absl::StatusOr<Prediction> own = Predict(profile, FreeLinks(), TwoStagesOneMicroBatch());
+  ASSERT_TRUE(own.ok());
+  EXPECT_NEAR(own->step_time_s, 6 + 0.2 + 0.4, 1e-9);
+}
+
+TEST(Predict, OverlappedBucketsTakeTheirCpuFromTheBackwardOnBusyCores) {
+  // One layer: f = 1, b = 2, optimizer 0.5; 1e6 parameter bytes (4 buckets of 256 KiB) whose
+  // AllReduce takes no time on the wire but, per rank, 0.25 s of CPU per call + 1 s per 1e6
+  // bytes.
+  ModelProfile profile = Uniform(1, 1.0, 0.5);
+  profile.sizes[0].layers[0].parameter_bytes = 1'000'000;
+  profile.allreduce_cpu = {0.25, 1e6};
+  ClusterProfile cluster = FreeLinks();
+  cluster.allreduce = {0, 1e30};
+  cluster.shared_cores = 2;  // two replicas on two cores
+  Layout layout = Even(ScheduleKind::kOneFOneB, 1, 1, 1, /*w=*/2);
+  layout.overlap_allreduce = true;
+  absl::StatusOr<Prediction> overlapped = Predict(profile, cluster, layout);
+  ASSERT_TRUE(overlapped.ok()) << overlapped.status();
+  // F takes 1; then each replica's backward (2) and its 4 buckets' CPU (4 x 0.25 + 1) share
+  // its core: both end at 1 + 4 = 5; the optimizer ends the step at 5.5.
+  EXPECT_NEAR(overlapped->step_time_s, 5.5, 1e-9);
+  // Averaged at once after the backward: one call, 0.25 + 1 s, alone on the core: 4.75.
+  layout.overlap_allreduce = false;
+  absl::StatusOr<Prediction> after = Predict(profile, cluster, layout);
+  ASSERT_TRUE(after.ok());
+  EXPECT_NEAR(after->step_time_s, 1 + 2 + 1.25 + 0.5, 1e-9);
+  // With cores to spare the overlap hides the buckets behind the backward: 3 + 0.5.
+  layout.overlap_allreduce = true;
+  cluster.shared_cores = 0;
+  absl::StatusOr<Prediction> spare = Predict(profile, cluster, layout);
+  ASSERT_TRUE(spare.ok());
+  EXPECT_NEAR(spare->step_time_s, 3.5, 1e-9);
+}
+
+TEST(MessageCostAt, InterpolatesBetweenMeasuredSizesAndExtrapolatesBeyond) {
+  const std::vector<MessageCost> costs = {{100, 1, 2, 3, 4}, {300, 3, 2, 5, 8}};
+  MessageCost at = MessageCostAt(costs, 200);
+  EXPECT_DOUBLE_EQ(at.send_s, 2);
+  EXPECT_DOUBLE_EQ(at.recv_s, 2);
+  EXPECT_DOUBLE_EQ(at.background_s, 4);
+  EXPECT_DOUBLE_EQ(at.latency_s, 6);
+  EXPECT_DOUBLE_EQ(MessageCostAt(costs, 50).send_s, 1);   // below the first: the first
+  EXPECT_DOUBLE_EQ(MessageCostAt(costs, 500).send_s, 5);  // beyond: as between the last two
+  EXPECT_DOUBLE_EQ(MessageCostAt({}, 500).background_s, 0);
 }
 
 TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {

@@ -1,8 +1,9 @@
 // The profiler measures what the planners are told: the counter counts exactly the tensors
 // allocated; on the built-in GPT every layer's parameter bytes are its parameter count x 4,
 // AdamW's state twice that, the blocks stash activations and the embedding and head hand on
-// [b, T, d] and [b, T, vocab]; a second profile comes from the cache unchanged; profiles survive
-// JSON and bad JSON names its field.
+// [b, T, d] and [b, T, vocab]; layers profiled one at a time allocate what they do in a run;
+// messages and the AllReduce cost CPU; a second profile comes from the cache unchanged;
+// profiles survive JSON and bad JSON names its field.
 #include "runtime/profiler/profiler.h"
 
 #include <filesystem>
@@ -90,6 +91,20 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   EXPECT_EQ(profile->sizes[1].layers[1].output_bytes, 2 * profile->sizes[0].layers[1].output_bytes);
   EXPECT_GT(profile->p2p.bytes_per_s, 1e6);
   EXPECT_GT(profile->allreduce.bytes_per_s, 1e6);
+  EXPECT_GT(profile->allreduce_cpu.bytes_per_s, 1e6);
+  // Messages between busy ranks, from 256 bytes to 8 MiB: every one costs its sender and its
+  // receiver some CPU, and takes longer on the way the larger it is.
+  ASSERT_EQ(profile->message_costs.size(), 6u);
+  for (size_t i = 0; i < profile->message_costs.size(); ++i) {
+    const planner::MessageCost& c = profile->message_costs[i];
+    EXPECT_GT(c.send_s, 0) << c.bytes;
+    EXPECT_GT(c.recv_s, 0) << c.bytes;
+    EXPECT_GT(c.latency_s, 0) << c.bytes;
+    if (i > 0) {
+      EXPECT_GT(c.bytes, profile->message_costs[i - 1].bytes);
+    }
+  }
+  EXPECT_GT(profile->message_costs.back().latency_s, profile->message_costs.front().latency_s);
   EXPECT_FALSE(lines.empty());
 
   // Again: everything from the cache, equal.
@@ -107,11 +122,41 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   EXPECT_GT(wider->sizes[0].layers[1].parameter_bytes, profile->sizes[0].layers[1].parameter_bytes);
 }
 
+// Layers run together as in a stage, or one at a time when the memory budget allows no more:
+// what each keeps, hands on and allocates is the same either way.
+TEST(Profiler, LayersProfiledAloneAllocateWhatTheyDoInARun) {
+  job::JobConfig config = SmallGpt();
+  ProfileOptions together;
+  together.micro_batch_sizes = {4};
+  together.measure_links = false;
+  ProfileOptions alone = together;
+  alone.memory_budget_bytes = 1;  // one layer at a time
+  absl::StatusOr<planner::ModelProfile> a = ProfileJob(config, together);
+  absl::StatusOr<planner::ModelProfile> b = ProfileJob(config, alone);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->sizes[0].layers.size(), b->sizes[0].layers.size());
+  for (size_t l = 0; l < a->sizes[0].layers.size(); ++l) {
+    const planner::LayerProfile& x = a->sizes[0].layers[l];
+    const planner::LayerProfile& y = b->sizes[0].layers[l];
+    SCOPED_TRACE(x.name);
+    EXPECT_EQ(x.output_bytes, y.output_bytes);
+    EXPECT_EQ(x.parameter_bytes, y.parameter_bytes);
+    EXPECT_EQ(x.optimizer_bytes, y.optimizer_bytes);
+    EXPECT_EQ(x.stash_bytes, y.stash_bytes);
+    EXPECT_EQ(x.working_bytes, y.working_bytes);
+    EXPECT_GT(y.forward_s, 0);
+    EXPECT_GT(y.backward_s, 0);
+  }
+}
+
 TEST(Profiler, ProfilesSurviveJsonAndBadJsonNamesTheField) {
   planner::ModelProfile p;
   p.model = "m";
   p.p2p = {1e-5, 2e9};
   p.allreduce = {2e-5, 1e9};
+  p.allreduce_cpu = {3e-5, 5e8};
+  p.message_costs = {{256, 1e-5, 2e-5, 3e-5, 4e-5}, {4096, 2e-5, 3e-5, 4e-5, 5e-5}};
   planner::MicroBatchProfile size;
   size.micro_batch_size = 3;
   size.layers.push_back({"a", 0.1, 0.2, 0.01, 10, 20, 40, 30, 5});
@@ -125,6 +170,16 @@ TEST(Profiler, ProfilesSurviveJsonAndBadJsonNamesTheField) {
   EXPECT_THAT(planner::ModelProfileFromJson(bad).status().message(),
               HasSubstr("sizes[0].layers[0].forward_s: must be finite and >= 0"));
   EXPECT_FALSE(planner::ModelProfileFromJson("{").ok());
+  std::string descending = planner::ModelProfileToJson(p);
+  descending.replace(descending.find("\"bytes\":4096"), 12, "\"bytes\":255");
+  EXPECT_THAT(planner::ModelProfileFromJson(descending).status().message(),
+              HasSubstr("message_costs[1].bytes: sizes must ascend"));
+  // The machine's part alone (what is cached once per machine) replaces only that part.
+  planner::ModelProfile other;
+  other.model = "other";
+  ASSERT_TRUE(planner::MachineProfileFromJson(planner::MachineProfileToJson(p), &other).ok());
+  EXPECT_EQ(other.model, "other");
+  EXPECT_EQ(planner::MachineProfileToJson(other), planner::MachineProfileToJson(p));
 }
 
 TEST(Profiler, BadOptionsAreRefused) {
