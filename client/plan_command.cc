@@ -50,6 +50,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
                       {"microbatches", l.micro_batches},
                       {"recompute", RecomputedLayers(l)},
                       {"overlap_allreduce", l.overlap_allreduce},
+                      {"bucket_kib", l.bucket_bytes >> 10},
                       {"predicted_step_time_s", c.prediction.step_time_s},
                       {"predicted_samples_per_s", c.prediction.samples_per_s},
                       {"predicted_tokens_per_s", c.prediction.tokens_per_s},

@@ -1,5 +1,7 @@
 #include "jobspec/planned_layout.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -27,7 +29,12 @@ std::string DescribeLayout(const planner::Layout& l) {
                       " micro-batch", l.micro_batches == 1 ? "" : "es", " of ",
                       l.micro_batch_size, ", recompute ",
                       recomputed.empty() ? "none"
-                                         : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")));
+                                         : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")),
+                      l.replicas == 1 ? ""
+                      : l.overlap_allreduce
+                          ? absl::StrCat(", AllReduce overlapped in buckets of ",
+                                         l.bucket_bytes >> 10, " KiB")
+                          : ", AllReduce after the backward");
 }
 
 planner::PlanRequest PlanRequestFor(const job::JobConfig& config) {
@@ -51,6 +58,7 @@ job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& l
   c.micro_batch_size = layout.micro_batch_size;
   c.micro_batches = layout.micro_batches;
   c.overlap_allreduce = layout.overlap_allreduce;
+  c.bucket_kib = std::max<int64_t>(1, layout.bucket_bytes / 1024);
   c.recompute = {};
   const std::vector<int> layers = RecomputedLayers(layout);
   if (!layers.empty()) {

@@ -81,7 +81,7 @@ struct StageConfig {
   // each step, as each bucket's gradients become final (other stages average theirs right
   // after their last backward, which precedes stage 0's). Off: stage 0 waits for the end.
   bool overlap_allreduce = true;
-  int64_t bucket_bytes = 256 << 10;
+  int64_t bucket_bytes = 4 << 20;
   uint64_t seed = 0;
   // The stage runs schedule::StageActionStream(schedule, stage), regenerated when step
   // commands arrive.

@@ -54,7 +54,7 @@ struct JobConfig {
   int replicas = 1;  // w: data-parallel copies of the pipeline, gradients averaged
   // Hippie: stage 0 averages its gradients bucket by bucket during its final backward.
   bool overlap_allreduce = true;
-  int64_t bucket_kib = 256;
+  int64_t bucket_kib = 4096;
   std::vector<model::LayerRange> stage_ranges;  // empty: balanced by parameter count
   int micro_batches = 8;                        // m
   int micro_batch_size = 8;                     // b

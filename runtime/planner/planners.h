@@ -24,7 +24,10 @@
 //             workers (p = 1, w the most replicas that divide B, no recomputation), predicted
 //             the same way whether or not it fits.
 //
-// Ties go to the smaller peak memory. The result names the chosen layout and, for every other
+// Ties go to the smaller peak memory. The best layout of each (p, w) with replicas then gets
+// its gradient AllReduce chosen too (before the shapes are ranked): stage 0 overlapping it
+// with its last backward in buckets of 1, 4, 16 or 64 MiB, or averaging after the backward,
+// whichever is predicted fastest. The result names the chosen layout and, for every other
 // (p, w) shape considered, its best layout and why it lost.
 #pragma once
 
@@ -53,7 +56,7 @@ struct PlanRequest {
   // Layouts with more micro-batches per step are not considered: each simulation's work grows
   // with m, and past this many the bubble is already small.
   int max_micro_batches = 128;
-  int64_t bucket_bytes = 256 << 10;
+  int64_t bucket_bytes = 4 << 20;
 };
 
 struct Candidate {

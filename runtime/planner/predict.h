@@ -52,7 +52,7 @@ struct Layout {
   int micro_batches = 1;                          // m per step per replica
   std::vector<bool> recompute;                    // per global layer (empty: none)
   bool overlap_allreduce = true;                  // stage 0's bucketed AllReduce
-  int64_t bucket_bytes = 256 << 10;
+  int64_t bucket_bytes = 4 << 20;
 
   int stages() const { return static_cast<int>(stage_layers.size()); }
   int global_batch() const { return replicas * micro_batch_size * micro_batches; }

@@ -2,7 +2,8 @@
 // choose without; Hippie's recompute set is a prefix of its greedy order and the cap moves it
 // along that order; no chosen layout of any planner exceeds the memory it was given, on 200
 // random profiles, with its memory checked against a count made here from the profile and the
-// schedule's in-flight table; a model that fits nowhere is a clear error.
+// schedule's in-flight table; the gradient AllReduce (overlap, bucket size) is chosen for the
+// cores there are; a model that fits nowhere is a clear error.
 #include "runtime/planner/planners.h"
 
 #include <algorithm>
@@ -213,6 +214,36 @@ TEST(Planners, PipeDreamPicksTheFasterOfItsLayouts) {
     EXPECT_THAT(c.why, ::testing::AnyOf(HasSubstr("lower throughput"), HasSubstr("as good")));
   }
   EXPECT_GT(plan->considered, 10);
+}
+
+// One layer (f = 1 s, b = 2 s, optimizer 0.5 s) of 1e6 parameter bytes whose AllReduce costs
+// each rank 0.25 s of CPU per collective + 1 s per 1e6 bytes; a global batch of 2 on 2 workers.
+// Asked for 256 KiB buckets (4 collectives), the planner keeps 2 replicas but, on cores the
+// ranks share, averages after the backward (4.75 s a step, not 5.5: overlapped buckets take
+// their CPU from the backward); with cores to spare it keeps the overlap (3.5 s).
+TEST(Planners, TheGradientAllReduceIsChosenForTheCoresThereAre) {
+  ModelProfile profile;
+  MicroBatchProfile size;
+  size.micro_batch_size = 1;
+  size.layers.push_back({"only", 1.0, 2.0, 0.5, 100, 1'000'000, 2'000'000, 10, 1});
+  profile.sizes.push_back(size);
+  profile.allreduce_cpu = {0.25, 1e6};
+  ClusterProfile cluster = Cluster(2, 0);
+  cluster.allreduce = {0, 1e30};
+  PlanRequest request{PlannerKind::kPipeDream, 2, {}};
+  request.bucket_bytes = 256 << 10;
+  cluster.shared_cores = 2;
+  absl::StatusOr<PlanResult> shared = MakePlan(profile, cluster, request);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->chosen.layout.replicas, 2);
+  EXPECT_FALSE(shared->chosen.layout.overlap_allreduce);
+  EXPECT_NEAR(shared->chosen.prediction.step_time_s, 4.75, 1e-9);
+  cluster.shared_cores = 0;
+  absl::StatusOr<PlanResult> spare = MakePlan(profile, cluster, request);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  EXPECT_EQ(spare->chosen.layout.replicas, 2);
+  EXPECT_TRUE(spare->chosen.layout.overlap_allreduce);
+  EXPECT_NEAR(spare->chosen.prediction.step_time_s, 3.5, 1e-9);
 }
 
 TEST(Planners, AModelThatFitsNowhereIsAClearError) {

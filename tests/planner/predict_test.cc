@@ -104,6 +104,7 @@ TEST(Predict, StageZeroHidesItsAllReduceBehindItsLastBackward) {
   cluster.allreduce = {0, 1e6 / 3};
   Layout layout = Even(ScheduleKind::kOneFOneB, 1, 1, 2, /*w=*/2);
   layout.overlap_allreduce = true;
+  layout.bucket_bytes = 256 << 10;
   absl::StatusOr<Prediction> overlapped = Predict(profile, cluster, layout);
   ASSERT_TRUE(overlapped.ok()) << overlapped.status();
   // The last backward starts at 3 + 1 = 4 and ends at 6; the AllReduce started with it ends at
@@ -162,6 +163,7 @@ TEST(Predict, OverlappedBucketsTakeTheirCpuFromTheBackwardOnBusyCores) {
   cluster.shared_cores = 2;  // two replicas on two cores
   Layout layout = Even(ScheduleKind::kOneFOneB, 1, 1, 1, /*w=*/2);
   layout.overlap_allreduce = true;
+  layout.bucket_bytes = 256 << 10;
   absl::StatusOr<Prediction> overlapped = Predict(profile, cluster, layout);
   ASSERT_TRUE(overlapped.ok()) << overlapped.status();
   // F takes 1; then each replica's backward (2) and its 4 buckets' CPU (4 x 0.25 + 1) share
