@@ -53,7 +53,7 @@ const std::vector<SpecFlag>& SpecFlagTable() {
        "a step with a non-finite loss or gradient is skipped on every rank; this many in a "
        "row fail the job"},
 
-      {"--model", "model.name", "model", "gpt | mlp | cnn | torchscript"},
+      {"--model", "model.name", "model", "gpt | mlp | cnn | vgg | torchscript"},
       {"--torchscript", "model.path", "model",
        "TorchScript file of an nn.Sequential (sets --model torchscript)", nullptr, "model.name",
        "torchscript"},
@@ -61,14 +61,14 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--n-heads", "model.n_heads", "model", "gpt attention heads"},
       {"--n-layers", "model.n_layers", "model", "gpt transformer blocks"},
       {"--dropout", "model.dropout", "model", "dropout probability (gpt)"},
-      {"--hidden", "model.hidden", "model", "mlp width / cnn channels"},
-      {"--hidden-layers", "model.hidden_layers", "model", "mlp/cnn hidden layers"},
+      {"--hidden", "model.hidden", "model", "mlp width / cnn channels / vgg first-stage channels"},
+      {"--hidden-layers", "model.hidden_layers", "model", "mlp/cnn hidden layers; vgg depth 11|13|16|19"},
       {"--input-dim", "model.input_dim", "model", "mlp input features"},
-      {"--image-shape", "model.image_shape", "model", "cnn input C,H,W"},
-      {"--num-classes", "model.num_classes", "model", "mlp/cnn classes"},
+      {"--image-shape", "model.image_shape", "model", "cnn/vgg input C,H,W"},
+      {"--num-classes", "model.num_classes", "model", "mlp/cnn/vgg classes"},
 
       {"--data", "data.kind", "data", "synthetic | bytes | uint16 | classification",
-       "synthetic (gpt) or classification (mlp, cnn)"},
+       "synthetic (gpt) or classification (mlp, cnn, vgg)"},
       {"--data-path", "data.path", "data", "file for bytes / uint16 data"},
       {"--seq-len", "data.seq_len", "data", "tokens per sequence (T)"},
       {"--vocab", "data.vocab", "data", "synthetic vocabulary (uint16: 0 infers it)"},

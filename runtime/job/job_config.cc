@@ -92,8 +92,8 @@ absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text) {
 
 std::string EffectiveDataKind(const JobConfig& config) {
   if (!config.data.kind.empty()) return config.data.kind;
-  return (config.model.name == "mlp" || config.model.name == "cnn") ? "classification"
-                                                                     : "synthetic";
+  const std::string& m = config.model.name;
+  return (m == "mlp" || m == "cnn" || m == "vgg") ? "classification" : "synthetic";
 }
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
@@ -117,7 +117,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
       errors.push_back(absl::StrCat("data.kind: model gpt needs token data (synthetic, bytes, "
                                     "uint16), got ", kind));
     }
-    if ((c.model.name == "mlp" || c.model.name == "cnn") && token_data) {
+    if ((c.model.name == "mlp" || c.model.name == "cnn" || c.model.name == "vgg") && token_data) {
       errors.push_back(absl::StrCat("data.kind: model ", c.model.name,
                                     " needs feature data (classification), got ", kind));
     }

@@ -30,8 +30,9 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> MakeDataset(const JobConfig& c) {
   if (kind == "bytes") return data::OpenByteFile(c.data.path, window);
   if (kind == "uint16") return data::OpenUint16TokenFile(c.data.path, window, c.data.vocab);
   data::SyntheticClassificationOptions o;
-  o.sample_shape = c.model.name == "cnn" ? c.model.image_shape
-                                         : std::vector<int64_t>{c.model.input_dim};
+  o.sample_shape = c.model.name == "cnn" || c.model.name == "vgg"
+                       ? c.model.image_shape
+                       : std::vector<int64_t>{c.model.input_dim};
   o.num_classes = c.model.num_classes;
   o.num_samples = c.data.num_samples;
   o.seed = c.data.seed;

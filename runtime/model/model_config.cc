@@ -17,7 +17,9 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::vector<std::string> BuiltinModelNames() { return {"gpt", "mlp", "cnn", "torchscript"}; }
+std::vector<std::string> BuiltinModelNames() {
+  return {"gpt", "mlp", "cnn", "vgg", "torchscript"};
+}
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   std::vector<std::string> errors;
@@ -40,12 +42,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
       errors.push_back(absl::StrCat("model.d_model (", c.d_model,
                                     ") must be divisible by model.n_heads (", c.n_heads, ")"));
     }
-  } else if (c.name == "mlp" || c.name == "cnn") {
+  } else if (c.name == "mlp" || c.name == "cnn" || c.name == "vgg") {
     positive("hidden", c.hidden);
-    depth("hidden_layers", c.hidden_layers);
+    if (c.name == "vgg") {
+      if (VggConvs(c).empty()) {
+        errors.push_back(absl::StrCat("model.hidden_layers must be 11, 13, 16 or 19 for vgg ",
+                                      "(the paper's configurations A, B, D, E), got ",
+                                      c.hidden_layers));
+      }
+    } else {
+      depth("hidden_layers", c.hidden_layers);
+    }
     positive("num_classes", c.num_classes);
     if (c.name == "mlp") positive("input_dim", c.input_dim);
-    if (c.name == "cnn") {
+    if (c.name == "cnn" || c.name == "vgg") {
       if (c.image_shape.size() != 3) {
         errors.push_back("model.image_shape must be [channels, height, width]");
       } else {
@@ -69,10 +79,16 @@ absl::StatusOr<std::vector<std::string>> BuiltinLayerNames(const ModelConfig& c)
     return absl::FailedPreconditionError(
         "the layers of a TorchScript model are known once its file is loaded");
   }
-  if (c.name != "gpt" && c.name != "mlp" && c.name != "cnn") {
+  if (c.name != "gpt" && c.name != "mlp" && c.name != "cnn" && c.name != "vgg") {
     return absl::InvalidArgumentError(absl::StrCat("unknown model '", c.name, "'"));
   }
-  const int64_t depth = c.name == "gpt" ? c.n_layers : c.hidden_layers;
+  if (c.name == "vgg" && VggConvs(c).empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vgg has depth 11, 13, 16 or 19, not ", c.hidden_layers));
+  }
+  const int64_t depth = c.name == "gpt"   ? c.n_layers
+                        : c.name == "vgg" ? static_cast<int64_t>(VggConvs(c).size())
+                                          : c.hidden_layers;
   if (depth < 1 || depth > kMaxDepth) {
     return absl::InvalidArgumentError(absl::StrCat("a depth of ", depth, " layers"));
   }
@@ -113,6 +129,13 @@ absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& c) {
       in = c.hidden;
     }
     counts.push_back(in * c.num_classes + c.num_classes);
+  } else if (c.name == "vgg") {
+    int64_t in = 0;
+    for (const VggConv& conv : VggConvs(c)) {
+      counts.push_back(conv.out * conv.in * 9 + 2 * conv.out);
+      in = conv.out;
+    }
+    counts.push_back(in * c.num_classes + c.num_classes);
   } else {  // cnn
     int64_t in = c.image_shape[0];
     for (int64_t i = 0; i < c.hidden_layers; ++i) {
@@ -132,7 +155,13 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
   if (c.name == "torchscript") {
     return absl::FailedPreconditionError("a TorchScript layer's output shape is known by running it");
   }
-  const int64_t depth = c.name == "gpt" ? c.n_layers + 3 : c.hidden_layers + 1;
+  if (c.name == "vgg" && VggConvs(c).empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vgg has depth 11, 13, 16 or 19, not ", c.hidden_layers));
+  }
+  const int64_t depth = c.name == "gpt"   ? c.n_layers + 3
+                        : c.name == "vgg" ? static_cast<int64_t>(VggConvs(c).size()) + 1
+                                          : c.hidden_layers + 1;
   if (layer < 0 || layer >= depth) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " does not exist (the model has ", depth, " layers)"));
@@ -160,6 +189,18 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
     if (in.size() != 2 || in[1] != width) return unfit(absl::StrCat("[batch, ", width, "]"));
     return std::vector<int64_t>{in[0], layer == depth - 1 ? c.num_classes : c.hidden};
   }
+  if (c.name == "vgg") {
+    const std::vector<VggConv> convs = VggConvs(c);
+    const int64_t channels = layer < static_cast<int>(convs.size()) ? convs[layer].in
+                                                                    : convs.back().out;
+    if (in.size() != 4 || in[1] != channels || in[2] < 1 || in[3] < 1) {
+      return unfit(absl::StrCat("[batch, ", channels, ", height, width]"));
+    }
+    if (layer == depth - 1) return std::vector<int64_t>{in[0], c.num_classes};
+    const bool pool = convs[layer].ends_stage && in[2] >= 2 && in[3] >= 2;  // 3x3, padding 1
+    return std::vector<int64_t>{in[0], convs[layer].out, pool ? in[2] / 2 : in[2],
+                                pool ? in[3] / 2 : in[3]};
+  }
   // cnn
   const int64_t channels = layer == 0 ? c.image_shape[0] : CnnChannels(c, layer - 1);
   if (in.size() != 4 || in[1] != channels || in[2] < 1 || in[3] < 1) {
@@ -172,6 +213,29 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
 }
 
 int64_t CnnChannels(const ModelConfig& c, int64_t conv) { return c.hidden * (conv == 0 ? 1 : 2); }
+
+std::vector<VggConv> VggConvs(const ModelConfig& c) {
+  // Convolutions per stage in the paper's configurations A (11), B (13), D (16), E (19).
+  std::vector<int> per_stage;
+  switch (c.hidden_layers) {
+    case 11: per_stage = {1, 1, 2, 2, 2}; break;
+    case 13: per_stage = {2, 2, 2, 2, 2}; break;
+    case 16: per_stage = {2, 2, 3, 3, 3}; break;
+    case 19: per_stage = {2, 2, 4, 4, 4}; break;
+    default: return {};
+  }
+  const int64_t widths[] = {1, 2, 4, 8, 8};
+  std::vector<VggConv> convs;
+  int64_t in = c.image_shape.empty() ? 0 : c.image_shape[0];
+  for (size_t stage = 0; stage < per_stage.size(); ++stage) {
+    for (int k = 0; k < per_stage[stage]; ++k) {
+      const int64_t out = c.hidden * widths[stage];
+      convs.push_back({in, out, k + 1 == per_stage[stage]});
+      in = out;
+    }
+  }
+  return convs;
+}
 int64_t CnnStride(int64_t conv) { return conv == 1 ? 2 : 1; }
 
 uint64_t LayerInitSeed(uint64_t seed, int layer) {

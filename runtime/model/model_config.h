@@ -8,6 +8,13 @@
 //   mlp         : Linear+ReLU hidden layers, then a Linear classifier. Input [b, D].
 //   cnn         : conv3x3+BatchNorm+ReLU blocks (the second with stride 2), then global
 //                 average pooling + Linear. Input [b, C, H, W].
+//   vgg         : VGG (Simonyan & Zisserman, 2015) with BatchNorm: five stages of
+//                 conv3x3+BatchNorm+ReLU layers (hidden_layers 11, 13, 16 or 19 picks the
+//                 paper's configuration A, B, D or E: 8, 10, 13 or 16 convolutions) of
+//                 hidden x 1, 2, 4, 8, 8 channels (hidden 64: the paper's widths), each stage
+//                 ending in 2x2 max pooling while both sides are at least 2; then global
+//                 average pooling + Linear (one classifier for the paper's three fully
+//                 connected layers). Input [b, C, H, W].
 //   torchscript : a file saved from Python with torch.jit.script/trace of an nn.Sequential;
 //                 each child module is one layer, in order. Its layers are known only once
 //                 the file is loaded (model_zoo.h).
@@ -23,7 +30,7 @@
 namespace pipetrain::model {
 
 struct ModelConfig {
-  std::string name = "gpt";  // gpt | mlp | cnn | torchscript
+  std::string name = "gpt";  // gpt | mlp | cnn | vgg | torchscript
   uint64_t seed = 0;
   bool float64 = false;
   // gpt
@@ -33,11 +40,11 @@ struct ModelConfig {
   int64_t n_heads = 4;
   int64_t n_layers = 4;
   double dropout = 0.0;
-  // mlp (input_dim) and cnn (image_shape); both use num_classes and hidden sizes
+  // mlp (input_dim), cnn and vgg (image_shape); all use num_classes and hidden sizes
   int64_t input_dim = 32;
   std::vector<int64_t> image_shape = {3, 16, 16};
-  int64_t hidden = 64;      // mlp hidden width / cnn channels
-  int64_t hidden_layers = 3;
+  int64_t hidden = 64;      // mlp hidden width / cnn channels / vgg first stage's channels
+  int64_t hidden_layers = 3;  // mlp, cnn: layers before the classifier; vgg: 11, 13, 16, 19
   int64_t num_classes = 10;
   // torchscript
   std::string torchscript_path;
@@ -76,6 +83,16 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
 // resolution). One definition for the formulas here and the layers model_zoo builds.
 int64_t CnnChannels(const ModelConfig& config, int64_t conv);
 int64_t CnnStride(int64_t conv);
+
+// vgg: its convolutions in order, each with its channels and whether it ends a stage (then
+// a 2x2 max pooling follows it when both sides of its output are at least 2). Empty for a
+// depth that is not one of the paper's (11, 13, 16, 19). One definition for the formulas
+// here and the layers model_zoo builds.
+struct VggConv {
+  int64_t in = 0, out = 0;
+  bool ends_stage = false;
+};
+std::vector<VggConv> VggConvs(const ModelConfig& config);
 
 // The seed of layer `layer`'s initial parameters: a layer's initial values depend only on
 // (job seed, global layer index, model config), never on the partition.

@@ -241,9 +241,11 @@ struct BatchStatistics {
 // Training: normalizes with the statistics of the micro-batch itself. Running statistics
 // are updated once per mini-batch (FinishMiniBatch) from the mean and unbiased variance of
 // all its micro-batches together, with PyTorch's momentum rule.
+// With `pool` (vgg's last convolution of a stage), a 2x2 max pooling follows while both
+// sides of the output are at least 2.
 struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
-  ConvBnReluImpl(int64_t in, int64_t out, int64_t stride)
-      : in(in), out(out), stride(stride), stats(std::make_shared<BatchStatistics>()) {
+  ConvBnReluImpl(int64_t in, int64_t out, int64_t stride, bool pool = false)
+      : in(in), out(out), stride(stride), pool(pool), stats(std::make_shared<BatchStatistics>()) {
     reset();
   }
   void reset() override {
@@ -264,7 +266,9 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
       y = at::batch_norm(y, bn_w, bn_b, running_mean, running_var, /*training=*/false,
                          momentum, eps, false);
     }
-    return at::relu(y);
+    y = at::relu(y);
+    if (pool && y.size(2) >= 2 && y.size(3) >= 2) y = at::max_pool2d(y, {2, 2});
+    return y;
   }
   void finish_mini_batch(int64_t mini_batch) {
     BatchStatistics::Moments m = stats->Take(mini_batch);
@@ -281,6 +285,7 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
   static constexpr double momentum = 0.1;
   static constexpr double eps = 1e-5;
   int64_t in, out, stride;
+  bool pool;
   std::shared_ptr<BatchStatistics> stats;
   at::Tensor conv_w, bn_w, bn_b, running_mean, running_var;
 };
@@ -443,6 +448,14 @@ std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
       return Make<LinearImpl>(absl::StrCat("hidden", i), in, c.hidden, true, true);
     }
     return Make<LinearImpl>("classifier", in, c.num_classes, true, false);
+  }
+  if (c.name == "vgg") {
+    const std::vector<VggConv> convs = VggConvs(c);
+    if (i < static_cast<int>(convs.size())) {
+      return Make<ConvBnReluImpl>(absl::StrCat("conv", i), convs[i].in, convs[i].out, 1,
+                                  convs[i].ends_stage);
+    }
+    return Make<PoolLinearImpl>("classifier", convs.back().out, c.num_classes);
   }
   const int64_t in = i == 0 ? c.image_shape[0] : CnnChannels(c, i - 1);
   if (i < c.hidden_layers) {

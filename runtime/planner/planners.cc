@@ -189,6 +189,7 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     dp.micro_batches = 1;
     absl::StatusOr<Candidate> c = evaluate(std::move(dp));
     if (!c.ok()) return c.status();
+    if (absl::Status s = ChooseGradientAllReduce(profile, cluster, *c); !s.ok()) return s;
     result.data_parallel = *std::move(c);
     result.data_parallel.memory_efficiency = 1.0;
   }

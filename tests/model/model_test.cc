@@ -5,6 +5,7 @@
 // - A layer's initial parameters are a function of (seed, global layer index, model config)
 //   alone: bitwise the same under every partition, and the same as the whole model's.
 // - Trained under uneven partitions, parameters still equal the un-pipelined reference.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -46,6 +47,13 @@ std::vector<ModelConfig> BuiltinConfigs() {
   cnn.hidden_layers = 3;
   cnn.num_classes = 3;
   configs.push_back(cnn);
+  ModelConfig vgg;
+  vgg.name = "vgg";
+  vgg.image_shape = {2, 9, 6};  // pooled to 4x3 and 2x1, then too narrow to pool again
+  vgg.hidden = 2;
+  vgg.hidden_layers = 11;
+  vgg.num_classes = 3;
+  configs.push_back(vgg);
   return configs;
 }
 
@@ -89,6 +97,44 @@ TEST(BuiltinModels, ShapeOfAnInputThatDoesNotFitIsAnError) {
   EXPECT_FALSE(model::BuiltinLayerOutputShape(c, 9, {3, 5}).ok());
   c.name = "torchscript";
   EXPECT_EQ(model::BuiltinLayers(c).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// VGG's configurations: 8, 10, 13 and 16 convolutions (and a classifier) for depths 11, 13,
+// 16 and 19; with hidden 64 the paper's widths (VGG-16: 14.7M convolution parameters); any
+// other depth is refused naming the field.
+TEST(BuiltinModels, VggHasThePapersConfigurations) {
+  ModelConfig c;
+  c.name = "vgg";
+  c.image_shape = {3, 32, 32};
+  c.hidden = 64;
+  c.num_classes = 10;
+  const std::pair<int, size_t> depths[] = {{11, 8}, {13, 10}, {16, 13}, {19, 16}};
+  for (const auto& [depth, convs] : depths) {
+    c.hidden_layers = depth;
+    absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(c);
+    ASSERT_TRUE(layers.ok()) << layers.status();
+    EXPECT_EQ(layers->size(), convs + 1) << depth;
+    EXPECT_EQ(layers->back().name, "classifier");
+  }
+  c.hidden_layers = 16;
+  absl::StatusOr<std::vector<model::LayerInfo>> vgg16 = model::BuiltinLayers(c);
+  ASSERT_TRUE(vgg16.ok());
+  int64_t conv_weights = 0;
+  for (size_t i = 0; i + 1 < vgg16->size(); ++i) conv_weights += (*vgg16)[i].num_parameters;
+  // torchvision's vgg16_bn: 14,714,688 convolution weights and biases; here no conv bias but
+  // BatchNorm's weight and bias (2 x out instead of 1 x out per layer): 4,224 more.
+  EXPECT_EQ(conv_weights, 14'714'688 + 4'224);
+  // 32x32 pooled five times: the classifier gets [b, 512, 1, 1].
+  std::vector<int64_t> shape = {4, 3, 32, 32};
+  for (size_t i = 0; i + 1 < vgg16->size(); ++i) {
+    absl::StatusOr<std::vector<int64_t>> next = model::BuiltinLayerOutputShape(c, i, shape);
+    ASSERT_TRUE(next.ok()) << next.status();
+    shape = *next;
+  }
+  EXPECT_EQ(shape, (std::vector<int64_t>{4, 512, 1, 1}));
+  c.hidden_layers = 12;
+  EXPECT_THAT(std::string(model::ValidateModelConfig(c).message()),
+              ::testing::HasSubstr("model.hidden_layers must be 11, 13, 16 or 19 for vgg"));
 }
 
 TEST(LayerInit, EachLayerDependsOnlyOnSeedAndIndex) {
