@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The planner's predictions against measured runs: step time and per-stage peak memory.
 
-For each configuration (two GPT sizes; gpipe, 1f1b and 2bw; p in {1, 2, 4} stages; w in
-{1, 2} replicas; with and without recomputation), with the same global batch per model:
+For each configuration (two GPT sizes and a VGG-16; gpipe, 1f1b and 2bw; p in {1, 2, 4}
+stages; w in {1, 2} replicas; with and without recomputation), with the same global batch
+per model:
   predicted  `pipetrain plan --predict` of that layout: the model profiled on this machine
              (one intra-op thread, cached), every stage's action list simulated with the
              profiled costs, the Gloo links and the p x w ranks sharing this machine's cores;
@@ -10,7 +11,8 @@ For each configuration (two GPT sizes; gpipe, 1f1b and 2bw; p in {1, 2, 4} stage
              intra-op thread each): step_time_s (median time between step ends) and every
              stage's peak_tensor_bytes (tensor storage counted at the allocator).
 Prints one markdown table (one row per configuration: predicted and measured step time and
-the error, the largest per-stage memory error) and the mean and worst step-time errors.
+the error, the largest per-stage memory error) and the mean and worst step-time errors, in
+all and per model.
 Standard library only; progress on stderr.
 
 Run:  /usr/bin/python3 bench/plan_accuracy.py [--build build] [--steps 30] [--repeats 1]
@@ -25,13 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-# (name, model flags, global batch). The small model is the built-in default GPT.
-MODELS = (
-    ("gpt-small", [], 32),
-    ("gpt-d256", ["--d-model", "256", "--n-heads", "4", "--n-layers", "6", "--seq-len", "64"], 16),
-)
-
-# (schedule, stages, replicas, micro-batch size, recompute) per model; m = B / (w b).
+# (schedule, stages, replicas, micro-batch size, recompute); m = B / (w b).
 LAYOUTS = (
     ("1f1b", 1, 1, 8, "none"),
     ("1f1b", 1, 2, 8, "none"),
@@ -42,6 +38,18 @@ LAYOUTS = (
     ("1f1b", 2, 2, 4, "none"),
     ("2bw", 4, 1, 4, "none"),
     ("1f1b", 4, 1, 4, "all"),
+)
+
+# (name, model flags, global batch, layouts). The small model is the built-in default GPT;
+# the VGG is VGG-16 with BatchNorm at a quarter of the paper's widths on 32x32 images.
+MODELS = (
+    ("gpt-small", [], 32, LAYOUTS),
+    ("gpt-d256", ["--d-model", "256", "--n-heads", "4", "--n-layers", "6", "--seq-len", "64"], 16,
+     LAYOUTS),
+    ("vgg16-w16", ["--model", "vgg", "--hidden-layers", "16", "--hidden", "16", "--image-shape",
+                   "3,32,32", "--num-classes", "10"], 32,
+     (("1f1b", 1, 1, 8, "none"), ("1f1b", 2, 1, 4, "none"), ("2bw", 2, 1, 4, "none"),
+      ("1f1b", 2, 2, 4, "none"), ("1f1b", 4, 1, 4, "all"))),
 )
 
 
@@ -75,8 +83,8 @@ def main():
     env["PIPETRAIN_CACHE_DIR"] = args.cache_dir or os.path.join(tmp, "profiles")
 
     rows, errors = [], []
-    for model, model_flags, batch in MODELS:
-        for schedule, p, w, b, recompute in LAYOUTS:
+    for model, model_flags, batch, layouts in MODELS:
+        for schedule, p, w, b, recompute in layouts:
             flags = job_flags(model_flags, batch, schedule, p, w, b, recompute, args.steps)
             label = f"{model} {schedule} p={p} w={w} b={b} m={batch // (w * b)}" + (
                 " recompute" if recompute != "none" else "")
@@ -111,6 +119,10 @@ def main():
         print(f"| {label} | {pred:.1f} | {meas:.1f} | {err:+.1f}% | {mp:.2f} | {mm:.2f} | {merr:+.1f}% |")
     print(f"\n{len(rows)} configurations: mean |step-time error| {100 * statistics.mean(errors):.1f}%, "
           f"worst {100 * max(errors):.1f}%")
+    for model, _, _, _ in MODELS:
+        mine = [e for (label, *_), e in zip(rows, errors) if label.startswith(model + " ")]
+        print(f"- {model}: mean {100 * statistics.mean(mine):.1f}%, worst {100 * max(mine):.1f}% "
+              f"({len(mine)} configurations)")
 
 
 if __name__ == "__main__":

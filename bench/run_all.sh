@@ -8,6 +8,7 @@
 #                              torch's Pipe: tokens/s, peak memory, memory efficiency
 #      plan_accuracy.py        the planner's predicted step time and memory against runs
 #      gpt2_small.py           GPT-2 small's shape as stage processes per schedule, ME vs DP
+#      allreduce_overlap.py    Hippie's overlapped AllReduce vs. after the backward, by bucket
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
@@ -21,7 +22,7 @@
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
-# About 30 minutes on 2 cores, plus the build.
+# About 45 minutes on 2 cores, plus the build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,6 +98,12 @@ section "GPT-2 small's shape as stage processes (bench/gpt2_small.py)"
 start=${SECONDS}
 "${PY}" bench/gpt2_small.py --build "${BUILD_DIR}"
 echo >&2 "gpt2_small: $((SECONDS - start)) s"
+
+section "Hippie's overlap on larger models (bench/allreduce_overlap.py)"
+start=${SECONDS}
+"${PY}" bench/allreduce_overlap.py --build "${BUILD_DIR}" --small --rounds 3 --steps 15
+"${PY}" bench/allreduce_overlap.py --build "${BUILD_DIR}" --rounds 2 --steps 6
+echo >&2 "allreduce_overlap: $((SECONDS - start)) s"
 
 section "Memory per rank (bench/memory_per_rank.py)"
 start=${SECONDS}
