@@ -124,7 +124,7 @@ std::vector<Case> Cases() {
        {"schedule: unknown schedule kind 'zigzag', accepted: gpipe, 1f1b"}},
       // The model, the data, the optimizer.
       {"unknown model", Spec({{"model", "{name: resnet}"}}),
-       {"model.name: unknown model 'resnet' (known: gpt, mlp, cnn, torchscript)"}},
+       {"model.name: unknown model 'resnet' (known: gpt, mlp, cnn, vgg, torchscript)"}},
       {"no layers", Spec({{"model", "{name: gpt, d_model: 16, n_heads: 2, n_layers: 0}"}}),
        {"model.n_layers: must be > 0, got 0"}},
       {"heads that do not divide the width",
