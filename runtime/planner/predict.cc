@@ -202,6 +202,16 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     state[s] = next[s] == (*lists)[s].size() ? State::kDone : State::kIdle;
   };
 
+  // Stage s's current action costs it `work` seconds of computing (none: it ends now).
+  const auto compute_then_finish = [&](int s, double work) {
+    if (work > 0) {
+      state[s] = State::kComputing;
+      work_left[s] = work;
+    } else {
+      finish_action(s);
+    }
+  };
+
   for (;;) {
     // Start everything that can start now.
     bool moved = true;
@@ -231,13 +241,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
           case ActionKind::kSendActivation:
           case ActionKind::kSendGradient:
             // The sending thread's part; the message leaves when it is done.
-            work_left[s] = a.kind == ActionKind::kSendActivation ? costs[s].act_out.send_s
-                                                                 : costs[s].grad_out.send_s;
-            if (work_left[s] > 0) {
-              state[s] = State::kComputing;
-            } else {
-              finish_action(s);
-            }
+            compute_then_finish(s, a.kind == ActionKind::kSendActivation
+                                       ? costs[s].act_out.send_s
+                                       : costs[s].grad_out.send_s);
             break;
           case ActionKind::kRecvActivation:
           case ActionKind::kRecvGradient: {
@@ -245,13 +251,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             if (it == arrivals.end() || it->second > now) continue;  // not there yet
             arrivals.erase(it);
             // The receiving thread's part.
-            work_left[s] = a.kind == ActionKind::kRecvActivation ? costs[s].act_in.recv_s
-                                                                 : costs[s].grad_in.recv_s;
-            if (work_left[s] > 0) {
-              state[s] = State::kComputing;
-            } else {
-              finish_action(s);
-            }
+            compute_then_finish(s, a.kind == ActionKind::kRecvActivation
+                                       ? costs[s].act_in.recv_s
+                                       : costs[s].grad_in.recv_s);
             break;
           }
           case ActionKind::kOptimizerStep: {
