@@ -204,11 +204,18 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   }
   const std::string address = *served;
 
+  // The workers run on the job's device: a device: cuda job gets workers on the GPUs, one
+  // each, round-robin.
+  const std::string device = spec.has_device() ? spec.device() : "cpu";
   const auto spawn_workers = [&](int n) {
     for (int w = static_cast<int>(workers.size()); w < n; ++w) {
       // The user's own files, as with --launch threads: the workers run as the user.
-      workers.push_back(SpawnDaemon({worker_bin, "--coordinator", address, "--data-root", "/"},
-                                    (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
+      std::vector<std::string> args = {worker_bin, "--coordinator", address, "--data-root", "/"};
+      if (device != "cpu") {
+        args.insert(args.end(), {"--device", device == "cuda" ? absl::StrCat("cuda:", w) : device});
+      }
+      workers.push_back(SpawnDaemon(args, (dir / absl::StrCat("worker", w, ".log")).string(),
+                                    SIGTERM));
     }
   };
   // A job with `stages: auto` is planned by the coordinator for the workers it has: they

@@ -116,7 +116,8 @@ nlohmann::json ReportToJson(const job::JobReport& r) {
                               {"allreduce_s", s.allreduce_s},
                               {"parameter_bytes", s.parameter_bytes},
                               {"peak_memory_bytes", s.peak_memory_bytes},
-                              {"peak_tensor_bytes", s.peak_tensor_bytes}});
+                              {"peak_tensor_bytes", s.peak_tensor_bytes},
+                              {"bytes_sent", s.bytes_sent}});
   }
   if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
   return j;

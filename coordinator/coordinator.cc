@@ -71,7 +71,8 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const La
   }
   const int versions = c.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
   const int slots = c.optimizer.name == "adamw" ? 2 : (c.optimizer.momentum > 0 ? 1 : 0);
-  return static_cast<int64_t>(largest) * (c.float64 ? 8 : 4) * (versions + 1 + slots);
+  const int element = c.precision == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
+  return static_cast<int64_t>(largest) * element * (versions + 1 + slots);
 }
 
 // "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
@@ -1307,7 +1308,8 @@ bool Coordinator::PlaceRecovering() {
     const int min_cores = e->config.threads_per_stage;
     std::vector<std::string> idle;
     for (const v1::WorkerInfo& w : pool_.Infos()) {
-      if (w.state() == "idle" && (min_cores <= 0 || w.cores() <= 0 || w.cores() >= min_cores)) {
+      if (w.state() == "idle" && DeviceKind(w.device()) == DeviceKind(e->config.device) &&
+          (min_cores <= 0 || w.cores() <= 0 || w.cores() >= min_cores)) {
         idle.push_back(w.id());
       }
     }
@@ -1403,11 +1405,13 @@ void Coordinator::Schedule() {
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
     wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas(),
-                      e->config.threads_per_stage});
+                      e->config.threads_per_stage, e->config.device});
   }
   std::vector<PoolWorker> pool;
   for (const v1::WorkerInfo& w : pool_.Infos()) {
-    if (w.state() != "lost") pool.push_back({w.id(), w.cores(), w.state() == "idle"});
+    if (w.state() != "lost") {
+      pool.push_back({w.id(), w.cores(), w.state() == "idle", w.device()});
+    }
   }
   const PlacementPlan plan = PlaceQueuedJobs(wanted, pool);
   for (const Waiting& waiting : plan.waiting) {
@@ -1462,7 +1466,12 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
       pool_.Release(*w);
     }
   }
-  const std::vector<std::string> idle = pool_.IdleIds();
+  std::vector<std::string> idle;  // of the job's device kind
+  for (const std::string& id : pool_.IdleIds()) {
+    if (DeviceKind(pool_.Find(id)->info.device()) == DeviceKind(e.config.device)) {
+      idle.push_back(id);
+    }
+  }
   if (unreachable && !idle.empty() && ++e.assign_attempts[rank] < options_.assign_attempts) {
     const std::string next = idle.front();
     pool_.Assign(*pool_.Find(next), job_id, rank, e.job.generation());

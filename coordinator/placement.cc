@@ -9,10 +9,15 @@ namespace pipetrain::coordinator {
 namespace {
 
 bool Suits(const PoolWorker& w, const QueuedJob& job) {
-  return job.min_cores <= 0 || w.cores <= 0 || w.cores >= job.min_cores;
+  return DeviceKind(w.device) == DeviceKind(job.device) &&
+         (job.min_cores <= 0 || w.cores <= 0 || w.cores >= job.min_cores);
 }
 
 }  // namespace
+
+std::string DeviceKind(const std::string& device) {
+  return device.rfind("cuda", 0) == 0 ? "cuda" : device;
+}
 
 PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
                               const std::vector<PoolWorker>& pool) {
@@ -38,13 +43,15 @@ PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
       continue;
     }
     std::string workers = absl::StrCat(job.ranks, job.ranks == 1 ? " worker" : " workers");
+    if (DeviceKind(job.device) != "cpu") absl::StrAppend(&workers, " on ", job.device);
     if (job.min_cores > 0) {
       absl::StrAppend(&workers, " with at least ", job.min_cores, " cores (threads_per_stage)");
     }
     std::string reason;
     if (suitable < job.ranks) {
+      const bool narrowed = job.min_cores > 0 || DeviceKind(job.device) != "cpu";
       reason = absl::StrCat("needs ", workers, "; the pool has ", suitable,
-                            job.min_cores > 0 ? absl::StrCat(" such (of ", pool.size(), ")") : "",
+                            narrowed ? absl::StrCat(" such (of ", pool.size(), ")") : "",
                             ": it waits for more to register");
     } else {
       reason = absl::StrCat("needs ", workers, ", ", free.size(), " idle",

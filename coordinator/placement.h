@@ -1,9 +1,10 @@
 // Which queued jobs start now, and on which workers (one rank per worker).
 //
 // Jobs are taken in submission order; a job starts when as many suitable workers as it has
-// ranks are idle, rank r on the r-th suitable idle worker left. A worker suits a job when it
-// has at least the job's `min_cores` (its threads per stage; 0: any), or did not say how
-// many it has. A job that does not fit waits, with the reason in words, and a later, smaller
+// ranks are idle, rank r on the r-th suitable idle worker left. A worker suits a job when its
+// device is of the job's kind (cpu, or cuda for a worker on "cuda" or "cuda:N") and it has at
+// least the job's `min_cores` (its threads per stage; 0: any), or did not say how many it
+// has. A job that does not fit waits, with the reason in words, and a later, smaller
 // job that does fit starts before it (backfill). Pure: no clock, no lock, no I/O.
 #pragma once
 
@@ -16,13 +17,18 @@ struct QueuedJob {
   std::string id;
   int ranks = 0;      // stages x replicas: the workers it needs
   int min_cores = 0;  // cores each of them must have (0: any)
+  std::string device = "cpu";  // cpu | cuda
 };
 
 struct PoolWorker {
   std::string id;
   int cores = 0;  // 0: unknown (suits every job)
   bool idle = true;
+  std::string device = "cpu";  // as it registered: cpu, cuda, cuda:N
 };
+
+// "cuda" for "cuda" and "cuda:N", the device itself otherwise.
+std::string DeviceKind(const std::string& device);
 
 struct Placement {
   std::string job_id;

@@ -89,13 +89,14 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
     }
   }
   if (s.has_dtype()) {
-    absl::StatusOr<bool> f64 = job::ParseFloat64Dtype(s.dtype());
-    if (f64.ok()) {
-      c.float64 = *f64;
+    absl::StatusOr<job::Precision> precision = job::ParsePrecision(s.dtype());
+    if (precision.ok()) {
+      c.precision = *precision;
     } else {
-      errors.push_back(absl::StrCat("dtype: ", f64.status().message()));
+      errors.push_back(absl::StrCat("dtype: ", precision.status().message()));
     }
   }
+  Copy(s.has_device(), s.device(), &c.device);
   if (s.has_weights_dir() && s.weights_dir().empty()) {
     errors.push_back("weights_dir: must not be empty when set");
   }

@@ -109,7 +109,9 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--beta2", "optimizer.beta2", "training", "adamw: decay of the second moment"},
       {"--eps", "optimizer.eps", "training", "adamw: added to the denominator"},
       {"--seed", "seed", "training", "initialization and data order"},
-      {"--dtype", "dtype", "training", "float32 | float64"},
+      {"--dtype", "dtype", "training",
+       "float32 | float64 | bfloat16 (bf16 compute and messages, float32 weights)"},
+      {"--device", "device", "training", "cpu | cuda"},
   };
   return table;
 }

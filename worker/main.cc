@@ -46,7 +46,9 @@ int main(int argc, char** argv) {
   app.add_option("--listen", options.listen,
                  "host:port of this worker's service (port 0: any free port)")
       ->capture_default_str();
-  app.add_option("--device", options.device, "the device it runs stages on")
+  app.add_option("--device", options.device,
+                 "the device it runs stages on: cpu, cuda (GPU 0) or cuda:N; it takes only jobs "
+                 "of that device")
       ->capture_default_str();
   app.add_option("--data-host", options.data_host,
                  "address its stages listen on for their peers")
@@ -79,9 +81,8 @@ int main(int argc, char** argv) {
       !warning.empty()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", warning.c_str());
   }
-  if (options.device != "cpu") {
-    std::fprintf(stderr, "pipetrain-worker: --device %s: only cpu stages run in this build\n",
-                 options.device.c_str());
+  if (const std::string why = pipetrain::worker::CheckWorkerDevice(options.device); !why.empty()) {
+    std::fprintf(stderr, "pipetrain-worker: %s\n", why.c_str());
     return exit_code::kUsage;
   }
   sigset_t signals;

@@ -15,6 +15,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "jobspec/job_config_from_spec.h"
@@ -23,6 +24,7 @@
 #include "runtime/base/process_memory.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
+#include "runtime/job/device.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -389,8 +391,14 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store =
       MakeCoordinatorStore(coordinator_, a.job_id());
+  const std::string kind = options_.device.rfind("cuda", 0) == 0 ? "cuda" : options_.device;
+  if (config->device != kind) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
+  }
   job::StageRunHooks hooks;
   hooks.host = options_.data_host;
+  hooks.device_index = WorkerDeviceIndex(options_.device);
   // The previous rank's series (its final values) go now that another starts.
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
   metrics_job_ = a.job_id();
@@ -606,5 +614,28 @@ void Worker::Stop() {
 }
 
 Worker::~Worker() { Stop(); }
+
+int WorkerDeviceIndex(const std::string& device) {
+  if (device == "cuda") return 0;
+  int index = -1;
+  if (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index) && index >= 0) {
+    return index;
+  }
+  return -1;
+}
+
+std::string CheckWorkerDevice(const std::string& device) {
+  if (device == "cpu") return "";
+  if (device != "cuda" && WorkerDeviceIndex(device) < 0) {
+    return absl::StrCat("--device ", device, ": expected cpu, cuda or cuda:N");
+  }
+  const int visible = job::VisibleCudaDevices();
+  if (WorkerDeviceIndex(device) >= visible) {
+    return absl::StrCat("--device ", device, ": this process sees ", visible,
+                        " CUDA device", visible == 1 ? "" : "s",
+                        visible == 0 ? " (no GPU visible, or a LibTorch built without CUDA)" : "");
+  }
+  return "";
+}
 
 }  // namespace pipetrain::worker

@@ -58,7 +58,7 @@ namespace pipetrain::worker {
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";  // its WorkerService; port 0 picks a free one
-  std::string device = "cpu";
+  std::string device = "cpu";  // cpu, cuda (GPU 0) or cuda:N
   std::string data_host = "127.0.0.1";  // address its stage listens on for peers
   rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
   // The only directories a job's files (data.path, model.path) may be read from, resolved
@@ -139,5 +139,12 @@ class Worker : public v1::WorkerService::Service {
   std::thread stage_thread_;
   std::thread heartbeat_thread_;
 };
+
+// The GPU of a worker's --device: N for cuda:N, 0 for cuda, -1 for cpu (or anything else).
+int WorkerDeviceIndex(const std::string& device);
+
+// Empty when this process can run stages on `device` (cpu; cuda or cuda:N with that GPU
+// visible), else why not.
+std::string CheckWorkerDevice(const std::string& device);
 
 }  // namespace pipetrain::worker

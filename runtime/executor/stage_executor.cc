@@ -244,8 +244,16 @@ absl::Status StageExecutor::Forward(int64_t j, ActionRecord& record) {
   ctx.mini_batch = j / config_.micro_batches;
   ctx.seed = config_.seed;
   at::Tensor out = module->Forward(stashed.input, ctx);
+  const at::ScalarType compute = module->compute_dtype();
+  if (!is_last_ && out.is_floating_point() && out.scalar_type() != compute &&
+      compute == at::kBFloat16) {
+    out = out.to(compute);  // mixed precision: activations travel in bfloat16
+  }
   if (is_last_) {
     PT_ASSIGN_OR_RETURN(at::Tensor targets, config_.targets(j));
+    if (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf) {
+      out = out.to(at::kFloat);  // the loss in float32
+    }
     at::Tensor loss =
         at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), targets.reshape({-1}));
     step_loss_sum_[ctx.mini_batch] += loss.item<double>();

@@ -83,11 +83,21 @@ int PipelineStages(const JobConfig& config) {
                                      : static_cast<int>(config.stage_ranges.size());
 }
 
-absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text) {
-  if (text == "float64" || text == "double") return true;
-  if (text == "float32" || text == "float") return false;
+absl::StatusOr<Precision> ParsePrecision(const std::string& text) {
+  if (text == "float64" || text == "double") return Precision::kFloat64;
+  if (text == "float32" || text == "float") return Precision::kFloat32;
+  if (text == "bfloat16" || text == "bf16") return Precision::kBFloat16;
   return absl::InvalidArgumentError(
-      absl::StrCat("expected float32 or float64, got '", text, "'"));
+      absl::StrCat("expected float32, float64 or bfloat16, got '", text, "'"));
+}
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFloat32: return "float32";
+    case Precision::kFloat64: return "float64";
+    case Precision::kBFloat16: return "bfloat16";
+  }
+  return "float32";
 }
 
 std::string EffectiveDataKind(const JobConfig& config) {
@@ -145,6 +155,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     errors.push_back(absl::StrCat("data.num_samples: must be >= 1, got ", c.data.num_samples));
   }
 
+  if (c.device != "cpu" && c.device != "cuda") {
+    errors.push_back(absl::StrCat("device: expected cpu or cuda, got '", c.device, "'"));
+  }
   if (c.stages < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", c.stages));
   if (c.replicas < 1) errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas));
   if (c.bucket_kib < 1) errors.push_back(absl::StrCat("bucket_kib: must be >= 1, got ", c.bucket_kib));
@@ -271,7 +284,8 @@ std::string JobConfigToJson(const JobConfig& c) {
   o["eps"] = c.optimizer.eps;
   j["recompute"] = FormatRecompute(c.recompute);
   j["seed"] = c.seed;
-  j["dtype"] = c.float64 ? "float64" : "float32";
+  j["dtype"] = PrecisionName(c.precision);
+  j["device"] = c.device;
   j["threads_per_stage"] = c.threads_per_stage;
   j["timeout_s"] = c.recv_timeout_s;
   j["weights_dir"] = c.weights_dir;

@@ -45,6 +45,12 @@ struct RecomputeConfig {
 absl::StatusOr<RecomputeConfig> ParseRecompute(const std::string& text);
 std::string FormatRecompute(const RecomputeConfig& config);
 
+// What a job computes in (the job spec's `dtype`). kBFloat16 is mixed precision: layers
+// compute in bfloat16 under LibTorch's autocast (norms, softmax and the loss stay float32),
+// activations and gradients travel between stages as bfloat16, and the weights, their
+// gradients and the optimizer's state are float32.
+enum class Precision { kFloat32, kFloat64, kBFloat16 };
+
 struct JobConfig {
   std::string name;  // shown by `pipetrain list`; no effect on training
   model::ModelConfig model;
@@ -62,7 +68,10 @@ struct JobConfig {
   weights::OptimizerConfig optimizer = {"adamw", 3e-3};
   RecomputeConfig recompute;
   uint64_t seed = 1;
-  bool float64 = false;
+  Precision precision = Precision::kFloat32;  // the spec's `dtype`
+  // Where the stages compute: "cpu" or "cuda" (each rank on a GPU of its own: the worker's,
+  // or stage processes round-robin over the visible GPUs; stages as threads share one).
+  std::string device = "cpu";
   int threads_per_stage = 0;      // 0: available cores / stages, at least 1
   double recv_timeout_s = 120.0;  // deadline of every wait for a peer
   // When set, every rank writes its final parameters and buffers to
@@ -103,8 +112,10 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 // The pipeline depth p: the number of explicit stage ranges, else `stages`.
 int PipelineStages(const JobConfig& config);
 
-// "float32"/"float" -> false, "float64"/"double" -> true; anything else InvalidArgument.
-absl::StatusOr<bool> ParseFloat64Dtype(const std::string& text);
+// "float32"/"float", "float64"/"double", "bfloat16"/"bf16"; anything else InvalidArgument.
+absl::StatusOr<Precision> ParsePrecision(const std::string& text);
+// "float32", "float64", "bfloat16".
+const char* PrecisionName(Precision precision);
 
 // The data kind after applying the default for the model.
 std::string EffectiveDataKind(const JobConfig& config);

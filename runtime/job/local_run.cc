@@ -1,4 +1,5 @@
 #include "runtime/job/local_run.h"
+
 #include "runtime/job/stage_run.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/checkpointing.h"
+#include "runtime/job/device.h"
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/model/model_zoo.h"
@@ -44,6 +46,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
 
+  // Stages as threads share one device (GPU 0 of a device: cuda job).
+  PT_ASSIGN_OR_RETURN(c10::Device device, DeviceForRank(c, 0));
   auto hub = transport::MakeInProcessHub();
   std::vector<std::unique_ptr<transport::Transport>> transports;
   std::vector<StageParts> stages;
@@ -55,7 +59,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   for (int r = 0; r < w; ++r) {
     for (int s = 0; s < p; ++s) {
       PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, s));
-      PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s, start));
+      PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s, start, device));
       if (s == 0 && r == 0) parts.config.commands = options.commands.get();
       transports.push_back(transport::MakeInProcessTransport(hub, s, r, w));
       if (options.wrap_transport) {
@@ -102,7 +106,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
                         DetachedBuffers(*stages[s].weights), stages[s].parameter_bytes,
-                        peak_memory, peak_tensors});
+                        peak_memory, peak_tensors, transports[s]->bytes_sent()});
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,

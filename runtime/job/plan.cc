@@ -52,7 +52,7 @@ absl::Status BuiltinBoundaries(JobPlan& plan) {
       }
       shape = *std::move(out);
     }
-    plan.boundary[s + 1] = {shape, plan.dtype};
+    plan.boundary[s + 1] = {shape, plan.compute_dtype};
   }
   return absl::OkStatus();
 }
@@ -70,6 +70,8 @@ absl::Status ProbeBoundaries(JobPlan& plan, const model::LayerList& layers, at::
         x = layers[i]->Forward(x, ctx);
       }
       plan.boundary[s + 1] = transport::SpecOf(x);
+      // Floating activations travel in the job's compute dtype (bfloat16 mixed precision).
+      if (plan.boundary[s + 1].dtype == plan.dtype) plan.boundary[s + 1].dtype = plan.compute_dtype;
     }
   } catch (const std::exception& e) {
     std::string what = e.what();
@@ -117,12 +119,13 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   plan.dataset = *std::move(dataset);
   plan.model_config = c.model;
   plan.model_config.seed = c.seed;
-  plan.model_config.float64 = c.float64;
+  plan.model_config.float64 = c.precision == Precision::kFloat64;
   if (plan.dataset->is_token_data()) {
     plan.model_config.vocab_size = plan.dataset->num_classes();
     plan.model_config.seq_len = c.data.seq_len;
   }
-  plan.dtype = c.float64 ? at::kDouble : at::kFloat;
+  plan.dtype = c.precision == Precision::kFloat64 ? at::kDouble : at::kFloat;
+  plan.compute_dtype = c.precision == Precision::kBFloat16 ? at::kBFloat16 : plan.dtype;
   // A TorchScript model is loaded (whole) only here, to learn its layers and shapes.
   model::LayerList script_layers;
   if (c.model.name == "torchscript") {
@@ -204,7 +207,7 @@ at::Tensor MicroBatchReader::Targets(int64_t j) const {
 
 absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
                                       const MicroBatchReader& reader, int s,
-                                      const StageStart& start) {
+                                      const StageStart& start, c10::Device device) {
   const int p = plan.stages();
   const model::LayerRange r = plan.partition[s];
   absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
@@ -220,6 +223,8 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   auto module = std::make_unique<model::StageModule>(
       r.begin, *std::move(layers),
       std::vector<bool>(plan.recompute.begin() + r.begin, plan.recompute.begin() + r.end));
+  module->SetComputeDtype(plan.compute_dtype);
+  if (!device.is_cpu()) module->ToDevice(device);
   std::vector<weights::ParameterState> optimizer_state;
   if (!start.layers.empty()) {
     auto loaded = checkpoint::LoadLayerStates(start.layers, module.get());
@@ -259,11 +264,13 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.nonfinite_limit = c.nonfinite_limit;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   if (s == 0) {
-    sc.inputs = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> { return reader.Inputs(j); };
+    sc.inputs = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
+      return reader.Inputs(j).to(device);
+    };
   }
   if (s == p - 1) {
-    sc.targets = [&reader](int64_t j) -> absl::StatusOr<at::Tensor> {
-      return reader.Targets(j);
+    sc.targets = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
+      return reader.Targets(j).to(device);
     };
   }
   sc.expected_input = plan.boundary[s];

@@ -34,7 +34,8 @@ struct JobPlan {
   std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
   std::vector<model::LayerRange> partition;
   std::vector<bool> recompute;  // per global layer
-  at::ScalarType dtype = at::kFloat;
+  at::ScalarType dtype = at::kFloat;          // of the weights (and of float input data)
+  at::ScalarType compute_dtype = at::kFloat;  // of the layers' work and the messages
   // boundary[s]: what stage s receives (boundary[0]: the input), boundary[p]: the output.
   std::vector<transport::TensorSpec> boundary;
 
@@ -78,9 +79,12 @@ struct StageStart {
   int64_t first_step = 0;
   std::vector<checkpoint::LayerState> layers;  // the stage's layers, in order (empty: fresh)
 };
+// The stage's layers, weights, optimizer state and the micro-batches it reads live on
+// `device`; its layers compute in plan.compute_dtype.
 absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& plan,
                                       const MicroBatchReader& reader, int stage,
-                                      const StageStart& start = {});
+                                      const StageStart& start = {},
+                                      c10::Device device = c10::Device(c10::DeviceType::CPU));
 
 // Intra-op threads per stage for this job on this machine.
 int ThreadsPerStage(const JobConfig& config, int stages);

@@ -25,6 +25,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
+#include "runtime/job/device.h"
 #include "runtime/job/plan.h"
 #include "runtime/job/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -96,6 +97,7 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
 
 absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
+  PT_RETURN_IF_ERROR(DeviceForRank(c, 0).status());  // once here, not from every rank
   const int p = plan.stages() * c.replicas;  // processes, rank = replica * stages + stage
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ServeTcpStore(kLoopback, 0));

@@ -201,7 +201,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
     report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
                                 out.stats.wait_s, out.stats.allreduce_s, out.parameter_bytes,
-                                out.peak_memory_bytes, out.peak_tensor_bytes});
+                                out.peak_memory_bytes, out.peak_tensor_bytes,
+                                out.bytes_sent});
     for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
     for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
   }

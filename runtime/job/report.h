@@ -36,6 +36,9 @@ struct StageReport {
   // The most tensor storage the process held at once (runtime/memory; 0 when not counted):
   // what the planner predicts. Shared by the stages of one process like the above.
   int64_t peak_tensor_bytes = 0;
+  // Payload bytes of the activations, gradients and step commands the stage sent to its
+  // neighbours (counted by the transport).
+  int64_t bytes_sent = 0;
 };
 
 struct JobReport {
@@ -91,6 +94,7 @@ struct StageOutcome {
   int64_t parameter_bytes = 0;    // as in StageReport
   int64_t peak_memory_bytes = 0;  // measured when the stage ended, before the copies above
   int64_t peak_tensor_bytes = 0;  // likewise (0: tensor memory not counted in this process)
+  int64_t bytes_sent = 0;         // as in StageReport
 };
 
 // The report of a finished run from every (replica, stage) outcome, replica-major; per-stage

@@ -1,5 +1,6 @@
 #include "runtime/job/stage_run.h"
 
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -15,9 +16,10 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/checkpointing.h"
+#include "runtime/job/device.h"
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
-#include "runtime/transport/gloo/gloo_transport.h"
+#include "runtime/transport/for_device.h"
 
 namespace pipetrain::job {
 namespace {
@@ -114,18 +116,21 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   if (hooks.on_start) hooks.on_start(first_step);
   if (rank == 0 && hooks.commands) hooks.commands->StartAt(first_step);
   SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
-  transport::GlooTransportOptions topts;
+  PT_ASSIGN_OR_RETURN(c10::Device device,
+                      DeviceForRank(c, hooks.device_index >= 0 ? hooks.device_index : rank));
+  transport::StageTransportOptions topts;
   topts.stage = stage;
   topts.stages = p;
   topts.replica = replica;
   topts.replicas = c.replicas;
+  topts.device = device;
   topts.host = hooks.host;
   topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
-                      transport::MakeGlooTransport(store, topts));
+                      transport::MakeStageTransport(store, topts));
   MicroBatchReader reader(plan, c.micro_batches, replica);
   PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
-  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start));
+  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
   start.layers.clear();  // loaded into the stage
   if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
   if (hooks.on_transport) hooks.on_transport(transport.get());
@@ -172,9 +177,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   PT_RETURN_IF_ERROR(ran);
   const int64_t peak_memory = PeakResidentMemoryBytes();
   const int64_t peak_tensors = memory::CountingTensorMemory() ? memory::PeakTensorBytes() : 0;
-  return StageOutcome{executor.stats(), DetachedParameters(*parts.weights),
-                      DetachedBuffers(*parts.weights), parts.parameter_bytes, peak_memory,
-                      peak_tensors};
+  return StageOutcome{executor.stats(),         DetachedParameters(*parts.weights),
+                      DetachedBuffers(*parts.weights), parts.parameter_bytes,
+                      peak_memory,               peak_tensors,
+                      transport->bytes_sent()};
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
@@ -194,6 +200,7 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   j["parameter_bytes"] = out.parameter_bytes;
   j["peak_memory_bytes"] = out.peak_memory_bytes;
   j["peak_tensor_bytes"] = out.peak_tensor_bytes;
+  j["bytes_sent"] = out.bytes_sent;
   PT_RETURN_IF_ERROR(WriteFileAtomically(OutcomePath(dir, stage, ".pt").string(), weights.str()));
   return WriteFileAtomically(OutcomePath(dir, stage, ".json").string(), j.dump());
 }
@@ -239,6 +246,7 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
     out.parameter_bytes = j.value("parameter_bytes", int64_t{0});
     out.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{0});
     out.peak_tensor_bytes = j.value("peak_tensor_bytes", int64_t{0});
+    out.bytes_sent = j.value("bytes_sent", int64_t{0});
     std::vector<at::Tensor> tensors;
     torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
     const size_t n = j.at("num_parameters");

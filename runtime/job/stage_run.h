@@ -40,6 +40,8 @@ struct StageRunHooks {
   // used from any thread), and with nullptr before it is destroyed.
   std::function<void(executor::StageExecutor*)> on_executor;
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
+  // The GPU of a device: cuda job (job/device.h); -1: the rank's (round-robin).
+  int device_index = -1;
   // Rank 0 only: where step commands for the job arrive (runtime/control).
   std::shared_ptr<control::StepCommandQueue> commands;
   // Called on the stage's thread of each rank of replica 0 after it wrote its part of the

@@ -1,5 +1,7 @@
 #include "runtime/model/dense_kernels.h"
 
+#include "runtime/model/mixed_precision.h"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -44,9 +46,10 @@ void Sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alph
               " m=", m, " n=", n, " k=", k, ")");
 }
 
+// Under mixed precision (autocast) the work is LibTorch's, in bfloat16.
 bool FastPath(const at::Tensor& t) {
   return OneDnnSgemm() != nullptr && t.defined() && t.device().is_cpu() &&
-         t.scalar_type() == at::kFloat && !t.is_sparse();
+         t.scalar_type() == at::kFloat && !t.is_sparse() && !MixedPrecisionOnCpu();
 }
 
 // ---------------------------------------------------------------- Linear
@@ -373,7 +376,12 @@ at::Tensor ComposedCausalAttention(
   at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
   at::Tensor causal = at::ones({t, t}, qkv.options().dtype(at::kBool)).triu(1);
-  att = at::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
+  // The softmax in float32 at least (under mixed precision the scores are bfloat16).
+  const at::ScalarType softmax_dtype =
+      att.scalar_type() == at::kBFloat16 || att.scalar_type() == at::kHalf ? at::kFloat
+                                                                        : att.scalar_type();
+  att = at::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1,
+                    softmax_dtype);
   if (on_probabilities) att = on_probabilities(att);
   return at::matmul(att, v).transpose(1, 2).reshape({b, t, d});
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace pipetrain::model {
 
@@ -39,6 +40,8 @@ class Layer {
   virtual std::unique_ptr<Layer> Clone() const = 0;
   // Converts parameters and buffers to `dtype` (float32 / float64).
   virtual void ToDtype(at::ScalarType dtype) = 0;
+  // Moves parameters and buffers to `device` (CPU or a CUDA device).
+  virtual void ToDevice(at::Device device) = 0;
   virtual void SetTraining(bool training) = 0;
   // Called once per mini-batch t on the weight version that is updated at its end:
   // BatchNorm folds the statistics accumulated over t's micro-batches into its running

@@ -75,6 +75,7 @@ class NnLayer : public Layer {
                                            std::dynamic_pointer_cast<Impl>(impl_->clone()));
   }
   void ToDtype(at::ScalarType dtype) override { impl_->to(dtype); }
+  void ToDevice(at::Device device) override { impl_->to(device); }
   void SetTraining(bool training) override { impl_->train(training); }
   void FinishMiniBatch(int64_t mini_batch) override { impl_->finish_mini_batch(mini_batch); }
   void DiscardMiniBatch(int64_t mini_batch) override { impl_->discard_mini_batch(mini_batch); }
@@ -116,6 +117,12 @@ struct GptEmbeddingImpl : StatelessModule<GptEmbeddingImpl> {
   at::Tensor token, position;
 };
 
+// `x` in the dtype of `like` (a norm's float32 weight): under mixed precision the norms, and
+// what they normalize, stay float32 while matrix products run in bfloat16.
+at::Tensor InDtypeOf(const at::Tensor& x, const at::Tensor& like) {
+  return x.scalar_type() == like.scalar_type() ? x : x.to(like.scalar_type());
+}
+
 // Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
 struct GptBlockImpl : StatelessModule<GptBlockImpl> {
   GptBlockImpl(int64_t d, int64_t heads, int64_t n_layers, double dropout)
@@ -138,7 +145,7 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     fc2_b = register_parameter("fc2_b", torch::zeros({d}));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
-    at::Tensor h = at::layer_norm(x, {d}, ln1_w, ln1_b);
+    at::Tensor h = at::layer_norm(InDtypeOf(x, ln1_w), {d}, ln1_w, ln1_b);
     at::Tensor qkv = Linear(h, qkv_w, qkv_b);
     at::Tensor y;
     if (dropout > 0 && is_training()) {
@@ -149,7 +156,7 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
       y = CausalSelfAttention(qkv, heads);
     }
     at::Tensor out = x + Dropout(Linear(y, proj_w, proj_b), dropout, ctx, 2, is_training());
-    h = at::layer_norm(out, {d}, ln2_w, ln2_b);
+    h = at::layer_norm(InDtypeOf(out, ln2_w), {d}, ln2_w, ln2_b);
     h = Linear(LinearGelu(h, fc_w, fc_b), fc2_w, fc2_b);
     return out + Dropout(h, dropout, ctx, 3, is_training());
   }
@@ -165,7 +172,7 @@ struct LayerNormImpl : StatelessModule<LayerNormImpl> {
     bias = register_parameter("bias", torch::zeros({d}));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    return at::layer_norm(x, {d}, weight, bias);
+    return at::layer_norm(InDtypeOf(x, weight), {d}, weight, bias);
   }
   int64_t d;
   at::Tensor weight, bias;
@@ -257,7 +264,8 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
     running_var = register_buffer("running_var", torch::ones({out}));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
-    at::Tensor y = at::conv2d(x, conv_w, {}, {stride, stride}, {1, 1});
+    // Under mixed precision the convolution runs in bfloat16; its normalization in float32.
+    at::Tensor y = InDtypeOf(at::conv2d(x, conv_w, {}, {stride, stride}, {1, 1}), bn_w);
     if (is_training()) {
       if (!ctx.recomputing) stats->Add(ctx.mini_batch, y);
       y = at::batch_norm(y, bn_w, bn_b, {}, {}, /*training=*/true, momentum, eps,
@@ -366,6 +374,7 @@ class ScriptLayer : public Layer {
     return std::make_unique<ScriptLayer>(name_, std::move(copy));
   }
   void ToDtype(at::ScalarType dtype) override { module_.to(dtype); }
+  void ToDevice(at::Device device) override { module_.to(device); }
   void SetTraining(bool training) override { module_.train(training); }
 
  private:

@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include "runtime/model/mixed_precision.h"
+
 namespace pipetrain::model {
 namespace {
 
@@ -66,7 +68,15 @@ bool StageModule::recomputes_anything() const {
 
 at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end,
                                   LayerContext ctx) {
+  const std::vector<at::Tensor> params = Parameters();
+  MixedPrecisionScope mixed(params.empty() ? c10::DeviceType::CPU : params[0].device().type(),
+                            compute_);
   at::Tensor x = input;
+  // Under mixed precision activations arrive in bfloat16; the residual stream between the
+  // layers is kept in the weights' float32, as it is in one process.
+  if (x.scalar_type() == compute_ && compute_ == at::kBFloat16 && !params.empty()) {
+    x = x.to(params[0].scalar_type());
+  }
   for (int i = begin; i < end; ++i) {
     ctx.global_layer = first_layer_ + i;
     x = layers_[i]->Forward(x, ctx);
@@ -111,7 +121,13 @@ std::vector<at::Tensor> StageModule::Buffers() const {
 std::unique_ptr<StageModule> StageModule::Clone() const {
   LayerList copies;
   for (const auto& layer : layers_) copies.push_back(layer->Clone());
-  return std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
+  auto copy = std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
+  copy->compute_ = compute_;
+  return copy;
+}
+
+void StageModule::ToDevice(at::Device device) {
+  for (auto& layer : layers_) layer->ToDevice(device);
 }
 
 void StageModule::CopyWeightsFrom(const StageModule& other) {

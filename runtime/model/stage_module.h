@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "runtime/model/layer.h"
 
@@ -23,6 +24,14 @@ class StageModule {
   // `first_layer` is the global index of layers[0]. `recompute[i]` marks local layer i;
   // an empty vector means no recomputation.
   StageModule(int first_layer, LayerList layers, std::vector<bool> recompute = {});
+
+  // Mixed precision: every forward (and recomputation) of the layers runs in a
+  // MixedPrecisionScope of `compute` (bfloat16) for the device of the parameters; float32
+  // (the default) or float64: as the parameters are.
+  void SetComputeDtype(at::ScalarType compute) { compute_ = compute; }
+  at::ScalarType compute_dtype() const { return compute_; }
+  // Moves the parameters and buffers to `device` (before any optimizer state exists).
+  void ToDevice(at::Device device);
 
   // The stage's output for `input`. ctx.global_layer is filled in per layer.
   at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx);
@@ -51,6 +60,7 @@ class StageModule {
   int first_layer_;
   LayerList layers_;
   std::vector<bool> recompute_;
+  at::ScalarType compute_ = at::kFloat;
 };
 
 }  // namespace pipetrain::model

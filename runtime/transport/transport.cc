@@ -33,6 +33,17 @@ int64_t WireElementSize(int64_t dtype) {
   return 0;
 }
 
+absl::Status Transport::Send(int peer_stage, MessageKind kind, int64_t micro_batch,
+                             const at::Tensor& tensor) {
+  absl::Status s = SendMessage(peer_stage, kind, micro_batch, tensor);
+  if (s.ok() && tensor.defined()) {
+    bytes_sent_.fetch_add(static_cast<int64_t>(tensor.numel()) * tensor.element_size(),
+                          std::memory_order_relaxed);
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return s;
+}
+
 std::unique_ptr<Transport::PendingReduction> Transport::StartAllReduceMean(
     std::vector<at::Tensor> tensors, absl::Time deadline) {
   return std::make_unique<DoneReduction>(AllReduceMean(tensors, deadline));

@@ -11,6 +11,7 @@
 // Thread-safe: Abort() may be called from any thread while Send/Recv run.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,8 +36,9 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual int stage() const = 0;
-  virtual absl::Status Send(int peer_stage, MessageKind kind, int64_t micro_batch,
-                            const at::Tensor& tensor) = 0;
+  // Sends `tensor` (see the file comment) and, once it is on its way, counts its payload.
+  absl::Status Send(int peer_stage, MessageKind kind, int64_t micro_batch,
+                    const at::Tensor& tensor);
   virtual absl::StatusOr<at::Tensor> Recv(int peer_stage, MessageKind kind, int64_t micro_batch,
                                           absl::Time deadline) = 0;
   // Fails every pending and future Send/Recv of every stage sharing this data plane with
@@ -59,6 +61,20 @@ class Transport {
                                                                absl::Time deadline);
   // Waits until every message sent so far has left this process (before exiting).
   virtual absl::Status Flush(absl::Time /*deadline*/) { return absl::OkStatus(); }
+
+  // The payload bytes (the tensors' elements, not the transport's headers) of every message
+  // Send has put on its way so far, and how many messages. Thread-safe.
+  int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  int64_t messages_sent() const { return messages_sent_.load(std::memory_order_relaxed); }
+
+ protected:
+  // What Send does, in each implementation.
+  virtual absl::Status SendMessage(int peer_stage, MessageKind kind, int64_t micro_batch,
+                                   const at::Tensor& tensor) = 0;
+
+ private:
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> messages_sent_{0};
 };
 
 // Shape and dtype a message must have, checked by the receiver.

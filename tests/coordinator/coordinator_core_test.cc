@@ -522,6 +522,25 @@ TEST(Placement, ThreadsPerStageNeedWorkersWithThatManyCores) {
             "(of 5): it waits for more to register");
 }
 
+// A job runs only on workers of its device kind: a cuda job on workers registered as cuda or
+// cuda:N, a cpu job never on them; a cuda job with no GPU workers waits, saying so.
+TEST(Placement, JobsRunOnlyOnWorkersOfTheirDevice) {
+  const std::vector<PoolWorker> pool = {{"cpu1", 0, true, "cpu"},
+                                        {"gpu0", 0, true, "cuda:0"},
+                                        {"cpu2", 0, true, "cpu"},
+                                        {"gpu1", 0, true, "cuda"}};
+  PlacementPlan plan = PlaceQueuedJobs({{"g", 2, 0, "cuda"}, {"c", 2, 0, "cpu"}}, pool);
+  ASSERT_EQ(plan.started.size(), 2u);
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"gpu0", "gpu1"}));
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"cpu1", "cpu2"}));
+  plan = PlaceQueuedJobs({{"g", 1, 0, "cuda"}}, {{"cpu1"}, {"cpu2"}});
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"g"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 1 worker on cuda; the pool has 0 such (of 2): it waits for more to register");
+  EXPECT_EQ(DeviceKind("cuda:3"), "cuda");
+  EXPECT_EQ(DeviceKind("cpu"), "cpu");
+}
+
 // What /metrics shows of the coordinator: jobs and workers by state, a running job's step,
 // and each stage's compute per step over the median stage's (stage 1 computes 3 s a step,
 // stage 0 1 s: ratios 0.5 and 1.5), step commands counted by outcome.

@@ -151,13 +151,14 @@ std::vector<Case> Cases() {
       {"empty micro-batches", Spec({{"microbatch_size", "0"}}),
        {"microbatch_size: must be >= 1, got 0"}},
       {"unknown dtype", Spec({{"dtype", "float16"}}),
-       {"dtype: expected float32 or float64, got 'float16'"}},
+       {"dtype: expected float32, float64 or bfloat16, got 'float16'"}},
       {"unknown recompute", Spec({{"recompute", "sometimes"}}),
        {"recompute: expected none, all, stages:I,J,... or layers:I,J,..., got 'sometimes'"}},
       {"no time to wait", Spec({{"timeout_s", "0"}}), {"timeout_s: must be > 0, got 0"}},
       {"negative threads", Spec({{"threads_per_stage", "-1"}}),
        {"threads_per_stage: must be >= 0, got -1"}},
       {"empty gradient buckets", Spec({{"bucket_kib", "0"}}), {"bucket_kib: must be >= 1, got 0"}},
+      {"an unknown device", Spec({{"device", "tpu"}}), {"device: expected cpu or cuda, got 'tpu'"}},
       {"an empty weights_dir", Spec({{"weights_dir", "\"\""}}),
        {"weights_dir: must not be empty when set"}},
       // Many at once: every one is listed.
@@ -179,7 +180,7 @@ std::vector<Case> Cases() {
         "replicas: must be >= 1, got 0", "microbatch_size: must be >= 1, got 0",
         "steps: must be >= 1, got 0",
         "schedule: 2bw needs micro_batches >= stages: got m=1 < p=2",
-        "dtype: expected float32 or float64, got 'float16'"}},
+        "dtype: expected float32, float64 or bfloat16, got 'float16'"}},
   };
 }
 
@@ -199,7 +200,7 @@ bool StartsWithFieldPath(const std::string& violation) {
       "job",    "name",      "model",       "data",           "schedule",          "stages",
       "replicas", "overlap_allreduce", "bucket_kib", "microbatches", "microbatch_size", "steps",
       "optimizer", "recompute", "seed",     "dtype",          "threads_per_stage", "timeout_s",
-      "weights_dir"};
+      "weights_dir", "device"};
   static const std::regex kPath(
       "^([a-z_0-9]+)(\\[[0-9]*\\])*(\\.[a-z_0-9]+(\\[[0-9]*\\])*)*(/[a-z_0-9]+)?(: | \\()");
   std::smatch m;
@@ -387,6 +388,40 @@ TEST_F(InvalidSpecTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
   }
   Result ok = cluster.Cli("submit " + Write("ok.yaml", job(inside)).string() + " --follow");
   EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+}
+
+}  // namespace
+
+namespace {
+
+// device: cuda where no GPU is visible. The coordinator takes the job but runs it only on
+// workers registered on a GPU: with CPU workers alone it waits, saying what for (and a CPU
+// job runs meanwhile). A worker asked for a GPU this machine does not show will not start.
+TEST_F(InvalidSpecTest, ACudaJobWaitsForGpuWorkersAndAWorkerWithoutItsGpuDoesNotStart) {
+  if (fs::exists("/dev/nvidia0")) GTEST_SKIP() << "this machine has a GPU";
+  LocalCluster cluster(dir_, 2);
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  Result queued = cluster.Cli("submit " + Write("gpu.yaml", Spec({{"device", "cuda"}})).string());
+  ASSERT_EQ(queued.exit_code, 0) << queued.err;
+  const nlohmann::json waiting = cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
+    return j.value("message", "").find("on cuda") != std::string::npos;
+  });
+  ASSERT_FALSE(waiting.is_null());
+  EXPECT_EQ(waiting.value("state", ""), "JOB_STATE_QUEUED");
+  EXPECT_THAT(waiting.value("message", ""),
+              HasSubstr("needs 2 workers on cuda; the pool has 0 such (of 2)"));
+  Result cpu = cluster.Cli("submit " + Write("cpu.yaml", Spec({})).string() + " --follow");
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+  EXPECT_EQ(cluster.Cli("cancel job-0001").exit_code, 0);
+
+  Result worker = cluster.Shell(std::string(LocalCluster::worker_path()) +
+                                " --coordinator " + cluster.address() + " --device cuda");
+  EXPECT_EQ(worker.exit_code, 2);
+  EXPECT_THAT(worker.err, HasSubstr("--device cuda: this process sees 0 CUDA devices"));
+  Result bad = cluster.Shell(std::string(LocalCluster::worker_path()) +
+                             " --coordinator " + cluster.address() + " --device tpu");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--device tpu: expected cpu, cuda or cuda:N"));
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ dtype: float16
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   for (const char* needle :
        {"model.d_model", "microbatch_size: must be >= 1", "steps: must be >= 1", "optimizer.lr",
-        "dtype: expected float32 or float64", "2bw needs micro_batches >= stages"}) {
+        "dtype: expected float32, float64 or bfloat16", "2bw needs micro_batches >= stages"}) {
     EXPECT_THAT(r.err, HasSubstr(needle));
   }
   // Structural errors are caught before anything is sent.

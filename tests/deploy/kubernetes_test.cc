@@ -652,14 +652,14 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
 }
 
 // The gpu overlay's worker command line parses (a renamed flag would fail before this) and
-// reaches the device check: this build runs CPU stages only and says so.
+// reaches the device check: where no GPU is visible the worker says so and does not start.
 TEST_F(KubernetesTest, TheGpuOverlaysWorkerCommandLineParsesAndAsksForCuda) {
   const std::vector<YAML::Node> objects = Render("gpu");
   ContainerRunner runner(objects, dir_);
   const Launch w = runner.Prepare(*Find(objects, "StatefulSet", "pipetrain-worker"),
                                   "127.0.99.50", "gpu-worker");
   EXPECT_EQ(RunToEnd(w, std::chrono::seconds(30)), pipetrain::exit_code::kUsage) << ReadFile(w.log);
-  EXPECT_THAT(ReadFile(w.log), HasSubstr("--device cuda: only cpu stages run in this build"));
+  EXPECT_THAT(ReadFile(w.log), HasSubstr("--device cuda: this process sees 0 CUDA devices"));
 }
 
 // Each container's command is a program the image installs in /usr/local/bin.

@@ -92,6 +92,7 @@ const std::vector<FieldValue>& Values() {
       {"recompute", "layers:1,3", "layers:1,3", "layers:1,3"},
       {"seed", "987654321012345", "987654321012345", 987654321012345},
       {"dtype", "float64", "float64", "float64"},
+      {"device", "cuda", "cuda", "cuda"},
       {"threads_per_stage", "2", "2", 2},
       {"timeout_s", "7.25", "7.25", 7.25},
   };

@@ -14,6 +14,7 @@
 
 #include "runtime/job/local_run.h"
 #include "runtime/job/plan.h"
+#include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
 
 namespace pipetrain {
@@ -137,6 +138,50 @@ TEST(BuiltinModels, VggHasThePapersConfigurations) {
               ::testing::HasSubstr("model.hidden_layers must be 11, 13, 16 or 19 for vgg"));
 }
 
+// Mixed precision: inside a bfloat16 scope a matrix product of float32 tensors runs in
+// bfloat16 and its gradient reaches the float32 weight as float32; scopes nest; outside, or
+// in a float32 scope, nothing changes; a weight updated in place between two scopes is used
+// as updated (no stale cast).
+TEST(MixedPrecision, AScopeComputesInBFloat16OnFloat32Weights) {
+  at::Tensor w = at::randn({4, 3}).requires_grad_(true);
+  const at::Tensor x = at::randn({2, 4});
+  {
+    model::MixedPrecisionScope scope(c10::DeviceType::CPU, at::kBFloat16);
+    EXPECT_TRUE(model::MixedPrecisionOnCpu());
+    at::Tensor y = at::mm(x, w);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    {
+      model::MixedPrecisionScope inner(c10::DeviceType::CPU, at::kBFloat16);
+      EXPECT_EQ(at::mm(x, w).scalar_type(), at::kBFloat16);
+    }
+    EXPECT_TRUE(model::MixedPrecisionOnCpu());
+    y.sum().backward();
+  }
+  EXPECT_FALSE(model::MixedPrecisionOnCpu());
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(at::mm(x, w).scalar_type(), at::kFloat);
+  {
+    model::MixedPrecisionScope none(c10::DeviceType::CPU, at::kFloat);
+    EXPECT_FALSE(model::MixedPrecisionOnCpu());
+    EXPECT_EQ(at::mm(x, w).scalar_type(), at::kFloat);
+  }
+  at::Tensor before, after;
+  {
+    model::MixedPrecisionScope scope(c10::DeviceType::CPU, at::kBFloat16);
+    before = at::mm(x, w).detach();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    w.mul_(2);
+  }
+  {
+    model::MixedPrecisionScope scope(c10::DeviceType::CPU, at::kBFloat16);
+    after = at::mm(x, w).detach();
+  }
+  EXPECT_TRUE(at::allclose(after.to(at::kFloat), 2 * before.to(at::kFloat), 1e-2, 1e-2));
+}
+
 TEST(LayerInit, EachLayerDependsOnlyOnSeedAndIndex) {
   for (const ModelConfig& base : BuiltinConfigs()) {
     SCOPED_TRACE(base.name);
@@ -181,7 +226,7 @@ JobConfig SmallGpt() {
   c.micro_batch_size = 2;
   c.steps = 5;
   c.optimizer = {"adamw", 1e-2};
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;
   return c;

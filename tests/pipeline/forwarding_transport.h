@@ -15,8 +15,8 @@ class ForwardingTransport : public transport::Transport {
   explicit ForwardingTransport(std::unique_ptr<transport::Transport> inner)
       : inner_(std::move(inner)) {}
   int stage() const override { return inner_->stage(); }
-  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
-                    const at::Tensor& t) override {
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+                           const at::Tensor& t) override {
     return inner_->Send(peer, kind, j, t);
   }
   absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,

@@ -44,7 +44,7 @@ JobConfig Gpt(ScheduleKind kind, int steps) {
   c.micro_batch_size = 2;
   c.steps = steps;
   c.optimizer = {"adamw", 1e-2};
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;
   return c;
@@ -63,8 +63,8 @@ class PoisoningTransport : public ForwardingTransport {
   PoisoningTransport(std::unique_ptr<transport::Transport> inner, int micro_batches,
                      std::set<int64_t> steps)
       : ForwardingTransport(std::move(inner)), m_(micro_batches), steps_(std::move(steps)) {}
-  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
-                    const at::Tensor& t) override {
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+                           const at::Tensor& t) override {
     if (kind == transport::MessageKind::kActivation && steps_.count(j / m_)) {
       return inner_->Send(peer, kind, j, at::full_like(t, std::nan("")));
     }

@@ -43,7 +43,7 @@ JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {
   c.steps = 5;
   c.optimizer = {"sgd", 0.05};
   c.optimizer.momentum = 0.9;
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;
   return c;
@@ -82,7 +82,7 @@ class FlushEquivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(FlushEquivalence, ParametersEqualUnpipelinedRun) {
   const Case k = GetParam();
   JobConfig c = TinyGpt(k.kind, k.stages, k.m);
-  c.float64 = k.float64;
+  c.precision = k.float64 ? pipetrain::job::Precision::kFloat64 : pipetrain::job::Precision::kFloat32;
   c.recompute = *ParseRecompute(k.recompute);
   JobReport report = MustRun(c);
   auto reference = MustReference(c);
@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Recompute, BitwiseEqualWithDropout) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
     JobConfig c = TinyGpt(kind, 3, 4);
-    c.float64 = false;
+    c.precision = pipetrain::job::Precision::kFloat32;
     c.model.dropout = 0.2;
     c.optimizer = {"adamw", 1e-2};
     JobReport off = MustRun(c);
@@ -410,7 +410,7 @@ TEST(Stash, PeakPerStageMatchesTable) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
     JobConfig c = TinyGpt(kind, p, m);
     c.steps = 3;
-    c.float64 = false;
+    c.precision = pipetrain::job::Precision::kFloat32;
     JobReport report = MustRun(c);
     ASSERT_EQ(report.per_stage.size(), static_cast<size_t>(p));
     for (int s = 0; s < p; ++s) {
@@ -441,7 +441,7 @@ TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
   c.micro_batch_size = 3;
   c.steps = 1;
   c.optimizer = {"sgd", 0.1};
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   JobReport report = MustRun(c);
 
@@ -503,7 +503,7 @@ TEST(Vgg, PipelinedAndReplicatedEqualTheReference) {
   c.micro_batch_size = 4;
   c.steps = 3;
   c.optimizer = {"sgd", 0.05};
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   for (int replicas : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << replicas << " replicas");
@@ -611,8 +611,8 @@ class FaultyTransport : public ForwardingTransport {
   enum class Fault { kWrongShape, kWrongDtype, kDrop };
   FaultyTransport(std::unique_ptr<transport::Transport> inner, Fault fault, int64_t micro_batch)
       : ForwardingTransport(std::move(inner)), fault_(fault), micro_batch_(micro_batch) {}
-  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
-                    const at::Tensor& t) override {
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+                           const at::Tensor& t) override {
     if (kind != transport::MessageKind::kActivation || j != micro_batch_) {
       return inner_->Send(peer, kind, j, t);
     }

@@ -39,7 +39,7 @@ JobConfig Gpt(ScheduleKind kind, const std::string& dir) {
   c.micro_batch_size = 2;
   c.steps = 20;
   c.optimizer = {"adamw", 1e-2};
-  c.float64 = true;
+  c.precision = pipetrain::job::Precision::kFloat64;
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;
   c.checkpoint.dir = dir;
@@ -59,8 +59,8 @@ class CrashingTransport : public ForwardingTransport {
  public:
   CrashingTransport(std::unique_ptr<transport::Transport> inner, int64_t micro_batch)
       : ForwardingTransport(std::move(inner)), micro_batch_(micro_batch) {}
-  absl::Status Send(int peer, transport::MessageKind kind, int64_t j,
-                    const at::Tensor& t) override {
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+                           const at::Tensor& t) override {
     if (kind == transport::MessageKind::kActivation && j == micro_batch_) {
       return absl::UnavailableError("injected crash");
     }

@@ -109,6 +109,19 @@ TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
   ASSERT_TRUE(got_ids.ok());
   EXPECT_TRUE(at::equal(*got_ids, ids));
   EXPECT_TRUE(pair.stage0->Flush(absl::Now() + absl::Seconds(10)).ok());
+  // Each transport counts the payload it sent: 2 x 512 float64, 12 int64; 15 float32.
+  EXPECT_EQ(pair.stage0->bytes_sent(), 2 * 512 * 8 + 12 * 8);
+  EXPECT_EQ(pair.stage0->messages_sent(), 3);
+  EXPECT_EQ(pair.stage1->bytes_sent(), 15 * 4);
+  // bfloat16 travels as two bytes an element.
+  const at::Tensor half = torch::randn({4, 8, 16}).to(at::kBFloat16);
+  ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 10, half).ok());
+  auto got_half = pair.stage1->Recv(0, MessageKind::kActivation, 10, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(got_half.ok());
+  EXPECT_EQ(got_half->scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(*got_half, half));
+  EXPECT_EQ(pair.stage0->bytes_sent(), 2 * 512 * 8 + 12 * 8 + 512 * 2);
+  EXPECT_TRUE(pair.stage0->Flush(absl::Now() + absl::Seconds(10)).ok());
 }
 
 // Payloads up to 128 KiB travel inline with their header, larger ones as a second message;

@@ -61,8 +61,8 @@ class GlooTransport : public Transport {
 
   int stage() const override { return options_.stage; }
 
-  absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
-                    const at::Tensor& tensor) override {
+  absl::Status SendMessage(int peer, MessageKind kind, int64_t micro_batch,
+                           const at::Tensor& tensor) override {
     if (absl::Status s = aborted(); !s.ok()) return s;
     if (tensor.dim() > kWireMaxDims) {
       return absl::InvalidArgumentError(absl::StrCat("cannot send a tensor of ", tensor.dim(),

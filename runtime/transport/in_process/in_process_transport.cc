@@ -106,8 +106,8 @@ class InProcessTransport : public Transport {
   InProcessTransport(std::shared_ptr<InProcessHub> hub, int stage, int replica, int replicas)
       : hub_(std::move(hub)), stage_(stage), replica_(replica), replicas_(replicas) {}
   int stage() const override { return stage_; }
-  absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
-                    const at::Tensor& tensor) override {
+  absl::Status SendMessage(int peer, MessageKind kind, int64_t micro_batch,
+                           const at::Tensor& tensor) override {
     return hub_->Put({stage_, peer, kind, micro_batch, replica_}, tensor);
   }
   absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t micro_batch,

@@ -201,8 +201,8 @@ class NcclTransport : public Transport {
 
   int stage() const override { return options_.stage; }
 
-  absl::Status Send(int peer, MessageKind kind, int64_t micro_batch,
-                    const at::Tensor& tensor) override {
+  absl::Status SendMessage(int peer, MessageKind kind, int64_t micro_batch,
+                           const at::Tensor& tensor) override {
     if (absl::Status s = aborted(); !s.ok()) return s;
     const std::string message_name = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
                                                   micro_batch, " to ", Describe(peer));

@@ -1,0 +1,46 @@
+#include "runtime/transport/for_device.h"
+
+#include "runtime/transport/gloo/gloo_transport.h"
+#if defined(PIPETRAIN_HAVE_NCCL)
+#include "runtime/transport/nccl/nccl_transport.h"
+#endif
+
+namespace pipetrain::transport {
+
+bool HaveNcclTransport() {
+#if defined(PIPETRAIN_HAVE_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
+    std::shared_ptr<rendezvous::KeyValueStore> store, const StageTransportOptions& options) {
+  if (options.device.is_cuda()) {
+#if defined(PIPETRAIN_HAVE_NCCL)
+    NcclTransportOptions nccl;
+    nccl.stage = options.stage;
+    nccl.stages = options.stages;
+    nccl.replica = options.replica;
+    nccl.replicas = options.replicas;
+    nccl.device = options.device.index() < 0 ? 0 : options.device.index();
+    nccl.connect_timeout = options.connect_timeout;
+    return MakeNcclTransport(std::move(store), nccl);
+#else
+    return absl::FailedPreconditionError(
+        "device: cuda needs the NCCL transport, which this build does not have (the CUDA "
+        "toolkit and NCCL were not found when it was built: docs/gpu.md)");
+#endif
+  }
+  GlooTransportOptions gloo;
+  gloo.stage = options.stage;
+  gloo.stages = options.stages;
+  gloo.replica = options.replica;
+  gloo.replicas = options.replicas;
+  gloo.host = options.host;
+  gloo.connect_timeout = options.connect_timeout;
+  return MakeGlooTransport(std::move(store), gloo);
+}
+
+}  // namespace pipetrain::transport

@@ -1,0 +1,36 @@
+// The one place a stage process picks its transport, by where its tensors live: NCCL between
+// GPUs (CUDA tensors), Gloo over TCP for the CPU. Stages that are threads of one process use
+// the in-process transport whatever their device (in_process/).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/transport.h"
+
+namespace pipetrain::transport {
+
+struct StageTransportOptions {
+  int stage = 0;
+  int stages = 1;
+  int replica = 0;
+  int replicas = 1;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  std::string host = "127.0.0.1";  // where this process listens for Gloo peers
+  absl::Duration connect_timeout = absl::Seconds(60);
+};
+
+// Gloo for a CPU device, NCCL for a CUDA one. FailedPrecondition for a CUDA device in a
+// build without the NCCL transport; what the transport's connection says otherwise.
+absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
+    std::shared_ptr<rendezvous::KeyValueStore> store, const StageTransportOptions& options);
+
+// Whether this build has the NCCL transport.
+bool HaveNcclTransport();
+
+}  // namespace pipetrain::transport
