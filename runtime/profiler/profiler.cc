@@ -28,6 +28,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
+#include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -92,7 +93,7 @@ std::string CacheKey(const job::JobPlan& plan, const job::JobConfig& config, int
   nlohmann::json key = {
       {"format", kProfileFormat}, {"build", BuildIdentity()}, {"device", "cpu"},
       {"threads", threads},
-      {"micro_batch_size", b},    {"dtype", plan.dtype == at::kDouble ? "float64" : "float32"},
+      {"micro_batch_size", b},    {"dtype", job::PrecisionName(config.precision)},
       {"optimizer", config.optimizer.name}, {"model", m.name}, {"vocab_size", m.vocab_size},
       {"seq_len", m.seq_len},     {"d_model", m.d_model},      {"n_heads", m.n_heads},
       {"n_layers", m.n_layers},   {"dropout", m.dropout},      {"input_dim", m.input_dim},
@@ -177,7 +178,11 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       const bool last = ends_model && i + 1 == n;
       const int64_t before = memory::TensorBytesInUse();
       const auto t0 = std::chrono::steady_clock::now();
-      outputs[i] = (*built)[i]->Forward(x, ctx);
+      {
+        // A bfloat16 job's layers compute under autocast, as in its stages.
+        model::MixedPrecisionScope mixed(c10::DeviceType::CPU, plan.compute_dtype);
+        outputs[i] = (*built)[i]->Forward(x, ctx);
+      }
       if (last) {
         loss = at::cross_entropy_loss(outputs[i].reshape({-1, outputs[i].size(-1)}),
                                       targets.reshape({-1}));
@@ -600,7 +605,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     // What the dataset holds (every rank loads it).
     profile.base_bytes =
         std::max<int64_t>(profile.base_bytes, memory::TensorBytesInUse() - before_plan);
-    profile.dtype = plan->dtype == at::kDouble ? "float64" : "float32";
+    profile.dtype = job::PrecisionName(config.precision);
     profile.tokens_per_sample = plan->model_config.name == "gpt" ? plan->model_config.seq_len : 1;
     profile.model = absl::StrCat(plan->model_config.name, ", ", plan->layers.size(), " layers, ",
                                  plan->num_parameters(), " parameters");
