@@ -27,7 +27,35 @@ struct StageCosts {
   double send_act_s = 0, send_grad_s = 0;  // link time of the stage's output / input gradient
   // CPU of the messages the stage sends (its output, its input's gradient) and receives.
   MessageCost act_out, grad_out, act_in, grad_in;
+  int64_t gradient_bytes = 0;  // one copy of the stage's parameters' gradients
 };
+
+// The most a stage holds at once of its micro-batches in flight and its gradient, walking
+// its action list: each micro-batch keeps `per_micro_batch` from its F to its B; the gradient
+// exists from the step's first backward to its update (STEP drops it), and that first
+// backward frees its micro-batch's stash as the gradient appears, so it holds the larger of
+// the two rather than both. Also the most micro-batches in flight.
+std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, int64_t per_micro_batch,
+                                   int64_t gradient_bytes) {
+  int in_flight = 0, peak_in_flight = 0;
+  bool gradient = false;
+  int64_t peak = 0;
+  for (const Action& a : list) {
+    if (a.kind == ActionKind::kForward) {
+      peak_in_flight = std::max(peak_in_flight, ++in_flight);
+      peak = std::max(peak, in_flight * per_micro_batch + (gradient ? gradient_bytes : 0));
+    } else if (a.kind == ActionKind::kBackward) {
+      peak = std::max(peak, (in_flight - 1) * per_micro_batch +
+                                (gradient ? per_micro_batch + gradient_bytes
+                                          : std::max(per_micro_batch, gradient_bytes)));
+      --in_flight;
+      gradient = true;
+    } else if (a.kind == ActionKind::kOptimizerStep) {
+      gradient = false;
+    }
+  }
+  return {peak, peak_in_flight};
+}
 
 absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int layers) {
   if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
@@ -138,7 +166,8 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     }
     const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
     StagePrediction& out = prediction.stages[s];
-    out.weight_bytes = static_cast<int64_t>((versions + 1) * parameter_bytes + optimizer_bytes);
+    out.weight_bytes = static_cast<int64_t>(versions * parameter_bytes + optimizer_bytes);
+    costs[s].gradient_bytes = static_cast<int64_t>(parameter_bytes);
     out.allreduce_s = c.allreduce_s;
     out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
   }
@@ -153,7 +182,6 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   std::vector<State> state(p, State::kIdle);
   std::vector<size_t> next(p, 0);
   std::vector<double> work_left(p, 0), wait_until(p, 0), last_backward_start(p, 0);
-  std::vector<int> in_flight(p, 0), peak_in_flight(p, 0);
   std::vector<double> exposed(p, 0);
   std::vector<double> step_end;  // stage 0's STEP ends
   // CPU work of the transports' own threads (per replica) still to run: it takes its share
@@ -185,11 +213,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
 
   const auto finish_action = [&](int s) {
     const Action& a = (*lists)[s][next[s]];
-    if (a.kind == ActionKind::kForward) {
-      peak_in_flight[s] = std::max(peak_in_flight[s], ++in_flight[s]);
-    } else if (a.kind == ActionKind::kBackward) {
-      --in_flight[s];
-    } else if (a.kind == ActionKind::kOptimizerStep && s == 0) {
+    if (a.kind == ActionKind::kOptimizerStep && s == 0) {
       step_end.push_back(now);
     } else if (a.kind == ActionKind::kSendActivation) {
       arrivals[{ActionKind::kRecvActivation, a.index, s + 1}] = now + costs[s].send_act_s;
@@ -343,9 +367,11 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.stage_layers[s];
     const auto [per_micro_batch, transient] = ActivationBytes(profile, layers, layout, begin, end);
-    out.peak_in_flight = peak_in_flight[s];
+    const auto [held, in_flight_at_most] =
+        HeldAtPeak((*lists)[s], per_micro_batch, costs[s].gradient_bytes);
+    out.peak_in_flight = in_flight_at_most;
     out.exposed_allreduce_s = exposed[s];
-    out.activation_bytes = peak_in_flight[s] * per_micro_batch + transient;
+    out.activation_bytes = held + transient;
     // What a stage receives: activations and the step commands from s - 1, gradients from
     // s + 1, each with receives posted ahead.
     const int streams = (s > 0 ? 2 : 0) + (s + 1 < p ? 1 : 0);

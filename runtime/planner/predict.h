@@ -20,16 +20,20 @@
 //   - the step time is the steady-state time between two STEPs of stage 0 (the mean over the
 //     middle steps of eight).
 // Memory of a stage (bytes of tensors, the process's own code and libraries not counted):
-//   weights   = (versions + 1) x parameter bytes + optimizer bytes (2BW keeps 2 versions,
-//               the others 1; the +1 is the gradient)
+//   weights   = versions x parameter bytes + optimizer bytes (2BW keeps 2 versions, the
+//               others 1)
 //   per micro-batch in flight: the stage's input (as received: see the profile's
 //               inline_buffer_bytes), and per layer its stash and output, except
 //               inside a run of recomputed layers, which keeps only the run's output
+//   held      = the most, over the stage's action list, of its micro-batches in flight (each
+//               from its F to its B) and its gradient (one copy of the parameters), which
+//               exists from the step's first backward to its update; that first backward
+//               frees its micro-batch's stash as the gradient appears, so it holds the larger
+//               of the two, not both (one micro-batch a step never holds both)
 //   transient = the largest recomputed run's stash and outputs (rebuilt during its backward)
 //               plus the largest working_bytes of a layer of the stage
-//   peak      = weights + peak in-flight micro-batches (counted in the simulation) x per
-//               micro-batch + transient + the profile's base_bytes (the dataset every rank
-//               holds) + receive_buffer_bytes per stream of messages the stage receives
+//   peak      = weights + held + transient + the profile's base_bytes (the dataset every
+//               rank holds) + receive_buffer_bytes per stream of messages the stage receives
 //               (activations and step commands from s - 1, gradients from s + 1).
 #pragma once
 
@@ -66,8 +70,8 @@ struct StagePrediction {
   double allreduce_s = 0;          // per step: the AllReduce of its gradients (0 for w = 1)
   double exposed_allreduce_s = 0;  // the part of it the stage waits for
   int peak_in_flight = 0;          // micro-batches
-  int64_t weight_bytes = 0;        // weights, gradient, optimizer state
-  int64_t activation_bytes = 0;    // peak in flight x per micro-batch + transient
+  int64_t weight_bytes = 0;        // weights (every version) and optimizer state
+  int64_t activation_bytes = 0;    // held (micro-batches in flight, gradient) + transient
   int64_t peak_memory_bytes = 0;   // the sum
 };
 

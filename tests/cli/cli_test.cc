@@ -216,6 +216,7 @@ TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
     Result planned = Run("plan --workers 2 -o json -q" + job);
     ASSERT_EQ(planned.exit_code, 0) << planned.err;
     const auto plan = nlohmann::json::parse(planned.out);
+    SCOPED_TRACE("the plan: " + plan.dump());
     const fs::path summary = dir_ / "summary.json";
     Result run = Run("run --launch processes --stages auto --plan-workers 2 -q --summary " +
                      summary.string() + job);

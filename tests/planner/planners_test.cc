@@ -54,10 +54,11 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
   const std::vector<LayerProfile> layers = LayersAt(profile, layout.micro_batch_size);
   const auto [begin, end] = layout.stage_layers[s];
   const int versions = layout.schedule == ScheduleKind::kTwoBW ? 2 : 1;
-  int64_t weights = 0, per_micro_batch = begin > 0 ? layers[begin - 1].output_bytes : 0;
+  int64_t weights = 0, gradient = 0, per_micro_batch = begin > 0 ? layers[begin - 1].output_bytes : 0;
   int64_t run = 0, largest_run = 0, working = 0;
   for (int l = begin; l < end; ++l) {
-    weights += (versions + 1) * layers[l].parameter_bytes + layers[l].optimizer_bytes;
+    weights += versions * layers[l].parameter_bytes + layers[l].optimizer_bytes;
+    gradient += layers[l].parameter_bytes;
     working = std::max(working, layers[l].working_bytes);
     if (layout.recomputes(l)) {
       run += layers[l].stash_bytes + layers[l].output_bytes;
@@ -70,10 +71,36 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
       per_micro_batch += layers[l].stash_bytes + layers[l].output_bytes;
     }
   }
+  // Micro-batches in flight as schedule::PeakInFlight counts them; the gradient from a
+  // step's first backward to its update (that backward trades its stash for it).
   schedule::ScheduleParams params{layout.schedule, layout.stages(), layout.micro_batches, 3};
   absl::StatusOr<std::vector<schedule::Action>> list = schedule::BuildStageSchedule(params, s);
   EXPECT_TRUE(list.ok());
-  return weights + schedule::PeakInFlight(*list) * per_micro_batch + largest_run + working;
+  // Walk the list: what is held just after each forward and while each backward runs.
+  int64_t held = 0, in_flight = 0;
+  bool has_gradient = false;
+  for (const schedule::Action& a : *list) {
+    switch (a.kind) {
+      case schedule::ActionKind::kForward:
+        ++in_flight;
+        held = std::max(held, in_flight * per_micro_batch + (has_gradient ? gradient : 0));
+        break;
+      case schedule::ActionKind::kBackward:
+        held = std::max(held, has_gradient ? in_flight * per_micro_batch + gradient
+                                           : (in_flight - 1) * per_micro_batch +
+                                                 std::max(per_micro_batch, gradient));
+        --in_flight;
+        has_gradient = true;
+        break;
+      case schedule::ActionKind::kOptimizerStep:
+        has_gradient = false;
+        break;
+      default:
+        break;
+    }
+  }
+  EXPECT_LE(in_flight, schedule::PeakInFlight(*list));
+  return weights + held + largest_run + working;
 }
 
 void ExpectConsistent(const ModelProfile& profile, const ClusterProfile& cluster,

@@ -202,27 +202,35 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   // 1F1B holds p - s micro-batches: 2 on stage 0, 1 on stage 1.
   EXPECT_EQ(p->stages[0].peak_in_flight, 2);
   EXPECT_EQ(p->stages[1].peak_in_flight, 1);
-  // Weights: 2 layers x (1 version + gradient) x 1000 + 2 x 2000 optimizer.
-  EXPECT_EQ(p->stages[0].weight_bytes, 2 * 2 * 1000 + 2 * 2000);
-  // Per micro-batch: its input (stage 1 only) + 2 layers x (stash 400 + output 100);
-  // transient: the largest working_bytes (50).
-  EXPECT_EQ(p->stages[0].activation_bytes, 2 * (2 * 500) + 50);
-  EXPECT_EQ(p->stages[1].activation_bytes, 1 * (100 + 2 * 500) + 50);
+  // Weights: 2 layers x 1 version x 1000 + 2 x 2000 optimizer.
+  EXPECT_EQ(p->stages[0].weight_bytes, 2 * 1000 + 2 * 2000);
+  // Per micro-batch: its input (stage 1 only) + 2 layers x (stash 400 + output 100). Once the
+  // first backward has made the gradient (2 x 1000), stage 0 still holds 2 micro-batches
+  // (after its next forward) and stage 1 one; transient: the largest working_bytes (50).
+  EXPECT_EQ(p->stages[0].activation_bytes, 2 * (2 * 500) + 2000 + 50);
+  EXPECT_EQ(p->stages[1].activation_bytes, 1 * (100 + 2 * 500) + 2000 + 50);
   EXPECT_EQ(p->peak_memory_bytes, p->stages[0].peak_memory_bytes);
-  // 2BW: two versions; GPipe: all m micro-batches in flight.
+  // One micro-batch a step: its backward frees the stash as the gradient appears, so the
+  // stage holds the larger of the two (the gradient), never both.
+  absl::StatusOr<Prediction> one = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->stages[0].activation_bytes, std::max(4 * 500, 4 * 1000) + 50);
+  // 2BW: two versions; GPipe: all m micro-batches in flight, the gradient only once they
+  // are going back: 4 in flight, then 3 and the gradient.
   absl::StatusOr<Prediction> twobw = Predict(profile, FreeLinks(), Even(ScheduleKind::kTwoBW, 4, 2, 4));
   ASSERT_TRUE(twobw.ok());
-  EXPECT_EQ(twobw->stages[0].weight_bytes, 2 * 3 * 1000 + 2 * 2000);
+  EXPECT_EQ(twobw->stages[0].weight_bytes, 2 * 2 * 1000 + 2 * 2000);
   absl::StatusOr<Prediction> gpipe = Predict(profile, FreeLinks(), Even(ScheduleKind::kGPipe, 4, 2, 4));
   ASSERT_TRUE(gpipe.ok());
   EXPECT_EQ(gpipe->stages[1].peak_in_flight, 4);
+  EXPECT_EQ(gpipe->stages[1].activation_bytes, 3 * 1100 + std::max(1100, 2000) + 50);
   // Recomputing both layers of stage 0: per micro-batch only the run's output (100) stays;
   // its backward rebuilds 2 x 500 at a time.
   Layout recompute = Even(ScheduleKind::kOneFOneB, 4, 2, 4);
   recompute.recompute = {true, true, false, false};
   absl::StatusOr<Prediction> r = Predict(profile, FreeLinks(), recompute);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->stages[0].activation_bytes, 2 * 100 + 2 * 500 + 50);
+  EXPECT_EQ(r->stages[0].activation_bytes, 2 * 100 + 2000 + 2 * 500 + 50);
   // And pays a forward again in each backward: 4 micro-batches x 2 layers x 0.01 more.
   absl::StatusOr<Prediction> plain = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
   EXPECT_NEAR(r->stages[0].compute_s - plain->stages[0].compute_s, 4 * 2 * 0.01, 1e-12);
