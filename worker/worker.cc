@@ -171,10 +171,18 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
                        {"version", "daemon"}, {PIPETRAIN_VERSION, "worker"}).Set(1);
   w->metrics_.AddCollector(
       "pipetrain_worker_memory_bytes",
-      "This worker process's resident memory now and its high-water mark.", {"kind"}, [] {
-        return std::vector<metrics::CollectedSample>{
+      "This worker process's resident memory now (resident) and its high-water mark (peak); "
+      "its tensor storage counted at the allocator now (tensors) and the most since its "
+      "current or last rank was assigned (tensors_peak).",
+      {"kind"}, [] {
+        std::vector<metrics::CollectedSample> samples = {
             {{"resident"}, static_cast<double>(ResidentMemoryBytes())},
             {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
+        if (memory::CountingTensorMemory()) {
+          samples.push_back({{"tensors"}, static_cast<double>(memory::TensorBytesInUse())});
+          samples.push_back({{"tensors_peak"}, static_cast<double>(memory::PeakTensorBytes())});
+        }
+        return samples;
       });
   w->coordinator_ = v1::CoordinatorService::NewStub(*channel);
   if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;

@@ -154,6 +154,11 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
     EXPECT_EQ(Value(w, "pipetrain_stage_step_duration_seconds_count", job_label), kSteps - 1);
     EXPECT_GT(Value(w, "pipetrain_stage_compute_seconds_total", {"phase=\"forward\""}), 0);
     EXPECT_GT(Value(w, "pipetrain_worker_memory_bytes", {"kind=\"peak\""}), 0);
+    // The rank's tensors, counted at the allocator: its weights at least, and at its peak
+    // more than it holds between jobs.
+    const double tensors_peak = Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors_peak\""});
+    EXPECT_GT(tensors_peak, 0) << text;
+    EXPECT_GE(tensors_peak, Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors\""}));
     // Each stage sent as many activation bytes as the other received, and back for gradients.
     const bool last = !std::isnan(Value(w, "pipetrain_stage_loss", job_label));
     last_stages += last;
@@ -161,7 +166,9 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
                               {last ? "kind=\"gradient\"" : "kind=\"activation\""});
     EXPECT_GT(sent, 0);
     // An activation of b x T x d floats per micro-batch: 4 x 16 x 32 x 4 bytes.
-    if (!last) EXPECT_EQ(sent, kSteps * kMicrobatches * kMicrobatchSize * kSeqLen * 32 * 4.0);
+    if (!last) {
+      EXPECT_EQ(sent, kSteps * kMicrobatches * kMicrobatchSize * kSeqLen * 32 * 4.0);
+    }
     if (last) {
       EXPECT_NEAR(Value(w, "pipetrain_stage_loss", job_label), job.value("loss", 0.0), 1e-6);
     }
