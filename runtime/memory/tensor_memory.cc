@@ -1,6 +1,7 @@
 #include "runtime/memory/tensor_memory.h"
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include <c10/core/Allocator.h>
@@ -32,15 +33,25 @@ void DeleteCounted(void* data) {
   c10::free_cpu(block);
 }
 
+c10::DataPtr AllocateCounted(size_t n) {
+  char* block = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+  *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(n);
+  RaisePeak(in_use.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
+            static_cast<int64_t>(n));
+  void* data = block + kHeader;
+  return {data, data, &DeleteCounted, c10::Device(c10::DeviceType::CPU)};
+}
+
+// c10::Allocator's interface changed after LibTorch 1.13: allocate() is const there and
+// non-const from 2.x, which also adds a pure virtual copy_data(). Both allocate()s and
+// copy_data() are declared without `override`, so that whichever the LibTorch in use declares
+// is the one overridden (the others are plain members), and the class builds against both.
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
-    char* block = static_cast<char*>(c10::alloc_cpu(n + kHeader));
-    *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(n);
-    RaisePeak(in_use.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
-              static_cast<int64_t>(n));
-    void* data = block + kHeader;
-    return {data, data, &DeleteCounted, c10::Device(c10::DeviceType::CPU)};
+  c10::DataPtr allocate(size_t n) const { return AllocateCounted(n); }
+  c10::DataPtr allocate(size_t n) { return AllocateCounted(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &DeleteCounted; }
 };

@@ -21,7 +21,7 @@ class MixedPrecisionScope {
 
  private:
   bool active_ = false;
-  bool cuda_ = false;
+  c10::DeviceType device_ = c10::DeviceType::CPU;
   bool was_enabled_ = false;
   bool was_caching_ = true;
   c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;

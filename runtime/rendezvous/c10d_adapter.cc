@@ -28,6 +28,11 @@ class KeyValueC10dStore : public c10d::Store {
   KeyValueC10dStore(std::shared_ptr<KeyValueStore> store, std::chrono::milliseconds timeout)
       : c10d::Store(timeout), store_(std::move(store)) {}
 
+  // A copy for another thread: LibTorch 2.x declares it (pure virtual; 1.13 has no such
+  // member, hence no `override`). The key-value store is thread-safe, so the copy shares it.
+  c10::intrusive_ptr<c10d::Store> clone() {
+    return c10::make_intrusive<KeyValueC10dStore>(store_, timeout_);
+  }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     OrThrow(store_->Set(key, std::string(value.begin(), value.end())));
   }
