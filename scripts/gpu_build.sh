@@ -7,8 +7,8 @@
 #                                      (dpkg -x), configure build-gpu/ and build TARGETs
 #                                      (default: pipetrain-run pipetrain-worker
 #                                      pipetrain-coordinator pipetrain nccl_transport_test
-#                                      device_test)
-# Then: (cd build-gpu && ctest -R 'Nccl|Device' --output-on-failure)
+#                                      device_test profiler_test)
+# Then: (cd build-gpu && ctest -R 'Nccl|Device|TensorMemory' --output-on-failure)
 # TORCH_PREFIX overrides LibTorch's CMake prefix (default: the installed PyTorch's; /usr
 # checks everything but CUDA on Debian with its CPU LibTorch).
 set -euo pipefail
@@ -38,7 +38,7 @@ fi
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
   targets=(pipetrain-run pipetrain-worker pipetrain-coordinator pipetrain nccl_transport_test
-           device_test)
+           device_test profiler_test)
 fi
 deps="$PWD/build-gpu/deps"
 for deb in build-gpu/debs/*.deb; do dpkg -x "$deb" "$deps"; done

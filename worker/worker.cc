@@ -44,10 +44,11 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 // pipeline). `on_stop` runs when the coordinator answers that the job no longer runs.
 class StepReporter {
  public:
+  // `tensors_on`: the device whose tensor peak goes with every report.
   StepReporter(std::shared_ptr<v1::CoordinatorService::Stub> coordinator,
-               std::function<void()> on_stop)
-      : coordinator_(std::move(coordinator)), on_stop_(std::move(on_stop)),
-        thread_([this] { Loop(); }) {}
+               c10::Device tensors_on, std::function<void()> on_stop)
+      : coordinator_(std::move(coordinator)), tensors_on_(tensors_on),
+        on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
   // Sends what is queued (in one call with 5 s), then stops.
   ~StepReporter() {
     {
@@ -105,7 +106,7 @@ class StepReporter {
       // The process's memory high-water, read here (once per batch) rather than on the
       // stage's thread at every step.
       const int64_t peak_memory = PeakResidentMemoryBytes();
-      const int64_t peak_tensors = memory::PeakTensorBytes();
+      const int64_t peak_tensors = memory::PeakTensorBytesOn(tensors_on_);
       for (v1::StepReport& r : *batch.mutable_reports()) {
         r.set_peak_memory_bytes(peak_memory);
         r.set_peak_tensor_bytes(peak_tensors);
@@ -129,6 +130,7 @@ class StepReporter {
   }
 
   std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
+  const c10::Device tensors_on_;
   std::function<void()> on_stop_;
   std::mutex mu_;
   std::condition_variable cv_;    // the reporter's thread: reports, or closing
@@ -172,15 +174,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->metrics_.AddCollector(
       "pipetrain_worker_memory_bytes",
       "This worker process's resident memory now (resident) and its high-water mark (peak); "
-      "its tensor storage counted at the allocator now (tensors) and the most since its "
-      "current or last rank was assigned (tensors_peak).",
-      {"kind"}, [] {
+      "the tensor storage on its device (CPU or GPU) counted at the allocator now (tensors) "
+      "and the most since its current or last rank was assigned (tensors_peak).",
+      {"kind"}, [tensors_on = TensorDevice(options.device)] {
         std::vector<metrics::CollectedSample> samples = {
             {{"resident"}, static_cast<double>(ResidentMemoryBytes())},
             {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
-        if (memory::CountingTensorMemory()) {
-          samples.push_back({{"tensors"}, static_cast<double>(memory::TensorBytesInUse())});
-          samples.push_back({{"tensors_peak"}, static_cast<double>(memory::PeakTensorBytes())});
+        const int64_t now = memory::TensorBytesInUseOn(tensors_on);
+        const int64_t peak = memory::PeakTensorBytesOn(tensors_on);
+        if ((tensors_on.is_cpu() && memory::CountingTensorMemory()) || (now >= 0 && peak >= 0)) {
+          samples.push_back({{"tensors"}, static_cast<double>(now)});
+          samples.push_back({{"tensors_peak"}, static_cast<double>(peak)});
         }
         return samples;
       });
@@ -323,7 +327,7 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   rank_ = request->rank();
   generation_ = request->generation();
   stop_reason_.clear();
-  memory::ResetPeakTensorBytes();  // one rank at a time: its peak from here
+  memory::ResetPeakTensorBytesOn(TensorDevice(options_.device));  // one rank at a time
   stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
   return grpc::Status::OK;
 }
@@ -445,7 +449,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     transport_ = nullptr;
   };
-  StepReporter reporter(coordinator_, [this] {
+  StepReporter reporter(coordinator_, TensorDevice(options_.device), [this] {
     std::lock_guard<std::mutex> lock(mu_);
     AbortStage("the coordinator ended the job");
   });
@@ -622,6 +626,12 @@ void Worker::Stop() {
 }
 
 Worker::~Worker() { Stop(); }
+
+c10::Device TensorDevice(const std::string& device) {
+  const int index = WorkerDeviceIndex(device);
+  return index < 0 ? c10::Device(c10::DeviceType::CPU)
+                   : c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+}
 
 int WorkerDeviceIndex(const std::string& device) {
   if (device == "cuda") return 0;

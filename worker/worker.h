@@ -41,6 +41,7 @@
 #include <vector>
 #include <thread>
 
+#include <c10/core/Device.h>
 #include <grpcpp/grpcpp.h>
 
 #include "metrics/http_server.h"
@@ -142,6 +143,8 @@ class Worker : public v1::WorkerService::Service {
 
 // The GPU of a worker's --device: N for cuda:N, 0 for cuda, -1 for cpu (or anything else).
 int WorkerDeviceIndex(const std::string& device);
+// Where a worker with this --device keeps its tensors (the CPU, or its GPU).
+c10::Device TensorDevice(const std::string& device);
 
 // Empty when this process can run stages on `device` (cpu; cuda or cuda:N with that GPU
 // visible), else why not.

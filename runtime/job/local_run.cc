@@ -101,7 +101,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   PT_RETURN_IF_ERROR(StoppedStagesError(results, stopped_at));
 
   const int64_t peak_memory = PeakResidentMemoryBytes();  // one process: shared by stages
-  const int64_t peak_tensors = memory::CountingTensorMemory() ? memory::PeakTensorBytes() : 0;
+  // One process: its stages share the CPU counter, or the GPU they all run on.
+  const int64_t peak_tensors = memory::PeakTensorBytesOn(device);
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),

@@ -8,6 +8,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include "runtime/memory/cuda_tensor_memory.h"
+
 namespace pipetrain::memory {
 namespace {
 
@@ -75,5 +77,22 @@ int64_t TensorBytesInUse() { return in_use.load(std::memory_order_relaxed); }
 int64_t PeakTensorBytes() { return peak.load(std::memory_order_relaxed); }
 
 void ResetPeakTensorBytes() { peak.store(in_use.load(std::memory_order_relaxed)); }
+
+int64_t TensorBytesInUseOn(c10::Device device) {
+  if (device.is_cpu()) return TensorBytesInUse();
+  if (device.is_cuda()) return CudaTensorBytesInUse(device.has_index() ? device.index() : 0);
+  return -1;
+}
+
+int64_t PeakTensorBytesOn(c10::Device device) {
+  if (device.is_cpu()) return CountingTensorMemory() ? PeakTensorBytes() : 0;
+  if (device.is_cuda()) return PeakCudaTensorBytes(device.has_index() ? device.index() : 0);
+  return -1;
+}
+
+void ResetPeakTensorBytesOn(c10::Device device) {
+  if (device.is_cpu()) ResetPeakTensorBytes();
+  if (device.is_cuda()) ResetPeakCudaTensorBytes(device.has_index() ? device.index() : 0);
+}
 
 }  // namespace pipetrain::memory

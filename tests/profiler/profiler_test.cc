@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "runtime/job/device.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/model/model_config.h"
 #include "runtime/planner/profile_json.h"
@@ -36,6 +37,37 @@ TEST(TensorMemory, CountsWhatIsAllocatedAndFreed) {
   EXPECT_EQ(memory::PeakTensorBytes() - before, 6000);
   memory::ResetPeakTensorBytes();
   EXPECT_EQ(memory::PeakTensorBytes(), before);
+}
+
+// The same figures by device: the CPU's are the counter's; a GPU's come from LibTorch's CUDA
+// allocator where a GPU is visible, and are -1 (not known) where none is.
+TEST(TensorMemory, ByDevice) {
+  memory::CountTensorMemory();
+  const c10::Device cpu(c10::DeviceType::CPU);
+  memory::ResetPeakTensorBytesOn(cpu);
+  const int64_t before = memory::TensorBytesInUseOn(cpu);
+  EXPECT_EQ(before, memory::TensorBytesInUse());
+  { at::Tensor a = at::empty({1000}, at::kFloat); }
+  EXPECT_EQ(memory::PeakTensorBytesOn(cpu) - before, 4000);
+  EXPECT_EQ(memory::PeakTensorBytesOn(cpu), memory::PeakTensorBytes());
+
+  const c10::Device gpu(c10::DeviceType::CUDA, 0);
+  if (job::VisibleCudaDevices() == 0) {
+    EXPECT_EQ(memory::TensorBytesInUseOn(gpu), -1);
+    EXPECT_EQ(memory::PeakTensorBytesOn(gpu), -1);
+    memory::ResetPeakTensorBytesOn(gpu);  // does nothing
+    return;
+  }
+  memory::ResetPeakTensorBytesOn(gpu);
+  const int64_t on_gpu = memory::TensorBytesInUseOn(gpu);
+  ASSERT_GE(on_gpu, 0);
+  {
+    at::Tensor a = at::empty({1 << 20}, at::TensorOptions(at::kFloat).device(gpu));
+    EXPECT_GE(memory::TensorBytesInUseOn(gpu) - on_gpu, 4 << 20);
+  }
+  EXPECT_GE(memory::PeakTensorBytesOn(gpu) - on_gpu, 4 << 20);
+  memory::ResetPeakTensorBytesOn(gpu);
+  EXPECT_EQ(memory::PeakTensorBytesOn(gpu), memory::TensorBytesInUseOn(gpu));
 }
 
 job::JobConfig SmallGpt() {
