@@ -13,6 +13,9 @@ the median of the times between consecutive step ends after the warm-up steps.
 
 Run (always with Debian's python, which has torch 1.13, and the same OpenBLAS threads):
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/python_gpt.py --threads 1 --steps 30
+On a GPU (PyTorch 2.x): --device cuda [--dtype bfloat16] [--attention sdpa]: bfloat16 is
+torch.autocast over float32 weights (pipetrain's dtype: bfloat16); sdpa uses
+F.scaled_dot_product_attention (what a PyTorch user would) instead of the composition above.
 Prints one JSON object on stdout.
 """
 import argparse
@@ -28,10 +31,10 @@ from torch import nn
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads, n_layers):
+    def __init__(self, d, heads, n_layers, sdpa=False):
         super().__init__()
         proj_std = 0.02 / math.sqrt(2.0 * n_layers)
-        self.d, self.heads = d, heads
+        self.d, self.heads, self.sdpa = d, heads, sdpa
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -48,20 +51,24 @@ class Block(nn.Module):
         hd = d // self.heads
         q, k, v = self.qkv(self.ln1(x)).split(d, -1)
         q, k, v = (y.view(b, t, self.heads, hd).transpose(1, 2) for y in (q, k, v))
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        att = torch.softmax(att.masked_fill(causal, float("-inf")), -1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, d)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            att = torch.softmax(att.masked_fill(causal, float("-inf")), -1)
+            y = torch.matmul(att, v)
+        y = y.transpose(1, 2).reshape(b, t, d)
         out = x + self.proj(y)
         return out + self.fc2(F.gelu(self.fc(self.ln2(out))))
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab, seq_len, d, heads, n_layers):
+    def __init__(self, vocab, seq_len, d, heads, n_layers, sdpa=False):
         super().__init__()
         self.token = nn.Parameter(torch.randn(vocab, d) * 0.02)
         self.position = nn.Parameter(torch.randn(seq_len, d) * 0.02)
-        self.blocks = nn.Sequential(*[Block(d, heads, n_layers) for _ in range(n_layers)])
+        self.blocks = nn.Sequential(*[Block(d, heads, n_layers, sdpa) for _ in range(n_layers)])
         self.final_norm = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)
@@ -84,20 +91,31 @@ def main():
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="bfloat16: torch.autocast over float32 weights")
+    parser.add_argument("--attention", default="composed", choices=["composed", "sdpa"])
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = Gpt(args.vocab, args.seq_len, args.d_model, args.n_heads, args.n_layers)
+    device = torch.device(args.device)
+    model = Gpt(args.vocab, args.seq_len, args.d_model, args.n_heads, args.n_layers,
+                sdpa=args.attention == "sdpa").to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
 
     ends, losses = [], []
     for _ in range(args.warmup + args.steps + 1):
-        window = torch.randint(0, args.vocab, (args.rows, args.seq_len + 1))
+        window = torch.randint(0, args.vocab, (args.rows, args.seq_len + 1), device=device)
         inputs, targets = window[:, :-1], window[:, 1:]
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        with torch.autocast(device.type, dtype=torch.bfloat16,
+                            enabled=args.dtype == "bfloat16"):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -115,6 +133,11 @@ def main():
         "torch": torch.__version__,
         "first_loss": losses[0],
         "final_loss": losses[-1],
+        "device": args.device,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "tokens_per_s": args.rows * args.seq_len / statistics.median(times),
+        "peak_tensor_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
     }))
 
 
