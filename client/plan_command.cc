@@ -214,7 +214,8 @@ int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
     planner::Candidate c;
     c.layout = *layout;
     c.prediction = *prediction;
-    c.fits = cluster.memory_bytes <= 0 || prediction->peak_memory_bytes <= cluster.memory_bytes;
+    c.fits = cluster.memory_bytes <= 0 ||
+             prediction->peak_memory_bytes <= planner::PlannableBytes(cluster.memory_bytes);
     nlohmann::json j = CandidateJson(c);
     j["model"] = profile->model;
     j["shared_cores"] = cluster.shared_cores;

@@ -49,7 +49,8 @@ struct PlanFlags {
                   "workers (one rank each) to plan for (default: this machine's cores)")
         ->check(CLI::Range(1, 4096));
     g->add_option("--memory-per-worker", memory_per_worker,
-                  "memory of each worker, e.g. 8GiB or 500000000 (default: not limited)")
+                  "memory of each worker, e.g. 8GiB or 500000000; plans fill at most 90% of "
+                  "it (default: not limited)")
         ->transform(CLI::AsSizeValue(false));
     g->add_option("--shared-cores", shared_cores,
                   "cores all workers share (they run on one machine); 0: each has its own "

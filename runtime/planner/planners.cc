@@ -62,7 +62,9 @@ std::string DoesNotFit(const Candidate& c, int64_t memory) {
     if (stages[s].peak_memory_bytes > stages[worst].peak_memory_bytes) worst = s;
   }
   return absl::StrCat("does not fit: needs ", stages[worst].peak_memory_bytes,
-                      " bytes on stage ", worst, ", have ", memory);
+                      " bytes on stage ", worst, ", have ", PlannableBytes(memory), " (",
+                      static_cast<int>(std::lround(100 * kPlannableMemoryShare)), "% of ",
+                      memory, ")");
 }
 
 std::string Shape(const Layout& l) {
@@ -141,6 +143,12 @@ absl::Status ChooseGradientAllReduce(const ModelProfile& profile, const ClusterP
 
 }  // namespace
 
+int64_t PlannableBytes(int64_t memory_bytes) {
+  return memory_bytes <= 0 ? memory_bytes
+                           : static_cast<int64_t>(kPlannableMemoryShare *
+                                                  static_cast<double>(memory_bytes));
+}
+
 absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterProfile& cluster,
                                     const PlanRequest& request) {
   if (profile.sizes.empty() || profile.sizes.front().layers.empty()) {
@@ -171,7 +179,8 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     Candidate c;
     c.layout = std::move(layout);
     c.prediction = *std::move(prediction);
-    c.fits = cluster.memory_bytes <= 0 || c.prediction.peak_memory_bytes <= cluster.memory_bytes;
+    c.fits = cluster.memory_bytes <= 0 ||
+             c.prediction.peak_memory_bytes <= PlannableBytes(cluster.memory_bytes);
     return c;
   };
 

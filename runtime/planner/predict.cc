@@ -30,12 +30,20 @@ struct StageCosts {
   int64_t gradient_bytes = 0;  // one copy of the stage's parameters' gradients
 };
 
+// One micro-batch on a stage: what it keeps from its forward to its backward, and the most
+// the stage holds for it while that backward runs, with the step's gradient not yet there
+// (the step's first backward, which allocates it layer by layer) or already there.
+struct MicroBatchBytes {
+  int64_t kept = 0;
+  int64_t backward_first = 0;
+  int64_t backward_later = 0;
+};
+
 // The most a stage holds at once of its micro-batches in flight and its gradient, walking
-// its action list: each micro-batch keeps `per_micro_batch` from its F to its B; the gradient
-// exists from the step's first backward to its update (STEP drops it), and that first
-// backward frees its micro-batch's stash as the gradient appears, so it holds the larger of
-// the two rather than both. Also the most micro-batches in flight.
-std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, int64_t per_micro_batch,
+// its action list: each micro-batch keeps `m.kept` from its F to its B and holds at most
+// `m.backward_*` during its B (the gradient included); the gradient exists from the step's
+// first backward to its update (STEP drops it). Also the most micro-batches in flight.
+std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, const MicroBatchBytes& m,
                                    int64_t gradient_bytes) {
   int in_flight = 0, peak_in_flight = 0;
   bool gradient = false;
@@ -43,11 +51,10 @@ std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, int64_t per_
   for (const Action& a : list) {
     if (a.kind == ActionKind::kForward) {
       peak_in_flight = std::max(peak_in_flight, ++in_flight);
-      peak = std::max(peak, in_flight * per_micro_batch + (gradient ? gradient_bytes : 0));
+      peak = std::max(peak, in_flight * m.kept + (gradient ? gradient_bytes : 0));
     } else if (a.kind == ActionKind::kBackward) {
-      peak = std::max(peak, (in_flight - 1) * per_micro_batch +
-                                (gradient ? per_micro_batch + gradient_bytes
-                                          : std::max(per_micro_batch, gradient_bytes)));
+      peak = std::max(peak, (in_flight - 1) * m.kept +
+                                (gradient ? m.backward_later : m.backward_first));
       --in_flight;
       gradient = true;
     } else if (a.kind == ActionKind::kOptimizerStep) {
@@ -89,27 +96,49 @@ int64_t ReceivedBytes(const ModelProfile& profile, int64_t bytes) {
   return bytes;
 }
 
-// Bytes one micro-batch in flight keeps on the stage, and the transient of recomputation.
-std::pair<int64_t, int64_t> ActivationBytes(const ModelProfile& profile,
-                                            const std::vector<LayerProfile>& layers,
-                                            const Layout& layout, int begin, int end) {
+// One micro-batch's memory on the stage of layers [begin, end). Its forward keeps the
+// received input and, per layer, what the layer stashes and its output; a run of recomputed
+// layers keeps only the run's output. Its backward goes from the last layer to the first, a
+// recomputed run as one piece: while a piece runs, the stage still holds what the micro-batch
+// kept up to the piece's last layer, the piece's working memory (the profile's: its own
+// allocations, the input's gradient included), for a run everything the recomputation
+// stashes again, and the parameter gradients: in the step's first backward those of the
+// pieces done so far and this one, later all of them.
+MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
+                                 const std::vector<LayerProfile>& layers, const Layout& layout,
+                                 int begin, int end) {
+  // kept_through[i]: what the micro-batch keeps from the stage's input through layer begin+i.
+  std::vector<int64_t> kept_through(end - begin);
   int64_t kept = begin > 0 ? ReceivedBytes(profile, layers[begin - 1].output_bytes) : 0;
-  int64_t largest_run = 0, run = 0, working = 0;
+  int64_t gradient = 0;
   for (int l = begin; l < end; ++l) {
     const LayerProfile& layer = layers[l];
-    working = std::max(working, layer.working_bytes);
     if (!layout.recomputes(l)) {
       kept += layer.stash_bytes + layer.output_bytes;
-      continue;
-    }
-    run += layer.stash_bytes + layer.output_bytes;
-    largest_run = std::max(largest_run, run);
-    if (l + 1 == end || !layout.recomputes(l + 1)) {
+    } else if (l + 1 == end || !layout.recomputes(l + 1)) {
       kept += layer.output_bytes;  // the run's output stays for the next layer
-      run = 0;
     }
+    kept_through[l - begin] = kept;
+    gradient += layer.parameter_bytes;
   }
-  return {kept, largest_run + working};
+  MicroBatchBytes m;
+  m.kept = kept;
+  int64_t gradient_so_far = 0;
+  for (int last = end - 1; last >= begin;) {
+    int first = last;
+    while (layout.recomputes(last) && first > begin && layout.recomputes(first - 1)) --first;
+    int64_t working = 0, recomputed = 0;
+    for (int l = first; l <= last; ++l) {
+      working = std::max(working, layers[l].working_bytes);
+      gradient_so_far += layers[l].parameter_bytes;
+      if (layout.recomputes(l)) recomputed += layers[l].stash_bytes + layers[l].output_bytes;
+    }
+    const int64_t held = kept_through[last - begin] + recomputed + working;
+    m.backward_first = std::max(m.backward_first, held + gradient_so_far);
+    m.backward_later = std::max(m.backward_later, held + gradient);
+    last = first - 1;
+  }
+  return m;
 }
 
 }  // namespace
@@ -366,12 +395,12 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   for (int s = 0; s < p; ++s) {
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.stage_layers[s];
-    const auto [per_micro_batch, transient] = ActivationBytes(profile, layers, layout, begin, end);
+    const MicroBatchBytes micro_batch = MicroBatchMemory(profile, layers, layout, begin, end);
     const auto [held, in_flight_at_most] =
-        HeldAtPeak((*lists)[s], per_micro_batch, costs[s].gradient_bytes);
+        HeldAtPeak((*lists)[s], micro_batch, costs[s].gradient_bytes);
     out.peak_in_flight = in_flight_at_most;
     out.exposed_allreduce_s = exposed[s];
-    out.activation_bytes = held + transient;
+    out.activation_bytes = held;
     // What a stage receives: activations and the step commands from s - 1, gradients from
     // s + 1, each with receives posted ahead.
     const int streams = (s > 0 ? 2 : 0) + (s + 1 < p ? 1 : 0);

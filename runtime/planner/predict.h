@@ -71,7 +71,7 @@ struct StagePrediction {
   double exposed_allreduce_s = 0;  // the part of it the stage waits for
   int peak_in_flight = 0;          // micro-batches
   int64_t weight_bytes = 0;        // weights (every version) and optimizer state
-  int64_t activation_bytes = 0;    // held (micro-batches in flight, gradient) + transient
+  int64_t activation_bytes = 0;    // at the peak: micro-batches in flight, a backward, gradient
   int64_t peak_memory_bytes = 0;   // the sum
 };
 
