@@ -205,27 +205,30 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   // Weights: 2 layers x 1 version x 1000 + 2 x 2000 optimizer.
   EXPECT_EQ(p->stages[0].weight_bytes, 2 * 1000 + 2 * 2000);
   // Per micro-batch: its input (stage 1 only) + 2 layers x (stash 400 + output 100). Once the
-  // first backward has made the gradient (2 x 1000), stage 0 still holds 2 micro-batches
-  // (after its next forward) and stage 1 one; transient: the largest working_bytes (50).
+  // first backward has made the gradient (2 x 1000), stage 0 runs a backward with another
+  // micro-batch waiting, stage 1 with none; the backward's first layer (the stage's last)
+  // runs with its whole micro-batch still there and its working bytes (50).
   EXPECT_EQ(p->stages[0].activation_bytes, 2 * (2 * 500) + 2000 + 50);
   EXPECT_EQ(p->stages[1].activation_bytes, 1 * (100 + 2 * 500) + 2000 + 50);
   EXPECT_EQ(p->peak_memory_bytes, p->stages[0].peak_memory_bytes);
-  // One micro-batch a step: its backward frees the stash as the gradient appears, so the
-  // stage holds the larger of the two (the gradient), never both.
+  // One micro-batch a step: its backward frees the stash layer by layer as the gradient
+  // appears layer by layer; the most is at layer 0: its own stash and output (500), its
+  // working bytes and all four layers' gradients.
   absl::StatusOr<Prediction> one = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1));
   ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one->stages[0].activation_bytes, std::max(4 * 500, 4 * 1000) + 50);
+  EXPECT_EQ(one->stages[0].activation_bytes, 500 + 50 + 4 * 1000);
   // 2BW: two versions; GPipe: all m micro-batches in flight, the gradient only once they
-  // are going back: 4 in flight, then 3 and the gradient.
+  // are going back: 3 waiting, and the first going back, at its last layer (layer 2): its
+  // input and layer 2's stash and output (600), the working bytes and both gradients.
   absl::StatusOr<Prediction> twobw = Predict(profile, FreeLinks(), Even(ScheduleKind::kTwoBW, 4, 2, 4));
   ASSERT_TRUE(twobw.ok());
   EXPECT_EQ(twobw->stages[0].weight_bytes, 2 * 2 * 1000 + 2 * 2000);
   absl::StatusOr<Prediction> gpipe = Predict(profile, FreeLinks(), Even(ScheduleKind::kGPipe, 4, 2, 4));
   ASSERT_TRUE(gpipe.ok());
   EXPECT_EQ(gpipe->stages[1].peak_in_flight, 4);
-  EXPECT_EQ(gpipe->stages[1].activation_bytes, 3 * 1100 + std::max(1100, 2000) + 50);
+  EXPECT_EQ(gpipe->stages[1].activation_bytes, 3 * 1100 + 600 + 50 + 2 * 1000);
   // Recomputing both layers of stage 0: per micro-batch only the run's output (100) stays;
-  // its backward rebuilds 2 x 500 at a time.
+  // its backward rebuilds 2 x 500 at once, with the other micro-batch waiting.
   Layout recompute = Even(ScheduleKind::kOneFOneB, 4, 2, 4);
   recompute.recompute = {true, true, false, false};
   absl::StatusOr<Prediction> r = Predict(profile, FreeLinks(), recompute);
