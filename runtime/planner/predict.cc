@@ -32,32 +32,61 @@ struct StageCosts {
 
 // One micro-batch on a stage: what it keeps from its forward to its backward, and the most
 // the stage holds for it while that backward runs, with the step's gradient not yet there
-// (the step's first backward, which allocates it layer by layer) or already there.
+// (the step's first backward, which allocates it layer by layer) or already there; and the
+// same for the step's last backward of a stage that averages its gradient during it (the
+// flat copies the AllReduce makes of each piece's gradient as it is done).
 struct MicroBatchBytes {
   int64_t kept = 0;
   int64_t backward_first = 0;
   int64_t backward_later = 0;
+  int64_t overlapped_first = 0;
+  int64_t overlapped_later = 0;
 };
 
-// The most a stage holds at once of its micro-batches in flight and its gradient, walking
-// its action list: each micro-batch keeps `m.kept` from its F to its B and holds at most
-// `m.backward_*` during its B (the gradient included); the gradient exists from the step's
-// first backward to its update (STEP drops it). Also the most micro-batches in flight.
+// How a stage averages its gradient among replicas: not at all (w = 1), at its update, or
+// during the step's last backward (stage 0 with the AllReduce overlapped). Either way the
+// AllReduce works on a flat copy of the gradient.
+enum class Averaging { kNone, kAtUpdate, kDuringLastBackward };
+
+// The most a stage holds at once of its micro-batches in flight, its gradient and the
+// AllReduce's copy of it, walking its action list: each micro-batch keeps `m.kept` from its F
+// to its B and holds at most `m.backward_*` during its B (the gradient included); the
+// gradient exists from the step's first backward to its update (STEP drops it), and its
+// flat copy while it is averaged. Also the most micro-batches in flight.
 std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, const MicroBatchBytes& m,
-                                   int64_t gradient_bytes) {
+                                   int64_t gradient_bytes, Averaging averaging) {
+  // The step's last backward: the one before each STEP.
+  std::vector<bool> last_of_step(list.size(), false);
+  for (size_t i = 0, last = list.size(); i < list.size(); ++i) {
+    if (list[i].kind == ActionKind::kBackward) last = i;
+    if (list[i].kind == ActionKind::kOptimizerStep && last < list.size()) {
+      last_of_step[last] = true;
+      last = list.size();
+    }
+  }
   int in_flight = 0, peak_in_flight = 0;
   bool gradient = false;
   int64_t peak = 0;
-  for (const Action& a : list) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
     if (a.kind == ActionKind::kForward) {
       peak_in_flight = std::max(peak_in_flight, ++in_flight);
       peak = std::max(peak, in_flight * m.kept + (gradient ? gradient_bytes : 0));
     } else if (a.kind == ActionKind::kBackward) {
-      peak = std::max(peak, (in_flight - 1) * m.kept +
-                                (gradient ? m.backward_later : m.backward_first));
+      const int64_t others = (in_flight - 1) * m.kept;
+      if (averaging == Averaging::kDuringLastBackward && last_of_step[i]) {
+        peak = std::max(peak, others + (gradient ? m.overlapped_later : m.overlapped_first));
+        // Its end: the micro-batch gone, the gradient and its copy before the average.
+        peak = std::max(peak, others + 2 * gradient_bytes);
+      } else {
+        peak = std::max(peak, others + (gradient ? m.backward_later : m.backward_first));
+      }
       --in_flight;
       gradient = true;
     } else if (a.kind == ActionKind::kOptimizerStep) {
+      if (averaging == Averaging::kAtUpdate && gradient) {
+        peak = std::max(peak, in_flight * m.kept + 2 * gradient_bytes);
+      }
       gradient = false;
     }
   }
@@ -128,6 +157,8 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
     int first = last;
     while (layout.recomputes(last) && first > begin && layout.recomputes(first - 1)) --first;
     int64_t working = 0, recomputed = 0;
+    // The AllReduce's copies of the pieces done before this one (when it overlaps).
+    const int64_t copied = gradient_so_far;
     for (int l = first; l <= last; ++l) {
       working = std::max(working, layers[l].working_bytes);
       gradient_so_far += layers[l].parameter_bytes;
@@ -136,6 +167,8 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
     const int64_t held = kept_through[last - begin] + recomputed + working;
     m.backward_first = std::max(m.backward_first, held + gradient_so_far);
     m.backward_later = std::max(m.backward_later, held + gradient);
+    m.overlapped_first = std::max(m.overlapped_first, held + gradient_so_far + copied);
+    m.overlapped_later = std::max(m.overlapped_later, held + gradient + copied);
     last = first - 1;
   }
   return m;
@@ -396,8 +429,11 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.stage_layers[s];
     const MicroBatchBytes micro_batch = MicroBatchMemory(profile, layers, layout, begin, end);
+    const Averaging averaging = w == 1                                   ? Averaging::kNone
+                                : s == 0 && layout.overlap_allreduce ? Averaging::kDuringLastBackward
+                                                                     : Averaging::kAtUpdate;
     const auto [held, in_flight_at_most] =
-        HeldAtPeak((*lists)[s], micro_batch, costs[s].gradient_bytes);
+        HeldAtPeak((*lists)[s], micro_batch, costs[s].gradient_bytes, averaging);
     out.peak_in_flight = in_flight_at_most;
     out.exposed_allreduce_s = exposed[s];
     out.activation_bytes = held;

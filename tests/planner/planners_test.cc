@@ -69,9 +69,27 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
   schedule::ScheduleParams params{layout.schedule, layout.stages(), layout.micro_batches, 3};
   absl::StatusOr<std::vector<schedule::Action>> list = schedule::BuildStageSchedule(params, s);
   EXPECT_TRUE(list.ok());
+  // With replicas the gradient is averaged on a flat copy of it: stage 0 with the AllReduce
+  // overlapped copies each piece's gradient as the step's last backward finishes it, the
+  // others copy all of it at the update.
+  const bool copies = layout.replicas > 1;
+  const bool overlapped = copies && s == 0 && layout.overlap_allreduce;
+  std::vector<bool> last_of_step(list->size(), false);
+  for (size_t i = 0, last = list->size(); i < list->size(); ++i) {
+    if ((*list)[i].kind == schedule::ActionKind::kBackward) last = i;
+    if ((*list)[i].kind == schedule::ActionKind::kOptimizerStep && last < list->size()) {
+      last_of_step[last] = true;
+      last = list->size();
+    }
+  }
+  int64_t gradient = 0;
+  for (int l = begin; l < end; ++l) gradient += layers[l].parameter_bytes;
   int64_t live = 0, highest = 0, in_flight = 0;
   bool has_gradient = false;
-  for (const schedule::Action& a : *list) {
+  for (size_t i = 0; i < list->size(); ++i) {
+    const schedule::Action& a = (*list)[i];
+    const bool copying = overlapped && last_of_step[i];
+    int64_t copied = 0;
     switch (a.kind) {
       case schedule::ActionKind::kForward:
         ++in_flight;
@@ -96,17 +114,24 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
             working = std::max(working, layers[k].working_bytes);
           }
           highest = std::max(highest, live + transient + working);
-          for (int k : piece) live -= kept(k);
+          for (int k : piece) {
+            live -= kept(k);
+            if (copying) {
+              live += layers[k].parameter_bytes;
+              copied += layers[k].parameter_bytes;
+            }
+          }
           l = piece.back() - 1;
         }
         live -= input;
+        highest = std::max(highest, live);
+        live -= copied;  // averaged into the gradient before the backward ends
         --in_flight;
         has_gradient = true;
         break;
       case schedule::ActionKind::kOptimizerStep:
-        if (has_gradient) {
-          for (int l = begin; l < end; ++l) live -= layers[l].parameter_bytes;
-        }
+        if (copies && !overlapped && has_gradient) highest = std::max(highest, live + gradient);
+        if (has_gradient) live -= gradient;
         has_gradient = false;
         break;
       default:

@@ -217,6 +217,24 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   absl::StatusOr<Prediction> one = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1));
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->stages[0].activation_bytes, 500 + 50 + 4 * 1000);
+  // Two replicas: the AllReduce averages a flat copy of the gradient. At the update, the
+  // gradient and its copy (2 x 4000) outweigh layer 0's backward; overlapped with the
+  // backward (stage 0), the copies of layers 3, 2 and 1 stand beside layer 0's backward
+  // (500 + 50 + 4000 + 3000), and at its end the whole gradient and its copy.
+  Layout replicated = Even(ScheduleKind::kOneFOneB, 4, 1, 1, 2);
+  replicated.overlap_allreduce = false;
+  absl::StatusOr<Prediction> at_update = Predict(profile, FreeLinks(), replicated);
+  ASSERT_TRUE(at_update.ok());
+  EXPECT_EQ(at_update->stages[0].activation_bytes, 2 * 4000);
+  replicated.overlap_allreduce = true;
+  replicated.stage_layers = {{0, 2}, {2, 4}};
+  absl::StatusOr<Prediction> during = Predict(profile, FreeLinks(), replicated);
+  ASSERT_TRUE(during.ok());
+  // Stage 0 (layers 0-1), one micro-batch: at layer 0, its stash and output (500), working
+  // (50), both gradients (2000) and layer 1's copy (1000); at the end 2 x 2000. Stage 1
+  // averages at its update: 2 x 2000 too, above its backward (100 + 500 + 50 + 2000).
+  EXPECT_EQ(during->stages[0].activation_bytes, std::max(500 + 50 + 2000 + 1000, 2 * 2000));
+  EXPECT_EQ(during->stages[1].activation_bytes, 2 * 2000);
   // 2BW: two versions; GPipe: all m micro-batches in flight, the gradient only once they
   // are going back: 3 waiting, and the first going back, at its last layer (layer 2): its
   // input and layer 2's stash and output (600), the working bytes and both gradients.
