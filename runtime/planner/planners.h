@@ -25,8 +25,8 @@
 //             the same way whether or not it fits.
 //
 // A layout fits when every stage's predicted peak is at most PlannableBytes(memory): 90% of
-// a worker's memory, the rest left for what the profile does not see (the allocator's slack,
-// the AllReduce's bucket buffers: measured, up to 5.6% above the prediction over 23 layouts).
+// a worker's memory, the rest left for what the profile does not see (the allocator's slack;
+// runs measured up to 2.9% above the prediction over 23 layouts).
 //
 // Ties go to the smaller peak memory. The best layout of each (p, w) with replicas then gets
 // its gradient AllReduce chosen too (before the shapes are ranked): stage 0 overlapping it
