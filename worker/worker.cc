@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -106,7 +107,8 @@ class StepReporter {
       // The process's memory high-water, read here (once per batch) rather than on the
       // stage's thread at every step.
       const int64_t peak_memory = PeakResidentMemoryBytes();
-      const int64_t peak_tensors = memory::PeakTensorBytesOn(tensors_on_);
+      // -1 (not known: a GPU's without a CUDA LibTorch) goes as 0, "not measured".
+      const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(tensors_on_));
       for (v1::StepReport& r : *batch.mutable_reports()) {
         r.set_peak_memory_bytes(peak_memory);
         r.set_peak_tensor_bytes(peak_tensors);
@@ -182,7 +184,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
             {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
         const int64_t now = memory::TensorBytesInUseOn(tensors_on);
         const int64_t peak = memory::PeakTensorBytesOn(tensors_on);
-        if ((tensors_on.is_cpu() && memory::CountingTensorMemory()) || (now >= 0 && peak >= 0)) {
+        // Known on the CPU once the counter is installed; on a GPU where LibTorch has CUDA.
+        const bool known = tensors_on.is_cpu() ? memory::CountingTensorMemory()
+                                               : now >= 0 && peak >= 0;
+        if (known) {
           samples.push_back({{"tensors"}, static_cast<double>(now)});
           samples.push_back({{"tensors_peak"}, static_cast<double>(peak)});
         }

@@ -102,7 +102,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
 
   const int64_t peak_memory = PeakResidentMemoryBytes();  // one process: shared by stages
   // One process: its stages share the CPU counter, or the GPU they all run on.
-  const int64_t peak_tensors = memory::PeakTensorBytesOn(device);
+  // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.
+  const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < n; ++s) {
     outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),

@@ -176,7 +176,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   if (hooks.on_transport_gone) hooks.on_transport_gone();
   PT_RETURN_IF_ERROR(ran);
   const int64_t peak_memory = PeakResidentMemoryBytes();
-  const int64_t peak_tensors = memory::PeakTensorBytesOn(device);
+  // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.
+  const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
   return StageOutcome{executor.stats(),         DetachedParameters(*parts.weights),
                       DetachedBuffers(*parts.weights), parts.parameter_bytes,
                       peak_memory,               peak_tensors,
