@@ -408,8 +408,8 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store =
       MakeCoordinatorStore(coordinator_, a.job_id());
-  const std::string kind = options_.device.rfind("cuda", 0) == 0 ? "cuda" : options_.device;
-  if (config->device != kind) {
+  const c10::Device device = TensorDevice(options_.device);
+  if (config->device != (device.is_cuda() ? "cuda" : "cpu")) {
     return absl::FailedPreconditionError(
         absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
   }
@@ -454,7 +454,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     transport_ = nullptr;
   };
-  StepReporter reporter(coordinator_, TensorDevice(options_.device), [this] {
+  StepReporter reporter(coordinator_, device, [this] {
     std::lock_guard<std::mutex> lock(mu_);
     AbortStage("the coordinator ended the job");
   });

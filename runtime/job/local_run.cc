@@ -1,5 +1,4 @@
 #include "runtime/job/local_run.h"
-
 #include "runtime/job/stage_run.h"
 
 #include <algorithm>

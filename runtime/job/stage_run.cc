@@ -1,6 +1,5 @@
 #include "runtime/job/stage_run.h"
 
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>

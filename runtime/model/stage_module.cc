@@ -68,15 +68,11 @@ bool StageModule::recomputes_anything() const {
 
 at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end,
                                   LayerContext ctx) {
-  const std::vector<at::Tensor> params = Parameters();
-  MixedPrecisionScope mixed(params.empty() ? c10::DeviceType::CPU : params[0].device().type(),
-                            compute_);
+  MixedPrecisionScope mixed(device_type_, compute_);
   at::Tensor x = input;
   // Under mixed precision activations arrive in bfloat16; the residual stream between the
-  // layers is kept in the weights' float32, as it is in one process.
-  if (x.scalar_type() == compute_ && compute_ == at::kBFloat16 && !params.empty()) {
-    x = x.to(params[0].scalar_type());
-  }
+  // layers is kept in the master weights' float32, as it is in one process.
+  if (compute_ == at::kBFloat16 && x.scalar_type() == at::kBFloat16) x = x.to(at::kFloat);
   for (int i = begin; i < end; ++i) {
     ctx.global_layer = first_layer_ + i;
     x = layers_[i]->Forward(x, ctx);
@@ -123,11 +119,13 @@ std::unique_ptr<StageModule> StageModule::Clone() const {
   for (const auto& layer : layers_) copies.push_back(layer->Clone());
   auto copy = std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
   copy->compute_ = compute_;
+  copy->device_type_ = device_type_;
   return copy;
 }
 
 void StageModule::ToDevice(at::Device device) {
   for (auto& layer : layers_) layer->ToDevice(device);
+  device_type_ = device.type();
 }
 
 void StageModule::CopyWeightsFrom(const StageModule& other) {

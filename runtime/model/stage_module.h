@@ -26,8 +26,8 @@ class StageModule {
   StageModule(int first_layer, LayerList layers, std::vector<bool> recompute = {});
 
   // Mixed precision: every forward (and recomputation) of the layers runs in a
-  // MixedPrecisionScope of `compute` (bfloat16) for the device of the parameters; float32
-  // (the default) or float64: as the parameters are.
+  // MixedPrecisionScope of `compute` (bfloat16: the parameters are float32 master weights)
+  // for the device of the parameters; float32 (the default) or float64: as the parameters are.
   void SetComputeDtype(at::ScalarType compute) { compute_ = compute; }
   at::ScalarType compute_dtype() const { return compute_; }
   // Moves the parameters and buffers to `device` (before any optimizer state exists).
@@ -61,6 +61,7 @@ class StageModule {
   LayerList layers_;
   std::vector<bool> recompute_;
   at::ScalarType compute_ = at::kFloat;
+  c10::DeviceType device_type_ = c10::DeviceType::CPU;  // of the parameters (ToDevice)
 };
 
 }  // namespace pipetrain::model

@@ -34,7 +34,8 @@ struct StageCosts {
 // the stage holds for it while that backward runs, with the step's gradient not yet there
 // (the step's first backward, which allocates it layer by layer) or already there; and the
 // same for the step's last backward of a stage that averages its gradient during it (the
-// flat copies the AllReduce makes of each piece's gradient as it is done).
+// flat copies the AllReduce makes of the gradient, counted as each piece finishes: at most
+// what its buckets, each copied once all its gradients are done, hold).
 struct MicroBatchBytes {
   int64_t kept = 0;
   int64_t backward_first = 0;
@@ -42,6 +43,19 @@ struct MicroBatchBytes {
   int64_t overlapped_first = 0;
   int64_t overlapped_later = 0;
 };
+
+// For each action of a stage's list, whether it is the last backward before a STEP.
+std::vector<bool> LastBackwardOfEachStep(const std::vector<Action>& list) {
+  std::vector<bool> last_of_step(list.size(), false);
+  for (size_t i = 0, last = list.size(); i < list.size(); ++i) {
+    if (list[i].kind == ActionKind::kBackward) last = i;
+    if (list[i].kind == ActionKind::kOptimizerStep && last < list.size()) {
+      last_of_step[last] = true;
+      last = list.size();
+    }
+  }
+  return last_of_step;
+}
 
 // How a stage averages its gradient among replicas: not at all (w = 1), at its update, or
 // during the step's last backward (stage 0 with the AllReduce overlapped). Either way the
@@ -53,17 +67,11 @@ enum class Averaging { kNone, kAtUpdate, kDuringLastBackward };
 // to its B and holds at most `m.backward_*` during its B (the gradient included); the
 // gradient exists from the step's first backward to its update (STEP drops it), and its
 // flat copy while it is averaged. Also the most micro-batches in flight.
-std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, const MicroBatchBytes& m,
-                                   int64_t gradient_bytes, Averaging averaging) {
-  // The step's last backward: the one before each STEP.
-  std::vector<bool> last_of_step(list.size(), false);
-  for (size_t i = 0, last = list.size(); i < list.size(); ++i) {
-    if (list[i].kind == ActionKind::kBackward) last = i;
-    if (list[i].kind == ActionKind::kOptimizerStep && last < list.size()) {
-      last_of_step[last] = true;
-      last = list.size();
-    }
-  }
+// `last_of_step`: LastBackwardOfEachStep(list).
+std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list,
+                                   const std::vector<bool>& last_of_step,
+                                   const MicroBatchBytes& m, int64_t gradient_bytes,
+                                   Averaging averaging) {
   int in_flight = 0, peak_in_flight = 0;
   bool gradient = false;
   int64_t peak = 0;
@@ -256,18 +264,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   // Per stage, the positions of its lists' last backward before each STEP: where stage 0
   // with overlap starts its bucketed AllReduce.
   std::vector<std::vector<bool>> last_backward(p);
-  for (int s = 0; s < p; ++s) {
-    const std::vector<Action>& list = (*lists)[s];
-    last_backward[s].assign(list.size(), false);
-    int last = -1;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (list[i].kind == ActionKind::kBackward) last = static_cast<int>(i);
-      if (list[i].kind == ActionKind::kOptimizerStep && last >= 0) {
-        last_backward[s][last] = true;
-        last = -1;
-      }
-    }
-  }
+  for (int s = 0; s < p; ++s) last_backward[s] = LastBackwardOfEachStep((*lists)[s]);
   const bool overlapped = w > 1 && layout.overlap_allreduce;
   // (kind, micro-batch, receiving stage) -> arrival time.
   std::map<std::tuple<ActionKind, int64_t, int>, double> arrivals;
@@ -429,11 +426,13 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.stage_layers[s];
     const MicroBatchBytes micro_batch = MicroBatchMemory(profile, layers, layout, begin, end);
-    const Averaging averaging = w == 1                                   ? Averaging::kNone
-                                : s == 0 && layout.overlap_allreduce ? Averaging::kDuringLastBackward
-                                                                     : Averaging::kAtUpdate;
+    Averaging averaging = Averaging::kNone;
+    if (w > 1) {
+      averaging = s == 0 && layout.overlap_allreduce ? Averaging::kDuringLastBackward
+                                                     : Averaging::kAtUpdate;
+    }
     const auto [held, in_flight_at_most] =
-        HeldAtPeak((*lists)[s], micro_batch, costs[s].gradient_bytes, averaging);
+        HeldAtPeak((*lists)[s], last_backward[s], micro_batch, costs[s].gradient_bytes, averaging);
     out.peak_in_flight = in_flight_at_most;
     out.exposed_allreduce_s = exposed[s];
     out.activation_bytes = held;

@@ -7,14 +7,6 @@
 
 namespace pipetrain::transport {
 
-bool HaveNcclTransport() {
-#if defined(PIPETRAIN_HAVE_NCCL)
-  return true;
-#else
-  return false;
-#endif
-}
-
 absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const StageTransportOptions& options) {
   if (options.device.is_cuda()) {

@@ -30,7 +30,4 @@ struct StageTransportOptions {
 absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const StageTransportOptions& options);
 
-// Whether this build has the NCCL transport.
-bool HaveNcclTransport();
-
 }  // namespace pipetrain::transport

@@ -485,7 +485,6 @@ TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
   EXPECT_FALSE(at::allclose(mb_mean.flatten(), mean, 1e-3, 1e-3));  // micro != mini stats
 }
 
-// A wrong partition is rejected before anything runs, naming the layers.
 // A VGG-11 (conv3x3 + BatchNorm + ReLU, max pooling at the end of each stage) on 32x32
 // images, cut into 3 pipeline stages under 1F1B, float64, with 1 and with 2 replicas: its
 // parameters after 3 steps equal the un-pipelined run over the same global batch.
@@ -518,6 +517,7 @@ TEST(Vgg, PipelinedAndReplicatedEqualTheReference) {
   }
 }
 
+// A wrong partition is rejected before anything runs, naming the layers.
 TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
   JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
   c.stage_ranges = {{0, 2}, {3, 6}};
