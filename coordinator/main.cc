@@ -17,7 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include "coordinator/coordinator_metrics.h"
-#include "metrics/http_server.h"
+#include "metrics/endpoint.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
@@ -116,16 +116,16 @@ int main(int argc, char** argv) {
     return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
   RegisterCoordinatorMetrics(&registry, coordinator->get());
-  std::unique_ptr<pipetrain::metrics::MetricsServer> metrics_server;
+  std::unique_ptr<pipetrain::metrics::MetricsEndpoint> metrics_endpoint;
   if (!metrics_listen.empty()) {
-    auto started = pipetrain::metrics::MetricsServer::Start(metrics_listen, &registry);
+    auto started = pipetrain::metrics::MetricsEndpoint::Start(metrics_listen, &registry);
     if (!started.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: %s\n",
                    std::string(started.status().message()).c_str());
       return absl::IsInvalidArgument(started.status()) ? exit_code::kUsage
                                                         : exit_code::kUnavailable;
     }
-    metrics_server = *std::move(started);
+    metrics_endpoint = *std::move(started);
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
   std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
@@ -136,7 +136,9 @@ int main(int argc, char** argv) {
                security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
   if (!port_file.empty()) {
     std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");
-    if (metrics_server) absl::StrAppend(&address, "metrics ", metrics_server->address(), "\n");
+    if (metrics_endpoint) {
+      absl::StrAppend(&address, "metrics ", metrics_endpoint->address(), "\n");
+    }
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
                    std::string(s.message()).c_str());
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
   }
   (*coordinator)->StopMonitor();
   (*server)->Shutdown();
-  metrics_server.reset();  // its scrapes read the coordinator
+  metrics_endpoint.reset();  // its scrapes read the coordinator
   server->reset();
   coordinator->reset();
   return exit_code::kOk;

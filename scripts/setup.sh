@@ -18,7 +18,7 @@ packages=(
   # checkpoints: SHA-256 of every file (OpenSSL's libcrypto)
   libssl-dev
   # metrics: the daemons' /metrics endpoint (cpp-httplib, found with pkg-config)
-  libcpp-httplib-dev pkgconf
+  libcpp-httplib-dev pkgconf prometheus-cpp-dev
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev

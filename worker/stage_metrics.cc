@@ -146,45 +146,47 @@ void StageMetrics::OnAction(const executor::ActionRecord& r) {
   const double bytes = static_cast<double>(r.bytes);
   switch (r.action.kind) {
     case ActionKind::kForward:
-      compute_forward_->Add(busy);
+      compute_forward_->Increment(busy);
       times_.forward_s += busy;
       break;
     case ActionKind::kBackward:
-      compute_backward_->Add(busy);
+      compute_backward_->Increment(busy);
       times_.backward_s += busy;
       break;
     case ActionKind::kOptimizerStep:
-      compute_optimizer_->Add(busy);
+      compute_optimizer_->Increment(busy);
       times_.optimizer_s += busy;
       break;
     case ActionKind::kRecvActivation:
-      receive_forward_->Add(whole);
+      receive_forward_->Increment(whole);
       times_.receive_forward_s += whole;
-      received_activation_->Add(bytes);
+      received_activation_->Increment(bytes);
       break;
     case ActionKind::kRecvGradient:
-      receive_backward_->Add(whole);
+      receive_backward_->Increment(whole);
       times_.receive_backward_s += whole;
-      received_gradient_->Add(bytes);
+      received_gradient_->Increment(bytes);
       break;
     case ActionKind::kSendActivation:
-      send_forward_->Add(whole);
+      send_forward_->Increment(whole);
       times_.send_forward_s += whole;
-      sent_activation_->Add(bytes);
+      sent_activation_->Increment(bytes);
       break;
     case ActionKind::kSendGradient:
-      send_backward_->Add(whole);
+      send_backward_->Increment(whole);
       times_.send_backward_s += whole;
-      sent_gradient_->Add(bytes);
+      sent_gradient_->Increment(bytes);
       break;
   }
 }
 
 void StageMetrics::OnStep(const executor::StepRecord& step) {
-  steps_->Add();
-  samples_->Add(static_cast<double>(samples_per_step_));
-  if (tokens_ != nullptr) tokens_->Add(static_cast<double>(samples_per_step_ * tokens_per_sample_));
-  exposed_allreduce_->Add(step.allreduce_s);
+  steps_->Increment();
+  samples_->Increment(static_cast<double>(samples_per_step_));
+  if (tokens_ != nullptr) {
+    tokens_->Increment(static_cast<double>(samples_per_step_ * tokens_per_sample_));
+  }
+  exposed_allreduce_->Increment(step.allreduce_s);
   times_.exposed_allreduce_s += step.allreduce_s;
   if (previous_end_s_ >= 0) {
     const double duration = step.end_s - previous_end_s_;

@@ -167,9 +167,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   w->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
   if (!options.metrics_listen.empty()) {
-    auto metrics_server = metrics::MetricsServer::Start(options.metrics_listen, &w->metrics_);
-    if (!metrics_server.ok()) return metrics_server.status();
-    w->metrics_server_ = *std::move(metrics_server);
+    auto endpoint = metrics::MetricsEndpoint::Start(options.metrics_listen, &w->metrics_);
+    if (!endpoint.ok()) return endpoint.status();
+    w->metrics_endpoint_ = *std::move(endpoint);
   }
   w->metrics_.GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
                        {"version", "daemon"}, {PIPETRAIN_VERSION, "worker"}).Set(1);

@@ -44,7 +44,7 @@
 #include <c10/core/Device.h>
 #include <grpcpp/grpcpp.h>
 
-#include "metrics/http_server.h"
+#include "metrics/endpoint.h"
 #include "metrics/metrics.h"
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
@@ -86,7 +86,9 @@ class Worker : public v1::WorkerService::Service {
   // host:port its WorkerService serves on (the bound port, when port 0 was asked for).
   const std::string& address() const { return address_; }
   // host:port of its /metrics endpoint ("" if none).
-  std::string metrics_address() const { return metrics_server_ ? metrics_server_->address() : ""; }
+  std::string metrics_address() const {
+    return metrics_endpoint_ ? metrics_endpoint_->address() : "";
+  }
 
   grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                            v1::AssignResponse*) override;
@@ -114,7 +116,7 @@ class Worker : public v1::WorkerService::Service {
 
   WorkerOptions options_;
   metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
-  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint_;
   std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

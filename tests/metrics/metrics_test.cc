@@ -1,9 +1,19 @@
-// The Prometheus text exposition (metrics/metrics.h): the format rules promtool does not
-// check (buckets increasing and cumulative, +Inf equal to _count even under concurrent
-// updates, each series once, escaping), the naming rules, and promtool's own check of the
-// output (Debian's prometheus package). The endpoint (metrics/http_server.h): 200 on
-// /metrics, 404 elsewhere, a port in use refused at start.
+// The daemons' metrics (metrics/metrics.h over prometheus-cpp): what the registry made is what
+// the exposition shows, histograms consistent under concurrent updates (+Inf equal to _count,
+// buckets never decreasing), each series once, escaping, the naming rules, series removed by
+// label, collectors read at scrape time, and promtool's own check of the output (Debian's
+// prometheus package). The endpoint (metrics/endpoint.h) against what a hostile or careless
+// client sends: only GET /metrics, no body read, bounded headers, slow clients cut off, idle
+// connections holding few descriptors, scrape work spaced, a port in use refused at start.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <map>
 #include <regex>
@@ -17,7 +27,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include "metrics/http_server.h"
+#include "metrics/endpoint.h"
 #include "metrics/metrics.h"
 
 namespace pipetrain::metrics {
@@ -56,32 +66,45 @@ std::pair<int, std::string> Promtool(const std::string& text) {
   return {status, out};
 }
 
+// The samples the registry made are those the exposition shows, one family each, in name
+// order, and promtool accepts the text.
 TEST(Metrics, CountersGaugesAndHistogramsRenderAsTheFormatSays) {
   Registry r;
   r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
-               {"job-0001", "0"}).Add(3);
+               {"job-0001", "0"}).Increment(3);
   r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
-               {"job-0001", "0"}).Add(2);  // the same series again
+               {"job-0001", "0"}).Increment(2);  // the same series again
+  r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
+               {"job-0001", "0"}).Increment(-7);  // a counter never goes down
   r.GetGauge("pipetrain_bubble_ratio", "Idle share of the last step.", {}, {}).Set(0.25);
   Histogram& h = r.GetHistogram("pipetrain_step_duration_seconds", "Step time.", {"pp_stage"},
                                 {"1"}, {0.1, 1, 10});
   for (double v : {0.05, 0.1, 0.5, 2.0, 100.0}) h.Observe(v);
   const std::string text = r.Render();
-  EXPECT_EQ(text,
-            "# HELP pipetrain_bubble_ratio Idle share of the last step.\n"
-            "# TYPE pipetrain_bubble_ratio gauge\n"
-            "pipetrain_bubble_ratio 0.25\n"
-            "# HELP pipetrain_step_duration_seconds Step time.\n"
-            "# TYPE pipetrain_step_duration_seconds histogram\n"
-            "pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"0.1\"} 2\n"
-            "pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"1\"} 3\n"
-            "pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"10\"} 4\n"
-            "pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"+Inf\"} 5\n"
-            "pipetrain_step_duration_seconds_sum{pp_stage=\"1\"} 102.65\n"
-            "pipetrain_step_duration_seconds_count{pp_stage=\"1\"} 5\n"
-            "# HELP pipetrain_steps_total Steps completed.\n"
-            "# TYPE pipetrain_steps_total counter\n"
-            "pipetrain_steps_total{job_id=\"job-0001\",pp_stage=\"0\"} 5\n");
+  std::map<std::string, std::string> samples;
+  for (const auto& [series, value] : Samples(text)) samples[series] = value;
+  const std::map<std::string, std::string> expected = {
+      {"pipetrain_bubble_ratio", "0.25"},
+      {"pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"0.1\"}", "2"},
+      {"pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"1\"}", "3"},
+      {"pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"10\"}", "4"},
+      {"pipetrain_step_duration_seconds_bucket{pp_stage=\"1\",le=\"+Inf\"}", "5"},
+      {"pipetrain_step_duration_seconds_sum{pp_stage=\"1\"}", "102.65"},
+      {"pipetrain_step_duration_seconds_count{pp_stage=\"1\"}", "5"},
+      {"pipetrain_steps_total{job_id=\"job-0001\",pp_stage=\"0\"}", "5"},
+  };
+  EXPECT_EQ(samples, expected) << text;
+  // One HELP and TYPE per family, in name order.
+  std::vector<std::string> types;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) types.push_back(line);
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{
+                       "# TYPE pipetrain_bubble_ratio gauge",
+                       "# TYPE pipetrain_step_duration_seconds histogram",
+                       "# TYPE pipetrain_steps_total counter"}));
+  EXPECT_THAT(text, HasSubstr("# HELP pipetrain_steps_total Steps completed.\n"));
   const auto [status, out] = Promtool(text);
   EXPECT_EQ(status, 0) << out;
 }
@@ -100,7 +123,7 @@ TEST(Metrics, HistogramsStayConsistentUnderConcurrentUpdates) {
                                 {std::to_string(t % 2)});
       for (uint64_t i = 0; !stop; ++i) {
         h.Observe(static_cast<double>(i % 1000) / 100.0);
-        c.Add(8);
+        c.Increment(8);
       }
     });
   }
@@ -152,20 +175,21 @@ TEST(Metrics, NamesAndLabelsFollowPrometheusRules) {
   r.GetGauge("pipetrain_x", "", {"a"}, {"1"});
   EXPECT_THROW(r.GetCounter("pipetrain_x", "", {"a"}, {"1"}), std::invalid_argument);  // type
   EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"b"}, {"1"}), std::invalid_argument);  // labels
-  EXPECT_THROW(Histogram({1, 1}), std::invalid_argument);
-  EXPECT_THROW(Histogram({2, 1}), std::invalid_argument);
-  EXPECT_EQ(FormatValue(1.0 / 0.0), "+Inf");
-  EXPECT_EQ(FormatValue(-1.0 / 0.0), "-Inf");
-  EXPECT_EQ(FormatValue(0.0 / 0.0), "NaN");
-  EXPECT_EQ(FormatValue(3), "3");
-  EXPECT_EQ(FormatValue(0.1), "0.1");
-  EXPECT_EQ(std::stod(FormatValue(1.0 / 3)), 1.0 / 3);
+  EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 1}), std::invalid_argument);
+  EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {2, 1}), std::invalid_argument);
+  EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 1.0 / 0.0}), std::invalid_argument);
+  r.GetHistogram("pipetrain_h", "", {}, {}, {1, 2});
+  EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 3}), std::invalid_argument);
+  EXPECT_THROW(r.AddCollector("pipetrain_x", "", {"a"}, [] { return std::vector<CollectedSample>{}; }),
+               std::invalid_argument);  // already a metric
+  EXPECT_THROW(r.AddCollector("pipetrain_y", "", {"job"}, [] { return std::vector<CollectedSample>{}; }),
+               std::invalid_argument);
 }
 
 TEST(Metrics, SeriesOfAFinishedJobGoAndCollectorsAreReadAtScrapeTime) {
   Registry r;
-  r.GetCounter("pipetrain_steps_total", "Steps.", {"job_id"}, {"job-0001"}).Add(1);
-  r.GetCounter("pipetrain_steps_total", "Steps.", {"job_id"}, {"job-0002"}).Add(1);
+  r.GetCounter("pipetrain_steps_total", "Steps.", {"job_id"}, {"job-0001"}).Increment(1);
+  r.GetCounter("pipetrain_steps_total", "Steps.", {"job_id"}, {"job-0002"}).Increment(1);
   r.RemoveSeriesWith("job_id", "job-0001");
   EXPECT_THAT(r.Render(), ::testing::Not(HasSubstr("job-0001")));
   EXPECT_THAT(r.Render(), HasSubstr("job-0002"));
@@ -180,28 +204,258 @@ TEST(Metrics, SeriesOfAFinishedJobGoAndCollectorsAreReadAtScrapeTime) {
   EXPECT_THAT(r.Render(), ::testing::Not(HasSubstr("pipetrain_jobs")));
 }
 
-TEST(MetricsServer, ServesMetricsAnswers404ElsewhereAndRefusesAPortInUse) {
-  Registry r;
-  r.GetGauge("pipetrain_up", "Serving.", {}, {}).Set(1);
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start("127.0.0.1:0", &r);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = (*server)->address();
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  httplib::Client client("127.0.0.1", port);
+// --- The endpoint (metrics/endpoint.h), spoken to over raw sockets as a hostile client would.
+
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+
+// A connected TCP socket to 127.0.0.1:`port` (-1 on failure), with 10 s send/receive timeouts.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Everything the server sends until it closes (or 10 s pass).
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+// One request, the whole response; "" if the connection failed.
+std::string Request(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  SendAll(fd, request);
+  std::string response = ReadAll(fd);
+  close(fd);
+  return response;
+}
+
+int StatusOf(const std::string& response) {
+  return response.size() > 12 ? std::atoi(response.c_str() + 9) : -1;  // "HTTP/1.1 200"
+}
+
+int64_t OwnResidentBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+int OpenDescriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+class MetricsEndpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    registry_.GetGauge("pipetrain_up", "Serving.", {}, {}).Set(1);
+    auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", &registry_);
+    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+    endpoint_ = *std::move(endpoint);
+    port_ = PortOf(endpoint_->address());
+  }
+  std::string Scrape() { return Request(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"); }
+
+  Registry registry_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
+  int port_ = 0;
+};
+
+TEST_F(MetricsEndpointTest, ServesMetricsAnswers404ElsewhereAndRefusesAPortInUse) {
+  httplib::Client client("127.0.0.1", port_);
   auto metrics = client.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
-  EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_THAT(metrics->get_header_value("Content-Type"), HasSubstr("text/plain"));
   EXPECT_THAT(metrics->body, HasSubstr("pipetrain_up 1\n"));
   auto other = client.Get("/metric");
   ASSERT_TRUE(other);
   EXPECT_EQ(other->status, 404);
   EXPECT_THAT(other->body, HasSubstr("metrics are at /metrics"));
-  absl::StatusOr<std::unique_ptr<MetricsServer>> second = MetricsServer::Start(address, &r);
+  auto second = MetricsEndpoint::Start(endpoint_->address(), &registry_);
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("is the port in use?"));
-  EXPECT_FALSE(MetricsServer::Start("nonsense", &r).ok());
-  EXPECT_FALSE(MetricsServer::Start("127.0.0.1:70000", &r).ok());
+  EXPECT_FALSE(MetricsEndpoint::Start("nonsense", &registry_).ok());
+  EXPECT_FALSE(MetricsEndpoint::Start("127.0.0.1:70000", &registry_).ok());
+  EXPECT_FALSE(MetricsEndpoint::Start("::1:0", &registry_).ok());  // IPv6 needs brackets
+}
+
+// Only GET /metrics; no request body is ever read: a POST announcing 1.5 GiB is answered 413
+// and cut off after what the kernel's buffers take (a few MiB of the 64 it tries to send), a
+// GET announcing a body too, and this process (the daemon) does not grow.
+TEST_F(MetricsEndpointTest, AnswersOnlyGetAndNeverReadsABody) {
+  const int64_t rss_before = OwnResidentBytes();
+  const std::string post = Request(port_, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(StatusOf(post), 405) << post;
+  EXPECT_THAT(post, HasSubstr("Allow: GET"));
+  EXPECT_EQ(StatusOf(Request(port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")), 405);
+  EXPECT_EQ(StatusOf(Request(port_, "PUT /other HTTP/1.1\r\nHost: x\r\n\r\n")), 404);
+  const std::string with_body =
+      Request(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 536870912\r\n\r\n");
+  EXPECT_EQ(StatusOf(with_body), 413) << with_body;
+  EXPECT_EQ(StatusOf(Request(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                                    "Transfer-Encoding: chunked\r\n\r\n")),
+            413);
+  {
+    const int fd = Connect(port_);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1610612736\r\n\r\n"));
+    const std::string chunk(1 << 20, 'x');
+    int sent_mib = 0;
+    for (; sent_mib < 64 && SendAll(fd, chunk); ++sent_mib) {
+    }
+    const std::string response = ReadAll(fd);
+    close(fd);
+    EXPECT_TRUE(response.empty() || StatusOf(response) == 413) << response.substr(0, 200);
+    std::fprintf(stderr, "sent %d MiB of the body before the server closed\n", sent_mib);
+    EXPECT_LT(sent_mib, 32) << "the server read the body";
+  }
+  EXPECT_LT(OwnResidentBytes() - rss_before, 16 << 20);
+  EXPECT_EQ(StatusOf(Scrape()), 200);
+}
+
+// The request line and headers are bounded: a 64 MiB header line or 100,000 headers are
+// refused (413 or a closed connection) without the process growing.
+TEST_F(MetricsEndpointTest, OversizedHeadersAreRefused) {
+  const int64_t rss_before = OwnResidentBytes();
+  for (const std::string& headers :
+       {std::string("X-Long: ") + std::string(64 << 20, 'a') + "\r\n", [] {
+          std::string many;
+          for (int i = 0; i < 100000; ++i) many += "X-" + std::to_string(i) + ": 1\r\n";
+          return many;
+        }()}) {
+    const int fd = Connect(port_);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n");
+    const std::string response = ReadAll(fd);
+    close(fd);
+    EXPECT_NE(StatusOf(response), 200) << response.substr(0, 200);
+  }
+  EXPECT_LT(OwnResidentBytes() - rss_before, 16 << 20);
+  EXPECT_EQ(StatusOf(Scrape()), 200);
+}
+
+// Clients dribbling their headers (a byte every 500 ms) on more connections than the endpoint
+// has threads are cut off after the request timeout, and a scrape among them is answered.
+TEST_F(MetricsEndpointTest, SlowHeadersAreCutOffAndScrapesGoOn) {
+  std::vector<int> slow;
+  for (int i = 0; i < MetricsEndpoint::kThreads + 2; ++i) {
+    const int fd = Connect(port_);
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> cut{0};
+  std::thread dribbler([&] {
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " +
+                                std::string(200, 'a') + "\r\n\r\n";
+    std::vector<bool> open(slow.size(), true);
+    for (size_t byte = 0; byte < request.size() && !stop; ++byte) {
+      for (size_t i = 0; i < slow.size(); ++i) {
+        if (open[i] && send(slow[i], &request[byte], 1, MSG_NOSIGNAL) != 1) {
+          open[i] = false;
+          ++cut;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string scrape = Scrape();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(StatusOf(scrape), 200);
+  EXPECT_LT(seconds, MetricsEndpoint::kRequestTimeoutMs / 1000.0 + 3) << "the scrape waited";
+  // Every dribbler is cut off by the server (its sends fail once it closed; a closed peer
+  // makes the second send after the close fail).
+  std::this_thread::sleep_for(std::chrono::milliseconds(MetricsEndpoint::kRequestTimeoutMs + 2500));
+  stop = true;
+  dribbler.join();
+  for (int fd : slow) close(fd);
+  EXPECT_EQ(cut.load(), static_cast<int>(slow.size()));
+}
+
+// 500 idle connections hold a bounded number of the process's descriptors (what the endpoint
+// accepted: at most its threads and queue; the rest wait in the kernel's backlog), and once
+// they are gone a scrape is answered.
+TEST_F(MetricsEndpointTest, IdleConnectionsHoldABoundedNumberOfDescriptors) {
+  const int before = OpenDescriptors();
+  std::vector<int> idle;
+  for (int i = 0; i < 500; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));  // in progress is fine
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int held_by_server = OpenDescriptors() - before - static_cast<int>(idle.size());
+  EXPECT_LE(held_by_server, MetricsEndpoint::kThreads + MetricsEndpoint::kQueuedConnections + 4);
+  for (int fd : idle) close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(StatusOf(Scrape()), 200);
+  std::fprintf(stderr, "500 idle connections: the endpoint held %d descriptors\n", held_by_server);
+}
+
+// However many scrape at once, a process starts at most one scrape per kScrapeSpacingMs:
+// 16 threads scraping as fast as they can for 2 s make at most 2 s / 100 ms + 1 collections.
+TEST_F(MetricsEndpointTest, ScrapeWorkIsSpacedWhateverTheNumberOfScrapers) {
+  std::atomic<int> collections{0};
+  registry_.AddCollector("pipetrain_collections", "Collections.", {}, [&] {
+    ++collections;
+    return std::vector<CollectedSample>{{{}, 1}};
+  });
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::vector<std::thread> scrapers;
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = 0; t < 16; ++t) {
+    scrapers.emplace_back([&] {
+      while (!stop) {
+        if (StatusOf(Scrape()) == 200) ++answered;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const int in_two_seconds = collections.load();
+  stop = true;
+  for (auto& t : scrapers) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "16 scrapers: %d collections in the first 2 s, %d answered in %.1f s\n",
+               in_two_seconds, answered.load(), seconds);
+  EXPECT_LE(in_two_seconds, 2000 / MetricsEndpoint::kScrapeSpacingMs + 1);
+  EXPECT_GE(in_two_seconds, 5);  // and scrapes are served all the while
 }
 
 }  // namespace
