@@ -19,6 +19,7 @@
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/memory/tensor_memory.h"
 #include "worker/worker.h"
 
@@ -54,9 +55,11 @@ int main(int argc, char** argv) {
                  "address its stages listen on for their peers")
       ->capture_default_str();
   app.add_option("--data-root", options.data_roots,
-                 "a directory jobs may read their files from (data.path, model.path); "
-                 "repeatable; symlinks are resolved, only regular files are read (default: "
-                 "none, so a job may name no file)");
+                 "a directory jobs may read their files from (data.path, model.path) and write "
+                 "to or resume from (checkpoint.dir, weights_dir, resume_from; also this "
+                 "worker's checkpoints/); repeatable; symlinks are resolved and every file is "
+                 "checked as opened, only regular files are read (default: none, so a job may "
+                 "name no file)");
   app.add_option("--register-timeout", register_timeout_s,
                  "seconds to keep trying to reach the coordinator at start")
       ->capture_default_str();
@@ -71,6 +74,9 @@ int main(int argc, char** argv) {
                  "PEM CA: verify the coordinator against it and require its client "
                  "certificate (mutual TLS)");
   CLI11_PARSE(app, argc, argv);
+  // Before any job runs: every file this process reads for a job is checked, as opened,
+  // against these (runtime/base/regular_file.h).
+  pipetrain::SetReadRoots(pipetrain::worker::WritableRoots(options.data_roots));
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(token.status().message()).c_str());

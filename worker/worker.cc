@@ -23,6 +23,7 @@
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "runtime/base/process_memory.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/device.h"
@@ -398,6 +399,47 @@ absl::Status CheckUnderDataRoots(const std::string& field, const std::string& pa
       ")"));
 }
 
+std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots) {
+  if (data_roots.empty()) return {};
+  std::vector<std::string> roots = data_roots;
+  std::error_code ec;
+  roots.push_back((std::filesystem::current_path(ec) / "checkpoints").string());
+  return roots;
+}
+
+absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
+                                      const std::vector<std::string>& roots) {
+  if (roots.empty() || dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::path existing = std::filesystem::absolute(dir, ec).lexically_normal();
+  while (!existing.empty() && !std::filesystem::exists(existing, ec) &&
+         existing != existing.root_path()) {
+    existing = existing.parent_path();
+  }
+  char resolved[PATH_MAX];
+  std::vector<std::string> resolved_roots;
+  for (const std::string& root : roots) {
+    char r[PATH_MAX];
+    resolved_roots.push_back(realpath(root.c_str(), r) != nullptr ? std::string(r) : root);
+  }
+  // Below its nearest existing ancestor nothing exists, so nothing can be a link: the
+  // directory is inside if that ancestor (links resolved) is, or if the ancestor leads to a
+  // root not made yet (checkpoints/) and the directory, as written, lies under that root.
+  bool inside = false;
+  if (realpath(existing.c_str(), resolved) != nullptr) {
+    const std::string ancestor = resolved;
+    std::filesystem::path rest = std::filesystem::absolute(dir, ec).lexically_normal();
+    rest = rest.lexically_relative(existing);
+    const std::string lexical = (std::filesystem::path(ancestor) / rest).lexically_normal();
+    inside = IsUnderRoots(ancestor, resolved_roots) ||
+             (rest.native().rfind("..", 0) != 0 && IsUnderRoots(lexical, resolved_roots));
+  }
+  if (inside) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": ", dir, " is outside the directories this worker lets jobs write to and resume "
+      "from (", absl::StrJoin(roots, ", "), ")"));
+}
+
 absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
   if (!config.ok()) return config.status();
@@ -405,6 +447,15 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
                                         "data.path", &config->data.path},
                                     {"model.path", &config->model.torchscript_path}}) {
     if (!path->empty()) PT_RETURN_IF_ERROR(CheckUnderDataRoots(field, *path, options_.data_roots));
+  }
+  const std::vector<std::string> writable = WritableRoots(options_.data_roots);
+  for (const auto& [field, dir] : {std::pair<const char*, std::string>{
+                                       "checkpoint.dir", config->checkpoint.dir},
+                                   {"weights_dir", config->weights_dir},
+                                   {"resume_from", config->resume_from == "latest"
+                                                       ? std::string()
+                                                       : config->resume_from}}) {
+    PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
   }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store =
       MakeCoordinatorStore(coordinator_, a.job_id());

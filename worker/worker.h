@@ -63,7 +63,10 @@ struct WorkerOptions {
   std::string data_host = "127.0.0.1";  // address its stage listens on for peers
   rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
   // The only directories a job's files (data.path, model.path) may be read from, resolved
-  // through symlinks; regular files only. None: a job may name no file at all.
+  // through symlinks; regular files only. None: a job may name no file at all. With roots, a
+  // job's checkpoint.dir, weights_dir and resume_from must lie under them or under the
+  // worker's own checkpoints/ (WritableRoots), and the process reads files only there
+  // (runtime/base/regular_file.h: SetReadRoots, checked on what was opened).
   std::vector<std::string> data_roots;
   // Where GET /metrics is served (Prometheus text format); port 0 picks a free one, "" none.
   std::string metrics_listen = "127.0.0.1:0";
@@ -74,6 +77,17 @@ struct WorkerOptions {
 // lies outside them or is not a regular file (a FIFO, a device).
 absl::Status CheckUnderDataRoots(const std::string& field, const std::string& path,
                                  const std::vector<std::string>& roots);
+
+// The directories a job may write to and resume from (checkpoint.dir, weights_dir,
+// resume_from) when the worker has data roots: those roots and the worker's own checkpoints/
+// (the coordinator's default checkpoint.dir is checkpoints/JOB-ID, relative to the worker's
+// working directory); empty (no confinement) without data roots.
+std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots);
+
+// Whether directory `dir` (the job field `field`; it need not exist yet: its nearest existing
+// ancestor is checked, links resolved) lies under one of `roots`; OK when `roots` is empty.
+absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
+                                      const std::vector<std::string>& roots);
 
 class Worker : public v1::WorkerService::Service {
  public:

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/checkpoint/sha256.h"
 
 namespace pipetrain::checkpoint {
@@ -31,10 +32,18 @@ absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-// Writes `bytes` to `path` (created or truncated) and fsyncs it.
+// Writes `bytes` to `path` (created or truncated; a regular file, never a FIFO or a device
+// someone left there: opened without blocking or following a link, checked on the
+// descriptor) and fsyncs it.
 absl::Status WriteAll(const std::string& path, const std::string& bytes) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
   if (fd < 0) return Errno("cannot create", path);
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ftruncate(fd, 0) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": not a regular file"));
+  }
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
@@ -65,30 +74,13 @@ absl::Status FsyncDir(const std::string& dir) {
   return s;
 }
 
-// The whole file, if it is at most `limit` bytes.
-absl::StatusOr<std::string> ReadAll(const std::string& path, int64_t limit) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::DataLossError(absl::StrCat(path, " is not a regular file"));
+// The whole file, if it is a regular file of at most `limit` bytes (never blocking on a FIFO).
+absl::StatusOr<std::string> ReadAll(const std::string& path, int64_t limit, const char* what) {
+  absl::StatusOr<std::string> bytes = ReadRegularFile(path, limit, what);
+  if (!bytes.ok() && absl::IsFailedPrecondition(bytes.status())) {
+    return absl::DataLossError(bytes.status().message());
   }
-  if (st.st_size > limit) {
-    close(fd);
-    return absl::DataLossError(absl::StrCat(path, " is larger than ", limit, " bytes"));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (done != out.size()) return absl::DataLossError(absl::StrCat(path, ": short read"));
-  return out;
+  return bytes;
 }
 
 // The step of a directory named step-N (nullopt for anything else).
@@ -118,7 +110,8 @@ std::map<int64_t, std::string> CompleteCheckpoints(const std::string& root) {
 
 // The manifest of `dir`, and every file checked against it.
 absl::StatusOr<Manifest> Check(const std::string& dir) {
-  auto text = ReadAll((fs::path(dir) / kManifest).string(), kMaxManifestBytes);
+  auto text =
+      ReadAll((fs::path(dir) / kManifest).string(), kMaxManifestBytes, "checkpoint manifest");
   if (!text.ok()) return text.status();
   auto manifest = ParseManifest(*text);
   if (!manifest.ok()) return manifest.status();
@@ -210,7 +203,7 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
   if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   const std::string latest = (fs::path(root_) / kLatest).string();
   bool newer_exists = false;  // then `latest` stays on the newer one
-  if (auto named = ReadAll(latest, 256); named.ok()) {
+  if (auto named = ReadAll(latest, 256, "checkpoint pointer"); named.ok()) {
     auto newer = StepOfName(std::string(absl::StripTrailingAsciiWhitespace(*named)));
     newer_exists =
         newer && *newer > step_ && fs::is_directory(fs::path(root_) / StepDirName(*newer), ec);
@@ -256,7 +249,7 @@ absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
   }
   const LayerFile& f = found.manifest.files[layer];
   const std::string path = (fs::path(found.dir) / f.name).string();
-  auto bytes = ReadAll(path, f.bytes);
+  auto bytes = ReadAll(path, f.bytes, "checkpoint layer");
   if (!bytes.ok()) return bytes.status();
   if (static_cast<int64_t>(bytes->size()) != f.bytes) {
     return absl::DataLossError(absl::StrCat(path, ": ", bytes->size(), " bytes where the manifest says ",
@@ -269,7 +262,8 @@ absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
 }
 
 absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir) {
-  auto text = ReadAll((fs::path(step_dir) / kManifest).string(), kMaxManifestBytes);
+  auto text = ReadAll((fs::path(step_dir) / kManifest).string(), kMaxManifestBytes,
+                      "checkpoint manifest");
   if (!text.ok()) return text.status();
   auto manifest = ParseManifest(*text);
   if (!manifest.ok()) {
@@ -293,7 +287,7 @@ absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path) {
   }
   std::vector<std::string> candidates;
   std::vector<std::string> skipped;
-  auto latest = ReadAll((fs::path(path) / kLatest).string(), 256);
+  auto latest = ReadAll((fs::path(path) / kLatest).string(), 256, "checkpoint pointer");
   if (latest.ok()) {
     const std::string name(absl::StripTrailingAsciiWhitespace(*latest));
     if (StepOfName(name)) {

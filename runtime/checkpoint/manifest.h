@@ -22,7 +22,9 @@ inline constexpr int kFormatVersion = 1;
 // Bounds on what a manifest may claim (a hostile or corrupt one is refused, not obeyed).
 inline constexpr int64_t kMaxManifestBytes = int64_t{16} << 20;
 inline constexpr int kMaxLayers = 1 << 16;
-inline constexpr int64_t kMaxFileBytes = int64_t{1} << 40;
+// The largest layer file (a layer's weights, buffers and optimizer state): each is read whole
+// into memory, so a manifest that declares more is refused before anything is read.
+inline constexpr int64_t kMaxFileBytes = int64_t{64} << 30;
 
 struct LayerFile {
   std::string name;     // LayerFileName(layer), in the checkpoint directory

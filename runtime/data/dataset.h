@@ -62,8 +62,14 @@ struct SyntheticCorpusOptions {
 };
 absl::StatusOr<std::unique_ptr<Dataset>> MakeSyntheticCorpus(const SyntheticCorpusOptions& opts);
 
+// The largest token file read (it is read whole, opened without blocking and checked to be
+// a regular file: runtime/base/regular_file.h). Over it: FailedPrecondition naming the file
+// and the bound.
+inline constexpr int64_t kMaxTokenFileBytes = int64_t{16} << 30;
+
 // Any file read as bytes: vocabulary 256. NotFound / InvalidArgument (too short for one
-// window) with the path in the message.
+// window) / FailedPrecondition (not a regular file, over kMaxTokenFileBytes) /
+// ResourceExhausted (no memory for it), with the path in the message.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenByteFile(const std::string& path,
                                                       const TokenDataOptions& opts);
 

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/rng.h"
@@ -239,29 +240,10 @@ std::unique_ptr<Dataset> GenerateCorpus(const SyntheticCorpusOptions& opts,
 // ---------------------------------------------------------------------------------------
 // Token files.
 
-// The whole file as bytes. NotFound if it cannot be opened or read.
+// The whole file as bytes, at most kMaxTokenFileBytes (data/token_data.h).
 absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path, const char* what) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open ", what, " '", path, "': ", std::strerror(errno)));
-  }
   std::vector<uint8_t> bytes;
-  constexpr size_t kChunk = size_t{1} << 20;
-  for (;;) {
-    const size_t old_size = bytes.size();
-    bytes.resize(old_size + kChunk);
-    const size_t got = std::fread(bytes.data() + old_size, 1, kChunk, file);
-    bytes.resize(old_size + got);
-    if (got < kChunk) break;
-  }
-  const bool failed = std::ferror(file) != 0;
-  const int error = errno;
-  std::fclose(file);
-  if (failed) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read ", what, " '", path, "': ", std::strerror(error)));
-  }
+  PT_RETURN_IF_ERROR(ReadRegularFile(path, kMaxTokenFileBytes, what, &bytes));
   return bytes;
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/jit/passes/inliner.h>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/base/errors.h"
 #include "runtime/base/hash.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/model/dense_kernels.h"
 
@@ -385,8 +387,13 @@ class ScriptLayer : public Layer {
 
 absl::StatusOr<LayerList> LoadTorchScript(const std::string& path) {
   torch::jit::Module root;
+  // Read once through the bounded reader (never blocking on a FIFO), then loaded from memory.
+  absl::StatusOr<std::string> bytes =
+      ReadRegularFile(path, kMaxModelFileBytes, "TorchScript model");
+  if (!bytes.ok()) return absl::InvalidArgumentError(bytes.status().message());
   try {
-    root = torch::jit::load(path);
+    std::istringstream in(*std::move(bytes));
+    root = torch::jit::load(in);
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));

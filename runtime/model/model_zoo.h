@@ -22,7 +22,9 @@ namespace pipetrain::model {
 // float64 (config.float64), in training mode, and nothing else. A TorchScript file is loaded
 // whole (TorchScript has no partial load) and every child outside the range is dropped. A
 // missing or unreadable TorchScript file is InvalidArgument with the path and the reason; a
-// range outside the model is InvalidArgument naming it.
+// range outside the model is InvalidArgument naming it. The file is opened without blocking,
+// must be a regular file of at most kMaxModelFileBytes, and is read once.
+inline constexpr int64_t kMaxModelFileBytes = int64_t{16} << 30;
 absl::StatusOr<LayerList> BuildLayers(const ModelConfig& config, int begin, int end);
 
 // Every layer: BuildLayers(config, 0, -1).

@@ -3,14 +3,19 @@
 // earlier checkpoint, and the manifest reader refuses what it cannot trust.
 #include "runtime/checkpoint/checkpoint_dir.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -233,6 +238,86 @@ TEST_F(CheckpointDirTest, JoinedWritersShareOneDirectoryAndLatestNeverGoesBack) 
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::ofstream(root_ / "step-00000020" / LayerFileName(0), std::ios::trunc) << "layer Zero";
   EXPECT_THAT(ReadLayer(*opened, 0).status().message(), HasSubstr("SHA-256"));
+}
+
+// Replaces `path` (a file) with a FIFO nobody writes to.
+void MakeFifo(const fs::path& path) {
+  fs::remove(path);
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << path;
+}
+
+// `call` returns within 2 s. Should a reader block in open() on the FIFO, a writer opens it
+// every 5 s so that the test fails instead of hanging.
+template <typename F>
+void ReturnsPromptly(const fs::path& fifo, F call) {
+  std::atomic<bool> done{false};
+  std::thread rescuer([&] {
+    for (int tick = 1; !done; ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (tick % 50 == 0) close(open(fifo.c_str(), O_WRONLY | O_NONBLOCK));  // wakes a reader
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  call();
+  done = true;
+  rescuer.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0)
+      << "blocked on " << fifo;
+}
+
+// A FIFO (or anything not a regular file) in place of a manifest, `latest` or a layer file is
+// refused at once, naming it; nothing blocks. The checkpoint before it is used.
+TEST_F(CheckpointDirTest, AFifoInACheckpointIsRefusedWithoutBlocking) {
+  ASSERT_TRUE(Write(10).ok());
+  ASSERT_TRUE(Write(20).ok());
+  const fs::path manifest = root_ / "step-00000020" / "manifest.json";
+  MakeFifo(manifest);
+  ReturnsPromptly(manifest, [&] {
+    auto named = FindCheckpoint((root_ / "step-00000020").string());
+    ASSERT_FALSE(named.ok());
+    EXPECT_THAT(named.status().message(), HasSubstr("is not a regular file"));
+    auto found = FindCheckpoint(root_.string());
+    ASSERT_TRUE(found.ok()) << found.status();
+    EXPECT_EQ(found->manifest.step, 10);
+    auto opened = OpenCheckpoint((root_ / "step-00000020").string());
+    ASSERT_FALSE(opened.ok());
+    EXPECT_THAT(opened.status().message(), HasSubstr("is not a regular file"));
+  });
+  const fs::path layer = root_ / "step-00000010" / LayerFileName(1);
+  MakeFifo(layer);
+  ReturnsPromptly(layer, [&] {
+    auto opened = OpenCheckpoint((root_ / "step-00000010").string());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    auto read = ReadLayer(*opened, 1);
+    ASSERT_FALSE(read.ok());
+    EXPECT_THAT(read.status().message(), HasSubstr(layer.string() + "' is not a regular file"));
+  });
+  MakeFifo(root_ / "latest");
+  ReturnsPromptly(root_ / "latest", [&] {
+    auto found = FindCheckpoint(root_.string());  // nothing left intact, and nothing blocks
+    EXPECT_FALSE(found.ok());
+  });
+  // A writer never blocks on a FIFO left where it writes either.
+  ReturnsPromptly(root_ / "latest", [&] { EXPECT_TRUE(Write(30).ok()); });
+}
+
+// A manifest that declares a layer larger than kMaxFileBytes is refused before anything is
+// read (a sparse 2^40-byte layer once asked for 1 TiB of memory: a bare bad_alloc).
+TEST_F(CheckpointDirTest, ALayerDeclaredLargerThanTheBoundIsRefusedBeforeItIsRead) {
+  ASSERT_TRUE(Write(10, 3, 0, 100).ok());
+  const fs::path dir = root_ / "step-00000010";
+  std::string manifest = Slurp(dir / "manifest.json");
+  const size_t key = manifest.find("\"bytes\"");
+  ASSERT_NE(key, std::string::npos) << manifest;
+  const size_t at = manifest.find("100", key);
+  ASSERT_NE(at, std::string::npos) << manifest;
+  manifest.replace(at, 3, "1099511627776");
+  std::ofstream(dir / "manifest.json", std::ios::binary | std::ios::trunc) << manifest;
+  fs::resize_file(dir / LayerFileName(0), int64_t{1} << 40);  // sparse: no disk used
+  auto found = FindCheckpoint(dir.string());
+  ASSERT_FALSE(found.ok());
+  EXPECT_THAT(found.status().message(), HasSubstr("bytes"));
+  EXPECT_THAT(found.status().message(), HasSubstr(std::to_string(kMaxFileBytes)));
 }
 
 TEST(Manifest, RoundTripsAndRefusesWhatItCannotTrust) {

@@ -388,6 +388,34 @@ TEST_F(InvalidSpecTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
   }
   Result ok = cluster.Cli("submit " + Write("ok.yaml", job(inside)).string() + " --follow");
   EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  // With data roots, where a job writes and resumes from is confined too: under the roots
+  // or the worker's own checkpoints/ (the coordinator's default checkpoint.dir).
+  const fs::path outside_dir = dir_ / "elsewhere";
+  const struct {
+    std::string key, value, field;
+  } confined[] = {
+      {"checkpoint", "{dir: " + outside_dir.string() + ", every: 1}", "checkpoint.dir"},
+      {"weights_dir", outside_dir.string(), "weights_dir"},
+      {"resume_from", (dir_ / "ckpt-outside").string(), "resume_from"},
+  };
+  for (const auto& c : confined) {
+    SCOPED_TRACE(c.field);
+    std::string spec = job(inside) + c.key + ": " + c.value + "\n";
+    Result result = cluster.Cli("submit " + Write("confined" + std::to_string(n++) + ".yaml", spec)
+                                    .string() + " --follow");
+    EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+    EXPECT_THAT(result.out + result.err,
+                HasSubstr(c.field + ": " + c.value.substr(c.value.find('/')).substr(0, 20)));
+    EXPECT_THAT(result.out + result.err, HasSubstr("is outside the directories this worker"));
+    EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
+  }
+  EXPECT_FALSE(fs::exists(outside_dir));
+  Result in_root = cluster.Cli(
+      "submit " + Write("in-root.yaml", job(inside) + "checkpoint: {dir: " +
+                                            (root / "ckpt").string() + ", every: 1}\n")
+                      .string() + " --follow");
+  EXPECT_EQ(in_root.exit_code, 0) << in_root.out << in_root.err;
+  EXPECT_TRUE(fs::exists(root / "ckpt" / "latest"));
 }
 
 }  // namespace

@@ -1,8 +1,17 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -80,9 +89,45 @@ TEST(ByteFileTest, MissingFileIsNotFoundNamingPath) {
   EXPECT_TRUE(absl::StrContains(ds.status().message(), path)) << ds.status();
 }
 
-TEST(ByteFileTest, DirectoryIsNotFound) {
+TEST(ByteFileTest, ADirectoryIsNotARegularFile) {
   auto ds = OpenByteFile(::testing::TempDir(), TokenDataOptions{});
-  EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound) << ds.status();
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kFailedPrecondition) << ds.status();
+  EXPECT_TRUE(absl::StrContains(ds.status().message(), "is not a regular file")) << ds.status();
+}
+
+// A FIFO named as data is refused at once (it once blocked its reader, and so its worker, for
+// good), and so is a file over kMaxTokenFileBytes (an 8 GiB sparse one once ended in a bare
+// bad_alloc on every rank), naming the file and the bound, before any byte is read.
+TEST(ByteFileTest, AFifoOrAFileOverTheBoundIsRefusedAtOnceNamingIt) {
+  const std::string fifo = TempPath("fifo");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::atomic<bool> done{false};
+  std::thread rescuer([&] {  // should the reader block in open(), it fails instead of hanging
+    for (int tick = 1; !done; ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (tick % 50 == 0) close(open(fifo.c_str(), O_WRONLY | O_NONBLOCK));
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto from_fifo = OpenUint16TokenFile(fifo, Seq(4));
+  done = true;
+  rescuer.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  EXPECT_EQ(from_fifo.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(from_fifo.status().message(),
+                                "uint16 token file '" + fifo + "' is not a regular file"))
+      << from_fifo.status();
+  std::remove(fifo.c_str());
+  const std::string huge = TempPath("huge.bin");
+  WriteBytes(huge, {1, 2, 3});
+  std::filesystem::resize_file(huge, kMaxTokenFileBytes + 1);  // sparse: no disk used
+  auto from_huge = OpenByteFile(huge, Seq(4));
+  EXPECT_EQ(from_huge.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(from_huge.status().message(), huge)) << from_huge.status();
+  EXPECT_TRUE(absl::StrContains(from_huge.status().message(), "over the bound of 16 GiB"))
+      << from_huge.status();
+  std::remove(huge.c_str());
 }
 
 TEST(ByteFileTest, TooShortIsInvalidArgumentNamingPath) {

@@ -1,0 +1,45 @@
+// Reading a file a job names (a data file, a checkpoint's manifest, `latest` or layer, a
+// TorchScript model): opened once, without blocking (a FIFO or a device named by a job never
+// holds its reader), then checked on the descriptor that is read: a regular file of at most
+// `limit` bytes. A file that is not one, or is larger, is an error naming it and the bound;
+// so is memory that cannot be had for it. Never throws.
+//
+// Thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pipetrain {
+
+// The whole of `path`, at most `limit` bytes. `what` names the file in errors ("byte file",
+// "checkpoint layer"). NotFound if it cannot be opened; PermissionDenied if what was opened
+// lies outside the process's read roots (below; nothing about it is told); FailedPrecondition
+// if it is not a regular file or is over `limit`; ResourceExhausted if its bytes cannot be
+// allocated.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t limit,
+                                            absl::string_view what);
+
+// The same into `bytes` (replaced).
+absl::Status ReadRegularFile(const std::string& path, int64_t limit, absl::string_view what,
+                             std::vector<uint8_t>* bytes);
+
+// Confines every ReadRegularFile of this process to files under `roots` (directories;
+// symlinks in them resolved now), checked on the file as opened (its /proc/self/fd link), so
+// that a path whose links change between a check and the read cannot lead outside. Empty:
+// no confinement (the default). Call once at start, before any read (a worker daemon: its
+// --data-root directories and its own checkpoints/).
+void SetReadRoots(const std::vector<std::string>& roots);
+// The roots set (resolved), in order; empty when reads are not confined.
+std::vector<std::string> ReadRoots();
+// Whether `resolved` (an absolute path without links) lies under one of `resolved_roots`.
+bool IsUnderRoots(const std::string& resolved, const std::vector<std::string>& resolved_roots);
+
+// A size in words, exact below 1 KiB: "512 bytes", "16 GiB", "1.5 MiB".
+std::string ByteSize(int64_t bytes);
+
+}  // namespace pipetrain
