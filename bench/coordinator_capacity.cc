@@ -343,6 +343,7 @@ void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
     Prepare(&ctx);
     v1::RegisterWorkerRequest request;
     request.set_address(worker_address);
+    request.set_command_key(pipetrain::rpc::RandomKey());
     request.set_device("cpu");
     request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
     v1::RegisterWorkerResponse response;

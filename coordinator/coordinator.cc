@@ -20,6 +20,7 @@
 #include "runtime/planner/planners.h"
 #include "runtime/planner/profile_json.h"
 #include "jobspec/step_commands.h"
+#include "rpc/security.h"
 #include "rpc/status.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
@@ -95,14 +96,6 @@ bool IsServiceAddress(const std::string& address) {
   return std::all_of(host.begin(), host.end(), [](char c) {
     return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
   });
-}
-
-// A worker's session: 128 random bits as hex, from the system's entropy source.
-std::string NewSession() {
-  std::random_device entropy;
-  std::string session;
-  for (int i = 0; i < 4; ++i) session += absl::StrFormat("%08x", entropy());
-  return session;
 }
 
 // "flush", "switch", "checkpoint", "stop": the names the CLI takes.
@@ -663,7 +656,33 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
         "address: expected the worker's service as host:port (a name, an IPv4 address or "
         "[IPv6]) with a port in 1..65535");
   }
-  absl::StatusOr<std::shared_ptr<WorkerClient>> client = deps_.connect(request.address());
+  if (request.command_key().size() != 32 ||
+      request.command_key().find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "command_key: a worker registers with a random key of 32 lowercase hex digits");
+  }
+  // An address a worker still holds is taken over only once that worker is gone from it: a
+  // worker restarted on its port (the old process no longer answers with its key) or after
+  // the old one was lost. A caller that merely holds the join token cannot take a working
+  // worker's place (and so fail its job).
+  std::shared_ptr<WorkerClient> holder;
+  std::string holder_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address());
+        old != nullptr && old->info.state() != "lost") {
+      holder = old->client;
+      holder_id = old->info.id();
+    }
+  }
+  if (holder != nullptr && holder->Ping().ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "address ", request.address(), " is held by ", holder_id,
+        ", which still answers there with its own key; a worker restarted on that address "
+        "takes it over once the old one no longer answers (or is lost)"));
+  }
+  absl::StatusOr<std::shared_ptr<WorkerClient>> client =
+      deps_.connect(request.address(), request.command_key());
   if (!client.ok()) return client.status();
   // Numbered in the store: a worker still known by its id from before a restart must not
   // find that id given to another (its heartbeats would pass for the other's).
@@ -673,9 +692,16 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   }
   return LockedThenFlush([&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
     if (WorkerPool::Worker* old = pool_.FindByAddress(request.address())) {
-      // The same service address again: that worker restarted (on a fixed port).
+      // The same service address again, where the old worker no longer answers: it restarted
+      // (on a fixed port). One that registered meanwhile and was not asked is refused.
       const std::string old_id = old->info.id();
-      if (old->info.state() != "lost") LoseWorker(*old, "registered again (it restarted)");
+      if (old->info.state() != "lost" && old_id != holder_id) {
+        return absl::AbortedError(absl::StrCat("address ", request.address(),
+                                               " was just taken by ", old_id, "; try again"));
+      }
+      if (old->info.state() != "lost") {
+        LoseWorker(*old, "registered again: it restarted (the old process no longer answers)");
+      }
       pool_.Remove(old_id);
     }
     next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
@@ -685,7 +711,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     info.set_device(request.device().empty() ? "cpu" : request.device());
     info.set_memory_bytes(request.memory_bytes());
     info.set_cores(request.cores());
-    const std::string session = NewSession();
+    const std::string session = rpc::RandomKey();
     pool_.Add(info, *client, session, deps_.clock->Now());
     v1::RegisterWorkerResponse response;
     response.set_worker_id(info.id());

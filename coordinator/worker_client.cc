@@ -14,8 +14,8 @@ using rpc::ToAbslStatus;
 
 class GrpcWorkerClient : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(v1::WorkerService::NewStub(channel)) {}
+  GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel, std::string command_key)
+      : stub_(v1::WorkerService::NewStub(channel)), command_key_(std::move(command_key)) {}
 
   // A worker is assigned a rank right after it registered or reported itself alive, so a
   // failed first connection is more likely a transient loopback or scheduling hiccup than a
@@ -25,6 +25,7 @@ class GrpcWorkerClient : public WorkerClient {
     grpc::Status s;
     for (int attempt = 0; attempt < 2; ++attempt) {
       grpc::ClientContext ctx;
+      rpc::AddCommandKey(ctx, command_key_);
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(attempt == 0 ? 10 : 3));
       ctx.set_wait_for_ready(attempt > 0);
@@ -36,6 +37,7 @@ class GrpcWorkerClient : public WorkerClient {
   }
   absl::Status StopStage(const v1::StopStageRequest& request) override {
     grpc::ClientContext ctx;
+    rpc::AddCommandKey(ctx, command_key_);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::AssignResponse response;
     return ToAbslStatus(stub_->StopStage(&ctx, request, &response));
@@ -43,25 +45,35 @@ class GrpcWorkerClient : public WorkerClient {
   absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
       const v1::SendCommandRequest& request) override {
     grpc::ClientContext ctx;
+    rpc::AddCommandKey(ctx, command_key_);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::SendCommandResponse response;
     grpc::Status s = stub_->ScheduleCommand(&ctx, request, &response);
     if (!s.ok()) return ToAbslStatus(s);
     return response;
   }
+  absl::Status Ping() override {
+    grpc::ClientContext ctx;
+    rpc::AddCommandKey(ctx, command_key_);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::PingResponse response;
+    return ToAbslStatus(stub_->Ping(&ctx, v1::PingRequest(), &response));
+  }
 
  private:
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  const std::string command_key_;
 };
 
 }  // namespace
 
 WorkerConnector GrpcWorkerConnector(const rpc::SecurityOptions& security) {
-  return [security](const std::string& address)
+  return [security](const std::string& address, const std::string& command_key)
              -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::MakeChannel(address, security);
     if (!channel.ok()) return channel.status();
-    return std::shared_ptr<WorkerClient>(std::make_shared<GrpcWorkerClient>(*channel));
+    return std::shared_ptr<WorkerClient>(
+        std::make_shared<GrpcWorkerClient>(*channel, command_key));
   };
 }
 

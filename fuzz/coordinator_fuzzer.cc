@@ -43,11 +43,12 @@ class Harness {
     pc::CoordinatorDeps deps;
     deps.store = std::make_unique<pc::testing_fakes::FakeStore>(data_);
     deps.clock = clock_;
-    deps.connect = [this](const std::string& address)
+    deps.connect = [this](const std::string& address, const std::string& key)
         -> absl::StatusOr<std::shared_ptr<pc::WorkerClient>> {
       auto& w = workers_[address];
       if (!w) w = std::make_shared<pc::testing_fakes::FakeWorker>();
-      return std::shared_ptr<pc::WorkerClient>(w);
+      return std::shared_ptr<pc::WorkerClient>(
+          std::make_shared<pc::testing_fakes::KeyedClient>(w, key));
     };
     deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
     deps.start_monitor = false;
@@ -58,6 +59,7 @@ class Harness {
     for (int n = 1; n <= 2; ++n) {
       v1::RegisterWorkerRequest r;
       r.set_address("host-" + std::to_string(n) + ":7000");
+      r.set_command_key(std::string(32, static_cast<char>('0' + n)));
       auto response = coordinator_->Register(r);
       if (!response.ok()) std::abort();
       worker_ids_.push_back(response->worker_id());
@@ -127,6 +129,7 @@ class Harness {
         v1::RegisterWorkerRequest r = in_.ConsumeBool() ? Parsed<v1::RegisterWorkerRequest>()
                                                         : v1::RegisterWorkerRequest();
         if (r.address().empty()) r.set_address("host-" + std::to_string(Number()) + ":7000");
+        if (r.command_key().empty() && in_.ConsumeBool()) r.set_command_key(std::string(32, 'f'));
         auto response = coordinator_->Register(r);
         CheckRefusal(response.status());
         if (response.ok()) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 
 namespace pipetrain::rpc {
@@ -215,6 +217,24 @@ std::string SessionOf(const grpc::ServerContext& context) {
   if (metadata.count(WorkerSession::kHeader) != 1) return "";
   const grpc::string_ref value = metadata.find(WorkerSession::kHeader)->second;
   return std::string(value.data(), value.size());
+}
+
+std::string RandomKey() {
+  std::random_device entropy;
+  std::string key;
+  for (int i = 0; i < 4; ++i) key += absl::StrFormat("%08x", entropy());
+  return key;
+}
+
+bool CarriesCommandKey(const grpc::ServerContext& context, const std::string& key) {
+  const auto& metadata = context.client_metadata();
+  if (key.empty() || metadata.count(kCommandKeyHeader) != 1) return false;
+  const grpc::string_ref value = metadata.find(kCommandKeyHeader)->second;
+  return ConstantTimeEquals(absl::string_view(value.data(), value.size()), key);
+}
+
+void AddCommandKey(grpc::ClientContext& context, const std::string& key) {
+  context.AddMetadata(kCommandKeyHeader, key);
 }
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {

@@ -94,6 +94,23 @@ class WorkerSession {
 // The session a call carried ("" if none), on the server side.
 std::string SessionOf(const grpc::ServerContext& context);
 
+// The coordinator's credential with one worker: each worker makes a random command key of
+// its own and registers with it; the coordinator sends it (metadata
+// `x-pipetrain-command-key`) with every call to that worker, and the worker takes only calls
+// that carry it. The join token cannot command a worker: other workers and people hold that
+// token but never the key.
+inline constexpr char kCommandKeyHeader[] = "x-pipetrain-command-key";
+
+// 32 random hex digits (std::random_device): a session or a command key.
+std::string RandomKey();
+
+// Whether `context` carries `key` as its command key (compared in constant time); false for
+// an empty `key` (a worker not yet registered takes no command).
+bool CarriesCommandKey(const grpc::ServerContext& context, const std::string& key);
+
+// Adds the command key to one call's metadata.
+void AddCommandKey(grpc::ClientContext& context, const std::string& key);
+
 // A channel to `target` with TLS as configured that sends the token, if any, with every
 // call (including health checks, which ignore it), and the worker's session, if given and
 // set, with every call.

@@ -210,6 +210,7 @@ absl::Status Worker::Register(absl::Time deadline) {
   request.set_address(address_);
   request.set_device(options_.device);
   request.set_cores(AvailableCores());
+  request.set_command_key(command_key_);
   if (options_.device == "cpu") {
     request.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
                              static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
@@ -303,8 +304,21 @@ void Worker::AbortStage(const std::string& why) {
   }
 }
 
-grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
+grpc::Status Worker::RefuseWithoutCommandKey(const grpc::ServerContext& context) const {
+  if (rpc::CarriesCommandKey(context, command_key_)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "only the coordinator this worker registered with may command it "
+                      "(missing or wrong command key)");
+}
+
+grpc::Status Worker::Ping(grpc::ServerContext* context, const v1::PingRequest*,
+                          v1::PingResponse*) {
+  return RefuseWithoutCommandKey(*context);
+}
+
+grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                                  v1::AssignResponse*) {
+  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu_);
   // The coordinator may assign a rank as soon as it has registered this worker, before the
   // answer to RegisterWorker (its id and session) has arrived here: wait for that too.
@@ -338,8 +352,9 @@ grpc::Status Worker::AssignStage(grpc::ServerContext*, const v1::StageAssignment
   return grpc::Status::OK;
 }
 
-grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest* request,
+grpc::Status Worker::StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
                                v1::AssignResponse*) {
+  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   // A stop for an earlier generation of the job (sent before this rank was assigned) is not
   // for this stage.
@@ -350,9 +365,10 @@ grpc::Status Worker::StopStage(grpc::ServerContext*, const v1::StopStageRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status Worker::ScheduleCommand(grpc::ServerContext*,
+grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
                                      const v1::SendCommandRequest* request,
                                      v1::SendCommandResponse* response) {
+  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
   const uint32_t command = jobspec::StepCommandBit(request->command());
   if (command == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");

@@ -29,7 +29,10 @@
 // With a token in WorkerOptions::security, it sends the token with every call to the
 // coordinator, and its server answers UNAUTHENTICATED, doing nothing, to calls without it
 // (before they reach a handler: rpc/security.h). A coordinator
-// that refuses its token fails Start at once (UNAUTHENTICATED; no retry).
+// that refuses its token fails Start at once (UNAUTHENTICATED; no retry). Whatever the
+// token, its WorkerService takes calls only with the command key it registered with (only the
+// coordinator has it), so no other holder of the join token can stop or assign its stage; and
+// its address is not taken over by another registration while it answers there.
 // Thread-safe.
 #pragma once
 
@@ -112,8 +115,14 @@ class Worker : public v1::WorkerService::Service {
   grpc::Status ScheduleCommand(grpc::ServerContext* context,
                                const v1::SendCommandRequest* request,
                                v1::SendCommandResponse* response) override;
+  // OK to the coordinator (it asks before another registration takes this address over).
+  grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,
+                    v1::PingResponse* response) override;
 
  private:
+  // OK if the call carries this worker's command key (only the coordinator has it), else
+  // UNAUTHENTICATED. Every WorkerService method asks it first.
+  grpc::Status RefuseWithoutCommandKey(const grpc::ServerContext& context) const;
   explicit Worker(WorkerOptions options);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
@@ -138,6 +147,9 @@ class Worker : public v1::WorkerService::Service {
   // This worker's credential with the coordinator, set at every registration; the
   // coordinator channel sends it with every call.
   std::shared_ptr<rpc::WorkerSession> session_ = std::make_shared<rpc::WorkerSession>();
+  // The coordinator's credential with this worker (rpc/security.h): made once, sent only to
+  // the coordinator, in every registration.
+  const std::string command_key_ = rpc::RandomKey();
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string id_;

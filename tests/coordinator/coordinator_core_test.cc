@@ -22,6 +22,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/placement.h"
 #include "jobspec/job_config_from_spec.h"
+#include "rpc/security.h"
 #include "runtime/planner/profile_json.h"
 #include "tests/coordinator/coordinator_fakes.h"
 
@@ -31,6 +32,7 @@ namespace {
 using testing_fakes::FakeClock;
 using testing_fakes::FakeStore;
 using testing_fakes::FakeWorker;
+using testing_fakes::KeyedClient;
 
 using ::testing::HasSubstr;
 
@@ -53,11 +55,11 @@ class CoordinatorCoreTest : public ::testing::Test {
     CoordinatorDeps deps;
     deps.store = std::make_unique<FakeStore>(data_);
     deps.clock = clock_;
-    deps.connect = [this](const std::string& address)
+    deps.connect = [this](const std::string& address, const std::string& key)
         -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
       auto& w = workers_[address];
       if (!w) w = std::make_shared<FakeWorker>();
-      return std::shared_ptr<WorkerClient>(w);
+      return std::shared_ptr<WorkerClient>(std::make_shared<KeyedClient>(w, key));
     };
     deps.run_later = [this](std::function<void()> call) { later_.push_back(std::move(call)); };
     deps.start_monitor = start_monitor;
@@ -73,11 +75,22 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
   }
 
+  // Registers `r` as a worker process newly serving at its address would: with a command
+  // key of its own, which the fake at that address then holds (so the worker that was there
+  // before no longer answers with its key).
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterAsNewProcess(v1::RegisterWorkerRequest r) {
+    r.set_command_key(rpc::RandomKey());
+    auto& w = workers_[r.address()];
+    if (!w) w = std::make_shared<FakeWorker>();
+    w->process_key = r.command_key();
+    return coordinator_->Register(r);
+  }
+
   // Registers a worker at "host-N:7000"; returns its id (its session in sessions_).
   std::string Register(int n) {
     v1::RegisterWorkerRequest r;
     r.set_address("host-" + std::to_string(n) + ":7000");
-    auto response = coordinator_->Register(r);
+    auto response = RegisterAsNewProcess(r);
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return "";
     EXPECT_EQ(response->session().size(), 32u);
@@ -214,7 +227,7 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   v1::RegisterWorkerRequest small;
   small.set_address("host-9:7000");
   small.set_memory_bytes(1 << 20);
-  ASSERT_TRUE(coordinator_->Register(small).ok());
+  ASSERT_TRUE(RegisterAsNewProcess(small).ok());
   absl::StatusOr<v1::Job> tight = coordinator_->Submit(spec, profile(5));
   ASSERT_FALSE(tight.ok());
   EXPECT_EQ(tight.status().code(), absl::StatusCode::kResourceExhausted);
@@ -419,7 +432,7 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
                                     std::string("host:0"), std::string("host:70000"),
                                     std::string("\x1b[31m:80"), std::string("dns:///x:80")}) {
     r.set_address(address);
-    EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(RegisterAsNewProcess(r).status().code(), absl::StatusCode::kInvalidArgument)
         << address;
   }
   const std::string w1 = Register(1);
@@ -434,7 +447,7 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_LT(failed.message().size(), 4200u);
   r.set_address("[::1]:7000");
-  EXPECT_TRUE(coordinator_->Register(r).ok());
+  EXPECT_TRUE(RegisterAsNewProcess(r).ok());
 }
 
 // A state loop blocked (here by a store write that hangs) is noticed: once no pass of the
@@ -587,7 +600,7 @@ TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnough
     v1::RegisterWorkerRequest r;
     r.set_address("host-" + std::to_string(n) + ":7000");
     r.set_cores(cores);
-    auto response = coordinator_->Register(r);
+    auto response = RegisterAsNewProcess(r);
     EXPECT_TRUE(response.ok()) << response.status();
     return response.ok() ? response->worker_id() : "";
   };
@@ -613,7 +626,7 @@ TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnough
   v1::RegisterWorkerRequest r;
   r.set_address("host-9:7000");
   r.set_cores(-1);
-  EXPECT_EQ(coordinator_->Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RegisterAsNewProcess(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEnds) {
@@ -974,7 +987,7 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobUsesOnlyWorkersWithMemoryForARank) {
     v1::RegisterWorkerRequest r;
     r.set_address("host-" + std::to_string(n) + ":7000");
     r.set_memory_bytes(memory);
-    auto response = coordinator_->Register(r);
+    auto response = RegisterAsNewProcess(r);
     EXPECT_TRUE(response.ok()) << response.status();
     sessions_[response->worker_id()] = response->session();
     return response->worker_id();

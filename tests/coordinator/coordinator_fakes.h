@@ -62,10 +62,38 @@ class FakeWorker : public WorkerClient {
     response.set_step(r.step() > 0 ? r.step() : 3);
     return response;
   }
+  absl::Status Ping() override { return absl::OkStatus(); }
   bool fail_assign = false;
   std::vector<v1::StageAssignment> assigned;
   std::vector<v1::StopStageRequest> stopped;
   std::vector<v1::SendCommandRequest> commands;
+  // The command key of the worker process serving at this address now ("" : none serves).
+  std::string process_key;
+};
+
+// The coordinator's client of the worker that registered at an address with `key`: calls go
+// to the fake at that address; a ping succeeds only while the process there holds `key` (a
+// worker restarted there holds another).
+class KeyedClient : public WorkerClient {
+ public:
+  KeyedClient(std::shared_ptr<FakeWorker> worker, std::string key)
+      : worker_(std::move(worker)), key_(std::move(key)) {}
+  absl::Status AssignStage(const v1::StageAssignment& a) override {
+    return worker_->AssignStage(a);
+  }
+  absl::Status StopStage(const v1::StopStageRequest& r) override { return worker_->StopStage(r); }
+  absl::StatusOr<v1::SendCommandResponse> ScheduleCommand(
+      const v1::SendCommandRequest& r) override {
+    return worker_->ScheduleCommand(r);
+  }
+  absl::Status Ping() override {
+    return worker_->process_key == key_ ? absl::OkStatus()
+                                        : absl::UnauthenticatedError("another process");
+  }
+
+ private:
+  std::shared_ptr<FakeWorker> worker_;
+  std::string key_;
 };
 
 // An in-memory JobStore whose contents outlive it (a "restart" opens a new one on them).

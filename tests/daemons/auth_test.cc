@@ -235,6 +235,100 @@ TEST_F(AuthTest, PeopleAndWorkersHaveSeparateTokens) {
   EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
 }
 
+// The join token does not make its holder the coordinator: with it, every WorkerService
+// method called on a worker running a rank is refused (no command key) and changes nothing,
+// and registering at a busy worker's address is refused while that worker answers there.
+// The job runs on undisturbed. (Both once failed the job: workers took the join token as the
+// coordinator's credential, and a registration took over any address.)
+TEST_F(AuthTest, TheJoinTokenCannotCommandAWorkerNorTakeItsAddress) {
+  LocalCluster cluster(dir_, WithToken());
+  ASSERT_FALSE(cluster.address().empty());
+  cluster.StartWorker({"--token-file", token_});
+  cluster.StartWorker({"--token-file", token_});
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  Result submitted = cluster.Cli("submit " + job_ + " --steps 400");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  ASSERT_FALSE(cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
+                        return Int64Of(j, "step", -1) >= 2;
+                      }).is_null());
+  rpc::SecurityOptions security;
+  security.token = kToken;
+  const auto workers = cluster.Workers();
+  ASSERT_EQ(workers.size(), 2u);
+  std::vector<std::string> paths = MethodPaths<v1::WorkerService>();
+  EXPECT_EQ(paths.size(), 4u) << "a WorkerService method was added: call it below too";
+  const auto refused = [](const grpc::Status& s) {
+    return s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+           s.error_message().find("command key") != std::string::npos;
+  };
+  for (const nlohmann::json& w : workers) {
+    const std::string address = w.value("address", "");
+    auto stub = v1::WorkerService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    const auto context = [&](grpc::ClientContext& ctx, bool with_wrong_key) {
+      ctx.set_deadline(In(std::chrono::seconds(5)));
+      rpc::Authorize(ctx, security);
+      if (with_wrong_key) rpc::AddCommandKey(ctx, rpc::RandomKey());
+    };
+    for (bool wrong_key : {false, true}) {
+      SCOPED_TRACE(address + (wrong_key ? " with a guessed key" : " without a key"));
+      {
+        grpc::ClientContext ctx;
+        context(ctx, wrong_key);
+        v1::StopStageRequest stop;
+        stop.set_job_id("job-0001");
+        stop.set_reason("a hostile stop");
+        v1::AssignResponse out;
+        EXPECT_TRUE(refused(stub->StopStage(&ctx, stop, &out)));
+      }
+      {
+        grpc::ClientContext ctx;
+        context(ctx, wrong_key);
+        v1::StageAssignment assign;
+        assign.set_job_id("job-9999");
+        v1::AssignResponse out;
+        EXPECT_TRUE(refused(stub->AssignStage(&ctx, assign, &out)));
+      }
+      {
+        grpc::ClientContext ctx;
+        context(ctx, wrong_key);
+        v1::SendCommandRequest command;
+        command.set_job_id("job-0001");
+        command.set_command(v1::STEP_COMMAND_STOP);
+        v1::SendCommandResponse out;
+        EXPECT_TRUE(refused(stub->ScheduleCommand(&ctx, command, &out)));
+      }
+      {
+        grpc::ClientContext ctx;
+        context(ctx, wrong_key);
+        v1::PingResponse out;
+        EXPECT_TRUE(refused(stub->Ping(&ctx, v1::PingRequest(), &out)));
+      }
+    }
+    // Registering at this busy worker's address with the join token.
+    auto coordinator = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(std::chrono::seconds(5)));
+    rpc::Authorize(ctx, security);
+    v1::RegisterWorkerRequest r;
+    r.set_address(address);
+    r.set_command_key(rpc::RandomKey());
+    v1::RegisterWorkerResponse out;
+    const grpc::Status taken = coordinator->RegisterWorker(&ctx, r, &out);
+    EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS) << taken.error_message();
+  }
+  const nlohmann::json done = cluster.WaitForJob(
+      "job-0001", [](const nlohmann::json& j) {
+        const std::string s = StateOf(j);
+        return s == "JOB_STATE_SUCCEEDED" || s == "JOB_STATE_FAILED";
+      },
+      std::chrono::seconds(120));
+  EXPECT_EQ(StateOf(done), "JOB_STATE_SUCCEEDED") << done.dump();
+  EXPECT_EQ(Int64Of(done, "restarts", 0), 0);
+  EXPECT_EQ(cluster.Workers().size(), 2u);
+}
+
 TEST_F(AuthTest, WorkerWithoutTheRightTokenCannotRegister) {
   LocalCluster cluster(dir_, WithToken());
   ASSERT_FALSE(cluster.address().empty());

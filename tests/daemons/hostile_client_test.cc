@@ -206,6 +206,7 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
       r.set_device(chaos.Text());
       r.set_name(chaos.Text());
       r.set_memory_bytes(chaos.Int());
+      if (chaos.Coin()) r.set_command_key(rpc::RandomKey());
       v1::RegisterWorkerResponse out;
       s = stubs.workers->RegisterWorker(&ctx, r, &out);
       break;
@@ -339,6 +340,7 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
     ctx.set_deadline(In(std::chrono::milliseconds(2000)));
     v1::RegisterWorkerRequest r;
     r.set_address("127.0.0.1:1");
+    r.set_command_key(rpc::RandomKey());
     v1::RegisterWorkerResponse out;
     ASSERT_TRUE(stubs.workers->RegisterWorker(&ctx, r, &out).ok());
     own_session = out.session();
