@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "client/local_cluster.h"
 #include "client/stage_breakdown.h"
+#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "rpc/health.h"
@@ -370,6 +371,15 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
         std::fprintf(stderr, "pipetrain: %s\n", std::string(spec.status().message()).c_str());
         return exit_code::For(spec.status());
       }
+      // Checked here too, as the coordinator will: an invalid spec exits 2 naming every
+      // violation, even one too large to send (a 10 MB name).
+      const std::string what = job_file->empty() ? std::string("submitting the job")
+                                                 : absl::StrCat("submitting ", *job_file);
+      if (absl::Status valid = jobspec::JobConfigFromSpec(*spec).status(); !valid.ok()) {
+        std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(),
+                     std::string(valid.message()).c_str());
+        return exit_code::For(valid);
+      }
       Client client(*common);
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
@@ -383,10 +393,7 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
       }
       v1::Job job;
       grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, &job);
-      if (!s.ok()) {
-        return client.Fail(s, job_file->empty() ? std::string("submitting the job")
-                                                : absl::StrCat("submitting ", *job_file));
-      }
+      if (!s.ok()) return client.Fail(s, what);
       if (common->output == "json" && !*follow) {
         std::printf("%s\n", Json(job).c_str());
       } else {
@@ -537,8 +544,9 @@ void AddStepCommands(CLI::App& app, const JobCommands& c) {
       {"switch", v1::STEP_COMMAND_SWITCH_VERSION,
        "Drain before a step and run it on the newest weights (2BW: restarts the 1-step delay)"},
       {"checkpoint", v1::STEP_COMMAND_CHECKPOINT,
-       "Switch before a step and write every stage's weights to "
-       "<weights_dir>/checkpoint-STEP/"},
+       "Switch before a step and write a checkpoint of every layer (weights and optimizer "
+       "state) to <checkpoint.dir>/step-N/ (the job's checkpoint.dir; by default "
+       "checkpoints/JOB-ID)"},
       {"stop", v1::STEP_COMMAND_STOP,
        "End a running job cleanly before a step (it succeeds with the steps done)"},
   };

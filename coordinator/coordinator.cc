@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -391,11 +392,13 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   std::string id;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::string own_id = absl::StrFormat("job-%04d", next_order_ + 1);
+    if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
     JobEntry entry;
     entry.order = next_order_++;
     entry.config = *config;
     v1::Job& job = entry.job;
-    job.set_id(absl::StrFormat("job-%04d", entry.order + 1));
+    job.set_id(own_id);
     *job.mutable_spec() = spec;
     job.set_state(v1::JOB_STATE_QUEUED);
     job.set_stages(job::PipelineStages(*config));
@@ -438,6 +441,42 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   }
   (void)FlushWrites();
   return job;
+}
+
+absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
+                                                   job::JobConfig& config) const {
+  if (!spec.checkpoint().has_dir()) {
+    if (spec.resume_from() == "latest") {
+      return absl::InvalidArgumentError(
+          "resume_from: latest needs checkpoint.dir: under the coordinator a job without one "
+          "keeps its checkpoints in a directory of its own (checkpoints/JOB-ID), where nothing "
+          "is yet; name the directory to resume from");
+    }
+    const std::string own = "checkpoints/" + id;
+    spec.mutable_checkpoint()->set_dir(own);
+    config.checkpoint.dir = own;
+    return absl::OkStatus();
+  }
+  // One directory however it is spelled ("a//b/", "a/x/../b"); links are not followed (the
+  // coordinator does not see the workers' file systems).
+  const auto normal = [](const std::string& dir) {
+    std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+    if (p.has_relative_path() && !p.has_filename()) p = p.parent_path();  // "a/b/" is "a/b"
+    return p;
+  };
+  const std::filesystem::path dir = normal(spec.checkpoint().dir());
+  for (const auto& [other_id, other] : jobs_) {
+    const v1::JobState state = other.job.state();
+    if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
+    if (normal(other.config.checkpoint.dir) == dir) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id,
+          " (", state == v1::JOB_STATE_QUEUED ? "queued" : "running",
+          "): a job's checkpoints never share a directory with another's; give this one its "
+          "own, or none (then it gets checkpoints/", id, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
@@ -1228,7 +1267,7 @@ void Coordinator::StopRanks(JobEntry& e, const std::string& reason) {
   }
 }
 
-void Coordinator::FailOrRestart(JobEntry& e, const std::string& cause) {
+void Coordinator::FailOrRestart(JobEntry& e, std::string cause) {
   if (e.job.restarts() >= e.config.max_restarts) {
     EndJob(e, v1::JOB_STATE_FAILED,
            e.job.restarts() == 0

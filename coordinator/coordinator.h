@@ -304,7 +304,14 @@ class Coordinator {
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);
   // REQUIRES: mu_ held. A fault (`cause`) ended the running job's generation: it restarts
   // (recovering) if it has restarts left, else it fails with `cause`.
-  void FailOrRestart(JobEntry& entry, const std::string& cause);
+  // REQUIRES: mu_ held. A job's checkpoints never share a directory with another's: without
+  // checkpoint.dir, job `id` gets checkpoints/<id> (set in `spec` and `config`); a directory
+  // a queued or running job uses is refused (FailedPrecondition naming that job), and so is
+  // resume_from: latest without a directory (InvalidArgument: nothing is in a new one).
+  absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
+                                        job::JobConfig& config) const;
+  // `cause` is taken by value: callers pass pending_failure, which this clears.
+  void FailOrRestart(JobEntry& entry, std::string cause);
   // REQUIRES: mu_ held. Tells the workers of the generation's ranks still running to stop.
   void StopRanks(JobEntry& entry, const std::string& reason);
   // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running

@@ -2,6 +2,7 @@
 #include "coordinator/service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -33,7 +34,10 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 // reaches any of them (rpc/security.h).
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+  // `stopping`: set when the server stops; streams end at once then (not at the shutdown's
+  // deadline), UNAVAILABLE so that a follower says the coordinator went.
+  JobServiceImpl(Coordinator* c, const std::atomic<bool>* stopping)
+      : c_(c), stopping_(stopping) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
@@ -55,6 +59,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::Job>* writer) override {
     int64_t version = -1;
     while (!context->IsCancelled()) {
+      if (stopping_->load()) return Stopping();
       auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
       if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
@@ -76,6 +81,7 @@ class JobServiceImpl final : public v1::JobService::Service {
     int64_t after = request->after_seq();
     int64_t version = -1;
     while (!context->IsCancelled()) {
+      if (stopping_->load()) return Stopping();
       auto events = c_->Events(request->job_id(), after);
       if (!events.ok()) return ToGrpcStatus(events.status());
       for (const v1::JobEvent& e : *events) {
@@ -117,7 +123,12 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
  private:
+  static grpc::Status Stopping() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping");
+  }
+
   Coordinator* c_;
+  const std::atomic<bool>* stopping_;
 };
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
@@ -235,7 +246,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   auto credentials = rpc::MakeServerCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
-  server->job_service_ = std::make_unique<JobServiceImpl>(coordinator);
+  server->job_service_ = std::make_unique<JobServiceImpl>(coordinator, &server->streams_stop_);
   server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(coordinator);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *credentials, &server->port_);
@@ -287,6 +298,7 @@ void CoordinatorServer::Shutdown() {
   }
   stop_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  streams_stop_ = true;  // followers' streams end within their next 100 ms wait
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

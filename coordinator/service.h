@@ -6,6 +6,7 @@
 // credentials check it: rpc/security.h). Health and reflection stay open.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,7 @@ class CoordinatorServer {
   std::mutex mu_;
   std::condition_variable stop_;
   bool stopping_ = false;
+  std::atomic<bool> streams_stop_{false};  // read by the streaming calls
   std::thread watchdog_;
 };
 

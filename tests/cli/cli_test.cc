@@ -408,6 +408,12 @@ TEST_F(CliTest, HelpAndUsageErrors) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_THAT(help.out, HasSubstr("--schedule"));
   EXPECT_THAT(help.out, HasSubstr("--recompute"));
+  // `checkpoint` says where the checkpoint goes as it is written now (it once named the
+  // weights_dir format that is gone).
+  Result checkpoint = Run("checkpoint --help");
+  EXPECT_EQ(checkpoint.exit_code, 0);
+  EXPECT_THAT(checkpoint.out, HasSubstr("<checkpoint.dir>/step-N/"));
+  EXPECT_THAT(checkpoint.out, ::testing::Not(HasSubstr("weights_dir")));
   Result unknown = Run("run --no-such-flag");
   EXPECT_EQ(unknown.exit_code, 2);
   Result none = Run("");

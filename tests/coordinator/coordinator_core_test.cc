@@ -688,6 +688,91 @@ TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive)
   EXPECT_THAT(Get(job.id()).message(), HasSubstr(w2 + " (host-2:7000) running stage 1"));
 }
 
+// A held-back rank failure that becomes the job's restarts it with that failure as the
+// recovery's cause (it was once cleared before it was recorded: restarts with empty causes).
+TEST_F(CoordinatorCoreTest, EveryRestartRecordsTheFailureThatCausedIt) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  v1::JobSpec spec = Spec(2);
+  spec.set_max_restarts(2);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  EndRank(w2, job.id(), 1, /*ok=*/false, "checkpoint layer 3 cannot be unpickled");
+  clock_->Advance(absl::Milliseconds(600));
+  Heartbeat(w1, job.id(), 0);  // the peer shows it is alive: the failure is the job's
+  coordinator_->Tick();
+  const v1::Job recovering = Get(job.id());
+  ASSERT_EQ(recovering.recoveries_size(), 1);
+  EXPECT_THAT(recovering.recoveries(0).cause(),
+              HasSubstr("failed: checkpoint layer 3 cannot be unpickled"));
+  EXPECT_THAT(recovering.message(), HasSubstr("checkpoint layer 3 cannot be unpickled"));
+}
+
+// Two jobs never write checkpoints into one directory: a job without checkpoint.dir gets its
+// own (checkpoints/<id>, in its spec); a directory a queued or running job uses is refused
+// naming that job, and is free again once it ended; resume_from: latest needs a directory.
+TEST_F(CoordinatorCoreTest, TwoJobsNeverShareACheckpointDirectory) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job a = Submit(Spec(2));
+  EXPECT_EQ(a.spec().checkpoint().dir(), "checkpoints/" + a.id());
+  const v1::Job b = Submit(Spec(2));  // queued behind a, in a directory of its own
+  EXPECT_EQ(b.spec().checkpoint().dir(), "checkpoints/" + b.id());
+  v1::JobSpec shared = Spec(2);
+  shared.mutable_checkpoint()->set_dir("/shared/ckpt");
+  const v1::Job c = Submit(shared);
+  EXPECT_EQ(c.spec().checkpoint().dir(), "/shared/ckpt");
+  for (const char* same : {"/shared/ckpt", "/shared//ckpt/", "/shared/x/../ckpt"}) {
+    v1::JobSpec again = Spec(2);
+    again.mutable_checkpoint()->set_dir(same);
+    absl::StatusOr<v1::Job> refused = coordinator_->Submit(again, "");
+    ASSERT_FALSE(refused.ok()) << same;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("holds the checkpoints of " + c.id() + " (queued)"));
+  }
+  v1::JobSpec own_of_a = Spec(2);
+  own_of_a.mutable_checkpoint()->set_dir("checkpoints/" + a.id());
+  EXPECT_FALSE(coordinator_->Submit(own_of_a, "").ok());  // a runs
+  v1::JobSpec latest = Spec(2);
+  latest.set_resume_from("latest");
+  absl::StatusOr<v1::Job> no_dir = coordinator_->Submit(latest, "");
+  ASSERT_FALSE(no_dir.ok());
+  EXPECT_THAT(std::string(no_dir.status().message()), HasSubstr("needs checkpoint.dir"));
+  // Once c ended its directory may be resumed from (and written to) by another job.
+  ASSERT_TRUE(coordinator_->Cancel(c.id()).ok());
+  shared.set_resume_from("latest");
+  EXPECT_TRUE(coordinator_->Submit(shared, "").ok());
+}
+
+// A busy worker's address is not taken by another registration while that worker still
+// answers there with its key (a holder of the join token once failed its job that way); a
+// worker restarted on the address (the old process gone) takes it over at once; a
+// registration without a command key is refused.
+TEST_F(CoordinatorCoreTest, AnAddressIsTakenOverOnlyFromAWorkerThatNoLongerAnswers) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  v1::RegisterWorkerRequest rogue;
+  rogue.set_address("host-2:7000");
+  rogue.set_command_key(std::string(32, 'a'));  // the process at host-2 still holds its own
+  absl::StatusOr<v1::RegisterWorkerResponse> refused = coordinator_->Register(rogue);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is held by " + w2));
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(job.id()).restarts(), 0);
+  v1::RegisterWorkerRequest keyless;
+  keyless.set_address("host-7:7000");
+  EXPECT_EQ(coordinator_->Register(keyless).status().code(), absl::StatusCode::kInvalidArgument);
+  // The worker at host-2 restarts: the new process there answers with another key.
+  v1::RegisterWorkerRequest restarted;
+  restarted.set_address("host-2:7000");
+  absl::StatusOr<v1::RegisterWorkerResponse> back = RegisterAsNewProcess(restarted);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_NE(back->worker_id(), w2);
+  EXPECT_THAT(Get(job.id()).message(), HasSubstr("it restarted"));
+  (void)w1;
+}
+
 TEST_F(CoordinatorCoreTest, QueuedJobsStartInOrderWithBackfill) {
   const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
   const v1::Job a = Submit(Spec(2));

@@ -264,6 +264,17 @@ TEST_F(InvalidSpecTest, EveryKindIsRefusedWithEveryViolationAndNothingRuns) {
     EXPECT_EQ(job.id(), "");
   }
 
+  // A spec too large to send (a 10 MB name) is refused as invalid, naming the field, not with
+  // gRPC's message-size error.
+  {
+    const std::string file =
+        Write("huge-name.yaml", Spec({{"name", std::string(10 << 20, 'n')}})).string();
+    const Result huge = cluster.Cli("submit " + file);
+    EXPECT_EQ(huge.exit_code, 2) << huge.err.substr(0, 300);
+    EXPECT_THAT(huge.err, HasSubstr("name: must be at most 256 bytes"));
+    EXPECT_LT(huge.err.size(), 1000u);
+  }
+
   // Nothing was queued, no event kept, the worker never asked; the coordinator still serves.
   Result list = cluster.Cli("list -o json");
   EXPECT_EQ(list.exit_code, 0) << list.err;
