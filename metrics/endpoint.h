@@ -45,7 +45,7 @@ class MetricsEndpoint {
   // its own. `registry` must outlive the endpoint.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& host_port,
                                                                  const Registry* registry);
-  ~MetricsEndpoint();  // stops serving; in-flight scrapes finish first
+  ~MetricsEndpoint();  // stops serving (in a few ms); in-flight scrapes finish first
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
