@@ -135,6 +135,12 @@ void PrintJobTable(const v1::Job& job) {
                 Printable(job.checkpoint_path()).c_str(),
                 static_cast<long long>(job.skipped_steps()));
   }
+  if (!job.resumed_from().empty()) {
+    std::printf("resumed from %s\n", Printable(job.resumed_from()).c_str());
+    for (const std::string& why : job.checkpoints_passed_over()) {
+      std::printf("  passed over %s\n", Printable(why).c_str());
+    }
+  }
   // `stages: auto`: the plan, and its predictions against what the ranks report.
   if (job.has_plan()) {
     const v1::PlannedLayout& p = job.plan();

@@ -1,5 +1,9 @@
 #include "coordinator/coordinator.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <cmath>
@@ -9,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -305,6 +310,48 @@ void Coordinator::Later(std::function<void()> call) {
   calls_.push_back({std::move(thread), done});
 }
 
+absl::StatusOr<planner::PlanResult> Coordinator::RunPlanner(
+    const planner::ModelProfile& profile, const planner::ClusterProfile& cluster,
+    planner::PlanRequest request) {
+  {
+    std::unique_lock<std::mutex> lock(planning_mu_);
+    if (planning_busy_ && planning_waiting_ >= kMaxWaitingPlans) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "stages: auto: the coordinator is planning other jobs (one at a time, ",
+          planning_waiting_, " waiting); submit again shortly"));
+    }
+    ++planning_waiting_;
+    const bool turn = planning_done_.wait_for(
+        lock, absl::ToChronoSeconds(options_.planning_wait), [this] { return !planning_busy_; });
+    --planning_waiting_;
+    if (!turn) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "stages: auto: no turn to plan within ", absl::FormatDuration(options_.planning_wait),
+          " (other jobs were being planned); submit again shortly"));
+    }
+    planning_busy_ = true;
+  }
+  request.cpu_budget = options_.planning_cpu_budget;
+  request.deadline = absl::Now() + options_.planning_time_limit;
+  absl::StatusOr<planner::PlanResult> plan = absl::InternalError("not planned");
+  // A thread of its own at the lowest priority (nice applies to one thread on Linux): running
+  // jobs' workers and this coordinator's state loop and health come first.
+  std::thread planning([&] {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    plan = planner::MakePlan(profile, cluster, request);
+  });
+  planning.join();
+  {
+    std::lock_guard<std::mutex> lock(planning_mu_);
+    planning_busy_ = false;
+  }
+  planning_done_.notify_one();
+  if (!plan.ok() && absl::IsDeadlineExceeded(plan.status())) {
+    return absl::DeadlineExceededError(absl::StrCat("stages: auto: ", plan.status().message()));
+  }
+  return plan;
+}
+
 absl::StatusOr<Coordinator::PlannedJob> Coordinator::PlanJob(const v1::JobSpec& spec,
                                                               const job::JobConfig& config,
                                                               const std::string& profile_json) {
@@ -364,7 +411,7 @@ absl::StatusOr<Coordinator::PlannedJob> Coordinator::PlanJob(const v1::JobSpec& 
   for (const planner::MicroBatchProfile& size : profile->sizes) {
     request.micro_batch_sizes.push_back(size.micro_batch_size);  // only what was measured
   }
-  absl::StatusOr<planner::PlanResult> plan = planner::MakePlan(*profile, cluster, request);
+  absl::StatusOr<planner::PlanResult> plan = RunPlanner(*profile, cluster, request);
   if (!plan.ok()) return plan.status();
   PlannedJob planned;
   planned.config = jobspec::WithLayout(config, plan->chosen.layout);
@@ -985,6 +1032,22 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
           where, ": a committed checkpoint is reported by a rank of replica 0 as an absolute "
           "path of at most 4096 bytes without control characters"));
     }
+    const auto printable = [](const std::string& text) {
+      return std::all_of(text.begin(), text.end(),
+                         [](char c) { return static_cast<unsigned char>(c) >= 0x20; });
+    };
+    bool passed_over_ok = r.passed_over_size() <= 16;
+    for (const std::string& why : r.passed_over()) {
+      passed_over_ok = passed_over_ok && why.size() <= 1024 && printable(why);
+    }
+    if ((!r.resumed_from().empty() || r.passed_over_size() > 0) &&
+        (r.rank() != 0 || r.resumed_from().size() > 4096 || !printable(r.resumed_from()) ||
+         !passed_over_ok)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": where a job resumed from is reported by rank 0: a path of at most 4096 "
+          "bytes and at most 16 checkpoints passed over, 1 KiB each, without control "
+          "characters"));
+    }
     const v1::StageBreakdown& b = r.breakdown();
     for (double v : {b.forward_s(), b.backward_s(), b.optimizer_s(), b.receive_forward_s(),
                      b.receive_backward_s(), b.send_forward_s(), b.send_backward_s(),
@@ -1074,6 +1137,20 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     }
   }
   if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
+  if (!r.resumed_from().empty() && r.rank() == 0) {
+    e.job.set_resumed_from(r.resumed_from().substr(0, 4096));
+    e.job.clear_checkpoints_passed_over();
+    for (int i = 0; i < r.passed_over_size() && i < 16; ++i) {
+      const std::string why = r.passed_over(i).substr(0, kMaxErrorBytes);
+      *e.job.add_checkpoints_passed_over() = why;
+      Event(e.job.id(), absl::StrCat("resuming: passed over ", why));
+    }
+    Event(e.job.id(), absl::StrCat("resumed from ", e.job.resumed_from(),
+                                   r.passed_over_size() > 0
+                                       ? absl::StrCat(" (", r.passed_over_size(),
+                                                      " newer checkpoint(s) passed over)")
+                                       : std::string()));
+  }
   if (!r.checkpoint_failed().empty()) {
     Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
                                    Rank(e.job, r.rank()), ": ",
@@ -1212,10 +1289,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEn
     st->set_waiting_for("");
     const bool all_ended =
         std::all_of(e.rank_ended.begin(), e.rank_ended.end(), [](bool b) { return b; });
-    if (!end.ok() && e.pending_failure.empty()) {
+    // The first failure is held as the job's cause, unless it was the consequence of another
+    // rank's (failed_after_peer) and that rank's own arrives: the real cause wins.
+    const bool replaces = !e.pending_failure.empty() && e.pending_failure_after_peer &&
+                          !end.failed_after_peer();
+    if (!end.ok() && (e.pending_failure.empty() || replaces)) {
+      if (e.pending_failure.empty()) e.pending_since = deps_.clock->Now();
       e.pending_failure = absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(),
                                        " failed: ", end.error());
-      e.pending_since = deps_.clock->Now();
+      e.pending_failure_after_peer = end.failed_after_peer();
       // Held back (see Monitor) unless no rank is left running whose worker may be the cause.
       if (!all_ended) Event(e.job.id(), e.pending_failure);
     }
@@ -1281,6 +1363,7 @@ void Coordinator::FailOrRestart(JobEntry& e, std::string cause) {
   e.recovering = true;
   e.recovering_since = deps_.clock->Now();
   e.pending_failure.clear();
+  e.pending_failure_after_peer = false;
   e.store.reset();
   e.job.set_restarts(e.job.restarts() + 1);
   for (auto& st : *e.job.mutable_stage_status()) {
@@ -1320,6 +1403,7 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
   e.job.set_state(v1::JOB_STATE_RUNNING);
   e.job.clear_message();  // it no longer waits
+  e.requeued_because.clear();
   if (e.job.started_unix_ms() == 0) e.job.set_started_unix_ms(NowMs());
   e.job.clear_stage_status();
   e.rank_worker = rank_workers;
@@ -1335,6 +1419,7 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.stop_step = 0;
   e.first_end_s = -1;
   e.pending_failure.clear();
+  e.pending_failure_after_peer = false;
   std::vector<std::string> placed;
   for (int r = 0; r < ranks; ++r) {
     pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.job.generation());
@@ -1432,7 +1517,28 @@ bool Coordinator::PlaceRecovering() {
                                 : e->job.recoveries(e->job.recoveries_size() - 1).cause()));
         continue;
       }
-      waiting = true;
+      // Why it waits, in `status` (and, when it changes, its events).
+      const std::string why = absl::StrCat(
+          "recovering (restart ", e->job.restarts(), " of ", c.max_restarts, "): ",
+          e->job.recoveries().empty()
+              ? std::string("?")
+              : e->job.recoveries(e->job.recoveries_size() - 1).cause(),
+          "; waits for workers to restart on: ", idle.size(), " idle",
+          ending ? ", ranks of the last generation still ending" : "",
+          !grace_over && !ending ? ", the same layout for 3 heartbeats" : "", too_small,
+          "; up to timeout_s (", absl::FormatDuration(limit), ") in all");
+      if (e->job.message() != why) {
+        // An event when it starts waiting; `status` follows every change of the counts.
+        if (!absl::StrContains(e->job.message(), "; waits for workers to restart on: ")) {
+          Event(e->job.id(), why);
+        }
+        e->job.set_message(why);
+        Changed(*e);
+      }
+      // The idle workers are kept for it only while it is about to take them (its old ranks
+      // ending, or the grace for its own layout); after that it holds none it cannot use,
+      // and queued jobs start on them.
+      if (ending || !grace_over) waiting = true;
       continue;
     }
     const auto& [layout, run] = *chosen;
@@ -1459,7 +1565,8 @@ bool Coordinator::PlaceRecovering() {
 }
 
 void Coordinator::Schedule() {
-  // A job recovering from a fault has the idle workers first; queued jobs wait meanwhile.
+  // A job recovering from a fault has the idle workers first; queued jobs wait while it is
+  // about to take them (PlaceRecovering).
   if (PlaceRecovering()) return;
   std::vector<JobEntry*> queued;
   for (auto& [id, e] : jobs_) {
@@ -1481,9 +1588,12 @@ void Coordinator::Schedule() {
   const PlacementPlan plan = PlaceQueuedJobs(wanted, pool);
   for (const Waiting& waiting : plan.waiting) {
     JobEntry& e = jobs_.at(waiting.job_id);
-    if (e.job.message() == waiting.reason) continue;
+    const std::string reason = e.requeued_because.empty()
+                                   ? waiting.reason
+                                   : absl::StrCat(e.requeued_because, "; ", waiting.reason);
+    if (e.job.message() == reason) continue;
     // Why it waits, in `status` and (when it changes) in its events.
-    e.job.set_message(waiting.reason);
+    e.job.set_message(reason);
     Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
     Changed(e);
   }
@@ -1548,8 +1658,30 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
     return;
   }
   e.rank_ended[rank] = true;
-  FailOrRestart(e, failed);
+  if (unreachable) {
+    // No worker to take the rank: a placement failure, not the job's. It waits in the queue
+    // for workers, as a job that never started would (the unreachable one is lost until it
+    // registers again), and costs no restart.
+    Requeue(e, failed);
+  } else {
+    FailOrRestart(e, failed);
+  }
   Schedule();
+}
+
+void Coordinator::Requeue(JobEntry& e, const std::string& why) {
+  StopRanks(e, absl::StrCat("requeued: ", why));
+  e.job.set_state(v1::JOB_STATE_QUEUED);
+  e.job.clear_stage_status();
+  e.rank_worker.clear();
+  e.rank_ended.clear();
+  e.pending_failure.clear();
+  e.pending_failure_after_peer = false;
+  e.store.reset();
+  e.requeued_because = absl::StrCat("requeued: ", why);
+  e.job.set_message(e.requeued_because);
+  Event(e.job.id(), e.requeued_because);
+  Changed(e);
 }
 
 void Coordinator::LoseWorker(WorkerPool::Worker& w, const std::string& why) {

@@ -72,6 +72,7 @@
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
 #include "runtime/job/job_config.h"
+#include "runtime/planner/planners.h"
 #include "runtime/rendezvous/key_value_store.h"
 
 namespace pipetrain::coordinator {
@@ -87,6 +88,13 @@ struct CoordinatorOptions {
   int assign_attempts = 3;
   // The monitor's state loop counts as blocked once no pass completed for this long.
   absl::Duration stall_limit = absl::Seconds(5);
+  // Planning at submission (`stages: auto`): one plan at a time, on a thread of its own at the
+  // lowest CPU priority, stopped past this much CPU or this long (DeadlineExceeded); at most
+  // kMaxWaitingPlans submissions wait for their turn (up to planning_wait), the rest are
+  // refused at once (ResourceExhausted).
+  absl::Duration planning_cpu_budget = absl::Seconds(10);
+  absl::Duration planning_time_limit = absl::Seconds(60);
+  absl::Duration planning_wait = absl::Seconds(30);
 };
 
 // What the coordinator talks to. Open(options) uses the real ones.
@@ -246,6 +254,8 @@ class Coordinator {
     // (then it is the job's failure) or one of them is lost (then that loss is: a peer's
     // death makes the survivors fail first, and they would be blamed). See Monitor().
     std::string pending_failure;
+    bool pending_failure_after_peer = false;  // it was a consequence of another rank's
+    std::string requeued_because;  // why a job that ran waits in the queue again (Requeue)
     absl::Time pending_since;
     // Generations (see Recovery above; job.generation() is the one its ranks run now).
     int64_t start_step = 0;      // where they start; -1: at their first report (resume_from)
@@ -310,6 +320,10 @@ class Coordinator {
   // resume_from: latest without a directory (InvalidArgument: nothing is in a new one).
   absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
                                         job::JobConfig& config) const;
+  // REQUIRES: mu_ held. A running job whose rank could not be placed (its worker cannot be
+  // reached and no other is idle) goes back to the queue, saying why: its running ranks are
+  // told to stop, and it starts again as the next generation when workers are idle.
+  void Requeue(JobEntry& entry, const std::string& why);
   // `cause` is taken by value: callers pass pending_failure, which this clears.
   void FailOrRestart(JobEntry& entry, std::string cause);
   // REQUIRES: mu_ held. Tells the workers of the generation's ranks still running to stop.
@@ -319,7 +333,9 @@ class Coordinator {
   void StartGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
                        v1::JobSpec run_spec, int64_t start_step);
   // REQUIRES: mu_ held. Places the recovering jobs whose last generation has ended (see
-  // Recovery above) or fails those out of time; true while any is still waiting.
+  // Recovery above) or fails those out of time; true while any is about to take the idle
+  // workers (its old ranks still ending, or within the grace for its own layout): queued
+  // jobs wait then. One that cannot be placed after that says why and holds no worker.
   bool PlaceRecovering();
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
   void Schedule();
@@ -344,6 +360,11 @@ class Coordinator {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, JobEntry> jobs_;
+  // The planning gate (RunPlanner): its own lock, never held with mu_.
+  std::mutex planning_mu_;
+  std::condition_variable planning_done_;
+  bool planning_busy_ = false;
+  int planning_waiting_ = 0;
   // `stages: auto` (Submit): the planned spec, its config and the plan's record.
   struct PlannedJob {
     v1::JobSpec spec;
@@ -357,6 +378,12 @@ class Coordinator {
   static constexpr size_t kMaxPlannedLayers = 256;
   static constexpr size_t kMaxProfiledSizes = 8;
   static constexpr int kMaxPlannedWorkers = 16;
+  static constexpr int kMaxWaitingPlans = 2;
+  // MakePlan through the planning gate (CoordinatorOptions: one at a time, lowest priority,
+  // bounded in CPU, time and waiting). Never takes mu_.
+  absl::StatusOr<planner::PlanResult> RunPlanner(const planner::ModelProfile& profile,
+                                                  const planner::ClusterProfile& cluster,
+                                                  planner::PlanRequest request);
   absl::StatusOr<PlannedJob> PlanJob(const v1::JobSpec& spec, const job::JobConfig& config,
                                      const std::string& profile_json);
 

@@ -503,6 +503,13 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   // The checkpoint this rank committed, if any, goes with its next step report (the one of
   // the step before the checkpoint's boundary): the coordinator restarts from it.
   std::string committed_checkpoint, failed_checkpoint;  // the stage's thread only
+  // Where rank 0 resumed from, and what it passed over: with its first step report.
+  std::string resumed_from;
+  std::vector<std::string> passed_over;
+  hooks.on_resume = [&](const std::string& dir, const std::vector<std::string>& skipped) {
+    resumed_from = dir;
+    passed_over = skipped;
+  };
   hooks.on_checkpoint = [&](int64_t, const job::SharedCheckpointResult& result) {
     if (!result.committed.empty()) committed_checkpoint = result.committed;
     if (!result.status.ok()) failed_checkpoint = std::string(result.status.message());
@@ -543,6 +550,14 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     if (!failed_checkpoint.empty()) {
       report.set_checkpoint_failed(failed_checkpoint.substr(0, 1024));
       failed_checkpoint.clear();
+    }
+    if (!resumed_from.empty()) {
+      report.set_resumed_from(resumed_from.substr(0, 4096));
+      for (size_t i = 0; i < passed_over.size() && i < 16; ++i) {
+        report.add_passed_over(passed_over[i].substr(0, 1024));
+      }
+      resumed_from.clear();
+      passed_over.clear();
     }
     if (step.mean_loss) {
       report.set_has_loss(true);
@@ -609,6 +624,7 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   end.set_generation(a.generation());
   end.set_ok(result.ok());
   end.set_error(error);
+  end.set_failed_after_peer(result.GetPayload(job::kFailedAfterPeerPayload).has_value());
   for (int attempt = 0; attempt < 3; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(In(absl::Seconds(5)));

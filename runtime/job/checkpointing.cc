@@ -322,8 +322,12 @@ absl::StatusOr<StageStart> StageStartFrom(const std::optional<checkpoint::FoundC
     }
     auto state = checkpoint::ParseLayerState(*bytes);
     if (!state.ok()) {
-      return absl::Status(state.status().code(),
-                          absl::StrCat("resume_from: layer ", layer, ": ", state.status().message()));
+      return absl::Status(
+          state.status().code(),
+          absl::StrCat("resume_from: layer ", layer, " (",
+                       (std::filesystem::path(found->dir) / checkpoint::LayerFileName(layer))
+                           .string(),
+                       "): ", state.status().message()));
     }
     start.layers.push_back(*std::move(state));
   }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/process_memory.h"
@@ -83,6 +84,39 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
   return st;
 }
 
+// The first rank of a job (of one generation) to fail publishes its error in the store
+// while its transport is still up; a rank that fails later, most likely on a connection the
+// first one closed, keeps its own error but leads with the first's, and is marked with
+// kFailedAfterPeerPayload (the rank that failed first).
+absl::Status AttributeFailure(rendezvous::KeyValueStore& store, int rank, int stages,
+                              const absl::Status& own) {
+  const auto name = [stages](int r) {
+    return absl::StrCat("rank ", r, " (stage ", r % stages, ")");
+  };
+  absl::StatusOr<int64_t> order = store.Add("failed/count", 1);
+  if (!order.ok()) return own;
+  if (*order == 1) {
+    nlohmann::json first = {{"rank", rank},
+                            {"error", std::string(own.message()).substr(0, 2048)}};
+    (void)store.Set("failed/first", first.dump());
+    return own;
+  }
+  absl::StatusOr<std::string> text = store.Get("failed/first", absl::Seconds(2));
+  if (!text.ok()) return own;
+  const nlohmann::json first = nlohmann::json::parse(*text, nullptr, false);
+  if (!first.is_object() || !first.contains("rank") || !first["rank"].is_number_integer() ||
+      first["rank"].get<int>() == rank) {
+    return own;
+  }
+  const int first_rank = first["rank"].get<int>();
+  absl::Status attributed(own.code(),
+                          absl::StrCat(name(first_rank), " failed first: ",
+                                       first.value("error", std::string("?")),
+                                       " (here: ", own.message(), ")"));
+  attributed.SetPayload(kFailedAfterPeerPayload, absl::Cord(std::to_string(first_rank)));
+  return attributed;
+}
+
 fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
   return fs::path(dir) / absl::StrCat("stage", stage, ext);
 }
@@ -110,6 +144,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     }
     std::fprintf(stderr, "pipetrain: resuming at step %lld from %s\n",
                  static_cast<long long>(resume->manifest.step), resume->dir.c_str());
+    if (hooks.on_resume) hooks.on_resume(resume->dir, resume->skipped);
   }
   const int64_t first_step = resume ? resume->manifest.step : 0;
   if (hooks.on_start) hooks.on_start(first_step);
@@ -127,60 +162,66 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
-  MicroBatchReader reader(plan, c.micro_batches, replica);
-  PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
-  PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
-  start.layers.clear();  // loaded into the stage
-  if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
-  if (hooks.on_transport) hooks.on_transport(transport.get());
-  if (rank == 0) parts.config.commands = hooks.commands.get();
-  parts.config.on_action = hooks.on_action;
-  weights::WeightStore* weights = parts.weights.get();
-  auto on_step = [&](const executor::StepRecord& step) {
-    if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
-        !c.checkpoint.dir.empty()) {
-      // A failed checkpoint costs only itself: the job goes on (the error is reported).
-      SharedCheckpointResult saved =
-          DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
-      if (!saved.status.ok()) {
-        std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
-                     static_cast<long long>(step.step + 1),
-                     std::string(saved.status.message()).c_str());
+  // The rest runs on the transport; a failure is published before the transport goes (its
+  // peers then fail on their connections, and say which rank failed first and why).
+  absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
+    MicroBatchReader reader(plan, c.micro_batches, replica);
+    PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
+    PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
+    start.layers.clear();  // loaded into the stage
+    if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
+    if (hooks.on_transport) hooks.on_transport(transport.get());
+    if (rank == 0) parts.config.commands = hooks.commands.get();
+    parts.config.on_action = hooks.on_action;
+    weights::WeightStore* weights = parts.weights.get();
+    auto on_step = [&](const executor::StepRecord& step) {
+      if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
+          !c.checkpoint.dir.empty()) {
+        // A failed checkpoint costs only itself: the job goes on (the error is reported).
+        SharedCheckpointResult saved =
+            DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
+        if (!saved.status.ok()) {
+          std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
+                       static_cast<long long>(step.step + 1),
+                       std::string(saved.status.message()).c_str());
+        }
+        if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, saved);
       }
-      if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, saved);
+      if (hooks.on_step) hooks.on_step(step);
+    };
+    executor::StageExecutor executor(parts.config, weights, transport.get(), on_step);
+    if (hooks.on_executor) hooks.on_executor(&executor);
+    absl::Status ran = executor.Run();
+    if (hooks.on_executor) hooks.on_executor(nullptr);
+    // Leave together: a rank whose last send has left may still close its connections before
+    // the peer's transport has taken the message in (seen as "connection closed by peer"
+    // at the last micro-batch). So every rank says it is done in the store, and one that
+    // finished waits (at most 30 s) until all have, before its transport goes. A rank that
+    // failed only says so: its peers are failing too.
+    const int world = p * c.replicas;
+    if (ran.ok()) {
+      absl::Status left = rendezvous::Rendezvous(
+          *store, "exit", rank, world, absl::Seconds(std::min(30.0, c.recv_timeout_s)),
+          [p](int r) { return absl::StrCat("rank ", r, " (stage ", r % p, ")"); });
+      if (!left.ok()) {
+        std::fprintf(stderr, "pipetrain: rank %d: leaving without every peer: %s\n", rank,
+                     std::string(left.message()).c_str());
+      }
+    } else {
+      (void)store->Set(absl::StrCat("exit/arrived/", rank), "1");
     }
-    if (hooks.on_step) hooks.on_step(step);
-  };
-  executor::StageExecutor executor(parts.config, weights, transport.get(), on_step);
-  if (hooks.on_executor) hooks.on_executor(&executor);
-  absl::Status ran = executor.Run();
-  if (hooks.on_executor) hooks.on_executor(nullptr);
-  // Leave together: a rank whose last send has left may still close its connections before
-  // the peer's transport has taken the message in (seen as "connection closed by peer"
-  // at the last micro-batch). So every rank says it is done in the store, and one that
-  // finished waits (at most 30 s) until all have, before its transport goes. A rank that
-  // failed only says so: its peers are failing too.
-  const int world = p * c.replicas;
-  if (ran.ok()) {
-    absl::Status left = rendezvous::Rendezvous(
-        *store, "exit", rank, world, absl::Seconds(std::min(30.0, c.recv_timeout_s)),
-        [p](int r) { return absl::StrCat("rank ", r, " (stage ", r % p, ")"); });
-    if (!left.ok()) {
-      std::fprintf(stderr, "pipetrain: rank %d: leaving without every peer: %s\n", rank,
-                   std::string(left.message()).c_str());
-    }
-  } else {
-    (void)store->Set(absl::StrCat("exit/arrived/", rank), "1");
-  }
-  if (hooks.on_transport_gone) hooks.on_transport_gone();
-  PT_RETURN_IF_ERROR(ran);
-  const int64_t peak_memory = PeakResidentMemoryBytes();
-  // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.
-  const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
-  return StageOutcome{executor.stats(),         DetachedParameters(*parts.weights),
-                      DetachedBuffers(*parts.weights), parts.parameter_bytes,
-                      peak_memory,               peak_tensors,
-                      transport->bytes_sent()};
+    if (hooks.on_transport_gone) hooks.on_transport_gone();
+    PT_RETURN_IF_ERROR(ran);
+    const int64_t peak_memory = PeakResidentMemoryBytes();
+    // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.
+    const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
+    return StageOutcome{executor.stats(),         DetachedParameters(*parts.weights),
+                        DetachedBuffers(*parts.weights), parts.parameter_bytes,
+                        peak_memory,               peak_tensors,
+                        transport->bytes_sent()};
+  }();
+  if (!outcome.ok()) return AttributeFailure(*store, rank, p, outcome.status());
+  return outcome;
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {

@@ -51,7 +51,16 @@ struct StageRunHooks {
   // Called once the stage knows where it starts: 0, or the step of the checkpoint it
   // resumes from (before its first step).
   std::function<void(int64_t first_step)> on_start;
+  // Rank 0 only, when it resumes: the checkpoint's directory and each newer checkpoint
+  // passed over to get there, with why (before its first step).
+  std::function<void(const std::string& dir, const std::vector<std::string>& passed_over)>
+      on_resume;
 };
+
+// The payload RunStage's error carries when another rank of the job failed before it (its
+// value: that rank): this rank's failure is most likely a consequence, and its message leads
+// with the first rank's error.
+inline constexpr char kFailedAfterPeerPayload[] = "pipetrain.dev/failed-after-peer";
 
 // rank = replica * stages + stage. Sets the intra-op thread count for the stage.
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,

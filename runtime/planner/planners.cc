@@ -1,5 +1,7 @@
 #include "runtime/planner/planners.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -9,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "runtime/model/partition.h"
 #include "runtime/planner/pipedream.h"
 
@@ -170,7 +173,20 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
 
   PlanResult result;
   result.planner = request.planner;
+  const auto thread_cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  const absl::Duration cpu_start = thread_cpu();
   const auto evaluate = [&](Layout layout) -> absl::StatusOr<Candidate> {
+    if (thread_cpu() - cpu_start > request.cpu_budget || absl::Now() > request.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "planning stopped after ", result.considered, " layouts: over its budget of ",
+          absl::FormatDuration(request.cpu_budget), " of CPU",
+          request.deadline == absl::InfiniteFuture() ? "" : " or its deadline",
+          " (plan for fewer workers or micro-batch sizes, or give the stages)"));
+    }
     layout.bucket_bytes = request.bucket_bytes;
     if (request.planner != PlannerKind::kHippie) layout.overlap_allreduce = request.overlap_allreduce;
     absl::StatusOr<Prediction> prediction = Predict(profile, cluster, layout);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/planner/predict.h"
 #include "runtime/planner/profile.h"
 
@@ -66,6 +67,11 @@ struct PlanRequest {
   // with m, and past this many the bubble is already small.
   int max_micro_batches = 128;
   int64_t bucket_bytes = 4 << 20;
+  // The most CPU time the calling thread may spend planning, and the latest time it may end:
+  // past either, MakePlan stops before its next simulation (DeadlineExceeded, saying how
+  // many layouts it simulated).
+  absl::Duration cpu_budget = absl::InfiniteDuration();
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct Candidate {

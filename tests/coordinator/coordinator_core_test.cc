@@ -238,33 +238,40 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
 // Planning at submission is bounded: a profile at the limits (256 layers, 8 micro-batch sizes)
 // for 16 workers with Hippie's recomputation search is planned in seconds, and one past them
 // is refused.
-TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
-  v1::JobSpec spec = Spec(2);
+// A spec planned at the coordinator's limits (Hippie, 256 layers, B = 128) and its profile
+// at `sizes` micro-batch sizes.
+v1::JobSpec SpecAtThePlanningLimits() {
+  v1::JobSpec spec = testing_fakes::ValidSpec(2);
   spec.clear_stages();
   spec.set_auto_stages(true);
   spec.set_planner("hippie");
   spec.mutable_model()->set_n_layers(253);  // 256 layers
   spec.set_microbatches(16);
   spec.set_microbatch_size(8);  // B = 128
-  for (int n = 1; n <= 20; ++n) Register(n);
-  const auto profile = [](int sizes) {
-    planner::ModelProfile p;
-    p.p2p = {1e-5, 1e9};
-    p.allreduce = {1e-5, 1e9};
-    for (int i = 0; i < sizes; ++i) {
-      const int b = 1 << i;
-      planner::MicroBatchProfile size;
-      size.micro_batch_size = b;
-      for (int l = 0; l < 256; ++l) {
-        size.layers.push_back({"layer", 0.001 * b * (1 + l % 3), 0.002 * b, 0.0001, 1000 * b,
-                               1 << 16, 2 << 16, 4000 * b * (1 + l % 5), 100});
-      }
-      p.sizes.push_back(size);
+  return spec;
+}
+std::string ProfileAtThePlanningLimits(int sizes) {
+  planner::ModelProfile p;
+  p.p2p = {1e-5, 1e9};
+  p.allreduce = {1e-5, 1e9};
+  for (int i = 0; i < sizes; ++i) {
+    const int b = 1 << i;
+    planner::MicroBatchProfile size;
+    size.micro_batch_size = b;
+    for (int l = 0; l < 256; ++l) {
+      size.layers.push_back({"layer", 0.001 * b * (1 + l % 3), 0.002 * b, 0.0001, 1000 * b,
+                             1 << 16, 2 << 16, 4000 * b * (1 + l % 5), 100});
     }
-    return planner::ModelProfileToJson(p);
-  };
+    p.sizes.push_back(size);
+  }
+  return planner::ModelProfileToJson(p);
+}
+
+TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
+  const v1::JobSpec spec = SpecAtThePlanningLimits();
+  for (int n = 1; n <= 20; ++n) Register(n);
   const auto start = std::chrono::steady_clock::now();
-  const v1::Job job = Submit(spec, profile(8));
+  const v1::Job job = Submit(spec, ProfileAtThePlanningLimits(8));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(job.has_plan());
@@ -272,9 +279,85 @@ TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
   EXPECT_LT(seconds, 20.0);
   std::printf("planned 256 layers x 8 sizes for 16 workers in %.2f s (%d layouts)\n", seconds,
               job.plan().layouts_considered());
-  absl::StatusOr<v1::Job> refused = coordinator_->Submit(spec, profile(9));
+  absl::StatusOr<v1::Job> refused = coordinator_->Submit(spec, ProfileAtThePlanningLimits(9));
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plans at most 256 layers at 8 sizes"));
+}
+
+// Planning at submission is bounded: one plan at a time (at most two more wait; the rest are
+// refused at once), each within its CPU budget, and the coordinator answers meanwhile (eight
+// plans at once once took 78 s each and slowed a running job twelvefold).
+TEST_F(CoordinatorCoreTest, PlanningIsOneAtATimeWithinItsBudgetAndTheCoordinatorAnswers) {
+  for (int n = 1; n <= 20; ++n) Register(n);
+  const v1::JobSpec spec = SpecAtThePlanningLimits();
+  const std::string profile = ProfileAtThePlanningLimits(4);
+  std::vector<absl::Status> results(6);
+  std::vector<std::thread> submitters;
+  for (size_t i = 0; i < results.size(); ++i) {
+    submitters.emplace_back([&, i] { results[i] = coordinator_->Submit(spec, profile).status(); });
+  }
+  double slowest_list_ms = 0;
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    (void)coordinator_->List(10);
+    slowest_list_ms = std::max(
+        slowest_list_ms, std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - start).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& t : submitters) t.join();
+  int planned = 0, refused_at_once = 0, no_turn = 0;
+  for (const absl::Status& s : results) {
+    if (s.ok()) ++planned;
+    if (absl::IsResourceExhausted(s)) {
+      const std::string message(s.message());
+      if (message.find("planning other jobs (one at a time, 2 waiting)") != std::string::npos) {
+        ++refused_at_once;
+      } else {
+        EXPECT_THAT(message, HasSubstr("no turn to plan within 30s"));  // a very busy machine
+        ++no_turn;
+      }
+    }
+  }
+  std::printf("6 plans at once: %d planned, %d refused at once, %d without a turn; slowest "
+              "List %.1f ms\n", planned, refused_at_once, no_turn, slowest_list_ms);
+  EXPECT_EQ(planned + refused_at_once + no_turn, 6);
+  EXPECT_EQ(refused_at_once, 3);  // one running, two waiting: the rest refused at once
+  EXPECT_GE(planned, 1);
+  EXPECT_LT(slowest_list_ms, 500);
+}
+
+// A plan over its CPU budget stops, naming the budget, and keeps nothing.
+TEST(CoordinatorPlanningBudget, APlanOverItsCpuBudgetIsRefusedNamingIt) {
+  CoordinatorOptions options;
+  options.planning_cpu_budget = absl::Milliseconds(20);
+  CoordinatorDeps deps;
+  auto data = std::make_shared<FakeStore::Data>();
+  deps.store = std::make_unique<FakeStore>(data);
+  deps.clock = std::make_shared<FakeClock>();
+  auto worker = std::make_shared<FakeWorker>();
+  deps.connect = [worker](const std::string&, const std::string& key)
+      -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+    return std::shared_ptr<WorkerClient>(std::make_shared<KeyedClient>(worker, key));
+  };
+  deps.run_later = [](std::function<void()> call) { call(); };
+  deps.start_monitor = false;
+  auto coordinator = Coordinator::Open(options, std::move(deps));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  for (int n = 1; n <= 16; ++n) {
+    v1::RegisterWorkerRequest r;
+    r.set_address("host-" + std::to_string(n) + ":7000");
+    r.set_command_key(rpc::RandomKey());
+    ASSERT_TRUE((*coordinator)->Register(r).ok());
+  }
+  absl::StatusOr<v1::Job> over =
+      (*coordinator)->Submit(SpecAtThePlanningLimits(), ProfileAtThePlanningLimits(8));
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("over its budget of 20ms of CPU"));
+  auto listed = (*coordinator)->List(10);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->jobs_size(), 0);
 }
 
 // A worker speaks only for itself and its own ranks: its session names it. Another worker's
@@ -707,6 +790,68 @@ TEST_F(CoordinatorCoreTest, EveryRestartRecordsTheFailureThatCausedIt) {
   EXPECT_THAT(recovering.message(), HasSubstr("checkpoint layer 3 cannot be unpickled"));
 }
 
+// The first failure to arrive gives way to a later one when it was a consequence of another
+// rank's (failed_after_peer): the real cause is the job's message, not the peer's "connection
+// closed" (once the job blamed the wrong rank).
+TEST_F(CoordinatorCoreTest, TheRealCauseWinsOverAFailureThatFollowedIt) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  v1::StageEnd consequence;
+  consequence.set_worker_id(w2);
+  consequence.set_job_id(job.id());
+  consequence.set_rank(1);
+  consequence.set_error("rank 0 (stage 0) failed first: layer 1 cannot be unpickled (here: "
+                        "Connection closed by peer)");
+  consequence.set_failed_after_peer(true);
+  ASSERT_TRUE(coordinator_->ReportStageEnd(sessions_[w2], consequence).ok());
+  EndRank(w1, job.id(), 0, /*ok=*/false, "layer 1 cannot be unpickled");
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.message(), "stage 0 on " + w1 + " failed: layer 1 cannot be unpickled");
+}
+
+// A recovering job that cannot be placed holds no worker: once its last ranks ended and its
+// grace passed, a queued job starts on the idle worker it cannot use, and its status says
+// why it waits (it once held the queue, silently, for up to its timeout_s).
+TEST_F(CoordinatorCoreTest, ARecoveringJobThatCannotBePlacedDoesNotHoldTheQueue) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  v1::JobSpec fixed = Spec(2);
+  fixed.set_max_restarts(2);
+  fixed.set_timeout_s(3600);
+  fixed.clear_stages();
+  auto* first = fixed.add_stage_ranges();  // two fixed stages: no smaller layout
+  first->set_begin(0);
+  first->set_end(2);
+  auto* second = fixed.add_stage_ranges();
+  second->set_begin(2);
+  second->set_end(5);
+  const v1::Job a = Submit(fixed);
+  RunLater();
+  ASSERT_EQ(Get(a.id()).state(), v1::JOB_STATE_RUNNING);
+  // worker-2 goes silent: a is recovering, its rank on worker-1 is stopped and ends.
+  clock_->Advance(absl::Milliseconds(1500));
+  Heartbeat(w1, a.id(), 0);
+  clock_->Advance(absl::Milliseconds(600));
+  coordinator_->Tick();
+  RunLater();
+  EndRank(w1, a.id(), 0, /*ok=*/false, "stopped", Get(a.id()).generation());
+  const v1::Job b = Submit(Spec(1));
+  EXPECT_EQ(Get(b.id()).state(), v1::JOB_STATE_QUEUED);  // within a's grace
+  for (int i = 0; i < 4; ++i) {
+    clock_->Advance(absl::Milliseconds(900));
+    Heartbeat(w1);
+    coordinator_->Tick();
+  }
+  RunLater();
+  EXPECT_EQ(Get(b.id()).state(), v1::JOB_STATE_RUNNING);
+  const v1::Job waiting = Get(a.id());
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(waiting.message(), HasSubstr("recovering (restart 1 of 2): " + w2));
+  EXPECT_THAT(waiting.message(), HasSubstr("; waits for workers to restart on: "));
+  EXPECT_THAT(waiting.message(), HasSubstr("up to timeout_s (1h)"));
+}
+
 // Two jobs never write checkpoints into one directory: a job without checkpoint.dir gets its
 // own (checkpoints/<id>, in its spec); a directory a queued or running job uses is refused
 // naming that job, and is free again once it ended; resume_from: latest needs a directory.
@@ -792,24 +937,37 @@ TEST_F(CoordinatorCoreTest, QueuedJobsStartInOrderWithBackfill) {
   EXPECT_EQ(Worker(2).assigned.back().job_id(), b.id());
 }
 
-TEST_F(CoordinatorCoreTest, AFailedAssignmentFailsTheJobAndFreesItsWorkers) {
+// A worker that registered and heartbeats but cannot be reached: with no other idle worker
+// the job goes back to the queue saying why (it once failed: "assigning ... Deadline
+// Exceeded"), its other rank is stopped and freed, the unreachable worker is lost, and the job
+// starts again, as the next generation, once a worker registers.
+TEST_F(CoordinatorCoreTest, AnUnreachableWorkerRequeuesTheJobToWaitForAnother) {
   Register(1);
   const std::string w2 = Register(2);
   Worker(1).fail_assign = true;
   const v1::Job job = Submit(Spec(2));
   RunLater();
-  const v1::Job failed = Get(job.id());
-  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(failed.message(),
-              HasSubstr("assigning stage 0 to worker-1 failed: connection refused"));
+  const v1::Job requeued = Get(job.id());
+  EXPECT_EQ(requeued.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(requeued.message(),
+              HasSubstr("requeued: assigning stage 0 to worker-1 failed: connection refused"));
+  EXPECT_EQ(requeued.restarts(), 0);
   ASSERT_EQ(Worker(2).stopped.size(), 1u);
-  EndRank(w2, job.id(), 1, false, "stopped");
+  EndRank(w2, job.id(), 1, false, "stopped", requeued.generation());
   // The unreachable worker is lost (never chosen again until it registers again); the other
   // is free.
   std::map<std::string, std::string> states;
   for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
   EXPECT_EQ(states["worker-1"], "lost");
   EXPECT_EQ(states[w2], "idle");
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
+  const std::string w3 = Register(3);
+  RunLater();
+  const v1::Job again = Get(job.id());
+  EXPECT_EQ(again.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(again.generation(), requeued.generation() + 1);
+  ASSERT_EQ(Worker(3).assigned.size(), 1u);
+  EXPECT_EQ(Worker(3).assigned[0].generation(), again.generation());
 }
 
 // An assignment a worker cannot take (unreachable) goes to another idle worker, a bounded
@@ -830,15 +988,21 @@ TEST_F(CoordinatorCoreTest, AFailedAssignmentIsRetriedOnAnotherIdleWorker) {
   EXPECT_THAT(EventTexts(job.id()),
               ::testing::Contains(HasSubstr("assigning stage 0 to worker-1 failed: connection "
                                             "refused; assigned to worker-3 instead")));
-  // Every worker unreachable: tried assign_attempts (3) times in all, then the job fails.
+  // Every worker unreachable: a rank is tried on assign_attempts (3) workers, then the job
+  // waits in the queue; placed again on the idle ones left, it ends up having tried each
+  // unreachable worker once (each is lost then), and waits for a worker that can be reached.
   for (int n = 4; n <= 8; ++n) Register(n);
   for (int n = 4; n <= 8; ++n) Worker(n).fail_assign = true;
   const v1::Job doomed = Submit(Spec(1));
   RunLater();
-  EXPECT_EQ(Get(doomed.id()).state(), v1::JOB_STATE_FAILED);
-  int tried = 0;
-  for (int n = 4; n <= 8; ++n) tried += static_cast<int>(Worker(n).assigned.size());
-  EXPECT_EQ(tried, 3);
+  EXPECT_EQ(Get(doomed.id()).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Get(doomed.id()).message(), HasSubstr("requeued: assigning stage 0"));
+  for (int n = 4; n <= 8; ++n) EXPECT_EQ(Worker(n).assigned.size(), 1u) << "worker " << n;
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) {
+    if (w.address() >= "host-4") {
+      EXPECT_EQ(w.state(), "lost") << w.id();
+    }
+  }
 }
 
 // A worker that stops on purpose leaves at once (the rank it ran is lost, naming why); one

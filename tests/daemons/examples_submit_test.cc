@@ -64,7 +64,8 @@ TEST_F(ExamplesSubmitTest, AnInvalidJobFileIsRefused) {
 }
 
 // `submit` takes the job as `run` does, from a file or from flags: the spec the coordinator
-// stores (and assigns to workers) converts to the job the file describes, every field.
+// stores (and assigns to workers) converts to the job the file describes, every field, but
+// for the checkpoint directory of its own a job without one is given.
 TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
   LocalCluster cluster(dir_, 0);
   ASSERT_FALSE(cluster.address().empty());
@@ -87,7 +88,9 @@ TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(spec_json, stored.mutable_spec()).ok());
     absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(stored.spec());
     ASSERT_TRUE(config.ok()) << config.status();
-    EXPECT_EQ(job::JobConfigToJson(*config), job::JobConfigToJson(*expected));
+    job::JobConfig with_own_dir = *expected;
+    with_own_dir.checkpoint.dir = "checkpoints/" + id;
+    EXPECT_EQ(job::JobConfigToJson(*config), job::JobConfigToJson(with_own_dir));
   }
   // A bad flag value is refused by the CLI, naming the flag and the field; nothing is sent.
   Result bad = cluster.Cli("submit --steps many");
