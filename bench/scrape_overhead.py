@@ -7,6 +7,9 @@ first alternates):
   scraped    a thread GETs /metrics of the coordinator and of every worker every
              --interval seconds while the job runs (as a Prometheus server would);
   unscraped  nothing reads /metrics.
+With --scrapers K (K > 1) and --interval 0, K threads each scrape every daemon as fast as
+they can: a hostile or broken scraper, which the endpoint's spacing (one scrape started per
+100 ms per process, metrics/endpoint.h) keeps from slowing the job.
 The job: the default GPT (d_model 64, 4 blocks), 1F1B, p = --workers stages, m = 8, b = 8,
 --steps steps, one intra-op thread per rank. Step time: tokens per step / tokens_per_s of
 the job record (rank 0's mean from step 0 to the last). "ratio" is the median over repeats
@@ -39,27 +42,37 @@ threads_per_stage: 1
 """
 
 
-def scrape_until(stop, addresses, interval, counts):
+def scrape_until(stop, addresses, interval, counts, lock):
     while not stop.is_set():
         for address in addresses:
-            with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
-                counts["bytes"] += len(r.read())
+            try:
+                with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+                    n = len(r.read())
+            except OSError:
+                continue
+            with lock:
+                counts["bytes"] += n
                 counts["scrapes"] += 1
-        stop.wait(interval)
+        if interval > 0:
+            stop.wait(interval)
 
 
-def run(cluster, spec_path, p, scraped, interval):
+def run(cluster, spec_path, p, scraped, interval, scrapers=1):
     cluster.wait_for_idle_workers(p)
     stop = threading.Event()
     counts = {"scrapes": 0, "bytes": 0}
-    scraper = threading.Thread(target=scrape_until,
-                               args=(stop, cluster.metrics_addresses(), interval, counts))
+    lock = threading.Lock()
+    threads = [threading.Thread(target=scrape_until,
+                                args=(stop, cluster.metrics_addresses(), interval, counts, lock))
+               for _ in range(scrapers)]
     if scraped:
-        scraper.start()
+        for t in threads:
+            t.start()
     done = cluster.cli(["submit", spec_path, "--follow", "-o", "json"])
     stop.set()
     if scraped:
-        scraper.join()
+        for t in threads:
+            t.join()
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     job = json.loads(cluster.cli(["status", records[-1]["id"], "-o", "json"]).stdout)
     if job.get("state") != "JOB_STATE_SUCCEEDED":
@@ -74,6 +87,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--scrapers", type=int, default=1)
     args = parser.parse_args()
     p = args.workers
     times = {"scraped": [], "unscraped": []}
@@ -88,7 +102,8 @@ def main():
             sides = ["scraped", "unscraped"] if repeat % 2 == 0 else ["unscraped", "scraped"]
             pair = {}
             for side in sides:
-                t, counts = run(cluster, spec_path, p, side == "scraped", args.interval)
+                t, counts = run(cluster, spec_path, p, side == "scraped", args.interval,
+                                args.scrapers)
                 pair[side] = t
                 times[side].append(t)
                 scrapes += counts["scrapes"]
@@ -96,10 +111,12 @@ def main():
                 print(f"[{repeat + 1}/{args.repeats}] {side}: {t * 1e3:.1f} ms/step",
                       file=sys.stderr)
             ratios.append(pair["scraped"] / pair["unscraped"])
-    print(f"| layout | steps | unscraped ms/step | scraped ms/step | ratio (median of pairs) |"
-          f" scrapes | bytes per scrape |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| {p} stages, {p} workers | {args.steps} | "
+    print(f"| layout | scrapers | steps | unscraped ms/step | scraped ms/step |"
+          f" ratio (median of pairs) | scrapes | bytes per scrape |")
+    print("|---|---|---|---|---|---|---|---|")
+    who = (f"{args.scrapers} x as fast as they can" if args.interval <= 0
+           else f"{args.scrapers} x every {args.interval:g} s")
+    print(f"| {p} stages, {p} workers | {who} | {args.steps} | "
           f"{statistics.median(times['unscraped']) * 1e3:.1f} | "
           f"{statistics.median(times['scraped']) * 1e3:.1f} | {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}) | {scrapes} | "

@@ -21,7 +21,11 @@ debs=(
   # the daemons: gRPC and what its CMake files look for (c-ares, re2, OpenSSL, zlib)
   libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 protobuf-compiler-grpc
   libc-ares-dev libc-ares2 libre2-dev libre2-9 libssl-dev libssl3 zlib1g-dev zlib1g
-  # the daemons' /metrics endpoint (found through pkg-config) and the coordinator's store
+  # the daemons' metrics (prometheus-cpp: core and pull, its civetweb; its CMake files also
+  # look for push's libcurl), the tests' HTTP client (cpp-httplib, through pkg-config) and
+  # the coordinator's store
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
+  libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libsqlite3-dev libsqlite3-0
   # pkg-config itself (gRPC's CMake files find re2 with it)
   pkgconf pkgconf-bin libpkgconf3

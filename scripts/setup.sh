@@ -17,7 +17,8 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
   # checkpoints: SHA-256 of every file (OpenSSL's libcrypto)
   libssl-dev
-  # metrics: the daemons' /metrics endpoint (cpp-httplib, found with pkg-config)
+  # metrics: the daemons' registry and /metrics endpoint (prometheus-cpp: core, pull and its
+  # civetweb); the tests' HTTP client (cpp-httplib, found with pkg-config)
   libcpp-httplib-dev pkgconf prometheus-cpp-dev
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
