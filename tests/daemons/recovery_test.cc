@@ -384,6 +384,22 @@ TEST_F(RecoveryTest, AFailedCheckpointIsReportedAndTheJobGoesOn) {
   EXPECT_EQ(GetJob(*cluster.JobStub(), "job-0001").checkpoint_step(), 0);
 }
 
+// A small job of 2 stages: what the checkpoint tests below run and resume (their steps,
+// checkpoint and resume_from appended).
+constexpr char kSmallJob[] = "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
+                             "stages: 2\noptimizer: {name: sgd, lr: 0.05}\n";
+
+// Runs kSmallJob for `steps` steps with a checkpoint every `every` in `ckpt` (its file
+// written to `file`); whether it succeeded.
+bool RunSmallJobWithCheckpoints(LocalCluster& cluster, const fs::path& file,
+                                const fs::path& ckpt, int steps, int every) {
+  std::ofstream(file) << kSmallJob << "steps: " << steps << "\ncheckpoint: {dir: "
+                      << ckpt.string() << ", every: " << every << "}\n";
+  Result done = cluster.Cli("submit " + file.string() + " --follow");
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  return done.exit_code == 0;
+}
+
 // A job resuming from a directory whose newest checkpoint is corrupt resumes from the one
 // before it, and says so where its user looks: an event and its status name the checkpoint
 // passed over and why (this was once only in a worker's stderr: the job silently ran steps
@@ -393,12 +409,8 @@ TEST_F(RecoveryTest, ACorruptNewestCheckpointPassedOverIsInTheEventsAndTheStatus
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   const fs::path ckpt = dir_ / "ckpt";
-  const std::string job = "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
-                          "stages: 2\noptimizer: {name: sgd, lr: 0.05}\n";
-  std::ofstream(dir_ / "first.yaml")
-      << job << "steps: 9\ncheckpoint: {dir: " << ckpt.string() << ", every: 4}\n";
-  Result first = cluster.Cli("submit " + (dir_ / "first.yaml").string() + " --follow");
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(RunSmallJobWithCheckpoints(cluster, dir_ / "first.yaml", ckpt, 9, 4));
+  const std::string job = kSmallJob;
   ASSERT_TRUE(fs::exists(ckpt / "step-00000008"));
   ASSERT_TRUE(fs::exists(ckpt / "step-00000004"));
   const fs::path layer = ckpt / "step-00000008" / "layer-00001.pt";
@@ -431,12 +443,8 @@ TEST_F(RecoveryTest, AnUnreadableLayerIsTheJobsCauseNotThePeersClosedConnection)
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   const fs::path ckpt = dir_ / "ckpt";
-  const std::string job = "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
-                          "stages: 2\noptimizer: {name: sgd, lr: 0.05}\n";
-  std::ofstream(dir_ / "first.yaml")
-      << job << "steps: 5\ncheckpoint: {dir: " << ckpt.string() << ", every: 4}\n";
-  Result first = cluster.Cli("submit " + (dir_ / "first.yaml").string() + " --follow");
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(RunSmallJobWithCheckpoints(cluster, dir_ / "first.yaml", ckpt, 5, 4));
+  const std::string job = kSmallJob;
   const fs::path step = ckpt / "step-00000004";
   const std::string garbage(64, 'z');
   std::ofstream(step / "layer-00003.pt", std::ios::binary | std::ios::trunc) << garbage;
