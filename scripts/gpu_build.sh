@@ -25,7 +25,7 @@ debs=(
   # look for push's libcurl), the tests' HTTP client (cpp-httplib, through pkg-config) and
   # the coordinator's store
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
-  libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4
+  libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev libcurl4
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libsqlite3-dev libsqlite3-0
   # pkg-config itself (gRPC's CMake files find re2 with it)
   pkgconf pkgconf-bin libpkgconf3
