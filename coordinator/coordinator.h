@@ -66,13 +66,13 @@
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
+#include "coordinator/submission_planner.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_pool.h"
 #include "rpc/security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
 #include "runtime/job/job_config.h"
-#include "runtime/planner/planners.h"
 #include "runtime/rendezvous/key_value_store.h"
 
 namespace pipetrain::coordinator {
@@ -90,7 +90,7 @@ struct CoordinatorOptions {
   absl::Duration stall_limit = absl::Seconds(5);
   // Planning at submission (`stages: auto`): one plan at a time, on a thread of its own at the
   // lowest CPU priority, stopped past this much CPU or this long (DeadlineExceeded); at most
-  // kMaxWaitingPlans submissions wait for their turn (up to planning_wait), the rest are
+  // SubmissionPlanner::kMaxWaitingPlans wait for their turn (up to planning_wait), the rest are
   // refused at once (ResourceExhausted).
   absl::Duration planning_cpu_budget = absl::Seconds(10);
   absl::Duration planning_time_limit = absl::Seconds(60);
@@ -357,36 +357,10 @@ class Coordinator {
 
   CoordinatorOptions options_;
   CoordinatorDeps deps_;
+  SubmissionPlanner planner_;  // `stages: auto` at submission; never under mu_
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, JobEntry> jobs_;
-  // The planning gate (RunPlanner): its own lock, never held with mu_.
-  std::mutex planning_mu_;
-  std::condition_variable planning_done_;
-  bool planning_busy_ = false;
-  int planning_waiting_ = 0;
-  // `stages: auto` (Submit): the planned spec, its config and the plan's record.
-  struct PlannedJob {
-    v1::JobSpec spec;
-    job::JobConfig config;
-    v1::PlannedLayout record;
-  };
-  // The planner's work is bounded: at most this many profiled layers and sizes, and plans
-  // for at most this many workers (more are planned as this many).
-  static constexpr size_t kMaxProfileBytes = size_t{16} << 20;
-  // About a second of planning at most on this machine.
-  static constexpr size_t kMaxPlannedLayers = 256;
-  static constexpr size_t kMaxProfiledSizes = 8;
-  static constexpr int kMaxPlannedWorkers = 16;
-  static constexpr int kMaxWaitingPlans = 2;
-  // MakePlan through the planning gate (CoordinatorOptions: one at a time, lowest priority,
-  // bounded in CPU, time and waiting). Never takes mu_.
-  absl::StatusOr<planner::PlanResult> RunPlanner(const planner::ModelProfile& profile,
-                                                  const planner::ClusterProfile& cluster,
-                                                  planner::PlanRequest request);
-  absl::StatusOr<PlannedJob> PlanJob(const v1::JobSpec& spec, const job::JobConfig& config,
-                                     const std::string& profile_json);
-
   WorkerPool pool_;
   // Writes waiting for FlushWrites (guarded by mu_): each job's latest record, and events.
   struct PendingJob {
