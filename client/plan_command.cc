@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "jobspec/planned_layout.h"
+#include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
@@ -20,14 +21,6 @@ namespace {
 
 using planner::Candidate;
 using planner::Layout;
-
-std::string Bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  for (; v >= 1024 && u < 4; ++u) v /= 1024;
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
-}
 
 using jobspec::RecomputedLayers;
 
@@ -132,7 +125,7 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   std::string out = absl::StrFormat(
       "%s planner: %s on %d workers%s, global batch %d (%d layouts considered)\n",
       planner::PlannerKindName(plan.planner), profile.model, cluster.workers,
-      cluster.memory_bytes > 0 ? absl::StrCat(" of ", Bytes(cluster.memory_bytes)) : "",
+      cluster.memory_bytes > 0 ? absl::StrCat(" of ", ByteSize(cluster.memory_bytes)) : "",
       l.global_batch(), plan.considered);
   absl::StrAppend(&out, "  schedule ", jobspec::DescribeLayout(l), "\n");
   absl::StrAppendFormat(&out, "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
@@ -141,7 +134,7 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                         tokens ? c.prediction.tokens_per_s : c.prediction.samples_per_s,
                         tokens ? "tok" : "samples", c.memory_efficiency,
                         plan.data_parallel.prediction.step_time_s * 1e3,
-                        Bytes(plan.data_parallel.prediction.peak_memory_bytes));
+                        ByteSize(plan.data_parallel.prediction.peak_memory_bytes));
   absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers",
                         "compute_ms", "exposed_ar_ms", "in_flight", "peak_memory");
   for (int s = 0; s < l.stages(); ++s) {
@@ -149,7 +142,7 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
     absl::StrAppendFormat(&out, "  %-6d %-8s %-11.2f %-13.2f %-10d %s\n", s,
                           absl::StrCat(l.stage_layers[s].first, ":", l.stage_layers[s].second),
                           p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
-                          Bytes(p.peak_memory_bytes));
+                          ByteSize(p.peak_memory_bytes));
   }
   if (!plan.alternatives.empty()) out += "alternatives (the best of each other shape):\n";
   for (const Candidate& a : plan.alternatives) {
@@ -159,7 +152,7 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                           a.layout.micro_batches, Ranges(a.layout),
                           r.empty() ? "" : absl::StrCat(" recompute ", absl::StrJoin(r, ",")),
                           a.prediction.step_time_s * 1e3,
-                          Bytes(a.prediction.peak_memory_bytes), a.why);
+                          ByteSize(a.prediction.peak_memory_bytes), a.why);
   }
   return out;
 }

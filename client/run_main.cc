@@ -28,6 +28,7 @@
 #include "jobspec/spec_text.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
+#include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/progress_line.h"
 #include "runtime/base/status_macros.h"
@@ -42,14 +43,7 @@ namespace pipetrain::run_main {
 namespace {
 
 // 1536 -> "1.5 KiB", 0 -> "-" (not measured).
-std::string FormatBytes(int64_t bytes) {
-  if (bytes <= 0) return "-";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  for (; v >= 1024 && u < 4; ++u) v /= 1024;
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
-}
+std::string FormatBytes(int64_t bytes) { return bytes <= 0 ? "-" : ByteSize(bytes); }
 
 // The progress line (runtime/base/progress_line.h) on stderr, unless quiet.
 class ProgressPrinter {

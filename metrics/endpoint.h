@@ -6,8 +6,8 @@
 //  - only GET /metrics: another path is 404, another method 405 (Allow: GET); a request that
 //    announces a body (Content-Length > 0 or Transfer-Encoding) is answered 413 and its
 //    connection closed without reading any of the body;
-//  - the request line and headers together at most kMaxRequestBytes (civetweb answers 413
-//    past that and closes); they must arrive within kRequestTimeoutMs of the connection's
+//  - the request line and headers together at most kMaxRequestBytes (civetweb refuses more
+//    and closes); they must arrive within kRequestTimeoutMs of the connection's
 //    first byte (a client dribbling headers is cut off); no keep-alive;
 //  - kThreads connections are served at once and kQueuedConnections more wait accepted; the
 //    rest wait in the kernel's listen backlog, so a flood of idle connections holds a fixed

@@ -19,7 +19,7 @@ packages=(
   libssl-dev
   # metrics: the daemons' registry and /metrics endpoint (prometheus-cpp: core, pull and its
   # civetweb); the tests' HTTP client (cpp-httplib, found with pkg-config)
-  libcpp-httplib-dev pkgconf prometheus-cpp-dev
+  libcpp-httplib-dev pkgconf prometheus-cpp-dev libcivetweb-dev
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev

@@ -401,14 +401,7 @@ absl::Status CheckUnderDataRoots(const std::string& field, const std::string& pa
     return absl::PermissionDeniedError(
         absl::StrCat(field, ": ", path, " is not a regular file (this worker reads only files)"));
   }
-  const std::string file = resolved;
-  for (const std::string& root : roots) {
-    char root_resolved[PATH_MAX];
-    if (realpath(root.c_str(), root_resolved) == nullptr) continue;
-    std::string r = root_resolved;
-    if (r != "/") r += "/";
-    if (file.compare(0, r.size(), r) == 0) return absl::OkStatus();
-  }
+  if (IsUnderRoots(resolved, ResolvedRoots(roots))) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
       field, ": ", path, " is outside the directories this worker reads jobs' files from (",
       roots.empty() ? "none: it was started without --data-root" : absl::StrJoin(roots, ", "),
@@ -427,25 +420,21 @@ absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::strin
                                       const std::vector<std::string>& roots) {
   if (roots.empty() || dir.empty()) return absl::OkStatus();
   std::error_code ec;
-  std::filesystem::path existing = std::filesystem::absolute(dir, ec).lexically_normal();
+  const std::filesystem::path target = std::filesystem::absolute(dir, ec).lexically_normal();
+  std::filesystem::path existing = target;
   while (!existing.empty() && !std::filesystem::exists(existing, ec) &&
          existing != existing.root_path()) {
     existing = existing.parent_path();
   }
   char resolved[PATH_MAX];
-  std::vector<std::string> resolved_roots;
-  for (const std::string& root : roots) {
-    char r[PATH_MAX];
-    resolved_roots.push_back(realpath(root.c_str(), r) != nullptr ? std::string(r) : root);
-  }
+  const std::vector<std::string> resolved_roots = ResolvedRoots(roots);
   // Below its nearest existing ancestor nothing exists, so nothing can be a link: the
   // directory is inside if that ancestor (links resolved) is, or if the ancestor leads to a
   // root not made yet (checkpoints/) and the directory, as written, lies under that root.
   bool inside = false;
   if (realpath(existing.c_str(), resolved) != nullptr) {
     const std::string ancestor = resolved;
-    std::filesystem::path rest = std::filesystem::absolute(dir, ec).lexically_normal();
-    rest = rest.lexically_relative(existing);
+    const std::filesystem::path rest = target.lexically_relative(existing);
     const std::string lexical = (std::filesystem::path(ancestor) / rest).lexically_normal();
     inside = IsUnderRoots(ancestor, resolved_roots) ||
              (rest.native().rfind("..", 0) != 0 && IsUnderRoots(lexical, resolved_roots));

@@ -11,22 +11,10 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/byte_size.h"
 
 namespace pipetrain {
-
-std::string ByteSize(int64_t bytes) {
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
-  double value = static_cast<double>(bytes);
-  int unit = -1;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.3g %s", value, kUnits[unit]);
-}
 
 namespace {
 
@@ -103,15 +91,16 @@ absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view 
 
 }  // namespace
 
-void SetReadRoots(const std::vector<std::string>& roots) {
+std::vector<std::string> ResolvedRoots(const std::vector<std::string>& roots) {
   std::vector<std::string> resolved;
   for (const std::string& root : roots) {
     char buf[PATH_MAX];
-    // A root that does not exist (yet) confines to nothing: it is kept as written.
     resolved.push_back(realpath(root.c_str(), buf) != nullptr ? std::string(buf) : root);
   }
-  Roots() = std::move(resolved);
+  return resolved;
 }
+
+void SetReadRoots(const std::vector<std::string>& roots) { Roots() = ResolvedRoots(roots); }
 
 std::vector<std::string> ReadRoots() { return Roots(); }
 

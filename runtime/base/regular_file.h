@@ -36,10 +36,11 @@ absl::Status ReadRegularFile(const std::string& path, int64_t limit, absl::strin
 void SetReadRoots(const std::vector<std::string>& roots);
 // The roots set (resolved), in order; empty when reads are not confined.
 std::vector<std::string> ReadRoots();
+// `roots` with every link resolved (realpath); one that does not exist (yet) is kept as
+// written.
+std::vector<std::string> ResolvedRoots(const std::vector<std::string>& roots);
 // Whether `resolved` (an absolute path without links) lies under one of `resolved_roots`.
 bool IsUnderRoots(const std::string& resolved, const std::vector<std::string>& resolved_roots);
 
-// A size in words, exact below 1 KiB: "512 bytes", "16 GiB", "1.5 MiB".
-std::string ByteSize(int64_t bytes);
 
 }  // namespace pipetrain

@@ -125,7 +125,7 @@ TEST(ByteFileTest, AFifoOrAFileOverTheBoundIsRefusedAtOnceNamingIt) {
   auto from_huge = OpenByteFile(huge, Seq(4));
   EXPECT_EQ(from_huge.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(from_huge.status().message(), huge)) << from_huge.status();
-  EXPECT_TRUE(absl::StrContains(from_huge.status().message(), "over the bound of 16 GiB"))
+  EXPECT_TRUE(absl::StrContains(from_huge.status().message(), "over the bound of 16.0 GiB"))
       << from_huge.status();
   std::remove(huge.c_str());
 }
