@@ -21,6 +21,8 @@ namespace pipetrain::rendezvous {
 class KeyValueStore {
  public:
   virtual ~KeyValueStore() = default;
+  // Returns once the value is in the store, seen by every later Get or Check from anyone
+  // (also after this process exits).
   virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
   // Waits until `key` is set, at most `timeout` (DeadlineExceeded naming the key).
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;

@@ -31,6 +31,11 @@ class TcpStore : public KeyValueStore, public C10dStoreHolder {
   absl::Status Set(const std::string& key, const std::string& value) override {
     try {
       store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+      // c10d's set is not answered: a process that exits right after it (a stage that
+      // published its last loss) may leave the value unread in the server's socket while
+      // the launcher looks for it. The server answers one connection's requests in order,
+      // so the answer to this check means the set before it has been applied.
+      (void)store_->check({key});
       return absl::OkStatus();
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat("store: set '", key, "': ", FirstLine(e)));

@@ -215,6 +215,24 @@ TEST(KeyValueStore, SetGetAddAndDeadline) {
   EXPECT_FALSE(rendezvous::ConnectTcpStore("127.0.0.1", 1, absl::Milliseconds(300)).ok());
 }
 
+// A Set has been applied when it returns: another client's Check right after it sees the
+// key. (c10d's own set is not answered; a stage process that published its last loss and
+// exited could leave it unread while the launcher looked: a loss missing from the report.)
+TEST(KeyValueStore, ASetIsSeenByEveryoneAsSoonAsItReturns) {
+  auto server = rendezvous::ServeTcpStore("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  auto client = Connect(rendezvous::TcpStorePort(**server));
+  int unseen = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    ASSERT_TRUE(client->Set(key, "v").ok());
+    auto seen = (*server)->Check({key});
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    if (!*seen) ++unseen;
+  }
+  EXPECT_EQ(unseen, 0);
+}
+
 // A Get that timed out leaves nothing behind on its connection: when the key is set later,
 // the same client still reads every value right (the launcher polls progress keys this way).
 TEST(KeyValueStore, GetAfterATimedOutGetReadsTheRightValues) {
