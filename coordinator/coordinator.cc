@@ -150,7 +150,8 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
     : options_(std::move(options)),
       deps_(std::move(deps)),
       planner_({options_.planning_cpu_budget, options_.planning_time_limit,
-                options_.planning_wait}) {}
+                options_.planning_wait}),
+      writes_(deps_.store.get()) {}
 
 int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now()); }
 
@@ -222,69 +223,18 @@ void Coordinator::Changed(JobEntry& entry, bool progress_only) {
   const absl::Time now = deps_.clock->Now();
   if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
   entry.persisted_at = now;
-  pending_jobs_[entry.job.id()] = {entry.order, entry.job.SerializeAsString()};
-  if (!entry.unwritten_steps.empty()) {
-    std::vector<StoredStep>& rows = pending_steps_[entry.job.id()];
-    rows.insert(rows.end(), entry.unwritten_steps.begin(), entry.unwritten_steps.end());
-    entry.unwritten_steps.clear();
-  }
+  writes_.QueueSteps(entry.job.id(), entry.unwritten_steps);
+  entry.unwritten_steps.clear();
+  writes_.QueueJob(entry.job.id(), entry.order, entry.job.SerializeAsString());
 }
 
 void Coordinator::Event(const std::string& job_id, const std::string& text) {
-  pending_events_.push_back({job_id, NowMs(), text});
+  writes_.QueueEvent(job_id, NowMs(), text);
   std::fprintf(stderr, "coordinator: %s: %s\n", job_id.c_str(), text.c_str());
   changed_.notify_all();
 }
 
-absl::Status Coordinator::FlushWrites() {
-  std::lock_guard<std::mutex> flush_lock(flush_mu_);
-  std::map<std::string, PendingJob> jobs;
-  std::vector<PendingEvent> events;
-  std::map<std::string, std::vector<StoredStep>> steps;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs.swap(pending_jobs_);
-    events.swap(pending_events_);
-    steps.swap(pending_steps_);
-  }
-  absl::Status first;
-  std::map<std::string, PendingJob> failed;
-  // Committed steps before the job records that count them (a record never names a
-  // checkpoint whose earlier steps are not in the store).
-  std::map<std::string, std::vector<StoredStep>> steps_failed;
-  for (auto& [id, rows] : steps) {
-    if (absl::Status s = deps_.store->PutSteps(id, rows); !s.ok()) {
-      if (first.ok()) first = s;
-      steps_failed.emplace(id, std::move(rows));
-    }
-  }
-  for (auto& [id, job] : jobs) {
-    if (steps_failed.count(id)) {  // kept back with its steps, written again with them
-      failed.emplace(id, std::move(job));
-      continue;
-    }
-    absl::Status s = deps_.store->PutJob(id, job.order, job.record);
-    if (s.ok()) continue;
-    if (first.ok()) first = s;
-    failed.emplace(id, std::move(job));
-  }
-  for (const PendingEvent& e : events) {
-    if (failed.count(e.job_id)) continue;
-    if (auto s = deps_.store->AppendEvent(e.job_id, e.unix_ms, e.text); !s.ok() && first.ok()) {
-      first = s.status();
-    }
-  }
-  if (!failed.empty() || !steps_failed.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, job] : failed) pending_jobs_.emplace(id, std::move(job));  // unless newer
-    for (auto& [id, rows] : steps_failed) {  // before any queued since: the later rows win
-      std::vector<StoredStep>& queued = pending_steps_[id];
-      queued.insert(queued.begin(), rows.begin(), rows.end());
-    }
-  }
-  if (!first.ok()) std::fprintf(stderr, "coordinator: %s\n", std::string(first.message()).c_str());
-  return first;
-}
+absl::Status Coordinator::FlushWrites() { return writes_.Flush(); }
 
 void Coordinator::Later(std::function<void()> call) {
   if (deps_.run_later) {
@@ -368,8 +318,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(id);
-    if (!written.ok() && pending_jobs_.count(id)) {
-      pending_jobs_.erase(id);
+    if (!written.ok() && writes_.Discard(id)) {
       jobs_.erase(it);
       return absl::UnavailableError(absl::StrCat("the job was not accepted: ", written.message()));
     }

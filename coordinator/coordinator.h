@@ -69,6 +69,7 @@
 #include "coordinator/submission_planner.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_pool.h"
+#include "coordinator/write_behind.h"
 #include "rpc/security.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
@@ -282,9 +283,7 @@ class Coordinator {
   void Changed(JobEntry& entry, bool progress_only = false);
   // REQUIRES: mu_ held. Appends an event (queued for the store).
   void Event(const std::string& job_id, const std::string& text);
-  // REQUIRES: mu_ NOT held. Writes every queued record and event, in order; returns the
-  // first failure. A job record that fails stays queued (unless a newer one is) and that
-  // job's events of this batch are not written.
+  // REQUIRES: mu_ NOT held. Writes what Changed and Event queued (write_behind.h).
   absl::Status FlushWrites();
   // Runs `body` under mu_, then writes what it queued to the store (outside the lock).
   template <typename F>
@@ -358,24 +357,11 @@ class Coordinator {
   CoordinatorOptions options_;
   CoordinatorDeps deps_;
   SubmissionPlanner planner_;  // `stages: auto` at submission; never under mu_
+  WriteBehind writes_;         // queued under mu_, written by FlushWrites outside it
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, JobEntry> jobs_;
   WorkerPool pool_;
-  // Writes waiting for FlushWrites (guarded by mu_): each job's latest record, and events.
-  struct PendingJob {
-    int64_t order = 0;
-    std::string record;
-  };
-  struct PendingEvent {
-    std::string job_id;
-    int64_t unix_ms = 0;
-    std::string text;
-  };
-  std::map<std::string, PendingJob> pending_jobs_;
-  std::vector<PendingEvent> pending_events_;
-  std::map<std::string, std::vector<StoredStep>> pending_steps_;  // committed steps per job
-  std::mutex flush_mu_;  // one FlushWrites at a time, so writes land in order
   int64_t next_order_ = 0;
   int64_t next_worker_ = 0;
   int64_t workers_lost_silent_ = 0;  // guarded by mu_
