@@ -2,10 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <cmath>
-#include <numeric>
 #include <optional>
-#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,10 +11,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/placement.h"
+#include "coordinator/report_checks.h"
 #include "jobspec/job_config_from_spec.h"
+#include "jobspec/step_commands.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
-#include "jobspec/step_commands.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
 #include "runtime/base/status_macros.h"
@@ -25,22 +23,6 @@
 
 namespace pipetrain::coordinator {
 namespace {
-
-// Each stage's compute per step over the median stage's, for the stages of one replica;
-// empty while any has no measure yet (<= 0).
-std::vector<double> StragglerRatios(const std::vector<double>& per_stage) {
-  if (per_stage.empty() ||
-      !std::all_of(per_stage.begin(), per_stage.end(), [](double s) { return s > 0; })) {
-    return {};
-  }
-  std::vector<double> sorted = per_stage;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t p = sorted.size();
-  const double median = p % 2 ? sorted[p / 2] : 0.5 * (sorted[p / 2 - 1] + sorted[p / 2]);
-  std::vector<double> ratios;
-  for (double s : per_stage) ratios.push_back(s / median);
-  return ratios;
-}
 
 // What one rank of `layout` holds for its parameters, for the largest stage: each parameter
 // in its weight versions (two for 2BW), its gradient and the optimizer's slots (AdamW two,
@@ -445,9 +427,9 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
     j.tokens_per_s = e.job.tokens_per_s();
     if (e.job.step() >= 0) j.loss = e.job.loss();
     const int p = e.job.stages();
-    if (static_cast<int>(e.rank_step_compute_s.size()) >= p) {
-      j.straggler_ratio = StragglerRatios(std::vector<double>(
-          e.rank_step_compute_s.begin(), e.rank_step_compute_s.begin() + p));
+    const std::vector<double>& per_step = e.ledger.step_compute_s();
+    if (static_cast<int>(per_step.size()) >= p) {
+      j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
     }
     m.running.push_back(std::move(j));
   }
@@ -843,65 +825,16 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
       return absl::PermissionDeniedError(
           absl::StrCat(where, " runs on ", e.rank_worker[r.rank()], ", not ", caller->info.id()));
     }
-    auto [seen, fresh] = last.emplace(std::make_pair(r.job_id(), r.rank()), e.rank_step[r.rank()]);
-    // A generation resumed by its spec (resume_from) starts where its checkpoint is: its
-    // first report says where.
-    const bool first_unknown = e.start_step < 0 && seen->second == -1;
-    if (!first_unknown && r.step() <= seen->second) continue;  // resent: counted already
-    if ((!first_unknown && r.step() != seen->second + 1) || r.step() < 0 ||
-        r.step() >= e.job.steps()) {
+    auto [seen, fresh] = last.emplace(std::make_pair(r.job_id(), r.rank()),
+                                      e.ledger.last_step(r.rank()));
+    const StepLedger::Order order = e.ledger.Expects(seen->second, r.step());
+    if (order == StepLedger::Order::kResent) continue;  // counted already
+    if (order == StepLedger::Order::kOutOfOrder || r.step() < 0 || r.step() >= e.job.steps()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": step ", r.step(), " reported, expected step ", seen->second + 1, " of ",
           e.job.steps(), " (steps are reported in order)"));
     }
-    for (double v : {r.compute_s(), r.wait_s(), r.end_s()}) {
-      if (!std::isfinite(v) || v < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " step ", r.step(), ": times must be finite and >= 0, got ", v));
-      }
-    }
-    if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0 || r.peak_tensor_bytes() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
-    }
-    if (!r.checkpoint_committed().empty() &&
-        (r.rank() >= e.job.stages() || r.checkpoint_committed().size() > 4096 ||
-         r.checkpoint_committed().front() != '/' ||
-         !std::all_of(r.checkpoint_committed().begin(), r.checkpoint_committed().end(),
-                      [](char c) { return static_cast<unsigned char>(c) >= 0x20; }))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": a committed checkpoint is reported by a rank of replica 0 as an absolute "
-          "path of at most 4096 bytes without control characters"));
-    }
-    const auto printable = [](const std::string& text) {
-      return std::all_of(text.begin(), text.end(),
-                         [](char c) { return static_cast<unsigned char>(c) >= 0x20; });
-    };
-    bool passed_over_ok = r.passed_over_size() <= 16;
-    for (const std::string& why : r.passed_over()) {
-      passed_over_ok = passed_over_ok && why.size() <= 1024 && printable(why);
-    }
-    if ((!r.resumed_from().empty() || r.passed_over_size() > 0) &&
-        (r.rank() != 0 || r.resumed_from().size() > 4096 || !printable(r.resumed_from()) ||
-         !passed_over_ok)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": where a job resumed from is reported by rank 0: a path of at most 4096 "
-          "bytes and at most 16 checkpoints passed over, 1 KiB each, without control "
-          "characters"));
-    }
-    const v1::StageBreakdown& b = r.breakdown();
-    for (double v : {b.forward_s(), b.backward_s(), b.optimizer_s(), b.receive_forward_s(),
-                     b.receive_backward_s(), b.send_forward_s(), b.send_backward_s(),
-                     b.exposed_allreduce_s(), b.last_step_s(), b.last_step_bubble_ratio()}) {
-      if (!std::isfinite(v) || v < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " step ", r.step(), ": breakdown times must be finite and >= 0, got ", v));
-      }
-    }
-    if (b.last_step_bubble_ratio() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " step ", r.step(), ": a bubble ratio is at most 1, got ",
-          b.last_step_bubble_ratio()));
-    }
+    PT_RETURN_IF_ERROR(CheckStepReportFields(r, e.job.stages(), where));
     seen->second = r.step();
     apply.push_back(&r);
   }
@@ -936,12 +869,6 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (r.rank() < 0 || r.rank() >= e.job.stage_status_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank(), " out of range"));
   }
-  if (e.start_step < 0) {
-    // The first report of a resumed generation fixes where every rank starts.
-    e.start_step = r.step();
-    for (int64_t& s : e.rank_step) s = std::max(s, r.step() - 1);
-    e.job.set_step(std::max(e.job.step(), r.step() - 1));
-  }
   if (!r.checkpoint_committed().empty() && r.step() + 1 > e.job.checkpoint_step()) {
     // The job restarts from it once every step before it is committed here too (below).
     e.reported_checkpoint = {r.step() + 1, r.checkpoint_committed()};
@@ -955,28 +882,13 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_peak_tensor_bytes(r.peak_tensor_bytes());
   *st->mutable_breakdown() = r.breakdown();
   st->set_state("running");
-  e.rank_step[r.rank()] = r.step();
-  if (static_cast<size_t>(r.rank()) < e.rank_compute_s.size()) {
-    // A stage's compute per step, averaged over recent steps (an exponential moving average
-    // weighing the last step 1/8, so one step slowed by the machine does not flag a
-    // straggler); the first step's includes its warm-up: skipped.
-    if (r.step() > 0) {
-      const double step_s = r.compute_s() - e.rank_compute_s[r.rank()];
-      double& average = e.rank_step_compute_s[r.rank()];
-      average = average > 0 ? average + (step_s - average) / 8 : step_s;
-    }
-    e.rank_compute_s[r.rank()] = r.compute_s();
-    // The straggler ratios of the reporting rank's replica.
-    const int p = e.job.stages(), first = r.rank() / p * p;
-    if (first + p <= static_cast<int>(e.rank_step_compute_s.size())) {
-      const std::vector<double> ratios = StragglerRatios(std::vector<double>(
-          e.rank_step_compute_s.begin() + first, e.rank_step_compute_s.begin() + first + p));
-      for (size_t s = 0; s < ratios.size(); ++s) {
-        e.job.mutable_stage_status(first + static_cast<int>(s))->set_straggler_ratio(ratios[s]);
-      }
-    }
+  const StepLedger::Recorded recorded = e.ledger.Record(r);
+  e.job.set_step(e.ledger.committed());
+  for (size_t s = 0; s < recorded.straggler_ratios.size(); ++s) {
+    e.job.mutable_stage_status(recorded.replica_first_rank + static_cast<int>(s))
+        ->set_straggler_ratio(recorded.straggler_ratios[s]);
   }
-  if (r.has_loss()) e.step_losses[r.step()].push_back(r.loss());
+  if (recorded.tokens_per_s) e.job.set_tokens_per_s(*recorded.tokens_per_s);
   if (!r.resumed_from().empty() && r.rank() == 0) {
     e.job.set_resumed_from(r.resumed_from().substr(0, 4096));
     e.job.clear_checkpoints_passed_over();
@@ -1011,36 +923,22 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                    r.step() + 1, " on all ", e.job.stage_status_size(),
                                    " ranks"));
   }
-  if (r.rank() == 0) {
-    // Throughput from this generation's first step on (its worker's clock).
-    if (e.first_end_s < 0) {
-      e.first_end_s = r.end_s();
-      e.first_report_step = r.step();
-    } else if (r.step() > e.first_report_step && r.end_s() > e.first_end_s) {
-      e.job.set_tokens_per_s(static_cast<double>(e.tokens_per_step) *
-                             (r.step() - e.first_report_step) / (r.end_s() - e.first_end_s));
-    }
-  }
-  const int64_t done = *std::min_element(e.rank_step.begin(), e.rank_step.end());
-  if (done > e.job.step()) {
+  if (!recorded.committed.empty()) {
     // The loss of a step is known once every replica's last stage reported it. The step is
     // committed: its row (replacing one an earlier generation wrote) goes to the store.
-    for (int64_t t = e.job.step() + 1; t <= done; ++t) {
+    for (const StepLedger::CommittedStep& step : recorded.committed) {
       StoredStep row;
-      row.step = t;
+      row.step = step.step;
       row.generation = e.job.generation();
       row.unix_ms = NowMs();
-      auto losses = e.step_losses.find(t);
-      if (losses != e.step_losses.end() && !losses->second.empty()) {
-        e.job.set_loss(std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
-                       losses->second.size());
+      if (step.loss) {
+        e.job.set_loss(*step.loss);
         row.has_loss = true;
-        row.loss = e.job.loss();
-        e.step_losses.erase(losses);
+        row.loss = *step.loss;
       }
       e.unwritten_steps.push_back(row);
     }
-    e.job.set_step(done);
+    const int64_t done = e.job.step();
     if (e.reported_checkpoint.first > e.job.checkpoint_step() &&
         done >= e.reported_checkpoint.first - 1) {
       // Written at once, with the rows of the steps before it (FlushWrites writes steps
@@ -1229,7 +1127,6 @@ void Coordinator::FailOrRestart(JobEntry& e, std::string cause) {
                      " (", again, " step", again == 1 ? "" : "s", " to run again)"));
   // Steps after the checkpoint are run again, and committed again, by the next generation.
   e.job.set_step(resume_at - 1);
-  e.step_losses.clear();
   Changed(e);
 }
 
@@ -1239,7 +1136,6 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.job.set_generation(e.job.generation() + 1);
   e.recovering = false;
   e.run_spec = std::move(run_spec);
-  e.start_step = start_step;
   e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
   e.job.set_state(v1::JOB_STATE_RUNNING);
   e.job.clear_message();  // it no longer waits
@@ -1248,16 +1144,13 @@ void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& r
   e.job.clear_stage_status();
   e.rank_worker = rank_workers;
   e.rank_ended.assign(ranks, false);
-  e.rank_step.assign(ranks, start_step > 0 ? start_step - 1 : -1);
-  e.rank_compute_s.assign(ranks, 0);
-  e.rank_step_compute_s.assign(ranks, 0);
+  e.ledger = StepLedger(ranks, e.job.stages(), start_step, e.job.step(), e.tokens_per_step);
   e.assign_attempts.assign(ranks, 0);
   e.command_reports.clear();
   e.reported_checkpoint = {0, ""};
   e.draining_worker.clear();
   e.drain_step = 0;
   e.stop_step = 0;
-  e.first_end_s = -1;
   e.pending_failure.clear();
   e.pending_failure_after_peer = false;
   std::vector<std::string> placed;

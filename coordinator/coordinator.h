@@ -66,6 +66,7 @@
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
+#include "coordinator/step_ledger.h"
 #include "coordinator/submission_planner.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_pool.h"
@@ -239,13 +240,8 @@ class Coordinator {
     std::shared_ptr<rendezvous::KeyValueStore> store;  // the ranks' rendezvous, while running
     std::vector<std::string> rank_worker;              // worker id per rank
     std::vector<bool> rank_ended;
-    std::vector<int64_t> rank_step;                    // last reported step per rank
-    std::vector<double> rank_compute_s;                // its compute_s total then
-    std::vector<double> rank_step_compute_s;           // its compute seconds per step (EMA)
+    StepLedger ledger;  // the generation's steps: per rank, committed, losses, throughput
     std::vector<int> assign_attempts;                  // assignments tried per rank
-    std::map<int64_t, std::vector<double>> step_losses;  // last-stage losses per step
-    double first_end_s = -1;       // rank 0's end_s of this generation's first step
-    int64_t first_report_step = 0;  // that step
     int64_t tokens_per_step = 0;
     int64_t stop_step = 0;       // a stop command's boundary, once scheduled
     // Step commands seen in step reports: boundary -> ranks that reported them.
@@ -259,7 +255,6 @@ class Coordinator {
     std::string requeued_because;  // why a job that ran waits in the queue again (Requeue)
     absl::Time pending_since;
     // Generations (see Recovery above; job.generation() is the one its ranks run now).
-    int64_t start_step = 0;      // where they start; -1: at their first report (resume_from)
     v1::JobSpec run_spec;        // what they run: the spec with the layout and resume point
     bool recovering = false;     // a fault ended the last generation; the next is not placed
     absl::Time recovering_since;

@@ -1,0 +1,92 @@
+#include "coordinator/step_ledger.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace pipetrain::coordinator {
+
+std::vector<double> StragglerRatios(const std::vector<double>& per_stage) {
+  if (per_stage.empty() ||
+      !std::all_of(per_stage.begin(), per_stage.end(), [](double s) { return s > 0; })) {
+    return {};
+  }
+  std::vector<double> sorted = per_stage;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t p = sorted.size();
+  const double median = p % 2 ? sorted[p / 2] : 0.5 * (sorted[p / 2 - 1] + sorted[p / 2]);
+  std::vector<double> ratios;
+  for (double s : per_stage) ratios.push_back(s / median);
+  return ratios;
+}
+
+StepLedger::StepLedger(int ranks, int stages, int64_t start_step, int64_t committed,
+                       int64_t tokens_per_step)
+    : stages_(std::max(1, stages)),
+      start_step_(start_step),
+      committed_(committed),
+      tokens_per_step_(tokens_per_step),
+      last_step_(ranks, start_step > 0 ? start_step - 1 : -1),
+      compute_s_(ranks, 0),
+      step_compute_s_(ranks, 0) {}
+
+StepLedger::Order StepLedger::Expects(int64_t last, int64_t step) const {
+  // A generation resumed by its spec starts where its checkpoint is: its first report says.
+  const bool first_unknown = start_step_ < 0 && last == -1;
+  if (!first_unknown && step <= last) return Order::kResent;
+  if (!first_unknown && step != last + 1) return Order::kOutOfOrder;
+  return Order::kNext;
+}
+
+StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
+  Recorded out;
+  const int rank = r.rank();
+  if (start_step_ < 0) {
+    // The first report of a resumed generation fixes where every rank starts.
+    start_step_ = r.step();
+    for (int64_t& s : last_step_) s = std::max(s, r.step() - 1);
+    committed_ = std::max(committed_, r.step() - 1);
+  }
+  last_step_[rank] = r.step();
+  // A stage's compute per step, averaged over recent steps (an exponential moving average
+  // weighing the last step 1/8, so one step slowed by the machine does not flag a
+  // straggler); the first step's includes its warm-up: skipped.
+  if (r.step() > 0) {
+    const double step_s = r.compute_s() - compute_s_[rank];
+    double& average = step_compute_s_[rank];
+    average = average > 0 ? average + (step_s - average) / 8 : step_s;
+  }
+  compute_s_[rank] = r.compute_s();
+  out.replica_first_rank = rank / stages_ * stages_;
+  if (out.replica_first_rank + stages_ <= ranks()) {
+    out.straggler_ratios = StragglerRatios(std::vector<double>(
+        step_compute_s_.begin() + out.replica_first_rank,
+        step_compute_s_.begin() + out.replica_first_rank + stages_));
+  }
+  if (r.has_loss()) losses_[r.step()].push_back(r.loss());
+  if (rank == 0) {
+    // Throughput from this generation's first step on (its worker's clock).
+    if (first_end_s_ < 0) {
+      first_end_s_ = r.end_s();
+      first_report_step_ = r.step();
+    } else if (r.step() > first_report_step_ && r.end_s() > first_end_s_) {
+      out.tokens_per_s = static_cast<double>(tokens_per_step_) * (r.step() - first_report_step_) /
+                         (r.end_s() - first_end_s_);
+    }
+  }
+  const int64_t done = *std::min_element(last_step_.begin(), last_step_.end());
+  for (int64_t t = committed_ + 1; t <= done; ++t) {
+    CommittedStep step;
+    step.step = t;
+    auto losses = losses_.find(t);
+    if (losses != losses_.end() && !losses->second.empty()) {
+      step.loss = std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
+                  losses->second.size();
+    }
+    if (losses != losses_.end()) losses_.erase(losses);
+    out.committed.push_back(step);
+  }
+  committed_ = std::max(committed_, done);
+  return out;
+}
+
+}  // namespace pipetrain::coordinator

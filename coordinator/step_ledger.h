@@ -1,0 +1,79 @@
+// One generation's step accounting for a running job, from its ranks' step reports: the
+// last step each rank finished, the steps every rank has finished (committed), each
+// committed step's loss (the mean over the replicas' last stages), the job's throughput and
+// each stage's compute per step against the median stage's (straggler ratios).
+//
+// Pure: no clock, no I/O; the caller checks a report (report_checks.h) and that it is its
+// rank's next step (Expects) before recording it. Thread-compatible (the coordinator holds
+// its lock).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "pipetrain/v1/coordinator_service.pb.h"
+
+namespace pipetrain::coordinator {
+
+// Each value over the median of all, for the stages of one replica; empty while any has no
+// measure yet (<= 0).
+std::vector<double> StragglerRatios(const std::vector<double>& per_stage);
+
+class StepLedger {
+ public:
+  StepLedger() = default;
+  // `ranks` ranks, `stages` of them per replica (rank = replica * stages + stage), starting at
+  // `start_step` (-1: where the first report says, a generation resumed by its spec), with
+  // every step up to `committed` already committed; `tokens_per_step` (or samples) of the
+  // whole job.
+  StepLedger(int ranks, int stages, int64_t start_step, int64_t committed,
+             int64_t tokens_per_step);
+
+  int ranks() const { return static_cast<int>(last_step_.size()); }
+  // The step the generation started at; -1 until its first report when not known before.
+  int64_t start_step() const { return start_step_; }
+  // The last step `rank` finished (-1: none).
+  int64_t last_step(int rank) const { return last_step_[rank]; }
+  // The last step every rank has finished.
+  int64_t committed() const { return committed_; }
+
+  // Whether a report of `step` from a rank whose last step so far is `last` is its next one
+  // (kNext), one already counted and resent after a lost reply (kResent), or out of order.
+  enum class Order { kNext, kResent, kOutOfOrder };
+  Order Expects(int64_t last, int64_t step) const;
+
+  struct CommittedStep {
+    int64_t step = 0;
+    std::optional<double> loss;  // mean of the replicas' losses, when any reported one
+  };
+  struct Recorded {
+    std::vector<CommittedStep> committed;  // steps every rank has now finished, in order
+    // The straggler ratios of the reporting rank's replica, from its first rank on; empty
+    // until every stage of it has a measure.
+    int replica_first_rank = 0;
+    std::vector<double> straggler_ratios;
+    std::optional<double> tokens_per_s;  // from rank 0's reports, once two steps apart
+  };
+  // Records rank `report.rank()`'s step `report.step()` (checked by the caller: in range and
+  // the rank's next step).
+  Recorded Record(const v1::StepReport& report);
+
+  // Each rank's compute seconds per step (a moving average; 0 before its second step).
+  const std::vector<double>& step_compute_s() const { return step_compute_s_; }
+
+ private:
+  int stages_ = 1;
+  int64_t start_step_ = 0;
+  int64_t committed_ = -1;
+  int64_t tokens_per_step_ = 0;
+  std::vector<int64_t> last_step_;
+  std::vector<double> compute_s_;       // each rank's compute_s total at its last report
+  std::vector<double> step_compute_s_;  // each rank's compute seconds per step (EMA)
+  std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed
+  double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
+  int64_t first_report_step_ = 0;
+};
+
+}  // namespace pipetrain::coordinator
