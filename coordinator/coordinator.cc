@@ -97,6 +97,36 @@ bool Ended(v1::JobState s) {
          s == v1::JOB_STATE_CANCELLED;
 }
 
+// The state a job's record shows for its phase.
+v1::JobState JobStateOf(Phase phase) {
+  switch (phase) {
+    case Phase::kQueued: return v1::JOB_STATE_QUEUED;
+    case Phase::kSucceeded: return v1::JOB_STATE_SUCCEEDED;
+    case Phase::kFailed: return v1::JOB_STATE_FAILED;
+    case Phase::kCancelled: return v1::JOB_STATE_CANCELLED;
+    case Phase::kRunning:
+    case Phase::kHeldFailure:
+    case Phase::kRecovering: return v1::JOB_STATE_RUNNING;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+// A stored job's run, as a coordinator that starts finds it: ranks of a running job are not
+// known (their workers register again).
+JobRun RunFromRecord(const v1::Job& job) {
+  JobRun run;
+  switch (job.state()) {
+    case v1::JOB_STATE_RUNNING: run.phase = Phase::kRunning; break;
+    case v1::JOB_STATE_SUCCEEDED: run.phase = Phase::kSucceeded; break;
+    case v1::JOB_STATE_FAILED: run.phase = Phase::kFailed; break;
+    case v1::JOB_STATE_CANCELLED: run.phase = Phase::kCancelled; break;
+    default: run.phase = Phase::kQueued; break;
+  }
+  run.generation = job.generation();
+  run.restarts = job.restarts();
+  return run;
+}
+
 std::string Rank(const v1::Job& job, int rank) {
   return job.replicas() > 1 ? absl::StrCat("stage ", rank % job.stages(), " replica ",
                                            rank / job.stages())
@@ -170,15 +200,18 @@ absl::Status Coordinator::Load() {
     entry.order = next_order_++;
     auto config = jobspec::JobConfigFromSpec(entry.job.spec());
     if (config.ok()) entry.config = *config;
+    entry.run = RunFromRecord(entry.job);
     auto [it, inserted] = jobs_.emplace(s.id, std::move(entry));
     JobEntry& e = it->second;
     if (e.job.state() == v1::JOB_STATE_RUNNING && config.ok() &&
         e.job.restarts() < e.config.max_restarts) {
       // Its workers stop their stages when their next heartbeat is refused and register
       // again; the job waits for them (PlaceRecovering).
-      FailOrRestart(e, absl::StrCat("the coordinator restarted (", e.job.step() + 1, " of ",
-                                    e.job.steps(), " steps recorded)"));
+      ApplyEvent(e, Fault{absl::StrCat("the coordinator restarted (", e.job.step() + 1, " of ",
+                                       e.job.steps(), " steps recorded)")});
     } else if (e.job.state() == v1::JOB_STATE_RUNNING) {
+      // Not a transition of its life but what was found: it ran when the coordinator stopped.
+      e.run.phase = Phase::kFailed;
       e.job.set_state(v1::JOB_STATE_FAILED);
       // Progress is written at most once a second: the steps recorded, not those run.
       e.job.set_message(absl::StrCat("interrupted by a coordinator restart (", e.job.step() + 1,
@@ -392,7 +425,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " already ended (", v1::JobState_Name(it->second.job.state()), ")"));
     }
-    EndJob(it->second, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    ApplyEvent(it->second, CancelRequested{});
     Schedule();
     return it->second.job;
   });
@@ -455,7 +488,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
           "job ", e.job.id(), " is not running (", v1::JobState_Name(e.job.state()),
           "): step commands go to running jobs"));
     }
-    if (e.recovering) {
+    if (e.run.phase == Phase::kRecovering) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", e.job.id(), " is recovering from a fault (its next generation is not placed "
           "yet): send the command once it runs again"));
@@ -472,7 +505,9 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
   LockedThenFlush([&] {
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return 0;
-    if (request.command() == v1::STEP_COMMAND_STOP) it->second.stop_step = response->step();
+    if (request.command() == v1::STEP_COMMAND_STOP) {
+      ApplyEvent(it->second, StopScheduled{response->step()});
+    }
     Event(request.job_id(), absl::StrCat(CommandName(request.command()),
                                          " scheduled before step ", response->step()));
     Changed(it->second);
@@ -660,12 +695,12 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   if (request.job_id().empty()) return absl::OkStatus();
   auto j = jobs_.find(request.job_id());
   const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
-                          request.rank() < static_cast<int>(j->second.rank_ended.size());
+                          request.rank() < static_cast<int>(j->second.run.rank_ended.size());
   const bool stale = j != jobs_.end() && request.generation() != 0 &&
                      request.generation() != j->second.job.generation();
   if (j == jobs_.end() || stale ||
       (j->second.job.state() != v1::JOB_STATE_RUNNING &&
-       !(rank_known && j->second.rank_ended[request.rank()]))) {
+       !(rank_known && j->second.run.rank_ended[request.rank()]))) {
     // Its stage outlived its job (a stop that reached the worker before the assignment,
     // a job ended while it was unreachable): stop it again, or it would hold the worker.
     std::shared_ptr<WorkerClient> client = (*worker)->client;
@@ -706,7 +741,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     if (j == jobs_.end()) return response;
     JobEntry& e = j->second;
     response.set_job_id(e.job.id());
-    if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering ||
+    if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
         e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation() ||
         e.rank_worker.empty()) {
       return response;  // nothing to restart: its rank ends with it
@@ -726,7 +761,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
   if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
   return LockedThenFlush([&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
     auto j = jobs_.find(response.job_id());
-    if (j == jobs_.end() || j->second.recovering) return response;
+    if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
     JobEntry& e = j->second;
     e.draining_worker = worker_id;
     e.drain_step = scheduled->step();
@@ -745,7 +780,7 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, e] : jobs_) {
-      if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering ||
+      if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
           e.job.restarts() >= e.config.max_restarts || e.rank_worker.empty()) {
         continue;
       }
@@ -814,7 +849,8 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
       apply.push_back(&r);  // answered with stop
       continue;
     }
-    if (e.recovering || (r.generation() != 0 && r.generation() != e.job.generation())) {
+    if (e.run.phase == Phase::kRecovering ||
+        (r.generation() != 0 && r.generation() != e.job.generation())) {
       continue;  // an earlier generation's: its stage is being stopped
     }
     const std::string where = absl::StrCat("job ", r.job_id(), " rank ", r.rank());
@@ -865,7 +901,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     response.set_stop(true);
     return response;
   }
-  if (e.recovering) return response;  // an earlier report of this batch ended the generation
+  // An earlier report of this batch ended the generation.
+  if (e.run.phase == Phase::kRecovering) return response;
   if (r.rank() < 0 || r.rank() >= e.job.stage_status_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank(), " out of range"));
   }
@@ -950,10 +987,10 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       Changed(e);
       if (e.drain_step > 0 && e.job.checkpoint_step() >= e.drain_step) {
         WorkerPool::Worker* w = pool_.Find(e.draining_worker);
-        FailOrRestart(e, absl::StrCat(e.draining_worker, " (",
-                                      w != nullptr ? w->info.address() : std::string("?"),
-                                      ") was stopped (drained) after the checkpoint before step ",
-                                      e.drain_step));
+        ApplyEvent(e, Fault{absl::StrCat(e.draining_worker, " (",
+                                         w != nullptr ? w->info.address() : std::string("?"),
+                                         ") was stopped (drained) after the checkpoint before "
+                                         "step ", e.drain_step)});
         return response;
       }
     }
@@ -1018,64 +1055,71 @@ absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEn
   }
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", end.job_id()));
   JobEntry& e = it->second;
-  if (end.rank() >= 0 && end.rank() < e.job.stage_status_size() &&
-      e.job.state() == v1::JOB_STATE_RUNNING && !e.recovering) {
-    e.rank_ended[end.rank()] = true;
-    v1::StageStatus* st = e.job.mutable_stage_status(end.rank());
-    st->set_state(end.ok() ? "done" : "failed");
-    st->set_action("");
-    st->set_waiting_for("");
-    const bool all_ended =
-        std::all_of(e.rank_ended.begin(), e.rank_ended.end(), [](bool b) { return b; });
-    // The first failure is held as the job's cause, unless it was the consequence of another
-    // rank's (failed_after_peer) and that rank's own arrives: the real cause wins.
-    const bool replaces = !e.pending_failure.empty() && e.pending_failure_after_peer &&
-                          !end.failed_after_peer();
-    if (!end.ok() && (e.pending_failure.empty() || replaces)) {
-      if (e.pending_failure.empty()) e.pending_since = deps_.clock->Now();
-      e.pending_failure = absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(),
-                                       " failed: ", end.error());
-      e.pending_failure_after_peer = end.failed_after_peer();
-      // Held back (see Monitor) unless no rank is left running whose worker may be the cause.
-      if (!all_ended) Event(e.job.id(), e.pending_failure);
-    }
-    if (all_ended && e.pending_failure.empty()) {
-      EndJob(e, v1::JOB_STATE_SUCCEEDED,
-             e.stop_step > 0
-                 ? absl::StrCat("stopped before step ", e.stop_step, " by a stop command")
-                 : std::string());
-    } else if (all_ended) {
-      FailOrRestart(e, e.pending_failure);
-    } else {
-      Changed(e);
-    }
-  }
+  StageEnded ended;
+  ended.rank = end.rank();
+  ended.ok = end.ok();
+  ended.failed_after_peer = end.failed_after_peer();
+  ended.failure = absl::StrCat(Rank(e.job, end.rank()), " on ", end.worker_id(), " failed: ",
+                               end.error());
+  ended.at = deps_.clock->Now();
+  ApplyEvent(e, ended);
   Schedule();
   return response;
 }
 
-void Coordinator::EndJob(JobEntry& e, v1::JobState state, const std::string& message) {
-  const bool was_running = e.job.state() == v1::JOB_STATE_RUNNING;
-  e.job.set_state(state);
+void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
+  const JobRun before = e.run;
+  Transition t = Apply(e.run, event, RestartPolicy{e.config.max_restarts});
+  e.run = std::move(t.run);
+  e.job.set_state(JobStateOf(e.run.phase));
+  e.job.set_restarts(e.run.restarts);
+  e.job.set_generation(e.run.generation);
+  for (const JobCommand& command : t.commands) {
+    if (const auto* stop = std::get_if<StopRanks>(&command)) {
+      SendStops(e, stop->ranks, stop->reason);
+    } else if (const auto* mark = std::get_if<MarkStage>(&command)) {
+      v1::StageStatus* st = e.job.mutable_stage_status(mark->rank);
+      if (mark->mark == StageMark::kLost) {
+        st->set_state("lost");
+      } else {
+        st->set_state(mark->mark == StageMark::kDone ? "done" : "failed");
+        st->set_action("");
+        st->set_waiting_for("");
+      }
+    } else if (const auto* say = std::get_if<Announce>(&command)) {
+      Event(e.job.id(), say->text);
+    } else if (const auto* recover = std::get_if<BeginRecovery>(&command)) {
+      RecordRecovery(e, recover->cause);
+    } else if (const auto* end = std::get_if<EndJob>(&command)) {
+      RecordEnd(e, end->message);
+    } else if (const auto* requeue = std::get_if<Requeue>(&command)) {
+      ReturnToQueue(e, requeue->why);
+    }
+  }
+  if (!t.commands.empty() || e.run.phase != before.phase || e.run.stop_step != before.stop_step ||
+      e.run.generation != before.generation) {
+    Changed(e);
+  }
+}
+
+void Coordinator::RecordEnd(JobEntry& e, const std::string& message) {
   e.job.set_message(message);
   e.job.set_finished_unix_ms(NowMs());
-  if (state == v1::JOB_STATE_SUCCEEDED) {
+  if (e.run.phase == Phase::kSucceeded) {
     Event(e.job.id(), absl::StrFormat("succeeded: %d steps, final loss %.4f, %.1f s",
                                       e.job.steps(), e.job.loss(),
                                       (e.job.finished_unix_ms() - e.job.started_unix_ms()) / 1e3));
   } else {
-    Event(e.job.id(), absl::StrCat(state == v1::JOB_STATE_CANCELLED ? "cancelled" : "failed",
+    Event(e.job.id(), absl::StrCat(e.run.phase == Phase::kCancelled ? "cancelled" : "failed",
                                    ": ", message));
   }
-  if (was_running && !e.recovering) StopRanks(e, message);
-  e.recovering = false;
   e.store.reset();
-  Changed(e);
 }
 
-void Coordinator::StopRanks(JobEntry& e, const std::string& reason) {
-  for (size_t r = 0; r < e.rank_worker.size(); ++r) {
-    if (e.rank_ended[r]) continue;
+void Coordinator::SendStops(JobEntry& e, const std::vector<int>& ranks,
+                            const std::string& reason) {
+  for (int r : ranks) {
+    if (r < 0 || r >= static_cast<int>(e.rank_worker.size())) continue;
     WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
     if (w == nullptr || w->info.state() == "lost") continue;
     std::shared_ptr<WorkerClient> client = w->client;
@@ -1087,23 +1131,9 @@ void Coordinator::StopRanks(JobEntry& e, const std::string& reason) {
   }
 }
 
-void Coordinator::FailOrRestart(JobEntry& e, std::string cause) {
-  if (e.job.restarts() >= e.config.max_restarts) {
-    EndJob(e, v1::JOB_STATE_FAILED,
-           e.job.restarts() == 0
-               ? cause
-               : absl::StrCat(cause, " (after ", e.job.restarts(), " restart",
-                              e.job.restarts() == 1 ? "" : "s", "; max_restarts is ",
-                              e.config.max_restarts, ")"));
-    return;
-  }
-  StopRanks(e, absl::StrCat("generation ", e.job.generation(), " ended: ", cause));
-  e.recovering = true;
+void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
   e.recovering_since = deps_.clock->Now();
-  e.pending_failure.clear();
-  e.pending_failure_after_peer = false;
   e.store.reset();
-  e.job.set_restarts(e.job.restarts() + 1);
   for (auto& st : *e.job.mutable_stage_status()) {
     if (st.state() != "done" && st.state() != "failed" && st.state() != "lost") {
       st.set_state("stopping");
@@ -1127,32 +1157,25 @@ void Coordinator::FailOrRestart(JobEntry& e, std::string cause) {
                      " (", again, " step", again == 1 ? "" : "s", " to run again)"));
   // Steps after the checkpoint are run again, and committed again, by the next generation.
   e.job.set_step(resume_at - 1);
-  Changed(e);
 }
 
 void Coordinator::StartGeneration(JobEntry& e, const std::vector<std::string>& rank_workers,
                                   v1::JobSpec run_spec, int64_t start_step) {
   const int ranks = static_cast<int>(rank_workers.size());
-  e.job.set_generation(e.job.generation() + 1);
-  e.recovering = false;
+  ApplyEvent(e, GenerationStarted{ranks});
   e.run_spec = std::move(run_spec);
   e.store = rendezvous::MakeMemoryStore({kKvValueBytes, kKvJobBytes});
-  e.job.set_state(v1::JOB_STATE_RUNNING);
   e.job.clear_message();  // it no longer waits
   e.requeued_because.clear();
   if (e.job.started_unix_ms() == 0) e.job.set_started_unix_ms(NowMs());
   e.job.clear_stage_status();
   e.rank_worker = rank_workers;
-  e.rank_ended.assign(ranks, false);
   e.ledger = StepLedger(ranks, e.job.stages(), start_step, e.job.step(), e.tokens_per_step);
   e.assign_attempts.assign(ranks, 0);
   e.command_reports.clear();
   e.reported_checkpoint = {0, ""};
   e.draining_worker.clear();
   e.drain_step = 0;
-  e.stop_step = 0;
-  e.pending_failure.clear();
-  e.pending_failure_after_peer = false;
   std::vector<std::string> placed;
   for (int r = 0; r < ranks; ++r) {
     pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.job.generation());
@@ -1175,7 +1198,7 @@ bool Coordinator::PlaceRecovering() {
   bool waiting = false;
   std::vector<JobEntry*> recovering;
   for (auto& [id, e] : jobs_) {
-    if (e.job.state() == v1::JOB_STATE_RUNNING && e.recovering) recovering.push_back(&e);
+    if (e.run.phase == Phase::kRecovering) recovering.push_back(&e);
   }
   std::sort(recovering.begin(), recovering.end(),
             [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
@@ -1239,7 +1262,7 @@ bool Coordinator::PlaceRecovering() {
     if (!chosen) {
       const absl::Duration limit = absl::Seconds(c.recv_timeout_s);
       if (now - e->recovering_since > limit) {
-        EndJob(*e, v1::JOB_STATE_FAILED,
+        ApplyEvent(*e, RecoveryTimedOut{
                absl::StrCat("no workers to restart on within timeout_s (",
                             absl::FormatDuration(limit), "): ", idle.size(), " idle",
                             ending ? ", ranks of the last generation still ending" : "",
@@ -1247,7 +1270,7 @@ bool Coordinator::PlaceRecovering() {
                             "; it ran ", e->job.step() + 1, " of ", e->job.steps(),
                             " steps; the last fault: ", e->job.recoveries().empty()
                                 ? std::string("?")
-                                : e->job.recoveries(e->job.recoveries_size() - 1).cause()));
+                                : e->job.recoveries(e->job.recoveries_size() - 1).cause())});
         continue;
       }
       // Why it waits, in `status` (and, when it changes, its events).
@@ -1360,8 +1383,10 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
 void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
                                    const std::string& worker_id, const absl::Status& error) {
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return;
+  if (it == jobs_.end()) return;
   JobEntry& e = it->second;
+  // Only the running generation's (one that ended, or a job that ended, is not touched).
+  if (e.run.phase != Phase::kRunning && e.run.phase != Phase::kHeldFailure) return;
   if (e.rank_worker[rank] != worker_id) return;  // moved already
   const std::string failed = absl::StrCat("assigning ", Rank(e.job, rank), " to ", worker_id,
                                           " failed: ", error.message());
@@ -1390,26 +1415,20 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
     AssignRank(job_id, rank);
     return;
   }
-  e.rank_ended[rank] = true;
   if (unreachable) {
     // No worker to take the rank: a placement failure, not the job's. It waits in the queue
     // for workers, as a job that never started would (the unreachable one is lost until it
     // registers again), and costs no restart.
-    Requeue(e, failed);
+    ApplyEvent(e, Unplaceable{rank, failed});
   } else {
-    FailOrRestart(e, failed);
+    ApplyEvent(e, Fault{failed, rank});
   }
   Schedule();
 }
 
-void Coordinator::Requeue(JobEntry& e, const std::string& why) {
-  StopRanks(e, absl::StrCat("requeued: ", why));
-  e.job.set_state(v1::JOB_STATE_QUEUED);
+void Coordinator::ReturnToQueue(JobEntry& e, const std::string& why) {
   e.job.clear_stage_status();
   e.rank_worker.clear();
-  e.rank_ended.clear();
-  e.pending_failure.clear();
-  e.pending_failure_after_peer = false;
   e.store.reset();
   e.requeued_because = absl::StrCat("requeued: ", why);
   e.job.set_message(e.requeued_because);
@@ -1430,13 +1449,12 @@ void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& wh
   JobEntry& e = j->second;
   // A worker of an earlier generation, still ending its stage: nothing more to fail (the
   // recovering job no longer waits for it).
-  if (e.recovering || (lost.generation != 0 && lost.generation != e.job.generation())) return;
-  if (lost.rank >= 0 && lost.rank < static_cast<int>(e.rank_ended.size())) {
-    e.rank_ended[lost.rank] = true;
-    e.job.mutable_stage_status(lost.rank)->set_state("lost");
+  if (e.run.phase == Phase::kRecovering ||
+      (lost.generation != 0 && lost.generation != e.job.generation())) {
+    return;
   }
-  FailOrRestart(e, absl::StrCat(lost.id, " (", lost.address, ") running ",
-                                Rank(e.job, lost.rank), " ", why));
+  ApplyEvent(e, RankLost{lost.rank, absl::StrCat(lost.id, " (", lost.address, ") running ",
+                                                 Rank(e.job, lost.rank), " ", why)});
 }
 
 void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
@@ -1461,18 +1479,16 @@ void Coordinator::TickLocked() {
   // has heartbeated more than half an interval after it (so that a heartbeat sent before
   // a peer died, still on its way, does not count); a lost one ended the job above.
   for (auto& [id, e] : jobs_) {
-    if (e.job.state() != v1::JOB_STATE_RUNNING || e.recovering || e.pending_failure.empty()) {
-      continue;
-    }
+    if (e.run.phase != Phase::kHeldFailure) continue;
     bool alive = true;
-    for (size_t r = 0; r < e.rank_worker.size(); ++r) {
+    for (size_t r = 0; r < e.rank_worker.size() && r < e.run.rank_ended.size(); ++r) {
       const WorkerPool::Worker* w = pool_.Find(e.rank_worker[r]);
-      if (!e.rank_ended[r] && w != nullptr &&
-          w->last_heartbeat <= e.pending_since + options_.heartbeat_interval / 2) {
+      if (!e.run.rank_ended[r] && w != nullptr &&
+          w->last_heartbeat <= e.run.held_since + options_.heartbeat_interval / 2) {
         alive = false;
       }
     }
-    if (alive) FailOrRestart(e, e.pending_failure);
+    if (alive) ApplyEvent(e, PeersAlive{});
   }
   Schedule();
 }

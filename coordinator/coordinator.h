@@ -65,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
 #include "coordinator/step_ledger.h"
 #include "coordinator/submission_planner.h"
@@ -238,26 +239,18 @@ class Coordinator {
     int64_t version = 0;  // bumped on every change
     bool durable = false;  // its first record is in the store: it may be scheduled
     std::shared_ptr<rendezvous::KeyValueStore> store;  // the ranks' rendezvous, while running
+    JobRun run;  // its lifecycle (job_machine.h); job.state, restarts, generation mirror it
     std::vector<std::string> rank_worker;              // worker id per rank
-    std::vector<bool> rank_ended;
     StepLedger ledger;  // the generation's steps: per rank, committed, losses, throughput
     std::vector<int> assign_attempts;                  // assignments tried per rank
     int64_t tokens_per_step = 0;
-    int64_t stop_step = 0;       // a stop command's boundary, once scheduled
     // Step commands seen in step reports: boundary -> ranks that reported them.
     std::map<int64_t, int> command_reports;
     absl::Time persisted_at;     // progress is written at most once a second
-    // The first rank failure, held back until the job's other workers show they are alive
-    // (then it is the job's failure) or one of them is lost (then that loss is: a peer's
-    // death makes the survivors fail first, and they would be blamed). See Monitor().
-    std::string pending_failure;
-    bool pending_failure_after_peer = false;  // it was a consequence of another rank's
     std::string requeued_because;  // why a job that ran waits in the queue again (Requeue)
-    absl::Time pending_since;
     // Generations (see Recovery above; job.generation() is the one its ranks run now).
     v1::JobSpec run_spec;        // what they run: the spec with the layout and resume point
-    bool recovering = false;     // a fault ended the last generation; the next is not placed
-    absl::Time recovering_since;
+    absl::Time recovering_since;  // when its last generation ended (phase kRecovering)
     // Steps committed since its record was last queued for the store: written with it (at
     // most a second apart while it runs, at once on every state change).
     std::vector<StoredStep> unwritten_steps;
@@ -304,24 +297,23 @@ class Coordinator {
   void AssignmentFailed(const std::string& job_id, int rank, const std::string& worker_id,
                         const absl::Status& error);
   int64_t NowMs() const;
-  // REQUIRES: mu_ held. Ends a job that has not ended; tells its other workers to stop.
-  void EndJob(JobEntry& entry, v1::JobState state, const std::string& message);
-  // REQUIRES: mu_ held. A fault (`cause`) ended the running job's generation: it restarts
-  // (recovering) if it has restarts left, else it fails with `cause`.
+  // REQUIRES: mu_ held. Applies `event` to the job's lifecycle (job_machine.h) and carries
+  // out what the machine commands; the job's record follows its run.
+  void ApplyEvent(JobEntry& entry, const JobEvent& event);
+  // REQUIRES: mu_ held. The commands of ApplyEvent, on the job's record: a restart (its
+  // Recovery entry, the stages stopping, the step it runs again from), the job's end, its
+  // return to the queue.
+  void RecordRecovery(JobEntry& entry, const std::string& cause);
+  void RecordEnd(JobEntry& entry, const std::string& message);
+  void ReturnToQueue(JobEntry& entry, const std::string& why);
   // REQUIRES: mu_ held. A job's checkpoints never share a directory with another's: without
   // checkpoint.dir, job `id` gets checkpoints/<id> (set in `spec` and `config`); a directory
   // a queued or running job uses is refused (FailedPrecondition naming that job), and so is
   // resume_from: latest without a directory (InvalidArgument: nothing is in a new one).
   absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
                                         job::JobConfig& config) const;
-  // REQUIRES: mu_ held. A running job whose rank could not be placed (its worker cannot be
-  // reached and no other is idle) goes back to the queue, saying why: its running ranks are
-  // told to stop, and it starts again as the next generation when workers are idle.
-  void Requeue(JobEntry& entry, const std::string& why);
-  // `cause` is taken by value: callers pass pending_failure, which this clears.
-  void FailOrRestart(JobEntry& entry, std::string cause);
-  // REQUIRES: mu_ held. Tells the workers of the generation's ranks still running to stop.
-  void StopRanks(JobEntry& entry, const std::string& reason);
+  // REQUIRES: mu_ held. Tells the workers of `ranks` of the generation to stop.
+  void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason);
   // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running
   // `run_spec`, starting at `start_step`.
   void StartGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
