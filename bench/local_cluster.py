@@ -167,7 +167,7 @@ class LocalCluster:
     def idle_workers(self):
         out = self.cli(["workers", "-o", "json"], check=False).stdout
         return sum(1 for line in out.splitlines()
-                   if line.strip() and json.loads(line).get("state") == "idle")
+                   if line.strip() and json.loads(line).get("state") == "WORKER_STATE_IDLE")
 
     def wait_for_idle_workers(self, n, timeout=60):
         deadline = time.monotonic() + timeout

@@ -22,6 +22,7 @@
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "proto/states.h"
 #include "rpc/health.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
@@ -58,17 +59,6 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
-std::string StateName(v1::JobState s) {
-  std::string name = v1::JobState_Name(s);
-  name = name.substr(std::string("JOB_STATE_").size());
-  for (char& c : name) c = static_cast<char>(std::tolower(c));
-  return name;
-}
-
-bool Ended(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED ||
-         s == v1::JOB_STATE_CANCELLED;
-}
 
 class Client {
  public:
@@ -185,7 +175,7 @@ void PrintJobTable(const v1::Job& job) {
     if (!s.waiting_for().empty()) action += " <- " + Printable(s.waiting_for());
     std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f %-10s %-10s\n", s.stage(),
                 s.replica(), Printable(s.worker_id()).c_str(), static_cast<long long>(s.step() + 1),
-                Printable(s.state()).c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
+                StateName(s.state()).c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
                 s.wait_s(), MebiBytes(s.parameter_bytes()).c_str(),
                 MebiBytes(s.peak_memory_bytes()).c_str());
   }
@@ -253,12 +243,12 @@ int Follow(Client& client, const std::string& id, bool json, bool quiet = false)
     } else if (!quiet) {
       std::fputs(line.Update(ProgressOf(job)).c_str(), stderr);
     }
-    if (Ended(job.state())) break;
+    if (JobEnded(job.state())) break;
   }
   std::fputs(line.Finish().c_str(), stderr);
   grpc::Status s = reader->Finish();
   if (!have) return client.Fail(s, absl::StrCat("following ", id));
-  if (!Ended(job.state())) {
+  if (!JobEnded(job.state())) {
     return client.Fail(
         s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s,
         absl::StrCat("following ", id));
@@ -304,7 +294,7 @@ int WaitForWorkers(const std::string& address, int workers, absl::Duration timeo
     grpc::Status s = client.Call(&v1::JobService::Stub::ListWorkers, request, &response);
     if (!s.ok()) return client.Fail(s, "listing the workers");
     registered = 0;
-    for (const v1::WorkerInfo& w : response.workers()) registered += w.state() != "lost";
+    for (const v1::WorkerInfo& w : response.workers()) registered += w.state() != v1::WORKER_STATE_LOST;
     if (registered >= workers) return 0;
     if (absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
@@ -327,7 +317,6 @@ int FollowJob(const std::string& address, const std::string& id, bool quiet, v1:
   return code;
 }
 
-std::string JobStateName(v1::JobState state) { return StateName(state); }
 
 namespace {
 
@@ -655,7 +644,7 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
                                    : "-";
           std::printf("%-10s %-22s %-6s %-5s %-8s %-6s %-10s %s\n", Printable(w.id()).c_str(),
                       Printable(w.address()).c_str(), Printable(w.device()).c_str(),
-                      w.cores() > 0 ? absl::StrCat(w.cores()).c_str() : "-", memory.c_str(), w.state().c_str(),
+                      w.cores() > 0 ? absl::StrCat(w.cores()).c_str() : "-", memory.c_str(), StateName(w.state()).c_str(),
                       w.job_id().empty() ? "-" : Printable(w.job_id()).c_str(),
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }

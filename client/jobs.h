@@ -41,7 +41,4 @@ int WaitForWorkers(const std::string& address, int workers, absl::Duration timeo
 // it failed or was cancelled, the exit code of the RPC failure otherwise.
 int FollowJob(const std::string& address, const std::string& id, bool quiet, v1::Job* job);
 
-// "queued", "running", "succeeded", ...
-std::string JobStateName(v1::JobState state);
-
 }  // namespace pipetrain::client

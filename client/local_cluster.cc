@@ -25,6 +25,7 @@
 #include "client/jobs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_text.h"
+#include "proto/states.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 
@@ -117,7 +118,7 @@ absl::Status WriteSummary(const std::string& path, const v1::Job& job, double wa
   nlohmann::json j;
   j["job_id"] = job.id();
   j["name"] = job.spec().name();
-  j["state"] = JobStateName(job.state());
+  j["state"] = StateName(job.state());
   j["stages"] = job.stages();
   j["replicas"] = job.replicas();
   j["steps"] = job.steps();

@@ -35,12 +35,17 @@
 // heartbeat is refused, and register again. Worker ids are numbered in the
 // store, so that none is handed out again after a restart.
 //
-// Parts, each with one concern: the worker pool and its liveness (worker_pool.h), placement
-// of queued jobs (placement.h), calls to workers (worker_client.h), the durable store
-// (job_store.h), time (clock.h); this class holds the job lifecycle and the step-command
-// relay and ties them together. Everything it depends on is injected (CoordinatorDeps), so
-// its rules are unit-tested with a fake clock, fake workers and a store that fails
-// (tests/coordinator), no sockets and no sleeps.
+// Parts, each with one concern: a job's lifecycle as a pure state machine (job_machine.h:
+// this class feeds it events and carries out its commands), a generation's step accounting
+// (step_ledger.h), the checks of a step report (report_checks.h), the worker pool and its
+// liveness (worker_pool.h), placement of queued jobs and recovery layouts (placement.h),
+// calls to workers (worker_client.h), planning at submission (submission_planner.h), the
+// durable store (job_store.h) and its write-behind (write_behind.h), time (clock.h). This
+// class is the shell that owns the one lock and the monitor; its handlers are defined by
+// concern in coordinator.cc (the shell), coordinator_jobs.cc, coordinator_workers.cc,
+// coordinator_reports.cc and coordinator_scheduling.cc. Everything it depends on is
+// injected (CoordinatorDeps), so its rules are unit-tested with a fake clock, fake workers
+// and a store that fails (tests/coordinator), no sockets and no sleeps.
 //
 // Persistence: store writes are made outside the lock that RPC handlers take. A change
 // queues the job's latest record (and its events) under the lock; the thread that made it
@@ -84,7 +89,7 @@ struct CoordinatorOptions {
   std::string db_path = "pipetrain-coordinator.db";
   absl::Duration heartbeat_interval = absl::Seconds(1);
   rpc::SecurityOptions security;         // token and TLS for its calls to workers
-  // A lost worker is listed (state "lost") this long, then forgotten.
+  // A lost worker is listed (WORKER_STATE_LOST) this long, then forgotten.
   absl::Duration lost_worker_ttl = absl::Minutes(1);
   // A rank whose assignment fails (the worker cannot be reached) is tried on another idle
   // worker, this many times in all, before its job fails.
@@ -210,7 +215,7 @@ class Coordinator {
   // its lock.
   struct MetricsSnapshot {
     std::map<std::string, int> jobs_by_state;     // "queued", "running", ... (every state)
-    std::map<std::string, int> workers_by_state;  // "idle", "busy", "lost" (every state)
+    std::map<std::string, int> workers_by_state;  // "idle", "busy", ... (StateName, every state)
     struct RunningJob {
       std::string id;
       int64_t step = -1;  // last step every rank finished
@@ -264,6 +269,8 @@ class Coordinator {
   };
 
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);
+  // "stage 1" or "stage 1 replica 0", for messages.
+  static std::string RankName(const v1::Job& job, int rank);
   absl::Status Load();
   // REQUIRES: mu_ held. Bump the job's version, wake watchers, and queue its record for the
   // store. `progress_only`: a step report; queued only if a second passed since the last

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "runtime/base/rank_layout.h"
 namespace pipetrain::coordinator {
 
 std::vector<double> StragglerRatios(const std::vector<double>& per_stage) {
@@ -56,7 +57,7 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
     average = average > 0 ? average + (step_s - average) / 8 : step_s;
   }
   compute_s_[rank] = r.compute_s();
-  out.replica_first_rank = rank / stages_ * stages_;
+  out.replica_first_rank = RankLayout{stages_, 1}.ReplicaFirstRank(rank);
   if (out.replica_first_rank + stages_ <= ranks()) {
     out.straggler_ratios = StragglerRatios(std::vector<double>(
         step_compute_s_.begin() + out.replica_first_rank,

@@ -93,7 +93,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
   std::set<std::string> hosts;
   int cores = 0;
   for (const v1::WorkerInfo& w : workers) {
-    if (w.state() == "lost" || w.state() == "draining") continue;
+    if (w.state() == v1::WORKER_STATE_LOST || w.state() == v1::WORKER_STATE_DRAINING) continue;
     ++cluster.workers;
     if (w.memory_bytes() > 0 &&
         (cluster.memory_bytes == 0 || w.memory_bytes() < cluster.memory_bytes)) {

@@ -8,7 +8,7 @@ namespace pipetrain::coordinator {
 
 WorkerPool::Worker& WorkerPool::Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client,
                                     std::string session, absl::Time now) {
-  info.set_state("idle");
+  info.set_state(v1::WORKER_STATE_IDLE);
   info.set_job_id("");
   info.set_rank(-1);
   info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
@@ -33,7 +33,7 @@ WorkerPool::Worker* WorkerPool::FindBySession(const std::string& session) {
 
 absl::StatusOr<WorkerPool::Worker*> WorkerPool::Heartbeat(const std::string& id, absl::Time now) {
   Worker* w = Find(id);
-  if (w == nullptr || w->info.state() == "lost") {
+  if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) {
     return absl::NotFoundError(absl::StrCat("unknown worker ", id, ": register again"));
   }
   w->last_heartbeat = now;
@@ -56,7 +56,7 @@ void WorkerPool::Remove(const std::string& id) {
 }
 
 void WorkerPool::MarkLost(Worker& w, absl::Time now) {
-  w.info.set_state("lost");
+  w.info.set_state(v1::WORKER_STATE_LOST);
   w.info.set_job_id("");
   w.info.set_rank(-1);
   w.lost_at = now;
@@ -65,7 +65,7 @@ void WorkerPool::MarkLost(Worker& w, absl::Time now) {
 std::vector<std::string> WorkerPool::RemoveLostFor(absl::Time now, absl::Duration ttl) {
   std::vector<std::string> removed;
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() == "lost" && now - w.lost_at > ttl) removed.push_back(id);
+    if (w.info.state() == v1::WORKER_STATE_LOST && now - w.lost_at > ttl) removed.push_back(id);
   }
   for (const std::string& id : removed) Remove(id);
   return removed;
@@ -74,25 +74,25 @@ std::vector<std::string> WorkerPool::RemoveLostFor(absl::Time now, absl::Duratio
 std::vector<std::string> WorkerPool::IdleIds() const {
   std::vector<std::string> ids;
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() == "idle") ids.push_back(id);
+    if (w.info.state() == v1::WORKER_STATE_IDLE) ids.push_back(id);
   }
   return ids;
 }
 
 void WorkerPool::Assign(Worker& w, const std::string& job_id, int rank, int generation) {
   w.generation = generation;
-  w.info.set_state("busy");
+  w.info.set_state(v1::WORKER_STATE_BUSY);
   w.info.set_job_id(job_id);
   w.info.set_rank(rank);
 }
 
 void WorkerPool::MarkDraining(Worker& w) {
-  if (w.info.state() != "lost") w.info.set_state("draining");
+  if (w.info.state() != v1::WORKER_STATE_LOST) w.info.set_state(v1::WORKER_STATE_DRAINING);
 }
 
 void WorkerPool::Release(Worker& w) {
-  if (w.info.state() == "lost") return;
-  if (w.info.state() != "draining") w.info.set_state("idle");
+  if (w.info.state() == v1::WORKER_STATE_LOST) return;
+  if (w.info.state() != v1::WORKER_STATE_DRAINING) w.info.set_state(v1::WORKER_STATE_IDLE);
   w.info.set_job_id("");
   w.info.set_rank(-1);
 }
@@ -100,7 +100,7 @@ void WorkerPool::Release(Worker& w) {
 std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Duration limit) {
   std::vector<Lost> lost;
   for (auto& [id, w] : workers_) {
-    if (w.info.state() == "lost" || now - w.last_heartbeat <= limit) continue;
+    if (w.info.state() == v1::WORKER_STATE_LOST || now - w.last_heartbeat <= limit) continue;
     lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat,
                     w.generation});
     MarkLost(w, now);
@@ -111,7 +111,7 @@ std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Dur
 absl::Time WorkerPool::NextExpiry(absl::Duration limit) const {
   absl::Time next = absl::InfiniteFuture();
   for (const auto& [id, w] : workers_) {
-    if (w.info.state() != "lost") next = std::min(next, w.last_heartbeat + limit);
+    if (w.info.state() != v1::WORKER_STATE_LOST) next = std::min(next, w.last_heartbeat + limit);
   }
   return next;
 }

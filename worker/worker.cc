@@ -23,6 +23,7 @@
 #include "jobspec/step_commands.h"
 #include "rpc/status.h"
 #include "runtime/base/process_memory.h"
+#include "runtime/base/rank_layout.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
@@ -475,10 +476,11 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   // The previous rank's series (its final values) go now that another starts.
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
   metrics_job_ = a.job_id();
-  const int stages = std::max(1, job::PipelineStages(*config));
-  const int stage = a.rank() % stages;
+  const RankLayout layout{std::max(1, job::PipelineStages(*config)), config->replicas};
+  const int stages = layout.stages;
+  const int stage = layout.StageOf(a.rank());
   const bool tokens = job::EffectiveDataKind(*config) != "classification";
-  StageMetrics stage_metrics(&metrics_, {a.job_id(), stage, a.rank() / stages, worker_id},
+  StageMetrics stage_metrics(&metrics_, {a.job_id(), stage, layout.ReplicaOf(a.rank()), worker_id},
                              int64_t{config->micro_batches} * config->micro_batch_size,
                              tokens ? config->data.seq_len : 0, stage == stages - 1);
   hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
+#include "runtime/base/rank_layout.h"
 #include "runtime/base/self_executable.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
@@ -47,11 +48,6 @@ std::string ProgressKey(const char* what, int64_t step) {
   return absl::StrCat("progress/", what, "/", step);
 }
 
-std::string DescribeRank(int rank, int stages, int replicas) {
-  return replicas == 1 ? absl::StrCat("stage ", rank)
-                       : absl::StrCat("stage ", rank % stages, " replica ", rank / stages);
-}
-
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
@@ -74,8 +70,8 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
     }
     return status;
   };
-  const int stages = std::max(1, PipelineStages(c));
-  const int stage = args.rank % stages, replica = args.rank / stages;
+  const RankLayout layout{std::max(1, PipelineStages(c)), c.replicas};
+  const int stage = layout.StageOf(args.rank), replica = layout.ReplicaOf(args.rank);
   StageRunHooks hooks;
   hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
     if (step.mean_loss) {
@@ -220,7 +216,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     if (error.ok()) {
       reported.push_back(*error);
     } else {
-      died.push_back(absl::StrCat(DescribeRank(s, plan.stages(), c.replicas), " (pid ", pids[s],
+      died.push_back(absl::StrCat(RankLayout{plan.stages(), c.replicas}.Describe(s), " (pid ", pids[s],
                                   ") ", DescribeExit(status)));
     }
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/process_memory.h"
+#include "runtime/base/rank_layout.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/checkpointing.h"
@@ -134,7 +135,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
         absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas, " ranks (",
                      p, " stages x ", c.replicas, " replicas)"));
   }
-  const int stage = rank % p, replica = rank / p;
+  const RankLayout layout{p, c.replicas};
+  const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
   PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume,
                       FindResumePointShared(*store, c, plan, rank,
                                             absl::Seconds(c.recv_timeout_s)));

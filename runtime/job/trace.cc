@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/rank_layout.h"
 #include "runtime/schedule/action.h"
 
 namespace pipetrain::job {
@@ -20,7 +21,8 @@ std::string ChromeTraceJson(const JobReport& report) {
   nlohmann::json events = nlohmann::json::array();
   const int p = std::max(report.stages, 1);
   for (size_t i = 0; i < report.stage_stats.size(); ++i) {
-    const int replica = static_cast<int>(i) / p, stage = static_cast<int>(i) % p;
+    const RankLayout layout{p, report.replicas};
+    const int replica = layout.ReplicaOf(static_cast<int>(i)), stage = layout.StageOf(static_cast<int>(i));
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", replica}, {"tid", 0},
                       {"args", {{"name", absl::StrCat("replica ", replica)}}}});
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", replica}, {"tid", stage},

@@ -725,7 +725,7 @@ TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEn
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
   EndRank(w2, job.id(), 1);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), "idle");
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
   // Durable: the stored record says so too.
   v1::Job stored;
   ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
@@ -749,9 +749,9 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   RunLater();
   ASSERT_EQ(Worker(1).stopped.size(), 1u);  // the survivor is told to stop
   EXPECT_TRUE(Worker(2).stopped.empty());   // the lost one is not called
-  std::map<std::string, std::string> states;
+  std::map<std::string, v1::WorkerState> states;
   for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
-  EXPECT_EQ(states[w2], "lost");
+  EXPECT_EQ(states[w2], v1::WORKER_STATE_LOST);
   // A lost worker's heartbeat is refused: it must register again.
   v1::HeartbeatRequest h;
   h.set_worker_id(w2);
@@ -956,10 +956,10 @@ TEST_F(CoordinatorCoreTest, AnUnreachableWorkerRequeuesTheJobToWaitForAnother) {
   EndRank(w2, job.id(), 1, false, "stopped", requeued.generation());
   // The unreachable worker is lost (never chosen again until it registers again); the other
   // is free.
-  std::map<std::string, std::string> states;
+  std::map<std::string, v1::WorkerState> states;
   for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
-  EXPECT_EQ(states["worker-1"], "lost");
-  EXPECT_EQ(states[w2], "idle");
+  EXPECT_EQ(states["worker-1"], v1::WORKER_STATE_LOST);
+  EXPECT_EQ(states[w2], v1::WORKER_STATE_IDLE);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
   const std::string w3 = Register(3);
   RunLater();
@@ -1000,7 +1000,7 @@ TEST_F(CoordinatorCoreTest, AFailedAssignmentIsRetriedOnAnotherIdleWorker) {
   for (int n = 4; n <= 8; ++n) EXPECT_EQ(Worker(n).assigned.size(), 1u) << "worker " << n;
   for (const v1::WorkerInfo& w : coordinator_->Workers()) {
     if (w.address() >= "host-4") {
-      EXPECT_EQ(w.state(), "lost") << w.id();
+      EXPECT_EQ(w.state(), v1::WORKER_STATE_LOST) << w.id();
     }
   }
 }
@@ -1027,7 +1027,7 @@ TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplac
   clock_->Advance(absl::Seconds(3));
   coordinator_->Tick();
   ASSERT_EQ(coordinator_->Workers().size(), 1u);
-  EXPECT_EQ(coordinator_->Workers()[0].state(), "lost");
+  EXPECT_EQ(coordinator_->Workers()[0].state(), v1::WORKER_STATE_LOST);
   clock_->Advance(absl::Seconds(61));
   coordinator_->Tick();
   EXPECT_TRUE(coordinator_->Workers().empty());

@@ -183,7 +183,7 @@ TEST_F(AuthTest, CallsWithoutTheTokenExit4AndChangeNothingThenTheRightTokenRunsA
   const auto workers = cluster.Workers();
   ASSERT_EQ(workers.size(), 2u);
   for (const auto& w : workers) {
-    EXPECT_EQ(w.value("state", ""), "idle") << w.dump();
+    EXPECT_EQ(w.value("state", ""), "WORKER_STATE_IDLE") << w.dump();
     EXPECT_EQ(w.value("job_id", ""), "") << w.dump();
   }
   for (int i = 0; i < 2; ++i) {
@@ -427,7 +427,7 @@ TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
   EXPECT_THAT(ReadFile(cluster.worker_log(0)), Not(HasSubstr("running rank")));
   const auto after = cluster.Workers();
   ASSERT_EQ(after.size(), 1u);
-  EXPECT_EQ(after[0].value("state", ""), "idle");
+  EXPECT_EQ(after[0].value("state", ""), "WORKER_STATE_IDLE");
 }
 
 TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {

@@ -288,7 +288,7 @@ TEST_F(InvalidSpecTest, EveryKindIsRefusedWithEveryViolationAndNothingRuns) {
   EXPECT_THAT(ReadFile(cluster.coordinator_log()), ::testing::Not(HasSubstr("job-0")));
   const auto workers = cluster.Workers();
   ASSERT_EQ(workers.size(), 1u);
-  EXPECT_EQ(workers[0].value("state", ""), "idle");
+  EXPECT_EQ(workers[0].value("state", ""), "WORKER_STATE_IDLE");
 
   // The spec the cases start from is valid: it runs (its two stages on two workers), and is
   // the first job.

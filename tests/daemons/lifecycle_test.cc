@@ -69,7 +69,7 @@ bool WaitForIdleWorkers(v1::JobService::Stub& stub, int n,
     v1::ListWorkersResponse response;
     if (stub.ListWorkers(&ctx, v1::ListWorkersRequest(), &response).ok()) {
       int idle = 0;
-      for (const auto& w : response.workers()) idle += w.state() == "idle";
+      for (const auto& w : response.workers()) idle += w.state() == v1::WORKER_STATE_IDLE;
       if (idle >= n) return true;
     }
     std::this_thread::sleep_for(milliseconds(50));
@@ -219,7 +219,7 @@ TEST_F(LifecycleTest, CoordinatorKilledMidJobKeepsEveryJobAndItsHistory) {
   EXPECT_GT(Int64Of(interrupted, "finished_unix_ms"), 0);
   ASSERT_EQ(interrupted.at("stage_status").size(), 2u);
   for (const auto& stage : interrupted.at("stage_status")) {
-    EXPECT_EQ(stage.at("state"), "interrupted") << stage.dump();
+    EXPECT_EQ(stage.at("state"), "STAGE_STATE_INTERRUPTED") << stage.dump();
   }
   // Its history: every event from before the kill, then the interruption.
   const std::vector<nlohmann::json> after = Events(cluster, "job-0002");
@@ -340,7 +340,7 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   EXPECT_THAT(message, ::testing::StartsWith(victim + " ("));
   EXPECT_THAT(message, HasSubstr("running stage 1 stopped sending heartbeats"));
   EXPECT_THAT(message, ::testing::Not(HasSubstr(survivor)));
-  EXPECT_EQ(status.at("stage_status").at(1).at("state"), "lost");
+  EXPECT_EQ(status.at("stage_status").at(1).at("state"), "STAGE_STATE_LOST");
   EXPECT_THAT(Texts(Events(cluster, "job-0001")), ::testing::Contains("failed: " + message));
 
   // The pool: the dead worker is lost, the other two are idle and run the next job.
@@ -348,9 +348,9 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   std::set<std::string> idle;
   for (const auto& w : cluster.Workers()) {
     if (w.at("id") == victim) {
-      EXPECT_EQ(w.at("state"), "lost");
+      EXPECT_EQ(w.at("state"), "WORKER_STATE_LOST");
     }
-    if (w.at("state") == "idle") idle.insert(w.at("id"));
+    if (w.at("state") == "WORKER_STATE_IDLE") idle.insert(w.at("id"));
   }
   EXPECT_EQ(idle.size(), 2u);
   EXPECT_EQ(idle.count(survivor), 1u);

@@ -279,7 +279,7 @@ bool LocalCluster::WaitForIdleWorkers(int n, std::chrono::milliseconds timeout) 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     int idle = 0;
-    for (const auto& w : Workers()) idle += w.value("state", "") == "idle";
+    for (const auto& w : Workers()) idle += w.value("state", "") == "WORKER_STATE_IDLE";
     if (idle >= n) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -59,7 +59,7 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
   EXPECT_EQ(job.at("step"), "5");  // int64 is a string in proto3 JSON
   ASSERT_EQ(job.at("stage_status").size(), 4u);
   for (const auto& stage : job.at("stage_status")) {
-    EXPECT_EQ(stage.at("state"), "done");
+    EXPECT_EQ(stage.at("state"), "STAGE_STATE_DONE");
     EXPECT_EQ(stage.at("step"), "5");
     EXPECT_GT(stage.value("compute_s", 0.0), 0.0) << stage.dump();  // reported with each step
   }

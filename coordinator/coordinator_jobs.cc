@@ -1,0 +1,379 @@
+// The coordinator's JobService side: submission (its checkpoint directory, durable before it
+// is acknowledged), queries and paging, waiting for a change, cancel, step commands relayed
+// to rank 0's worker (counted for /metrics), the metrics snapshot, and the checkpoint of
+// every running job before the coordinator stops. See coordinator.h.
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/step_commands.h"
+#include "proto/states.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/control/step_commands.h"
+
+namespace pipetrain::coordinator {
+
+namespace {
+
+// "flush", "switch", "checkpoint", "stop": the names the CLI takes.
+std::string CommandName(v1::StepCommand command) {
+  return control::StepCommandsName(jobspec::StepCommandBit(command));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
+                                            const std::string& model_profile_json) {
+  v1::JobSpec spec = submitted;
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
+  if (!config.ok()) return config.status();
+  std::optional<v1::PlannedLayout> plan;
+  if (config->auto_stages) {
+    std::vector<v1::WorkerInfo> workers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      workers = pool_.Infos();
+    }
+    absl::StatusOr<SubmissionPlanner::Planned> planned =
+        planner_.Plan(spec, *config, model_profile_json, workers);
+    if (!planned.ok()) return planned.status();
+    spec = planned->spec;
+    config = planned->config;
+    plan = planned->record;
+    if (absl::Status valid = jobspec::JobConfigFromSpec(spec).status(); !valid.ok()) {
+      return absl::InternalError(absl::StrCat("the planned layout is invalid: ", valid.message()));
+    }
+  }
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string own_id = absl::StrFormat("job-%04d", next_order_ + 1);
+    if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
+    JobEntry entry;
+    entry.order = next_order_++;
+    entry.config = *config;
+    v1::Job& job = entry.job;
+    job.set_id(own_id);
+    *job.mutable_spec() = spec;
+    job.set_state(v1::JOB_STATE_QUEUED);
+    job.set_stages(job::PipelineStages(*config));
+    job.set_replicas(config->replicas);
+    job.set_steps(config->steps);
+    job.set_step(-1);
+    job.set_submitted_unix_ms(NowMs());
+    if (plan) *job.mutable_plan() = *plan;
+    const bool tokens = job::EffectiveDataKind(*config) != "classification";
+    job.set_data_unit(tokens ? "tok" : "samples");
+    entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
+                            config->micro_batch_size * (tokens ? config->data.seq_len : 1);
+    id = job.id();
+    auto [it, inserted] = jobs_.emplace(id, std::move(entry));
+    const v1::Job& j = it->second.job;
+    Changed(it->second);
+    Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
+                           ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
+                           j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
+    if (j.has_plan()) {
+      Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
+                                j.plan().planner(), j.plan().workers(), j.plan().layout(),
+                                j.plan().predicted_step_time_s() * 1e3));
+    }
+  }
+  // Acknowledged only once durable; until then it is not scheduled.
+  const absl::Status written = FlushWrites();
+  v1::Job job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(id);
+    if (!written.ok() && writes_.Discard(id)) {
+      jobs_.erase(it);
+      return absl::UnavailableError(absl::StrCat("the job was not accepted: ", written.message()));
+    }
+    it->second.durable = true;
+    Schedule();
+    job = it->second.job;
+  }
+  (void)FlushWrites();
+  return job;
+}
+
+absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
+                                                   job::JobConfig& config) const {
+  if (!spec.checkpoint().has_dir()) {
+    if (spec.resume_from() == "latest") {
+      return absl::InvalidArgumentError(
+          "resume_from: latest needs checkpoint.dir: under the coordinator a job without one "
+          "keeps its checkpoints in a directory of its own (checkpoints/JOB-ID), where nothing "
+          "is yet; name the directory to resume from");
+    }
+    const std::string own = "checkpoints/" + id;
+    spec.mutable_checkpoint()->set_dir(own);
+    config.checkpoint.dir = own;
+    return absl::OkStatus();
+  }
+  // One directory however it is spelled ("a//b/", "a/x/../b"); links are not followed (the
+  // coordinator does not see the workers' file systems).
+  const auto normal = [](const std::string& dir) {
+    std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+    if (p.has_relative_path() && !p.has_filename()) p = p.parent_path();  // "a/b/" is "a/b"
+    return p;
+  };
+  const std::filesystem::path dir = normal(spec.checkpoint().dir());
+  for (const auto& [other_id, other] : jobs_) {
+    const v1::JobState state = other.job.state();
+    if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
+    if (normal(other.config.checkpoint.dir) == dir) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id,
+          " (", state == v1::JOB_STATE_QUEUED ? "queued" : "running",
+          "): a job's checkpoints never share a directory with another's; give this one its "
+          "own, or none (then it gets checkpoints/", id, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return it->second.job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
+                                                      const std::string& page_token) {
+  int64_t after = -1;  // the order of the last job of the previous page
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
+    return absl::InvalidArgumentError("page_token: not one this coordinator gave");
+  }
+  const int limit = page_size <= 0 ? 100 : std::min(page_size, 500);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const JobEntry*> entries;
+  for (const auto& [id, e] : jobs_) {
+    if (e.order > after) entries.push_back(&e);
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
+  v1::ListJobsResponse page;
+  size_t bytes = 0;
+  int64_t last_order = after;
+  for (const JobEntry* e : entries) {
+    if (page.jobs_size() == limit || (page.jobs_size() > 0 && bytes >= kListPageBytes)) {
+      page.set_next_page_token(absl::StrCat(last_order));  // more after this page
+      break;
+    }
+    bytes += e->job.ByteSizeLong();
+    *page.add_jobs() = e->job;
+    last_order = e->order;
+  }
+  return page;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::Job> {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    if (JobEnded(it->second.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " already ended (", v1::JobState_Name(it->second.job.state()), ")"));
+    }
+    ApplyEvent(it->second, CancelRequested{});
+    Schedule();
+    return it->second.job;
+  });
+}
+
+absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
+    const v1::SendCommandRequest& request) {
+  absl::StatusOr<v1::SendCommandResponse> response = SendCommandUncounted(request);
+  const std::string command = jobspec::StepCommandBit(request.command()) != 0
+                                  ? CommandName(request.command())
+                                  : std::string("unknown");
+  std::lock_guard<std::mutex> lock(mu_);
+  ++step_commands_[{command, response.ok() ? std::string("scheduled")
+                                           : absl::StatusCodeToString(response.status().code())}];
+  return response;
+}
+
+Coordinator::MetricsSnapshot Coordinator::Metrics() {
+  MetricsSnapshot m;
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    m.jobs_by_state[StateName(s)] = 0;
+  }
+  for (v1::WorkerState s : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY,
+                            v1::WORKER_STATE_DRAINING, v1::WORKER_STATE_LOST}) {
+    m.workers_by_state[StateName(s)] = 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : jobs_) {
+    ++m.jobs_by_state[StateName(e.job.state())];
+    if (e.job.state() != v1::JOB_STATE_RUNNING) continue;
+    MetricsSnapshot::RunningJob j;
+    j.id = id;
+    j.step = e.job.step();
+    j.tokens_per_s = e.job.tokens_per_s();
+    if (e.job.step() >= 0) j.loss = e.job.loss();
+    const int p = e.job.stages();
+    const std::vector<double>& per_step = e.ledger.step_compute_s();
+    if (static_cast<int>(per_step.size()) >= p) {
+      j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
+    }
+    m.running.push_back(std::move(j));
+  }
+  for (const v1::WorkerInfo& w : pool_.Infos()) ++m.workers_by_state[StateName(w.state())];
+  m.workers_lost_silent = workers_lost_silent_;
+  m.step_commands = step_commands_;
+  return m;
+}
+
+absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
+    const v1::SendCommandRequest& request) {
+  std::shared_ptr<WorkerClient> client;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
+    JobEntry& e = it->second;
+    if (jobspec::StepCommandBit(request.command()) == 0) {
+      return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
+    }
+    if (e.job.state() != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", e.job.id(), " is not running (", v1::JobState_Name(e.job.state()),
+          "): step commands go to running jobs"));
+    }
+    if (e.run.phase == Phase::kRecovering) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", e.job.id(), " is recovering from a fault (its next generation is not placed "
+          "yet): send the command once it runs again"));
+    }
+    WorkerPool::Worker* w = pool_.Find(e.rank_worker.empty() ? "" : e.rank_worker[0]);
+    if (w == nullptr) {
+      return absl::UnavailableError(absl::StrCat("the worker of rank 0 of ", e.job.id(),
+                                                 " is not known"));
+    }
+    client = w->client;
+  }
+  absl::StatusOr<v1::SendCommandResponse> response = client->ScheduleCommand(request);
+  if (!response.ok()) return response.status();
+  LockedThenFlush([&] {
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) return 0;
+    if (request.command() == v1::STEP_COMMAND_STOP) {
+      ApplyEvent(it->second, StopScheduled{response->step()});
+    }
+    Event(request.job_id(), absl::StrCat(CommandName(request.command()),
+                                         " scheduled before step ", response->step()));
+    Changed(it->second);
+    return 0;
+  });
+  return response;
+}
+
+absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std::string& id,
+                                                                        int64_t version,
+                                                                        absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
+      return std::make_pair(it->second.job, it->second.version);
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(
+                                std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()))));
+  }
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string& id,
+                                                              int64_t after_seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+  }
+  (void)FlushWrites();  // what was said so far
+  auto stored = deps_.store->Events(id, after_seq, kEventsPerCall);
+  if (!stored.ok()) return stored.status();
+  std::vector<v1::JobEvent> events;
+  for (const StoredEvent& s : *stored) {
+    v1::JobEvent e;
+    e.set_job_id(id);
+    e.set_seq(s.seq);
+    e.set_unix_ms(s.unix_ms);
+    e.set_text(s.text);
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+std::vector<v1::WorkerInfo> Coordinator::Workers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_.Infos();
+}
+
+absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id,
+                                                           int64_t after_step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+  }
+  (void)FlushWrites();  // what was committed so far
+  return deps_.store->Steps(id, after_step, kStepsPerCall);
+}
+
+int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  std::vector<std::pair<std::string, std::shared_ptr<WorkerClient>>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, e] : jobs_) {
+      if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
+          e.job.restarts() >= e.config.max_restarts || e.rank_worker.empty()) {
+        continue;
+      }
+      WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
+      if (first != nullptr && first->info.state() != v1::WORKER_STATE_LOST) targets.push_back({id, first->client});
+    }
+  }
+  std::map<std::string, int64_t> wanted;  // job -> checkpoint step
+  for (const auto& target : targets) {
+    const std::string& id = target.first;
+    const std::shared_ptr<WorkerClient>& client = target.second;
+    v1::SendCommandRequest command;
+    command.set_job_id(id);
+    command.set_command(v1::STEP_COMMAND_CHECKPOINT);
+    absl::StatusOr<v1::SendCommandResponse> scheduled = client->ScheduleCommand(command);
+    if (!scheduled.ok()) continue;
+    wanted[id] = scheduled->step();
+    LockedThenFlush([&] {
+      Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
+                             scheduled->step(), "; the job resumes from it when the "
+                             "coordinator starts again"));
+      return 0;
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  int done = 0;
+  while (true) {
+    done = 0;
+    for (const auto& [id, step] : wanted) {
+      const JobEntry& e = jobs_.at(id);
+      if (e.job.checkpoint_step() >= step || e.job.state() != v1::JOB_STATE_RUNNING) ++done;
+    }
+    if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  lock.unlock();
+  (void)FlushWrites();  // the records naming the checkpoints are durable before the exit
+  return done;
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,301 @@
+// The coordinator's side of its workers: registration (address and key checks, taking over
+// an address only from a worker that no longer answers), sessions, heartbeats (a stage that
+// outlived its job is stopped again), drain, the rendezvous store a running rank meets in,
+// and losing a worker (its rank's loss goes to the job machine). See coordinator.h.
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/step_commands.h"
+#include "proto/states.h"
+#include "rpc/security.h"
+#include "runtime/base/status_macros.h"
+
+namespace pipetrain::coordinator {
+
+namespace {
+
+// "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
+// brackets) and a port in 1..65535. What a channel is made to, so nothing else is taken.
+bool IsServiceAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return false;
+  }
+  std::string host = address.substr(0, colon);
+  if (host.front() == '[') {
+    if (host.back() != ']' || host.size() < 3) return false;
+    host = host.substr(1, host.size() - 2);
+    return std::all_of(host.begin(), host.end(), [](char c) {
+      return absl::ascii_isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+    });
+  }
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
+    const v1::RegisterWorkerRequest& request) {
+  if (request.address().empty()) {
+    return absl::InvalidArgumentError("address: the worker's service address is required");
+  }
+  if (request.address().size() > 256 || request.device().size() > 64 ||
+      request.name().size() > 256 || request.memory_bytes() < 0 || request.cores() < 0 ||
+      request.cores() > kMaxWorkerCores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0, "
+        "its cores in [0, ", kMaxWorkerCores, "]"));
+  }
+  if (!IsServiceAddress(request.address())) {
+    return absl::InvalidArgumentError(
+        "address: expected the worker's service as host:port (a name, an IPv4 address or "
+        "[IPv6]) with a port in 1..65535");
+  }
+  if (request.command_key().size() != 32 ||
+      request.command_key().find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "command_key: a worker registers with a random key of 32 lowercase hex digits");
+  }
+  // An address a worker still holds is taken over only once that worker is gone from it: a
+  // worker restarted on its port (the old process no longer answers with its key) or after
+  // the old one was lost. A caller that merely holds the join token cannot take a working
+  // worker's place (and so fail its job).
+  std::shared_ptr<WorkerClient> holder;
+  std::string holder_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address());
+        old != nullptr && old->info.state() != v1::WORKER_STATE_LOST) {
+      holder = old->client;
+      holder_id = old->info.id();
+    }
+  }
+  if (holder != nullptr && holder->Ping().ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "address ", request.address(), " is held by ", holder_id,
+        ", which still answers there with its own key; a worker restarted on that address "
+        "takes it over once the old one no longer answers (or is lost)"));
+  }
+  absl::StatusOr<std::shared_ptr<WorkerClient>> client =
+      deps_.connect(request.address(), request.command_key());
+  if (!client.ok()) return client.status();
+  // Numbered in the store: a worker still known by its id from before a restart must not
+  // find that id given to another (its heartbeats would pass for the other's).
+  absl::StatusOr<int64_t> number = deps_.store->Increment("worker");
+  if (!number.ok()) {
+    std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
+  }
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
+    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address())) {
+      // The same service address again, where the old worker no longer answers: it restarted
+      // (on a fixed port). One that registered meanwhile and was not asked is refused.
+      const std::string old_id = old->info.id();
+      if (old->info.state() != v1::WORKER_STATE_LOST && old_id != holder_id) {
+        return absl::AbortedError(absl::StrCat("address ", request.address(),
+                                               " was just taken by ", old_id, "; try again"));
+      }
+      if (old->info.state() != v1::WORKER_STATE_LOST) {
+        LoseWorker(*old, "registered again: it restarted (the old process no longer answers)");
+      }
+      pool_.Remove(old_id);
+    }
+    next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
+    v1::WorkerInfo info;
+    info.set_id(absl::StrFormat("worker-%d", next_worker_));
+    info.set_address(request.address());
+    info.set_device(request.device().empty() ? "cpu" : request.device());
+    info.set_memory_bytes(request.memory_bytes());
+    info.set_cores(request.cores());
+    const std::string session = rpc::RandomKey();
+    pool_.Add(info, *client, session, deps_.clock->Now());
+    v1::RegisterWorkerResponse response;
+    response.set_worker_id(info.id());
+    response.set_session(session);
+    response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
+                 request.address().c_str(), info.device().c_str(),
+                 request.name().empty() ? "" : ", ", request.name().c_str());
+    Schedule();
+    return response;
+  });
+}
+
+absl::Status Coordinator::Deregister(const std::string& session,
+                                     const v1::DeregisterWorkerRequest& request) {
+  return LockedThenFlush([&]() -> absl::Status {
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
+    const std::string id = w->info.id();
+    if (!w->info.job_id().empty()) LoseWorker(*w, "stopped (it was shut down)");
+    std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
+    pool_.Remove(id);
+    Schedule();
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Coordinator::Heartbeat(const std::string& session,
+                                    const v1::HeartbeatRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
+  if (!caller.ok()) return caller.status();
+  if (request.action().size() > 64 || request.waiting_for().size() > 64) {
+    return absl::InvalidArgumentError("action and waiting_for are at most 64 bytes");
+  }
+  absl::StatusOr<WorkerPool::Worker*> worker =
+      pool_.Heartbeat((*caller)->info.id(), deps_.clock->Now());
+  if (!worker.ok()) return worker.status();
+  if (request.job_id().empty()) return absl::OkStatus();
+  auto j = jobs_.find(request.job_id());
+  const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
+                          request.rank() < static_cast<int>(j->second.run.rank_ended.size());
+  const bool stale = j != jobs_.end() && request.generation() != 0 &&
+                     request.generation() != j->second.job.generation();
+  if (j == jobs_.end() || stale ||
+      (j->second.job.state() != v1::JOB_STATE_RUNNING &&
+       !(rank_known && j->second.run.rank_ended[request.rank()]))) {
+    // Its stage outlived its job (a stop that reached the worker before the assignment,
+    // a job ended while it was unreachable): stop it again, or it would hold the worker.
+    std::shared_ptr<WorkerClient> client = (*worker)->client;
+    v1::StopStageRequest stop;
+    stop.set_job_id(request.job_id());
+    stop.set_generation(request.generation());
+    stop.set_reason(stale ? absl::StrCat("generation ", request.generation(), " of job ",
+                                         request.job_id(), " has ended")
+                          : absl::StrCat("job ", request.job_id(), " is no longer running"));
+    Later([client, stop] { (void)client->StopStage(stop); });
+  }
+  // Its stage's activity, only for the rank it runs.
+  if (j != jobs_.end() && !stale && request.rank() >= 0 &&
+      request.rank() < j->second.job.stage_status_size() &&
+      j->second.rank_worker[request.rank()] == (*worker)->info.id()) {
+    v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
+    if (st->action() != request.action() || st->waiting_for() != request.waiting_for()) {
+      st->set_action(request.action());
+      st->set_waiting_for(request.waiting_for());
+      ++j->second.version;
+      changed_.notify_all();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
+    const std::string& session, const v1::DrainWorkerRequest& request) {
+  v1::DrainWorkerResponse response;
+  std::shared_ptr<WorkerClient> rank0;
+  std::string worker_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
+    pool_.MarkDraining(*w);
+    worker_id = w->info.id();
+    auto j = jobs_.find(w->info.job_id());
+    if (j == jobs_.end()) return response;
+    JobEntry& e = j->second;
+    response.set_job_id(e.job.id());
+    if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
+        e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation() ||
+        e.rank_worker.empty()) {
+      return response;  // nothing to restart: its rank ends with it
+    }
+    if (e.drain_step > 0) {  // another worker's drain already asked for one
+      response.set_checkpoint_step(e.drain_step);
+      return response;
+    }
+    WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
+    if (first == nullptr || first->info.state() == v1::WORKER_STATE_LOST) return response;
+    rank0 = first->client;
+  }
+  v1::SendCommandRequest command;
+  command.set_job_id(response.job_id());
+  command.set_command(v1::STEP_COMMAND_CHECKPOINT);
+  absl::StatusOr<v1::SendCommandResponse> scheduled = rank0->ScheduleCommand(command);
+  if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
+  return LockedThenFlush([&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
+    auto j = jobs_.find(response.job_id());
+    if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
+    JobEntry& e = j->second;
+    e.draining_worker = worker_id;
+    e.drain_step = scheduled->step();
+    response.set_checkpoint_step(scheduled->step());
+    Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
+                                   "step ", scheduled->step(), "; the job restarts from it "
+                                   "without this worker"));
+    Changed(e);
+    return response;
+  });
+}
+
+absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string& session,
+                                                              const std::string& worker_id) {
+  WorkerPool::Worker* w = pool_.FindBySession(session);
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        session.empty() ? "no worker session: register first"
+                        : "unknown worker session (the coordinator restarted?): register again");
+  }
+  if (!worker_id.empty() && worker_id != w->info.id()) {
+    return absl::PermissionDeniedError(absl::StrCat("the session of ", w->info.id(),
+                                                    " cannot speak for ", worker_id));
+  }
+  return w;
+}
+
+absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
+    const std::string& session, const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, ""));
+  if (caller->info.job_id() != job_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(caller->info.id(), " runs no rank of job ", job_id));
+  }
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !it->second.store) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
+  }
+  return it->second.store;
+}
+
+void Coordinator::LoseWorker(WorkerPool::Worker& w, const std::string& why) {
+  WorkerPool::Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
+                        absl::ZeroDuration(), w.generation};
+  pool_.MarkLost(w, deps_.clock->Now());
+  FailRankOf(lost, why);
+}
+
+void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& why) {
+  auto j = jobs_.find(lost.job_id);
+  if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
+  JobEntry& e = j->second;
+  // A worker of an earlier generation, still ending its stage: nothing more to fail (the
+  // recovering job no longer waits for it).
+  if (e.run.phase == Phase::kRecovering ||
+      (lost.generation != 0 && lost.generation != e.job.generation())) {
+    return;
+  }
+  ApplyEvent(e, RankLost{lost.rank, absl::StrCat(lost.id, " (", lost.address, ") running ",
+                                                 RankName(e.job, lost.rank), " ", why)});
+}
+
+void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
+  const std::string silent =
+      absl::FormatDuration(absl::Trunc(lost.silent, absl::Milliseconds(1)));
+  std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", lost.id.c_str(),
+               lost.address.c_str(), silent.c_str());
+  FailRankOf(lost, absl::StrCat("stopped sending heartbeats (none for ", silent, ")"));
+}
+
+}  // namespace pipetrain::coordinator
