@@ -118,7 +118,11 @@ Registry::State::Family& Registry::State::FamilyOf(const std::string& name, Type
     if (values.size() != label_names.size()) {
       throw std::invalid_argument(name + ": label values do not match the label names");
     }
-    Family family{type, help, label_names, bounds};
+    Family family;
+    family.type = type;
+    family.help = help;
+    family.label_names = label_names;
+    family.bounds = bounds;
     switch (type) {
       case Type::kCounter:
         family.counters = &prometheus::BuildCounter().Name(name).Help(help).Register(registry);
