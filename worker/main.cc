@@ -21,6 +21,8 @@
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/memory/tensor_memory.h"
+#include "runtime/job/device.h"
+#include "worker/data_roots.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
       !warning.empty()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", warning.c_str());
   }
-  if (const std::string why = pipetrain::worker::CheckWorkerDevice(options.device); !why.empty()) {
+  if (const std::string why = pipetrain::job::CheckDeviceVisible(options.device); !why.empty()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", why.c_str());
     return exit_code::kUsage;
   }

@@ -204,4 +204,19 @@ void StageMetrics::OnStep(const executor::StepRecord& step) {
   if (loss_ != nullptr && step.mean_loss) loss_->Set(*step.mean_loss);
 }
 
+v1::StageBreakdown ToBreakdown(const StageTimes& times) {
+  v1::StageBreakdown b;
+  b.set_forward_s(times.forward_s);
+  b.set_backward_s(times.backward_s);
+  b.set_optimizer_s(times.optimizer_s);
+  b.set_receive_forward_s(times.receive_forward_s);
+  b.set_receive_backward_s(times.receive_backward_s);
+  b.set_send_forward_s(times.send_forward_s);
+  b.set_send_backward_s(times.send_backward_s);
+  b.set_exposed_allreduce_s(times.exposed_allreduce_s);
+  b.set_last_step_bubble_ratio(times.last_step_bubble_ratio);
+  b.set_last_step_s(times.last_step_s);
+  return b;
+}
+
 }  // namespace pipetrain::worker

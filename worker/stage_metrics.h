@@ -14,6 +14,7 @@
 #include <string>
 
 #include "metrics/metrics.h"
+#include "pipetrain/v1/job.pb.h"
 #include "runtime/executor/stage_executor.h"
 
 namespace pipetrain::worker {
@@ -33,6 +34,9 @@ struct StageTimes {
   double exposed_allreduce_s = 0;
   double last_step_bubble_ratio = 0, last_step_s = 0;  // 0 before the second step
 };
+
+// The same times as step reports carry them (the coordinator checks and shows them).
+v1::StageBreakdown ToBreakdown(const StageTimes& times);
 
 class StageMetrics {
  public:

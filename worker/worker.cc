@@ -1,16 +1,11 @@
 #include "worker/worker.h"
 
-#include <limits.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <deque>
-#include <filesystem>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -31,7 +26,8 @@
 #include "runtime/job/stage_run.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
-#include "worker/coordinator_store.h"
+#include "worker/data_roots.h"
+#include "worker/step_reporter.h"
 #include "worker/stage_metrics.h"
 
 namespace pipetrain::worker {
@@ -42,114 +38,13 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
          std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
-// Sends a stage's step reports to the coordinator from a thread of its own, in order, so
-// that the stage never waits for an RPC (a slow or absent coordinator must not stall the
-// pipeline). `on_stop` runs when the coordinator answers that the job no longer runs.
-class StepReporter {
- public:
-  // `tensors_on`: the device whose tensor peak goes with every report.
-  StepReporter(std::shared_ptr<v1::CoordinatorService::Stub> coordinator,
-               c10::Device tensors_on, std::function<void()> on_stop)
-      : coordinator_(std::move(coordinator)), tensors_on_(tensors_on),
-        on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
-  // Sends what is queued (in one call with 5 s), then stops.
-  ~StepReporter() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closing_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Queues a report. While kMaxQueued are waiting (steps faster than the coordinator takes
-  // them), waits for room up to `patience`: the stage runs at the pace the coordinator can
-  // follow. False if there was no room by then (the report is dropped).
-  bool Add(v1::StepReport report, absl::Duration patience) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!room_.wait_for(lock, absl::ToChronoNanoseconds(patience),
-                          [this] { return queue_.size() < kMaxQueued; })) {
-        return false;
-      }
-      queue_.push_back(std::move(report));
-    }
-    cv_.notify_all();
-    return true;
-  }
-
- private:
-  // Sends what has queued up in one ReportSteps, at most every kMinInterval: a fast step
-  // costs no RPC of its own (on a few shared cores every RPC takes CPU from the stages).
-  static constexpr auto kMinInterval = std::chrono::milliseconds(100);
-  // Reports waiting to be sent, or kept for resending while the coordinator does not answer
-  // (its job is failed by then: two missed heartbeats). About 150 bytes each.
-  static constexpr size_t kMaxQueued = 4000;
-  static constexpr size_t kMaxBatch = 1000;
-  // No answer (RESOURCE_EXHAUSTED is not one: a batch over the coordinator's request limit
-  // would be refused again however often it were sent).
-  static bool IsTransient(grpc::StatusCode code) {
-    return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
-  }
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto last_sent = std::chrono::steady_clock::now() - kMinInterval;
-    while (true) {
-      cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      cv_.wait_until(lock, last_sent + kMinInterval,
-                     [this] { return closing_ || queue_.size() >= kMaxBatch; });
-      // At most kMaxBatch a call (the coordinator takes requests of about 1 MiB).
-      v1::StepReports batch;
-      while (!queue_.empty() && static_cast<size_t>(batch.reports_size()) < kMaxBatch) {
-        *batch.add_reports() = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      room_.notify_all();
-      lock.unlock();
-      // The process's memory high-water, read here (once per batch) rather than on the
-      // stage's thread at every step.
-      const int64_t peak_memory = PeakResidentMemoryBytes();
-      // -1 (not known: a GPU's without a CUDA LibTorch) goes as 0, "not measured".
-      const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(tensors_on_));
-      for (v1::StepReport& r : *batch.mutable_reports()) {
-        r.set_peak_memory_bytes(peak_memory);
-        r.set_peak_tensor_bytes(peak_tensors);
-      }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(5)));
-      v1::ReportResponse response;
-      const grpc::Status sent = coordinator_->ReportSteps(&ctx, batch, &response);
-      if (sent.ok() && response.stop()) on_stop_();
-      last_sent = std::chrono::steady_clock::now();
-      lock.lock();
-      // Not taken for want of an answer: sent again, in order, with the next batch (the
-      // coordinator skips reports it has counted already). Refused ones are not resent.
-      if (IsTransient(sent.error_code())) {
-        for (int i = batch.reports_size() - 1; i >= 0; --i) {
-          queue_.push_front(std::move(*batch.mutable_reports(i)));
-        }
-        while (queue_.size() > kMaxQueued) queue_.pop_front();
-      }
-    }
-  }
-
-  std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
-  const c10::Device tensors_on_;
-  std::function<void()> on_stop_;
-  std::mutex mu_;
-  std::condition_variable cv_;    // the reporter's thread: reports, or closing
-  std::condition_variable room_;  // Add(): the queue has room
-  std::deque<v1::StepReport> queue_;
-  bool closing_ = false;
-  std::thread thread_;  // last: starts once the rest is ready
-};
-
 }  // namespace
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options,
-                                                      absl::Duration register_timeout) {
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
+    const WorkerOptions& options, absl::Duration register_timeout,
+    std::shared_ptr<CoordinatorClient> coordinator) {
   std::unique_ptr<Worker> w(new Worker(options));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -180,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       "This worker process's resident memory now (resident) and its high-water mark (peak); "
       "the tensor storage on its device (CPU or GPU) counted at the allocator now (tensors) "
       "and the most since its current or last rank was assigned (tensors_peak).",
-      {"kind"}, [tensors_on = TensorDevice(options.device)] {
+      {"kind"}, [tensors_on = job::TensorDeviceOf(options.device)] {
         std::vector<metrics::CollectedSample> samples = {
             {{"resident"}, static_cast<double>(ResidentMemoryBytes())},
             {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
@@ -195,7 +90,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
         }
         return samples;
       });
-  w->coordinator_ = v1::CoordinatorService::NewStub(*channel);
+  w->coordinator_ = coordinator != nullptr
+                        ? std::move(coordinator)
+                        : MakeGrpcCoordinatorClient(v1::CoordinatorService::NewStub(*channel));
   if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
   return w;
@@ -219,23 +116,22 @@ absl::Status Worker::Register(absl::Time deadline) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   request.set_name(absl::StrCat(host, " pid ", getpid()));
-  grpc::Status last;
+  absl::Status last;
   while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(5)));
-    v1::RegisterWorkerResponse response;
-    last = coordinator_->RegisterWorker(&ctx, request, &response);
-    if (last.ok()) {
+    absl::StatusOr<v1::RegisterWorkerResponse> response = coordinator_->Register(request);
+    last = response.status();
+    if (response.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      id_ = response.worker_id();
-      session_->Set(response.session());
+      id_ = response->worker_id();
+      session_->Set(response->session());
       cv_.notify_all();  // an assignment may be waiting for the id
-      heartbeat_interval_ = absl::Milliseconds(std::max<int64_t>(10, response.heartbeat_interval_ms()));
+      heartbeat_interval_ =
+          absl::Milliseconds(std::max<int64_t>(10, response->heartbeat_interval_ms()));
       std::fprintf(stderr, "pipetrain-worker: registered as %s with %s (serving on %s)\n",
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
       return absl::OkStatus();
     }
-    if (const absl::Status refused = rpc::ToAbslStatus(last);
+    if (const absl::Status& refused = last;
         absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
       // Retrying cannot help: the token is wrong or missing.
       return absl::Status(refused.code(),
@@ -254,7 +150,7 @@ absl::Status Worker::Register(absl::Time deadline) {
     }
   }
   return absl::UnavailableError(absl::StrCat("cannot register with the coordinator at ",
-                                             options_.coordinator, ": ", last.error_message()));
+                                             options_.coordinator, ": ", last.message()));
 }
 
 void Worker::HeartbeatLoop() {
@@ -274,12 +170,9 @@ void Worker::HeartbeatLoop() {
       request.set_waiting_for(activity.waiting_for);
     }
     lock.unlock();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(2)));
-    v1::HeartbeatResponse response;
-    grpc::Status s = coordinator_->Heartbeat(&ctx, request, &response);
+    const absl::Status s = coordinator_->Heartbeat(request);
     lock.lock();
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND && !stopping_) {
+    if (absl::IsNotFound(s) && !stopping_) {
       // The coordinator restarted (or gave this worker up): whatever ran is orphaned, and the
       // old id and session are void until it has registered again.
       AbortStage("the coordinator no longer knows this worker");
@@ -348,7 +241,7 @@ grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAs
   rank_ = request->rank();
   generation_ = request->generation();
   stop_reason_.clear();
-  memory::ResetPeakTensorBytesOn(TensorDevice(options_.device));  // one rank at a time
+  memory::ResetPeakTensorBytesOn(job::TensorDeviceOf(options_.device));  // one rank at a time
   stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
   return grpc::Status::OK;
 }
@@ -390,62 +283,6 @@ grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-absl::Status CheckUnderDataRoots(const std::string& field, const std::string& path,
-                                 const std::vector<std::string>& roots) {
-  char resolved[PATH_MAX];
-  if (realpath(path.c_str(), resolved) == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": cannot open ", path, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (stat(resolved, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(field, ": ", path, " is not a regular file (this worker reads only files)"));
-  }
-  if (IsUnderRoots(resolved, ResolvedRoots(roots))) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ": ", path, " is outside the directories this worker reads jobs' files from (",
-      roots.empty() ? "none: it was started without --data-root" : absl::StrJoin(roots, ", "),
-      ")"));
-}
-
-std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots) {
-  if (data_roots.empty()) return {};
-  std::vector<std::string> roots = data_roots;
-  std::error_code ec;
-  roots.push_back((std::filesystem::current_path(ec) / "checkpoints").string());
-  return roots;
-}
-
-absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
-                                      const std::vector<std::string>& roots) {
-  if (roots.empty() || dir.empty()) return absl::OkStatus();
-  std::error_code ec;
-  const std::filesystem::path target = std::filesystem::absolute(dir, ec).lexically_normal();
-  std::filesystem::path existing = target;
-  while (!existing.empty() && !std::filesystem::exists(existing, ec) &&
-         existing != existing.root_path()) {
-    existing = existing.parent_path();
-  }
-  char resolved[PATH_MAX];
-  const std::vector<std::string> resolved_roots = ResolvedRoots(roots);
-  // Below its nearest existing ancestor nothing exists, so nothing can be a link: the
-  // directory is inside if that ancestor (links resolved) is, or if the ancestor leads to a
-  // root not made yet (checkpoints/) and the directory, as written, lies under that root.
-  bool inside = false;
-  if (realpath(existing.c_str(), resolved) != nullptr) {
-    const std::string ancestor = resolved;
-    const std::filesystem::path rest = target.lexically_relative(existing);
-    const std::string lexical = (std::filesystem::path(ancestor) / rest).lexically_normal();
-    inside = IsUnderRoots(ancestor, resolved_roots) ||
-             (rest.native().rfind("..", 0) != 0 && IsUnderRoots(lexical, resolved_roots));
-  }
-  if (inside) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ": ", dir, " is outside the directories this worker lets jobs write to and resume "
-      "from (", absl::StrJoin(roots, ", "), ")"));
-}
-
 absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
   if (!config.ok()) return config.status();
@@ -464,15 +301,15 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
   }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store =
-      MakeCoordinatorStore(coordinator_, a.job_id());
-  const c10::Device device = TensorDevice(options_.device);
+      coordinator_->JobStore(a.job_id());
+  const c10::Device device = job::TensorDeviceOf(options_.device);
   if (config->device != (device.is_cuda() ? "cuda" : "cpu")) {
     return absl::FailedPreconditionError(
         absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
   }
   job::StageRunHooks hooks;
   hooks.host = options_.data_host;
-  hooks.device_index = WorkerDeviceIndex(options_.device);
+  hooks.device_index = job::DeviceIndexOf(options_.device);
   // The previous rank's series (its final values) go now that another starts.
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
   metrics_job_ = a.job_id();
@@ -491,19 +328,17 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     commands_ = hooks.commands;
   }
-  // The checkpoint this rank committed, if any, goes with its next step report (the one of
-  // the step before the checkpoint's boundary): the coordinator restarts from it.
-  std::string committed_checkpoint, failed_checkpoint;  // the stage's thread only
-  // Where rank 0 resumed from, and what it passed over: with its first step report.
-  std::string resumed_from;
-  std::vector<std::string> passed_over;
-  hooks.on_resume = [&](const std::string& dir, const std::vector<std::string>& skipped) {
-    resumed_from = dir;
-    passed_over = skipped;
+  // What the rank has to say once goes with its next step report: the checkpoint it
+  // committed (the one of the step before the checkpoint's boundary: the coordinator restarts
+  // from it), a checkpoint that failed, where rank 0 resumed from. The stage's thread only.
+  StepNews news;
+  hooks.on_resume = [&news](const std::string& dir, const std::vector<std::string>& skipped) {
+    news.resumed_from = dir;
+    news.passed_over = skipped;
   };
-  hooks.on_checkpoint = [&](int64_t, const job::SharedCheckpointResult& result) {
-    if (!result.committed.empty()) committed_checkpoint = result.committed;
-    if (!result.status.ok()) failed_checkpoint = std::string(result.status.message());
+  hooks.on_checkpoint = [&news](int64_t, const job::SharedCheckpointResult& result) {
+    if (!result.committed.empty()) news.committed_checkpoint = result.committed;
+    if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
   };
   hooks.on_transport = [this](transport::Transport* t) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -528,52 +363,9 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
   const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
   hooks.on_step = [&](const executor::StepRecord& step) {
     stage_metrics.OnStep(step);
-    v1::StepReport report;
-    report.set_worker_id(worker_id);
-    report.set_job_id(a.job_id());
-    report.set_rank(a.rank());
-    report.set_generation(a.generation());
-    report.set_step(step.step);
-    if (!committed_checkpoint.empty()) {
-      report.set_checkpoint_committed(committed_checkpoint);
-      committed_checkpoint.clear();
-    }
-    if (!failed_checkpoint.empty()) {
-      report.set_checkpoint_failed(failed_checkpoint.substr(0, 1024));
-      failed_checkpoint.clear();
-    }
-    if (!resumed_from.empty()) {
-      report.set_resumed_from(resumed_from.substr(0, 4096));
-      for (size_t i = 0; i < passed_over.size() && i < 16; ++i) {
-        report.add_passed_over(passed_over[i].substr(0, 1024));
-      }
-      resumed_from.clear();
-      passed_over.clear();
-    }
-    if (step.mean_loss) {
-      report.set_has_loss(true);
-      report.set_loss(*step.mean_loss);
-    }
-    report.set_end_s(step.end_s);
-    report.set_skipped(step.skipped);
-    report.set_compute_s(step.compute_s);
-    report.set_wait_s(step.wait_s);
-    report.set_parameter_bytes(parameter_bytes);
-    const StageTimes& times = stage_metrics.times();
-    v1::StageBreakdown* b = report.mutable_breakdown();
-    b->set_forward_s(times.forward_s);
-    b->set_backward_s(times.backward_s);
-    b->set_optimizer_s(times.optimizer_s);
-    b->set_receive_forward_s(times.receive_forward_s);
-    b->set_receive_backward_s(times.receive_backward_s);
-    b->set_send_forward_s(times.send_forward_s);
-    b->set_send_backward_s(times.send_backward_s);
-    b->set_exposed_allreduce_s(times.exposed_allreduce_s);
-    b->set_last_step_bubble_ratio(times.last_step_bubble_ratio);
-    b->set_last_step_s(times.last_step_s);
-    for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
-      report.add_commands_after(c);
-    }
+    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes,
+                                           ToBreakdown(stage_metrics.times()),
+                                           std::exchange(news, StepNews()));
     if (!reporter.Add(std::move(report), report_patience)) {
       std::lock_guard<std::mutex> lock(mu_);
       AbortStage(absl::StrCat("the coordinator took no step report for ",
@@ -616,11 +408,8 @@ void Worker::RunAssignment(v1::StageAssignment a) {
   end.set_ok(result.ok());
   end.set_error(error);
   end.set_failed_after_peer(result.GetPayload(job::kFailedAfterPeerPayload).has_value());
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(5)));
-    v1::ReportResponse response;
-    if (coordinator_->ReportStageEnd(&ctx, end, &response).ok()) break;
+  for (int attempt = 0; attempt < kStageEndAttempts; ++attempt) {
+    if (coordinator_->ReportStageEnd(end, absl::Seconds(5)).ok()) break;
   }
   std::lock_guard<std::mutex> lock(mu_);
   job_id_.clear();
@@ -639,15 +428,11 @@ void Worker::Drain() {
     if (job_id_.empty() || stage_ending_ || id_.empty() || !coordinator_) return;
     job = job_id_;
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(5)));
   v1::DrainWorkerRequest request;
   request.set_worker_id(id());
-  v1::DrainWorkerResponse response;
-  if (!coordinator_->DrainWorker(&ctx, request, &response).ok() ||
-      response.checkpoint_step() == 0) {
-    return;
-  }
+  const absl::StatusOr<v1::DrainWorkerResponse> drained = coordinator_->Drain(request);
+  if (!drained.ok() || drained->checkpoint_step() == 0) return;
+  const v1::DrainWorkerResponse& response = *drained;
   std::fprintf(stderr, "pipetrain-worker: draining: %s is checkpointed before step %lld and "
                "restarts without this worker; waiting for that (at most %s)\n", job.c_str(),
                static_cast<long long>(response.checkpoint_step()),
@@ -679,10 +464,7 @@ void Worker::Stop() {
   // "connection reset" would otherwise be taken for the job's cause). The stage's own report
   // follows and changes nothing.
   if (coordinator_ && !end.job_id().empty()) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Milliseconds(500)));
-    v1::ReportResponse response;
-    (void)coordinator_->ReportStageEnd(&ctx, end, &response);
+    (void)coordinator_->ReportStageEnd(end, absl::Milliseconds(500));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -694,45 +476,13 @@ void Worker::Stop() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Leaves the pool at once rather than being found lost two heartbeats later.
   if (coordinator_ && !id().empty()) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(1)));
     v1::DeregisterWorkerRequest request;
     request.set_worker_id(id());
-    v1::DeregisterWorkerResponse response;
-    (void)coordinator_->DeregisterWorker(&ctx, request, &response);
+    (void)coordinator_->Deregister(request);
   }
   if (server_) server_->Shutdown(In(absl::Seconds(2)));
 }
 
 Worker::~Worker() { Stop(); }
-
-c10::Device TensorDevice(const std::string& device) {
-  const int index = WorkerDeviceIndex(device);
-  return index < 0 ? c10::Device(c10::DeviceType::CPU)
-                   : c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
-}
-
-int WorkerDeviceIndex(const std::string& device) {
-  if (device == "cuda") return 0;
-  int index = -1;
-  if (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index) && index >= 0) {
-    return index;
-  }
-  return -1;
-}
-
-std::string CheckWorkerDevice(const std::string& device) {
-  if (device == "cpu") return "";
-  if (device != "cuda" && WorkerDeviceIndex(device) < 0) {
-    return absl::StrCat("--device ", device, ": expected cpu, cuda or cuda:N");
-  }
-  const int visible = job::VisibleCudaDevices();
-  if (WorkerDeviceIndex(device) >= visible) {
-    return absl::StrCat("--device ", device, ": this process sees ", visible,
-                        " CUDA device", visible == 1 ? "" : "s",
-                        visible == 0 ? " (no GPU visible, or a LibTorch built without CUDA)" : "");
-  }
-  return "";
-}
 
 }  // namespace pipetrain::worker

@@ -33,6 +33,10 @@
 // token, its WorkerService takes calls only with the command key it registered with (only the
 // coordinator has it), so no other holder of the join token can stop or assign its stage; and
 // its address is not taken over by another registration while it answers there.
+//
+// Every call to the coordinator goes through a CoordinatorClient (coordinator_client.h;
+// gRPC unless Start is given another, as tests give a fake); step reports go through a
+// StepReporter (step_reporter.h); a job's files are confined by data_roots.h.
 // Thread-safe.
 #pragma once
 
@@ -44,7 +48,6 @@
 #include <vector>
 #include <thread>
 
-#include <c10/core/Device.h>
 #include <grpcpp/grpcpp.h>
 
 #include "metrics/endpoint.h"
@@ -53,6 +56,7 @@
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "rpc/security.h"
+#include "worker/coordinator_client.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/transport/transport.h"
@@ -75,28 +79,13 @@ struct WorkerOptions {
   std::string metrics_listen = "127.0.0.1:0";
 };
 
-// Whether `path` (the job field `field`) is a regular file under one of `roots` once every
-// symlink is resolved: NotFound if it is not there, PermissionDenied naming the roots if it
-// lies outside them or is not a regular file (a FIFO, a device).
-absl::Status CheckUnderDataRoots(const std::string& field, const std::string& path,
-                                 const std::vector<std::string>& roots);
-
-// The directories a job may write to and resume from (checkpoint.dir, weights_dir,
-// resume_from) when the worker has data roots: those roots and the worker's own checkpoints/
-// (the coordinator's default checkpoint.dir is checkpoints/JOB-ID, relative to the worker's
-// working directory); empty (no confinement) without data roots.
-std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots);
-
-// Whether directory `dir` (the job field `field`; it need not exist yet: its nearest existing
-// ancestor is checked, links resolved) lies under one of `roots`; OK when `roots` is empty.
-absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
-                                      const std::vector<std::string>& roots);
-
 class Worker : public v1::WorkerService::Service {
  public:
-  // Serves, then registers (retrying for up to `register_timeout`).
-  static absl::StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options,
-                                                       absl::Duration register_timeout);
+  // Serves, then registers (retrying for up to `register_timeout`). Calls the coordinator
+  // through `coordinator` if given (tests: a fake), else over gRPC to options.coordinator.
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(
+      const WorkerOptions& options, absl::Duration register_timeout,
+      std::shared_ptr<CoordinatorClient> coordinator = nullptr);
   ~Worker() override;
   void Stop();
   std::string id() const;
@@ -136,6 +125,8 @@ class Worker : public v1::WorkerService::Service {
   // coordinator has stopped the stage after that checkpoint.
   void Drain();
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(60);
+  // A stage's end is sent this many times at most while no answer comes (5 s each).
+  static constexpr int kStageEndAttempts = 3;
 
   WorkerOptions options_;
   metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
@@ -143,7 +134,7 @@ class Worker : public v1::WorkerService::Service {
   std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
-  std::shared_ptr<v1::CoordinatorService::Stub> coordinator_;
+  std::shared_ptr<CoordinatorClient> coordinator_;
   // This worker's credential with the coordinator, set at every registration; the
   // coordinator channel sends it with every call.
   std::shared_ptr<rpc::WorkerSession> session_ = std::make_shared<rpc::WorkerSession>();
@@ -168,14 +159,5 @@ class Worker : public v1::WorkerService::Service {
   std::thread stage_thread_;
   std::thread heartbeat_thread_;
 };
-
-// The GPU of a worker's --device: N for cuda:N, 0 for cuda, -1 for cpu (or anything else).
-int WorkerDeviceIndex(const std::string& device);
-// Where a worker with this --device keeps its tensors (the CPU, or its GPU).
-c10::Device TensorDevice(const std::string& device);
-
-// Empty when this process can run stages on `device` (cpu; cuda or cuda:N with that GPU
-// visible), else why not.
-std::string CheckWorkerDevice(const std::string& device);
 
 }  // namespace pipetrain::worker

@@ -1,0 +1,302 @@
+// The worker's rules against a fake coordinator behind its CoordinatorClient seam, a fake
+// that can lose a request (never applied) or lose its reply (applied, the caller told
+// nothing), as a flaky network would: registration retried, a refused token not; a worker
+// the coordinator forgot registers again; an assignment that arrives before the
+// registration's reply waits for it and runs; step reports whose replies were lost are sent
+// again, in order; a stage end is retried; a worker stopping while its rank runs says why
+// before it leaves. The worker serves real gRPC on loopback and runs a real one-stage job.
+#include "worker/worker.h"
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "jobspec/spec_yaml.h"
+#include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "rpc/security.h"
+#include "worker/coordinator_client.h"
+
+namespace pipetrain::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The calls a worker makes, for the chaos switches.
+enum class Call { kRegister, kHeartbeat, kReportSteps, kStageEnd, kDrain, kDeregister };
+
+class FakeCoordinator : public CoordinatorClient {
+ public:
+  // The next `n` calls of `call` are lost on the way there (UNAVAILABLE, nothing applied).
+  void LoseRequests(Call call, int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lose_request_[call] = n;
+  }
+  // The next `n` calls of `call` are applied, but their replies are lost (DEADLINE_EXCEEDED).
+  void LoseReplies(Call call, int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lose_reply_[call] = n;
+  }
+  // Registrations are refused with `status` (a wrong token).
+  void RefuseRegistrations(absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_ = std::move(status);
+  }
+  // Registrations wait (the reply is slow) until Release().
+  void HoldRegistrations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_ = false;
+    }
+    changed_.notify_all();
+  }
+  // As a restarted coordinator: no worker is known any more.
+  void Forget() {
+    std::lock_guard<std::mutex> lock(mu_);
+    known_.clear();
+  }
+  // Waits up to 20 s for `done` (under the fake's lock).
+  bool WaitFor(const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(20), done);
+  }
+
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(
+      const v1::RegisterWorkerRequest& request) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++attempts_[Call::kRegister];
+    if (Lost(lose_request_, Call::kRegister)) return absl::UnavailableError("lost on the way");
+    if (!refuse_.ok()) return refuse_;
+    registrations.push_back(request);
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !hold_; });
+    const std::string id = absl::StrCat("worker-", registrations.size());
+    known_.insert(id);
+    v1::RegisterWorkerResponse response;
+    response.set_worker_id(id);
+    response.set_session(absl::StrCat("session-", registrations.size()));
+    response.set_heartbeat_interval_ms(50);
+    if (Lost(lose_reply_, Call::kRegister)) return absl::DeadlineExceededError("reply lost");
+    return response;
+  }
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!known_.count(request.worker_id())) return absl::NotFoundError("unknown worker session");
+    heartbeats.push_back(request);
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++attempts_[Call::kReportSteps];
+    if (Lost(lose_request_, Call::kReportSteps)) return absl::UnavailableError("lost");
+    for (const v1::StepReport& r : reports.reports()) steps.push_back(r.step());
+    changed_.notify_all();
+    if (Lost(lose_reply_, Call::kReportSteps)) return absl::DeadlineExceededError("reply lost");
+    return v1::ReportResponse();
+  }
+  absl::Status ReportStageEnd(const v1::StageEnd& end, absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++attempts_[Call::kStageEnd];
+    if (Lost(lose_request_, Call::kStageEnd)) return absl::UnavailableError("lost");
+    ends.push_back(end);
+    order.push_back("end");
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::DrainWorkerResponse> Drain(const v1::DrainWorkerRequest&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    order.push_back("drain");
+    return v1::DrainWorkerResponse();  // nothing to wait for: stop at once
+  }
+  absl::Status Deregister(const v1::DeregisterWorkerRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    order.push_back("deregister " + request.worker_id());
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+  std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& store = stores_[job_id];
+    if (!store) store = rendezvous::MakeMemoryStore();
+    return store;
+  }
+
+  int attempts(Call call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return attempts_[call];
+  }
+
+  // What arrived (read under WaitFor, or once the worker is stopped).
+  std::vector<v1::RegisterWorkerRequest> registrations;
+  std::vector<v1::HeartbeatRequest> heartbeats;
+  std::vector<int64_t> steps;  // every step report as it came, resent ones again
+  std::vector<v1::StageEnd> ends;
+  std::vector<std::string> order;  // drain, end, deregister as they came
+
+ private:
+  static bool Lost(std::map<Call, int>& counts, Call call) {
+    int& left = counts[call];
+    if (left <= 0) return false;
+    --left;
+    return true;
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<Call, int> lose_request_, lose_reply_, attempts_;
+  absl::Status refuse_;
+  bool hold_ = false;
+  std::set<std::string> known_;
+  std::map<std::string, std::shared_ptr<rendezvous::KeyValueStore>> stores_;
+};
+
+WorkerOptions Options() {
+  WorkerOptions o;
+  o.coordinator = "fake";
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  return o;
+}
+
+// One stage, one replica: the whole job on this worker.
+v1::StageAssignment OneStageJob(int steps) {
+  absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(absl::StrCat(
+      "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 1}\n"
+      "data: {kind: synthetic, seq_len: 8, vocab: 16, num_tokens: 2048}\n"
+      "schedule: gpipe\nstages: 1\nmicrobatches: 2\nthreads_per_stage: 1\ntimeout_s: 30\n"
+      "steps: ", steps, "\n"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  v1::StageAssignment a;
+  a.set_job_id("job-0001");
+  *a.mutable_spec() = *spec;
+  a.set_rank(0);
+  a.set_generation(1);
+  return a;
+}
+
+grpc::Status Assign(const std::string& address, const std::string& key,
+                    const v1::StageAssignment& assignment) {
+  auto stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  rpc::AddCommandKey(ctx, key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::AssignResponse response;
+  return stub->AssignStage(&ctx, assignment, &response);
+}
+
+TEST(WorkerCore, RegistrationIsRetriedUntilAnsweredAndARefusedTokenIsNot) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  fake->LoseRequests(Call::kRegister, 3);
+  auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->id(), "worker-1");
+  EXPECT_EQ(fake->attempts(Call::kRegister), 4);
+  EXPECT_EQ(fake->registrations[0].address(), (*worker)->address());
+  EXPECT_EQ(fake->registrations[0].command_key().size(), 32u);
+
+  auto refusing = std::make_shared<FakeCoordinator>();
+  refusing->RefuseRegistrations(absl::UnauthenticatedError("bad token"));
+  auto refused = Worker::Start(Options(), absl::Seconds(10), refusing);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--token-file"));
+  EXPECT_EQ(refusing->attempts(Call::kRegister), 1);  // no retry: it cannot help
+}
+
+// A coordinator that restarted no longer knows the worker: its heartbeat is refused with
+// NOT_FOUND, and it registers again and goes on heartbeating under its new id.
+TEST(WorkerCore, AWorkerTheCoordinatorForgotRegistersAgain) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->heartbeats.empty(); }));
+  fake->Forget();
+  ASSERT_TRUE(fake->WaitFor([&] {
+    return fake->registrations.size() == 2 && fake->heartbeats.back().worker_id() == "worker-2";
+  }));
+  EXPECT_EQ((*worker)->id(), "worker-2");
+  EXPECT_EQ(fake->registrations[1].command_key(), fake->registrations[0].command_key());
+}
+
+// The coordinator assigns a rank as soon as it has registered the worker, which may be
+// before the registration's reply arrives: the assignment waits for it, then runs. Step
+// reports whose replies were lost are sent again (the coordinator skips what it counted),
+// so every step arrives, in order; a stage end that got no answer is sent again.
+TEST(WorkerCore, AnEarlyAssignmentRunsAndLostRepliesAreResent) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  fake->HoldRegistrations();
+  fake->LoseRequests(Call::kReportSteps, 1);
+  fake->LoseReplies(Call::kReportSteps, 2);
+  fake->LoseRequests(Call::kStageEnd, 2);
+  std::unique_ptr<Worker> worker;
+  std::thread start([&] {
+    auto started = Worker::Start(Options(), absl::Seconds(20), fake);
+    ASSERT_TRUE(started.ok()) << started.status();
+    worker = *std::move(started);
+  });
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->registrations.empty(); }));
+  const v1::RegisterWorkerRequest registered = fake->registrations[0];
+  constexpr int kSteps = 6;
+  grpc::Status assigned;
+  std::thread assign(
+      [&] { assigned = Assign(registered.address(), registered.command_key(), OneStageJob(kSteps)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the assignment is waiting
+  fake->Release();
+  start.join();
+  assign.join();
+  ASSERT_TRUE(assigned.ok()) << assigned.error_message();
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->ends.empty(); }));
+  const v1::StageEnd end = fake->ends[0];
+  EXPECT_TRUE(end.ok()) << end.error();
+  EXPECT_EQ(end.worker_id(), "worker-1");
+  EXPECT_EQ(fake->attempts(Call::kStageEnd), 3);  // two lost, the third taken
+  worker->Stop();
+  // Every step, in order; resent batches repeat steps, never skip or reorder one.
+  std::vector<int64_t> distinct;
+  for (int64_t s : fake->steps) {
+    if (distinct.empty() || s > distinct.back()) {
+      ASSERT_EQ(s, distinct.empty() ? 0 : distinct.back() + 1) << "a step was skipped";
+      distinct.push_back(s);
+    } else {
+      EXPECT_LE(s, distinct.back());  // a resend of one already sent
+    }
+  }
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kSteps));
+  EXPECT_GT(fake->steps.size(), distinct.size()) << "the lost replies' reports were not resent";
+}
+
+// Stopped (SIGTERM) while its rank runs: the worker asks to drain, says why its rank ends
+// before anything else can be taken for the cause, and leaves the pool.
+TEST(WorkerCore, AWorkerStoppedWhileItsRankRunsSaysWhyThenLeaves) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const v1::RegisterWorkerRequest registered = fake->registrations[0];
+  ASSERT_TRUE(Assign(registered.address(), registered.command_key(), OneStageJob(1000000)).ok());
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->steps.empty(); }));  // it runs
+  (*worker)->Stop();
+  ASSERT_GE(fake->ends.size(), 1u);
+  EXPECT_FALSE(fake->ends[0].ok());
+  EXPECT_THAT(fake->ends[0].error(), HasSubstr("the worker is shutting down"));
+  ASSERT_GE(fake->order.size(), 3u);
+  EXPECT_EQ(fake->order.front(), "drain");
+  EXPECT_EQ(fake->order[1], "end");
+  EXPECT_EQ(fake->order.back(), "deregister worker-1");
+}
+
+}  // namespace
+}  // namespace pipetrain::worker

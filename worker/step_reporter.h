@@ -1,0 +1,103 @@
+// A stage's step reports, sent to the coordinator from a thread of their own, in order, so
+// that the stage never waits for an RPC (a slow or absent coordinator must not stall the
+// pipeline). Reports that got no answer (UNAVAILABLE, DEADLINE_EXCEEDED) are sent again, in
+// order, with the next batch: the coordinator skips the ones it has counted, so a lost reply
+// costs nothing. Reports it refused are not sent again. Each batch carries the process's
+// memory high-water and the tensor peak of the stage's device, read once per batch.
+// Thread-safe; `on_stop` runs on the reporter's thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "absl/time/time.h"
+#include "pipetrain/v1/coordinator_service.pb.h"
+#include "pipetrain/v1/worker_service.pb.h"
+#include "runtime/executor/stage_executor.h"
+#include "worker/coordinator_client.h"
+
+namespace pipetrain::worker {
+
+// What a rank says once, with its next step report.
+struct StepNews {
+  std::string committed_checkpoint;  // the checkpoint it committed (the job's restart point)
+  std::string failed_checkpoint;     // why its part of a checkpoint failed
+  std::string resumed_from;          // rank 0: where the job resumed from ...
+  std::vector<std::string> passed_over;  // ... and the newer checkpoints it passed over
+};
+
+// The report of `step` of `assignment` run by `worker_id`: its times, loss and commands, the
+// stage's time breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per
+// failure or checkpoint passed over, 16 of those, 4 KiB for a path).
+v1::StepReport MakeStepReport(const v1::StageAssignment& assignment, const std::string& worker_id,
+                              const executor::StepRecord& step, int64_t parameter_bytes,
+                              const v1::StageBreakdown& breakdown, StepNews news);
+
+// `on_stop` runs when the coordinator answers that the job no longer runs.
+class StepReporter {
+ public:
+  // `tensors_on`: the device whose tensor peak goes with every report.
+  StepReporter(std::shared_ptr<CoordinatorClient> coordinator, c10::Device tensors_on,
+               std::function<void()> on_stop)
+      : coordinator_(std::move(coordinator)), tensors_on_(tensors_on),
+        on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
+  // Sends what is queued (in one call with 5 s), then stops.
+  ~StepReporter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Queues a report. While kMaxQueued are waiting (steps faster than the coordinator takes
+  // them), waits for room up to `patience`: the stage runs at the pace the coordinator can
+  // follow. False if there was no room by then (the report is dropped).
+  bool Add(v1::StepReport report, absl::Duration patience) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!room_.wait_for(lock, absl::ToChronoNanoseconds(patience),
+                          [this] { return queue_.size() < kMaxQueued; })) {
+        return false;
+      }
+      queue_.push_back(std::move(report));
+    }
+    cv_.notify_all();
+    return true;
+  }
+
+ private:
+  // Sends what has queued up in one ReportSteps, at most every kMinInterval: a fast step
+  // costs no RPC of its own (on a few shared cores every RPC takes CPU from the stages).
+  static constexpr auto kMinInterval = std::chrono::milliseconds(100);
+  // Reports waiting to be sent, or kept for resending while the coordinator does not answer
+  // (its job is failed by then: two missed heartbeats). About 150 bytes each.
+  static constexpr size_t kMaxQueued = 4000;
+  static constexpr size_t kMaxBatch = 1000;
+  // No answer (RESOURCE_EXHAUSTED is not one: a batch over the coordinator's request limit
+  // would be refused again however often it were sent).
+  static bool IsTransient(const absl::Status& s) {
+    return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+  }
+  void Loop();
+
+  std::shared_ptr<CoordinatorClient> coordinator_;
+  const c10::Device tensors_on_;
+  std::function<void()> on_stop_;
+  std::mutex mu_;
+  std::condition_variable cv_;    // the reporter's thread: reports, or closing
+  std::condition_variable room_;  // Add(): the queue has room
+  std::deque<v1::StepReport> queue_;
+  bool closing_ = false;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
+}  // namespace pipetrain::worker
