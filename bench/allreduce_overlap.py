@@ -39,7 +39,7 @@ def main():
     parser.add_argument("--small", action="store_true",
                         help="a 4.8M-parameter GPT (d 256, 6 blocks, seq 64) instead")
     args = parser.parse_args()
-    runner = os.path.join(args.build, "client", "pipetrain-run")
+    runner = os.path.join(args.build, "run", "pipetrain-run")
     if args.small:
         job = ["--d-model", "256", "--n-heads", "4", "--n-layers", "6", "--seq-len", "64",
                "--microbatch-size", "8", "--microbatches", "1"]

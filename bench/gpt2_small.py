@@ -42,7 +42,7 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    runner = os.path.join(args.build, "client", "pipetrain-run")
+    runner = os.path.join(args.build, "run", "pipetrain-run")
     tmp = tempfile.mkdtemp(prefix="gpt2_small_")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1",
                PIPETRAIN_CACHE_DIR=os.environ.get("PIPETRAIN_CACHE_DIR", os.path.join(tmp, "profiles")))

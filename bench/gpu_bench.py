@@ -48,7 +48,7 @@ def pipetrain(args, model, rows, seq, vocab, stages=1, microbatches=1):
     m = MODELS[model]
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
-        run([os.path.join(args.build, "client", "pipetrain-run"), "-q", "--summary", summary,
+        run([os.path.join(args.build, "run", "pipetrain-run"), "-q", "--summary", summary,
              "--device", args.device, "--dtype", "bfloat16", "--schedule", "1f1b",
              "--stages", str(stages), "--microbatches", str(microbatches),
              "--microbatch-size", str(rows // microbatches), "--seq-len", str(seq),

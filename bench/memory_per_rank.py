@@ -29,7 +29,7 @@ The need is a lower bound by construction (it counts tensors the math requires, 
 allocator's slack, the data set, the transport's buffers or the process's own heap), so a
 ratio near 1 means little beyond the layers' own state is resident.
 
-Run:  /usr/bin/python3 bench/memory_per_rank.py [build/client/pipetrain-run] [--steps 3]
+Run:  /usr/bin/python3 bench/memory_per_rank.py [build/run/pipetrain-run] [--steps 3]
 About 6 minutes on 2 cores. Markdown to stdout, progress to stderr. Standard library only.
 """
 import argparse
@@ -116,7 +116,7 @@ def mib(n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("binary", nargs="?", default="build/client/pipetrain-run")
+    parser.add_argument("binary", nargs="?", default="build/run/pipetrain-run")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
 

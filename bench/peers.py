@@ -36,7 +36,7 @@ medians over the rounds:
 A markdown table goes to stdout, progress to stderr.
 
 Run (Debian's python3-torch):
-  /usr/bin/python3 bench/peers.py [build/client/pipetrain-run] [--rounds 3] [--steps 6]
+  /usr/bin/python3 bench/peers.py [build/run/pipetrain-run] [--rounds 3] [--steps 6]
 A `pipetrain` CLI binary works too (its `run`). About 5 minutes on 2 cores with the
 defaults; --before OLD/pipetrain-run adds every pipetrain run of an earlier build to the same
 rounds ("pipetrain before"; 7 minutes in all). Standard library and torch only.
@@ -320,7 +320,7 @@ def runs_of(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("binary", nargs="?", default="build/client/pipetrain-run")
+    parser.add_argument("binary", nargs="?", default="build/run/pipetrain-run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")

@@ -77,7 +77,7 @@ def main():
     parser.add_argument("--cache-dir", default="")
     args = parser.parse_args()
     cli = os.path.join(args.build, "client", "pipetrain")
-    runner = os.path.join(args.build, "client", "pipetrain-run")
+    runner = os.path.join(args.build, "run", "pipetrain-run")
     env = dict(os.environ)
     tmp = tempfile.mkdtemp(prefix="plan_accuracy_")
     env["PIPETRAIN_CACHE_DIR"] = args.cache_dir or os.path.join(tmp, "profiles")

@@ -76,7 +76,7 @@ echo >&2 "versus_python: $((SECONDS - start)) s"
 
 section "Against PyTorch's peers (bench/peers.py)"
 start=${SECONDS}
-"${PY}" bench/peers.py "${BUILD_DIR}/client/pipetrain-run"
+"${PY}" bench/peers.py "${BUILD_DIR}/run/pipetrain-run"
 echo >&2 "peers: $((SECONDS - start)) s"
 
 section "Transport throughput (bench/transport_throughput)"
@@ -107,7 +107,7 @@ echo >&2 "allreduce_overlap: $((SECONDS - start)) s"
 
 section "Memory per rank (bench/memory_per_rank.py)"
 start=${SECONDS}
-"${PY}" bench/memory_per_rank.py "${BUILD_DIR}/client/pipetrain-run"
+"${PY}" bench/memory_per_rank.py "${BUILD_DIR}/run/pipetrain-run"
 echo >&2 "memory_per_rank: $((SECONDS - start)) s"
 
 section "Reliability: checkpoint cost (bench/checkpoint_cost.sh)"

@@ -47,7 +47,8 @@ std::string FindDaemon(const std::string& name) {
   if (!ec) {
     const fs::path dir = self.parent_path();
     for (const fs::path& candidate :
-         {dir / name, dir / ".." / "coordinator" / name, dir / ".." / "worker" / name}) {
+         {dir / name, dir / ".." / "coordinator" / name, dir / ".." / "worker" / name,
+          dir / ".." / "run" / name}) {
       if (access(candidate.c_str(), X_OK) == 0) return fs::weakly_canonical(candidate).string();
     }
   }

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_join.h"
 #include "client/local_cluster.h"
-#include "client/plan_flags.h"
-#include "client/run_outputs.h"
+#include "jobspec/plan_flags.h"
+#include "jobspec/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
@@ -31,8 +31,8 @@ struct RunCommand {
   std::string launch = "cluster";
   int workers = 0;
   bool keep_logs = false;
-  RunOutputs outputs;
-  PlanFlags planning;  // for `stages: auto`
+  jobspec::RunOutputs outputs;
+  jobspec::PlanFlags planning;  // for `stages: auto`
   std::unique_ptr<jobspec::SpecFlags> spec_flags;
 };
 
@@ -105,7 +105,7 @@ constexpr char kProfileHelp[] =
 // `plan` and `profile`: handed over to pipetrain-run, which links LibTorch.
 struct PlanCommand {
   std::string job_file;
-  PlanFlags planning;
+  jobspec::PlanFlags planning;
   std::unique_ptr<jobspec::SpecFlags> spec_flags;
   bool quiet = false;
 };
@@ -138,7 +138,7 @@ std::function<int()> AddPlanCommands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(profile ? "profile" : "plan", profile ? kProfileHelp : kPlanHelp);
     cmd->add_option("job", c->job_file, "YAML job file (flags given too override it)")
         ->check(CLI::ExistingFile);
-    c->planning.AddTo(cmd, PlanFlags::Where::kPlanCommand);
+    c->planning.AddTo(cmd, jobspec::PlanFlags::Where::kPlanCommand);
     cmd->add_flag("-q,--quiet", c->quiet, "no progress lines on stderr");
     c->spec_flags = std::make_unique<jobspec::SpecFlags>(cmd);
     cmd->callback([c, chosen, profile] {
@@ -167,7 +167,7 @@ std::function<int()> AddRunCommand(CLI::App& app) {
   launch->add_flag("--keep-logs", c->keep_logs,
                    "cluster: keep the daemons' logs when the job succeeds");
   c->outputs.AddTo(run);
-  c->planning.AddTo(run, PlanFlags::Where::kRunCommand);
+  c->planning.AddTo(run, jobspec::PlanFlags::Where::kRunCommand);
   c->spec_flags = std::make_unique<jobspec::SpecFlags>(run);
   return [c] { return RunJob(*c); };
 }

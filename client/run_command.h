@@ -20,7 +20,7 @@ namespace pipetrain::client {
 // exit code).
 std::function<int()> AddRunCommand(CLI::App& app);
 
-// Adds `plan` and `profile` (handed over to pipetrain-run, client/plan_command.h); returns the
+// Adds `plan` and `profile` (handed over to pipetrain-run, run/plan_command.h); returns the
 // function that runs the one given.
 std::function<int()> AddPlanCommands(CLI::App& app);
 

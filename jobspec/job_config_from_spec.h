@@ -19,7 +19,7 @@ namespace pipetrain::jobspec {
 
 absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& spec);
 
-// `spec` with the layout of `planned` (a plan applied to it, client/plan_command.h): schedule,
+// `spec` with the layout of `planned` (a plan applied to it, run/plan_command.h): schedule,
 // stage ranges, replicas, micro-batch count and size, overlap and recomputation set, `stages:
 // auto` cleared. What every rank of a planned job is given.
 v1::JobSpec SpecWithLayoutOf(const v1::JobSpec& spec, const job::JobConfig& planned);

@@ -46,7 +46,7 @@ struct JobPlan {
 
 // Validates the job completely (the partition against the model's layers too); what needs
 // the data or a model file (data.path, model.path) fails naming that field. A job with
-// `stages: auto` is FailedPrecondition: it runs once planned (client/plan_command.h).
+// `stages: auto` is FailedPrecondition: it runs once planned (run/plan_command.h).
 absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& config);
 
 // Inputs and targets of global micro-batch j of one replica's shard, as tensors.

@@ -7,7 +7,7 @@ set -euo pipefail
 build=$1 source=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$build/client/pipetrain-run" --model mlp --stages 2 --schedule 1f1b --steps 6 \
+"$build/run/pipetrain-run" --model mlp --stages 2 --schedule 1f1b --steps 6 \
   --checkpoint-dir "$work/ckpt" --checkpoint-every 2 --checkpoint-keep 2 --threads-per-stage 1 \
   --summary "$work/run.json" -q
 ls "$work/ckpt" >"$work/ls.txt"

@@ -1,4 +1,4 @@
-#include "client/plan_command.h"
+#include "run/plan_command.h"
 
 #include <cstdio>
 
@@ -16,7 +16,7 @@
 #include "runtime/base/self_executable.h"
 #include "runtime/profiler/profiler.h"
 
-namespace pipetrain::client {
+namespace pipetrain::run {
 namespace {
 
 using planner::Candidate;
@@ -60,7 +60,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
 
 namespace {
 
-planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlags& flags) {
+planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const jobspec::PlanFlags& flags) {
   planner::PlanRequest request = jobspec::PlanRequestFor(config);
   request.micro_batch_sizes = flags.micro_batch_sizes;
   return request;
@@ -68,7 +68,7 @@ planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const PlanFlag
 
 }  // namespace
 
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const PlanFlags& flags) {
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const jobspec::PlanFlags& flags) {
   planner::ClusterProfile cluster;
   cluster.workers = flags.workers > 0 ? flags.workers : AvailableCores();
   cluster.memory_bytes = flags.memory_per_worker;
@@ -79,7 +79,7 @@ planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const P
 }
 
 absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
-                                                         const PlanFlags& flags) {
+                                                         const jobspec::PlanFlags& flags) {
   profiler::ProfileOptions options;
   options.micro_batch_sizes = flags.micro_batch_sizes;
   if (options.micro_batch_sizes.empty()) {
@@ -172,7 +172,7 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
   return layout;
 }
 
-absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config) {
+absl::StatusOr<job::JobConfig> PlanAndApply(const jobspec::PlanFlags& flags, const job::JobConfig& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
   const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
@@ -187,7 +187,7 @@ absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::J
   return jobspec::WithLayout(config, plan->chosen.layout);
 }
 
-int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
+int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config) {
   const auto fail = [](const absl::Status& s, int code) {
     std::fprintf(stderr, "pipetrain: %s\n", std::string(s.message()).c_str());
     return code;
@@ -228,4 +228,4 @@ int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config) {
   return exit_code::kOk;
 }
 
-}  // namespace pipetrain::client
+}  // namespace pipetrain::run

@@ -21,8 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/plan_command.h"
-#include "client/run_outputs.h"
+#include "run/plan_command.h"
+#include "jobspec/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
@@ -152,8 +152,8 @@ struct RunnerFlags {
   std::string job_file;
   std::string spec_text;  // the job spec in protobuf text format (from `pipetrain run`)
   std::string launch = "threads";
-  client::RunOutputs outputs;
-  client::PlanFlags planning;  // pipetrain plan / profile, and `stages: auto`
+  jobspec::RunOutputs outputs;
+  jobspec::PlanFlags planning;  // pipetrain plan / profile, and `stages: auto`
   std::string gather_weights;  // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
   // Set by the launcher in the stage processes it starts.
   int stage_process = -1;
@@ -209,7 +209,7 @@ absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
 }
 
 // Writes what the run's outputs ask for; the first failure is returned.
-absl::Status WriteOutputs(const client::RunOutputs& outputs, const job::JobConfig& config,
+absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConfig& config,
                           const job::JobReport& report) {
   if (!outputs.summary.empty()) {
     nlohmann::json j = ReportToJson(report);
@@ -228,7 +228,7 @@ absl::Status WriteOutputs(const client::RunOutputs& outputs, const job::JobConfi
 // Trains `config` as the flags say, then reports and writes the outputs.
 int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfig& config,
           const std::string& self) {
-  const client::RunOutputs& outputs = flags.outputs;
+  const jobspec::RunOutputs& outputs = flags.outputs;
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(outputs.quiet, token_data);
   absl::StatusOr<job::JobReport> report;
@@ -284,15 +284,15 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     return exit_code::kOk;
   }
   if (flags.planning.plan || flags.planning.profile || flags.planning.predict) {
-    client::PlanFlags planning = flags.planning;
+    jobspec::PlanFlags planning = flags.planning;
     planning.quiet = flags.outputs.quiet;
-    return client::RunPlanCommand(planning, *config);
+    return run::RunPlanCommand(planning, *config);
   }
   if (config->auto_stages) {
     // Planned here, for this machine's cores (or --plan-workers), then run as planned.
-    client::PlanFlags planning = flags.planning;
+    jobspec::PlanFlags planning = flags.planning;
     planning.quiet = flags.outputs.quiet;
-    absl::StatusOr<job::JobConfig> planned = client::PlanAndApply(planning, *config);
+    absl::StatusOr<job::JobConfig> planned = run::PlanAndApply(planning, *config);
     if (!planned.ok()) return Fail(planned.status(), exit_code::For(planned.status()));
     *config = *std::move(planned);
     *spec = jobspec::SpecWithLayoutOf(*spec, *config);
@@ -317,7 +317,7 @@ void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
       ->check(CLI::IsMember({"threads", "processes"}))
       ->capture_default_str();
   flags.outputs.AddTo(app);
-  flags.planning.AddTo(app, client::PlanFlags::Where::kRunner);
+  flags.planning.AddTo(app, jobspec::PlanFlags::Where::kRunner);
   auto* internal = app->add_option_group("");  // set by the pipetrain CLI or the launcher
   internal->add_option("--spec-text", flags.spec_text);
   internal->add_option("--gather-weights", flags.gather_weights);

@@ -16,21 +16,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/plan_flags.h"
+#include "jobspec/plan_flags.h"
 #include "pipetrain/v1/job.pb.h"
 #include "runtime/job/job_config.h"
 #include "runtime/planner/planners.h"
 #include "runtime/planner/profile.h"
 
-namespace pipetrain::client {
+namespace pipetrain::run {
 
 // Profiles `config` for `flags` (progress on stderr unless quiet).
 absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
-                                                         const PlanFlags& flags);
+                                                         const jobspec::PlanFlags& flags);
 
 // The cluster `flags` describe: --plan-workers (default this machine's cores) of
 // --memory-per-worker, sharing --shared-cores (default this machine's), on the profile's links.
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const PlanFlags& flags);
+planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const jobspec::PlanFlags& flags);
 
 // The plan as JSON (the -o json of `pipetrain plan`) and as text.
 std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,
@@ -43,9 +43,9 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config);
 
 // Profiles and plans `config` (a job with `stages: auto`) and returns it with the plan's
 // layout; the plan is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
-absl::StatusOr<job::JobConfig> PlanAndApply(const PlanFlags& flags, const job::JobConfig& config);
+absl::StatusOr<job::JobConfig> PlanAndApply(const jobspec::PlanFlags& flags, const job::JobConfig& config);
 
 // The whole command: 0 ok, 1 no plan fits, 2 bad input.
-int RunPlanCommand(const PlanFlags& flags, const job::JobConfig& config);
+int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config);
 
-}  // namespace pipetrain::client
+}  // namespace pipetrain::run

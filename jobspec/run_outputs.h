@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-namespace pipetrain::client {
+namespace pipetrain::jobspec {
 
 struct RunOutputs {
   std::string summary;       // JSON report
@@ -53,4 +53,4 @@ struct RunOutputs {
   }
 };
 
-}  // namespace pipetrain::client
+}  // namespace pipetrain::jobspec

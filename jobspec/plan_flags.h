@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_join.h"
 
-namespace pipetrain::client {
+namespace pipetrain::jobspec {
 
 struct PlanFlags {
   bool plan = false;
@@ -85,4 +85,4 @@ struct PlanFlags {
   }
 };
 
-}  // namespace pipetrain::client
+}  // namespace pipetrain::jobspec
