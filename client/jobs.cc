@@ -26,6 +26,7 @@
 #include "rpc/health.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
+#include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/printable.h"
 #include "runtime/base/progress_line.h"
@@ -101,13 +102,6 @@ class Client {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
-// Bytes as "12.3 MiB"; "-" for 0 (not reported yet).
-std::string MebiBytes(int64_t bytes) {
-  if (bytes <= 0) return "-";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
 
 void PrintJobTable(const v1::Job& job) {
   std::printf("job %s%s%s: %s", Printable(job.id()).c_str(),

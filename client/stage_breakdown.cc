@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/byte_size.h"
 #include "runtime/base/printable.h"
 
 namespace pipetrain::client {
@@ -54,9 +55,7 @@ std::string StageBreakdownTable(const v1::Job& job) {
                                : absl::StrFormat(" %9s %7s", "-", "-");
     out += s.straggler_ratio() > 0 ? absl::StrFormat(" %10.2f", s.straggler_ratio())
                                    : absl::StrFormat(" %10s", "-");
-    out += s.peak_memory_bytes() > 0
-               ? absl::StrFormat(" %6.1f MiB", static_cast<double>(s.peak_memory_bytes()) / (1 << 20))
-               : absl::StrFormat(" %10s", "-");
+    out += absl::StrFormat(" %10s", MebiBytes(s.peak_memory_bytes()));
     if (s.straggler_ratio() > kStragglerRatio) out += "  <- straggler";
     out += "\n";
   }

@@ -40,7 +40,7 @@
 // (step_ledger.h), the checks of a step report (report_checks.h), the worker pool and its
 // liveness (worker_pool.h), placement of queued jobs and recovery layouts (placement.h),
 // calls to workers (worker_client.h), planning at submission (submission_planner.h), the
-// durable store (job_store.h) and its write-behind (write_behind.h), time (clock.h). This
+// durable store (job_store.h) and its write-behind (write_behind.h), time (runtime/base/clock.h). This
 // class is the shell that owns the one lock and the monitor; its handlers are defined by
 // concern in coordinator.cc (the shell), coordinator_jobs.cc, coordinator_workers.cc,
 // coordinator_reports.cc and coordinator_scheduling.cc. Everything it depends on is
@@ -69,7 +69,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "runtime/base/clock.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
 #include "coordinator/step_ledger.h"

@@ -43,8 +43,6 @@ namespace pipetrain::run_main {
 namespace {
 
 // 1536 -> "1.5 KiB", 0 -> "-" (not measured).
-std::string FormatBytes(int64_t bytes) { return bytes <= 0 ? "-" : ByteSize(bytes); }
-
 // The progress line (runtime/base/progress_line.h) on stderr, unless quiet.
 class ProgressPrinter {
  public:
@@ -140,7 +138,7 @@ void PrintSummary(const job::JobReport& r) {
     std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f %-10s %-10s\n", s.stage,
                 absl::StrCat(s.layers.begin, ":", s.layers.end).c_str(),
                 s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s,
-                FormatBytes(s.parameter_bytes).c_str(), FormatBytes(s.peak_memory_bytes).c_str());
+                ByteSizeOrDash(s.parameter_bytes).c_str(), ByteSizeOrDash(s.peak_memory_bytes).c_str());
   }
   if (r.max_param_rel_diff) {
     std::printf("max relative parameter difference vs. the un-pipelined reference: %.3g\n",

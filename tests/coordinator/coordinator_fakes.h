@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "coordinator/clock.h"
+#include "runtime/base/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_client.h"
 #include "pipetrain/v1/job.pb.h"
@@ -36,14 +36,7 @@ inline v1::JobSpec ValidSpec(int stages, int replicas = 1) {
   return s;
 }
 
-class FakeClock : public Clock {
- public:
-  absl::Time Now() const override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
+using ::pipetrain::FakeClock;
 
 class FakeWorker : public WorkerClient {
  public:
