@@ -86,6 +86,43 @@ TEST(GlooTransport, MeetsThroughAnyKeyValueStore) {
   EXPECT_TRUE(torch::allclose(other.get(), torch::full({3}, 2.0)));
 }
 
+// An AllReduce is waited for in slices (so that Abort() can end the wait); a slice that runs
+// out an instant before the work completes must not be taken for a failure. With 10 us
+// slices that happens often: 300 AllReduces between two replicas all succeed with the mean.
+TEST(GlooTransport, AnAllReduceCompletingAsItsWaitSliceEndsSucceeds) {
+  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
+  auto make = [store](int replica) {
+    GlooTransportOptions o;
+    o.replica = replica;
+    o.replicas = 2;
+    o.connect_timeout = absl::Seconds(20);
+    o.reduction_wait_slice = absl::Microseconds(10);
+    auto t = MakeGlooTransport(store, o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(t).value() : nullptr;
+  };
+  auto first = std::async(std::launch::async, make, 0);
+  std::unique_ptr<Transport> b = make(1);
+  std::unique_ptr<Transport> a = first.get();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto reduce = [](Transport* t, double value) {
+    int failures = 0;
+    for (int i = 0; i < 300; ++i) {
+      std::vector<at::Tensor> v = {torch::full({4096}, value + i)};
+      absl::Status s = t->AllReduceMean(v, absl::Now() + absl::Seconds(20));
+      if (!s.ok() || !torch::allclose(v[0], torch::full({4096}, 2.0 + i))) {
+        ADD_FAILURE() << "AllReduce " << i << ": " << s;
+        ++failures;
+      }
+    }
+    return failures;
+  };
+  auto other = std::async(std::launch::async, reduce, b.get(), 3.0);
+  EXPECT_EQ(reduce(a.get(), 1.0), 0);
+  EXPECT_EQ(other.get(), 0);
+}
+
 TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
   Pair pair = MakePair();
   at::Tensor act = torch::randn({4, 8, 16}, torch::kDouble);

@@ -246,10 +246,20 @@ class GlooTransport : public Transport {
         if (absl::Status s = owner->aborted(); !s.ok()) return s;
         const absl::Duration left = deadline - absl::Now();
         try {
-          work->wait(TimeLeft(absl::Now() + std::min(left, absl::Milliseconds(50))));
+          work->wait(TimeLeft(absl::Now() +
+                              std::min(left, owner->options_.reduction_wait_slice)));
           break;
         } catch (const std::exception& e) {
-          if (work->isCompleted()) return owner->ReductionError(FirstLine(e));
+          // A slice that ran out throws "Operation timed out!" even when the work completes
+          // an instant later: a completed work's own wait says whether it succeeded.
+          if (work->isCompleted()) {
+            try {
+              work->wait();
+              break;
+            } catch (const std::exception& failed) {
+              return owner->ReductionError(FirstLine(failed));
+            }
+          }
           if (absl::Now() >= deadline) return owner->ReductionError("timed out");
         }
       }

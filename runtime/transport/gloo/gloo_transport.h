@@ -35,6 +35,9 @@ struct GlooTransportOptions {
   int replicas = 1;
   std::string host = "127.0.0.1";  // address this process listens on for its peers
   absl::Duration connect_timeout = absl::Seconds(60);
+  // An AllReduce is waited for in slices of this length, so that an Abort() ends the wait
+  // (a collective's work cannot be aborted). Tests make it tiny to make races common.
+  absl::Duration reduction_wait_slice = absl::Milliseconds(50);
 };
 
 // Bytes of receive buffers the transport keeps posted for each peer and kind of message it
