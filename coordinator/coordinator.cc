@@ -88,10 +88,10 @@ int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now(
 
 void Coordinator::StopMonitor() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   if (monitor_.joinable()) monitor_.join();
 }
 
@@ -99,7 +99,7 @@ Coordinator::~Coordinator() {
   StopMonitor();
   std::vector<Call> calls;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     calls.swap(calls_);
   }
   for (Call& c : calls) c.thread.join();
@@ -109,7 +109,7 @@ absl::Status Coordinator::Load() {
   auto stored = deps_.store->LoadJobs();
   if (!stored.ok()) return stored.status();
   {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const StoredJob& s : *stored) {
     JobEntry entry;
     entry.durable = true;
@@ -153,7 +153,7 @@ absl::Status Coordinator::Load() {
 
 void Coordinator::Changed(JobEntry& entry, bool progress_only) {
   ++entry.version;
-  changed_.notify_all();
+  changed_.SignalAll();
   const absl::Time now = deps_.clock->Now();
   if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
   entry.persisted_at = now;
@@ -165,7 +165,7 @@ void Coordinator::Changed(JobEntry& entry, bool progress_only) {
 void Coordinator::Event(const std::string& job_id, const std::string& text) {
   writes_.QueueEvent(job_id, NowMs(), text);
   std::fprintf(stderr, "coordinator: %s: %s\n", job_id.c_str(), text.c_str());
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 absl::Status Coordinator::FlushWrites() { return writes_.Flush(); }
@@ -322,14 +322,14 @@ void Coordinator::TickLocked() {
 }
 
 void Coordinator::Tick() {
-  LockedThenFlush([&] {
+  LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     TickLocked();
     return 0;
   });
 }
 
 void Coordinator::Monitor() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stopping_) {
     // Until the next worker is due to be lost (so that it is lost two intervals after its
     // last heartbeat, not up to a tick later), or a quarter interval at most.
@@ -337,18 +337,16 @@ void Coordinator::Monitor() {
         std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4),
         pool_.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
             deps_.clock->Now());
-    // Woken early only to stop (job changes notify the same variable: they do not count).
-    if (changed_.wait_for(lock,
-                          std::chrono::microseconds(std::max<int64_t>(
-                              1000, absl::ToInt64Microseconds(wait))),
-                          [this] { return stopping_; })) {
+    // Woken early only to stop (job changes do not count).
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             std::max(absl::Milliseconds(1), wait))) {
       break;
     }
     TickLocked();
-    lock.unlock();
+    mu_.Unlock();
     (void)FlushWrites();
     last_pass_ms_.store(absl::ToUnixMillis(deps_.clock->Now()));
-    lock.lock();
+    mu_.Lock();
   }
 }
 

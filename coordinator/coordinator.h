@@ -52,22 +52,24 @@
 // writes the queue after releasing the lock, in order. A submission is acknowledged only
 // once its record is durable: if the write fails, the job is dropped and the caller told.
 //
-// Thread-safe.
+// Thread-safe: one absl::Mutex (mu_) guards the state, each guarded field and each method
+// that needs it says so (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED), and clang checks it
+// (-Wthread-safety).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/base/clock.h"
 #include "coordinator/job_machine.h"
@@ -275,99 +277,107 @@ class Coordinator {
   // REQUIRES: mu_ held. Bump the job's version, wake watchers, and queue its record for the
   // store. `progress_only`: a step report; queued only if a second passed since the last
   // write (every state change is queued at once), so the store is not fsynced per report.
-  void Changed(JobEntry& entry, bool progress_only = false);
+  void Changed(JobEntry& entry, bool progress_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Appends an event (queued for the store).
-  void Event(const std::string& job_id, const std::string& text);
+  void Event(const std::string& job_id, const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ NOT held. Writes what Changed and Event queued (write_behind.h).
-  absl::Status FlushWrites();
+  absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `body` under mu_, then writes what it queued to the store (outside the lock).
+  // (`body` is a lambda annotated ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_).)
   template <typename F>
-  auto LockedThenFlush(F body) {
+  auto LockedThenFlush(F body) ABSL_LOCKS_EXCLUDED(mu_) {
     auto result = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       return body();
     }();
     (void)FlushWrites();
     return result;
   }
   // REQUIRES: mu_ held.
-  void TickLocked();
-  void FailLostWorker(const WorkerPool::Lost& lost);
+  void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLostWorker(const WorkerPool::Lost& lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Marks the worker lost and fails the job of the rank it ran.
-  void LoseWorker(WorkerPool::Worker& worker, const std::string& why);
+  void LoseWorker(WorkerPool::Worker& worker, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Fails the running job of the rank a lost worker ran ("<id> (<address>)
   // running stage S <why>").
-  void FailRankOf(const WorkerPool::Lost& lost, const std::string& why);
-  void AssignRank(const std::string& job_id, int rank);
+  void FailRankOf(const WorkerPool::Lost& lost, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AssignRank(const std::string& job_id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. The assignment of `rank` to `worker_id` failed with `error`: the rank
   // goes to another idle worker (the unreachable one is lost), or its job fails.
   void AssignmentFailed(const std::string& job_id, int rank, const std::string& worker_id,
-                        const absl::Status& error);
+                        const absl::Status& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs() const;
   // REQUIRES: mu_ held. Applies `event` to the job's lifecycle (job_machine.h) and carries
   // out what the machine commands; the job's record follows its run.
-  void ApplyEvent(JobEntry& entry, const JobEvent& event);
+  void ApplyEvent(JobEntry& entry, const JobEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. The commands of ApplyEvent, on the job's record: a restart (its
   // Recovery entry, the stages stopping, the step it runs again from), the job's end, its
   // return to the queue.
-  void RecordRecovery(JobEntry& entry, const std::string& cause);
-  void RecordEnd(JobEntry& entry, const std::string& message);
-  void ReturnToQueue(JobEntry& entry, const std::string& why);
+  void RecordRecovery(JobEntry& entry, const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordEnd(JobEntry& entry, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnToQueue(JobEntry& entry, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. A job's checkpoints never share a directory with another's: without
   // checkpoint.dir, job `id` gets checkpoints/<id> (set in `spec` and `config`); a directory
   // a queued or running job uses is refused (FailedPrecondition naming that job), and so is
   // resume_from: latest without a directory (InvalidArgument: nothing is in a new one).
   absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
-                                        job::JobConfig& config) const;
+                                        job::JobConfig& config) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Tells the workers of `ranks` of the generation to stop.
-  void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason);
+  void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running
   // `run_spec`, starting at `start_step`.
   void StartGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
-                       v1::JobSpec run_spec, int64_t start_step);
+                       v1::JobSpec run_spec, int64_t start_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Places the recovering jobs whose last generation has ended (see
   // Recovery above) or fails those out of time; true while any is about to take the idle
   // workers (its old ranks still ending, or within the grace for its own layout): queued
   // jobs wait then. One that cannot be placed after that says why and holds no worker.
-  bool PlaceRecovering();
+  bool PlaceRecovering() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
-  void Schedule();
+  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Monitor();
   // REQUIRES: mu_ held. The worker that holds `session`, if it claims to be `worker_id`
   // (any id if empty).
   absl::StatusOr<WorkerPool::Worker*> CallerLocked(const std::string& session,
-                                                   const std::string& worker_id);
+                                                   const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Which reports of a batch to apply (resent ones left out), or why the
   // batch is refused.
   absl::StatusOr<std::vector<const v1::StepReport*>> CheckReportsLocked(
-      const std::string& session, const v1::StepReports& reports);
+      const std::string& session, const v1::StepReports& reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held.
-  absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report);
+  absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held.
-  absl::StatusOr<v1::ReportResponse> StageEndLocked(const v1::StageEnd& end);
+  absl::StatusOr<v1::ReportResponse> StageEndLocked(const v1::StageEnd& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls `call` on a detached thread (RPCs to workers never run under mu_).
-  void Later(std::function<void()> call);
+  void Later(std::function<void()> call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
   CoordinatorDeps deps_;
   SubmissionPlanner planner_;  // `stages: auto` at submission; never under mu_
   WriteBehind writes_;         // queued under mu_, written by FlushWrites outside it
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, JobEntry> jobs_;
-  WorkerPool pool_;
-  int64_t next_order_ = 0;
-  int64_t next_worker_ = 0;
-  int64_t workers_lost_silent_ = 0;  // guarded by mu_
-  std::map<std::pair<std::string, std::string>, int64_t> step_commands_;  // guarded by mu_
-  bool stopping_ = false;
+  // The one lock of the coordinator's state; `changed_` is signalled on every change of a
+  // job (WaitForChange).
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerPool pool_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t workers_lost_silent_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::pair<std::string, std::string>, int64_t> step_commands_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
   std::atomic<int64_t> last_pass_ms_{0};  // clock time of the monitor's last completed pass
   struct Call {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
-  std::vector<Call> calls_;  // finished ones joined by the next Later(), the rest on destruction
+  // Finished ones joined by the next Later(), the rest on destruction.
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain::coordinator

@@ -38,7 +38,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   if (config->auto_stages) {
     std::vector<v1::WorkerInfo> workers;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       workers = pool_.Infos();
     }
     absl::StatusOr<SubmissionPlanner::Planned> planned =
@@ -53,7 +53,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   }
   std::string id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const std::string own_id = absl::StrFormat("job-%04d", next_order_ + 1);
     if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
     JobEntry entry;
@@ -90,7 +90,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   const absl::Status written = FlushWrites();
   v1::Job job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (!written.ok() && writes_.Discard(id)) {
       jobs_.erase(it);
@@ -141,7 +141,7 @@ absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::Jo
 }
 
 absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   return it->second.job;
@@ -154,7 +154,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
     return absl::InvalidArgumentError("page_token: not one this coordinator gave");
   }
   const int limit = page_size <= 0 ? 100 : std::min(page_size, 500);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<const JobEntry*> entries;
   for (const auto& [id, e] : jobs_) {
     if (e.order > after) entries.push_back(&e);
@@ -177,7 +177,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
 }
 
 absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
-  return LockedThenFlush([&]() -> absl::StatusOr<v1::Job> {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::Job> {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
     if (JobEnded(it->second.job.state())) {
@@ -196,7 +197,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
   const std::string command = jobspec::StepCommandBit(request.command()) != 0
                                   ? CommandName(request.command())
                                   : std::string("unknown");
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++step_commands_[{command, response.ok() ? std::string("scheduled")
                                            : absl::StatusCodeToString(response.status().code())}];
   return response;
@@ -212,7 +213,7 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
                             v1::WORKER_STATE_DRAINING, v1::WORKER_STATE_LOST}) {
     m.workers_by_state[StateName(s)] = 0;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : jobs_) {
     ++m.jobs_by_state[StateName(e.job.state())];
     if (e.job.state() != v1::JOB_STATE_RUNNING) continue;
@@ -238,7 +239,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
     const v1::SendCommandRequest& request) {
   std::shared_ptr<WorkerClient> client;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
     JobEntry& e = it->second;
@@ -264,7 +265,7 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
   }
   absl::StatusOr<v1::SendCommandResponse> response = client->ScheduleCommand(request);
   if (!response.ok()) return response.status();
-  LockedThenFlush([&] {
+  LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return 0;
     if (request.command() == v1::STEP_COMMAND_STOP) {
@@ -281,22 +282,21 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
 absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std::string& id,
                                                                         int64_t version,
                                                                         absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
     if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
       return std::make_pair(it->second.job, it->second.version);
     }
-    changed_.wait_for(lock, std::chrono::milliseconds(
-                                std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()))));
+    changed_.WaitWithDeadline(&mu_, deadline);
   }
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string& id,
                                                               int64_t after_seq) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
   (void)FlushWrites();  // what was said so far
@@ -315,14 +315,14 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
 }
 
 std::vector<v1::WorkerInfo> Coordinator::Workers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pool_.Infos();
 }
 
 absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id,
                                                            int64_t after_step) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
   (void)FlushWrites();  // what was committed so far
@@ -333,7 +333,7 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
   std::vector<std::pair<std::string, std::shared_ptr<WorkerClient>>> targets;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [id, e] : jobs_) {
       if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
           e.job.restarts() >= e.config.max_restarts || e.rank_worker.empty()) {
@@ -353,25 +353,26 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
     absl::StatusOr<v1::SendCommandResponse> scheduled = client->ScheduleCommand(command);
     if (!scheduled.ok()) continue;
     wanted[id] = scheduled->step();
-    LockedThenFlush([&] {
+    LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
                              scheduled->step(), "; the job resumes from it when the "
                              "coordinator starts again"));
       return 0;
     });
   }
-  std::unique_lock<std::mutex> lock(mu_);
   int done = 0;
-  while (true) {
-    done = 0;
-    for (const auto& [id, step] : wanted) {
-      const JobEntry& e = jobs_.at(id);
-      if (e.job.checkpoint_step() >= step || e.job.state() != v1::JOB_STATE_RUNNING) ++done;
+  {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      done = 0;
+      for (const auto& [id, step] : wanted) {
+        const JobEntry& e = jobs_.at(id);
+        if (e.job.checkpoint_step() >= step || e.job.state() != v1::JOB_STATE_RUNNING) ++done;
+      }
+      if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
+      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
     }
-    if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
-    changed_.wait_for(lock, std::chrono::milliseconds(50));
   }
-  lock.unlock();
   (void)FlushWrites();  // the records naming the checkpoints are durable before the exit
   return done;
 }

@@ -63,7 +63,8 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportSteps(const std::string& session,
                                                             const v1::StepReports& reports) {
-  return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::ReportResponse> {
     PT_ASSIGN_OR_RETURN(std::vector<const v1::StepReport*> apply,
                         CheckReportsLocked(session, reports));
     v1::ReportResponse response;
@@ -203,7 +204,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
 
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string& session,
                                                                const v1::StageEnd& end) {
-  return LockedThenFlush([&]() -> absl::StatusOr<v1::ReportResponse> {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::ReportResponse> {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, end.worker_id()));
     auto it = jobs_.find(end.job_id());
     if (it != jobs_.end() && end.generation() != 0 && end.generation() != it->second.job.generation()) {

@@ -271,7 +271,7 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;
-    LockedThenFlush([&] {
+    LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto it = jobs_.find(assignment.job_id());
       if (it == jobs_.end() || it->second.job.generation() != assignment.generation()) return 0;
       AssignmentFailed(assignment.job_id(), assignment.rank(), worker_id, s);

@@ -76,7 +76,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   std::shared_ptr<WorkerClient> holder;
   std::string holder_id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (WorkerPool::Worker* old = pool_.FindByAddress(request.address());
         old != nullptr && old->info.state() != v1::WORKER_STATE_LOST) {
       holder = old->client;
@@ -98,7 +98,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   if (!number.ok()) {
     std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
   }
-  return LockedThenFlush([&]() -> absl::StatusOr<v1::RegisterWorkerResponse> {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::RegisterWorkerResponse> {
     if (WorkerPool::Worker* old = pool_.FindByAddress(request.address())) {
       // The same service address again, where the old worker no longer answers: it restarted
       // (on a fixed port). One that registered meanwhile and was not asked is refused.
@@ -135,7 +136,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
 
 absl::Status Coordinator::Deregister(const std::string& session,
                                      const v1::DeregisterWorkerRequest& request) {
-  return LockedThenFlush([&]() -> absl::Status {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
     const std::string id = w->info.id();
     if (!w->info.job_id().empty()) LoseWorker(*w, "stopped (it was shut down)");
@@ -148,7 +150,7 @@ absl::Status Coordinator::Deregister(const std::string& session,
 
 absl::Status Coordinator::Heartbeat(const std::string& session,
                                     const v1::HeartbeatRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
   if (!caller.ok()) return caller.status();
   if (request.action().size() > 64 || request.waiting_for().size() > 64) {
@@ -186,7 +188,7 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
       st->set_action(request.action());
       st->set_waiting_for(request.waiting_for());
       ++j->second.version;
-      changed_.notify_all();
+      changed_.SignalAll();
     }
   }
   return absl::OkStatus();
@@ -198,7 +200,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
   std::shared_ptr<WorkerClient> rank0;
   std::string worker_id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
     pool_.MarkDraining(*w);
     worker_id = w->info.id();
@@ -224,7 +226,8 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
   command.set_command(v1::STEP_COMMAND_CHECKPOINT);
   absl::StatusOr<v1::SendCommandResponse> scheduled = rank0->ScheduleCommand(command);
   if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
-  return LockedThenFlush([&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
+  return LockedThenFlush(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::DrainWorkerResponse> {
     auto j = jobs_.find(response.job_id());
     if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
     JobEntry& e = j->second;
@@ -256,7 +259,7 @@ absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string&
 
 absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
     const std::string& session, const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, ""));
   if (caller->info.job_id() != job_id) {
     return absl::PermissionDeniedError(

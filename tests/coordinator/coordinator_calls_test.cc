@@ -1,0 +1,226 @@
+// What workers may say and ask: only for themselves and their ranks, step reports in order and within the job, a bounded rendezvous store, paging, bounded calls, a blocked state loop noticed.
+// The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
+// daemon tests (tests/daemons) check the same rules end to end over gRPC.
+#include "tests/coordinator/coordinator_fixture.h"
+
+namespace pipetrain::coordinator::core_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A worker speaks only for itself and its own ranks: its session names it. Another worker's
+// id, another worker's rank, or a job it does not run is refused and changes nothing; an
+// unknown session is told to register again.
+TEST_F(CoordinatorCoreTest, AWorkerSpeaksOnlyForItselfAndItsOwnRanks) {
+  const std::string w1 = Register(1), w2 = Register(2);
+  const v1::Job job = Submit(Spec(2));
+  RunLater();
+  const std::string s1 = sessions_[w1], s2 = sessions_[w2];
+  ASSERT_NE(s1, s2);
+  // Reports: w1 runs rank 0, w2 rank 1.
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 0)}).ok());
+  EXPECT_EQ(ReportSteps(s1, {Report(w2, job.id(), 1, 0)}).code(),
+            absl::StatusCode::kPermissionDenied);  // w1 claiming to be w2
+  EXPECT_EQ(ReportSteps(s1, {Report(w1, job.id(), 1, 0)}).code(),
+            absl::StatusCode::kPermissionDenied);  // w1 reporting w2's rank
+  EXPECT_EQ(ReportSteps("", {Report(w1, job.id(), 0, 1)}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReportSteps("forged", {Report(w1, job.id(), 0, 1)}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(job.id()).stage_status(1).step(), -1);
+  // Ending another's rank, heartbeating as another: refused.
+  v1::StageEnd end;
+  end.set_worker_id(w1);
+  end.set_job_id(job.id());
+  end.set_rank(1);
+  end.set_ok(true);
+  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  end.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w2);
+  EXPECT_EQ(coordinator_->Heartbeat(s1, h).code(), absl::StatusCode::kPermissionDenied);
+  // A heartbeat about a rank the worker does not run does not touch that rank.
+  h.set_worker_id(w1);
+  h.set_job_id(job.id());
+  h.set_rank(1);
+  h.set_action("F9");
+  EXPECT_TRUE(coordinator_->Heartbeat(s1, h).ok());
+  EXPECT_EQ(Get(job.id()).stage_status(1).action(), "");
+  // The rendezvous: only the job's own workers.
+  EXPECT_TRUE(coordinator_->Rendezvous(s1, job.id()).ok());
+  const std::string w3 = Register(3);
+  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w3], job.id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(coordinator_->Rendezvous("", job.id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+}
+
+// Step reports come in order, within the job's steps: anything else is refused whole (the
+// job untouched, however large the step), and a report already counted (resent after a lost
+// reply) is skipped.
+TEST_F(CoordinatorCoreTest, StepReportsAreTheNextStepWithinTheJobOrAreRefusedWhole) {
+  const std::string w1 = Register(1);
+  v1::JobSpec spec = Spec(1);
+  spec.set_steps(6);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  const std::string s1 = sessions_[w1];
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 0), Report(w1, job.id(), 0, 1)}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 1);
+  // A gap, a step far beyond the job (once this wedged the coordinator), past the last step:
+  // the whole batch is refused, its valid first report included.
+  for (int64_t step : {int64_t{4}, int64_t{100000000000}}) {
+    SCOPED_TRACE(step);
+    const absl::Status s =
+        ReportSteps(s1, {Report(w1, job.id(), 0, 2), Report(w1, job.id(), 0, step)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("expected step 3 of 6"));
+    EXPECT_EQ(Get(job.id()).step(), 1);
+  }
+  // Times that are not finite: refused.
+  v1::StepReport bad_time = Report(w1, job.id(), 0, 2);
+  bad_time.set_end_s(std::nan(""));
+  EXPECT_EQ(ReportSteps(s1, {bad_time}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(job.id()).step(), 1);
+  // So is a breakdown (`pipetrain metrics`) with a time that is not finite or negative, or a
+  // bubble ratio over 1.
+  for (double forward : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    v1::StepReport bad = Report(w1, job.id(), 0, 2);
+    bad.mutable_breakdown()->set_forward_s(forward);
+    EXPECT_EQ(ReportSteps(s1, {bad}).code(), absl::StatusCode::kInvalidArgument) << forward;
+  }
+  v1::StepReport bad_bubble = Report(w1, job.id(), 0, 2);
+  bad_bubble.mutable_breakdown()->set_last_step_bubble_ratio(1.5);
+  EXPECT_EQ(ReportSteps(s1, {bad_bubble}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(job.id()).stage_status(0).step(), 1);
+  // Resent (a lost reply) and old ones are skipped without error.
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 1), Report(w1, job.id(), 0, 2)}).ok());
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, -5), Report(w1, job.id(), 0, 2)}).ok());
+  EXPECT_EQ(Get(job.id()).step(), 2);
+  EXPECT_TRUE(ReportSteps(s1, {Report(w1, job.id(), 0, 3), Report(w1, job.id(), 0, 4),
+                               Report(w1, job.id(), 0, 5)})
+                  .ok());
+  EXPECT_EQ(Get(job.id()).step(), 5);
+  EXPECT_EQ(ReportSteps(s1, {Report(w1, job.id(), 0, 6)}).code(),
+            absl::StatusCode::kInvalidArgument);  // 6 steps: 0..5
+  EXPECT_EQ(Get(job.id()).step(), 5);
+}
+
+// The rendezvous store of a job holds at most 1 MiB per value and 64 MiB in all; adding to
+// a counter past int64 is refused.
+TEST_F(CoordinatorCoreTest, TheRendezvousStoreIsBounded) {
+  const std::string w1 = Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  auto store = coordinator_->Rendezvous(sessions_[w1], job.id());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Set("big", std::string(Coordinator::kKvValueBytes + 1, 'x')).code(),
+            absl::StatusCode::kResourceExhausted);
+  const std::string mib(Coordinator::kKvValueBytes, 'x');
+  int stored = 0;
+  absl::Status s;
+  while ((s = (*store)->Set("k" + std::to_string(stored), mib)).ok()) ++stored;
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(stored, 63);  // 64 MiB in all, keys included
+  EXPECT_TRUE((*store)->Delete("k0").ok());
+  EXPECT_TRUE((*store)->Set("k0", mib).ok());  // room again
+  EXPECT_TRUE((*store)->Add("n", INT64_MAX).ok());
+  EXPECT_EQ((*store)->Add("n", 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*(*store)->Add("n", 0), INT64_MAX);
+}
+
+// Listing is paged, so no answer nears the message limit whatever is stored; a page token
+// that this coordinator did not give is refused.
+TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
+  for (int i = 0; i < 230; ++i) Submit(Spec(1));
+  std::vector<std::string> ids;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->List(100, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs_size(), 100);
+    for (const v1::Job& j : page->jobs()) ids.push_back(j.id());
+    token = page->next_page_token();
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(ids.size(), 230u);
+  EXPECT_EQ(ids.front(), "job-0001");
+  EXPECT_EQ(ids.back(), "job-0230");
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  EXPECT_EQ(coordinator_->List(100000)->jobs_size(), 230);  // capped at 500 a page
+  EXPECT_EQ(coordinator_->List(0, "not-a-token").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Oversized fields of worker calls are refused or cut, never stored whole.
+TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
+  v1::RegisterWorkerRequest r;
+  for (const std::string& address : {std::string(300, 'a'), std::string("no-port"),
+                                    std::string("host:0"), std::string("host:70000"),
+                                    std::string("\x1b[31m:80"), std::string("dns:///x:80")}) {
+    r.set_address(address);
+    EXPECT_EQ(RegisterAsNewProcess(r).status().code(), absl::StatusCode::kInvalidArgument)
+        << address;
+  }
+  const std::string w1 = Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w1);
+  h.set_action(std::string(1000, 'F'));
+  EXPECT_EQ(coordinator_->Heartbeat(sessions_[w1], h).code(), absl::StatusCode::kInvalidArgument);
+  EndRank(w1, job.id(), 0, false, std::string(1 << 20, 'e'));
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_LT(failed.message().size(), 4200u);
+  r.set_address("[::1]:7000");
+  EXPECT_TRUE(RegisterAsNewProcess(r).ok());
+}
+
+// A state loop blocked (here by a store write that hangs) is noticed: once no pass of the
+// monitor completed for stall_limit, StateLoopLive() is false (health then says
+// NOT_SERVING); it is true again once the loop runs.
+TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
+  CoordinatorOptions options;
+  options.heartbeat_interval = absl::Milliseconds(40);  // the monitor passes every 10 ms
+  options.stall_limit = absl::Seconds(5);
+  auto c = Open(options, /*start_monitor=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->StateLoopLive());
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = true;
+  }
+  // A submission whose write hangs holds the store; the monitor's own writes wait for it.
+  std::thread submit([&] { (void)(*c)->Submit(Spec(1)); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto hanging = [&] {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    return data_->hanging > 0;
+  };
+  while (!hanging() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  // A pass under way may still complete once (stamping the moved clock); the one after it
+  // cannot, so the clock moves until the loop is seen blocked.
+  while ((*c)->StateLoopLive() && std::chrono::steady_clock::now() < deadline) {
+    clock_->Advance(absl::Seconds(6));
+    for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+  }
+  EXPECT_FALSE((*c)->StateLoopLive());
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = false;
+  }
+  data_->released.notify_all();
+  submit.join();
+  while (!(*c)->StateLoopLive() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE((*c)->StateLoopLive());
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator::core_test

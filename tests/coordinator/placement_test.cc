@@ -1,0 +1,92 @@
+// Placement as pure functions: FIFO with backfill, cores, devices; the layouts a recovering job may restart with.
+// The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
+// daemon tests (tests/daemons) check the same rules end to end over gRPC.
+#include "tests/coordinator/coordinator_fixture.h"
+
+namespace pipetrain::coordinator::core_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> WaitingIds(const PlacementPlan& plan) {
+  std::vector<std::string> ids;
+  for (const Waiting& w : plan.waiting) ids.push_back(w.job_id);
+  return ids;
+}
+
+TEST(Placement, JobsInOrderWithBackfill) {
+  const PlacementPlan plan = PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}},
+                                             {{"w1"}, {"w2"}, {"w3"}, {"w4"}});
+  ASSERT_EQ(plan.started.size(), 3u);
+  EXPECT_EQ(plan.started[0].job_id, "a");
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"w1", "w2"}));
+  EXPECT_EQ(plan.started[1].job_id, "c");  // b does not fit in the 2 left; c and d do
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"w3"}));
+  EXPECT_EQ(plan.started[2].job_id, "d");
+  EXPECT_EQ(WaitingIds(plan), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(plan.waiting[0].reason, "needs 3 workers, 2 idle (2 more taken by earlier jobs)");
+  const PlacementPlan none = PlaceQueuedJobs({{"a", 1}}, {});
+  EXPECT_EQ(WaitingIds(none), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(none.waiting[0].reason, "needs 1 worker; the pool has 0: it waits for more to register");
+}
+
+// threads_per_stage is a machine-bound field: a job runs only on workers with at least that
+// many cores (or that did not say), and one the pool cannot hold says so while it waits.
+TEST(Placement, ThreadsPerStageNeedWorkersWithThatManyCores) {
+  const std::vector<PoolWorker> pool = {{"small1", 2}, {"big1", 16}, {"small2", 2},
+                                        {"busy-big", 16, /*idle=*/false}, {"unknown", 0}};
+  PlacementPlan plan = PlaceQueuedJobs({{"a", 2, 8}, {"b", 2, 0}}, pool);
+  ASSERT_EQ(plan.started.size(), 2u);
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"big1", "unknown"}));
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"small1", "small2"}));
+  // Three 8-core ranks: the pool has three such workers, one busy -> waits for it.
+  plan = PlaceQueuedJobs({{"c", 3, 8}}, pool);
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"c"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 3 workers with at least 8 cores (threads_per_stage), 2 idle");
+  // Four: more than the pool has, whatever finishes.
+  plan = PlaceQueuedJobs({{"d", 4, 8}}, pool);
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"d"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 4 workers with at least 8 cores (threads_per_stage); the pool has 3 such "
+            "(of 5): it waits for more to register");
+}
+
+// A job runs only on workers of its device kind: a cuda job on workers registered as cuda or
+// cuda:N, a cpu job never on them; a cuda job with no GPU workers waits, saying so.
+TEST(Placement, JobsRunOnlyOnWorkersOfTheirDevice) {
+  const std::vector<PoolWorker> pool = {{"cpu1", 0, true, "cpu"},
+                                        {"gpu0", 0, true, "cuda:0"},
+                                        {"cpu2", 0, true, "cpu"},
+                                        {"gpu1", 0, true, "cuda"}};
+  PlacementPlan plan = PlaceQueuedJobs({{"g", 2, 0, "cuda"}, {"c", 2, 0, "cpu"}}, pool);
+  ASSERT_EQ(plan.started.size(), 2u);
+  EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"gpu0", "gpu1"}));
+  EXPECT_EQ(plan.started[1].rank_workers, (std::vector<std::string>{"cpu1", "cpu2"}));
+  plan = PlaceQueuedJobs({{"g", 1, 0, "cuda"}}, {{"cpu1"}, {"cpu2"}});
+  ASSERT_EQ(WaitingIds(plan), (std::vector<std::string>{"g"}));
+  EXPECT_EQ(plan.waiting[0].reason,
+            "needs 1 worker on cuda; the pool has 0 such (of 2): it waits for more to register");
+  EXPECT_EQ(DeviceKind("cuda:3"), "cuda");
+  EXPECT_EQ(DeviceKind("cpu"), "cpu");
+}
+
+TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
+  auto text = [](const std::vector<Layout>& layouts) {
+    std::string out;
+    for (const Layout& l : layouts) {
+      out += std::to_string(l.stages) + "x" + std::to_string(l.replicas) + "x" +
+             std::to_string(l.micro_batches) + " ";
+    }
+    return out;
+  };
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 4, false)), "2x2x4 2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 3, false)), "2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, false)), "3x1x8 2x1x8 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, true)), "");  // explicit ranges: 4 stages
+  EXPECT_EQ(text(RecoveryLayouts({2, 3, 1}, 5, false)), "1x3x1 2x1x3 1x1x3 ");  // w | w*m
+  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 0, false)), "");
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator::core_test
