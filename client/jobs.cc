@@ -17,6 +17,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/job_client.h"
+#include "client/job_views.h"
 #include "client/local_cluster.h"
 #include "client/stage_breakdown.h"
 #include "jobspec/job_config_from_spec.h"
@@ -32,292 +34,13 @@
 #include "runtime/base/progress_line.h"
 
 namespace pipetrain::client {
-namespace {
-
-struct Common {
-  std::string coordinator;
-  std::string output = "table";
-  double timeout_s = 10;
-  std::string token_file;
-  rpc::SecurityOptions security;           // the token loaded before the command runs
-  std::shared_ptr<grpc::Channel> channel;  // made then too, with the token and TLS
-};
-
-// The exit code of a failed call: the one table (runtime/base/exit_codes.h).
-int ExitFor(const grpc::Status& s) { return exit_code::For(rpc::ToAbslStatus(s)); }
-
-int Fail(const grpc::Status& s, const std::string& what) {
-  std::fprintf(stderr, "pipetrain: %s: %s\n", Printable(what).c_str(),
-               Printable(s.error_message()).c_str());
-  return ExitFor(s);
-}
-
-std::string Json(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
-
-
-class Client {
- public:
-  explicit Client(const Common& c) : common_(c), channel_(c.channel) {
-    stub_ = v1::JobService::NewStub(channel_);
-  }
-  // Prints why a call failed, on one line, and returns the exit code.
-  int Fail(const grpc::Status& s, const std::string& what) const {
-    if (ExitFor(s) != exit_code::kDenied) return client::Fail(s, what);
-    std::fprintf(stderr,
-                 "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
-                 Printable(what).c_str(), common_.coordinator.c_str(),
-                 Printable(s.error_message()).c_str(),
-                 common_.security.token.empty()
-                     ? "--token-file or PIPETRAIN_TOKEN"
-                     : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
-    return exit_code::kDenied;
-  }
-  void Prepare(grpc::ClientContext* ctx, bool streaming = false) const {
-    if (!streaming) {
-      ctx->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(common_.timeout_s * 1000)));
-    }
-  }
-  // One unary call with the --timeout deadline.
-  template <typename Request, typename Response>
-  grpc::Status Call(grpc::Status (v1::JobService::Stub::*method)(grpc::ClientContext*,
-                                                                const Request&, Response*),
-                    const Request& request, Response* response) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    return (stub_.get()->*method)(&ctx, request, response);
-  }
-  v1::JobService::Stub* stub() { return stub_.get(); }
-  std::shared_ptr<grpc::Channel> channel() { return channel_; }
-
- private:
-  Common common_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
-};
-
-
-void PrintJobTable(const v1::Job& job) {
-  std::printf("job %s%s%s: %s", Printable(job.id()).c_str(),
-              job.spec().name().empty() ? "" : " ", Printable(job.spec().name()).c_str(),
-              StateName(job.state()).c_str());
-  if (!job.message().empty()) std::printf(" (%s)", Printable(job.message()).c_str());
-  std::printf("\nstep %lld/%d  loss %.4f  %.0f %s/s  %d stages x %d replicas\n",
-              static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
-              job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
-  if (job.checkpoint_step() > 0 || job.restarts() > 0 || job.skipped_steps() > 0) {
-    std::printf("generation %d  restarts %d/%d  checkpoint before step %lld%s%s  skipped steps %lld\n",
-                job.generation(), job.restarts(), job.spec().max_restarts(),
-                static_cast<long long>(job.checkpoint_step()),
-                job.checkpoint_path().empty() ? "" : " in ",
-                Printable(job.checkpoint_path()).c_str(),
-                static_cast<long long>(job.skipped_steps()));
-  }
-  if (!job.resumed_from().empty()) {
-    std::printf("resumed from %s\n", Printable(job.resumed_from()).c_str());
-    for (const std::string& why : job.checkpoints_passed_over()) {
-      std::printf("  passed over %s\n", Printable(why).c_str());
-    }
-  }
-  // `stages: auto`: the plan, and its predictions against what the ranks report.
-  if (job.has_plan()) {
-    const v1::PlannedLayout& p = job.plan();
-    std::printf("planned by %s for %d workers: %s\n", Printable(p.planner()).c_str(),
-                p.workers(), Printable(p.layout()).c_str());
-    double measured = 0;  // the slowest rank's last step
-    for (const v1::StageStatus& s : job.stage_status()) {
-      measured = std::max(measured, s.breakdown().last_step_s());
-    }
-    std::printf("  step: predicted %.2f ms", p.predicted_step_time_s() * 1e3);
-    if (measured > 0) std::printf(", measured %.2f ms (last step)", measured * 1e3);
-    std::printf("\n  peak tensor memory per stage, predicted (measured on replica 0):");
-    for (int s = 0; s < p.predicted_peak_memory_bytes_size(); ++s) {
-      int64_t measured_bytes = 0;
-      for (const v1::StageStatus& st : job.stage_status()) {
-        if (st.stage() == s && st.replica() == 0) measured_bytes = st.peak_tensor_bytes();
-      }
-      std::printf(" %s", MebiBytes(p.predicted_peak_memory_bytes(s)).c_str());
-      if (measured_bytes > 0) std::printf(" (%s)", MebiBytes(measured_bytes).c_str());
-    }
-    std::printf("\n");
-  }
-  // Each restart: what ended the generation before it, where it went on, how fast.
-  for (const v1::Recovery& r : job.recoveries()) {
-    std::printf("restart to generation %d: %s\n  after step %lld, from step %lld on %d stages x "
-                "%d replicas x %d micro-batches",
-                r.generation(), Printable(r.cause()).c_str(),
-                static_cast<long long>(r.failed_after_step() + 1),
-                static_cast<long long>(r.resumed_at_step()), r.stages(), r.replicas(),
-                r.microbatches());
-    if (r.first_step_unix_ms() > 0) {
-      std::printf("; first good step %.2f s after the fault was seen",
-                  (r.first_step_unix_ms() - r.detected_unix_ms()) / 1e3);
-    }
-    std::printf("\n");
-  }
-  if (job.stage_status_size() == 0) return;
-  std::printf("%-6s %-8s %-10s %-6s %-12s %-14s %-10s %-10s %-10s %-10s\n", "stage", "replica",
-              "worker", "step", "state", "action", "compute_s", "wait_s", "params", "peak_mem");
-  for (const v1::StageStatus& s : job.stage_status()) {
-    std::string action = Printable(s.action());
-    if (!s.waiting_for().empty()) action += " <- " + Printable(s.waiting_for());
-    std::printf("%-6d %-8d %-10s %-6lld %-12s %-14s %-10.3f %-10.3f %-10s %-10s\n", s.stage(),
-                s.replica(), Printable(s.worker_id()).c_str(), static_cast<long long>(s.step() + 1),
-                StateName(s.state()).c_str(), action.empty() ? "-" : action.c_str(), s.compute_s(),
-                s.wait_s(), MebiBytes(s.parameter_bytes()).c_str(),
-                MebiBytes(s.peak_memory_bytes()).c_str());
-  }
-  if (job.state() != v1::JOB_STATE_RUNNING) return;
-  // Stage x replica grid of what each rank does, and whom it waits for: in a stuck job the
-  // arrows show the chain (or cycle) of waits.
-  int waiting = 0;
-  for (const v1::StageStatus& s : job.stage_status()) waiting += !s.waiting_for().empty();
-  if (waiting == 0) return;
-  std::printf("\nwho waits for whom (as of the last heartbeats):\n%-8s", "");
-  for (int r = 0; r < job.replicas(); ++r) std::printf("  %-24s", absl::StrCat("replica ", r).c_str());
-  std::printf("\n");
-  for (int st = 0; st < job.stages(); ++st) {
-    std::printf("%-8s", absl::StrCat("stage ", st).c_str());
-    for (int r = 0; r < job.replicas(); ++r) {
-      const int rank = r * job.stages() + st;
-      std::string cell = "-";
-      if (rank < job.stage_status_size()) {
-        const v1::StageStatus& s = job.stage_status(rank);
-        if (!s.action().empty()) cell = Printable(s.action());
-        if (!s.waiting_for().empty()) cell += " -> " + Printable(s.waiting_for());
-      }
-      std::printf("  %-24s", cell.c_str());
-    }
-    std::printf("\n");
-  }
-  if (waiting == job.stage_status_size()) {
-    std::printf("every rank is waiting: if this stays so, the job is stuck where the arrows "
-                "meet (each wait ends with an error naming it after timeout_s)\n");
-  }
-}
-
-// Where `job` is, for the progress line; its elapsed time from the coordinator's clock (to
-// now while it runs, so as this machine's clock agrees).
-progress::Progress ProgressOf(const v1::Job& job) {
-  progress::Progress p;
-  p.state = StateName(job.state());
-  p.done = job.step() + 1;
-  p.steps = job.steps();
-  p.loss = job.loss();
-  p.rate = job.tokens_per_s();
-  p.unit = job.data_unit();
-  if (job.started_unix_ms() > 0) {
-    const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms()
-                                                   : absl::ToUnixMillis(absl::Now());
-    p.elapsed_s = static_cast<double>(end - job.started_unix_ms()) / 1e3;
-  }
-  return p;
-}
-
-// Follows a job until it ends: the progress line (runtime/base/progress_line.h) on stderr.
-int Follow(Client& client, const std::string& id, bool json, bool quiet = false) {
-  grpc::ClientContext ctx;
-  v1::GetJobRequest request;
-  request.set_id(id);
-  auto reader = client.stub()->WatchJob(&ctx, request);
-  v1::Job job;
-  progress::ProgressLine line(isatty(STDERR_FILENO));
-  bool have = false;
-  while (reader->Read(&job)) {
-    have = true;
-    if (json) {
-      std::printf("%s\n", Json(job).c_str());
-      std::fflush(stdout);
-    } else if (!quiet) {
-      std::fputs(line.Update(ProgressOf(job)).c_str(), stderr);
-    }
-    if (JobEnded(job.state())) break;
-  }
-  std::fputs(line.Finish().c_str(), stderr);
-  grpc::Status s = reader->Finish();
-  if (!have) return client.Fail(s, absl::StrCat("following ", id));
-  if (!JobEnded(job.state())) {
-    return client.Fail(
-        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream ended early") : s,
-        absl::StrCat("following ", id));
-  }
-  if (!json && !quiet) {
-    std::printf("job %s %s%s%s\n", Printable(id).c_str(), StateName(job.state()).c_str(),
-                job.message().empty() ? "" : ": ", Printable(job.message()).c_str());
-  }
-  return job.state() == v1::JOB_STATE_SUCCEEDED ? exit_code::kOk : exit_code::kJobFailed;
-}
-
-// The options of `pipetrain run`'s own calls to its local cluster: plaintext loopback,
-// sending $PIPETRAIN_TOKEN if it is set (the daemons it starts inherit it, and then ask for it).
-Common LocalClusterCommon(const std::string& address) {
-  Common common;
-  common.coordinator = address;
-  common.security.token = rpc::LoadToken("").value_or("");
-  auto channel = rpc::MakeChannel(address, common.security);
-  common.channel =
-      channel.ok() ? *channel : grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  return common;
-}
-
-}  // namespace
-
-int SubmitJob(const std::string& address, const v1::JobSpec& spec, v1::Job* job,
-              const std::string& model_profile_json) {
-  Client client(LocalClusterCommon(address));
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = spec;
-  request.set_model_profile_json(model_profile_json);
-  grpc::Status s = client.Call(&v1::JobService::Stub::SubmitJob, request, job);
-  return s.ok() ? 0 : client.Fail(s, "submit");
-}
-
-int WaitForWorkers(const std::string& address, int workers, absl::Duration timeout) {
-  Client client(LocalClusterCommon(address));
-  const absl::Time deadline = absl::Now() + timeout;
-  int registered = 0;
-  while (true) {
-    v1::ListWorkersRequest request;
-    v1::ListWorkersResponse response;
-    grpc::Status s = client.Call(&v1::JobService::Stub::ListWorkers, request, &response);
-    if (!s.ok()) return client.Fail(s, "listing the workers");
-    registered = 0;
-    for (const v1::WorkerInfo& w : response.workers()) registered += w.state() != v1::WORKER_STATE_LOST;
-    if (registered >= workers) return 0;
-    if (absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  std::fprintf(stderr, "pipetrain: only %d of %d workers registered within %s\n", registered,
-               workers, absl::FormatDuration(timeout).c_str());
-  return exit_code::kUnavailable;
-}
-
-int FollowJob(const std::string& address, const std::string& id, bool quiet, v1::Job* job) {
-  Client client(LocalClusterCommon(address));
-  const int code = Follow(client, id, /*json=*/false, quiet);
-  v1::GetJobRequest request;
-  request.set_id(id);
-  if (code != exit_code::kUnavailable &&
-      client.Call(&v1::JobService::Stub::GetJob, request, job).ok() && !quiet) {
-    std::printf("\n");
-    PrintJobTable(*job);
-  }
-  return code;
-}
-
 
 namespace {
 
 // What the job commands share: the options every one takes, and the one chosen on the
 // command line (set by its callback, run once the token and TLS files are read).
 struct JobCommands {
-  std::shared_ptr<Common> common;
+  std::shared_ptr<ClientOptions> common;
   std::shared_ptr<std::function<int()>> chosen;
 
   // Adds the options every command takes to `cmd`.
@@ -342,7 +65,7 @@ struct JobCommands {
 
 // `submit`: a job file to the coordinator; prints its id (and follows it with -f).
 void AddSubmit(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto submit = app.add_subcommand(
       "submit", "Submit a job to the coordinator (a YAML job file, the flags below over it; "
@@ -369,7 +92,7 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
                      std::string(valid.message()).c_str());
         return exit_code::For(valid);
       }
-      Client client(*common);
+      JobClient client(*common);
       v1::SubmitJobRequest request;
       *request.mutable_spec() = *spec;
       if (spec->auto_stages()) {  // the coordinator plans it with the model's profile
@@ -389,14 +112,14 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
         std::printf("%s\n", job.id().c_str());
         std::fflush(stdout);
       }
-      return *follow ? Follow(client, job.id(), common->output == "json") : 0;
+      return *follow ? FollowJobStream(client, job.id(), common->output == "json") : 0;
     };
   });
 }
 
 // `status`: a job's state and per-stage table.
 void AddStatus(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto status = app.add_subcommand("status", "A job's state and per-stage table");
   auto status_id = std::make_shared<std::string>();
@@ -404,7 +127,7 @@ void AddStatus(CLI::App& app, const JobCommands& c) {
   c.AddCommonOptions(status);
   status->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       v1::GetJobRequest request;
       request.set_id(*status_id);
       v1::Job job;
@@ -422,7 +145,7 @@ void AddStatus(CLI::App& app, const JobCommands& c) {
 
 // `metrics`: where each rank of a job spends a step (client/stage_breakdown.h).
 void AddMetrics(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto metrics = app.add_subcommand(
       "metrics",
@@ -438,7 +161,7 @@ void AddMetrics(CLI::App& app, const JobCommands& c) {
   c.AddCommonOptions(metrics);
   metrics->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       v1::GetJobRequest request;
       request.set_id(*id);
       while (true) {
@@ -461,13 +184,13 @@ void AddMetrics(CLI::App& app, const JobCommands& c) {
 
 // `list`: every job, oldest first.
 void AddList(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto list = app.add_subcommand("list", "Every job, oldest first");
   c.AddCommonOptions(list);
   list->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       v1::ListJobsRequest request;  // page after page: no answer nears the message limit
       do {
         v1::ListJobsResponse response;
@@ -497,7 +220,7 @@ void AddList(CLI::App& app, const JobCommands& c) {
 
 // `cancel`: a queued or running job.
 void AddCancel(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
   auto cancel_id = std::make_shared<std::string>();
@@ -505,7 +228,7 @@ void AddCancel(CLI::App& app, const JobCommands& c) {
   c.AddCommonOptions(cancel);
   cancel->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       v1::CancelJobRequest request;
       request.set_id(*cancel_id);
       v1::Job job;
@@ -520,7 +243,7 @@ void AddCancel(CLI::App& app, const JobCommands& c) {
 
 // `flush`, `switch`, `checkpoint`, `stop`: step commands at a named step boundary.
 void AddStepCommands(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   struct StepCommandVerb {
     const char* name;
@@ -553,7 +276,7 @@ void AddStepCommands(CLI::App& app, const JobCommands& c) {
     const std::string name = verb.name;
     cmd->callback([=] {
       *chosen = [=]() -> int {
-        Client client(*common);
+        JobClient client(*common);
         v1::SendCommandRequest request;
         request.set_job_id(*id);
         request.set_command(command);
@@ -576,7 +299,7 @@ void AddStepCommands(CLI::App& app, const JobCommands& c) {
 
 // `logs`: a job's events (and the ones to come with -f).
 void AddLogs(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto logs = app.add_subcommand("logs", "A job's events");
   auto logs_id = std::make_shared<std::string>();
@@ -586,9 +309,9 @@ void AddLogs(CLI::App& app, const JobCommands& c) {
   c.AddCommonOptions(logs);
   logs->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       grpc::ClientContext ctx;
-      if (!*logs_follow) client.Prepare(&ctx);
+      if (!*logs_follow) client.SetDeadline(&ctx);
       v1::StreamEventsRequest request;
       request.set_job_id(*logs_id);
       request.set_follow(*logs_follow);
@@ -614,13 +337,13 @@ void AddLogs(CLI::App& app, const JobCommands& c) {
 
 // `workers`: the worker pool.
 void AddWorkers(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto workers = app.add_subcommand("workers", "The worker pool");
   c.AddCommonOptions(workers);
   workers->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       v1::ListWorkersResponse response;
       grpc::Status s =
           client.Call(&v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response);
@@ -650,15 +373,15 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
 
 // `health`: whether the coordinator serves (gRPC health check).
 void AddHealth(CLI::App& app, const JobCommands& c) {
-  const std::shared_ptr<Common>& common = c.common;
+  const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto health = app.add_subcommand("health", "Whether the coordinator serves (gRPC health check)");
   c.AddCommonOptions(health);
   health->callback([=] {
     *chosen = [=]() -> int {
-      Client client(*common);
+      JobClient client(*common);
       grpc::ClientContext ctx;
-      client.Prepare(&ctx);
+      client.SetDeadline(&ctx);
       bool serving = false;
       const grpc::Status status = rpc::CheckServing(client.channel(), &ctx, &serving);
       if (!status.ok()) return client.Fail(status, absl::StrCat("health of ", common->coordinator));
@@ -676,7 +399,7 @@ void AddHealth(CLI::App& app, const JobCommands& c) {
 }  // namespace
 
 std::function<int()> AddJobCommands(CLI::App& app) {
-  auto common = std::make_shared<Common>();
+  auto common = std::make_shared<ClientOptions>();
   const char* env = std::getenv("PIPETRAIN_COORDINATOR");
   common->coordinator = env ? env : "127.0.0.1:7070";
   auto chosen = std::make_shared<std::function<int()>>();

@@ -17,17 +17,17 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/daemon_process.h"
-#include "client/jobs.h"
+#include "client/cluster_calls.h"
 #include "jobspec/job_config_from_spec.h"
+#include "jobspec/run_summary.h"
 #include "jobspec/spec_text.h"
 #include "proto/states.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/schedule/schedule.h"
 
 namespace pipetrain::client {
 
@@ -114,43 +114,56 @@ int RunChild(const std::vector<std::string>& argv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code::kJobFailed;
 }
 
-// The summary of a job run on the local cluster, from the coordinator's last view of it.
-absl::Status WriteSummary(const std::string& path, const v1::Job& job, double wall_s) {
-  nlohmann::json j;
-  j["job_id"] = job.id();
-  j["name"] = job.spec().name();
-  j["state"] = StateName(job.state());
-  j["stages"] = job.stages();
-  j["replicas"] = job.replicas();
-  j["steps"] = job.steps();
-  j["final_loss"] = job.loss();
-  j[job.data_unit() == "tok" ? "tokens_per_s" : "samples_per_s"] = job.tokens_per_s();
-  j["wall_s"] = wall_s;
-  j["per_stage"] = nlohmann::json::array();
-  for (const v1::StageStatus& s : job.stage_status()) {
-    j["per_stage"].push_back({{"stage", s.stage()},
-                              {"replica", s.replica()},
-                              {"worker", s.worker_id()},
-                              {"compute_s", s.compute_s()},
-                              {"wait_s", s.wait_s()},
-                              {"parameter_bytes", s.parameter_bytes()},
-                              {"peak_memory_bytes", s.peak_memory_bytes()},
-                              {"peak_tensor_bytes", s.peak_tensor_bytes()}});
-  }
-  if (job.has_plan()) {  // `stages: auto`: what the coordinator planned and predicted
-    const v1::PlannedLayout& p = job.plan();
-    j["plan"] = {{"planner", p.planner()},
-                 {"layout", p.layout()},
-                 {"workers", p.workers()},
-                 {"predicted_step_time_s", p.predicted_step_time_s()},
-                 {"predicted_peak_memory_bytes",
-                  std::vector<int64_t>(p.predicted_peak_memory_bytes().begin(),
-                                       p.predicted_peak_memory_bytes().end())},
-                 {"memory_efficiency", p.memory_efficiency()}};
-  }
+// The summary of a job run on the local cluster (jobspec/run_summary.h: the schema every
+// launch mode writes), from the coordinator's last view of it and the steps it committed.
+absl::Status WriteSummary(const std::string& path, const std::string& address,
+                          const v1::Job& job, double wall_s) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
-  if (config.ok()) j["config"] = nlohmann::json::parse(job::JobConfigToJson(*config));
-  return WriteFileAtomically(path, j.dump(2));
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::vector<v1::CommittedStep>> steps = CommittedSteps(address, job.id());
+  if (!steps.ok()) {
+    return absl::Status(steps.status().code(),
+                        absl::StrCat("reading the steps ", job.id(), " committed: ",
+                                     steps.status().message()));
+  }
+  jobspec::RunSummary s;
+  s.launch = "cluster";
+  s.job_id = job.id();
+  s.state = StateName(job.state());
+  s.schedule = std::string(schedule::ScheduleKindName(config->schedule));
+  s.stages = job.stages();
+  s.replicas = job.replicas();
+  s.microbatches = config->micro_batches;
+  s.microbatch_size = config->micro_batch_size;
+  s.steps = job.steps();
+  s.first_step = steps->empty() ? 0 : steps->front().step();
+  for (const v1::CommittedStep& step : *steps) {
+    if (step.has_loss()) s.losses.push_back(step.loss());
+  }
+  s.skipped_steps = job.skipped_steps();
+  s.step_time_s = job.step_time_s();
+  // The coordinator's rate is of the job's unit: tokens of token data, else samples.
+  const bool tokens = job.data_unit() == "tok";
+  s.samples_per_s = tokens ? job.tokens_per_s() / config->data.seq_len : job.tokens_per_s();
+  if (tokens) s.tokens_per_s = job.tokens_per_s();
+  s.wall_s = wall_s;
+  for (const v1::StageStatus& st : job.stage_status()) {
+    if (st.replica() != 0) continue;
+    s.partition.emplace_back(st.layers_begin(), st.layers_end());
+    jobspec::StageSummary stage;
+    stage.stage = st.stage();
+    stage.layers = std::make_pair(st.layers_begin(), st.layers_end());
+    stage.worker = st.worker_id();
+    stage.compute_s = st.compute_s();
+    stage.wait_s = st.wait_s();
+    stage.parameter_bytes = st.parameter_bytes();
+    stage.peak_memory_bytes = st.peak_memory_bytes();
+    stage.peak_tensor_bytes = st.peak_tensor_bytes();
+    s.per_stage.push_back(std::move(stage));
+  }
+  if (job.has_plan()) s.plan_json = jobspec::PlannedLayoutJson(job.plan());
+  s.config_json = job::JobConfigToJson(*config);
+  return WriteFileAtomically(path, jobspec::RunSummaryJson(s));
 }
 
 }  // namespace
@@ -267,15 +280,15 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   }
   v1::Job final_job;
   int code = FollowJob(address, job.id(), run.quiet, &final_job);
-  stop_all();
-  if (code == exit_code::kOk && !run.summary_file.empty()) {
+  if (code == exit_code::kOk && !run.summary_file.empty()) {  // the coordinator still serves
     const double wall_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (absl::Status s = WriteSummary(run.summary_file, final_job, wall_s); !s.ok()) {
+    if (absl::Status s = WriteSummary(run.summary_file, address, final_job, wall_s); !s.ok()) {
       std::fprintf(stderr, "pipetrain: %s\n", std::string(s.message()).c_str());
       code = exit_code::kJobFailed;
     }
   }
+  stop_all();
   if (code == exit_code::kOk && !run.weights_file.empty()) {
     // The stage files are LibTorch's: pipetrain-run gathers them.
     const std::string runner = FindDaemon("pipetrain-run");

@@ -102,6 +102,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   st->set_parameter_bytes(r.parameter_bytes());
   st->set_peak_memory_bytes(r.peak_memory_bytes());
   st->set_peak_tensor_bytes(r.peak_tensor_bytes());
+  st->set_layers_begin(r.layers_begin());
+  st->set_layers_end(r.layers_end());
   *st->mutable_breakdown() = r.breakdown();
   st->set_state(v1::STAGE_STATE_RUNNING);
   const StepLedger::Recorded recorded = e.ledger.Record(r);
@@ -111,6 +113,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
         ->set_straggler_ratio(recorded.straggler_ratios[s]);
   }
   if (recorded.tokens_per_s) e.job.set_tokens_per_s(*recorded.tokens_per_s);
+  if (recorded.step_time_s) e.job.set_step_time_s(*recorded.step_time_s);
   if (!r.resumed_from().empty() && r.rank() == 0) {
     e.job.set_resumed_from(r.resumed_from().substr(0, 4096));
     e.job.clear_checkpoints_passed_over();

@@ -22,6 +22,10 @@ absl::Status CheckStepReportFields(const v1::StepReport& r, int stages, const st
   if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0 || r.peak_tensor_bytes() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
   }
+  if (r.layers_begin() < 0 || r.layers_end() < r.layers_begin()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": layers [", r.layers_begin(), ", ", r.layers_end(), ") are not a range"));
+  }
   const std::string& committed = r.checkpoint_committed();
   if (!committed.empty() && (r.rank() >= stages || committed.size() > 4096 ||
                              committed.front() != '/' || !WithoutControlCharacters(committed))) {

@@ -121,6 +121,20 @@ class JobServiceImpl final : public v1::JobService::Service {
                            v1::SendCommandResponse* response) override {
     return Reply(c_->SendCommand(*request), response);
   }
+  grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest* request,
+                         v1::ListStepsResponse* response) override {
+    absl::StatusOr<std::vector<StoredStep>> steps = c_->Steps(request->job_id(), request->after_step());
+    if (!steps.ok()) return ToGrpcStatus(steps.status());
+    for (const StoredStep& stored : *steps) {
+      v1::CommittedStep* step = response->add_steps();
+      step->set_step(stored.step);
+      step->set_generation(stored.generation);
+      step->set_has_loss(stored.has_loss);
+      step->set_loss(stored.loss);
+      step->set_unix_ms(stored.unix_ms);
+    }
+    return grpc::Status::OK;
+  }
 
  private:
   static grpc::Status Stopping() {

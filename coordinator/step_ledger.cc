@@ -73,6 +73,11 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
       out.tokens_per_s = static_cast<double>(tokens_per_step_) * (r.step() - first_report_step_) /
                          (r.end_s() - first_end_s_);
     }
+    if (last_end_s_ >= 0) {
+      step_times_s_.Add(std::max(0.0, r.end_s() - last_end_s_));
+      out.step_time_s = step_times_s_.Median();
+    }
+    last_end_s_ = r.end_s();
   }
   const int64_t done = *std::min_element(last_step_.begin(), last_step_.end());
   for (int64_t t = committed_ + 1; t <= done; ++t) {

@@ -1,7 +1,7 @@
 // One generation's step accounting for a running job, from its ranks' step reports: the
 // last step each rank finished, the steps every rank has finished (committed), each
 // committed step's loss (the mean over the replicas' last stages), the job's throughput and
-// each stage's compute per step against the median stage's (straggler ratios).
+// median step time, and each stage's compute per step against the median stage's (straggler ratios).
 //
 // Pure: no clock, no I/O; the caller checks a report (report_checks.h) and that it is its
 // rank's next step (Expects) before recording it. Thread-compatible (the coordinator holds
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pipetrain/v1/coordinator_service.pb.h"
+#include "runtime/base/running_median.h"
 
 namespace pipetrain::coordinator {
 
@@ -55,6 +56,9 @@ class StepLedger {
     int replica_first_rank = 0;
     std::vector<double> straggler_ratios;
     std::optional<double> tokens_per_s;  // from rank 0's reports, once two steps apart
+    // The median of rank 0's step-to-step times (its end_s), from the generation's second
+    // reported step on; set with each such report.
+    std::optional<double> step_time_s;
   };
   // Records rank `report.rank()`'s step `report.step()` (checked by the caller: in range and
   // the rank's next step).
@@ -74,6 +78,8 @@ class StepLedger {
   std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed
   double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
   int64_t first_report_step_ = 0;
+  double last_end_s_ = -1;  // rank 0's end_s of its last reported step
+  RunningMedian step_times_s_;  // rank 0's step-to-step times
 };
 
 }  // namespace pipetrain::coordinator

@@ -16,11 +16,11 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "jobspec/run_summary.h"
 #include "run/plan_command.h"
 #include "jobspec/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
@@ -67,52 +67,53 @@ class ProgressPrinter {
   progress::ProgressLine line_;
 };
 
-nlohmann::json ReportToJson(const job::JobReport& r) {
-  nlohmann::json j;
-  j["schedule"] = r.schedule;
-  j["stages"] = r.stages;
-  j["replicas"] = r.replicas;
-  j["microbatches"] = r.micro_batches;
-  j["microbatch_size"] = r.micro_batch_size;
-  j["steps"] = r.steps;
-  j["model"] = r.model_summary;
-  j["data"] = r.data_summary;
-  j["partition"] = nlohmann::json::array();
-  for (const auto& range : r.partition) j["partition"].push_back({range.begin, range.end});
-  j["losses"] = r.losses;
-  j["first_loss"] = r.losses.front();
-  j["first_step"] = r.first_step;  // of losses[0]: a resumed run's checkpoint step
-  // Updates skipped for a non-finite loss or gradient (every rank skips the same steps).
-  j["skipped_steps"] = r.stage_stats.empty() ? 0 : r.stage_stats[0].skipped_steps;
-  j["final_loss"] = r.losses.back();
-  if (r.data_entropy) j["data_entropy"] = *r.data_entropy;
-  j["step_time_s"] = r.step_time_s;
-  j["ideal_step_time_s"] = r.ideal_step_time_s;
+// The run's summary (jobspec/run_summary.h: the schema every launch mode writes).
+jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& config,
+                              const std::string& launch) {
+  jobspec::RunSummary s;
+  s.launch = launch;
+  s.schedule = r.schedule;
+  s.stages = r.stages;
+  s.replicas = r.replicas;
+  s.microbatches = r.micro_batches;
+  s.microbatch_size = r.micro_batch_size;
+  s.steps = r.steps;
+  s.model = r.model_summary;
+  s.data = r.data_summary;
+  for (const auto& range : r.partition) s.partition.emplace_back(range.begin, range.end);
+  s.first_step = r.first_step;
+  s.losses = r.losses;
+  // Every rank skips the same steps.
+  s.skipped_steps = r.stage_stats.empty() ? 0 : r.stage_stats[0].skipped_steps;
+  s.data_entropy = r.data_entropy;
+  s.step_time_s = r.step_time_s;
+  s.ideal_step_time_s = r.ideal_step_time_s;
   if (r.replicas > 1) {
-    j["allreduce_s"] = r.allreduce_s;
-    j["exposed_allreduce_s"] = r.exposed_allreduce_s;
+    s.allreduce_s = r.allreduce_s;
+    s.exposed_allreduce_s = r.exposed_allreduce_s;
   }
-  j["pipeline_efficiency"] = r.step_time_s > 0 ? r.ideal_step_time_s / r.step_time_s : 0.0;
-  j["samples_per_s"] = r.samples_per_s;
-  if (r.token_data) j["tokens_per_s"] = r.tokens_per_s;
-  j["wall_s"] = r.wall_s;
-  j["threads_per_stage"] = r.threads_per_stage;
-  j["per_stage"] = nlohmann::json::array();
-  for (const auto& s : r.per_stage) {
-    j["per_stage"].push_back({{"stage", s.stage},
-                              {"layers", {s.layers.begin, s.layers.end}},
-                              {"peak_stashed_microbatches", s.peak_stashed_microbatches},
-                              {"peak_weight_versions", s.peak_weight_versions},
-                              {"compute_s", s.compute_s},
-                              {"wait_s", s.wait_s},
-                              {"allreduce_s", s.allreduce_s},
-                              {"parameter_bytes", s.parameter_bytes},
-                              {"peak_memory_bytes", s.peak_memory_bytes},
-                              {"peak_tensor_bytes", s.peak_tensor_bytes},
-                              {"bytes_sent", s.bytes_sent}});
+  s.samples_per_s = r.samples_per_s;
+  if (r.token_data) s.tokens_per_s = r.tokens_per_s;
+  s.wall_s = r.wall_s;
+  s.threads_per_stage = r.threads_per_stage;
+  for (const job::StageReport& st : r.per_stage) {
+    jobspec::StageSummary stage;
+    stage.stage = st.stage;
+    stage.layers = std::make_pair(st.layers.begin, st.layers.end);
+    stage.compute_s = st.compute_s;
+    stage.wait_s = st.wait_s;
+    stage.allreduce_s = st.allreduce_s;
+    stage.peak_stashed_microbatches = st.peak_stashed_microbatches;
+    stage.peak_weight_versions = st.peak_weight_versions;
+    stage.parameter_bytes = st.parameter_bytes;
+    stage.peak_memory_bytes = st.peak_memory_bytes;
+    stage.peak_tensor_bytes = st.peak_tensor_bytes;
+    stage.bytes_sent = st.bytes_sent;
+    s.per_stage.push_back(std::move(stage));
   }
-  if (r.max_param_rel_diff) j["max_param_rel_diff"] = *r.max_param_rel_diff;
-  return j;
+  s.max_param_rel_diff = r.max_param_rel_diff;
+  s.config_json = job::JobConfigToJson(config);
+  return s;
 }
 
 void PrintSummary(const job::JobReport& r) {
@@ -208,11 +209,10 @@ absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
 
 // Writes what the run's outputs ask for; the first failure is returned.
 absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConfig& config,
-                          const job::JobReport& report) {
+                          const std::string& launch, const job::JobReport& report) {
   if (!outputs.summary.empty()) {
-    nlohmann::json j = ReportToJson(report);
-    j["config"] = nlohmann::json::parse(job::JobConfigToJson(config));
-    PT_RETURN_IF_ERROR(WriteFileAtomically(outputs.summary, j.dump(2)));
+    PT_RETURN_IF_ERROR(WriteFileAtomically(
+        outputs.summary, jobspec::RunSummaryJson(SummaryOf(report, config, launch))));
   }
   if (!outputs.trace.empty()) {
     PT_RETURN_IF_ERROR(WriteFileAtomically(outputs.trace, job::ChromeTraceJson(report)));
@@ -248,7 +248,7 @@ int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfi
     report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
   }
   if (!outputs.quiet) PrintSummary(*report);
-  if (absl::Status s = WriteOutputs(outputs, config, *report); !s.ok()) {
+  if (absl::Status s = WriteOutputs(outputs, config, flags.launch, *report); !s.ok()) {
     return Fail(s, exit_code::kJobFailed);
   }
   return exit_code::kOk;

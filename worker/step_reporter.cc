@@ -10,6 +10,7 @@ namespace pipetrain::worker {
 
 v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& worker_id,
                               const executor::StepRecord& step, int64_t parameter_bytes,
+                              model::LayerRange layers,
                               const v1::StageBreakdown& breakdown, StepNews news) {
   v1::StepReport report;
   report.set_worker_id(worker_id);
@@ -34,6 +35,8 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
   report.set_compute_s(step.compute_s);
   report.set_wait_s(step.wait_s);
   report.set_parameter_bytes(parameter_bytes);
+  report.set_layers_begin(layers.begin);
+  report.set_layers_end(layers.end);
   *report.mutable_breakdown() = breakdown;
   for (v1::StepCommand c : jobspec::StepCommandsOf(step.commands_after)) {
     report.add_commands_after(c);

@@ -22,6 +22,7 @@
 #include "pipetrain/v1/coordinator_service.pb.h"
 #include "pipetrain/v1/worker_service.pb.h"
 #include "runtime/executor/stage_executor.h"
+#include "runtime/model/partition.h"
 #include "worker/coordinator_client.h"
 
 namespace pipetrain::worker {
@@ -35,10 +36,11 @@ struct StepNews {
 };
 
 // The report of `step` of `assignment` run by `worker_id`: its times, loss and commands, the
-// stage's time breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per
+// stage's parameter bytes and layers, its time breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per
 // failure or checkpoint passed over, 16 of those, 4 KiB for a path).
 v1::StepReport MakeStepReport(const v1::StageAssignment& assignment, const std::string& worker_id,
                               const executor::StepRecord& step, int64_t parameter_bytes,
+                              model::LayerRange layers,
                               const v1::StageBreakdown& breakdown, StepNews news);
 
 // `on_stop` runs when the coordinator answers that the job no longer runs.

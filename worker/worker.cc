@@ -358,12 +358,17 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     AbortStage("the coordinator ended the job");
   });
-  int64_t parameter_bytes = 0;  // written before the first step, on the stage's thread
-  hooks.on_built = [&parameter_bytes](int64_t bytes) { parameter_bytes = bytes; };
+  // Written before the first step, on the stage's thread.
+  int64_t parameter_bytes = 0;
+  model::LayerRange layers;
+  hooks.on_built = [&](int64_t bytes, model::LayerRange built) {
+    parameter_bytes = bytes;
+    layers = built;
+  };
   const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
   hooks.on_step = [&](const executor::StepRecord& step) {
     stage_metrics.OnStep(step);
-    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes,
+    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes, layers,
                                            ToBreakdown(stage_metrics.times()),
                                            std::exchange(news, StepNews()));
     if (!reporter.Add(std::move(report), report_patience)) {

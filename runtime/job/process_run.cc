@@ -19,6 +19,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/rank_layout.h"
@@ -48,6 +49,9 @@ std::string ProgressKey(const char* what, int64_t step) {
   return absl::StrCat("progress/", what, "/", step);
 }
 
+// `x` as text that absl::SimpleAtod reads back bitwise (StrCat keeps 6 digits only).
+std::string RoundTripText(double x) { return absl::StrFormat("%.17g", x); }
+
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
@@ -76,10 +80,10 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
     if (step.mean_loss) {
       (void)store->Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica),
-                       absl::StrCat(*step.mean_loss));
+                       RoundTripText(*step.mean_loss));
     }
     if (stage == 0 && replica == 0) {
-      (void)store->Set(ProgressKey("end", step.step), absl::StrCat(step.end_s));
+      (void)store->Set(ProgressKey("end", step.step), RoundTripText(step.end_s));
     }
   };
   absl::StatusOr<StageOutcome> outcome = RunStage(c, args.rank, store, hooks);

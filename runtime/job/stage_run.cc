@@ -171,7 +171,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
-    if (hooks.on_built) hooks.on_built(parts.parameter_bytes);
+    if (hooks.on_built) hooks.on_built(parts.parameter_bytes, plan.partition[stage]);
     if (hooks.on_transport) hooks.on_transport(transport.get());
     if (rank == 0) parts.config.commands = hooks.commands.get();
     parts.config.on_action = hooks.on_action;

@@ -34,8 +34,9 @@ struct StageRunHooks {
   std::function<void(transport::Transport*)> on_transport;
   // Called when the stage's thread leaves the transport (before it is destroyed).
   std::function<void()> on_transport_gone;
-  // Called once the stage's layers are built, with one version's parameter bytes.
-  std::function<void(int64_t parameter_bytes)> on_built;
+  // Called once the stage's layers are built, with one version's parameter bytes and the
+  // layers it runs.
+  std::function<void(int64_t parameter_bytes, model::LayerRange layers)> on_built;
   // Called with the stage's executor once it exists (its Activity() and Stop() may then be
   // used from any thread), and with nullptr before it is destroyed.
   std::function<void(executor::StageExecutor*)> on_executor;

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -314,12 +316,71 @@ dtype: float64
   EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
 }
 
+// The keys of a JSON object, sorted.
+std::vector<std::string> KeysOf(const nlohmann::json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
+
+// The summaries of one job run in each launch mode (keyed by the mode) follow one schema and
+// agree on what every mode measures. The keys a mode leaves null are exactly `nulls`
+// (docs/design.md section 8.8).
+void ExpectOneSummarySchema(const std::map<std::string, nlohmann::json>& summaries) {
+  const std::map<std::string, std::set<std::string>> nulls = {
+      {"threads", {"job_id", "plan", "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s",
+                   "stage.worker"}},
+      {"processes", {"job_id", "plan", "max_param_rel_diff", "allreduce_s",
+                     "exposed_allreduce_s", "stage.worker"}},
+      {"cluster", {"model", "data", "ideal_step_time_s", "pipeline_efficiency", "plan",
+                   "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s", "data_entropy",
+                   "threads_per_stage", "stage.allreduce_s", "stage.peak_stashed_microbatches",
+                   "stage.peak_weight_versions", "stage.bytes_sent"}},
+  };
+  const nlohmann::json& first = summaries.begin()->second;
+  for (const auto& [launch, j] : summaries) {
+    SCOPED_TRACE("summary of --launch " + launch);
+    EXPECT_EQ(j["launch"], launch);
+    EXPECT_EQ(KeysOf(j), KeysOf(first));
+    std::set<std::string> null_keys;
+    for (const auto& [key, value] : j.items()) {
+      if (value.is_null()) null_keys.insert(key);
+    }
+    ASSERT_FALSE(j["per_stage"].empty());
+    for (const nlohmann::json& stage : j["per_stage"]) {
+      EXPECT_EQ(KeysOf(stage), KeysOf(first["per_stage"][0]));
+      for (const auto& [key, value] : stage.items()) {
+        if (value.is_null()) null_keys.insert("stage." + key);
+      }
+    }
+    EXPECT_EQ(null_keys, nulls.at(launch));
+    for (const char* same : {"state", "schedule", "stages", "replicas", "microbatches",
+                             "microbatch_size", "steps", "partition", "first_step", "losses",
+                             "first_loss", "final_loss", "skipped_steps"}) {
+      EXPECT_EQ(j[same], first[same]) << same;
+    }
+    EXPECT_EQ(j["losses"].size(), first["steps"].get<size_t>());
+    for (size_t s = 0; s < j["per_stage"].size(); ++s) {
+      EXPECT_EQ(j["per_stage"][s]["layers"], first["partition"][s]);
+      EXPECT_EQ(j["per_stage"][s]["parameter_bytes"], first["per_stage"][s]["parameter_bytes"]);
+      EXPECT_GT(j["per_stage"][s]["compute_s"].get<double>(), 0);
+      EXPECT_GT(j["per_stage"][s]["peak_memory_bytes"].get<int64_t>(), 0);
+    }
+    EXPECT_GT(j["step_time_s"].get<double>(), 0);
+    EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  }
+}
+
 // One job, from a YAML file and from flags, runs as exactly that job in every launch mode:
 // the "config" each run reports is the spec's conversion (made here in process), name and
 // weights_dir included (on a cluster, with the checkpoint.dir of its own the coordinator
 // gives a job without one), and so is what --dry-run prints; every rank writes its weights to
 // weights_dir; --save-weights works in each mode, and the trained weights are bitwise the
-// same whichever launch ran them.
+// same whichever launch ran them. The summaries have one schema (jobspec/run_summary.h): the
+// same keys in every mode, at the top and in each stage, and the same layout, partition and
+// per-step losses (bitwise: the same arithmetic ran); a figure a mode does not measure is
+// null there, and only the ones docs/cli.md lists.
 TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
   absl::StatusOr<pipetrain::v1::JobSpec> spec =
       pipetrain::jobspec::JobSpecFromYaml(pipetrain::test::kOneJobYaml);
@@ -330,6 +391,7 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
   nlohmann::json expected = nlohmann::json::parse(pipetrain::job::JobConfigToJson(*config));
   const fs::path job_file = Write("one.yaml", pipetrain::test::kOneJobYaml);
   std::string first_weights;
+  std::map<std::string, nlohmann::json> summaries;  // by launch
   for (const std::string launch : {"threads", "processes", "cluster"}) {
     for (const std::string how : {"file", "flags"}) {
       SCOPED_TRACE(launch + " " + how);
@@ -359,8 +421,10 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
       if (first_weights.empty()) first_weights = trained;
       EXPECT_TRUE(trained == first_weights) << "the trained weights differ from threads/file's";
       fs::remove(weights);
+      summaries[launch] = j;
     }
   }
+  ExpectOneSummarySchema(summaries);
 }
 
 TEST_F(CliTest, BadPartitionNamesTheLayers) {

@@ -2,6 +2,7 @@
 // throughput and straggler ratios out; no coordinator, no clock.
 #include "coordinator/step_ledger.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -87,6 +88,30 @@ TEST(StepLedger, ThroughputComesFromRankZerosEndTimes) {
   EXPECT_DOUBLE_EQ(*ledger.Record(Report(0, 2, 0, 1.0, /*end_s=*/12)).tokens_per_s, 512.0);
 }
 
+// The median step time, as the runner's summary has it: rank 0's step-to-step times after
+// its first reported step, against the median computed here from the same end times.
+TEST(StepLedger, StepTimeIsTheMedianOfRankZerosStepToStepTimes) {
+  StepLedger ledger(2, 2, 0, -1, 1);
+  const std::vector<double> ends = {5.0, 5.5, 6.5, 6.7, 9.7, 10.1, 10.4};
+  std::vector<double> gaps;
+  for (size_t step = 0; step < ends.size(); ++step) {
+    ledger.Record(Report(1, static_cast<int64_t>(step), 0, 1.0, 100.0 * step));  // not rank 0
+    const StepLedger::Recorded r = ledger.Record(Report(0, static_cast<int64_t>(step), 0,
+                                                        std::nullopt, ends[step]));
+    if (step == 0) {
+      EXPECT_FALSE(r.step_time_s);
+      continue;
+    }
+    gaps.push_back(ends[step] - ends[step - 1]);
+    std::vector<double> sorted = gaps;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    ASSERT_TRUE(r.step_time_s);
+    EXPECT_NEAR(*r.step_time_s, median, 1e-12) << "after step " << step;
+  }
+}
+
 // Compute per step (its first, with warm-up, skipped) as a moving average weighing the
 // newest step 1/8; each stage's over the median of its replica's stages.
 TEST(StepLedger, StragglerRatiosFollowEachStagesComputePerStep) {
@@ -131,6 +156,10 @@ TEST(ReportChecks, EachBadFieldIsNamed) {
       {"infinite breakdown", [](v1::StepReport& r) {
          r.mutable_breakdown()->set_forward_s(std::numeric_limits<double>::infinity());
        }, "breakdown times must be finite"},
+      {"layers not a range", [](v1::StepReport& r) {
+         r.set_layers_begin(4);
+         r.set_layers_end(2);
+       }, "are not a range"},
       {"bubble above 1", [](v1::StepReport& r) {
          r.mutable_breakdown()->set_last_step_bubble_ratio(1.5);
        }, "a bubble ratio is at most 1"},
