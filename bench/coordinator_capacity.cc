@@ -54,6 +54,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/daemon_process.h"
+#include "runtime/base/subprocess.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
@@ -144,7 +145,7 @@ class OwnCoordinator {
     address_ = *address;
   }
   ~OwnCoordinator() {
-    pipetrain::client::StopDaemon(pid_, SIGTERM, absl::Seconds(10));
+    pipetrain::subprocess::Stop(pid_, SIGTERM, absl::Seconds(10));
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }

@@ -18,9 +18,10 @@
 
 namespace pipetrain::client {
 
-// Starts argv[0] with `argv`, stdin from /dev/null, stdout and stderr to `log` (truncated).
-// The child gets `death_signal` if this process dies first (PR_SET_PDEATHSIG), so that no
-// daemon outlives whoever started it. Returns its pid, or -1 if it cannot start.
+// Starts argv[0] with `argv` (runtime/base/subprocess.h), stdin from /dev/null, stdout and
+// stderr to `log` (truncated). The child gets `death_signal` if this process dies first, so
+// that no daemon outlives whoever started it. Returns its pid, or -1 if it cannot start.
+// Stop it with subprocess::Stop; subprocess::Exited says whether it has exited.
 pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log,
                   int death_signal);
 
@@ -30,13 +31,6 @@ absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t 
                                             absl::Duration timeout, const std::string& log);
 // The /metrics address a port file names ("" if none, or not written yet).
 std::string MetricsAddress(const std::string& port_file);
-
-// Sends `signal` and waits up to `grace` for the process to exit, then SIGKILLs it. Reaps it.
-// Its exit code; -1 if it ended by a signal or `pid` <= 0.
-int StopDaemon(pid_t pid, int signal, absl::Duration grace);
-
-// Whether `pid` has exited (and is reaped).
-bool DaemonExited(pid_t pid);
 
 // The last `lines` non-empty lines of `log`, each indented by four spaces.
 std::string LogTail(const std::string& log, int lines = 8);

@@ -1,45 +1,30 @@
 #include "client/local_cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/daemon_process.h"
 #include "client/cluster_calls.h"
+#include "client/daemon_process.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/run_summary.h"
 #include "jobspec/spec_text.h"
 #include "proto/states.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/subprocess.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::client {
 
 namespace fs = std::filesystem;
-
-void Exec(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  std::fprintf(stderr, "pipetrain: cannot start %s: %s\n", args[0], std::strerror(errno));
-}
 
 std::string FindDaemon(const std::string& name) {
   std::error_code ec;
@@ -68,50 +53,27 @@ absl::StatusOr<std::string> MeasureModelProfile(const v1::JobSpec& spec, bool qu
   }
   std::vector<std::string> argv = {runner, "--profile", "--spec-text", jobspec::JobSpecToText(spec)};
   if (quiet) argv.push_back("--quiet");
-  int out[2];
-  if (pipe(out) != 0) return absl::UnavailableError(std::strerror(errno));
-  const pid_t pid = fork();
-  if (pid < 0) return absl::UnavailableError(std::strerror(errno));
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    Exec(argv);
-    _exit(exit_code::kUnavailable);
-  }
-  close(out[1]);
-  std::string text;
-  char buffer[1 << 16];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  close(out[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  absl::StatusOr<subprocess::Captured> profiled = subprocess::RunCapturingStdout(argv);
+  if (!profiled.ok()) return profiled.status();
+  if (profiled->exit_code != 0) {
     return absl::FailedPreconditionError(
         "profiling the model for stages: auto failed (its error is above)");
   }
-  return text;
+  return std::move(profiled->stdout_text);
 }
 
 namespace {
 
-// Runs `argv` to its end; its exit code (kJobFailed if it was killed).
+// Runs `argv` to its end; its exit code (kJobFailed if it was killed, kUnavailable if it
+// could not start).
 int RunChild(const std::vector<std::string>& argv) {
-  const pid_t pid = fork();
-  if (pid < 0) return exit_code::kUnavailable;
-  if (pid == 0) {
-    Exec(argv);
-    _exit(exit_code::kUnavailable);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : exit_code::kJobFailed;
+  subprocess::Options options;
+  options.stdin_null = false;
+  absl::StatusOr<pid_t> pid = subprocess::Start(argv, options);
+  if (!pid.ok()) return exit_code::kUnavailable;
+  const int code = subprocess::ExitCode(subprocess::Wait(*pid));
+  if (code == 127) return exit_code::kUnavailable;  // execve failed
+  return code < 0 ? exit_code::kJobFailed : code;
 }
 
 // The summary of a job run on the local cluster (jobspec/run_summary.h: the schema every
@@ -194,8 +156,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   std::vector<pid_t> workers;
   auto stop_all = [&] {
     for (pid_t w : workers) kill(w, SIGTERM);  // they drain in parallel
-    for (pid_t w : workers) StopDaemon(w, SIGTERM, absl::Seconds(10));
-    StopDaemon(coordinator, SIGTERM, absl::Seconds(10));
+    for (pid_t w : workers) subprocess::Stop(w, SIGTERM, absl::Seconds(10));
+    subprocess::Stop(coordinator, SIGTERM, absl::Seconds(10));
   };
   auto fail = [&](int code, const std::string& message) {
     std::fprintf(stderr, "pipetrain: %s\n", message.c_str());
@@ -213,7 +175,7 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
                                                        absl::Seconds(20),
                                                        coordinator_log.string());
   if (!served.ok()) {
-    if (DaemonExited(coordinator)) coordinator = -1;
+    if (subprocess::Exited(coordinator)) coordinator = -1;
     return fail(exit_code::kUnavailable,
                 absl::StrCat("the coordinator did not start: ", served.status().message()));
   }

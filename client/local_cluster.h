@@ -35,10 +35,6 @@ int RunOnLocalCluster(const LocalClusterRun& run);
 // ../worker), or on PATH; "" if nowhere.
 std::string FindDaemon(const std::string& name);
 
-// Replaces this process with `argv` (argv[0] a path); returns only if that fails, after
-// saying so on stderr.
-void Exec(const std::vector<std::string>& argv);
-
 // For `stages: auto` on daemons: the model profile of `spec` measured on this machine by
 // pipetrain-run (`pipetrain profile`, JSON; its progress on stderr unless `quiet`).
 // Unavailable if pipetrain-run cannot be found or started; its error otherwise.

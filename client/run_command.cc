@@ -13,6 +13,7 @@
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/subprocess.h"
 
 namespace pipetrain::client {
 namespace {
@@ -62,8 +63,7 @@ int RunJob(const RunCommand& c) {
     if (config->auto_stages) {
       for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
     }
-    Exec(argv);
-    return exit_code::kUnavailable;
+    return Fail(subprocess::Exec(argv), exit_code::kUnavailable);
   }
   std::vector<std::string> without_daemons;
   if (!c.outputs.trace.empty()) without_daemons.push_back("--trace");
@@ -125,8 +125,7 @@ int PlanJob(const PlanCommand& c) {
   std::vector<std::string> argv = {runner, "--spec-text", jobspec::JobSpecToText(*spec)};
   for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
   if (c.quiet) argv.push_back("--quiet");
-  Exec(argv);
-  return exit_code::kUnavailable;
+  return Fail(subprocess::Exec(argv), exit_code::kUnavailable);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "runtime/job/process_run.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +24,7 @@
 #include "runtime/base/rank_layout.h"
 #include "runtime/base/self_executable.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/subprocess.h"
 #include "runtime/base/threads.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/device.h"
@@ -33,7 +33,6 @@
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 
-extern char** environ;
 
 namespace pipetrain::job {
 
@@ -51,12 +50,6 @@ std::string ProgressKey(const char* what, int64_t step) {
 
 // `x` as text that absl::SimpleAtod reads back bitwise (StrCat keeps 6 digits only).
 std::string RoundTripText(double x) { return absl::StrFormat("%.17g", x); }
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
-  return "stopped";
-}
 
 }  // namespace
 
@@ -127,14 +120,15 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
                                  std::string("--result-dir"), result_dir}) {
       args.push_back(a);
     }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pids[s], self.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-      for (int k = 0; k < s; ++k) kill(pids[k], SIGKILL);
-      for (int k = 0; k < s; ++k) waitpid(pids[k], nullptr, 0);
-      return absl::InternalError(absl::StrCat("cannot start the process of rank ", s));
+    subprocess::Options spawn;
+    spawn.stdin_null = false;  // as the launcher's
+    absl::StatusOr<pid_t> pid = subprocess::Start(args, spawn);
+    if (!pid.ok()) {
+      for (int k = 0; k < s; ++k) subprocess::Stop(pids[k], SIGKILL, absl::ZeroDuration());
+      return absl::InternalError(absl::StrCat("cannot start the process of rank ", s, ": ",
+                                              pid.status().message()));
     }
+    pids[s] = *pid;
   }
 
   // Progress, in step order, from what the stages publish in the store. Once every stage
@@ -221,7 +215,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
       reported.push_back(*error);
     } else {
       died.push_back(absl::StrCat(RankLayout{plan.stages(), c.replicas}.Describe(s), " (pid ", pids[s],
-                                  ") ", DescribeExit(status)));
+                                  ") ", subprocess::DescribeExit(status)));
     }
   }
   std::vector<std::string> failures = died;

@@ -11,8 +11,6 @@
 #include <thread>
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -25,6 +23,7 @@
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/hash.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/subprocess.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
@@ -36,7 +35,6 @@
 #include "runtime/weights/optimizer.h"
 #include "runtime/weights/weight_store.h"
 
-extern char** environ;
 
 namespace pipetrain::profiler {
 namespace {
@@ -516,21 +514,21 @@ absl::StatusOr<GlooLinks> ProfileGlooLinks(const std::vector<std::string>& peer_
     std::vector<std::string> args = peer_command;
     args.push_back(absl::StrCat(rendezvous::TcpStorePort(*p2p_store)));
     args.push_back(absl::StrCat(rendezvous::TcpStorePort(*replica_store)));
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-      return absl::InternalError(absl::StrCat("cannot start the link peer ", args[0]));
+    subprocess::Options spawn;
+    spawn.stdin_null = false;
+    absl::StatusOr<pid_t> pid = subprocess::Start(args, spawn);
+    if (!pid.ok()) {
+      return absl::InternalError(absl::StrCat("cannot start the link peer ", args[0], ": ",
+                                              pid.status().message()));
     }
     absl::Status mine = RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false,
                                     &result);
-    if (!mine.ok()) kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    if (!mine.ok()) kill(*pid, SIGKILL);
+    const int status = subprocess::Wait(*pid);
     PT_RETURN_IF_ERROR(mine);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      return absl::InternalError("the link peer process failed");
+    if (status < 0 || subprocess::ExitCode(status) != 0) {
+      return absl::InternalError(absl::StrCat("the link peer process ",
+                                              status < 0 ? "was lost" : subprocess::DescribeExit(status)));
     }
   }
   const double small = 4.0 * kSmallFloats, large = 4.0 * kLargeFloats;

@@ -1,6 +1,7 @@
 #include "tests/daemons/local_cluster.h"
 
 #include "client/daemon_process.h"
+#include "runtime/base/subprocess.h"
 
 #include <algorithm>
 #include <fcntl.h>
@@ -34,7 +35,7 @@ pid_t Spawn(const std::vector<std::string>& args, const fs::path& log) {
 // Sends `sig` and reaps (SIGKILL after a minute); the exit code, or -1 if it ended by a
 // signal (or was not running).
 int SignalAndReap(pid_t& pid, int sig) {
-  const int code = client::StopDaemon(pid, sig, absl::Seconds(60));
+  const int code = subprocess::Stop(pid, sig, absl::Seconds(60));
   pid = -1;
   return code;
 }
@@ -152,7 +153,7 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
       client::WaitForPortFile(port_file.string(), coordinator_pid_, absl::Seconds(20),
                               log.string());
   if (!address.ok()) {
-    if (client::DaemonExited(coordinator_pid_)) coordinator_pid_ = -1;
+    if (subprocess::Exited(coordinator_pid_)) coordinator_pid_ = -1;
     ADD_FAILURE() << "the coordinator did not serve: " << address.status().message();
     return false;
   }

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client/daemon_process.h"
+#include "runtime/base/subprocess.h"
 #include "tests/daemons/local_cluster.h"
 
 namespace {
@@ -152,7 +153,7 @@ TEST_F(PrometheusTest, ARealServerScrapesARunningJobAndEveryRuleQueryHasData) {
   ASSERT_GT(prometheus, 0);
   struct Stop {
     pid_t pid;
-    ~Stop() { pipetrain::client::StopDaemon(pid, SIGTERM, absl::Seconds(5)); }
+    ~Stop() { pipetrain::subprocess::Stop(pid, SIGTERM, absl::Seconds(5)); }
   } stop{prometheus};
 
   Result submitted = cluster.Cli(

@@ -34,6 +34,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "client/daemon_process.h"
+#include "runtime/base/subprocess.h"
 #include "rpc/health.h"
 #include "runtime/base/exit_codes.h"
 #include "tests/daemons/local_cluster.h"
@@ -546,7 +547,7 @@ bool ProbeServing(const std::string& address, const std::string& service) {
 bool WaitUntilServing(pid_t pid, const std::string& address, const std::string& service) {
   for (int i = 0; i < 300; ++i) {
     if (ProbeServing(address, service)) return true;
-    if (pipetrain::client::DaemonExited(pid)) return false;
+    if (pipetrain::subprocess::Exited(pid)) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
@@ -612,7 +613,7 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
   struct Cleanup {
     std::vector<pid_t>* pids;
     ~Cleanup() {
-      for (pid_t pid : *pids) pipetrain::client::StopDaemon(pid, SIGKILL, absl::Seconds(5));
+      for (pid_t pid : *pids) pipetrain::subprocess::Stop(pid, SIGKILL, absl::Seconds(5));
     }
   } cleanup{&pids};
 
