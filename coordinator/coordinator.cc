@@ -82,7 +82,13 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
       deps_(std::move(deps)),
       planner_({options_.planning_cpu_budget, options_.planning_time_limit,
                 options_.planning_wait}),
-      writes_(deps_.store.get()) {}
+      writes_(deps_.store.get()) {
+  absl::MutexLock lock(&mu_);
+  pool_.SetLostListener([this](const WorkerPool::Lost& lost) {
+    mu_.AssertHeld();  // the pool is only used under mu_
+    OnWorkerLost(lost);
+  });
+}
 
 int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now()); }
 
@@ -299,10 +305,7 @@ void Coordinator::TickLocked() {
     std::fprintf(stderr, "coordinator: %s forgotten (lost for over %s)\n", id.c_str(),
                  absl::FormatDuration(options_.lost_worker_ttl).c_str());
   }
-  for (const WorkerPool::Lost& lost : pool_.ExpireSilent(now, 2 * options_.heartbeat_interval)) {
-    ++workers_lost_silent_;
-    FailLostWorker(lost);
-  }
+  workers_lost_silent_ += pool_.ExpireSilent(now, 2 * options_.heartbeat_interval);
   // A held-back rank failure becomes the job's once every worker of a rank still running
   // has heartbeated more than half an interval after it (so that a heartbeat sent before
   // a peer died, still on its way, does not count); a lost one ended the job above.

@@ -295,12 +295,9 @@ class Coordinator {
   }
   // REQUIRES: mu_ held.
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailLostWorker(const WorkerPool::Lost& lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Marks the worker lost and fails the job of the rank it ran.
-  void LoseWorker(WorkerPool::Worker& worker, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Fails the running job of the rank a lost worker ran ("<id> (<address>)
-  // running stage S <why>").
-  void FailRankOf(const WorkerPool::Lost& lost, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pool's lost-worker listener (every loss comes here, under mu_): says so, and fails
+  // the running job of the rank the worker ran ("<id> (<address>) running stage S <why>").
+  void OnWorkerLost(const WorkerPool::Lost& lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AssignRank(const std::string& job_id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. The assignment of `rank` to `worker_id` failed with `error`: the rank
   // goes to another idle worker (the unreachable one is lost), or its job fails.

@@ -19,14 +19,17 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
+#include "runtime/planner/predict.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::coordinator {
 
 namespace {
 
-// What one rank of `layout` holds for its parameters, for the largest stage: each parameter
-// in its weight versions (two for 2BW), its gradient and the optimizer's slots (AdamW two,
-// SGD with momentum one), at the job's dtype. Activations are not counted. nullopt where it
+// What one rank of `layout` holds for its parameters, for the largest stage, as the
+// planner's memory model counts it (planner::WeightBytes: each parameter in its weight
+// versions and the optimizer's state) plus its gradient, at the job's dtype. Activations are
+// not counted (they need the model's profile). nullopt where it
 // is not known without building the model (TorchScript).
 std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const Layout& layout) {
   model::ModelConfig m = c.model;
@@ -50,10 +53,12 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const La
     for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
     largest = std::max(largest, sum);
   }
-  const int versions = c.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
-  const int slots = c.optimizer.name == "adamw" ? 2 : (c.optimizer.momentum > 0 ? 1 : 0);
   const int element = c.precision == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
-  return static_cast<int64_t>(largest) * element * (versions + 1 + slots);
+  const int64_t parameter_bytes = static_cast<int64_t>(largest) * element;
+  // The planner's model of a stage's weights, and its gradient.
+  return planner::WeightBytes(c.schedule, parameter_bytes,
+                              weights::OptimizerStateCopies(c.optimizer) * parameter_bytes) +
+         parameter_bytes;
 }
 
 }  // namespace
@@ -293,11 +298,9 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
   WorkerPool::Worker* w = pool_.Find(worker_id);
   const bool unreachable = absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error);
   if (w != nullptr) {
-    if (unreachable) {
-      pool_.MarkLost(*w, deps_.clock->Now());  // not chosen again until it registers again
-    } else {
-      pool_.Release(*w);
-    }
+    pool_.Release(*w);  // its rank is moved below, or the job fails: not the listener's
+    // Not chosen again until it registers again.
+    if (unreachable) pool_.MarkLost(*w, deps_.clock->Now(), failed);
   }
   std::vector<std::string> idle;  // of the job's device kind
   for (const std::string& id : pool_.IdleIds()) {

@@ -109,7 +109,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
                                                " was just taken by ", old_id, "; try again"));
       }
       if (old->info.state() != v1::WORKER_STATE_LOST) {
-        LoseWorker(*old, "registered again: it restarted (the old process no longer answers)");
+        pool_.MarkLost(*old, deps_.clock->Now(),
+                       "registered again: it restarted (the old process no longer answers)");
       }
       pool_.Remove(old_id);
     }
@@ -140,7 +141,7 @@ absl::Status Coordinator::Deregister(const std::string& session,
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
     const std::string id = w->info.id();
-    if (!w->info.job_id().empty()) LoseWorker(*w, "stopped (it was shut down)");
+    if (!w->info.job_id().empty()) pool_.MarkLost(*w, deps_.clock->Now(), "stopped (it was shut down)");
     std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
     pool_.Remove(id);
     Schedule();
@@ -272,14 +273,9 @@ absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvo
   return it->second.store;
 }
 
-void Coordinator::LoseWorker(WorkerPool::Worker& w, const std::string& why) {
-  WorkerPool::Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
-                        absl::ZeroDuration(), w.generation};
-  pool_.MarkLost(w, deps_.clock->Now());
-  FailRankOf(lost, why);
-}
-
-void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& why) {
+void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {
+  std::fprintf(stderr, "coordinator: %s (%s) lost: %s\n", lost.id.c_str(), lost.address.c_str(),
+               lost.why.c_str());
   auto j = jobs_.find(lost.job_id);
   if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
   JobEntry& e = j->second;
@@ -290,15 +286,7 @@ void Coordinator::FailRankOf(const WorkerPool::Lost& lost, const std::string& wh
     return;
   }
   ApplyEvent(e, RankLost{lost.rank, absl::StrCat(lost.id, " (", lost.address, ") running ",
-                                                 RankName(e.job, lost.rank), " ", why)});
-}
-
-void Coordinator::FailLostWorker(const WorkerPool::Lost& lost) {
-  const std::string silent =
-      absl::FormatDuration(absl::Trunc(lost.silent, absl::Milliseconds(1)));
-  std::fprintf(stderr, "coordinator: %s (%s) lost: no heartbeat for %s\n", lost.id.c_str(),
-               lost.address.c_str(), silent.c_str());
-  FailRankOf(lost, absl::StrCat("stopped sending heartbeats (none for ", silent, ")"));
+                                                 RankName(e.job, lost.rank), " ", lost.why)});
 }
 
 }  // namespace pipetrain::coordinator

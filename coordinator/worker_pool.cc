@@ -55,11 +55,15 @@ void WorkerPool::Remove(const std::string& id) {
   workers_.erase(it);
 }
 
-void WorkerPool::MarkLost(Worker& w, absl::Time now) {
+void WorkerPool::MarkLost(Worker& w, absl::Time now, const std::string& why) {
+  Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
+            absl::ZeroDuration(), w.generation, why};
+  if (w.info.state() != v1::WORKER_STATE_LOST) lost.silent = now - w.last_heartbeat;
   w.info.set_state(v1::WORKER_STATE_LOST);
   w.info.set_job_id("");
   w.info.set_rank(-1);
   w.lost_at = now;
+  if (on_lost_) on_lost_(lost);
 }
 
 std::vector<std::string> WorkerPool::RemoveLostFor(absl::Time now, absl::Duration ttl) {
@@ -97,15 +101,19 @@ void WorkerPool::Release(Worker& w) {
   w.info.set_rank(-1);
 }
 
-std::vector<WorkerPool::Lost> WorkerPool::ExpireSilent(absl::Time now, absl::Duration limit) {
-  std::vector<Lost> lost;
+int WorkerPool::ExpireSilent(absl::Time now, absl::Duration limit) {
+  std::vector<Worker*> silent;
   for (auto& [id, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_LOST || now - w.last_heartbeat <= limit) continue;
-    lost.push_back({id, w.info.address(), w.info.job_id(), w.info.rank(), now - w.last_heartbeat,
-                    w.generation});
-    MarkLost(w, now);
+    if (w.info.state() != v1::WORKER_STATE_LOST && now - w.last_heartbeat > limit) {
+      silent.push_back(&w);
+    }
   }
-  return lost;
+  for (Worker* w : silent) {
+    const std::string none_for =
+        absl::FormatDuration(absl::Trunc(now - w->last_heartbeat, absl::Milliseconds(1)));
+    MarkLost(*w, now, absl::StrCat("stopped sending heartbeats (none for ", none_for, ")"));
+  }
+  return static_cast<int>(silent.size());
 }
 
 absl::Time WorkerPool::NextExpiry(absl::Duration limit) const {

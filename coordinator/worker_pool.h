@@ -1,8 +1,12 @@
-// The workers the coordinator knows: identity, address, state (idle, busy, draining, lost), the rank
-// each one runs, and liveness (a worker silent for longer than the limit is lost).
-// Not thread-safe: the coordinator holds its lock around every call.
+// The coordinator's worker registry: identity, address, state (idle, busy, draining, lost), the
+// rank each one runs, and liveness (a worker silent for longer than the limit is lost). Each
+// loss, whatever its cause, is told to the one lost-worker listener (the coordinator fails
+// the rank the worker ran), so no path that loses a worker can forget its rank.
+// Not thread-safe: the coordinator holds its lock around every call, and the listener runs
+// under it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,9 +32,14 @@ class WorkerPool {
   struct Lost {
     std::string id, address, job_id;
     int rank = -1;  // the rank it ran, -1 if idle
-    absl::Duration silent;
+    absl::Duration silent;  // since its last heartbeat
     int generation = 0;  // of that rank's job
+    std::string why;     // "stopped sending heartbeats (none for 4s)", "stopped (it was shut down)"
   };
+  using LostListener = std::function<void(const Lost&)>;
+
+  // Called with every worker marked lost, after it is marked.
+  void SetLostListener(LostListener listener) { on_lost_ = std::move(listener); }
 
   // Adds an idle worker (info.id and a fresh session set by the caller).
   Worker& Add(v1::WorkerInfo info, std::shared_ptr<WorkerClient> client, std::string session,
@@ -43,8 +52,10 @@ class WorkerPool {
   Worker* FindByAddress(const std::string& address);
   // Forgets the worker (its session too).
   void Remove(const std::string& id);
-  // Lost at `now` (unreachable, or silent): never chosen again; it must register again.
-  void MarkLost(Worker& worker, absl::Time now);
+  // Lost at `now` (unreachable, restarted, shut down, or silent), for `why`: never chosen
+  // again (it must register again); the listener hears of it with the rank it ran. Release
+  // a worker first whose rank the caller moves elsewhere.
+  void MarkLost(Worker& worker, absl::Time now, const std::string& why);
   // Removes the workers lost for longer than `ttl`; returns their ids.
   std::vector<std::string> RemoveLostFor(absl::Time now, absl::Duration ttl);
   // Records a heartbeat at `now`; NotFound ("register again") for an unknown or lost worker.
@@ -57,8 +68,9 @@ class WorkerPool {
   // Draining (stopping on purpose): never chosen again; it keeps the rank it runs until it
   // ends.
   void MarkDraining(Worker& worker);
-  // Marks lost every live worker whose last heartbeat is more than `limit` before `now`.
-  std::vector<Lost> ExpireSilent(absl::Time now, absl::Duration limit);
+  // Marks lost every live worker whose last heartbeat is more than `limit` before `now`;
+  // how many.
+  int ExpireSilent(absl::Time now, absl::Duration limit);
   // When the next live worker will have been silent for more than `limit`
   // (InfiniteFuture if none is live).
   absl::Time NextExpiry(absl::Duration limit) const;
@@ -67,6 +79,7 @@ class WorkerPool {
  private:
   std::map<std::string, Worker> workers_;
   std::map<std::string, std::string> by_session_;  // session -> worker id
+  LostListener on_lost_;
 };
 
 }  // namespace pipetrain::coordinator

@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
-  builder.RegisterService(w.get());
+  w->service_ = std::make_unique<WorkerServiceAdapter>(w.get(), w->command_key_);
+  builder.RegisterService(w->service_.get());
   w->server_ = builder.BuildAndStart();
   if (!w->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
@@ -198,27 +199,13 @@ void Worker::AbortStage(const std::string& why) {
   }
 }
 
-grpc::Status Worker::RefuseWithoutCommandKey(const grpc::ServerContext& context) const {
-  if (rpc::CarriesCommandKey(context, command_key_)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "only the coordinator this worker registered with may command it "
-                      "(missing or wrong command key)");
-}
-
-grpc::Status Worker::Ping(grpc::ServerContext* context, const v1::PingRequest*,
-                          v1::PingResponse*) {
-  return RefuseWithoutCommandKey(*context);
-}
-
-grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
-                                 v1::AssignResponse*) {
-  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
+absl::Status Worker::Assign(const v1::StageAssignment& assignment) {
   std::unique_lock<std::mutex> lock(mu_);
   // The coordinator may assign a rank as soon as it has registered this worker, before the
   // answer to RegisterWorker (its id and session) has arrived here: wait for that too.
   cv_.wait_for(lock, std::chrono::seconds(5), [this] { return !id_.empty() || stopping_; });
   if (id_.empty() && !stopping_) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not registered yet");
+    return absl::FailedPreconditionError("not registered yet");
   }
   // A stage that has ended (its end being reported) or was told to stop is on its way out:
   // the coordinator may count this worker idle already, so wait for it rather than refuse.
@@ -226,61 +213,49 @@ grpc::Status Worker::AssignStage(grpc::ServerContext* context, const v1::StageAs
     return job_id_.empty() || stopping_ || !(stage_ending_ || !stop_reason_.empty());
   });
   if (stopping_ || draining_) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining");
+    return absl::UnavailableError("the worker is draining");
   }
-  if (job_id_ == request->job_id() && rank_ == request->rank() &&
-      generation_ == request->generation() && stop_reason_.empty()) {
-    return grpc::Status::OK;  // the same assignment again (a retried call): already running
+  if (job_id_ == assignment.job_id() && rank_ == assignment.rank() &&
+      generation_ == assignment.generation() && stop_reason_.empty()) {
+    return absl::OkStatus();  // the same assignment again (a retried call): already running
   }
   if (!job_id_.empty()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("busy with rank ", rank_, " of ", job_id_));
+    return absl::FailedPreconditionError(absl::StrCat("busy with rank ", rank_, " of ", job_id_));
   }
   if (stage_thread_.joinable()) stage_thread_.join();  // the previous stage, already ended
-  job_id_ = request->job_id();
-  rank_ = request->rank();
-  generation_ = request->generation();
+  job_id_ = assignment.job_id();
+  rank_ = assignment.rank();
+  generation_ = assignment.generation();
   stop_reason_.clear();
   memory::ResetPeakTensorBytesOn(job::TensorDeviceOf(options_.device));  // one rank at a time
-  stage_thread_ = std::thread([this, assignment = *request] { RunAssignment(assignment); });
-  return grpc::Status::OK;
+  stage_thread_ = std::thread([this, assignment] { RunAssignment(assignment); });
+  return absl::OkStatus();
 }
 
-grpc::Status Worker::StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
-                               v1::AssignResponse*) {
-  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
+void Worker::StopRank(const v1::StopStageRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   // A stop for an earlier generation of the job (sent before this rank was assigned) is not
   // for this stage.
-  if (job_id_ == request->job_id() &&
-      (request->generation() == 0 || request->generation() == generation_)) {
-    AbortStage(absl::StrCat("stopped: ", request->reason()));
+  if (job_id_ == request.job_id() &&
+      (request.generation() == 0 || request.generation() == generation_)) {
+    AbortStage(absl::StrCat("stopped: ", request.reason()));
   }
-  return grpc::Status::OK;
 }
 
-grpc::Status Worker::ScheduleCommand(grpc::ServerContext* context,
-                                     const v1::SendCommandRequest* request,
-                                     v1::SendCommandResponse* response) {
-  if (grpc::Status s = RefuseWithoutCommandKey(*context); !s.ok()) return s;
-  const uint32_t command = jobspec::StepCommandBit(request->command());
-  if (command == 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no step command given");
-  }
+absl::StatusOr<int64_t> Worker::ScheduleCommand(const v1::SendCommandRequest& request) {
+  const uint32_t command = jobspec::StepCommandBit(request.command());
+  if (command == 0) return absl::InvalidArgumentError("no step command given");
   std::shared_ptr<control::StepCommandQueue> queue;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job_id_ != request->job_id() || rank_ != 0 || !commands_ || !stop_reason_.empty()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("this worker does not run stage 0 of replica 0 of ",
-                                       request->job_id(), " (now)"));
+    if (job_id_ != request.job_id() || rank_ != 0 || !commands_ || !stop_reason_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this worker does not run stage 0 of replica 0 of ", request.job_id(),
+                       " (now)"));
     }
     queue = commands_;
   }
-  absl::StatusOr<int64_t> step = queue->Schedule(command, request->step());
-  if (!step.ok()) return rpc::ToGrpcStatus(step.status());
-  response->set_step(*step);
-  return grpc::Status::OK;
+  return queue->Schedule(command, request.step());
 }
 
 absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {

@@ -34,6 +34,7 @@
 // coordinator has it), so no other holder of the join token can stop or assign its stage; and
 // its address is not taken over by another registration while it answers there.
 //
+// WorkerService is served by a thin adapter (worker_service.h) over the handlers below.
 // Every call to the coordinator goes through a CoordinatorClient (coordinator_client.h;
 // gRPC unless Start is given another, as tests give a fake); step reports go through a
 // StepReporter (step_reporter.h); a job's files are confined by data_roots.h.
@@ -57,6 +58,7 @@
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "rpc/security.h"
 #include "worker/coordinator_client.h"
+#include "worker/worker_service.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/transport/transport.h"
@@ -79,14 +81,14 @@ struct WorkerOptions {
   std::string metrics_listen = "127.0.0.1:0";
 };
 
-class Worker : public v1::WorkerService::Service {
+class Worker {
  public:
   // Serves, then registers (retrying for up to `register_timeout`). Calls the coordinator
   // through `coordinator` if given (tests: a fake), else over gRPC to options.coordinator.
   static absl::StatusOr<std::unique_ptr<Worker>> Start(
       const WorkerOptions& options, absl::Duration register_timeout,
       std::shared_ptr<CoordinatorClient> coordinator = nullptr);
-  ~Worker() override;
+  ~Worker();
   void Stop();
   std::string id() const;
   // host:port its WorkerService serves on (the bound port, when port 0 was asked for).
@@ -96,22 +98,19 @@ class Worker : public v1::WorkerService::Service {
     return metrics_endpoint_ ? metrics_endpoint_->address() : "";
   }
 
-  grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
-                           v1::AssignResponse*) override;
-  grpc::Status StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
-                         v1::AssignResponse*) override;
-  // Rank 0 only: queues the command for its stage, which passes it to every other stage.
-  grpc::Status ScheduleCommand(grpc::ServerContext* context,
-                               const v1::SendCommandRequest* request,
-                               v1::SendCommandResponse* response) override;
-  // OK to the coordinator (it asks before another registration takes this address over).
-  grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,
-                    v1::PingResponse* response) override;
+  // The handlers behind WorkerService (worker_service.h checks the command key first).
+  // Starts `assignment`'s rank on a thread of its own. OK for the same assignment again (a
+  // retried call); FailedPrecondition while another rank runs or before registering (an
+  // assignment may arrive before the registration's answer: waited for up to 5 s);
+  // Unavailable while draining.
+  absl::Status Assign(const v1::StageAssignment& assignment);
+  // Stops the running rank if it is of the request's job and generation (0: any).
+  void StopRank(const v1::StopStageRequest& request);
+  // Rank 0 only: queues the command for its stage, which passes it to every other stage;
+  // the boundary it takes effect at.
+  absl::StatusOr<int64_t> ScheduleCommand(const v1::SendCommandRequest& request);
 
  private:
-  // OK if the call carries this worker's command key (only the coordinator has it), else
-  // UNAUTHENTICATED. Every WorkerService method asks it first.
-  grpc::Status RefuseWithoutCommandKey(const grpc::ServerContext& context) const;
   explicit Worker(WorkerOptions options);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
@@ -132,6 +131,7 @@ class Worker : public v1::WorkerService::Service {
   metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
   std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint_;
   std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
+  std::unique_ptr<WorkerServiceAdapter> service_;  // before the server that calls it
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::shared_ptr<CoordinatorClient> coordinator_;

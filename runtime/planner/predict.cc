@@ -184,6 +184,12 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
 
 }  // namespace
 
+int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
+                    int64_t optimizer_bytes) {
+  const int versions = schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
+  return versions * parameter_bytes + optimizer_bytes;
+}
+
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout) {
   const std::vector<LayerProfile> layers =
@@ -234,9 +240,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       c.grad_out = c.act_in = MessageCostAt(profile.message_costs, bytes);
       c.send_grad_s = way(c.grad_out, bytes);
     }
-    const int versions = layout.schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
     StagePrediction& out = prediction.stages[s];
-    out.weight_bytes = static_cast<int64_t>(versions * parameter_bytes + optimizer_bytes);
+    out.weight_bytes = WeightBytes(layout.schedule, static_cast<int64_t>(parameter_bytes),
+                                   static_cast<int64_t>(optimizer_bytes));
     costs[s].gradient_bytes = static_cast<int64_t>(parameter_bytes);
     out.allreduce_s = c.allreduce_s;
     out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;

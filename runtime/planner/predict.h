@@ -75,6 +75,12 @@ struct StagePrediction {
   int64_t peak_memory_bytes = 0;   // the sum
 };
 
+// A stage's weights as the simulation counts them: every version of its parameters (2BW
+// keeps two, the others one) and the optimizer's state. Its gradient, one more copy of the
+// parameters, is counted with what the stage holds (StagePrediction::activation_bytes).
+int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
+                    int64_t optimizer_bytes);
+
 struct Prediction {
   double step_time_s = 0;
   double samples_per_s = 0;

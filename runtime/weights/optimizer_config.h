@@ -17,6 +17,14 @@ struct OptimizerConfig {
   double eps = 1e-8;          // adamw
 };
 
+// How many tensors the size of its parameters the optimizer keeps for them: AdamW two (the
+// moments), SGD with momentum one (the buffer), plain SGD none. What the memory models count
+// (runtime/planner's prediction, the coordinator's recovery placement).
+inline int OptimizerStateCopies(const OptimizerConfig& config) {
+  if (config.name == "adamw") return 2;
+  return config.momentum != 0 ? 1 : 0;
+}
+
 // All invalid fields in one InvalidArgument ("; "-separated) (unknown name, lr <= 0, betas
 // outside [0, 1), ...).
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);

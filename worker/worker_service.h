@@ -1,0 +1,41 @@
+// The worker's gRPC face: WorkerService's four methods, each refused (UNAUTHENTICATED, doing
+// nothing) without the command key the worker registered with (only the coordinator has it),
+// then handed to the worker's plain handlers (worker.h: Assign, StopRank, ScheduleCommand).
+// No state of its own; thread-safe as the worker is. The worker outlives it.
+#pragma once
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "pipetrain/v1/worker_service.grpc.pb.h"
+
+namespace pipetrain::worker {
+
+class Worker;
+
+class WorkerServiceAdapter final : public v1::WorkerService::Service {
+ public:
+  WorkerServiceAdapter(Worker* worker, std::string command_key)
+      : worker_(worker), command_key_(std::move(command_key)) {}
+
+  grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
+                           v1::AssignResponse*) override;
+  grpc::Status StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
+                         v1::AssignResponse*) override;
+  grpc::Status ScheduleCommand(grpc::ServerContext* context,
+                               const v1::SendCommandRequest* request,
+                               v1::SendCommandResponse* response) override;
+  // OK to the coordinator (it asks before another registration takes this address over).
+  grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,
+                    v1::PingResponse* response) override;
+
+ private:
+  // OK if the call carries the command key, else UNAUTHENTICATED.
+  grpc::Status RefuseWithoutCommandKey(const grpc::ServerContext& context) const;
+
+  Worker* const worker_;
+  const std::string command_key_;
+};
+
+}  // namespace pipetrain::worker
