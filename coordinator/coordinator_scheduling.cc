@@ -31,7 +31,8 @@ namespace {
 // versions and the optimizer's state) plus its gradient, at the job's dtype. Activations are
 // not counted (they need the model's profile). nullopt where it
 // is not known without building the model (TorchScript).
-std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const Layout& layout) {
+std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
+                                               const model::PipelineLayout& layout) {
   model::ModelConfig m = c.model;
   const std::string kind = job::EffectiveDataKind(c);
   if (kind != "classification") {
@@ -42,13 +43,17 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c, const La
   if (!layers.ok()) return std::nullopt;
   std::vector<double> counts;
   for (const model::LayerInfo& l : *layers) counts.push_back(static_cast<double>(l.num_parameters));
-  absl::StatusOr<std::vector<model::LayerRange>> ranges =
-      layout.stages == job::PipelineStages(c) && !c.stage_ranges.empty()
-          ? absl::StatusOr<std::vector<model::LayerRange>>(c.stage_ranges)
-          : model::BalancedPartition(counts, layout.stages);
-  if (!ranges.ok()) return std::nullopt;
+  // The layout's own layers, else balanced as the job will be.
+  std::vector<model::LayerRange> ranges;
+  for (const auto& [begin, end] : layout.stage_layers) ranges.push_back({begin, end});
+  if (ranges.empty()) {
+    absl::StatusOr<std::vector<model::LayerRange>> balanced =
+        model::BalancedPartition(counts, layout.stages);
+    if (!balanced.ok()) return std::nullopt;
+    ranges = *std::move(balanced);
+  }
   double largest = 0;
-  for (const model::LayerRange& r : *ranges) {
+  for (const model::LayerRange& r : ranges) {
     double sum = 0;
     for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
     largest = std::max(largest, sum);
@@ -126,15 +131,15 @@ bool Coordinator::PlaceRecovering() {
     }
     const v1::JobSpec& spec = e->job.spec();
     const job::JobConfig& c = e->config;
-    const Layout original{job::PipelineStages(c), c.replicas, c.micro_batches};
-    const bool full = static_cast<int>(idle.size()) >= original.stages * original.replicas;
+    const model::PipelineLayout original = job::PipelineLayoutOf(c);
+    const bool full = static_cast<int>(idle.size()) >= original.ranks();
     const bool grace_over = now - e->recovering_since >= 3 * options_.heartbeat_interval;
-    std::optional<std::pair<Layout, v1::JobSpec>> chosen;
+    std::optional<std::pair<model::PipelineLayout, v1::JobSpec>> chosen;
     std::vector<std::string> chosen_workers;
     std::string too_small;  // why layouts were passed over, for the job's message
     if (!ending && (full || grace_over)) {
-      for (const Layout& l : RecoveryLayouts(original, static_cast<int>(idle.size()),
-                                             spec.stage_ranges_size() > 0)) {
+      for (const model::PipelineLayout& l : RecoveryLayouts(
+               original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
         // Only workers whose memory holds a rank's parameter state (when both are known).
         const std::optional<int64_t> need = RankParameterStateBytes(c, l);
         std::vector<std::string> fit;
@@ -142,9 +147,9 @@ bool Coordinator::PlaceRecovering() {
           const int64_t memory = pool_.Find(id)->info.memory_bytes();
           if (!need || memory <= 0 || memory >= *need) fit.push_back(id);
         }
-        if (static_cast<int>(fit.size()) < l.stages * l.replicas) {
+        if (static_cast<int>(fit.size()) < l.ranks()) {
           too_small = absl::StrCat("; ", l.stages, " stages x ", l.replicas, " replicas need ",
-                                   l.stages * l.replicas, " workers with ", need.value_or(0),
+                                   l.ranks(), " workers with ", need.value_or(0),
                                    " bytes for a rank's parameters, gradients and optimizer "
                                    "state, ", fit.size(), " idle have them");
           continue;
@@ -216,7 +221,7 @@ bool Coordinator::PlaceRecovering() {
                                       layout.replicas, " replicas x ", layout.micro_batches,
                                       " micro-batches (the global batch unchanged)"));
     }
-    const int ranks = layout.stages * layout.replicas;
+    const int ranks = layout.ranks();
     StartGeneration(*e, std::vector<std::string>(chosen_workers.begin(),
                                                  chosen_workers.begin() + ranks), run,
                     e->job.checkpoint_step() > 0 ? e->job.checkpoint_step()

@@ -65,24 +65,29 @@ PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
   return plan;
 }
 
-std::vector<Layout> RecoveryLayouts(const Layout& original, int workers, bool stages_fixed) {
-  std::vector<Layout> out;
-  if (original.stages * original.replicas <= workers) out.push_back(original);
+std::vector<model::PipelineLayout> RecoveryLayouts(const model::PipelineLayout& original,
+                                                   int workers, bool stages_fixed) {
+  std::vector<model::PipelineLayout> out;
+  if (original.ranks() <= workers) out.push_back(original);
   const int64_t batch = int64_t{original.replicas} * original.micro_batches;
-  std::vector<Layout> smaller;
+  std::vector<model::PipelineLayout> smaller;
   for (int p = stages_fixed ? original.stages : 1; p <= original.stages; ++p) {
     for (int w = 1; w <= original.replicas; ++w) {
       if (batch % w != 0 || p * w > workers) continue;
       if (p == original.stages && w == original.replicas) continue;
-      smaller.push_back({p, w, static_cast<int>(batch / w)});
+      model::PipelineLayout l = original;
+      l.stages = p;
+      l.replicas = w;
+      l.micro_batches = static_cast<int>(batch / w);
+      if (p != original.stages) l.stage_layers.clear();
+      smaller.push_back(std::move(l));
     }
   }
-  std::sort(smaller.begin(), smaller.end(), [](const Layout& a, const Layout& b) {
-    if (a.stages * a.replicas != b.stages * b.replicas) {
-      return a.stages * a.replicas > b.stages * b.replicas;
-    }
-    return a.stages > b.stages;
-  });
+  std::sort(smaller.begin(), smaller.end(),
+            [](const model::PipelineLayout& a, const model::PipelineLayout& b) {
+              if (a.ranks() != b.ranks()) return a.ranks() > b.ranks();
+              return a.stages > b.stages;
+            });
   out.insert(out.end(), smaller.begin(), smaller.end());
   return out;
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/model/pipeline_layout.h"
+
 namespace pipetrain::coordinator {
 
 struct QueuedJob {
@@ -47,20 +49,14 @@ struct PlacementPlan {
   std::vector<Waiting> waiting;    // the jobs that do not fit, in submission order
 };
 
-// A job's layout: pipeline stages, replicas, micro-batches per step per replica.
-struct Layout {
-  int stages = 1;
-  int replicas = 1;
-  int micro_batches = 1;
-};
-
 // The layouts a job that ran as `original` may restart with on at most `workers` workers,
 // best first: `original` if it fits; else every layout with at most as many stages and
 // replicas and the same global batch (replicas x micro-batches unchanged, so the data order
-// and the arithmetic stay the same), the most ranks first, then the most stages (the least
+// and the arithmetic stay the same; a changed stage count leaves the layers to be balanced), the most ranks first, then the most stages (the least
 // memory per worker). With `stages_fixed` (explicit layer ranges) only the replicas change.
 // Pure; the caller checks each against the job's other rules and takes the first that passes.
-std::vector<Layout> RecoveryLayouts(const Layout& original, int workers, bool stages_fixed);
+std::vector<model::PipelineLayout> RecoveryLayouts(const model::PipelineLayout& original,
+                                                   int workers, bool stages_fixed);
 
 // `pool`: every worker that can run a stage (idle or busy; lost ones left out), in the order
 // idle ones are to be used.

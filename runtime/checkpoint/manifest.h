@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/model/pipeline_layout.h"
 
 namespace pipetrain::checkpoint {
 
@@ -33,17 +34,12 @@ struct LayerFile {
   std::string sha256;   // 64 lowercase hex digits
 };
 
-struct Layout {
-  int stages = 1, replicas = 1, micro_batches = 1, micro_batch_size = 1;
-  std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage
-};
-
 struct Manifest {
   int format = kFormatVersion;
   int64_t step = 0;             // the weights are W(step); a resumed job runs from step
   int num_layers = 0;
   std::string job;              // the writing job's JobConfig as JSON (JobConfigToJson)
-  Layout layout;                // the layout it was written from
+  model::PipelineLayout layout;  // the layout it was written from
   int64_t samples_seen = 0;     // data position: step x global batch size
   int64_t global_batch_size = 0;
   int64_t created_unix_ms = 0;

@@ -21,10 +21,9 @@ checkpoint::Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, 
   m.step = step;
   m.num_layers = static_cast<int>(plan.layers.size());
   m.job = JobConfigToJson(config);
+  m.layout = PipelineLayoutOf(config);
   m.layout.stages = plan.stages();
-  m.layout.replicas = config.replicas;
-  m.layout.micro_batches = config.micro_batches;
-  m.layout.micro_batch_size = config.micro_batch_size;
+  m.layout.stage_layers.clear();  // as planned: balanced ranges included
   for (const model::LayerRange& r : plan.partition) m.layout.stage_layers.emplace_back(r.begin, r.end);
   m.global_batch_size = int64_t{config.replicas} * config.micro_batches * config.micro_batch_size;
   m.samples_seen = step * m.global_batch_size;

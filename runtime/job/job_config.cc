@@ -83,6 +83,16 @@ int PipelineStages(const JobConfig& config) {
                                      : static_cast<int>(config.stage_ranges.size());
 }
 
+model::PipelineLayout PipelineLayoutOf(const JobConfig& config) {
+  model::PipelineLayout layout;
+  layout.stages = PipelineStages(config);
+  layout.replicas = config.replicas;
+  layout.micro_batches = config.micro_batches;
+  layout.micro_batch_size = config.micro_batch_size;
+  for (const model::LayerRange& r : config.stage_ranges) layout.stage_layers.emplace_back(r.begin, r.end);
+  return layout;
+}
+
 absl::StatusOr<Precision> ParsePrecision(const std::string& text) {
   if (text == "float64" || text == "double") return Precision::kFloat64;
   if (text == "float32" || text == "float") return Precision::kFloat32;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
+#include "runtime/model/pipeline_layout.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/weights/optimizer_config.h"
 
@@ -111,6 +112,10 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The pipeline depth p: the number of explicit stage ranges, else `stages`.
 int PipelineStages(const JobConfig& config);
+
+// The job's pipeline layout: its depth, replicas, micro-batching and its explicit stage
+// ranges (none: balanced when the job is planned).
+model::PipelineLayout PipelineLayoutOf(const JobConfig& config);
 
 // "float32"/"float", "float64"/"double", "bfloat16"/"bf16"; anything else InvalidArgument.
 absl::StatusOr<Precision> ParsePrecision(const std::string& text);

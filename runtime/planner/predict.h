@@ -47,7 +47,9 @@
 
 namespace pipetrain::planner {
 
-// One runnable layout of a job.
+// One runnable layout of a job as a planner scores it: a pipeline layout
+// (runtime/model/pipeline_layout.h) with its layers fixed, plus the schedule, recomputation
+// and AllReduce overlap.
 struct Layout {
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kOneFOneB;
   std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage, contiguous from 0

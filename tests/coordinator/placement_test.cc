@@ -72,9 +72,9 @@ TEST(Placement, JobsRunOnlyOnWorkersOfTheirDevice) {
 }
 
 TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
-  auto text = [](const std::vector<Layout>& layouts) {
+  auto text = [](const std::vector<model::PipelineLayout>& layouts) {
     std::string out;
-    for (const Layout& l : layouts) {
+    for (const model::PipelineLayout& l : layouts) {
       out += std::to_string(l.stages) + "x" + std::to_string(l.replicas) + "x" +
              std::to_string(l.micro_batches) + " ";
     }
@@ -86,6 +86,16 @@ TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
   EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, true)), "");  // explicit ranges: 4 stages
   EXPECT_EQ(text(RecoveryLayouts({2, 3, 1}, 5, false)), "1x3x1 2x1x3 1x1x3 ");  // w | w*m
   EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 0, false)), "");
+  // The rows per micro-batch stay; fixed layers stay with the stage count they were for.
+  const model::PipelineLayout fixed{2, 2, 4, 8, {{0, 3}, {3, 7}}};
+  const std::vector<model::PipelineLayout> layouts = RecoveryLayouts(fixed, 3, false);
+  ASSERT_EQ(text(layouts), "2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(layouts[0].stage_layers, fixed.stage_layers);
+  EXPECT_TRUE(layouts[1].stage_layers.empty());
+  for (const model::PipelineLayout& l : layouts) {
+    EXPECT_EQ(l.micro_batch_size, 8);
+    EXPECT_EQ(l.global_batch(), fixed.global_batch());
+  }
 }
 
 }  // namespace
