@@ -172,7 +172,8 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
   return layout;
 }
 
-absl::StatusOr<job::JobConfig> PlanAndApply(const jobspec::PlanFlags& flags, const job::JobConfig& config) {
+absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
+                                         const job::JobConfig& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
   const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
@@ -184,7 +185,8 @@ absl::StatusOr<job::JobConfig> PlanAndApply(const jobspec::PlanFlags& flags, con
     // The chosen layout only (the lines before the alternatives).
     std::fprintf(stderr, "%s", text.substr(0, text.find("alternatives")).c_str());
   }
-  return jobspec::WithLayout(config, plan->chosen.layout);
+  return AppliedPlan{jobspec::WithLayout(config, plan->chosen.layout),
+                     jobspec::PlannedLayoutRecord(*plan, cluster)};
 }
 
 int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config) {

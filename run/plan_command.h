@@ -42,8 +42,14 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
 absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config);
 
 // Profiles and plans `config` (a job with `stages: auto`) and returns it with the plan's
-// layout; the plan is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
-absl::StatusOr<job::JobConfig> PlanAndApply(const jobspec::PlanFlags& flags, const job::JobConfig& config);
+// layout, and the plan's record (what a cluster's job keeps: the summary's "plan"); the plan
+// is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
+struct AppliedPlan {
+  job::JobConfig config;
+  v1::PlannedLayout record;
+};
+absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
+                                         const job::JobConfig& config);
 
 // The whole command: 0 ok, 1 no plan fits, 2 bad input.
 int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config);

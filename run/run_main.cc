@@ -12,6 +12,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -69,7 +70,8 @@ class ProgressPrinter {
 
 // The run's summary (jobspec/run_summary.h: the schema every launch mode writes).
 jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& config,
-                              const std::string& launch) {
+                              const std::string& launch,
+                              const std::optional<v1::PlannedLayout>& plan) {
   jobspec::RunSummary s;
   s.launch = launch;
   s.schedule = r.schedule;
@@ -112,6 +114,7 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
     s.per_stage.push_back(std::move(stage));
   }
   s.max_param_rel_diff = r.max_param_rel_diff;
+  if (plan) s.plan_json = jobspec::PlannedLayoutJson(*plan);
   s.config_json = job::JobConfigToJson(config);
   return s;
 }
@@ -209,10 +212,11 @@ absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
 
 // Writes what the run's outputs ask for; the first failure is returned.
 absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConfig& config,
-                          const std::string& launch, const job::JobReport& report) {
+                          const std::string& launch, const std::optional<v1::PlannedLayout>& plan,
+                          const job::JobReport& report) {
   if (!outputs.summary.empty()) {
     PT_RETURN_IF_ERROR(WriteFileAtomically(
-        outputs.summary, jobspec::RunSummaryJson(SummaryOf(report, config, launch))));
+        outputs.summary, jobspec::RunSummaryJson(SummaryOf(report, config, launch, plan))));
   }
   if (!outputs.trace.empty()) {
     PT_RETURN_IF_ERROR(WriteFileAtomically(outputs.trace, job::ChromeTraceJson(report)));
@@ -223,9 +227,10 @@ absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConf
   return absl::OkStatus();
 }
 
-// Trains `config` as the flags say, then reports and writes the outputs.
+// Trains `config` as the flags say, then reports and writes the outputs (with the plan's
+// record when it was planned here).
 int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfig& config,
-          const std::string& self) {
+          const std::optional<v1::PlannedLayout>& plan, const std::string& self) {
   const jobspec::RunOutputs& outputs = flags.outputs;
   const bool token_data = job::EffectiveDataKind(config) != "classification";
   ProgressPrinter printer(outputs.quiet, token_data);
@@ -248,7 +253,7 @@ int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfi
     report->max_param_rel_diff = job::MaxRelativeDifference(report->final_parameters, *reference);
   }
   if (!outputs.quiet) PrintSummary(*report);
-  if (absl::Status s = WriteOutputs(outputs, config, flags.launch, *report); !s.ok()) {
+  if (absl::Status s = WriteOutputs(outputs, config, flags.launch, plan, *report); !s.ok()) {
     return Fail(s, exit_code::kJobFailed);
   }
   return exit_code::kOk;
@@ -286,14 +291,16 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     planning.quiet = flags.outputs.quiet;
     return run::RunPlanCommand(planning, *config);
   }
+  std::optional<v1::PlannedLayout> plan;  // with `stages: auto`
   if (config->auto_stages) {
     // Planned here, for this machine's cores (or --plan-workers), then run as planned.
     jobspec::PlanFlags planning = flags.planning;
     planning.quiet = flags.outputs.quiet;
-    absl::StatusOr<job::JobConfig> planned = run::PlanAndApply(planning, *config);
+    absl::StatusOr<run::AppliedPlan> planned = run::PlanAndApply(planning, *config);
     if (!planned.ok()) return Fail(planned.status(), exit_code::For(planned.status()));
-    *config = *std::move(planned);
+    *config = std::move(planned->config);
     *spec = jobspec::SpecWithLayoutOf(*spec, *config);
+    plan = std::move(planned->record);
   }
   if (flags.outputs.dry_run) {
     std::printf("%s\n", job::JobConfigToJson(*config).c_str());
@@ -303,7 +310,7 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     absl::Status s = GatherWeights(*config, flags.gather_weights, flags.outputs.save_weights);
     return s.ok() ? exit_code::kOk : Fail(s, exit_code::kJobFailed);
   }
-  return Train(flags, *spec, *config, self);
+  return Train(flags, *spec, *config, plan, self);
 }
 
 void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {

@@ -172,6 +172,12 @@ TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
               return s;
             }());
   EXPECT_THAT(run.err, HasSubstr("hippie planner:"));
+  // The summary keeps the plan it ran, as a cluster's does.
+  EXPECT_EQ(ran["plan"]["planner"], "hippie");
+  EXPECT_EQ(ran["plan"]["workers"], 4);
+  EXPECT_EQ(ran["plan"]["predicted_peak_memory_bytes"], plan["predicted_peak_memory_bytes"]);
+  EXPECT_DOUBLE_EQ(ran["plan"]["predicted_step_time_s"].get<double>(),
+                   plan["predicted_step_time_s"].get<double>());
   unsetenv("PIPETRAIN_CACHE_DIR");
 }
 
