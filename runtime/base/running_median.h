@@ -1,5 +1,6 @@
 // The median of a stream of values, kept as they arrive: O(log n) per value, O(1) to read.
-// The median of an even count is the mean of the two middle values (as job::Median's).
+// The median of an even count is the mean of the two middle values, as the runner's report
+// takes it (runtime/job/report.cc).
 // Thread-compatible.
 #pragma once
 

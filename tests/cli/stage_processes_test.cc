@@ -1,0 +1,201 @@
+// The runner's stage processes (--launch processes) as users run them: every example job,
+// results equal to the reference, checkpoint and resume on another layout, and no process
+// left behind when a stage is killed or the launcher interrupted.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_fixture.h"
+
+using namespace pipetrain::cli_test;  // NOLINT: the fixture's helpers
+
+namespace {
+
+// Every example job in examples/ is valid and runs (two steps each).
+TEST_F(CliTest, EveryExampleJobRuns) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(PIPETRAIN_SOURCE_DIR) / "examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    const fs::path summary = dir_ / "summary.json";
+    Result r = Run("run " + entry.path().string() + " --steps 2 -q --summary " +
+                   summary.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(ReadFile(summary))["losses"].size(), 2u);
+    ++count;
+  }
+  EXPECT_GE(count, 6);
+}
+
+}  // namespace
+
+namespace {
+
+// One OS process per stage over Gloo: the same parameters as the un-pipelined reference.
+// p=2 w=1, p=4 w=1, p=2 w=2, p=4 w=2 (8 processes), for every schedule.
+TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
+  for (const char* replicas : {"1", "2"}) {
+  for (const char* stages : {"2", "4"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
+      SCOPED_TRACE(std::string(schedule) + " stages " + stages + " replicas " + replicas);
+      const fs::path summary = dir_ / "summary.json";
+      Result r = Run(std::string("run -q --launch processes --reference --dtype float64 "
+                                 "--schedule ") + schedule + " --stages " + stages +
+                     " --replicas " + replicas +
+                     " --microbatches 4 --steps 4 --d-model 16 --n-heads 2 --n-layers 3"
+                     " --seq-len 8 --vocab 16 --summary " + summary.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      auto j = nlohmann::json::parse(ReadFile(summary));
+      EXPECT_EQ(j["stages"], std::stoi(stages));
+      EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+      EXPECT_EQ(j["losses"].size(), 4u);
+      EXPECT_EQ(j["replicas"], std::stoi(replicas));
+    }
+  }
+  }
+}
+
+// Stage processes write a checkpoint (each its layers, one commits through the launcher's
+// store) and resume from it on another layout: 4 stages, then 2 stages x 2 replicas; the
+// final parameters equal the uninterrupted reference within 1e-10 (float64).
+TEST_F(CliTest, StageProcessesCheckpointAndResumeOnAnotherLayout) {
+  const std::string common =
+      " --dtype float64 --schedule 1f1b --steps 6 --d-model 16 --n-heads 2 --n-layers 3"
+      " --seq-len 8 --vocab 16 --checkpoint-dir " + (dir_ / "ckpt").string();
+  Result first = Run("run -q --launch processes --stages 4 --microbatches 4 "
+                     "--checkpoint-every 3" + common);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest"), "step-00000003\n");
+  const fs::path summary = dir_ / "summary.json";
+  Result resumed = Run("run -q --launch processes --reference --stages 2 --replicas 2 "
+                       "--microbatches 2 --resume-from latest --summary " + summary.string() +
+                       common);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_THAT(resumed.err, HasSubstr("resuming at step 3 from " + (dir_ / "ckpt").string()));
+  auto j = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_EQ(j["first_step"], 3);
+  EXPECT_EQ(j["losses"].size(), 3u);
+  EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+}
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = ReadFile(entry.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) children.push_back(std::stoi(name));
+  }
+  return children;
+}
+
+std::string CommandLine(pid_t pid) {
+  std::string cmd = ReadFile(fs::path("/proc") / std::to_string(pid) / "cmdline");
+  std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+  return cmd;
+}
+
+// A stage process killed mid-step: every other stage stops, the launcher exits non-zero
+// within 10 s naming the dead stage, and no process is left behind.
+TEST_F(CliTest, KilledStageProcessStopsTheJobAndLeavesNothingBehind) {
+  const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string command = std::string("exec ") + PIPETRAIN_CLI +
+                                " run --launch processes --stages 4 --steps 2000 --peer-timeout 60 >" +
+                                out.string() + " 2>" + err.string();
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for training to be under way, then kill stage 1.
+  pid_t victim = -1;
+  std::vector<pid_t> stages;
+  for (int i = 0; i < 600 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadFile(err).find("step 1/") == std::string::npos) continue;
+    stages = ChildrenOf(launcher);
+    for (pid_t child : stages) {
+      if (CommandLine(child).find("--stage-process 1 ") != std::string::npos) victim = child;
+    }
+  }
+  ASSERT_GT(victim, 0) << ReadFile(err);
+  ASSERT_EQ(stages.size(), 4u);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  if (done == 0) kill(launcher, SIGKILL);
+  ASSERT_EQ(done, launcher) << "the launcher did not stop";
+  EXPECT_LT(seconds, 10.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string error = ReadFile(err);
+  EXPECT_THAT(error, HasSubstr("stage 1 (pid " + std::to_string(victim) +
+                               ") was killed by signal 9"));
+  EXPECT_THAT(error, HasSubstr("lost stage 1 (rank 1)"));
+  for (pid_t pid : stages) {
+    EXPECT_NE(kill(pid, 0), 0) << "stage process " << pid << " is still there";
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Ctrl-C on the launcher: it exits 130 and takes every stage process with it.
+TEST_F(CliTest, InterruptedLauncherTakesItsStageProcessesWithIt) {
+  const fs::path err = dir_ / "stderr";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string command = std::string("exec ") + PIPETRAIN_CLI +
+                                " run --launch processes --stages 2 --steps 2000 2>" +
+                                err.string() + " >/dev/null";
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> stages;
+  for (int i = 0; i < 600 && stages.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadFile(err).find("step 1/") != std::string::npos) stages = ChildrenOf(launcher);
+  }
+  ASSERT_EQ(stages.size(), 2u) << ReadFile(err);
+  ASSERT_EQ(kill(launcher, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130);
+  bool gone = false;
+  for (int i = 0; i < 50 && !gone; ++i) {
+    gone = true;
+    for (pid_t pid : stages) gone = gone && kill(pid, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "stage processes outlived the launcher";
+}
+
+}  // namespace
