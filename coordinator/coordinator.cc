@@ -82,6 +82,7 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
       deps_(std::move(deps)),
       planner_({options_.planning_cpu_budget, options_.planning_time_limit,
                 options_.planning_wait}),
+      scheduler_(SchedulerPolicy{options_.heartbeat_interval, options_.assign_attempts}),
       writes_(deps_.store.get()) {
   absl::MutexLock lock(&mu_);
   pool_.SetLostListener([this](const WorkerPool::Lost& lost) {
@@ -242,7 +243,8 @@ void Coordinator::RecordEnd(JobEntry& e, const std::string& message) {
     Event(e.job.id(), absl::StrCat(e.run.phase == Phase::kCancelled ? "cancelled" : "failed",
                                    ": ", message));
   }
-  e.store.reset();
+  rendezvous_.Close(e.job.id());
+  commands_.Forget(e.job.id());
 }
 
 void Coordinator::SendStops(JobEntry& e, const std::vector<int>& ranks,
@@ -262,7 +264,8 @@ void Coordinator::SendStops(JobEntry& e, const std::vector<int>& ranks,
 
 void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
   e.recovering_since = deps_.clock->Now();
-  e.store.reset();
+  rendezvous_.Close(e.job.id());
+  commands_.Forget(e.job.id());
   for (auto& st : *e.job.mutable_stage_status()) {
     if (st.state() != v1::STAGE_STATE_DONE && st.state() != v1::STAGE_STATE_FAILED &&
         st.state() != v1::STAGE_STATE_LOST) {
@@ -292,7 +295,8 @@ void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
 void Coordinator::ReturnToQueue(JobEntry& e, const std::string& why) {
   e.job.clear_stage_status();
   e.rank_worker.clear();
-  e.store.reset();
+  rendezvous_.Close(e.job.id());
+  commands_.Forget(e.job.id());
   e.requeued_because = absl::StrCat("requeued: ", why);
   e.job.set_message(e.requeued_because);
   Event(e.job.id(), e.requeued_because);

@@ -72,8 +72,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/base/clock.h"
+#include "coordinator/command_relay.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
+#include "coordinator/rendezvous_stores.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/step_ledger.h"
 #include "coordinator/submission_planner.h"
 #include "coordinator/worker_client.h"
@@ -203,14 +206,12 @@ class Coordinator {
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const std::string& session,
                                                     const v1::StageEnd& end);
   // The key-value store the ranks of running job `job_id` meet in (the KV RPCs): only for a
-  // worker that runs one of its ranks. It holds at most kKvValueBytes per value and
-  // kKvJobBytes in all.
+  // worker that runs one of its ranks. Bounded as rendezvous_stores.h says.
   absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(
       const std::string& session, const std::string& job_id);
-  static constexpr size_t kKvValueBytes = size_t{1} << 20;
-  static constexpr size_t kKvKeyBytes = 1024;
+  static constexpr size_t kKvValueBytes = RendezvousStores::kValueBytes;
+  static constexpr size_t kKvKeyBytes = RendezvousStores::kKeyBytes;
   static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
-  static constexpr size_t kKvJobBytes = size_t{64} << 20;
   static constexpr int kMaxWorkerCores = 65536;
 
   // What the coordinator's /metrics shows (coordinator_metrics.h), read in one pass under
@@ -245,14 +246,11 @@ class Coordinator {
     int64_t order = 0;
     int64_t version = 0;  // bumped on every change
     bool durable = false;  // its first record is in the store: it may be scheduled
-    std::shared_ptr<rendezvous::KeyValueStore> store;  // the ranks' rendezvous, while running
     JobRun run;  // its lifecycle (job_machine.h); job.state, restarts, generation mirror it
     std::vector<std::string> rank_worker;              // worker id per rank
     StepLedger ledger;  // the generation's steps: per rank, committed, losses, throughput
     std::vector<int> assign_attempts;                  // assignments tried per rank
     int64_t tokens_per_step = 0;
-    // Step commands seen in step reports: boundary -> ranks that reported them.
-    std::map<int64_t, int> command_reports;
     absl::Time persisted_at;     // progress is written at most once a second
     std::string requeued_because;  // why a job that ran waits in the queue again (Requeue)
     // Generations (see Recovery above; job.generation() is the one its ranks run now).
@@ -324,13 +322,12 @@ class Coordinator {
   void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running
   // `run_spec`, starting at `start_step`.
-  void StartGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
-                       v1::JobSpec run_spec, int64_t start_step)
+  void RunGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
+                     v1::JobSpec run_spec, int64_t start_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Places the recovering jobs whose last generation has ended (see
-  // Recovery above) or fails those out of time; true while any is about to take the idle
-  // workers (its old ranks still ending, or within the grace for its own layout): queued
-  // jobs wait then. One that cannot be placed after that says why and holds no worker.
+  // REQUIRES: mu_ held. Carries out the scheduler's plan for each recovering job (see
+  // Recovery above; scheduler.h PlanRecovery): its next generation started, its wait told in
+  // its status, or its end; true while any holds the idle workers (queued jobs wait then).
   bool PlaceRecovering() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Starts every queued job that fits in the idle workers.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -355,6 +352,7 @@ class Coordinator {
   CoordinatorOptions options_;
   CoordinatorDeps deps_;
   SubmissionPlanner planner_;  // `stages: auto` at submission; never under mu_
+  const Scheduler scheduler_;  // where jobs run (pure decisions; applied under mu_)
   WriteBehind writes_;         // queued under mu_, written by FlushWrites outside it
   // The one lock of the coordinator's state; `changed_` is signalled on every change of a
   // job (WaitForChange).
@@ -362,10 +360,11 @@ class Coordinator {
   absl::CondVar changed_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);
+  RendezvousStores rendezvous_ ABSL_GUARDED_BY(mu_);  // of the running generations
   int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t workers_lost_silent_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::pair<std::string, std::string>, int64_t> step_commands_ ABSL_GUARDED_BY(mu_);
+  CommandRelay commands_ ABSL_GUARDED_BY(mu_);  // step commands: counts and reports tallied
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
   std::atomic<int64_t> last_pass_ms_{0};  // clock time of the monitor's last completed pass

@@ -20,15 +20,6 @@
 
 namespace pipetrain::coordinator {
 
-namespace {
-
-// "flush", "switch", "checkpoint", "stop": the names the CLI takes.
-std::string CommandName(v1::StepCommand command) {
-  return control::StepCommandsName(jobspec::StepCommandBit(command));
-}
-
-}  // namespace
-
 absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
                                             const std::string& model_profile_json) {
   v1::JobSpec spec = submitted;
@@ -194,12 +185,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
 absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
     const v1::SendCommandRequest& request) {
   absl::StatusOr<v1::SendCommandResponse> response = SendCommandUncounted(request);
-  const std::string command = jobspec::StepCommandBit(request.command()) != 0
-                                  ? CommandName(request.command())
-                                  : std::string("unknown");
   absl::MutexLock lock(&mu_);
-  ++step_commands_[{command, response.ok() ? std::string("scheduled")
-                                           : absl::StatusCodeToString(response.status().code())}];
+  commands_.Count(request.command(), response.status());
   return response;
 }
 
@@ -231,7 +218,7 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
   }
   for (const v1::WorkerInfo& w : pool_.Infos()) ++m.workers_by_state[StateName(w.state())];
   m.workers_lost_silent = workers_lost_silent_;
-  m.step_commands = step_commands_;
+  m.step_commands = commands_.counts();
   return m;
 }
 
@@ -242,37 +229,25 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
-    JobEntry& e = it->second;
+    const JobEntry& e = it->second;
     if (jobspec::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
-    if (e.job.state() != v1::JOB_STATE_RUNNING) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", e.job.id(), " is not running (", v1::JobState_Name(e.job.state()),
-          "): step commands go to running jobs"));
-    }
-    if (e.run.phase == Phase::kRecovering) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", e.job.id(), " is recovering from a fault (its next generation is not placed "
-          "yet): send the command once it runs again"));
-    }
-    WorkerPool::Worker* w = pool_.Find(e.rank_worker.empty() ? "" : e.rank_worker[0]);
-    if (w == nullptr) {
-      return absl::UnavailableError(absl::StrCat("the worker of rank 0 of ", e.job.id(),
-                                                 " is not known"));
-    }
-    client = w->client;
+    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_));
   }
-  absl::StatusOr<v1::SendCommandResponse> response = client->ScheduleCommand(request);
-  if (!response.ok()) return response.status();
+  absl::StatusOr<int64_t> boundary =
+      CommandRelay::Send(*client, request.job_id(), request.command(), request.step());
+  if (!boundary.ok()) return boundary.status();
+  v1::SendCommandResponse response;
+  response.set_step(*boundary);
   LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return 0;
     if (request.command() == v1::STEP_COMMAND_STOP) {
-      ApplyEvent(it->second, StopScheduled{response->step()});
+      ApplyEvent(it->second, StopScheduled{*boundary});
     }
-    Event(request.job_id(), absl::StrCat(CommandName(request.command()),
-                                         " scheduled before step ", response->step()));
+    Event(request.job_id(), absl::StrCat(StepCommandName(request.command()),
+                                         " scheduled before step ", *boundary));
     Changed(it->second);
     return 0;
   });
@@ -335,27 +310,22 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, e] : jobs_) {
-      if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
-          e.job.restarts() >= e.config.max_restarts || e.rank_worker.empty()) {
-        continue;
-      }
-      WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
-      if (first != nullptr && first->info.state() != v1::WORKER_STATE_LOST) targets.push_back({id, first->client});
+      if (e.job.restarts() >= e.config.max_restarts) continue;  // it could not resume
+      absl::StatusOr<std::shared_ptr<WorkerClient>> rank0 =
+          CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_);
+      if (rank0.ok()) targets.push_back({id, *rank0});
     }
   }
   std::map<std::string, int64_t> wanted;  // job -> checkpoint step
   for (const auto& target : targets) {
     const std::string& id = target.first;
-    const std::shared_ptr<WorkerClient>& client = target.second;
-    v1::SendCommandRequest command;
-    command.set_job_id(id);
-    command.set_command(v1::STEP_COMMAND_CHECKPOINT);
-    absl::StatusOr<v1::SendCommandResponse> scheduled = client->ScheduleCommand(command);
+    absl::StatusOr<int64_t> scheduled =
+        CommandRelay::Send(*target.second, id, v1::STEP_COMMAND_CHECKPOINT);
     if (!scheduled.ok()) continue;
-    wanted[id] = scheduled->step();
+    wanted[id] = *scheduled;
     LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
-                             scheduled->step(), "; the job resumes from it when the "
+                             *scheduled, "; the job resumes from it when the "
                              "coordinator starts again"));
       return 0;
     });

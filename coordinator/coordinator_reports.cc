@@ -141,7 +141,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                    "not finite (weights and optimizer state unchanged)"));
   }
   if (r.commands_after_size() > 0 &&
-      ++e.command_reports[r.step() + 1] == e.job.stage_status_size()) {
+      commands_.TookEffect(e.job.id(), r.step() + 1, e.job.stage_status_size())) {
     uint32_t bits = 0;
     for (int c : r.commands_after()) bits |= jobspec::StepCommandBit(static_cast<v1::StepCommand>(c));
     Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",

@@ -209,23 +209,21 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     if (j == jobs_.end()) return response;
     JobEntry& e = j->second;
     response.set_job_id(e.job.id());
-    if (e.job.state() != v1::JOB_STATE_RUNNING || e.run.phase == Phase::kRecovering ||
-        e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation() ||
-        e.rank_worker.empty()) {
+    if (e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation()) {
       return response;  // nothing to restart: its rank ends with it
     }
+    absl::StatusOr<std::shared_ptr<WorkerClient>> first =
+        CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_);
+    if (absl::IsFailedPrecondition(first.status())) return response;  // not running, recovering
     if (e.drain_step > 0) {  // another worker's drain already asked for one
       response.set_checkpoint_step(e.drain_step);
       return response;
     }
-    WorkerPool::Worker* first = pool_.Find(e.rank_worker[0]);
-    if (first == nullptr || first->info.state() == v1::WORKER_STATE_LOST) return response;
-    rank0 = first->client;
+    if (!first.ok()) return response;  // rank 0's worker is gone: no checkpoint to wait for
+    rank0 = *std::move(first);
   }
-  v1::SendCommandRequest command;
-  command.set_job_id(response.job_id());
-  command.set_command(v1::STEP_COMMAND_CHECKPOINT);
-  absl::StatusOr<v1::SendCommandResponse> scheduled = rank0->ScheduleCommand(command);
+  absl::StatusOr<int64_t> scheduled =
+      CommandRelay::Send(*rank0, response.job_id(), v1::STEP_COMMAND_CHECKPOINT);
   if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
   return LockedThenFlush(
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::DrainWorkerResponse> {
@@ -233,10 +231,10 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
     JobEntry& e = j->second;
     e.draining_worker = worker_id;
-    e.drain_step = scheduled->step();
-    response.set_checkpoint_step(scheduled->step());
+    e.drain_step = *scheduled;
+    response.set_checkpoint_step(*scheduled);
     Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
-                                   "step ", scheduled->step(), "; the job restarts from it "
+                                   "step ", *scheduled, "; the job restarts from it "
                                    "without this worker"));
     Changed(e);
     return response;
@@ -267,10 +265,11 @@ absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvo
         absl::StrCat(caller->info.id(), " runs no rank of job ", job_id));
   }
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !it->second.store) {
+  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous_.Find(job_id);
+  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !store) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
   }
-  return it->second.store;
+  return store;
 }
 
 void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {

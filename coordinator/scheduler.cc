@@ -1,0 +1,172 @@
+// The coordinator's scheduling decisions. See scheduler.h.
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "jobspec/job_config_from_spec.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/partition.h"
+#include "runtime/planner/predict.h"
+#include "runtime/weights/optimizer_config.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+// The last fault's cause, for messages.
+std::string LastCause(const v1::Job& job) {
+  return job.recoveries().empty() ? std::string("?")
+                                  : job.recoveries(job.recoveries_size() - 1).cause();
+}
+
+}  // namespace
+
+bool IsUnreachable(const absl::Status& error) {
+  return absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error);
+}
+
+std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
+                                               const model::PipelineLayout& layout) {
+  model::ModelConfig m = c.model;
+  const std::string kind = job::EffectiveDataKind(c);
+  if (kind != "classification") {
+    m.vocab_size = c.data.vocab > 0 ? c.data.vocab : (kind == "bytes" ? 256 : 65536);
+    m.seq_len = c.data.seq_len;
+  }
+  absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(m);
+  if (!layers.ok()) return std::nullopt;
+  std::vector<double> counts;
+  for (const model::LayerInfo& l : *layers) counts.push_back(static_cast<double>(l.num_parameters));
+  // The layout's own layers, else balanced as the job will be.
+  std::vector<model::LayerRange> ranges;
+  for (const auto& [begin, end] : layout.stage_layers) ranges.push_back({begin, end});
+  if (ranges.empty()) {
+    absl::StatusOr<std::vector<model::LayerRange>> balanced =
+        model::BalancedPartition(counts, layout.stages);
+    if (!balanced.ok()) return std::nullopt;
+    ranges = *std::move(balanced);
+  }
+  double largest = 0;
+  for (const model::LayerRange& r : ranges) {
+    double sum = 0;
+    for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
+    largest = std::max(largest, sum);
+  }
+  const int element = c.precision == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
+  const int64_t parameter_bytes = static_cast<int64_t>(largest) * element;
+  // The planner's model of a stage's weights, and its gradient.
+  return planner::WeightBytes(c.schedule, parameter_bytes,
+                              weights::OptimizerStateCopies(c.optimizer) * parameter_bytes) +
+         parameter_bytes;
+}
+
+PlacementPlan Scheduler::PlanQueue(const std::vector<QueuedJob>& queued_in_order,
+                                   const std::vector<v1::WorkerInfo>& workers) const {
+  std::vector<PoolWorker> pool;
+  for (const v1::WorkerInfo& w : workers) {
+    if (w.state() != v1::WORKER_STATE_LOST) {
+      pool.push_back({w.id(), w.cores(), w.state() == v1::WORKER_STATE_IDLE, w.device()});
+    }
+  }
+  return PlaceQueuedJobs(queued_in_order, pool);
+}
+
+RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
+                                     const std::vector<v1::WorkerInfo>& workers,
+                                     absl::Time now) const {
+  const v1::Job& job = *r.job;
+  const job::JobConfig& c = *r.config;
+  // Every rank of the last generation has ended (its worker reported it, or was lost).
+  bool ending = false;
+  for (const v1::WorkerInfo& w : workers) {
+    if ((w.state() == v1::WORKER_STATE_BUSY || w.state() == v1::WORKER_STATE_DRAINING) &&
+        w.job_id() == job.id()) {
+      ending = true;
+    }
+  }
+  const int min_cores = c.threads_per_stage;
+  std::vector<const v1::WorkerInfo*> idle;
+  for (const v1::WorkerInfo& w : workers) {
+    if (w.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.device()) == DeviceKind(c.device) &&
+        (min_cores <= 0 || w.cores() <= 0 || w.cores() >= min_cores)) {
+      idle.push_back(&w);
+    }
+  }
+  const v1::JobSpec& spec = job.spec();
+  const model::PipelineLayout original = job::PipelineLayoutOf(c);
+  const bool full = static_cast<int>(idle.size()) >= original.ranks();
+  const bool grace_over = now - r.recovering_since >=
+                          SchedulerPolicy::kRecoveryGraceIntervals * policy_.heartbeat_interval;
+  std::string too_small;  // why layouts were passed over, for the job's message
+  if (!ending && (full || grace_over)) {
+    for (const model::PipelineLayout& l : RecoveryLayouts(
+             original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
+      // Only workers whose memory holds a rank's parameter state (when both are known).
+      const std::optional<int64_t> need = RankParameterStateBytes(c, l);
+      std::vector<std::string> fit;
+      for (const v1::WorkerInfo* w : idle) {
+        if (!need || w->memory_bytes() <= 0 || w->memory_bytes() >= *need) fit.push_back(w->id());
+      }
+      if (static_cast<int>(fit.size()) < l.ranks()) {
+        too_small = absl::StrCat("; ", l.stages, " stages x ", l.replicas, " replicas need ",
+                                 l.ranks(), " workers with ", need.value_or(0),
+                                 " bytes for a rank's parameters, gradients and optimizer "
+                                 "state, ", fit.size(), " idle have them");
+        continue;
+      }
+      v1::JobSpec run = spec;
+      if (l.stages != original.stages) {
+        run.clear_stage_ranges();
+        run.set_stages(l.stages);
+      }
+      run.set_replicas(l.replicas);
+      run.set_microbatches(l.micro_batches);
+      if (job.checkpoint_step() > 0) run.set_resume_from(job.checkpoint_path());
+      if (!jobspec::JobConfigFromSpec(run).ok()) continue;
+      StartGeneration start;
+      start.layout = l;
+      start.start_step = job.checkpoint_step() > 0 ? job.checkpoint_step()
+                                                   : (run.has_resume_from() ? -1 : 0);
+      start.run_spec = std::move(run);
+      start.rank_workers.assign(fit.begin(), fit.begin() + l.ranks());
+      if (l.stages != original.stages || l.replicas != original.replicas) {
+        start.announcement = absl::StrCat(
+            "only ", idle.size(), " workers: generation ", job.generation() + 1, " runs ",
+            l.stages, " stages x ", l.replicas, " replicas x ", l.micro_batches,
+            " micro-batches (the global batch unchanged)");
+      }
+      return start;
+    }
+  }
+  const absl::Duration limit = absl::Seconds(c.recv_timeout_s);
+  if (now - r.recovering_since > limit) {
+    return GiveUp{absl::StrCat("no workers to restart on within timeout_s (",
+                               absl::FormatDuration(limit), "): ", idle.size(), " idle",
+                               ending ? ", ranks of the last generation still ending" : "",
+                               too_small, "; it ran ", job.step() + 1, " of ", job.steps(),
+                               " steps; the last fault: ", LastCause(job))};
+  }
+  WaitForWorkers wait;
+  wait.why = absl::StrCat(
+      "recovering (restart ", job.restarts(), " of ", c.max_restarts, "): ", LastCause(job),
+      "; waits for workers to restart on: ", idle.size(), " idle",
+      ending ? ", ranks of the last generation still ending" : "",
+      !grace_over && !ending ? ", the same layout for 3 heartbeats" : "", too_small,
+      "; up to timeout_s (", absl::FormatDuration(limit), ") in all");
+  // The idle workers are kept for it only while it is about to take them (its old ranks
+  // ending, or the grace for its own layout); after that it holds none it cannot use.
+  wait.holds_idle_workers = ending || !grace_over;
+  return wait;
+}
+
+RetryPlan Scheduler::PlanRetry(const absl::Status& error, int attempts,
+                               const std::vector<std::string>& idle_of_kind) const {
+  if (!IsUnreachable(error)) return RankRefused{};
+  if (!idle_of_kind.empty() && attempts < policy_.assign_attempts) {
+    return RetryOnWorker{idle_of_kind.front()};
+  }
+  return NoWorkerForRank{};
+}
+
+}  // namespace pipetrain::coordinator

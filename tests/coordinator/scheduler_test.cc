@@ -1,0 +1,252 @@
+// The scheduler's decisions, case by case: a recovering job's next generation (its own layout,
+// a smaller one after the grace, workers whose memory is too small, old ranks still ending,
+// out of time), an assignment's retry, and the queue over the registry's view. No
+// coordinator, no clock, no sockets: the inputs are values and so are the answers.
+#include "coordinator/scheduler.h"
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "jobspec/job_config_from_spec.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
+const absl::Duration kBeat = absl::Seconds(1);
+
+v1::WorkerInfo Worker(const std::string& id, v1::WorkerState state, const std::string& job = "",
+                      int64_t memory = 0, const std::string& device = "cpu") {
+  v1::WorkerInfo w;
+  w.set_id(id);
+  w.set_state(state);
+  w.set_job_id(job);
+  w.set_memory_bytes(memory);
+  w.set_device(device);
+  return w;
+}
+
+std::vector<v1::WorkerInfo> Idle(int n, int64_t memory = 0) {
+  std::vector<v1::WorkerInfo> out;
+  for (int i = 1; i <= n; ++i) {
+    out.push_back(Worker("worker-" + std::to_string(i), v1::WORKER_STATE_IDLE, "", memory));
+  }
+  return out;
+}
+
+// A 2-stage x 2-replica job (4 micro-batches) whose generation 1 a fault ended at kT0.
+struct Recovering {
+  Recovering() {
+    v1::JobSpec& s = *job.mutable_spec();
+    s.mutable_model()->set_name("gpt");
+    s.mutable_model()->set_d_model(16);
+    s.mutable_model()->set_n_heads(2);
+    s.mutable_model()->set_n_layers(2);
+    s.set_schedule("1f1b");
+    s.set_stages(2);
+    s.set_replicas(2);
+    s.set_microbatches(4);
+    s.set_microbatch_size(2);
+    s.set_steps(10);
+    s.set_timeout_s(30);
+    s.set_max_restarts(2);
+    job.set_id("job-0001");
+    job.set_stages(2);
+    job.set_replicas(2);
+    job.set_steps(10);
+    job.set_step(5);
+    job.set_generation(1);
+    job.set_restarts(1);
+    job.add_recoveries()->set_cause("worker-9 lost");
+  }
+  RecoveringJob View() {
+    config = *jobspec::JobConfigFromSpec(job.spec());
+    return {&job, &config, kT0};
+  }
+  v1::Job job;
+  job::JobConfig config;
+};
+
+// stages x replicas x micro-batches
+std::string Text(const model::PipelineLayout& l) {
+  return std::to_string(l.stages) + "x" + std::to_string(l.replicas) + "x" +
+         std::to_string(l.micro_batches);
+}
+
+RecoveryPlan Plan(Recovering& r, const std::vector<v1::WorkerInfo>& workers, absl::Duration after) {
+  return Scheduler({kBeat, 3}).PlanRecovery(r.View(), workers, kT0 + after);
+}
+
+TEST(SchedulerRecovery, TheJobsOwnLayoutAsSoonAsItsWorkersAreIdleFromItsCheckpoint) {
+  Recovering r;
+  r.job.set_checkpoint_step(4);
+  r.job.set_checkpoint_path("/ck/checkpoint-4");
+  std::vector<v1::WorkerInfo> workers = Idle(5);
+  const RecoveryPlan plan = Plan(r, workers, absl::ZeroDuration());
+  const auto* start = std::get_if<StartGeneration>(&plan);
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(Text(start->layout), "2x2x4");
+  EXPECT_THAT(start->rank_workers, ElementsAre("worker-1", "worker-2", "worker-3", "worker-4"));
+  EXPECT_EQ(start->start_step, 4);
+  EXPECT_EQ(start->run_spec.resume_from(), "/ck/checkpoint-4");
+  EXPECT_EQ(start->announcement, "");
+}
+
+TEST(SchedulerRecovery, WithoutACheckpointItStartsAgainFromTheStartOrTheSpecsResumePoint) {
+  Recovering r;
+  RecoveryPlan plan = Plan(r, Idle(4), absl::ZeroDuration());
+  ASSERT_TRUE(std::holds_alternative<StartGeneration>(plan));
+  EXPECT_EQ(std::get<StartGeneration>(plan).start_step, 0);
+  EXPECT_FALSE(std::get<StartGeneration>(plan).run_spec.has_resume_from());
+  r.job.mutable_spec()->set_resume_from("/old/run");
+  plan = Plan(r, Idle(4), absl::ZeroDuration());
+  ASSERT_TRUE(std::holds_alternative<StartGeneration>(plan));
+  EXPECT_EQ(std::get<StartGeneration>(plan).start_step, -1);  // the spec's resume_from
+}
+
+TEST(SchedulerRecovery, OldRanksStillEndingHoldTheIdleWorkers) {
+  Recovering r;
+  std::vector<v1::WorkerInfo> workers = Idle(4);
+  workers.push_back(Worker("worker-9", v1::WORKER_STATE_BUSY, "job-0001"));
+  const RecoveryPlan plan = Plan(r, workers, absl::Seconds(10));
+  const auto* wait = std::get_if<WaitForWorkers>(&plan);
+  ASSERT_NE(wait, nullptr);
+  EXPECT_TRUE(wait->holds_idle_workers);
+  EXPECT_EQ(wait->why,
+            "recovering (restart 1 of 2): worker-9 lost; waits for workers to restart on: 4 "
+            "idle, ranks of the last generation still ending; up to timeout_s (30s) in all");
+  // A worker busy with another job is not one of its ranks.
+  workers.back().set_job_id("job-0002");
+  EXPECT_TRUE(std::holds_alternative<StartGeneration>(Plan(r, workers, absl::Seconds(10))));
+}
+
+TEST(SchedulerRecovery, FewerWorkersWaitForTheGraceThenASmallerLayoutWithTheSameBatch) {
+  Recovering r;
+  RecoveryPlan plan = Plan(r, Idle(3), 3 * kBeat - absl::Milliseconds(1));
+  ASSERT_TRUE(std::holds_alternative<WaitForWorkers>(plan));
+  EXPECT_TRUE(std::get<WaitForWorkers>(plan).holds_idle_workers);
+  EXPECT_THAT(std::get<WaitForWorkers>(plan).why, HasSubstr("the same layout for 3 heartbeats"));
+
+  plan = Plan(r, Idle(3), 3 * kBeat);
+  const auto* start = std::get_if<StartGeneration>(&plan);
+  ASSERT_NE(start, nullptr);
+  // 2 stages x 1 replica x 8 micro-batches: replicas x micro-batches unchanged.
+  EXPECT_EQ(Text(start->layout), "2x1x8");
+  EXPECT_THAT(start->rank_workers, ElementsAre("worker-1", "worker-2"));
+  EXPECT_EQ(start->run_spec.replicas(), 1);
+  EXPECT_EQ(start->run_spec.microbatches(), 8);
+  EXPECT_EQ(start->announcement,
+            "only 3 workers: generation 2 runs 2 stages x 1 replicas x 8 micro-batches (the "
+            "global batch unchanged)");
+}
+
+TEST(SchedulerRecovery, WorkersTooSmallForARanksWeightsAreNotUsed) {
+  Recovering r;
+  model::PipelineLayout own;
+  own.stages = 2;
+  own.replicas = 2;
+  own.micro_batches = 4;
+  const int64_t need = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
+  // Three workers hold a rank, two do not: after the grace, the 2 x 1 layout on those three.
+  std::vector<v1::WorkerInfo> workers = Idle(5, need);
+  workers[0].set_memory_bytes(need - 1);
+  workers[2].set_memory_bytes(need - 1);
+  RecoveryPlan plan = Plan(r, workers, 3 * kBeat);
+  const auto* start = std::get_if<StartGeneration>(&plan);
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(start->layout.replicas, 1);
+  EXPECT_THAT(start->rank_workers, ElementsAre("worker-2", "worker-4"));
+  // None holds one: it waits, says why, and holds no idle worker after the grace.
+  plan = Plan(r, Idle(5, 1024), 3 * kBeat);
+  const auto* wait = std::get_if<WaitForWorkers>(&plan);
+  ASSERT_NE(wait, nullptr);
+  EXPECT_FALSE(wait->holds_idle_workers);
+  EXPECT_THAT(wait->why, HasSubstr("bytes for a rank's parameters, gradients and optimizer "
+                                   "state, 0 idle have them"));
+}
+
+TEST(SchedulerRecovery, ARankHoldsItsWeightVersionsOptimizerStateAndGradient) {
+  // AdamW (two moments) and one weight version (1F1B): 1 + 2 + 1 copies of the largest
+  // stage's parameters; 2BW keeps a second version: 2 + 2 + 1.
+  Recovering r;
+  model::PipelineLayout own;
+  own.stages = 2;
+  own.replicas = 2;
+  own.micro_batches = 4;
+  const int64_t one_f_one_b = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
+  r.job.mutable_spec()->set_schedule("2bw");
+  const int64_t two_bw = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
+  ASSERT_GT(one_f_one_b, 0);
+  EXPECT_EQ(one_f_one_b % 16, 0);  // 4 copies of float32 parameters
+  EXPECT_EQ(two_bw * 4, one_f_one_b * 5);
+  // Float64 doubles it.
+  r.job.mutable_spec()->set_dtype("float64");
+  EXPECT_EQ(*RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own), 2 * two_bw);
+}
+
+TEST(SchedulerRecovery, WorkersOfAnotherDeviceKindDoNotCount) {
+  Recovering r;
+  std::vector<v1::WorkerInfo> workers = Idle(2);
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back(Worker("gpu-" + std::to_string(i), v1::WORKER_STATE_IDLE, "", 0,
+                             "cuda:" + std::to_string(i)));
+  }
+  const RecoveryPlan plan = Plan(r, workers, absl::ZeroDuration());
+  ASSERT_TRUE(std::holds_alternative<WaitForWorkers>(plan));
+  EXPECT_THAT(std::get<WaitForWorkers>(plan).why, HasSubstr(": 2 idle"));
+}
+
+TEST(SchedulerRecovery, NoLayoutWithinTheTimeoutGivesUpSayingWhy) {
+  Recovering r;
+  EXPECT_TRUE(std::holds_alternative<WaitForWorkers>(Plan(r, {}, absl::Seconds(30))));
+  const RecoveryPlan plan = Plan(r, {}, absl::Seconds(31));
+  const auto* give_up = std::get_if<GiveUp>(&plan);
+  ASSERT_NE(give_up, nullptr);
+  EXPECT_EQ(give_up->message,
+            "no workers to restart on within timeout_s (30s): 0 idle; it ran 6 of 10 steps; "
+            "the last fault: worker-9 lost");
+}
+
+TEST(SchedulerRetry, AnUnreachableWorkersRankMovesWhileAttemptsAreLeft) {
+  const Scheduler scheduler({kBeat, 3});
+  const absl::Status unreachable = absl::UnavailableError("connection refused");
+  RetryPlan plan = scheduler.PlanRetry(unreachable, 1, {"worker-5", "worker-6"});
+  ASSERT_TRUE(std::holds_alternative<RetryOnWorker>(plan));
+  EXPECT_EQ(std::get<RetryOnWorker>(plan).worker_id, "worker-5");
+  EXPECT_TRUE(std::holds_alternative<RetryOnWorker>(
+      scheduler.PlanRetry(absl::DeadlineExceededError("slow"), 2, {"worker-6"})));
+  // The third failure in all, or no idle worker: back to the queue (no restart spent).
+  EXPECT_TRUE(std::holds_alternative<NoWorkerForRank>(
+      scheduler.PlanRetry(unreachable, 3, {"worker-6"})));
+  EXPECT_TRUE(std::holds_alternative<NoWorkerForRank>(scheduler.PlanRetry(unreachable, 1, {})));
+  // A worker that answered and refused: the job's fault, whatever is idle.
+  EXPECT_TRUE(std::holds_alternative<RankRefused>(scheduler.PlanRetry(
+      absl::FailedPreconditionError("busy with rank 0 of job-0002"), 1, {"worker-6"})));
+}
+
+TEST(SchedulerQueue, LostWorkersAreNeverPlacedAndBusyOnesOnlyCount) {
+  const Scheduler scheduler({kBeat, 3});
+  std::vector<v1::WorkerInfo> workers = {
+      Worker("worker-1", v1::WORKER_STATE_LOST), Worker("worker-2", v1::WORKER_STATE_IDLE),
+      Worker("worker-3", v1::WORKER_STATE_BUSY, "job-0001"),
+      Worker("worker-4", v1::WORKER_STATE_IDLE)};
+  PlacementPlan plan = scheduler.PlanQueue({{"job-0002", 2, 0, "cpu"}, {"job-0003", 2, 0, "cpu"}},
+                                           workers);
+  ASSERT_EQ(plan.started.size(), 1u);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("worker-2", "worker-4"));
+  ASSERT_EQ(plan.waiting.size(), 1u);
+  EXPECT_EQ(plan.waiting[0].job_id, "job-0003");
+  EXPECT_THAT(plan.waiting[0].reason, HasSubstr("needs 2 workers"));
+  plan = scheduler.PlanQueue({{"job-0004", 4, 0, "cpu"}}, workers);
+  EXPECT_THAT(plan.started, IsEmpty());
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
