@@ -34,7 +34,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/data/dataset.h"
 #include "runtime/job/job_config.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
 

@@ -23,7 +23,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/device.h"
-#include "runtime/job/stage_run.h"
+#include "runtime/job/launch/stage_run.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/data_roots.h"
@@ -311,7 +311,7 @@ absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& w
     news.resumed_from = dir;
     news.passed_over = skipped;
   };
-  hooks.on_checkpoint = [&news](int64_t, const job::SharedCheckpointResult& result) {
+  hooks.on_checkpoint = [&news](int64_t, const checkpoint::SharedCheckpointResult& result) {
     if (!result.committed.empty()) news.committed_checkpoint = result.committed;
     if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
   };

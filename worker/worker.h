@@ -21,7 +21,7 @@
 // worker that runs rank 0 (stage 0 of replica 0); its stage passes them on through the data
 // plane (runtime/control/step_commands.h). At a checkpoint the ranks of replica 0 write their
 // layers to the job's checkpoint.dir (a directory every worker of the job must share) and one
-// of them commits it (runtime/job/checkpointing.h); that rank's next step report names it.
+// of them commits it (runtime/checkpoint/job_checkpoints.h); that rank's next step report names it.
 //
 // Every assignment names the job's generation; the worker's heartbeats, step reports and
 // stage end carry it, and a stop for another generation of the job leaves its stage alone.

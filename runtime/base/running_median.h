@@ -1,6 +1,6 @@
 // The median of a stream of values, kept as they arrive: O(log n) per value, O(1) to read.
 // The median of an even count is the mean of the two middle values, as the runner's report
-// takes it (runtime/job/report.cc).
+// takes it (runtime/job/report/report.cc).
 // Thread-compatible.
 #pragma once
 

@@ -21,8 +21,8 @@
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
 #include "runtime/job/job_config.h"
-#include "runtime/job/local_run.h"
-#include "runtime/job/stage_run.h"
+#include "runtime/job/launch/stage_run.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "tests/daemons/local_cluster.h"
 
 namespace pipetrain::test {

@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/job/plan.h"
 #include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"

@@ -11,7 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "runtime/job/device.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
+#include "runtime/job/reference/reference_trainer.h"
 
 namespace pipetrain::job {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
 #include "runtime/weights/weight_store.h"
 #include "tests/pipeline/forwarding_transport.h"
 

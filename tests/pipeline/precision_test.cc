@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
 
 namespace pipetrain::job {
 namespace {

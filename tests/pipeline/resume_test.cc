@@ -12,7 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "runtime/checkpoint/checkpoint_dir.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "tests/pipeline/forwarding_transport.h"
 
 namespace pipetrain::job {

@@ -67,7 +67,7 @@ struct JobReport {
   bool token_data = false;       // tokens_per_s is meaningful
   int threads_per_stage = 1;
   std::vector<StageReport> per_stage;
-  std::optional<double> max_param_rel_diff;  // set by CompareWithReference
+  std::optional<double> max_param_rel_diff;  // against the reference trainer (--reference)
 
   // For tests and tools: every stage's full measurements (index replica * stages + stage),
   // and the final parameters of the whole model in layer order (what a checkpoint would

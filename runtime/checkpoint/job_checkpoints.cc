@@ -1,4 +1,4 @@
-#include "runtime/job/checkpointing.h"
+#include "runtime/checkpoint/job_checkpoints.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,13 +11,18 @@
 #include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 
-namespace pipetrain::job {
+namespace pipetrain::checkpoint {
+
+using job::JobConfig;
+using job::JobPlan;
+using job::StageStart;
+
 
 namespace {
 
-checkpoint::Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, int64_t step,
-                                  std::vector<checkpoint::LayerFile> files) {
-  checkpoint::Manifest m;
+Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, int64_t step,
+                                  std::vector<LayerFile> files) {
+  Manifest m;
   m.step = step;
   m.num_layers = static_cast<int>(plan.layers.size());
   m.job = JobConfigToJson(config);
@@ -36,48 +41,48 @@ checkpoint::Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, 
 
 // "pipetrain: checkpoint before step 50 committed: checkpoints/step-00000050 (12.3 MB in
 // 0.41 s)" on stderr.
-void ReportCommitted(const JobConfig& config, const checkpoint::Manifest& m,
+void ReportCommitted(const JobConfig& config, const Manifest& m,
                      absl::Duration took) {
   int64_t bytes = 0;
-  for (const checkpoint::LayerFile& f : m.files) bytes += f.bytes;
+  for (const LayerFile& f : m.files) bytes += f.bytes;
   std::fprintf(stderr, "pipetrain: checkpoint before step %lld committed: %s (%.1f MB in %.2f s)\n",
                static_cast<long long>(m.step),
-               (std::filesystem::path(config.checkpoint.dir) / checkpoint::StepDirName(m.step))
+               (std::filesystem::path(config.checkpoint.dir) / StepDirName(m.step))
                    .string()
                    .c_str(),
                bytes / 1e6, absl::ToDoubleSeconds(took));
 }
 
 // Writes the stage's layers through `writer`; their entries.
-absl::StatusOr<std::vector<checkpoint::LayerFile>> WriteStageLayers(
-    checkpoint::CheckpointWriter& writer, const JobPlan& plan, int stage,
+absl::StatusOr<std::vector<LayerFile>> WriteStageLayers(
+    CheckpointWriter& writer, const JobPlan& plan, int stage,
     const weights::WeightStore& weights) {
   const model::LayerRange range = plan.partition[stage];
-  const std::vector<checkpoint::LayerState> layers = checkpoint::StageLayerStates(weights);
-  std::vector<checkpoint::LayerFile> files;
+  const std::vector<LayerState> layers = StageLayerStates(weights);
+  std::vector<LayerFile> files;
   for (size_t i = 0; i < layers.size(); ++i) {
-    PT_ASSIGN_OR_RETURN(checkpoint::LayerFile file,
+    PT_ASSIGN_OR_RETURN(LayerFile file,
                         writer.WriteLayer(range.begin + static_cast<int>(i),
-                                          checkpoint::SerializeLayerState(layers[i])));
+                                          SerializeLayerState(layers[i])));
     files.push_back(std::move(file));
   }
   return files;
 }
 
-nlohmann::json FilesToJson(const std::vector<checkpoint::LayerFile>& files) {
+nlohmann::json FilesToJson(const std::vector<LayerFile>& files) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& f : files) out.push_back({f.layer, f.name, f.bytes, f.sha256});
   return out;
 }
 
-absl::StatusOr<std::vector<checkpoint::LayerFile>> FilesFromJson(const std::string& text) {
+absl::StatusOr<std::vector<LayerFile>> FilesFromJson(const std::string& text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (!j.is_object()) return absl::DataLossError("an unreadable entry");
   if (j.contains("error")) return absl::AbortedError(j.value("error", std::string("?")));
-  std::vector<checkpoint::LayerFile> files;
+  std::vector<LayerFile> files;
   try {
     for (const auto& f : j.at("files")) {
-      checkpoint::LayerFile file;
+      LayerFile file;
       file.layer = f.at(0).get<int>();
       file.name = f.at(1).get<std::string>();
       file.bytes = f.at(2).get<int64_t>();
@@ -96,13 +101,13 @@ CheckpointSink::CheckpointSink(const JobConfig& config, const JobPlan& plan)
     : config_(config), plan_(plan) {}
 
 absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::WeightStore& weights) {
-  checkpoint::CheckpointWriter* writer = nullptr;
+  CheckpointWriter* writer = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Pending& p = pending_[step];
     if (p.delivered == 0 && p.begun == absl::Time()) p.begun = absl::Now();
     if (p.writer == nullptr && p.error.ok()) {
-      auto begun = checkpoint::CheckpointWriter::Begin(config_.checkpoint.dir, step);
+      auto begun = CheckpointWriter::Begin(config_.checkpoint.dir, step);
       if (begun.ok()) {
         p.writer = *std::move(begun);
       } else {
@@ -113,7 +118,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   }
   // Serialize and write outside the lock: the stages write their own layers concurrently.
   absl::Status written;
-  std::vector<checkpoint::LayerFile> files;
+  std::vector<LayerFile> files;
   if (writer != nullptr) {
     auto wrote = WriteStageLayers(*writer, plan_, stage, weights);
     if (wrote.ok()) {
@@ -130,7 +135,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   // The last stage: commit, or give up on this checkpoint.
   absl::Status result = p.error;
   if (result.ok()) {
-    const checkpoint::Manifest m = MakeManifest(config_, plan_, step, p.files);
+    const Manifest m = MakeManifest(config_, plan_, step, p.files);
     result = p.writer->Commit(m, config_.checkpoint.keep);
     if (result.ok()) ReportCommitted(config_, m, absl::Now() - p.begun);
   } else if (p.writer != nullptr) {
@@ -158,10 +163,10 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
   SharedCheckpointResult result;
   const absl::Time begun = absl::Now();
   const std::string prefix = absl::StrCat("ckpt/", step, "/");
-  auto writer = checkpoint::CheckpointWriter::Join(config.checkpoint.dir, step);
-  absl::StatusOr<std::vector<checkpoint::LayerFile>> files =
+  auto writer = CheckpointWriter::Join(config.checkpoint.dir, step);
+  absl::StatusOr<std::vector<LayerFile>> files =
       writer.ok() ? WriteStageLayers(**writer, plan, stage, weights)
-                  : absl::StatusOr<std::vector<checkpoint::LayerFile>>(writer.status());
+                  : absl::StatusOr<std::vector<LayerFile>>(writer.status());
   nlohmann::json entry;
   if (files.ok()) {
     entry["files"] = FilesToJson(*files);
@@ -181,31 +186,31 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
   }
   if (*count != plan.stages()) return result;
   // Every stage has written (or failed): this rank commits, or removes the directory.
-  std::vector<checkpoint::LayerFile> all;
+  std::vector<LayerFile> all;
   std::vector<std::string> errors;
   for (int s = 0; s < plan.stages(); ++s) {
     absl::StatusOr<std::string> text = store.Get(absl::StrCat(prefix, s), absl::Seconds(5));
-    absl::StatusOr<std::vector<checkpoint::LayerFile>> theirs =
+    absl::StatusOr<std::vector<LayerFile>> theirs =
         text.ok() ? FilesFromJson(*text)
-                  : absl::StatusOr<std::vector<checkpoint::LayerFile>>(text.status());
+                  : absl::StatusOr<std::vector<LayerFile>>(text.status());
     if (!theirs.ok()) {
       errors.push_back(std::string(theirs.status().message()));
       continue;
     }
     all.insert(all.end(), theirs->begin(), theirs->end());
   }
-  auto committer = checkpoint::CheckpointWriter::Join(config.checkpoint.dir, step);
+  auto committer = CheckpointWriter::Join(config.checkpoint.dir, step);
   if (!committer.ok()) {
     errors.push_back(std::string(committer.status().message()));
   } else if (!errors.empty()) {
     (*committer)->Abort();
   } else {
-    const checkpoint::Manifest m = MakeManifest(config, plan, step, std::move(all));
+    const Manifest m = MakeManifest(config, plan, step, std::move(all));
     absl::Status committed = (*committer)->Commit(m, config.checkpoint.keep);
     if (committed.ok()) {
       ReportCommitted(config, m, absl::Now() - begun);
       result.committed =
-          (std::filesystem::absolute(config.checkpoint.dir) / checkpoint::StepDirName(step))
+          (std::filesystem::absolute(config.checkpoint.dir) / StepDirName(step))
               .lexically_normal()
               .string();
     } else {
@@ -221,7 +226,7 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
   return result;
 }
 
-absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePointShared(
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
     rendezvous::KeyValueStore& store, const JobConfig& config, const JobPlan& plan, int rank,
     absl::Duration timeout) {
   if (config.resume_from.empty()) return std::nullopt;
@@ -249,24 +254,24 @@ absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePointShared
         "resume_from: rank 0 found no checkpoint to resume from: ",
         published.is_object() ? published.value("error", std::string("?")) : std::string("?")));
   }
-  auto opened = checkpoint::OpenCheckpoint(published["dir"].get<std::string>());
+  auto opened = OpenCheckpoint(published["dir"].get<std::string>());
   if (!opened.ok()) {
     return absl::Status(opened.status().code(),
                         absl::StrCat("resume_from: ", opened.status().message()));
   }
-  return std::optional<checkpoint::FoundCheckpoint>(*std::move(opened));
+  return std::optional<FoundCheckpoint>(*std::move(opened));
 }
 
-absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePoint(const JobConfig& c,
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobConfig& c,
                                                                            const JobPlan& plan) {
   if (c.resume_from.empty()) return std::nullopt;
   const std::string path = c.resume_from == "latest" ? c.checkpoint.dir : c.resume_from;
-  auto found = checkpoint::FindCheckpoint(path);
+  auto found = FindCheckpoint(path);
   if (!found.ok()) {
     return absl::Status(found.status().code(),
                         absl::StrCat("resume_from: ", found.status().message()));
   }
-  const checkpoint::Manifest& m = found->manifest;
+  const Manifest& m = found->manifest;
   std::vector<std::string> errors;
   const nlohmann::json written = nlohmann::json::parse(m.job, nullptr, false);
   const nlohmann::json now = nlohmann::json::parse(JobConfigToJson(c));
@@ -305,26 +310,26 @@ absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePoint(const
     return absl::FailedPreconditionError(absl::StrCat("resume_from ", found->dir, ": ",
                                                       absl::StrJoin(errors, "; ")));
   }
-  return std::optional<checkpoint::FoundCheckpoint>(*std::move(found));
+  return std::optional<FoundCheckpoint>(*std::move(found));
 }
 
-absl::StatusOr<StageStart> StageStartFrom(const std::optional<checkpoint::FoundCheckpoint>& found,
+absl::StatusOr<StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& found,
                                           const JobPlan& plan, int stage) {
   StageStart start;
   if (!found) return start;
   start.first_step = found->manifest.step;
   const model::LayerRange r = plan.partition[stage];
   for (int layer = r.begin; layer < r.end; ++layer) {
-    auto bytes = checkpoint::ReadLayer(*found, layer);
+    auto bytes = ReadLayer(*found, layer);
     if (!bytes.ok()) {
       return absl::Status(bytes.status().code(), absl::StrCat("resume_from: ", bytes.status().message()));
     }
-    auto state = checkpoint::ParseLayerState(*bytes);
+    auto state = ParseLayerState(*bytes);
     if (!state.ok()) {
       return absl::Status(
           state.status().code(),
           absl::StrCat("resume_from: layer ", layer, " (",
-                       (std::filesystem::path(found->dir) / checkpoint::LayerFileName(layer))
+                       (std::filesystem::path(found->dir) / LayerFileName(layer))
                            .string(),
                        "): ", state.status().message()));
     }
@@ -333,4 +338,4 @@ absl::StatusOr<StageStart> StageStartFrom(const std::optional<checkpoint::FoundC
   return start;
 }
 
-}  // namespace pipetrain::job
+}  // namespace pipetrain::checkpoint

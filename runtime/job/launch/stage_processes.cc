@@ -1,4 +1,4 @@
-#include "runtime/job/process_run.h"
+#include "runtime/job/launch/stage_processes.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -29,7 +29,7 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/device.h"
 #include "runtime/job/plan.h"
-#include "runtime/job/stage_run.h"
+#include "runtime/job/launch/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/gloo/gloo_transport.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/job/stage_run.h"
+#include "runtime/job/launch/stage_run.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,7 +16,7 @@
 #include "runtime/base/rank_layout.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/threads.h"
-#include "runtime/job/checkpointing.h"
+#include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/device.h"
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
@@ -138,7 +138,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   const RankLayout layout{p, c.replicas};
   const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
   PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume,
-                      FindResumePointShared(*store, c, plan, rank,
+                      checkpoint::FindResumePointShared(*store, c, plan, rank,
                                             absl::Seconds(c.recv_timeout_s)));
   if (resume && rank == 0) {
     for (const std::string& why : resume->skipped) {
@@ -168,7 +168,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   // peers then fail on their connections, and say which rank failed first and why).
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
     MicroBatchReader reader(plan, c.micro_batches, replica);
-    PT_ASSIGN_OR_RETURN(StageStart start, StageStartFrom(resume, plan, stage));
+    PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, stage));
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
     if (hooks.on_built) hooks.on_built(parts.parameter_bytes, plan.partition[stage]);
@@ -180,8 +180,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
       if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
           !c.checkpoint.dir.empty()) {
         // A failed checkpoint costs only itself: the job goes on (the error is reported).
-        SharedCheckpointResult saved =
-            DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
+        checkpoint::SharedCheckpointResult saved =
+            checkpoint::DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
         if (!saved.status.ok()) {
           std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
                        static_cast<long long>(step.step + 1),

@@ -4,7 +4,7 @@
 // RunStage builds the plan from the JobConfig (identically on every rank), joins the Gloo
 // data plane through `store` (every rank of the job meets there), runs the stage's schedule
 // and returns its measurements and final weights. It writes the job's checkpoints with the
-// other ranks and resumes from one (runtime/job/checkpointing.h); in the store it uses only
+// other ranks and resumes from one (runtime/checkpoint/job_checkpoints.h); in the store it uses only
 // the transport's rendezvous keys and those of checkpointing (ckpt/, resume/) and leaving
 // (exit/).
 #pragma once
@@ -16,9 +16,9 @@
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
-#include "runtime/job/checkpointing.h"
+#include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/job_config.h"
-#include "runtime/job/report.h"
+#include "runtime/job/report/report.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/transport.h"
 
@@ -46,9 +46,9 @@ struct StageRunHooks {
   // Rank 0 only: where step commands for the job arrive (runtime/control).
   std::shared_ptr<control::StepCommandQueue> commands;
   // Called on the stage's thread of each rank of replica 0 after it wrote its part of the
-  // checkpoint before mini-batch `step` (runtime/job/checkpointing.h); the rank that
+  // checkpoint before mini-batch `step` (runtime/checkpoint/job_checkpoints.h); the rank that
   // committed it gets the step-N directory (absolute) in the result.
-  std::function<void(int64_t step, const SharedCheckpointResult&)> on_checkpoint;
+  std::function<void(int64_t step, const checkpoint::SharedCheckpointResult&)> on_checkpoint;
   // Called once the stage knows where it starts: 0, or the step of the checkpoint it
   // resumes from (before its first step).
   std::function<void(int64_t first_step)> on_start;

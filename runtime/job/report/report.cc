@@ -1,4 +1,4 @@
-#include "runtime/job/report.h"
+#include "runtime/job/report/report.h"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,7 @@
 // A job's checkpoints, as the runtime's hosts write and resume them (the format and the
-// directory protocol: runtime/checkpoint, docs/checkpoints.md).
+// directory protocol: the rest of runtime/checkpoint, docs/checkpoints.md). Every launch
+// mode uses it: stages as threads (CheckpointSink), and ranks in processes of their own or
+// worker daemons (through their job's key-value store).
 //
 // Writing: at a checkpoint boundary N every stage holds W(N) and its optimizer state (2BW
 // drains and switches there). The stages of replica 0 (the replicas hold the same weights)
@@ -13,7 +15,7 @@
 // and adds 1 to ckpt/N/count; the rank that brings it to the stage count commits.
 //
 // Resuming: the checkpoint named by resume_from is found and checked file by file
-// (checkpoint::FindCheckpoint, falling back past a corrupt one), then against the job: the
+// (FindCheckpoint, falling back past a corrupt one), then against the job: the
 // same model, data, dtype, seed and optimizer, and the same global batch (any stages and
 // replicas: w x m x b equal), and a step before the job's last. Each stage then reads only
 // its own layers' files.
@@ -34,12 +36,12 @@
 #include "runtime/job/plan.h"
 #include "runtime/rendezvous/key_value_store.h"
 
-namespace pipetrain::job {
+namespace pipetrain::checkpoint {
 
 // Thread-safe: the stages of one process deliver concurrently.
 class CheckpointSink {
  public:
-  CheckpointSink(const JobConfig& config, const JobPlan& plan);
+  CheckpointSink(const job::JobConfig& config, const job::JobPlan& plan);
 
   // Stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
   // checkpoint if it is the last stage to deliver (then says so on stderr: its directory,
@@ -53,14 +55,14 @@ class CheckpointSink {
 
  private:
   struct Pending {
-    std::unique_ptr<checkpoint::CheckpointWriter> writer;
-    std::vector<checkpoint::LayerFile> files;
+    std::unique_ptr<CheckpointWriter> writer;
+    std::vector<LayerFile> files;
     int delivered = 0;
     absl::Status error;
     absl::Time begun;  // the first stage's delivery
   };
-  const JobConfig& config_;
-  const JobPlan& plan_;
+  const job::JobConfig& config_;
+  const job::JobPlan& plan_;
   mutable std::mutex mu_;
   std::map<int64_t, Pending> pending_;
   int committed_ = 0, failed_ = 0;
@@ -74,28 +76,28 @@ struct SharedCheckpointResult {
 
 // Stage `stage` of replica 0, in its own process, at boundary `step`: writes its layers and
 // takes part in the commit as described above (the committer says so on stderr, as
-// CheckpointSink does, timing its own write and the commit). Waits on the store only for the entries of
-// stages that have counted themselves in already (so never for a slower stage).
+// CheckpointSink does, timing its own write and the commit). Waits on the store only for the
+// entries of stages that have counted themselves in already (so never for a slower stage).
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
-                                           const JobConfig& config, const JobPlan& plan,
+                                           const job::JobConfig& config, const job::JobPlan& plan,
                                            int64_t step, int stage,
                                            const weights::WeightStore& weights);
 
 // The checkpoint the job resumes from, checked against it; nullopt when resume_from is
 // empty. `skipped` (newer checkpoints passed over, each with why) is in the result.
-absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePoint(const JobConfig& config,
-                                                                           const JobPlan& plan);
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const job::JobConfig& config,
+                                                               const job::JobPlan& plan);
 
 // FindResumePoint for ranks in separate processes: rank 0 finds and checks the checkpoint
 // and publishes its directory (or its error) under resume/ in the store; the other ranks
 // wait for that (up to `timeout`) and open the same checkpoint by its manifest, so every rank
 // resumes from the same one and the files are read in full once.
-absl::StatusOr<std::optional<checkpoint::FoundCheckpoint>> FindResumePointShared(
-    rendezvous::KeyValueStore& store, const JobConfig& config, const JobPlan& plan, int rank,
-    absl::Duration timeout);
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
+    rendezvous::KeyValueStore& store, const job::JobConfig& config, const job::JobPlan& plan,
+    int rank, absl::Duration timeout);
 
 // Where stage `stage` starts: fresh, or at the checkpoint's step with its layers read.
-absl::StatusOr<StageStart> StageStartFrom(const std::optional<checkpoint::FoundCheckpoint>& found,
-                                          const JobPlan& plan, int stage);
+absl::StatusOr<job::StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& found,
+                                               const job::JobPlan& plan, int stage);
 
-}  // namespace pipetrain::job
+}  // namespace pipetrain::checkpoint

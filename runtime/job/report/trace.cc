@@ -1,4 +1,4 @@
-#include "runtime/job/trace.h"
+#include "runtime/job/report/trace.h"
 
 #include <algorithm>
 #include <limits>

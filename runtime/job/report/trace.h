@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/job/report.h"
+#include "runtime/job/report/report.h"
 
 namespace pipetrain::job {
 

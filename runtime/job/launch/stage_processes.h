@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/job/job_config.h"
-#include "runtime/job/report.h"
+#include "runtime/job/report/report.h"
 
 namespace pipetrain::job {
 

@@ -1,0 +1,97 @@
+// The un-pipelined reference trainer. See reference_trainer.h.
+#include "runtime/job/reference/reference_trainer.h"
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/base/threads.h"
+#include "runtime/job/plan.h"
+#include "runtime/job/report/report.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/stage_module.h"
+#include "runtime/weights/weight_store.h"
+
+namespace pipetrain::job {
+
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
+                                                       const std::vector<int64_t>& switch_at) {
+  PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
+  SetIntraOpThreads(AvailableCores());
+  std::vector<std::unique_ptr<MicroBatchReader>> readers;
+  for (int r = 0; r < c.replicas; ++r) {
+    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+  }
+  PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
+  model::StageModule current(0, std::move(layers));
+  std::unique_ptr<model::StageModule> previous;  // W(t-1), 2BW only
+  const bool two_bw = c.schedule == schedule::ScheduleKind::kTwoBW;
+  if (two_bw) previous = current.Clone();
+  model::StageModule& grad_module = two_bw ? *previous : current;
+
+  std::vector<at::Tensor> params = current.Parameters();
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  const weights::OptimizerConfig& o = c.optimizer;
+  if (o.name == "sgd") {
+    optimizer = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(o.lr)
+                    .betas({o.beta1, o.beta2})
+                    .eps(o.eps)
+                    .weight_decay(o.weight_decay));
+  }
+  try {
+    for (int64_t t = 0; t < c.steps; ++t) {
+      if (two_bw && std::count(switch_at.begin(), switch_at.end(), t) > 0) {
+        previous->CopyWeightsFrom(current);  // mini-batch t runs on W(t), not W(t-1)
+      }
+      // The whole global batch: every replica's shard, micro-batch by micro-batch.
+      for (const auto& reader : readers) {
+        for (int i = 0; i < c.micro_batches; ++i) {
+          const int64_t j = t * c.micro_batches + i;
+          model::LayerContext ctx;
+          ctx.micro_batch = j;
+          ctx.mini_batch = t;
+          ctx.seed = c.seed;
+          at::Tensor logits = grad_module.Forward(reader->Inputs(j), ctx);
+          at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                   reader->Targets(j).reshape({-1}));
+          (loss * (1.0 / (c.micro_batches * c.replicas))).backward();
+        }
+      }
+      if (two_bw) {
+        // grad f(W(t-1)) is on `previous`; W(t-1) is then replaced by W(t).
+        std::vector<at::Tensor> grads = weights::GradientsOf(previous->Parameters());
+        previous->CopyWeightsFrom(current);
+        for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[k].clone();
+        previous->ZeroGrad();
+      }
+      optimizer->step();
+      optimizer->zero_grad();
+      current.FinishMiniBatch(t);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("reference run: ", e.what()));
+  }
+  return DetachedCopies(current.Parameters());
+}
+
+double MaxRelativeDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    at::Tensor x = a[i].to(at::kDouble), y = b[i].to(at::kDouble);
+    const double diff = (x - y).norm().item<double>();
+    const double ref = y.norm().item<double>();
+    worst = std::max(worst, ref > 0 ? diff / ref : diff);
+  }
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  return worst;
+}
+
+}  // namespace pipetrain::job

@@ -1,0 +1,28 @@
+// The un-pipelined reference trainer: the same model as one stage, on the same
+// initialization and data, with LibTorch's own optimizers (torch::optim::SGD, AdamW), so that
+// a pipelined run's exactness is checked against code it does not share (docs/design.md
+// section 9). Float64 when the job says so.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "runtime/job/job_config.h"
+
+namespace pipetrain::job {
+
+// Trains the same model as one stage, micro-batch by micro-batch (loss scaled by 1/m),
+// with torch::optim::SGD/AdamW; for 2BW with the delayed update
+// W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0), and for each weight-version switch at
+// boundary N in `switch_at`, mini-batch N's gradient taken on W(N) (the rule restarts
+// there). Returns the final parameters in layer order. Float64 when the job says so.
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config,
+                                                       const std::vector<int64_t>& switch_at = {});
+
+// max over tensors of ||a - b|| / ||b|| (b: the reference); 0/0 counts as 0.
+double MaxRelativeDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
+
+}  // namespace pipetrain::job
