@@ -40,12 +40,14 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 
 }  // namespace
 
-Worker::Worker(WorkerOptions options) : options_(std::move(options)) {}
+Worker::Worker(WorkerOptions options, std::shared_ptr<const Clock> clock)
+    : options_(std::move(options)), clock_(std::move(clock)), slot_(clock_) {}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options, absl::Duration register_timeout,
-    std::shared_ptr<CoordinatorClient> coordinator) {
-  std::unique_ptr<Worker> w(new Worker(options));
+    std::shared_ptr<CoordinatorClient> coordinator, std::shared_ptr<const Clock> clock) {
+  std::unique_ptr<Worker> w(
+      new Worker(options, clock != nullptr ? std::move(clock) : std::make_shared<RealClock>()));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto credentials = rpc::MakeServerCredentials(options.security);
@@ -94,7 +96,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   w->coordinator_ = coordinator != nullptr
                         ? std::move(coordinator)
                         : MakeGrpcCoordinatorClient(v1::CoordinatorService::NewStub(*channel));
-  if (absl::Status s = w->Register(absl::Now() + register_timeout); !s.ok()) return s;
+  w->host_ = std::make_unique<StageHost>(
+      StageHostOptions{options.device, options.data_host, options.data_roots}, w->coordinator_,
+      &w->metrics_, &w->slot_);
+  if (absl::Status s = w->Register(w->clock_->Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
   return w;
 }
@@ -142,7 +147,7 @@ absl::Status Worker::Register(absl::Time deadline) {
                                        refused.message(),
                                        "); give its token with --token-file or PIPETRAIN_TOKEN"));
     }
-    if (absl::Now() + absl::Milliseconds(200) >= deadline) break;
+    if (clock_->Now() + absl::Milliseconds(200) >= deadline) break;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; })) {
@@ -162,25 +167,24 @@ void Worker::HeartbeatLoop() {
     if (stopping_) break;
     v1::HeartbeatRequest request;
     request.set_worker_id(id_);
-    request.set_job_id(job_id_);
-    request.set_rank(rank_);
-    request.set_generation(generation_);
-    if (executor_) {
-      executor::StageActivity activity = executor_->Activity();
-      request.set_action(activity.action);
-      request.set_waiting_for(activity.waiting_for);
-    }
+    const StageSlot::Occupant running = slot_.occupant();
+    request.set_job_id(running.job_id);
+    request.set_rank(running.rank);
+    request.set_generation(running.generation);
+    const StageSlot::Activity activity = slot_.activity();
+    request.set_action(activity.action);
+    request.set_waiting_for(activity.waiting_for);
     lock.unlock();
     const absl::Status s = coordinator_->Heartbeat(request);
     lock.lock();
     if (absl::IsNotFound(s) && !stopping_) {
       // The coordinator restarted (or gave this worker up): whatever ran is orphaned, and the
       // old id and session are void until it has registered again.
-      AbortStage("the coordinator no longer knows this worker");
+      slot_.StopAny("the coordinator no longer knows this worker");
       id_.clear();
       session_->Set("");
       lock.unlock();
-      absl::Status r = Register(absl::Now() + absl::Seconds(5));
+      absl::Status r = Register(clock_->Now() + absl::Seconds(5));
       lock.lock();
       if (!r.ok()) {
         std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(r.message()).c_str());
@@ -189,270 +193,80 @@ void Worker::HeartbeatLoop() {
   }
 }
 
-void Worker::AbortStage(const std::string& why) {
-  if (job_id_.empty()) return;
-  if (stop_reason_.empty()) stop_reason_ = why;
-  if (executor_) {
-    executor_->Stop(absl::CancelledError(why));  // also a stage that never waits for a peer
-  } else if (transport_) {
-    transport_->Abort(absl::CancelledError(why));
-  }
-}
-
 absl::Status Worker::Assign(const v1::StageAssignment& assignment) {
-  std::unique_lock<std::mutex> lock(mu_);
-  // The coordinator may assign a rank as soon as it has registered this worker, before the
-  // answer to RegisterWorker (its id and session) has arrived here: wait for that too.
-  cv_.wait_for(lock, std::chrono::seconds(5), [this] { return !id_.empty() || stopping_; });
-  if (id_.empty() && !stopping_) {
-    return absl::FailedPreconditionError("not registered yet");
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // The coordinator may assign a rank as soon as it has registered this worker, before the
+    // answer to RegisterWorker (its id and session) has arrived here: wait for that too.
+    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return !id_.empty() || stopping_; });
+    if (id_.empty() && !stopping_) {
+      return absl::FailedPreconditionError("not registered yet");
+    }
   }
-  // A stage that has ended (its end being reported) or was told to stop is on its way out:
-  // the coordinator may count this worker idle already, so wait for it rather than refuse.
-  cv_.wait_for(lock, std::chrono::seconds(8), [this] {
-    return job_id_.empty() || stopping_ || !(stage_ending_ || !stop_reason_.empty());
-  });
-  if (stopping_ || draining_) {
-    return absl::UnavailableError("the worker is draining");
-  }
-  if (job_id_ == assignment.job_id() && rank_ == assignment.rank() &&
-      generation_ == assignment.generation() && stop_reason_.empty()) {
-    return absl::OkStatus();  // the same assignment again (a retried call): already running
-  }
-  if (!job_id_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("busy with rank ", rank_, " of ", job_id_));
-  }
-  if (stage_thread_.joinable()) stage_thread_.join();  // the previous stage, already ended
-  job_id_ = assignment.job_id();
-  rank_ = assignment.rank();
-  generation_ = assignment.generation();
-  stop_reason_.clear();
-  memory::ResetPeakTensorBytesOn(job::TensorDeviceOf(options_.device));  // one rank at a time
-  stage_thread_ = std::thread([this, assignment] { RunAssignment(assignment); });
-  return absl::OkStatus();
+  return slot_.Start(assignment.job_id(), assignment.rank(), assignment.generation(),
+                     kEndingPatience, [this, assignment] { host_->Run(assignment, id()); });
 }
 
 void Worker::StopRank(const v1::StopStageRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // A stop for an earlier generation of the job (sent before this rank was assigned) is not
-  // for this stage.
-  if (job_id_ == request.job_id() &&
-      (request.generation() == 0 || request.generation() == generation_)) {
-    AbortStage(absl::StrCat("stopped: ", request.reason()));
-  }
+  slot_.Stop(request.job_id(), request.generation(), absl::StrCat("stopped: ", request.reason()));
 }
 
 absl::StatusOr<int64_t> Worker::ScheduleCommand(const v1::SendCommandRequest& request) {
   const uint32_t command = jobspec::StepCommandBit(request.command());
   if (command == 0) return absl::InvalidArgumentError("no step command given");
-  std::shared_ptr<control::StepCommandQueue> queue;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (job_id_ != request.job_id() || rank_ != 0 || !commands_ || !stop_reason_.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("this worker does not run stage 0 of replica 0 of ", request.job_id(),
-                       " (now)"));
-    }
-    queue = commands_;
+  std::shared_ptr<control::StepCommandQueue> queue = slot_.CommandQueueOf(request.job_id());
+  if (!queue) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker does not run stage 0 of replica 0 of ", request.job_id(), " (now)"));
   }
   return queue->Schedule(command, request.step());
 }
 
-absl::Status Worker::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
-  if (!config.ok()) return config.status();
-  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
-                                        "data.path", &config->data.path},
-                                    {"model.path", &config->model.torchscript_path}}) {
-    if (!path->empty()) PT_RETURN_IF_ERROR(CheckUnderDataRoots(field, *path, options_.data_roots));
-  }
-  const std::vector<std::string> writable = WritableRoots(options_.data_roots);
-  for (const auto& [field, dir] : {std::pair<const char*, std::string>{
-                                       "checkpoint.dir", config->checkpoint.dir},
-                                   {"weights_dir", config->weights_dir},
-                                   {"resume_from", config->resume_from == "latest"
-                                                       ? std::string()
-                                                       : config->resume_from}}) {
-    PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
-  }
-  std::shared_ptr<rendezvous::KeyValueStore> shared_store =
-      coordinator_->JobStore(a.job_id());
-  const c10::Device device = job::TensorDeviceOf(options_.device);
-  if (config->device != (device.is_cuda() ? "cuda" : "cpu")) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
-  }
-  job::StageRunHooks hooks;
-  hooks.host = options_.data_host;
-  hooks.device_index = job::DeviceIndexOf(options_.device);
-  // The previous rank's series (its final values) go now that another starts.
-  if (!metrics_job_.empty()) StageMetrics::ForgetJob(&metrics_, metrics_job_);
-  metrics_job_ = a.job_id();
-  const RankLayout layout{std::max(1, job::PipelineStages(*config)), config->replicas};
-  const int stages = layout.stages;
-  const int stage = layout.StageOf(a.rank());
-  const bool tokens = job::EffectiveDataKind(*config) != "classification";
-  StageMetrics stage_metrics(&metrics_, {a.job_id(), stage, layout.ReplicaOf(a.rank()), worker_id},
-                             int64_t{config->micro_batches} * config->micro_batch_size,
-                             tokens ? config->data.seq_len : 0, stage == stages - 1);
-  hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) {
-    stage_metrics.OnAction(r);
-  };
-  if (a.rank() == 0) {
-    hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_ = hooks.commands;
-  }
-  // What the rank has to say once goes with its next step report: the checkpoint it
-  // committed (the one of the step before the checkpoint's boundary: the coordinator restarts
-  // from it), a checkpoint that failed, where rank 0 resumed from. The stage's thread only.
-  StepNews news;
-  hooks.on_resume = [&news](const std::string& dir, const std::vector<std::string>& skipped) {
-    news.resumed_from = dir;
-    news.passed_over = skipped;
-  };
-  hooks.on_checkpoint = [&news](int64_t, const checkpoint::SharedCheckpointResult& result) {
-    if (!result.committed.empty()) news.committed_checkpoint = result.committed;
-    if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
-  };
-  hooks.on_transport = [this](transport::Transport* t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    transport_ = t;
-    if (!stop_reason_.empty()) t->Abort(absl::CancelledError(stop_reason_));
-  };
-  hooks.on_executor = [this, &stage_metrics](executor::StageExecutor* e) {
-    stage_metrics.SetExecutor(e);
-    std::lock_guard<std::mutex> lock(mu_);
-    executor_ = e;
-  };
-  hooks.on_transport_gone = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    transport_ = nullptr;
-  };
-  StepReporter reporter(coordinator_, device, [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    AbortStage("the coordinator ended the job");
-  });
-  // Written before the first step, on the stage's thread.
-  int64_t parameter_bytes = 0;
-  model::LayerRange layers;
-  hooks.on_built = [&](int64_t bytes, model::LayerRange built) {
-    parameter_bytes = bytes;
-    layers = built;
-  };
-  const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
-  hooks.on_step = [&](const executor::StepRecord& step) {
-    stage_metrics.OnStep(step);
-    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes, layers,
-                                           ToBreakdown(stage_metrics.times()),
-                                           std::exchange(news, StepNews()));
-    if (!reporter.Add(std::move(report), report_patience)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      AbortStage(absl::StrCat("the coordinator took no step report for ",
-                              absl::FormatDuration(report_patience)));
-    }
-  };
-  absl::StatusOr<job::StageOutcome> outcome =
-      job::RunStage(*config, a.rank(), shared_store, hooks);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.reset();
-  }
-  if (!outcome.ok()) return outcome.status();
-  return job::SaveStageWeights(*config, a.rank(), *outcome);
-}
-
-void Worker::RunAssignment(v1::StageAssignment a) {
-  const std::string worker_id = id();
-  std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
-               a.rank(), a.job_id().c_str());
-  absl::Status result;
-  try {
-    result = RunStage(a, worker_id);
-  } catch (const std::exception& e) {  // out of memory, a LibTorch error: this job's, not ours
-    result = absl::InternalError(absl::StrCat("rank ", a.rank(), ": ", e.what()));
-  }
-  std::string error;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!result.ok()) error = stop_reason_.empty() ? std::string(result.message()) : stop_reason_;
-    stage_ending_ = true;
-  }
-  std::fprintf(stderr, "pipetrain-worker: %s: rank %d of %s %s%s\n", worker_id.c_str(), a.rank(),
-               a.job_id().c_str(), result.ok() ? "finished" : "failed: ", error.c_str());
-  v1::StageEnd end;
-  end.set_worker_id(worker_id);
-  end.set_job_id(a.job_id());
-  end.set_rank(a.rank());
-  end.set_generation(a.generation());
-  end.set_ok(result.ok());
-  end.set_error(error);
-  end.set_failed_after_peer(result.GetPayload(job::kFailedAfterPeerPayload).has_value());
-  for (int attempt = 0; attempt < kStageEndAttempts; ++attempt) {
-    if (coordinator_->ReportStageEnd(end, absl::Seconds(5)).ok()) break;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  job_id_.clear();
-  rank_ = -1;
-  generation_ = 0;
-  stage_ending_ = false;
-  cv_.notify_all();
-}
-
 void Worker::Drain() {
-  std::string job;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || draining_) return;
-    draining_ = true;  // no new assignment from here on
-    if (job_id_.empty() || stage_ending_ || id_.empty() || !coordinator_) return;
-    job = job_id_;
+    draining_ = true;
   }
+  slot_.Close("the worker is draining");  // no new assignment from here on
+  const StageSlot::Occupant running = slot_.occupant();
+  if (running.job_id.empty() || running.ending || id().empty() || !coordinator_) return;
   v1::DrainWorkerRequest request;
   request.set_worker_id(id());
   const absl::StatusOr<v1::DrainWorkerResponse> drained = coordinator_->Drain(request);
   if (!drained.ok() || drained->checkpoint_step() == 0) return;
-  const v1::DrainWorkerResponse& response = *drained;
   std::fprintf(stderr, "pipetrain-worker: draining: %s is checkpointed before step %lld and "
-               "restarts without this worker; waiting for that (at most %s)\n", job.c_str(),
-               static_cast<long long>(response.checkpoint_step()),
+               "restarts without this worker; waiting for that (at most %s)\n",
+               running.job_id.c_str(), static_cast<long long>(drained->checkpoint_step()),
                absl::FormatDuration(kDrainTimeout).c_str());
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(kDrainTimeout)),
-               [&] { return job_id_ != job; });
+  slot_.WaitUntilNotRunning(running.job_id, clock_->Now() + kDrainTimeout);
 }
 
 void Worker::Stop() {
   constexpr char kWhy[] = "the worker is shutting down";
   Drain();
-  std::thread stage;
-  v1::StageEnd end;  // of the rank it runs, if any
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (!job_id_.empty() && !stage_ending_ && !id_.empty()) {
-      end.set_worker_id(id_);
-      end.set_job_id(job_id_);
-      end.set_rank(rank_);
-      end.set_generation(generation_);
-      end.set_error(kWhy);
-    }
   }
   cv_.notify_all();  // no heartbeat from here on
+  slot_.Close(kWhy);
   // The coordinator hears why the rank ends before its peers can report losing it (their
   // "connection reset" would otherwise be taken for the job's cause). The stage's own report
   // follows and changes nothing.
-  if (coordinator_ && !end.job_id().empty()) {
+  const StageSlot::Occupant running = slot_.occupant();
+  const std::string worker_id = id();
+  if (coordinator_ && !running.job_id.empty() && !running.ending && !worker_id.empty()) {
+    v1::StageEnd end;
+    end.set_worker_id(worker_id);
+    end.set_job_id(running.job_id);
+    end.set_rank(running.rank);
+    end.set_generation(running.generation);
+    end.set_error(kWhy);
     (void)coordinator_->ReportStageEnd(end, absl::Milliseconds(500));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    AbortStage(kWhy);
-    stage.swap(stage_thread_);
-  }
-  cv_.notify_all();
-  if (stage.joinable()) stage.join();
+  slot_.Shutdown(kWhy);  // stops the rank and waits for its end to be reported
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Leaves the pool at once rather than being found lost two heartbeats later.
   if (coordinator_ && !id().empty()) {

@@ -34,10 +34,12 @@
 // coordinator has it), so no other holder of the join token can stop or assign its stage; and
 // its address is not taken over by another registration while it answers there.
 //
-// WorkerService is served by a thin adapter (worker_service.h) over the handlers below.
+// Parts: WorkerService is served by a thin adapter (worker_service.h) over the handlers
+// below; the one rank it runs at a time, with its stops and waits, is a StageSlot
+// (stage_slot.h), and a StageHost (stage_host.h) builds, runs, measures and reports it.
 // Every call to the coordinator goes through a CoordinatorClient (coordinator_client.h;
-// gRPC unless Start is given another, as tests give a fake); step reports go through a
-// StepReporter (step_reporter.h); a job's files are confined by data_roots.h.
+// gRPC unless Start is given another, as tests give a fake); a job's files are confined by
+// data_roots.h. Time comes from an injected Clock (the wall clock unless Start is given one).
 // Thread-safe.
 #pragma once
 
@@ -57,11 +59,11 @@
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "rpc/security.h"
+#include "runtime/base/clock.h"
 #include "worker/coordinator_client.h"
+#include "worker/stage_host.h"
+#include "worker/stage_slot.h"
 #include "worker/worker_service.h"
-#include "runtime/control/step_commands.h"
-#include "runtime/executor/stage_executor.h"
-#include "runtime/transport/transport.h"
 
 namespace pipetrain::worker {
 
@@ -84,10 +86,12 @@ struct WorkerOptions {
 class Worker {
  public:
   // Serves, then registers (retrying for up to `register_timeout`). Calls the coordinator
-  // through `coordinator` if given (tests: a fake), else over gRPC to options.coordinator.
+  // through `coordinator` if given (tests: a fake), else over gRPC to options.coordinator;
+  // reads time from `clock` if given, else the wall clock.
   static absl::StatusOr<std::unique_ptr<Worker>> Start(
       const WorkerOptions& options, absl::Duration register_timeout,
-      std::shared_ptr<CoordinatorClient> coordinator = nullptr);
+      std::shared_ptr<CoordinatorClient> coordinator = nullptr,
+      std::shared_ptr<const Clock> clock = nullptr);
   ~Worker();
   void Stop();
   std::string id() const;
@@ -111,26 +115,25 @@ class Worker {
   absl::StatusOr<int64_t> ScheduleCommand(const v1::SendCommandRequest& request);
 
  private:
-  explicit Worker(WorkerOptions options);
+  Worker(WorkerOptions options, std::shared_ptr<const Clock> clock);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
-  // Builds and runs the assigned rank until it ends; its outcome (a failure names its cause).
-  absl::Status RunStage(const v1::StageAssignment& assignment, const std::string& worker_id);
-  void RunAssignment(v1::StageAssignment assignment);
-  // REQUIRES: mu_ held.
-  void AbortStage(const std::string& why);
   // Stop()'s first part while a rank runs: asks the coordinator to drain this worker and,
   // if it scheduled a checkpoint, waits (heartbeating, up to kDrainTimeout) until the
   // coordinator has stopped the stage after that checkpoint.
   void Drain();
   static constexpr absl::Duration kDrainTimeout = absl::Seconds(60);
-  // A stage's end is sent this many times at most while no answer comes (5 s each).
-  static constexpr int kStageEndAttempts = 3;
+  // How long an assignment waits for the previous rank on its way out.
+  static constexpr absl::Duration kEndingPatience = absl::Seconds(8);
 
   WorkerOptions options_;
+  const std::shared_ptr<const Clock> clock_;
   metrics::Registry metrics_;  // before what feeds it, after what serves it (below)
   std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint_;
-  std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
+  // The rank it runs (thread-safe); before the host and the server that use it, so that it
+  // is destroyed after them: its Shutdown in Stop() has ended the stage's thread by then.
+  StageSlot slot_;
+  std::unique_ptr<StageHost> host_;
   std::unique_ptr<WorkerServiceAdapter> service_;  // before the server that calls it
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -141,22 +144,14 @@ class Worker {
   // The coordinator's credential with this worker (rpc/security.h): made once, sent only to
   // the coordinator, in every registration.
   const std::string command_key_ = rpc::RandomKey();
+  // Guards the registration (id_, heartbeat_interval_) and the lifecycle flags; cv_ wakes
+  // an assignment waiting for the id and the heartbeat loop at a stop.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string id_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   bool stopping_ = false;
   bool draining_ = false;  // Stop() has begun: no new assignment
-  // The running stage, if any.
-  std::string job_id_;
-  int rank_ = -1;
-  int generation_ = 0;
-  transport::Transport* transport_ = nullptr;
-  std::shared_ptr<control::StepCommandQueue> commands_;  // while it runs rank 0
-  executor::StageExecutor* executor_ = nullptr;     // its Activity() goes in heartbeats
-  std::string stop_reason_;
-  bool stage_ending_ = false;  // the running stage has ended; its end is being reported
-  std::thread stage_thread_;
   std::thread heartbeat_thread_;
 };
 

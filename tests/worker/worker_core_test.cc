@@ -4,7 +4,8 @@
 // the coordinator forgot registers again; an assignment that arrives before the
 // registration's reply waits for it and runs; step reports whose replies were lost are sent
 // again, in order; a stage end is retried; a worker stopping while its rank runs says why
-// before it leaves. The worker serves real gRPC on loopback and runs a real one-stage job.
+// before it leaves; a drain that races its stage ends with it. The worker serves real gRPC
+// on loopback and runs a real one-stage job.
 #include "worker/worker.h"
 
 #include <condition_variable>
@@ -29,6 +30,7 @@
 namespace pipetrain::worker {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // The calls a worker makes, for the chaos switches.
@@ -120,7 +122,16 @@ class FakeCoordinator : public CoordinatorClient {
   absl::StatusOr<v1::DrainWorkerResponse> Drain(const v1::DrainWorkerRequest&) override {
     std::lock_guard<std::mutex> lock(mu_);
     order.push_back("drain");
-    return v1::DrainWorkerResponse();  // nothing to wait for: stop at once
+    changed_.notify_all();
+    v1::DrainWorkerResponse response;  // 0: nothing to wait for, stop at once
+    response.set_checkpoint_step(drain_checkpoint_);
+    return response;
+  }
+  // Drains answer that a checkpoint is scheduled before `step`: the worker then waits for
+  // its stage to be stopped (or to end).
+  void AnswerDrainsWith(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain_checkpoint_ = step;
   }
   absl::Status Deregister(const v1::DeregisterWorkerRequest& request) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -160,6 +171,7 @@ class FakeCoordinator : public CoordinatorClient {
   std::map<Call, int> lose_request_, lose_reply_, attempts_;
   absl::Status refuse_;
   bool hold_ = false;
+  int64_t drain_checkpoint_ = 0;
   std::set<std::string> known_;
   std::map<std::string, std::shared_ptr<rendezvous::KeyValueStore>> stores_;
 };
@@ -197,6 +209,20 @@ grpc::Status Assign(const std::string& address, const std::string& key,
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::AssignResponse response;
   return stub->AssignStage(&ctx, assignment, &response);
+}
+
+grpc::Status StopStage(const std::string& address, const std::string& key,
+                       const std::string& job_id, const std::string& reason) {
+  auto stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  rpc::AddCommandKey(ctx, key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::StopStageRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::AssignResponse response;
+  return stub->StopStage(&ctx, request, &response);
 }
 
 TEST(WorkerCore, RegistrationIsRetriedUntilAnsweredAndARefusedTokenIsNot) {
@@ -296,6 +322,46 @@ TEST(WorkerCore, AWorkerStoppedWhileItsRankRunsSaysWhyThenLeaves) {
   EXPECT_EQ(fake->order.front(), "drain");
   EXPECT_EQ(fake->order[1], "end");
   EXPECT_EQ(fake->order.back(), "deregister worker-1");
+}
+
+// A drain races its stage. The coordinator answers the drain with a checkpoint to wait for,
+// and either the stage ends on its own first (its last step) or the coordinator stops it
+// after the checkpoint: either way the worker's wait ends with the stage (not at the drain's
+// 60 s limit), the stage's own end is the only one reported, and the worker leaves.
+TEST(WorkerCore, ADrainEndsWithItsStageWhicheverEndsIt) {
+  for (const bool stopped_by_coordinator : {false, true}) {
+    SCOPED_TRACE(stopped_by_coordinator ? "stopped by the coordinator" : "ended on its own");
+    auto fake = std::make_shared<FakeCoordinator>();
+    fake->AnswerDrainsWith(3);
+    auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    const v1::RegisterWorkerRequest registered = fake->registrations[0];
+    constexpr int kSteps = 400;  // about a second: the drain comes while it runs
+    ASSERT_TRUE(Assign(registered.address(), registered.command_key(),
+                       OneStageJob(stopped_by_coordinator ? 1000000 : kSteps)).ok());
+    ASSERT_TRUE(fake->WaitFor([&] { return !fake->steps.empty(); }));  // it runs
+    std::thread coordinator;
+    if (stopped_by_coordinator) {
+      coordinator = std::thread([&] {
+        ASSERT_TRUE(fake->WaitFor([&] { return !fake->order.empty(); }));  // the drain came
+        EXPECT_TRUE(StopStage(registered.address(), registered.command_key(), "job-0001",
+                              "restarting without worker-1 (drained)").ok());
+      });
+    }
+    const absl::Time start = absl::Now();
+    (*worker)->Stop();
+    if (coordinator.joinable()) coordinator.join();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+    ASSERT_EQ(fake->ends.size(), 1u);
+    if (stopped_by_coordinator) {
+      EXPECT_FALSE(fake->ends[0].ok());
+      EXPECT_EQ(fake->ends[0].error(), "stopped: restarting without worker-1 (drained)");
+    } else {
+      EXPECT_TRUE(fake->ends[0].ok()) << fake->ends[0].error();
+      EXPECT_EQ(fake->steps.back(), kSteps - 1);
+    }
+    EXPECT_THAT(fake->order, ElementsAre("drain", "end", "deregister worker-1"));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// Hosts one assigned rank from start to end, on the stage's thread: checks what the job may
+// read and write (data_roots.h) and that it runs on this worker's device, builds and runs the
+// stage (runtime/job/launch/stage_run.h) on the Gloo data plane whose ranks meet in the
+// coordinator's store, measures it (stage_metrics.h), reports each step (step_reporter.h,
+// with what the rank has to say once: a checkpoint committed or failed, where it resumed
+// from), saves its weights when the job asks, and reports the stage's end (retried while no
+// answer comes). What it runs is the StageSlot's occupant: it installs the stage's stopper,
+// activity and (rank 0) command queue there, marks the slot ending, then releases it.
+//
+// A failure inside the stage (an error, a LibTorch exception such as out of memory) fails
+// the rank with its cause, reported in its stage end; never the worker. A rank told to stop
+// reports the reason it was given.
+//
+// Thread-compatible: Run is called on one stage's thread at a time (the slot's).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "metrics/metrics.h"
+#include "pipetrain/v1/worker_service.pb.h"
+#include "worker/coordinator_client.h"
+#include "worker/stage_slot.h"
+
+namespace pipetrain::worker {
+
+struct StageHostOptions {
+  std::string device = "cpu";           // this worker's: cpu, cuda or cuda:N
+  std::string data_host = "127.0.0.1";  // the address its stage listens on for peers
+  std::vector<std::string> data_roots;  // what a job may read (data_roots.h)
+};
+
+class StageHost {
+ public:
+  // Not owned, outliving the host: `metrics` and `slot`.
+  StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient> coordinator,
+            metrics::Registry* metrics, StageSlot* slot);
+
+  // Runs `assignment`'s rank to its end as `worker_id` and reports the end; the slot is free
+  // when it returns.
+  void Run(const v1::StageAssignment& assignment, const std::string& worker_id);
+
+  // A stage's end is sent this many times at most while no answer comes (5 s each).
+  static constexpr int kStageEndAttempts = 3;
+
+ private:
+  // Builds and runs the rank until it ends; its outcome (a failure names its cause).
+  absl::Status RunStage(const v1::StageAssignment& assignment, const std::string& worker_id);
+
+  const StageHostOptions options_;
+  const std::shared_ptr<CoordinatorClient> coordinator_;
+  metrics::Registry* const metrics_;
+  StageSlot* const slot_;
+  std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
+};
+
+}  // namespace pipetrain::worker
