@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Eager-PyTorch twin of pipetrain's built-in GPT, timed per training step.
 
-Same architecture and sizes as runtime/model/model_zoo.cc (token + position embedding;
+Same architecture and sizes as runtime/model/builtin_layers.cc (token + position embedding;
 pre-LN blocks: LayerNorm, causal self-attention with a qkv Linear d->3d with bias and a
 proj d->d, LayerNorm, MLP d->4d GELU ->d; final LayerNorm; LM head d->vocab without bias),
 the same math in the same order (pipetrain runs the float32 matrix products and attention on

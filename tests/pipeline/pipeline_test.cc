@@ -1,74 +1,30 @@
 // Proof that pipelined training has the semantics docs/design.md section 4 claims, against
-// independent references: the un-pipelined trainer with LibTorch's own optimizers
-// (TrainReference), a whole-batch gradient, and hand-computed BatchNorm statistics.
+// independent references (the un-pipelined trainer with LibTorch's own optimizers,
+// TrainReference, and a whole-batch gradient): GPipe and 1F1B equal the un-pipelined run,
+// recomputation changes nothing, 2BW's delayed update and weight versions, step commands at
+// their boundaries, the stash table, partition errors and the window of records a stage
+// keeps. Replicas are in data_parallel_test.cc, other models (BatchNorm statistics, VGG,
+// TorchScript) in pipeline_models_test.cc, broken messages and stops in
+// pipeline_faults_test.cc; the shared helpers in pipeline_fixture.h.
 #include <gtest/gtest.h>
-#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
-#include <cmath>
+#include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/data/dataset.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/job/plan.h"
-#include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/schedule/schedule.h"
-#include "tests/pipeline/forwarding_transport.h"
+#include "runtime/transport/in_process/in_process_transport.h"
+#include "tests/pipeline/pipeline_fixture.h"
 
-namespace pipetrain::job {
+namespace pipetrain::job::pipeline_test {
 namespace {
-
-using schedule::ActionKind;
-using schedule::ScheduleKind;
-
-// A 2-block GPT (5 layers) small enough to train a few steps in well under a second.
-JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 3;  // 6 layers: embedding, block0..2, final_norm, lm_head
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = stages;
-  c.micro_batches = m;
-  c.micro_batch_size = 2;
-  c.steps = 5;
-  c.optimizer = {"sgd", 0.05};
-  c.optimizer.momentum = 0.9;
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
-  return c;
-}
-
-JobReport MustRun(const JobConfig& c) {
-  auto report = RunInProcess(c);
-  EXPECT_TRUE(report.ok()) << report.status();
-  return report.ok() ? *std::move(report) : JobReport{};
-}
-
-std::vector<at::Tensor> MustReference(const JobConfig& c) {
-  auto ref = TrainReference(c);
-  EXPECT_TRUE(ref.ok()) << ref.status();
-  return ref.ok() ? *std::move(ref) : std::vector<at::Tensor>{};
-}
-
-bool BitwiseEqual(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!at::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
 
 struct Case {
   ScheduleKind kind;
@@ -298,113 +254,6 @@ TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
   }
 }
 
-// Data-parallel replicas of the pipeline (stages and replicas as threads): the parameters
-// equal the un-pipelined run over the whole global batch, for every schedule.
-TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
-    for (int replicas : {2, 3}) {
-      JobConfig c = TinyGpt(kind, 3, 4);
-      c.replicas = replicas;
-      JobReport report = MustRun(c);
-      SCOPED_TRACE(::testing::Message() << schedule::ScheduleKindName(kind) << " w=" << replicas);
-      EXPECT_LE(MaxRelativeDifference(report.final_parameters, MustReference(c)), 1e-10);
-      // The replicas did read different data: one replica alone trains to other weights.
-      JobConfig one = c;
-      one.replicas = 1;
-      EXPECT_GT(MaxRelativeDifference(MustReference(one), MustReference(c)), 1e-6);
-      for (const auto& stage : report.per_stage) EXPECT_GT(stage.allreduce_s, 0.0);
-    }
-  }
-}
-
-// Hippie's communication schedule: stage 0 averages gradient buckets during its final
-// backward, other stages right after their last backward. Same parameters as without
-// overlap; every AllReduce starts after the backward that produces its gradients, and
-// stages s > 0 start theirs before stage 0 ends its last backward.
-TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
-    JobConfig c = TinyGpt(kind, 2, 4);
-    c.model.d_model = 64;
-    c.model.n_heads = 4;
-    c.micro_batch_size = 8;
-    c.data.seq_len = 64;
-    c.steps = 3;
-    // Stage 0 holds all but the head, so its last backward lasts tens of milliseconds: the
-    // wall-clock claims are about the schedule, not about how 4 stage threads share 2 cores.
-    c.stage_ranges = {{0, 5}, {5, 6}};
-    c.replicas = 2;
-    c.bucket_kib = 64;  // several buckets
-    c.overlap_allreduce = false;
-    JobReport off = MustRun(c);
-    c.overlap_allreduce = true;
-    JobReport on = MustRun(c);
-    SCOPED_TRACE(schedule::ScheduleKindName(kind));
-    EXPECT_TRUE(BitwiseEqual(off.final_parameters, on.final_parameters));
-
-    const int m = c.micro_batches;
-    // Start and end of each stage's last backward of every step.
-    auto last_backward = [&](const executor::StageStats& st, int64_t t) {
-      for (auto it = st.records.rbegin(); it != st.records.rend(); ++it) {
-        if (it->action.kind == ActionKind::kBackward && it->action.index == (t + 1) * m - 1) {
-          return *it;
-        }
-      }
-      ADD_FAILURE() << "no last backward for step " << t;
-      return executor::ActionRecord{};
-    };
-    ASSERT_EQ(on.stage_stats.size(), static_cast<size_t>(c.stages * c.replicas));
-    for (int r = 0; r < c.replicas; ++r) {
-      SCOPED_TRACE(absl::StrCat("replica ", r));
-      const auto& stage0 = on.stage_stats[r * c.stages];
-      int buckets = 0;
-      for (const auto& a : stage0.allreduces) {
-        ASSERT_GE(a.bucket, 0);  // stage 0 reduces only in buckets
-        const auto b = last_backward(stage0, a.step);
-        EXPECT_GE(a.start_s, b.start_s);
-        EXPECT_LE(a.start_s, b.end_s);
-        ++buckets;
-      }
-      EXPECT_GT(buckets, c.steps);  // more than one bucket per step
-      for (int s = 1; s < c.stages; ++s) {
-        const auto& st = on.stage_stats[r * c.stages + s];
-        ASSERT_EQ(st.allreduces.size(), static_cast<size_t>(c.steps));
-        for (const auto& a : st.allreduces) {
-          EXPECT_EQ(a.bucket, -1);
-          EXPECT_GE(a.start_s, last_backward(st, a.step).end_s);
-          // It starts within the stage's STEP that directly follows sending the gradient
-          // of its last backward upstream, the gradient that stage 0's last backward needs...
-          const auto& records = st.records;
-          auto send = std::find_if(records.begin(), records.end(), [&](const auto& rec) {
-            return rec.action == schedule::SendGrad((a.step + 1) * m - 1);
-          });
-          ASSERT_NE(send, records.end());
-          ASSERT_NE(send + 1, records.end());
-          EXPECT_EQ((send + 1)->action, schedule::Step(a.step));
-          EXPECT_GE(a.start_s, (send + 1)->start_s);
-          EXPECT_LE(a.end_s, (send + 1)->end_s);
-          // ... and so, in wall-clock time, before stage 0 ends that backward: the
-          // AllReduce of stage s overlaps the backward still running upstream.
-          const double stage0_end = last_backward(stage0, a.step).end_s;
-          EXPECT_LT(a.start_s, stage0_end) << "stage " << s << " step " << a.step
-                                           << ": margin " << (stage0_end - a.start_s) * 1e3
-                                           << " ms";
-        }
-      }
-      // Without overlap, stage 0 reduces once per step, after its last backward.
-      const auto& off_stage0 = off.stage_stats[r * c.stages];
-      ASSERT_EQ(off_stage0.allreduces.size(), static_cast<size_t>(c.steps));
-      for (const auto& a : off_stage0.allreduces) {
-        EXPECT_EQ(a.bucket, -1);
-        EXPECT_GE(a.start_s, last_backward(off_stage0, a.step).end_s);
-      }
-    }
-    // Every AllReduce starts before the latest end of stage 0's last backward, so the
-    // exposed part can be no longer than the AllReduce itself.
-    EXPECT_GT(on.allreduce_s, 0.0);
-    EXPECT_LE(on.exposed_allreduce_s, on.allreduce_s);
-  }
-}
-
 // Peak stashed micro-batches per stage, counted by the executor, equal the table of docs/design.md section 3.
 TEST(Stash, PeakPerStageMatchesTable) {
   const int p = 4, m = 6;
@@ -425,99 +274,6 @@ TEST(Stash, PeakPerStageMatchesTable) {
   }
 }
 
-// GPipe's micro-batch BatchNorm: each micro-batch is normalized with its own statistics,
-// and the running statistics move once per mini-batch, by the statistics of all its
-// micro-batches together.
-TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
-  JobConfig c;
-  c.model.name = "cnn";
-  c.model.hidden = 4;
-  c.model.hidden_layers = 2;
-  c.model.image_shape = {2, 6, 6};
-  c.model.num_classes = 3;
-  c.data.num_samples = 256;
-  c.schedule = ScheduleKind::kGPipe;
-  c.stages = 2;
-  c.micro_batches = 4;
-  c.micro_batch_size = 3;
-  c.steps = 1;
-  c.optimizer = {"sgd", 0.1};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  JobReport report = MustRun(c);
-
-  model::ModelConfig mc = c.model;
-  mc.seed = c.seed;
-  mc.float64 = true;
-  auto layers = model::BuildModel(mc);
-  ASSERT_TRUE(layers.ok());
-  data::SyntheticClassificationOptions o;
-  o.sample_shape = c.model.image_shape;
-  o.num_classes = 3;
-  o.num_samples = c.data.num_samples;
-  o.seed = c.data.seed;
-  auto dataset = data::MakeSyntheticClassification(o);
-  ASSERT_TRUE(dataset.ok());
-  data::BatchSampler sampler((*dataset)->num_samples(), c.seed, 1, 4, 3);
-  auto to_tensor = [](const data::MicroBatch& mb) {
-    return torch::tensor(mb.input_values).reshape(mb.input_shape).to(at::kDouble);
-  };
-  at::Tensor conv_w = (*layers)[0]->Parameters()[0];
-  ASSERT_EQ(conv_w.dim(), 4);
-  // Statistics of conv0's output over the whole mini-batch (unbiased variance).
-  at::Tensor whole = at::conv2d(to_tensor((*dataset)->Read(sampler.GlobalBatchIds(0))), conv_w,
-                                {}, 1, 1).detach();
-  at::Tensor mean = whole.mean({0, 2, 3});
-  at::Tensor var = whole.var({0, 2, 3}, /*unbiased=*/true);
-  // Buffers of conv0 come first: running_mean, running_var (initially 0 and 1).
-  ASSERT_GE(report.final_buffers.size(), 2u);
-  EXPECT_TRUE(at::allclose(report.final_buffers[0], 0.1 * mean, 1e-12, 1e-12));
-  EXPECT_TRUE(at::allclose(report.final_buffers[1], 0.9 + 0.1 * var, 1e-12, 1e-12));
-
-  // Training-mode output of one micro-batch uses that micro-batch's own statistics.
-  at::Tensor x0 = to_tensor((*dataset)->Read(sampler.SampleIds(0, 0, 0)));
-  model::LayerContext ctx;
-  ctx.recomputing = true;  // do not count this probe
-  at::Tensor out = (*layers)[0]->Forward(x0, ctx).detach();
-  at::Tensor y0 = at::conv2d(x0, conv_w, {}, 1, 1).detach();
-  at::Tensor mb_mean = y0.mean({0, 2, 3}, true), mb_var = y0.var({0, 2, 3}, false, true);
-  at::Tensor manual = at::relu((y0 - mb_mean) / at::sqrt(mb_var + 1e-5));
-  EXPECT_TRUE(at::allclose(out, manual, 1e-9, 1e-9));
-  EXPECT_FALSE(at::allclose(mb_mean.flatten(), mean, 1e-3, 1e-3));  // micro != mini stats
-}
-
-// A VGG-11 (conv3x3 + BatchNorm + ReLU, max pooling at the end of each stage) on 32x32
-// images, cut into 3 pipeline stages under 1F1B, float64, with 1 and with 2 replicas: its
-// parameters after 3 steps equal the un-pipelined run over the same global batch.
-TEST(Vgg, PipelinedAndReplicatedEqualTheReference) {
-  JobConfig c;
-  c.model.name = "vgg";
-  c.model.hidden = 2;
-  c.model.hidden_layers = 11;
-  c.model.image_shape = {3, 32, 32};
-  c.model.num_classes = 4;
-  c.data.num_samples = 256;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stages = 3;
-  c.micro_batches = 3;
-  c.micro_batch_size = 4;
-  c.steps = 3;
-  c.optimizer = {"sgd", 0.05};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  for (int replicas : {1, 2}) {
-    SCOPED_TRACE(::testing::Message() << replicas << " replicas");
-    c.replicas = replicas;
-    JobReport report = MustRun(c);
-    auto reference = MustReference(c);
-    ASSERT_EQ(report.final_parameters.size(), reference.size());
-    EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
-    JobConfig untrained = c;
-    untrained.optimizer.lr = 1e-12;
-    EXPECT_GT(MaxRelativeDifference(MustReference(untrained), reference), 1e-4);
-  }
-}
-
 // A wrong partition is rejected before anything runs, naming the layers.
 TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
   JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
@@ -533,181 +289,6 @@ TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
       << bad.status();
   EXPECT_NE(bad.status().message().find("runs past the last layer 5"), std::string::npos)
       << bad.status();
-}
-
-}  // namespace
-}  // namespace pipetrain::job
-
-namespace pipetrain::job {
-namespace {
-
-// A model brought from Python: a TorchScript archive of an nn.Sequential (built here with
-// the TorchScript compiler so the test needs no Python), including dropout.
-std::string SaveScriptedSequential(const std::string& path) {
-  torch::manual_seed(7);
-  torch::jit::Module root("Sequential");
-  root.register_attribute("training", c10::BoolType::get(), true);
-  auto linear = [](const char* type, int64_t in, int64_t out, bool relu) {
-    torch::jit::Module m(type);
-    m.register_attribute("training", c10::BoolType::get(), true);
-    m.register_parameter("weight", torch::randn({out, in}) / std::sqrt(double(in)), false);
-    m.register_parameter("bias", torch::zeros({out}), false);
-    m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias"
-                         "\n  return ") + (relu ? "torch.relu(y)\n" : "y\n"));
-    return m;
-  };
-  torch::jit::Module dropout("Dropout");
-  dropout.register_attribute("training", c10::BoolType::get(), true);
-  dropout.define("def forward(self, x):\n  return torch.dropout(x, 0.3, self.training)\n");
-  root.register_module("0", linear("L0", 32, 24, true));
-  root.register_module("1", dropout);
-  root.register_module("2", linear("L1", 24, 24, true));
-  root.register_module("3", linear("L2", 24, 10, false));
-  root.save(path);
-  return path;
-}
-
-JobConfig ScriptJob(const std::string& path) {
-  JobConfig c;
-  c.model.name = "torchscript";
-  c.model.torchscript_path = path;
-  c.data.kind = "classification";
-  c.data.num_samples = 1024;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};
-  c.stages = 3;
-  c.micro_batches = 4;
-  c.micro_batch_size = 4;
-  c.steps = 5;
-  c.optimizer = {"adamw", 1e-2};
-  c.threads_per_stage = 1;
-  return c;
-}
-
-TEST(TorchScript, SequentialChildrenAreLayersAndTrainExactly) {
-  const std::string path = SaveScriptedSequential(::testing::TempDir() + "/seq.pt");
-  JobConfig c = ScriptJob(path);
-  JobReport report = MustRun(c);
-  EXPECT_EQ(report.model_summary.rfind("torchscript: 4 layers", 0), 0u) << report.model_summary;
-  auto reference = MustReference(c);
-  EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-5);
-  EXPECT_GT(report.losses.front(), report.losses.back());
-  // Dropout inside TorchScript is replayed exactly under recomputation.
-  c.recompute = *ParseRecompute("all");
-  JobReport recomputed = MustRun(c);
-  EXPECT_TRUE(BitwiseEqual(report.final_parameters, recomputed.final_parameters));
-}
-
-TEST(TorchScript, UnreadableFileIsAClearError) {
-  JobConfig c = ScriptJob(::testing::TempDir() + "/does_not_exist.pt");
-  auto report = RunInProcess(c);
-  ASSERT_FALSE(report.ok());
-  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(report.status().message().find("does_not_exist.pt"), std::string::npos);
-}
-
-// Fault injection by wrapping the real transport: corrupts or drops one message.
-class FaultyTransport : public ForwardingTransport {
- public:
-  enum class Fault { kWrongShape, kWrongDtype, kDrop };
-  FaultyTransport(std::unique_ptr<transport::Transport> inner, Fault fault, int64_t micro_batch)
-      : ForwardingTransport(std::move(inner)), fault_(fault), micro_batch_(micro_batch) {}
-  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
-                           const at::Tensor& t) override {
-    if (kind != transport::MessageKind::kActivation || j != micro_batch_) {
-      return inner_->Send(peer, kind, j, t);
-    }
-    switch (fault_) {
-      case Fault::kWrongShape:
-        return inner_->Send(peer, kind, j, at::cat({t, t.narrow(-1, 0, 1)}, -1));
-      case Fault::kWrongDtype:
-        return inner_->Send(peer, kind, j, t.to(at::kFloat));
-      case Fault::kDrop:
-        return absl::OkStatus();
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  Fault fault_;
-  int64_t micro_batch_;
-};
-
-absl::StatusOr<JobReport> RunWithFault(FaultyTransport::Fault fault, double timeout_s) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 3, 4);
-  c.recv_timeout_s = timeout_s;
-  RunOptions options;
-  options.wrap_transport = [fault](std::unique_ptr<transport::Transport> t, int stage) {
-    if (stage != 1) return t;
-    return std::unique_ptr<transport::Transport>(
-        new FaultyTransport(std::move(t), fault, /*micro_batch=*/6));
-  };
-  return RunInProcess(c, options);
-}
-
-TEST(CheckedMessages, WrongShapeNamesStageMicroBatchExpectedAndActual) {
-  auto report = RunWithFault(FaultyTransport::Fault::kWrongShape, 60);
-  ASSERT_FALSE(report.ok());
-  const std::string message(report.status().message());
-  EXPECT_EQ(message.substr(0, message.find(" [stopped at:")),
-            "stage 2 RECV_ACT6: activation of micro-batch 6 from stage 1 has the wrong shape "
-            "or dtype: expected float64[2, 8, 16], got float64[2, 8, 17]");
-  // Where every stage was when the job stopped: stage 2 at the bad message, the others at a
-  // wait that the abort cut short.
-  EXPECT_NE(message.find("stopped at: stage 0 "), std::string::npos) << message;
-  EXPECT_NE(message.find("stage 2 RECV_ACT6]"), std::string::npos) << message;
-}
-
-TEST(CheckedMessages, WrongDtypeIsRejected) {
-  auto report = RunWithFault(FaultyTransport::Fault::kWrongDtype, 60);
-  ASSERT_FALSE(report.ok());
-  EXPECT_NE(report.status().message().find("expected float64[2, 8, 16], got float32[2, 8, 16]"),
-            std::string::npos)
-      << report.status();
-}
-
-TEST(Watchdog, LostMessageFailsEveryStageWithinTheDeadline) {
-  const auto start = std::chrono::steady_clock::now();
-  auto report = RunWithFault(FaultyTransport::Fault::kDrop, 1.0);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_FALSE(report.ok());
-  EXPECT_EQ(report.status().code(), absl::StatusCode::kDeadlineExceeded);
-  // Stage 2 waits for the lost activation while stages 1 and 0 wait for gradients that
-  // cannot come; whichever deadline passes first is the error, and where every stage stopped
-  // points at the lost message.
-  const std::string message(report.status().message());
-  EXPECT_NE(message.find(" timed out waiting for the "), std::string::npos) << message;
-  EXPECT_NE(message.find("stage 2 RECV_ACT6"), std::string::npos) << message;
-  EXPECT_LT(seconds, 5.0);
-}
-
-// A one-stage job never waits for a peer, so aborting its transport alone would not stop it:
-// Stop() does, before the next action, with the reason given.
-TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 1, 1);
-  c.steps = 1000000;  // far more than run before the stop
-  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  MicroBatchReader reader(*plan, c.micro_batches);
-  absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
-  ASSERT_TRUE(parts.ok()) << parts.status();
-  auto hub = transport::MakeInProcessHub();
-  std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 0, 1);
-  std::atomic<int64_t> steps_done{0};
-  executor::StageExecutor executor(parts->config, parts->weights.get(), transport.get(),
-                                   [&](const executor::StepRecord&) { ++steps_done; });
-  absl::Status result;
-  std::thread stage([&] { result = executor.Run(); });
-  while (steps_done < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const auto stopped = std::chrono::steady_clock::now();
-  executor.Stop(absl::CancelledError("the coordinator ended the job"));
-  stage.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - stopped, std::chrono::seconds(1));
-  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(result.message(), "the coordinator ended the job");
-  EXPECT_TRUE(executor.stopped_at().has_value());
-  EXPECT_LT(steps_done.load(), 1000000);
 }
 
 // The records a stage keeps are a window of the most recent ones (HistoryLimits); the
@@ -757,4 +338,4 @@ TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
 }
 
 }  // namespace
-}  // namespace pipetrain::job
+}  // namespace pipetrain::job::pipeline_test

@@ -1,0 +1,28 @@
+// coordinator_capacity's command line (see coordinator_capacity.cc for what it measures) and
+// how it stops on an error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pipetrain::bench::capacity {
+
+// Prints "coordinator_capacity: MESSAGE" on stderr and exits with status 1: every part of
+// the benchmark stops this way when it cannot go on.
+[[noreturn]] void Die(const std::string& message);
+
+struct Options {
+  std::string coordinator;        // --coordinator HOST:PORT: a running coordinator
+  std::string start_coordinator;  // --start-coordinator PATH: one of our own
+  int workers = 64;               // simulated workers, a multiple of `stages`
+  int stages = 2;
+  std::vector<int> threads = {1, 8};  // client thread counts, one set of rows each
+  double seconds = 3;                 // per row
+};
+
+// The options of `argv`; prints the usage and exits 0 for --help, and Dies on an unknown
+// argument, a missing value, neither or both of --coordinator and --start-coordinator, or
+// counts out of range.
+Options ParseArgs(int argc, char** argv);
+
+}  // namespace pipetrain::bench::capacity

@@ -1,0 +1,123 @@
+// Models brought from Python as TorchScript: each child of the saved module is a Layer, its
+// randomness replayed from the LayerContext. See torchscript_model.h.
+#include "runtime/model/torchscript_model.h"
+
+#include <mutex>
+#include <sstream>
+
+#include <torch/csrc/jit/passes/inliner.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/regular_file.h"
+#include "runtime/model/model_zoo.h"
+
+namespace pipetrain::model {
+namespace {
+
+// One child of a TorchScript nn.Sequential. Randomness inside TorchScript draws from the
+// process-wide generator; for children whose graph has random ops, the generator is
+// re-seeded from the LayerContext under a process-wide lock, so recomputation replays it.
+std::mutex& ScriptRngMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+bool GraphUsesRandomness(const torch::jit::Block* block) {
+  for (const torch::jit::Node* node : block->nodes()) {
+    const std::string kind = node->kind().toQualString();
+    for (const char* word : {"dropout", "rand", "bernoulli", "normal", "multinomial"}) {
+      if (kind.find(word) != std::string::npos) return true;
+    }
+    for (const torch::jit::Block* sub : node->blocks()) {
+      if (GraphUsesRandomness(sub)) return true;
+    }
+  }
+  return false;
+}
+
+class ScriptLayer : public Layer {
+ public:
+  ScriptLayer(std::string name, torch::jit::Module module)
+      : name_(std::move(name)), module_(std::move(module)) {
+    auto graph = module_.get_method("forward").graph()->copy();
+    torch::jit::Inline(*graph);
+    uses_randomness_ = GraphUsesRandomness(graph->block());
+  }
+  std::string name() const override { return name_; }
+  at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
+    if (!uses_randomness_ || !module_.is_training()) {
+      return module_.forward({input}).toTensor();
+    }
+    std::lock_guard<std::mutex> lock(ScriptRngMutex());
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> gen_lock(gen.mutex());
+      gen.set_current_seed(RandomSeedFor(ctx));
+    }
+    return module_.forward({input}).toTensor();
+  }
+  std::vector<at::Tensor> Parameters() const override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : module_.parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<at::Tensor> Buffers() const override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& b : module_.buffers()) out.push_back(b);
+    return out;
+  }
+  std::unique_ptr<Layer> Clone() const override {
+    // Without grad mode the copies are fresh leaves rather than outputs of a clone op.
+    torch::NoGradGuard no_grad;
+    torch::jit::Module copy = module_.deepcopy();
+    for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
+    return std::make_unique<ScriptLayer>(name_, std::move(copy));
+  }
+  void ToDtype(at::ScalarType dtype) override { module_.to(dtype); }
+  void ToDevice(at::Device device) override { module_.to(device); }
+  void SetTraining(bool training) override { module_.train(training); }
+
+ private:
+  std::string name_;
+  mutable torch::jit::Module module_;
+  bool uses_randomness_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<LayerList> LoadTorchScript(const std::string& path) {
+  torch::jit::Module root;
+  // Read once through the bounded reader (never blocking on a FIFO), then loaded from memory.
+  absl::StatusOr<std::string> bytes =
+      ReadRegularFile(path, kMaxModelFileBytes, "TorchScript model");
+  if (!bytes.ok()) return absl::InvalidArgumentError(bytes.status().message());
+  try {
+    std::istringstream in(*std::move(bytes));
+    root = torch::jit::load(in);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load TorchScript model '", path, "': ", what));
+  }
+  LayerList layers;
+  for (const auto& child : root.named_children()) {
+    if (!child.value.find_method("forward")) {
+      return absl::InvalidArgumentError(absl::StrCat("TorchScript model '", path, "': child '",
+                                                     child.name, "' has no forward method"));
+    }
+    layers.push_back(std::make_unique<ScriptLayer>(child.name, child.value));
+  }
+  // Trainable whatever the file says (a module saved with frozen parameters too).
+  for (at::Tensor p : root.parameters()) p.requires_grad_(true);
+  if (layers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TorchScript model '", path,
+        "' has no child modules: save an nn.Sequential whose children are the layers"));
+  }
+  return layers;
+}
+
+}  // namespace pipetrain::model

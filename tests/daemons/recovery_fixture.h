@@ -1,0 +1,177 @@
+// The fixture of the automatic-recovery tests (one binary, recovery_test): the job they run
+// (float64, slow enough to be hit mid-step) with its recovery policy, polling a job until a
+// condition, the steps the coordinator committed read from its SQLite file, the final
+// weights gathered from weights_dir, and the same job run without daemons and without faults
+// to compare them with. Helpers fail the calling test on what they cannot read; they run on
+// the calling thread and own nothing beyond the files they write in the test's directory.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "pipetrain/v1/job_service.grpc.pb.h"
+#include "tests/daemons/local_cluster.h"
+
+namespace pipetrain::test::recovery_test {
+
+namespace fs = std::filesystem;
+namespace v1 = ::pipetrain::v1;
+using ::pipetrain::test::GetJob;
+using ::pipetrain::test::LocalCluster;
+using ::pipetrain::test::ReadFile;
+using ::pipetrain::test::Result;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+class RecoveryTest : public ::pipetrain::test::DaemonTest {};
+
+// p = 2, w = 2, float64: slow enough (a few hundred steps, several seconds) to be hit
+// mid-step, with a checkpoint every `every` steps.
+// The job without its checkpoint policy and max_restarts (see WithRecovery).
+inline std::string Job(int steps) {
+  return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
+         "schedule: 1f1b\nstages: 2\nreplicas: 2\nmicrobatches: 4\nmicrobatch_size: 4\n"
+         "steps: " + std::to_string(steps) + "\ndtype: float64\n"
+         "optimizer: {name: adamw, lr: 0.003}\ntimeout_s: 30\n";
+}
+
+// `job` with a checkpoint every `every` steps (keeping 2) and `max_restarts`.
+inline std::string WithRecovery(const std::string& job, const fs::path& checkpoints, int every,
+                                int max_restarts) {
+  return job + "checkpoint: {dir: " + checkpoints.string() + ", every: " +
+         std::to_string(every) + ", keep: 2}\nmax_restarts: " + std::to_string(max_restarts) +
+         "\n";
+}
+
+// The number (start order) of the worker registered as `worker_id` (its log says so);
+// -1 if none.
+inline int WorkerIndex(LocalCluster& cluster, const std::string& worker_id) {
+  for (int i = 0; i < cluster.workers_started(); ++i) {
+    if (ReadFile(cluster.worker_log(i)).find("registered as " + worker_id + " ") !=
+        std::string::npos) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+// The job's record once `done` says so, or when `timeout` has passed.
+inline v1::Job PollJob(v1::JobService::Stub& stub, const std::string& id,
+                       const std::function<bool(const v1::Job&)>& done, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  v1::Job job;
+  while (Clock::now() < deadline) {
+    job = GetJob(stub, id);
+    if (done(job)) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return job;
+}
+
+// Succeeded, failed or cancelled.
+inline bool Ended(const v1::Job& job) {
+  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+         job.state() == v1::JOB_STATE_CANCELLED;
+}
+
+// The steps the coordinator committed for `job_id`: step -> generation, read from its store.
+inline std::map<int64_t, int> CommittedSteps(const fs::path& db, const std::string& job_id) {
+  std::map<int64_t, int> steps;
+  sqlite3* handle = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &handle, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    ADD_FAILURE() << "cannot open " << db;
+    sqlite3_close(handle);
+    return steps;
+  }
+  sqlite3_busy_timeout(handle, 5000);
+  sqlite3_stmt* st = nullptr;
+  sqlite3_prepare_v2(handle, "SELECT step, generation FROM steps WHERE job_id = ?1", -1, &st,
+                     nullptr);
+  sqlite3_bind_blob(st, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const auto [it, fresh] = steps.emplace(sqlite3_column_int64(st, 0),
+                                           static_cast<int>(sqlite3_column_int64(st, 1)));
+    EXPECT_TRUE(fresh) << "step " << it->first << " committed twice";
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(handle);
+  return steps;
+}
+
+// Every step 0..steps-1 committed once, by generations that only increase with the step.
+inline void ExpectEveryStepOnceInIncreasingGenerations(const std::map<int64_t, int>& steps,
+                                                       int64_t count, int last_generation) {
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), count);
+  EXPECT_EQ(steps.begin()->first, 0);
+  EXPECT_EQ(steps.rbegin()->first, count - 1);
+  int previous = 1;
+  for (const auto& [step, generation] : steps) {
+    EXPECT_GE(generation, previous) << "step " << step;
+    previous = generation;
+  }
+  EXPECT_EQ(previous, last_generation);
+}
+
+// Parameters then buffers of replica 0's stages (ranks 0..stages-1) from weights_dir.
+inline std::vector<at::Tensor> GatherWeights(const fs::path& dir, int stages) {
+  std::vector<at::Tensor> params, buffers;
+  for (int rank = 0; rank < stages; ++rank) {
+    std::vector<at::Tensor> stage;
+    torch::load(stage, (dir / ("stage" + std::to_string(rank) + ".pt")).string());
+    const auto meta =
+        nlohmann::json::parse(ReadFile(dir / ("stage" + std::to_string(rank) + ".json")));
+    const size_t n = meta.at("num_parameters");
+    params.insert(params.end(), stage.begin(), stage.begin() + n);
+    buffers.insert(buffers.end(), stage.begin() + n, stage.end());
+  }
+  params.insert(params.end(), buffers.begin(), buffers.end());
+  return params;
+}
+
+// The same job run without daemons and without faults (stages as threads).
+inline std::vector<at::Tensor> Uninterrupted(LocalCluster& cluster, const fs::path& dir,
+                                             const std::string& spec) {
+  std::ofstream(dir / "reference.yaml") << spec;
+  Result ran = cluster.Shell(std::string(LocalCluster::cli_path()) + " run --launch threads " +
+                             (dir / "reference.yaml").string() + " -q --save-weights " +
+                             (dir / "reference.pt").string());
+  EXPECT_EQ(ran.exit_code, 0) << ran.err;
+  std::vector<at::Tensor> expected;
+  torch::load(expected, (dir / "reference.pt").string());
+  return expected;
+}
+
+// Each tensor of `got` within `tolerance` of `expected`'s, relative to its norm.
+inline void ExpectWithin(const std::vector<at::Tensor>& got,
+                         const std::vector<at::Tensor>& expected, double tolerance) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].sizes(), expected[i].sizes()) << i;
+    const double denom = std::max(expected[i].norm().item<double>(), 1e-30);
+    EXPECT_LE((got[i] - expected[i]).norm().item<double>() / denom, tolerance) << "tensor " << i;
+  }
+}
+
+// Submits the job in `spec` to a fresh cluster; its id (the first job's).
+inline std::string Submit(LocalCluster& cluster, const fs::path& spec) {
+  Result submitted = cluster.Cli("submit " + spec.string());
+  EXPECT_EQ(submitted.exit_code, 0) << submitted.err;
+  return "job-0001";
+}
+
+}  // namespace pipetrain::test::recovery_test
