@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/schedule/schedule.h"
 #include "tests/pipeline/pipeline_fixture.h"
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <thread>
 
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
 #include "runtime/job/plan.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/transport/in_process/in_process_transport.h"

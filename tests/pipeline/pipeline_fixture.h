@@ -8,7 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::job::pipeline_test {

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "runtime/data/dataset.h"
-#include "runtime/job/local_run.h"
+#include "runtime/job/launch/in_process.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/schedule/schedule.h"
 #include "tests/pipeline/pipeline_fixture.h"
