@@ -67,30 +67,33 @@ int main(int argc, char** argv) {
   FakeWorkerService service;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  // On every address of the host: each simulated worker registers an address of its own on
+  // loopback (127.0.x.y, SimulatedWorkerAddress), as distinct workers do, all served here.
+  builder.AddListeningPort("0.0.0.0:0", grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) Die("cannot serve the simulated workers' WorkerService");
-  const std::string worker_address = "127.0.0.1:" + std::to_string(port);
 
   auto coordinator = v1::CoordinatorService::NewStub(OwnChannel(target));
   auto jobs = v1::JobService::NewStub(OwnChannel(target));
   Cluster cluster;
   cluster.stages = options.stages;
-  RegisterSimulatedWorkers(*coordinator, target, worker_address, n, cluster);
+  RegisterSimulatedWorkers(*coordinator, target, port, n, cluster);
 
   // Keeps every simulated worker alive: a heartbeat once per interval for each worker that
   // no measured call covered in the last interval.
   std::atomic<bool> stopping{false};
-  std::mutex job_mu;  // guards cluster.job_id while the keepalive thread runs
+  std::mutex job_mu;  // guards cluster.job_id and rank_of_worker while the keepalive runs
   std::thread keepalive([&] {
     auto stub = v1::CoordinatorService::NewStub(OwnChannel(target));
     const int64_t interval_ns = cluster.heartbeat_ms * 1000000;
     while (!stopping.load()) {
       std::string job_id;
+      std::vector<int> rank_of_worker;
       {
         std::lock_guard<std::mutex> lock(job_mu);
         job_id = cluster.job_id;
+        rank_of_worker = cluster.rank_of_worker;
       }
       for (int i = 0; i < n && !stopping.load(); ++i) {
         if (NowNs() - cluster.last_heartbeat[i].load() < interval_ns) continue;
@@ -100,7 +103,7 @@ int main(int argc, char** argv) {
         v1::HeartbeatRequest request;
         request.set_worker_id(cluster.worker_ids[i]);
         request.set_job_id(job_id);
-        request.set_rank(job_id.empty() ? -1 : i);
+        request.set_rank(job_id.empty() ? -1 : rank_of_worker[i]);
         v1::HeartbeatResponse response;
         (void)stub->Heartbeat(&ctx, request, &response);
         cluster.last_heartbeat[i].store(NowNs());
@@ -112,8 +115,13 @@ int main(int argc, char** argv) {
   // 2. One job over all N simulated workers.
   {
     const std::string job_id = SubmitJobOverAll(*jobs, service, options.stages, n);
+    Cluster placed;
+    placed.worker_ids = cluster.worker_ids;
+    MapRanks(*jobs, job_id, placed);
     std::lock_guard<std::mutex> lock(job_mu);
     cluster.job_id = job_id;
+    cluster.worker_of_rank = placed.worker_of_rank;
+    cluster.rank_of_worker = placed.rank_of_worker;
   }
   std::fprintf(stderr,
                "coordinator %s: %d simulated workers registered, job %s (%d stages x %d "

@@ -69,10 +69,14 @@ int64_t NowNs() {
       .count();
 }
 
-// Registers `n` simulated workers, all served by `worker_address`.
+std::string SimulatedWorkerAddress(int i, int port) {
+  return "127.0." + std::to_string(1 + i / 250) + "." + std::to_string(1 + i % 250) + ":" +
+         std::to_string(port);
+}
+
 void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
-                              const std::string& target, const std::string& worker_address,
-                              int n, Cluster& cluster) {
+                              const std::string& target, int port, int n, Cluster& cluster) {
+  if (n > 250 * 254) Die("at most " + std::to_string(250 * 254) + " simulated workers");
   cluster.last_heartbeat.reset(new std::atomic<int64_t>[n]);
   cluster.next_step.reset(new int64_t[n]);
   cluster.rank_mu.reset(new std::mutex[n]);
@@ -80,7 +84,7 @@ void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::RegisterWorkerRequest request;
-    request.set_address(worker_address);
+    request.set_address(SimulatedWorkerAddress(i, port));
     request.set_command_key(pipetrain::rpc::RandomKey());
     request.set_device("cpu");
     request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
@@ -127,6 +131,29 @@ std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& serv
   return job.id();
 }
 
+void MapRanks(v1::JobService::Stub& jobs, const std::string& job_id, Cluster& cluster) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::GetJobRequest request;
+  request.set_id(job_id);
+  v1::Job job;
+  grpc::Status s = jobs.GetJob(&ctx, request, &job);
+  if (!s.ok()) Die("GetJob: " + s.error_message());
+  const int n = static_cast<int>(cluster.worker_ids.size());
+  cluster.worker_of_rank.assign(job.stage_status_size(), -1);
+  cluster.rank_of_worker.assign(n, -1);
+  for (int r = 0; r < job.stage_status_size(); ++r) {
+    const std::string& id = job.stage_status(r).worker_id();
+    const auto it = std::find(cluster.worker_ids.begin(), cluster.worker_ids.end(), id);
+    if (it == cluster.worker_ids.end()) {
+      Die("rank " + std::to_string(r) + " runs on " + id + ", not one of ours");
+    }
+    const int w = static_cast<int>(it - cluster.worker_ids.begin());
+    cluster.worker_of_rank[r] = w;
+    cluster.rank_of_worker[w] = r;
+  }
+}
+
 // Cancels the job and ends every rank, so the simulated workers are idle again.
 void EndEveryRank(v1::JobService::Stub& jobs, v1::CoordinatorService::Stub& coordinator,
                   const Cluster& cluster, int n) {
@@ -137,14 +164,15 @@ void EndEveryRank(v1::JobService::Stub& jobs, v1::CoordinatorService::Stub& coor
   v1::Job job;
   grpc::Status s = jobs.CancelJob(&ctx, request, &job);
   if (!s.ok()) std::fprintf(stderr, "CancelJob: %s\n", s.error_message().c_str());
-  for (int i = 0; i < n; ++i) {
+  for (int r = 0; r < n && r < static_cast<int>(cluster.worker_of_rank.size()); ++r) {
+    const int w = cluster.worker_of_rank[r];
     grpc::ClientContext end_ctx;
     Prepare(&end_ctx);
-    cluster.As(i, &end_ctx);
+    cluster.As(w, &end_ctx);
     v1::StageEnd end;
-    end.set_worker_id(cluster.worker_ids[i]);
+    end.set_worker_id(cluster.worker_ids[w]);
     end.set_job_id(cluster.job_id);
-    end.set_rank(i);
+    end.set_rank(r);
     end.set_ok(false);
     end.set_error("coordinator_capacity finished");
     v1::ReportResponse response;

@@ -95,22 +95,34 @@ struct Cluster {
   // steps only in order, so two threads must not race for one rank).
   std::unique_ptr<int64_t[]> next_step;
   std::unique_ptr<std::mutex[]> rank_mu;
+  // Once the job runs: the worker (index into worker_ids) each rank was placed on, and the
+  // rank each worker runs, as the coordinator placed them (MapRanks).
+  std::vector<int> worker_of_rank;
+  std::vector<int> rank_of_worker;
   // Sends as worker i.
   void As(int i, grpc::ClientContext* ctx) const {
     ctx->AddMetadata(rpc::WorkerSession::kHeader, sessions[i]);
   }
 };
 
-// Registers `n` simulated workers, all served by `worker_address`, filling `cluster`'s
-// worker ids, sessions, heartbeat interval and per-worker state.
+// Simulated worker i's address: 127.0.x.y:`port`, one of its own on loopback (a coordinator
+// takes a second registration from one address for the restart of the first), all served by
+// the benchmark's one WorkerService listening on every address at `port`.
+std::string SimulatedWorkerAddress(int i, int port);
+
+// Registers `n` simulated workers, worker i at SimulatedWorkerAddress(i, port), filling
+// `cluster`'s worker ids, sessions, heartbeat interval and per-worker state.
 void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
-                              const std::string& target, const std::string& worker_address,
-                              int n, Cluster& cluster);
+                              const std::string& target, int port, int n, Cluster& cluster);
 
 // Submits one job of `stages` stages x n / stages replicas, so that its ranks take every
 // simulated worker, and waits (30 s at most) until all are assigned; returns its id.
 std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& service,
                              int stages, int n);
+
+// Where the coordinator placed each rank of `job_id`: fills `cluster`'s worker_of_rank and
+// rank_of_worker from the job's stage table (Dies when a rank is on a worker not ours).
+void MapRanks(v1::JobService::Stub& jobs, const std::string& job_id, Cluster& cluster);
 
 // Cancels the job and ends every rank, so the simulated workers are idle again. Failures are
 // printed, not fatal.

@@ -33,7 +33,8 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
       }
       while (!go.load()) std::this_thread::yield();
       for (int64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
-        const int i = static_cast<int>((t + k * threads) % n);  // worker i runs rank i
+        const int rank = static_cast<int>((t + k * threads) % n);
+        const int i = cluster.worker_of_rank[rank];  // the worker that runs it
         const bool heartbeat = kind == Kind::kHeartbeat || (kind == Kind::kMixed && k % 2 == 0);
         grpc::ClientContext ctx;
         Prepare(&ctx);
@@ -44,7 +45,7 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
           v1::HeartbeatRequest request;
           request.set_worker_id(cluster.worker_ids[i]);
           request.set_job_id(cluster.job_id);
-          request.set_rank(i);
+          request.set_rank(rank);
           v1::HeartbeatResponse response;
           s = stub->Heartbeat(&ctx, request, &response);
           cluster.last_heartbeat[i].store(NowNs(), std::memory_order_relaxed);
@@ -52,11 +53,11 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
           v1::StepReport report;
           report.set_worker_id(cluster.worker_ids[i]);
           report.set_job_id(cluster.job_id);
-          report.set_rank(i);
-          std::lock_guard<std::mutex> rank_lock(cluster.rank_mu[i]);
-          const int64_t step = cluster.next_step[i]++;
+          report.set_rank(rank);
+          std::lock_guard<std::mutex> rank_lock(cluster.rank_mu[rank]);
+          const int64_t step = cluster.next_step[rank]++;
           report.set_step(step);
-          if (i % cluster.stages == cluster.stages - 1) {
+          if (rank % cluster.stages == cluster.stages - 1) {
             report.set_has_loss(true);
             report.set_loss(2.0);
           }
