@@ -17,7 +17,7 @@ std::vector<int> RecomputedLayers(const planner::Layout& layout) {
 
 std::string FormatStageRanges(const planner::Layout& layout) {
   std::vector<std::string> parts;
-  for (const auto& [b, e] : layout.stage_layers) parts.push_back(absl::StrCat(b, ":", e));
+  for (const auto& [b, e] : layout.pipeline.stage_layers) parts.push_back(absl::StrCat(b, ":", e));
   return absl::StrJoin(parts, ",");
 }
 
@@ -25,12 +25,13 @@ std::string DescribeLayout(const planner::Layout& l) {
   const std::vector<int> recomputed = RecomputedLayers(l);
   return absl::StrCat(std::string(schedule::ScheduleKindName(l.schedule)), ", ", l.stages(), " stage",
                       l.stages() == 1 ? "" : "s", " (", FormatStageRanges(l), ") x ",
-                      l.replicas, " replica", l.replicas == 1 ? "" : "s", ", ", l.micro_batches,
-                      " micro-batch", l.micro_batches == 1 ? "" : "es", " of ",
-                      l.micro_batch_size, ", recompute ",
+                      l.pipeline.replicas, " replica", l.pipeline.replicas == 1 ? "" : "s", ", ",
+                      l.pipeline.micro_batches, " micro-batch",
+                      l.pipeline.micro_batches == 1 ? "" : "es", " of ",
+                      l.pipeline.micro_batch_size, ", recompute ",
                       recomputed.empty() ? "none"
                                          : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")),
-                      l.replicas == 1 ? ""
+                      l.pipeline.replicas == 1 ? ""
                       : l.overlap_allreduce
                           ? absl::StrCat(", AllReduce overlapped in buckets of ",
                                          l.bucket_bytes >> 10, " KiB")
@@ -53,10 +54,10 @@ job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& l
   c.schedule = layout.schedule;
   c.stages = layout.stages();
   c.stage_ranges.clear();
-  for (const auto& [b, e] : layout.stage_layers) c.stage_ranges.push_back({b, e});
-  c.replicas = layout.replicas;
-  c.micro_batch_size = layout.micro_batch_size;
-  c.micro_batches = layout.micro_batches;
+  for (const auto& [b, e] : layout.pipeline.stage_layers) c.stage_ranges.push_back({b, e});
+  c.replicas = layout.pipeline.replicas;
+  c.micro_batch_size = layout.pipeline.micro_batch_size;
+  c.micro_batches = layout.pipeline.micro_batches;
   c.overlap_allreduce = layout.overlap_allreduce;
   c.bucket_kib = std::max<int64_t>(1, layout.bucket_bytes / 1024);
   c.recompute = {};

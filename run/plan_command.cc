@@ -30,7 +30,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
   const Layout& l = c.layout;
   nlohmann::json stages = nlohmann::json::array(), memory = nlohmann::json::array(),
                  compute = nlohmann::json::array(), exposed = nlohmann::json::array();
-  for (const auto& [b, e] : l.stage_layers) stages.push_back({b, e});
+  for (const auto& [b, e] : l.pipeline.stage_layers) stages.push_back({b, e});
   for (const planner::StagePrediction& s : c.prediction.stages) {
     memory.push_back(s.peak_memory_bytes);
     compute.push_back(s.compute_s);
@@ -38,9 +38,9 @@ nlohmann::json CandidateJson(const Candidate& c) {
   }
   nlohmann::json j = {{"schedule", std::string(schedule::ScheduleKindName(l.schedule))},
                       {"stages", stages},
-                      {"replicas", l.replicas},
-                      {"microbatch_size", l.micro_batch_size},
-                      {"microbatches", l.micro_batches},
+                      {"replicas", l.pipeline.replicas},
+                      {"microbatch_size", l.pipeline.micro_batch_size},
+                      {"microbatches", l.pipeline.micro_batches},
                       {"recompute", RecomputedLayers(l)},
                       {"overlap_allreduce", l.overlap_allreduce},
                       {"bucket_kib", l.bucket_bytes >> 10},
@@ -140,7 +140,8 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   for (int s = 0; s < l.stages(); ++s) {
     const planner::StagePrediction& p = c.prediction.stages[s];
     absl::StrAppendFormat(&out, "  %-6d %-8s %-11.2f %-13.2f %-10d %s\n", s,
-                          absl::StrCat(l.stage_layers[s].first, ":", l.stage_layers[s].second),
+                          absl::StrCat(l.pipeline.stage_layers[s].first, ":",
+                                       l.pipeline.stage_layers[s].second),
                           p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
                           ByteSize(p.peak_memory_bytes));
   }
@@ -148,8 +149,9 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   for (const Candidate& a : plan.alternatives) {
     const std::vector<int> r = RecomputedLayers(a.layout);
     absl::StrAppendFormat(&out, "  p=%d w=%d b=%d m=%d stages %s%s: step %.2f ms, peak %s: %s\n",
-                          a.layout.stages(), a.layout.replicas, a.layout.micro_batch_size,
-                          a.layout.micro_batches, Ranges(a.layout),
+                          a.layout.stages(), a.layout.pipeline.replicas,
+                          a.layout.pipeline.micro_batch_size, a.layout.pipeline.micro_batches,
+                          Ranges(a.layout),
                           r.empty() ? "" : absl::StrCat(" recompute ", absl::StrJoin(r, ",")),
                           a.prediction.step_time_s * 1e3,
                           ByteSize(a.prediction.peak_memory_bytes), a.why);
@@ -162,10 +164,12 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
   if (!plan.ok()) return plan.status();
   planner::Layout layout;
   layout.schedule = config.schedule;
-  for (const model::LayerRange& r : plan->partition) layout.stage_layers.emplace_back(r.begin, r.end);
-  layout.replicas = config.replicas;
-  layout.micro_batch_size = config.micro_batch_size;
-  layout.micro_batches = config.micro_batches;
+  std::vector<std::pair<int, int>> stage_layers;
+  for (const model::LayerRange& r : plan->partition) stage_layers.emplace_back(r.begin, r.end);
+  layout.SetStageLayers(std::move(stage_layers));
+  layout.pipeline.replicas = config.replicas;
+  layout.pipeline.micro_batch_size = config.micro_batch_size;
+  layout.pipeline.micro_batches = config.micro_batches;
   layout.recompute = plan->recompute;
   layout.overlap_allreduce = config.overlap_allreduce;
   layout.bucket_bytes = config.bucket_kib * 1024;

@@ -3,8 +3,9 @@
 // notion: a checkpoint's manifest records the layout it was written from
 // (runtime/checkpoint/manifest.h), the coordinator chooses the layout a job restarts with
 // among these (coordinator/placement.h RecoveryLayouts), and job::PipelineLayoutOf reads it
-// from a job. The planners' layouts (runtime/planner/predict.h) add the schedule and
-// recomputation to it. A plain value; header-only.
+// from a job, and each layout the planners consider holds one (runtime/planner/predict.h
+// planner::Layout, with the schedule, recomputation and the AllReduce beside it). A plain
+// value; header-only.
 #pragma once
 
 #include <cstdint>

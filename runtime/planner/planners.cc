@@ -71,8 +71,8 @@ std::string DoesNotFit(const Candidate& c, int64_t memory) {
 }
 
 std::string Shape(const Layout& l) {
-  return absl::StrCat("p=", l.stages(), " w=", l.replicas, " b=", l.micro_batch_size,
-                      " m=", l.micro_batches);
+  return absl::StrCat("p=", l.stages(), " w=", l.pipeline.replicas,
+                      " b=", l.pipeline.micro_batch_size, " m=", l.pipeline.micro_batches);
 }
 
 }  // namespace
@@ -120,7 +120,7 @@ namespace {
 // layout's own setting. The memory does not depend on it.
 absl::Status ChooseGradientAllReduce(const ModelProfile& profile, const ClusterProfile& cluster,
                                      Candidate& chosen) {
-  if (chosen.layout.replicas < 2) return absl::OkStatus();
+  if (chosen.layout.pipeline.replicas < 2) return absl::OkStatus();
   std::vector<Layout> options;
   Layout off = chosen.layout;
   off.overlap_allreduce = false;
@@ -208,10 +208,10 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
   {
     Layout dp;
     dp.schedule = ScheduleKind::kOneFOneB;
-    dp.stage_layers = {{0, L}};
-    dp.replicas = w_dp;
-    dp.micro_batch_size = B / w_dp;
-    dp.micro_batches = 1;
+    dp.SetStageLayers({{0, L}});
+    dp.pipeline.replicas = w_dp;
+    dp.pipeline.micro_batch_size = B / w_dp;
+    dp.pipeline.micro_batches = 1;
     absl::StatusOr<Candidate> c = evaluate(std::move(dp));
     if (!c.ok()) return c.status();
     if (absl::Status s = ChooseGradientAllReduce(profile, cluster, *c); !s.ok()) return s;
@@ -227,7 +227,7 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     if (!c.ok()) return c.status();
     c->memory_efficiency = (c->prediction.samples_per_s / dp_rate) /
                            (static_cast<double>(c->prediction.peak_memory_bytes) / dp_memory);
-    const std::pair<int, int> shape{c->layout.stages(), c->layout.replicas};
+    const std::pair<int, int> shape{c->layout.stages(), c->layout.pipeline.replicas};
     auto it = best_of_shape.find(shape);
     if (it == best_of_shape.end()) {
       best_of_shape.emplace(shape, *std::move(c));
@@ -244,9 +244,9 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
         const int m = B / (w * b);
         if (m > request.max_micro_batches) continue;  // bounds each simulation's work
         Layout base;
-        base.replicas = w;
-        base.micro_batch_size = b;
-        base.micro_batches = m;
+        base.pipeline.replicas = w;
+        base.pipeline.micro_batch_size = b;
+        base.pipeline.micro_batches = m;
         const std::vector<LayerProfile> layers = LayersAt(profile, b);
         switch (request.planner) {
           case PlannerKind::kTwoBW: {
@@ -258,7 +258,7 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
               absl::StatusOr<std::vector<std::pair<int, int>>> split =
                   SplitByCompute(layers, p, layout.recompute);
               if (!split.ok()) return split.status();
-              layout.stage_layers = *std::move(split);
+              layout.SetStageLayers(*std::move(split));
               if (absl::Status s = consider(std::move(layout)); !s.ok()) return s;
             }
             break;
@@ -267,9 +267,11 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
             base.schedule = ScheduleKind::kOneFOneB;
             absl::StatusOr<PipeDreamPlan> split = PartitionPipeDream(layers, p, w, cluster.link);
             if (!split.ok()) return split.status();
+            std::vector<std::pair<int, int>> stage_layers;
             for (const PlannedStage& stage : split->stages) {
-              base.stage_layers.emplace_back(stage.begin, stage.end);
+              stage_layers.emplace_back(stage.begin, stage.end);
             }
+            base.SetStageLayers(std::move(stage_layers));
             if (absl::Status s = consider(std::move(base)); !s.ok()) return s;
             break;
           }
@@ -278,7 +280,7 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
             base.overlap_allreduce = true;
             absl::StatusOr<std::vector<std::pair<int, int>>> split = SplitByCompute(layers, p, {});
             if (!split.ok()) return split.status();
-            base.stage_layers = *std::move(split);
+            base.SetStageLayers(*std::move(split));
             const std::vector<int> order = HippieRecomputeOrder(layers);
             const int n = static_cast<int>(order.size());
             const int stride = std::max(1, (n + kMaxRecomputePrefixes - 1) / kMaxRecomputePrefixes);

@@ -104,8 +104,13 @@ std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list,
 absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int layers) {
   if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
   if (layout.stages() < 1) return absl::InvalidArgumentError("a layout needs at least one stage");
+  if (layout.stages() != static_cast<int>(layout.pipeline.stage_layers.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a layout of ", layout.stages(), " stages has ",
+                     layout.pipeline.stage_layers.size(), " layer ranges (SetStageLayers)"));
+  }
   int next = 0;
-  for (const auto& [begin, end] : layout.stage_layers) {
+  for (const auto& [begin, end] : layout.pipeline.stage_layers) {
     if (begin != next || end <= begin) {
       return absl::InvalidArgumentError(
           absl::StrCat("stage ranges must be contiguous and non-empty from layer 0: got [",
@@ -117,11 +122,12 @@ absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int 
     return absl::InvalidArgumentError(
         absl::StrCat("the stages cover ", next, " of the model's ", layers, " layers"));
   }
-  if (layout.replicas < 1 || layout.micro_batch_size < 1 || layout.micro_batches < 1) {
+  const model::PipelineLayout& pipeline = layout.pipeline;
+  if (pipeline.replicas < 1 || pipeline.micro_batch_size < 1 || pipeline.micro_batches < 1) {
     return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
   }
   return schedule::ValidateScheduleParams(
-      {layout.schedule, layout.stages(), layout.micro_batches, kSimulatedSteps});
+      {layout.schedule, layout.stages(), layout.pipeline.micro_batches, kSimulatedSteps});
 }
 
 // What a received message of `bytes` occupies (profile.h, inline_buffer_bytes).
@@ -194,18 +200,18 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
                                    const Layout& layout) {
   const std::vector<LayerProfile> layers =
       profile.sizes.empty() ? std::vector<LayerProfile>{}
-                            : LayersAt(profile, layout.micro_batch_size);
+                            : LayersAt(profile, layout.pipeline.micro_batch_size);
   if (absl::Status s = CheckLayout(profile, layout, static_cast<int>(layers.size())); !s.ok()) {
     return s;
   }
-  const int p = layout.stages(), w = layout.replicas;
+  const int p = layout.stages(), w = layout.pipeline.replicas;
   const LinkProfile& link = cluster.link;
 
   std::vector<StageCosts> costs(p);
   Prediction prediction;
   prediction.stages.resize(p);
   for (int s = 0; s < p; ++s) {
-    const auto [begin, end] = layout.stage_layers[s];
+    const auto [begin, end] = layout.pipeline.stage_layers[s];
     StageCosts& c = costs[s];
     double parameter_bytes = 0, optimizer_bytes = 0;
     for (int l = begin; l < end; ++l) {
@@ -245,10 +251,11 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
                                    static_cast<int64_t>(optimizer_bytes));
     costs[s].gradient_bytes = static_cast<int64_t>(parameter_bytes);
     out.allreduce_s = c.allreduce_s;
-    out.compute_s = layout.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
+    out.compute_s = layout.pipeline.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
   }
 
-  schedule::ScheduleParams params{layout.schedule, p, layout.micro_batches, kSimulatedSteps};
+  schedule::ScheduleParams params{layout.schedule, p, layout.pipeline.micro_batches,
+                                  kSimulatedSteps};
   absl::StatusOr<std::vector<std::vector<Action>>> lists = schedule::BuildSchedule(params);
   if (!lists.ok()) return lists.status();
 
@@ -430,7 +437,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   prediction.tokens_per_s = prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
   for (int s = 0; s < p; ++s) {
     StagePrediction& out = prediction.stages[s];
-    const auto [begin, end] = layout.stage_layers[s];
+    const auto [begin, end] = layout.pipeline.stage_layers[s];
     const MicroBatchBytes micro_batch = MicroBatchMemory(profile, layers, layout, begin, end);
     Averaging averaging = Averaging::kNone;
     if (w > 1) {

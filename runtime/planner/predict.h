@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/model/pipeline_layout.h"
 #include "runtime/planner/profile.h"
 #include "runtime/schedule/schedule.h"
 
@@ -50,18 +51,25 @@ namespace pipetrain::planner {
 // One runnable layout of a job as a planner scores it: a pipeline layout
 // (runtime/model/pipeline_layout.h) with its layers fixed, plus the schedule, recomputation
 // and AllReduce overlap.
+// A layout the planners consider: the job's pipeline layout (model::PipelineLayout, the one
+// type checkpoints record and recovery chooses among; here every stage's layers are fixed)
+// with what the planner decides beside it: the schedule, recomputation and the AllReduce.
 struct Layout {
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kOneFOneB;
-  std::vector<std::pair<int, int>> stage_layers;  // [begin, end) per stage, contiguous from 0
-  int replicas = 1;                               // w
-  int micro_batch_size = 1;                       // b
-  int micro_batches = 1;                          // m per step per replica
+  // p stages with their layers [begin, end), contiguous from 0 (set by SetStageLayers, which
+  // keeps the count and the ranges together; Predict refuses a layout where they differ),
+  // w replicas, m micro-batches of b rows per step per replica.
+  model::PipelineLayout pipeline;
   std::vector<bool> recompute;                    // per global layer (empty: none)
   bool overlap_allreduce = true;                  // stage 0's bucketed AllReduce
   int64_t bucket_bytes = 4 << 20;
 
-  int stages() const { return static_cast<int>(stage_layers.size()); }
-  int global_batch() const { return replicas * micro_batch_size * micro_batches; }
+  void SetStageLayers(std::vector<std::pair<int, int>> layers) {
+    pipeline.stages = static_cast<int>(layers.size());
+    pipeline.stage_layers = std::move(layers);
+  }
+  int stages() const { return pipeline.stages; }
+  int64_t global_batch() const { return pipeline.global_batch(); }
   bool recomputes(int layer) const {
     return layer < static_cast<int>(recompute.size()) && recompute[layer];
   }

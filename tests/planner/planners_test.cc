@@ -52,8 +52,8 @@ ClusterProfile Cluster(int workers, int64_t memory) {
 // list, independently of the simulation: a ledger of what is allocated and freed as the stage
 // runs its actions (three steps), and its highest point.
 int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) {
-  const std::vector<LayerProfile> layers = LayersAt(profile, layout.micro_batch_size);
-  const auto [begin, end] = layout.stage_layers[s];
+  const std::vector<LayerProfile> layers = LayersAt(profile, layout.pipeline.micro_batch_size);
+  const auto [begin, end] = layout.pipeline.stage_layers[s];
   const int versions = layout.schedule == ScheduleKind::kTwoBW ? 2 : 1;
   int64_t weights = 0;
   for (int l = begin; l < end; ++l) {
@@ -66,13 +66,14 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
     if (!layout.recomputes(l)) return layers[l].stash_bytes + layers[l].output_bytes;
     return l + 1 == end || !layout.recomputes(l + 1) ? layers[l].output_bytes : 0;
   };
-  schedule::ScheduleParams params{layout.schedule, layout.stages(), layout.micro_batches, 3};
+  schedule::ScheduleParams params{layout.schedule, layout.stages(),
+                                  layout.pipeline.micro_batches, 3};
   absl::StatusOr<std::vector<schedule::Action>> list = schedule::BuildStageSchedule(params, s);
   EXPECT_TRUE(list.ok());
   // With replicas the gradient is averaged on a flat copy of it: stage 0 with the AllReduce
   // overlapped copies each piece's gradient as the step's last backward finishes it, the
   // others copy all of it at the update.
-  const bool copies = layout.replicas > 1;
+  const bool copies = layout.pipeline.replicas > 1;
   const bool overlapped = copies && s == 0 && layout.overlap_allreduce;
   std::vector<bool> last_of_step(list->size(), false);
   for (size_t i = 0, last = list->size(); i < list->size(); ++i) {
@@ -146,7 +147,7 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
 void ExpectConsistent(const ModelProfile& profile, const ClusterProfile& cluster,
                       const PlanRequest& request, const PlanResult& plan) {
   const Layout& l = plan.chosen.layout;
-  EXPECT_LE(l.stages() * l.replicas, cluster.workers);
+  EXPECT_LE(l.stages() * l.pipeline.replicas, cluster.workers);
   EXPECT_EQ(l.global_batch(), request.global_batch);
   ASSERT_EQ(static_cast<int>(plan.chosen.prediction.stages.size()), l.stages());
   for (int s = 0; s < l.stages(); ++s) {
@@ -263,7 +264,7 @@ TEST(Planners, NoPlanExceedsTheMemoryItWasGiven) {
     ++planned;
     ExpectConsistent(profile, cluster, request, *plan);
     if (kind == PlannerKind::kTwoBW) {
-      EXPECT_GE(plan->chosen.layout.micro_batches, plan->chosen.layout.stages());
+      EXPECT_GE(plan->chosen.layout.pipeline.micro_batches, plan->chosen.layout.stages());
     }
   }
   EXPECT_GT(planned, 50);
@@ -304,13 +305,13 @@ TEST(Planners, TheGradientAllReduceIsChosenForTheCoresThereAre) {
   cluster.shared_cores = 2;
   absl::StatusOr<PlanResult> shared = MakePlan(profile, cluster, request);
   ASSERT_TRUE(shared.ok()) << shared.status();
-  EXPECT_EQ(shared->chosen.layout.replicas, 2);
+  EXPECT_EQ(shared->chosen.layout.pipeline.replicas, 2);
   EXPECT_FALSE(shared->chosen.layout.overlap_allreduce);
   EXPECT_NEAR(shared->chosen.prediction.step_time_s, 4.75, 1e-9);
   cluster.shared_cores = 0;
   absl::StatusOr<PlanResult> spare = MakePlan(profile, cluster, request);
   ASSERT_TRUE(spare.ok()) << spare.status();
-  EXPECT_EQ(spare->chosen.layout.replicas, 2);
+  EXPECT_EQ(spare->chosen.layout.pipeline.replicas, 2);
   EXPECT_TRUE(spare->chosen.layout.overlap_allreduce);
   EXPECT_NEAR(spare->chosen.prediction.step_time_s, 3.5, 1e-9);
 }

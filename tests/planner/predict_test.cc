@@ -39,9 +39,11 @@ ModelProfile Uniform(int n, double f, double opt = 0) {
 Layout Even(ScheduleKind kind, int layers, int p, int m, int w = 1) {
   Layout layout;
   layout.schedule = kind;
-  for (int s = 0; s < p; ++s) layout.stage_layers.emplace_back(s * layers / p, (s + 1) * layers / p);
-  layout.micro_batches = m;
-  layout.replicas = w;
+  std::vector<std::pair<int, int>> stage_layers;
+  for (int s = 0; s < p; ++s) stage_layers.emplace_back(s * layers / p, (s + 1) * layers / p);
+  layout.SetStageLayers(std::move(stage_layers));
+  layout.pipeline.micro_batches = m;
+  layout.pipeline.replicas = w;
   return layout;
 }
 
@@ -227,7 +229,7 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   ASSERT_TRUE(at_update.ok());
   EXPECT_EQ(at_update->stages[0].activation_bytes, 2 * 4000);
   replicated.overlap_allreduce = true;
-  replicated.stage_layers = {{0, 2}, {2, 4}};
+  replicated.SetStageLayers({{0, 2}, {2, 4}});
   absl::StatusOr<Prediction> during = Predict(profile, FreeLinks(), replicated);
   ASSERT_TRUE(during.ok());
   // Stage 0 (layers 0-1), one micro-batch: at layer 0, its stash and output (500), working
@@ -260,12 +262,17 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
 TEST(Predict, BadLayoutsAreRefused) {
   const ModelProfile profile = Uniform(4, 0.01);
   Layout gap = Even(ScheduleKind::kOneFOneB, 4, 2, 4);
-  gap.stage_layers[1].first = 3;
+  gap.pipeline.stage_layers[1].first = 3;
   EXPECT_THAT(Predict(profile, FreeLinks(), gap).status().message(), HasSubstr("contiguous"));
   Layout short_of = Even(ScheduleKind::kOneFOneB, 4, 2, 4);
-  short_of.stage_layers[1].second = 3;
+  short_of.pipeline.stage_layers[1].second = 3;
   EXPECT_THAT(Predict(profile, FreeLinks(), short_of).status().message(),
               HasSubstr("cover 3 of the model's 4 layers"));
+  // The stage count and the ranges kept apart (not through SetStageLayers) disagree.
+  Layout miscounted = Even(ScheduleKind::kOneFOneB, 4, 2, 4);
+  miscounted.pipeline.stage_layers.pop_back();
+  EXPECT_THAT(Predict(profile, FreeLinks(), miscounted).status().message(),
+              HasSubstr("a layout of 2 stages has 1 layer ranges"));
   EXPECT_THAT(Predict(profile, FreeLinks(), Even(ScheduleKind::kTwoBW, 4, 4, 2)).status().message(),
               HasSubstr("m=2 < p=4"));
   EXPECT_FALSE(Predict(ModelProfile{}, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1)).ok());
