@@ -51,6 +51,9 @@
 // queues the job's latest record (and its events) under the lock; the thread that made it
 // writes the queue after releasing the lock, in order. A submission is acknowledged only
 // once its record is durable: if the write fails, the job is dropped and the caller told.
+// A state a caller is shown (Get, List, WaitForChange) is in the store before the answer
+// leaves: they write what is queued before they answer (progress from step reports, written at most once
+// a second, may be ahead of the store; a state change never is).
 //
 // Thread-safe: one absl::Mutex (mu_) guards the state, each guarded field and each method
 // that needs it says so (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED), and clang checks it
@@ -240,6 +243,8 @@ class Coordinator {
  private:
   absl::StatusOr<v1::SendCommandResponse> SendCommandUncounted(
       const v1::SendCommandRequest& request);
+  // List's page of jobs after submission order `after`, at most `limit`.
+  v1::ListJobsResponse ListPage(int64_t after, int limit) ABSL_LOCKS_EXCLUDED(mu_);
   struct JobEntry {
     v1::Job job;
     job::JobConfig config;

@@ -132,10 +132,14 @@ absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::Jo
 }
 
 absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  return it->second.job;
+  absl::StatusOr<v1::Job> job = [&]() -> absl::StatusOr<v1::Job> {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    return it->second.job;
+  }();
+  (void)FlushWrites();  // what a caller sees is durable (coordinator.h, Persistence)
+  return job;
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
@@ -145,6 +149,12 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
     return absl::InvalidArgumentError("page_token: not one this coordinator gave");
   }
   const int limit = page_size <= 0 ? 100 : std::min(page_size, 500);
+  v1::ListJobsResponse page = ListPage(after, limit);
+  (void)FlushWrites();  // what a caller sees is durable
+  return page;
+}
+
+v1::ListJobsResponse Coordinator::ListPage(int64_t after, int limit) {
   absl::MutexLock lock(&mu_);
   std::vector<const JobEntry*> entries;
   for (const auto& [id, e] : jobs_) {
@@ -257,15 +267,20 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
 absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std::string& id,
                                                                         int64_t version,
                                                                         absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  while (true) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
-      return std::make_pair(it->second.job, it->second.version);
+  absl::StatusOr<std::pair<v1::Job, int64_t>> changed =
+      [&]() -> absl::StatusOr<std::pair<v1::Job, int64_t>> {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+      if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
+        return std::make_pair(it->second.job, it->second.version);
+      }
+      changed_.WaitWithDeadline(&mu_, deadline);
     }
-    changed_.WaitWithDeadline(&mu_, deadline);
-  }
+  }();
+  (void)FlushWrites();  // what a caller sees is durable
+  return changed;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string& id,

@@ -1,6 +1,10 @@
-// What workers may say and ask: only for themselves and their ranks, step reports in order and within the job, a bounded rendezvous store, paging, bounded calls, a blocked state loop noticed.
+// What workers may say and ask: only for themselves and their ranks, step reports in order
+// and within the job, a bounded rendezvous store, paging, bounded calls, a blocked state loop
+// noticed; what callers are shown is already stored.
 // The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
 // daemon tests (tests/daemons) check the same rules end to end over gRPC.
+#include <atomic>
+
 #include "tests/coordinator/coordinator_fixture.h"
 
 namespace pipetrain::coordinator::core_test {
@@ -220,6 +224,47 @@ TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
     std::this_thread::yield();
   }
   EXPECT_TRUE((*c)->StateLoopLive());
+}
+
+// A state a caller is shown is in the store before the answer leaves: while the write of a
+// cancel hangs, Get waits for it rather than show CANCELLED (a coordinator killed then would
+// come back with the job running); once the write is done, Get shows the stored state.
+TEST_F(CoordinatorCoreTest, AStateACallerSeesIsAlreadyInTheStore) {
+  Register(1);
+  const v1::Job job = Submit(Spec(1));
+  RunLater();
+  ASSERT_EQ(coordinator_->Get(job.id())->state(), v1::JOB_STATE_RUNNING);
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = true;
+  }
+  std::thread cancel([&] { EXPECT_TRUE(coordinator_->Cancel(job.id()).ok()); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto hanging = [&] {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    return data_->hanging > 0;
+  };
+  while (!hanging() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_TRUE(hanging());  // the cancel's record is being written
+  std::atomic<bool> answered{false};
+  v1::JobState shown = v1::JOB_STATE_UNSPECIFIED;
+  std::thread get([&] {
+    shown = coordinator_->Get(job.id())->state();
+    answered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(answered.load()) << "Get showed a state whose write had not landed";
+  {
+    std::lock_guard<std::mutex> lock(data_->mu);
+    data_->hang_puts = false;
+  }
+  data_->released.notify_all();
+  cancel.join();
+  get.join();
+  EXPECT_EQ(shown, v1::JOB_STATE_CANCELLED);
+  v1::Job stored;
+  ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
+  EXPECT_EQ(stored.state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace
