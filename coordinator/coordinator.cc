@@ -83,7 +83,8 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
       planner_({options_.planning_cpu_budget, options_.planning_time_limit,
                 options_.planning_wait}),
       scheduler_(SchedulerPolicy{options_.heartbeat_interval, options_.assign_attempts}),
-      writes_(deps_.store.get()) {
+      writes_(deps_.store.get()),
+      jobs_(&writes_, deps_.clock, [this] { changed_.SignalAll(); }) {
   absl::MutexLock lock(&mu_);
   pool_.SetLostListener([this](const WorkerPool::Lost& lost) {
     mu_.AssertHeld();  // the pool is only used under mu_
@@ -123,12 +124,10 @@ absl::Status Coordinator::Load() {
     if (!entry.job.ParseFromString(s.job)) {
       return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
     }
-    entry.order = next_order_++;
     auto config = jobspec::JobConfigFromSpec(entry.job.spec());
     if (config.ok()) entry.config = *config;
     entry.run = RunFromRecord(entry.job);
-    auto [it, inserted] = jobs_.emplace(s.id, std::move(entry));
-    JobEntry& e = it->second;
+    JobEntry& e = jobs_.Add(s.id, std::move(entry));
     if (e.job.state() == v1::JOB_STATE_RUNNING && config.ok() &&
         e.job.restarts() < e.config.max_restarts) {
       // Its workers stop their stages when their next heartbeat is refused and register
@@ -147,8 +146,8 @@ absl::Status Coordinator::Load() {
       for (auto& st : *e.job.mutable_stage_status()) {
         if (st.state() != v1::STAGE_STATE_DONE) st.set_state(v1::STAGE_STATE_INTERRUPTED);
       }
-      Event(s.id, e.job.message());
-      Changed(e);
+      jobs_.Event(s.id, e.job.message());
+      jobs_.Changed(e);
     }
   }
   }
@@ -156,23 +155,6 @@ absl::Status Coordinator::Load() {
     std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
   }
   return absl::OkStatus();
-}
-
-void Coordinator::Changed(JobEntry& entry, bool progress_only) {
-  ++entry.version;
-  changed_.SignalAll();
-  const absl::Time now = deps_.clock->Now();
-  if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
-  entry.persisted_at = now;
-  writes_.QueueSteps(entry.job.id(), entry.unwritten_steps);
-  entry.unwritten_steps.clear();
-  writes_.QueueJob(entry.job.id(), entry.order, entry.job.SerializeAsString());
-}
-
-void Coordinator::Event(const std::string& job_id, const std::string& text) {
-  writes_.QueueEvent(job_id, NowMs(), text);
-  std::fprintf(stderr, "coordinator: %s: %s\n", job_id.c_str(), text.c_str());
-  changed_.SignalAll();
 }
 
 absl::Status Coordinator::FlushWrites() { return writes_.Flush(); }
@@ -217,7 +199,7 @@ void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
         st->set_waiting_for("");
       }
     } else if (const auto* say = std::get_if<Announce>(&command)) {
-      Event(e.job.id(), say->text);
+      jobs_.Event(e.job.id(), say->text);
     } else if (const auto* recover = std::get_if<BeginRecovery>(&command)) {
       RecordRecovery(e, recover->cause);
     } else if (const auto* end = std::get_if<EndJob>(&command)) {
@@ -228,7 +210,7 @@ void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
   }
   if (!t.commands.empty() || e.run.phase != before.phase || e.run.stop_step != before.stop_step ||
       e.run.generation != before.generation) {
-    Changed(e);
+    jobs_.Changed(e);
   }
 }
 
@@ -236,11 +218,11 @@ void Coordinator::RecordEnd(JobEntry& e, const std::string& message) {
   e.job.set_message(message);
   e.job.set_finished_unix_ms(NowMs());
   if (e.run.phase == Phase::kSucceeded) {
-    Event(e.job.id(), absl::StrFormat("succeeded: %d steps, final loss %.4f, %.1f s",
+    jobs_.Event(e.job.id(), absl::StrFormat("succeeded: %d steps, final loss %.4f, %.1f s",
                                       e.job.steps(), e.job.loss(),
                                       (e.job.finished_unix_ms() - e.job.started_unix_ms()) / 1e3));
   } else {
-    Event(e.job.id(), absl::StrCat(e.run.phase == Phase::kCancelled ? "cancelled" : "failed",
+    jobs_.Event(e.job.id(), absl::StrCat(e.run.phase == Phase::kCancelled ? "cancelled" : "failed",
                                    ": ", message));
   }
   rendezvous_.Close(e.job.id());
@@ -282,7 +264,7 @@ void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
   const int64_t again = std::max<int64_t>(0, e.job.step() + 1 - resume_at);
   e.job.set_message(absl::StrCat("recovering (restart ", e.job.restarts(), " of ",
                                  e.config.max_restarts, "): ", cause));
-  Event(e.job.id(),
+  jobs_.Event(e.job.id(),
         absl::StrCat("generation ", e.job.generation(), " ended: ", cause, "; restart ",
                      e.job.restarts(), " of ", e.config.max_restarts, " from ",
                      resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
@@ -299,8 +281,8 @@ void Coordinator::ReturnToQueue(JobEntry& e, const std::string& why) {
   commands_.Forget(e.job.id());
   e.requeued_because = absl::StrCat("requeued: ", why);
   e.job.set_message(e.requeued_because);
-  Event(e.job.id(), e.requeued_because);
-  Changed(e);
+  jobs_.Event(e.job.id(), e.requeued_because);
+  jobs_.Changed(e);
 }
 
 void Coordinator::TickLocked() {

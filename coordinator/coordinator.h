@@ -40,10 +40,12 @@
 // (step_ledger.h), the checks of a step report (report_checks.h), the worker pool and its
 // liveness (worker_pool.h), placement of queued jobs and recovery layouts (placement.h),
 // calls to workers (worker_client.h), planning at submission (submission_planner.h), the
-// durable store (job_store.h) and its write-behind (write_behind.h), time (runtime/base/clock.h). This
-// class is the shell that owns the one lock and the monitor; its handlers are defined by
-// concern in coordinator.cc (the shell), coordinator_jobs.cc, coordinator_workers.cc,
-// coordinator_reports.cc and coordinator_scheduling.cc. Everything it depends on is
+// scheduler's decisions (scheduler.h), the step-command relay (command_relay.h), the running
+// generations' rendezvous stores (rendezvous_stores.h), the jobs and their queued writes
+// (job_table.h), the durable store (job_store.h) and its write-behind (write_behind.h), time
+// (runtime/base/clock.h). This class is the shell that owns the one lock and the monitor;
+// its handlers are defined by concern in coordinator.cc (the shell), coordinator_jobs.cc,
+// coordinator_workers.cc, coordinator_reports.cc and coordinator_scheduling.cc. Everything it depends on is
 // injected (CoordinatorDeps), so its rules are unit-tested with a fake clock, fake workers
 // and a store that fails (tests/coordinator), no sockets and no sleeps.
 //
@@ -78,6 +80,7 @@
 #include "coordinator/command_relay.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
+#include "coordinator/job_table.h"
 #include "coordinator/rendezvous_stores.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_ledger.h"
@@ -245,45 +248,11 @@ class Coordinator {
       const v1::SendCommandRequest& request);
   // List's page of jobs after submission order `after`, at most `limit`.
   v1::ListJobsResponse ListPage(int64_t after, int limit) ABSL_LOCKS_EXCLUDED(mu_);
-  struct JobEntry {
-    v1::Job job;
-    job::JobConfig config;
-    int64_t order = 0;
-    int64_t version = 0;  // bumped on every change
-    bool durable = false;  // its first record is in the store: it may be scheduled
-    JobRun run;  // its lifecycle (job_machine.h); job.state, restarts, generation mirror it
-    std::vector<std::string> rank_worker;              // worker id per rank
-    StepLedger ledger;  // the generation's steps: per rank, committed, losses, throughput
-    std::vector<int> assign_attempts;                  // assignments tried per rank
-    int64_t tokens_per_step = 0;
-    absl::Time persisted_at;     // progress is written at most once a second
-    std::string requeued_because;  // why a job that ran waits in the queue again (Requeue)
-    // Generations (see Recovery above; job.generation() is the one its ranks run now).
-    v1::JobSpec run_spec;        // what they run: the spec with the layout and resume point
-    absl::Time recovering_since;  // when its last generation ended (phase kRecovering)
-    // Steps committed since its record was last queued for the store: written with it (at
-    // most a second apart while it runs, at once on every state change).
-    std::vector<StoredStep> unwritten_steps;
-    // The newest checkpoint a rank reported committing (step, directory), until every step
-    // before it is committed here; then it is the job's (checkpoint_step, checkpoint_path).
-    std::pair<int64_t, std::string> reported_checkpoint{0, ""};
-    // A draining worker of this generation and the checkpoint boundary scheduled for it: the
-    // job restarts once that checkpoint is its restart point.
-    std::string draining_worker;
-    int64_t drain_step = 0;
-  };
-
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);
   // "stage 1" or "stage 1 replica 0", for messages.
   static std::string RankName(const v1::Job& job, int rank);
   absl::Status Load();
-  // REQUIRES: mu_ held. Bump the job's version, wake watchers, and queue its record for the
-  // store. `progress_only`: a step report; queued only if a second passed since the last
-  // write (every state change is queued at once), so the store is not fsynced per report.
-  void Changed(JobEntry& entry, bool progress_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Appends an event (queued for the store).
-  void Event(const std::string& job_id, const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ NOT held. Writes what Changed and Event queued (write_behind.h).
+  // REQUIRES: mu_ NOT held. Writes what the job table queued (write_behind.h).
   absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `body` under mu_, then writes what it queued to the store (outside the lock).
   // (`body` is a lambda annotated ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_).)
@@ -363,10 +332,9 @@ class Coordinator {
   // job (WaitForChange).
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);  // the jobs; their changes queued into writes_
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);
   RendezvousStores rendezvous_ ABSL_GUARDED_BY(mu_);  // of the running generations
-  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t workers_lost_silent_ ABSL_GUARDED_BY(mu_) = 0;
   CommandRelay commands_ ABSL_GUARDED_BY(mu_);  // step commands: counts and reports tallied

@@ -45,10 +45,9 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   std::string id;
   {
     absl::MutexLock lock(&mu_);
-    const std::string own_id = absl::StrFormat("job-%04d", next_order_ + 1);
+    const std::string own_id = absl::StrFormat("job-%04d", jobs_.next_order() + 1);
     if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
     JobEntry entry;
-    entry.order = next_order_++;
     entry.config = *config;
     v1::Job& job = entry.job;
     job.set_id(own_id);
@@ -65,14 +64,14 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
                             config->micro_batch_size * (tokens ? config->data.seq_len : 1);
     id = job.id();
-    auto [it, inserted] = jobs_.emplace(id, std::move(entry));
-    const v1::Job& j = it->second.job;
-    Changed(it->second);
-    Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
+    JobEntry& added = jobs_.Add(id, std::move(entry));
+    const v1::Job& j = added.job;
+    jobs_.Changed(added);
+    jobs_.Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
                            ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
                            j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
     if (j.has_plan()) {
-      Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
+      jobs_.Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
                                 j.plan().planner(), j.plan().workers(), j.plan().layout(),
                                 j.plan().predicted_step_time_s() * 1e3));
     }
@@ -84,7 +83,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (!written.ok() && writes_.Discard(id)) {
-      jobs_.erase(it);
+      jobs_.Remove(id);
       return absl::UnavailableError(absl::StrCat("the job was not accepted: ", written.message()));
     }
     it->second.durable = true;
@@ -156,12 +155,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
 
 v1::ListJobsResponse Coordinator::ListPage(int64_t after, int limit) {
   absl::MutexLock lock(&mu_);
-  std::vector<const JobEntry*> entries;
-  for (const auto& [id, e] : jobs_) {
-    if (e.order > after) entries.push_back(&e);
-  }
-  std::sort(entries.begin(), entries.end(),
-            [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
+  const std::vector<JobEntry*> entries =
+      jobs_.InOrder([after](const JobEntry& e) { return e.order > after; });
   v1::ListJobsResponse page;
   size_t bytes = 0;
   int64_t last_order = after;
@@ -256,9 +251,9 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
     if (request.command() == v1::STEP_COMMAND_STOP) {
       ApplyEvent(it->second, StopScheduled{*boundary});
     }
-    Event(request.job_id(), absl::StrCat(StepCommandName(request.command()),
+    jobs_.Event(request.job_id(), absl::StrCat(StepCommandName(request.command()),
                                          " scheduled before step ", *boundary));
-    Changed(it->second);
+    jobs_.Changed(it->second);
     return 0;
   });
   return response;
@@ -287,7 +282,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
                                                               int64_t after_seq) {
   {
     absl::MutexLock lock(&mu_);
-    if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+    if (!jobs_.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
   (void)FlushWrites();  // what was said so far
   auto stored = deps_.store->Events(id, after_seq, kEventsPerCall);
@@ -313,7 +308,7 @@ absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id
                                                            int64_t after_step) {
   {
     absl::MutexLock lock(&mu_);
-    if (!jobs_.count(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+    if (!jobs_.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
   (void)FlushWrites();  // what was committed so far
   return deps_.store->Steps(id, after_step, kStepsPerCall);
@@ -339,7 +334,7 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
     if (!scheduled.ok()) continue;
     wanted[id] = *scheduled;
     LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
+      jobs_.Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
                              *scheduled, "; the job resumes from it when the "
                              "coordinator starts again"));
       return 0;

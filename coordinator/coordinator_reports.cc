@@ -120,16 +120,16 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     for (int i = 0; i < r.passed_over_size() && i < 16; ++i) {
       const std::string why = r.passed_over(i).substr(0, kMaxErrorBytes);
       *e.job.add_checkpoints_passed_over() = why;
-      Event(e.job.id(), absl::StrCat("resuming: passed over ", why));
+      jobs_.Event(e.job.id(), absl::StrCat("resuming: passed over ", why));
     }
-    Event(e.job.id(), absl::StrCat("resumed from ", e.job.resumed_from(),
+    jobs_.Event(e.job.id(), absl::StrCat("resumed from ", e.job.resumed_from(),
                                    r.passed_over_size() > 0
                                        ? absl::StrCat(" (", r.passed_over_size(),
                                                       " newer checkpoint(s) passed over)")
                                        : std::string()));
   }
   if (!r.checkpoint_failed().empty()) {
-    Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
+    jobs_.Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
                                    RankName(e.job, r.rank()), ": ",
                                    r.checkpoint_failed().substr(0, kMaxErrorBytes),
                                    " (the job goes on; its restart point stays at step ",
@@ -137,14 +137,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   }
   if (r.skipped() && r.rank() == 0) {  // every rank skips it; rank 0 counts it
     e.job.set_skipped_steps(e.job.skipped_steps() + 1);
-    Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "
+    jobs_.Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "
                                    "not finite (weights and optimizer state unchanged)"));
   }
   if (r.commands_after_size() > 0 &&
       commands_.TookEffect(e.job.id(), r.step() + 1, e.job.stage_status_size())) {
     uint32_t bits = 0;
     for (int c : r.commands_after()) bits |= jobspec::StepCommandBit(static_cast<v1::StepCommand>(c));
-    Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
+    jobs_.Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
                                    r.step() + 1, " on all ", e.job.stage_status_size(),
                                    " ranks"));
   }
@@ -170,9 +170,9 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       // first): a restart finds every step before the checkpoint it resumes from.
       e.job.set_checkpoint_step(e.reported_checkpoint.first);
       e.job.set_checkpoint_path(e.reported_checkpoint.second);
-      Event(e.job.id(), absl::StrCat("checkpoint before step ", e.job.checkpoint_step(),
+      jobs_.Event(e.job.id(), absl::StrCat("checkpoint before step ", e.job.checkpoint_step(),
                                      " committed: ", e.job.checkpoint_path()));
-      Changed(e);
+      jobs_.Changed(e);
       if (e.drain_step > 0 && e.job.checkpoint_step() >= e.drain_step) {
         WorkerPool::Worker* w = pool_.Find(e.draining_worker);
         ApplyEvent(e, Fault{absl::StrCat(e.draining_worker, " (",
@@ -187,21 +187,21 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
         e.job.recoveries(e.job.recoveries_size() - 1).first_step_unix_ms() == 0) {
       v1::Recovery* rec = e.job.mutable_recoveries(e.job.recoveries_size() - 1);
       rec->set_first_step_unix_ms(NowMs());
-      Event(e.job.id(), absl::StrFormat(
+      jobs_.Event(e.job.id(), absl::StrFormat(
                             "generation %d: step %d done by every rank, %.2f s after the fault "
                             "(placed after %.2f s)",
                             e.job.generation(), done, (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
                             (rec->placed_unix_ms() - rec->detected_unix_ms()) / 1e3));
-      Changed(e);
+      jobs_.Changed(e);
     }
     const int64_t every = std::max(1, e.job.steps() / 10);
     if ((done + 1) % every == 0 || done + 1 == e.job.steps()) {
-      Event(e.job.id(), absl::StrFormat("step %d/%d loss %.4f %.0f %s/s", done + 1,
+      jobs_.Event(e.job.id(), absl::StrFormat("step %d/%d loss %.4f %.0f %s/s", done + 1,
                                         e.job.steps(), e.job.loss(), e.job.tokens_per_s(),
                                         e.job.data_unit()));
     }
   }
-  Changed(e, /*progress_only=*/true);
+  jobs_.Changed(e, /*progress_only=*/true);
   return response;
 }
 

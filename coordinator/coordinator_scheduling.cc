@@ -43,20 +43,16 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& ran
     placed.push_back(absl::StrCat(RankName(e.job, r), " on ", rank_workers[r]));
     AssignRank(e.job.id(), r);
   }
-  Event(e.job.id(), absl::StrCat(e.job.generation() > 1 ? absl::StrCat("generation ", e.job.generation(), " ")
+  jobs_.Event(e.job.id(), absl::StrCat(e.job.generation() > 1 ? absl::StrCat("generation ", e.job.generation(), " ")
                                                   : std::string(),
                                  "running: ", absl::StrJoin(placed, ", ")));
-  Changed(e);
+  jobs_.Changed(e);
 }
 
 bool Coordinator::PlaceRecovering() {
   bool waiting = false;
-  std::vector<JobEntry*> recovering;
-  for (auto& [id, e] : jobs_) {
-    if (e.run.phase == Phase::kRecovering) recovering.push_back(&e);
-  }
-  std::sort(recovering.begin(), recovering.end(),
-            [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
+  const std::vector<JobEntry*> recovering =
+      jobs_.InOrder([](const JobEntry& e) { return e.run.phase == Phase::kRecovering; });
   const absl::Time now = deps_.clock->Now();
   for (JobEntry* e : recovering) {
     const RecoveryPlan plan =
@@ -69,10 +65,10 @@ bool Coordinator::PlaceRecovering() {
       // Why it waits, in `status` (and, when it starts waiting, its events).
       if (e->job.message() != wait->why) {
         if (!absl::StrContains(e->job.message(), "; waits for workers to restart on: ")) {
-          Event(e->job.id(), wait->why);
+          jobs_.Event(e->job.id(), wait->why);
         }
         e->job.set_message(wait->why);
-        Changed(*e);
+        jobs_.Changed(*e);
       }
       if (wait->holds_idle_workers) waiting = true;
       continue;
@@ -85,7 +81,7 @@ bool Coordinator::PlaceRecovering() {
     rec->set_replicas(start.layout.replicas);
     rec->set_microbatches(start.layout.micro_batches);
     rec->set_placed_unix_ms(NowMs());
-    if (!start.announcement.empty()) Event(e->job.id(), start.announcement);
+    if (!start.announcement.empty()) jobs_.Event(e->job.id(), start.announcement);
     RunGeneration(*e, start.rank_workers, start.run_spec, start.start_step);
   }
   return waiting;
@@ -95,12 +91,8 @@ void Coordinator::Schedule() {
   // A job recovering from a fault has the idle workers first; queued jobs wait while it is
   // about to take them (PlaceRecovering).
   if (PlaceRecovering()) return;
-  std::vector<JobEntry*> queued;
-  for (auto& [id, e] : jobs_) {
-    if (e.job.state() == v1::JOB_STATE_QUEUED && e.durable) queued.push_back(&e);
-  }
-  std::sort(queued.begin(), queued.end(),
-            [](const JobEntry* a, const JobEntry* b) { return a->order < b->order; });
+  const std::vector<JobEntry*> queued = jobs_.InOrder(
+      [](const JobEntry& e) { return e.job.state() == v1::JOB_STATE_QUEUED && e.durable; });
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
     wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas(),
@@ -115,8 +107,8 @@ void Coordinator::Schedule() {
     if (e.job.message() == reason) continue;
     // Why it waits, in `status` and (when it changes) in its events.
     e.job.set_message(reason);
-    Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
-    Changed(e);
+    jobs_.Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
+    jobs_.Changed(e);
   }
   for (const Placement& p : plan.started) {
     JobEntry& e = jobs_.at(p.job_id);
@@ -173,8 +165,8 @@ void Coordinator::AssignmentFailed(const std::string& job_id, int rank,
     pool_.Assign(*pool_.Find(retry->worker_id), job_id, rank, e.job.generation());
     e.rank_worker[rank] = retry->worker_id;
     e.job.mutable_stage_status(rank)->set_worker_id(retry->worker_id);
-    Event(job_id, absl::StrCat(failed, "; assigned to ", retry->worker_id, " instead"));
-    Changed(e);
+    jobs_.Event(job_id, absl::StrCat(failed, "; assigned to ", retry->worker_id, " instead"));
+    jobs_.Changed(e);
     AssignRank(job_id, rank);
     return;
   }

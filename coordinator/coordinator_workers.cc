@@ -233,10 +233,10 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     e.draining_worker = worker_id;
     e.drain_step = *scheduled;
     response.set_checkpoint_step(*scheduled);
-    Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
+    jobs_.Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
                                    "step ", *scheduled, "; the job restarts from it "
                                    "without this worker"));
-    Changed(e);
+    jobs_.Changed(e);
     return response;
   });
 }
