@@ -70,6 +70,11 @@ struct Recovering {
     config = *jobspec::JobConfigFromSpec(job.spec());
     return {&job, &config, kT0};
   }
+  // What one rank of its own layout holds for its parameters (the scheduler's memory model).
+  int64_t RankBytes() {
+    View();
+    return *RankParameterStateBytes(config, job::PipelineLayoutOf(config));
+  }
   v1::Job job;
   job::JobConfig config;
 };
@@ -149,12 +154,8 @@ TEST(SchedulerRecovery, FewerWorkersWaitForTheGraceThenASmallerLayoutWithTheSame
 
 TEST(SchedulerRecovery, WorkersTooSmallForARanksWeightsAreNotUsed) {
   Recovering r;
-  model::PipelineLayout own;
-  own.stages = 2;
-  own.replicas = 2;
-  own.micro_batches = 4;
-  const int64_t need = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
-  // Three workers hold a rank, two do not: after the grace, the 2 x 1 layout on those three.
+  const int64_t need = r.RankBytes();
+  // Three workers hold a rank, two do not: after the grace, the 2 x 1 layout on two of them.
   std::vector<v1::WorkerInfo> workers = Idle(5, need);
   workers[0].set_memory_bytes(need - 1);
   workers[2].set_memory_bytes(need - 1);
@@ -176,19 +177,15 @@ TEST(SchedulerRecovery, ARankHoldsItsWeightVersionsOptimizerStateAndGradient) {
   // AdamW (two moments) and one weight version (1F1B): 1 + 2 + 1 copies of the largest
   // stage's parameters; 2BW keeps a second version: 2 + 2 + 1.
   Recovering r;
-  model::PipelineLayout own;
-  own.stages = 2;
-  own.replicas = 2;
-  own.micro_batches = 4;
-  const int64_t one_f_one_b = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
+  const int64_t one_f_one_b = r.RankBytes();
   r.job.mutable_spec()->set_schedule("2bw");
-  const int64_t two_bw = *RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own);
+  const int64_t two_bw = r.RankBytes();
   ASSERT_GT(one_f_one_b, 0);
   EXPECT_EQ(one_f_one_b % 16, 0);  // 4 copies of float32 parameters
   EXPECT_EQ(two_bw * 4, one_f_one_b * 5);
   // Float64 doubles it.
   r.job.mutable_spec()->set_dtype("float64");
-  EXPECT_EQ(*RankParameterStateBytes(*jobspec::JobConfigFromSpec(r.job.spec()), own), 2 * two_bw);
+  EXPECT_EQ(r.RankBytes(), 2 * two_bw);
 }
 
 TEST(SchedulerRecovery, WorkersOfAnotherDeviceKindDoNotCount) {

@@ -200,29 +200,33 @@ v1::StageAssignment OneStageJob(int steps) {
   return a;
 }
 
-grpc::Status Assign(const std::string& address, const std::string& key,
-                    const v1::StageAssignment& assignment) {
+// Calls the worker at `address` as the coordinator does: with its command key, 20 s at most.
+template <typename Call>
+grpc::Status AsCoordinator(const std::string& address, const std::string& key, Call call) {
   auto stub = v1::WorkerService::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   rpc::AddCommandKey(ctx, key);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::AssignResponse response;
-  return stub->AssignStage(&ctx, assignment, &response);
+  return call(*stub, &ctx, &response);
+}
+
+grpc::Status Assign(const std::string& address, const std::string& key,
+                    const v1::StageAssignment& assignment) {
+  return AsCoordinator(address, key, [&](auto& stub, auto* ctx, auto* response) {
+    return stub.AssignStage(ctx, assignment, response);
+  });
 }
 
 grpc::Status StopStage(const std::string& address, const std::string& key,
                        const std::string& job_id, const std::string& reason) {
-  auto stub = v1::WorkerService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  rpc::AddCommandKey(ctx, key);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::StopStageRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
-  v1::AssignResponse response;
-  return stub->StopStage(&ctx, request, &response);
+  return AsCoordinator(address, key, [&](auto& stub, auto* ctx, auto* response) {
+    return stub.StopStage(ctx, request, response);
+  });
 }
 
 TEST(WorkerCore, RegistrationIsRetriedUntilAnsweredAndARefusedTokenIsNot) {
