@@ -72,6 +72,14 @@ TEST(Placement, JobsRunOnlyOnWorkersOfTheirDevice) {
 }
 
 TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
+  // stages x replicas x micro-batches, micro-batch size 1, layers balanced.
+  auto layout = [](int stages, int replicas, int micro_batches) {
+    model::PipelineLayout l;
+    l.stages = stages;
+    l.replicas = replicas;
+    l.micro_batches = micro_batches;
+    return l;
+  };
   auto text = [](const std::vector<model::PipelineLayout>& layouts) {
     std::string out;
     for (const model::PipelineLayout& l : layouts) {
@@ -80,12 +88,12 @@ TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
     }
     return out;
   };
-  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 4, false)), "2x2x4 2x1x8 1x2x4 1x1x8 ");
-  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 3, false)), "2x1x8 1x2x4 1x1x8 ");
-  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, false)), "3x1x8 2x1x8 1x1x8 ");
-  EXPECT_EQ(text(RecoveryLayouts({4, 1, 8}, 3, true)), "");  // explicit ranges: 4 stages
-  EXPECT_EQ(text(RecoveryLayouts({2, 3, 1}, 5, false)), "1x3x1 2x1x3 1x1x3 ");  // w | w*m
-  EXPECT_EQ(text(RecoveryLayouts({2, 2, 4}, 0, false)), "");
+  EXPECT_EQ(text(RecoveryLayouts(layout(2, 2, 4), 4, false)), "2x2x4 2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts(layout(2, 2, 4), 3, false)), "2x1x8 1x2x4 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts(layout(4, 1, 8), 3, false)), "3x1x8 2x1x8 1x1x8 ");
+  EXPECT_EQ(text(RecoveryLayouts(layout(4, 1, 8), 3, true)), "");  // explicit ranges: 4 stages
+  EXPECT_EQ(text(RecoveryLayouts(layout(2, 3, 1), 5, false)), "1x3x1 2x1x3 1x1x3 ");  // w | w*m
+  EXPECT_EQ(text(RecoveryLayouts(layout(2, 2, 4), 0, false)), "");
   // The rows per micro-batch stay; fixed layers stay with the stage count they were for.
   const model::PipelineLayout fixed{2, 2, 4, 8, {{0, 3}, {3, 7}}};
   const std::vector<model::PipelineLayout> layouts = RecoveryLayouts(fixed, 3, false);
