@@ -187,7 +187,12 @@ class Coordinator {
   // to it is PermissionDenied, and nothing is changed.
   // A worker registering from the address of one already known replaces it (a worker that
   // restarted on a fixed port): the old entry's rank, if any, is lost.
-  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+  // `peer`: where the call came from, as gRPC names it ("ipv4:10.0.0.2:5555"; "" unknown).
+  // An address that cannot be reached is refused: a wildcard (InvalidArgument), or a
+  // loopback address registered from another host (FailedPrecondition); both name the
+  // worker's flags that fix it.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request,
+                                                      const std::string& peer = "");
   // A worker stopping on purpose leaves the pool (a rank it still ran is lost).
   absl::Status Deregister(const std::string& session, const v1::DeregisterWorkerRequest& request);
   absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request);

@@ -5,6 +5,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -45,10 +46,30 @@ bool IsServiceAddress(const std::string& address) {
   });
 }
 
+// The host of "host:port" or "[v6]:port", without brackets.
+std::string HostOfAddress(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+// The host a call came from, as gRPC names its peer ("ipv4:10.0.0.2:5555",
+// "ipv6:[fd00::2]:5555"); "" for a local socket or an unknown peer.
+std::string PeerHost(const std::string& peer) {
+  for (const char* scheme : {"ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(peer, scheme)) return HostOfAddress(peer.substr(std::strlen(scheme)));
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
-    const v1::RegisterWorkerRequest& request) {
+    const v1::RegisterWorkerRequest& request, const std::string& peer) {
   if (request.address().empty()) {
     return absl::InvalidArgumentError("address: the worker's service address is required");
   }
@@ -63,6 +84,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     return absl::InvalidArgumentError(
         "address: expected the worker's service as host:port (a name, an IPv4 address or "
         "[IPv6]) with a port in 1..65535");
+  }
+  // An address nobody else can reach is refused, naming the flag that fixes it.
+  const std::string host = HostOfAddress(request.address());
+  if (host == "0.0.0.0" || host == "::") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address ", request.address(), " is a wildcard, not an address the coordinator or "
+        "the worker's peers can reach: start the worker with --advertise-address ADDR or "
+        "--iface NAME"));
+  }
+  if (const std::string from = PeerHost(peer);
+      IsLoopbackHost(host) && !from.empty() && !IsLoopbackHost(from)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "address ", request.address(), " is a loopback address, but the worker registered "
+        "from ", from, ": the coordinator and workers on other hosts cannot reach it there; "
+        "start the worker with --advertise-address ADDR or --iface NAME"));
   }
   if (request.command_key().size() != 32 ||
       request.command_key().find_first_not_of("0123456789abcdef") != std::string::npos) {

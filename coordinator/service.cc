@@ -148,9 +148,9 @@ class JobServiceImpl final : public v1::JobService::Service {
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
   explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
-    return Reply(c_->Register(*request), response);
+    return Reply(c_->Register(*request, ctx->peer()), response);
   }
   grpc::Status DeregisterWorker(grpc::ServerContext* ctx,
                                 const v1::DeregisterWorkerRequest* request,

@@ -2,7 +2,7 @@
 // pipeline stages it is assigned.
 //
 //   pipetrain-worker [--coordinator 127.0.0.1:7070] [--listen 127.0.0.1:0] [--device cpu]
-//                    [--metrics-listen 127.0.0.1:0]
+//                    [--advertise-address ADDR | --iface NAME] [--metrics-listen 127.0.0.1:0]
 //                    [--token-file PATH] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
 //
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
@@ -53,9 +53,16 @@ int main(int argc, char** argv) {
                  "the device it runs stages on: cpu, cuda (GPU 0) or cuda:N; it takes only jobs "
                  "of that device")
       ->capture_default_str();
-  app.add_option("--data-host", options.data_host,
-                 "address its stages listen on for their peers")
-      ->capture_default_str();
+  app.add_option("--advertise-address,--data-host", options.advertise_address,
+                 "the address the coordinator and its peers reach this worker at, without a "
+                 "port: its WorkerService is registered there (on the port --listen bound) and "
+                 "its stages listen there for their peers (default: the host of --listen, or "
+                 "the address of --iface; required when --listen is a wildcard such as "
+                 "0.0.0.0; --data-host is its former name)");
+  app.add_option("--iface", options.iface,
+                 "the network interface its peers reach it on: its IPv4 address is advertised "
+                 "when --advertise-address is not given, and NCCL uses it (NCCL_SOCKET_IFNAME, "
+                 "unless set)");
   app.add_option("--data-root", options.data_roots,
                  "a directory jobs may read their files from (data.path, model.path) and write "
                  "to or resume from (checkpoint.dir, weights_dir, resume_from; also this "

@@ -26,6 +26,7 @@
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
+#include "worker/advertised_address.h"
 #include "worker/data_roots.h"
 #include "worker/step_reporter.h"
 #include "worker/stage_metrics.h"
@@ -46,8 +47,15 @@ Worker::Worker(WorkerOptions options, std::shared_ptr<const Clock> clock)
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options, absl::Duration register_timeout,
     std::shared_ptr<CoordinatorClient> coordinator, std::shared_ptr<const Clock> clock) {
+  absl::StatusOr<AdvertisedAddress> advertised =
+      ChooseAdvertisedAddress(options.listen, options.advertise_address, options.iface);
+  if (!advertised.ok()) return advertised.status();
   std::unique_ptr<Worker> w(
       new Worker(options, clock != nullptr ? std::move(clock) : std::make_shared<RealClock>()));
+  // NCCL's bootstrap and sockets on the interface its peers reach (unless told otherwise).
+  if (!advertised->iface.empty() && job::TensorDeviceOf(options.device).is_cuda()) {
+    setenv("NCCL_SOCKET_IFNAME", advertised->iface.c_str(), /*overwrite=*/0);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto credentials = rpc::MakeServerCredentials(options.security);
@@ -65,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
-  w->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  w->address_ = JoinHostPort(advertised->host, port);
   if (!options.metrics_listen.empty()) {
     auto endpoint = metrics::MetricsEndpoint::Start(options.metrics_listen, &w->metrics_);
     if (!endpoint.ok()) return endpoint.status();
@@ -97,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
                         ? std::move(coordinator)
                         : MakeGrpcCoordinatorClient(v1::CoordinatorService::NewStub(*channel));
   w->host_ = std::make_unique<StageHost>(
-      StageHostOptions{options.device, options.data_host, options.data_roots}, w->coordinator_,
+      StageHostOptions{options.device, advertised->host, options.data_roots}, w->coordinator_,
       &w->metrics_, &w->slot_);
   if (absl::Status s = w->Register(w->clock_->Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });

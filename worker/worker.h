@@ -71,7 +71,14 @@ struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";  // its WorkerService; port 0 picks a free one
   std::string device = "cpu";  // cpu, cuda (GPU 0) or cuda:N
-  std::string data_host = "127.0.0.1";  // address its stage listens on for peers
+  // The address it is reached at, by the coordinator (its WorkerService, on the port
+  // --listen bound) and by its peers (its data plane binds there): "" for the host of
+  // `listen`, or of `iface` when given (advertised_address.h).
+  std::string advertise_address;
+  // The interface peers reach it on: its address is advertised when advertise_address is
+  // empty, and NCCL (NCCL_SOCKET_IFNAME, unless set) uses it. "": the one holding the
+  // advertised address.
+  std::string iface;
   rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
   // The only directories a job's files (data.path, model.path) may be read from, resolved
   // through symlinks; regular files only. None: a job may name no file at all. With roots, a

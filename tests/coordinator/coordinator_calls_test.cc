@@ -226,6 +226,35 @@ TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
   EXPECT_TRUE((*c)->StateLoopLive());
 }
 
+// A registration whose address nobody else can reach is refused, naming the worker's flags:
+// a wildcard from anywhere, a loopback address from another host. A loopback address from
+// this host, or a host's own address, is taken.
+TEST_F(CoordinatorCoreTest, AnAddressNobodyElseCanReachIsRefused) {
+  auto request = [](const std::string& address) {
+    v1::RegisterWorkerRequest r;
+    r.set_address(address);
+    r.set_command_key(rpc::RandomKey());
+    return r;
+  };
+  for (const char* wildcard : {"0.0.0.0:7000", "[::]:7000"}) {
+    absl::StatusOr<v1::RegisterWorkerResponse> refused =
+        coordinator_->Register(request(wildcard), "ipv4:10.0.0.2:5555");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << wildcard;
+    EXPECT_THAT(refused.status().message(), HasSubstr("--advertise-address ADDR or --iface"));
+  }
+  absl::StatusOr<v1::RegisterWorkerResponse> remote =
+      coordinator_->Register(request("127.0.0.1:7000"), "ipv4:10.0.0.2:5555");
+  EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(remote.status().message(),
+              HasSubstr("is a loopback address, but the worker registered from 10.0.0.2"));
+  EXPECT_EQ(coordinator_->Register(request("[::1]:7000"), "ipv6:[fd00::2]:5555").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
+  EXPECT_TRUE(coordinator_->Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
+  EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
+  EXPECT_EQ(coordinator_->Workers().size(), 3u);
+}
+
 // A state a caller is shown is in the store before the answer leaves: while the write of a
 // cancel hangs, Get waits for it rather than show CANCELLED (a coordinator killed then would
 // come back with the job running); once the write is done, Get shows the stored state.

@@ -166,7 +166,7 @@ TEST_F(KubernetesTest, ProbeScrapeAndPeerPortsAreThoseTheDaemonsOpen) {
           EXPECT_EQ(Flag(c, "--coordinator"),
                     "pipetrain-coordinator:" + std::to_string(coordinator_grpc));
           EXPECT_THAT(Flag(c, "--listen"), HasSubstr("$(POD_IP):"));
-          EXPECT_EQ(Flag(c, "--data-host"), "$(POD_IP)");
+          EXPECT_EQ(Flag(c, "--advertise-address"), "$(POD_IP)");
           bool pod_ip = false;
           for (const YAML::Node& e : c["env"]) {
             pod_ip |= e["name"].as<std::string>() == "POD_IP" &&

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -17,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
 #include "runtime/transport/wire_header.h"
@@ -420,6 +422,28 @@ class GlooTransport : public Transport {
   std::thread reaper_;  // ReapSends(); last, so that it starts after everything it uses
 };
 
+// What a failure to connect says of the peers: the rank whose address the error names ("; it
+// could not reach rank 2 (stage 0, replica 1) at 10.0.0.9"), else every rank's address. Their
+// addresses were published before the rendezvous, so reading them does not wait.
+std::string PeersNamed(rendezvous::KeyValueStore& store, const std::string& error, int world,
+                       const std::function<std::string(int)>& describe) {
+  std::vector<std::string> all;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<std::string> address =
+        store.Get(absl::StrCat("gloo/address/", r), absl::Milliseconds(100));
+    if (!address.ok()) continue;
+    if (error.find(absl::StrCat("[", *address, "]")) != std::string::npos ||
+        error.find(absl::StrCat(*address, ":")) != std::string::npos) {
+      return absl::StrCat("; it could not reach ", describe(r), " at ", *address,
+                          " (is that the address its peers reach it at? the worker's "
+                          "--advertise-address or --iface)");
+    }
+    all.push_back(absl::StrCat(describe(r), " at ", *address));
+  }
+  if (all.empty()) return "";
+  return absl::StrCat("; the ranks listen at: ", absl::StrJoin(all, ", "));
+}
+
 }  // namespace
 
 int64_t GlooPostedReceiveBytes() { return kPostedAhead * (kHeaderBytes + kInlinePayloadBytes); }
@@ -431,11 +455,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
       rendezvous::AsC10dStore(store, options.connect_timeout);
   const int world = options.stages * options.replicas;
   const int rank = options.replica * options.stages + options.stage;
-  absl::Status arrived = rendezvous::Rendezvous(
-      *store, "gloo", rank, world, options.connect_timeout, [&options](int r) {
-        return absl::StrCat("rank ", r, " (stage ", r % options.stages, ", replica ",
-                            r / options.stages, ")");
-      });
+  auto describe = [&options](int r) {
+    return absl::StrCat("rank ", r, " (stage ", r % options.stages, ", replica ",
+                        r / options.stages, ")");
+  };
+  // Where each rank listens, so that a failure to connect can name the peer and its address.
+  if (absl::Status s = store->Set(absl::StrCat("gloo/address/", rank), options.host); !s.ok()) {
+    return s;
+  }
+  absl::Status arrived =
+      rendezvous::Rendezvous(*store, "gloo", rank, world, options.connect_timeout, describe);
   if (!arrived.ok()) return arrived;
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create();
@@ -454,8 +483,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     return std::unique_ptr<Transport>(
         new GlooTransport(std::move(store), group, replica_group, options));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", rank, ": connecting the Gloo data plane: ", FirstLine(e)));
+    return absl::UnavailableError(absl::StrCat(
+        describe(rank), " at ", options.host, ": connecting the Gloo data plane within ",
+        absl::FormatDuration(options.connect_timeout), " failed: ", FirstLine(e),
+        PeersNamed(*store, FirstLine(e), world, describe)));
   }
 }
 

@@ -1,0 +1,52 @@
+// The address a worker advertises: the host of --listen, --advertise-address, or --iface's
+// address; a wildcard with nothing else is refused naming the flags; an unknown interface
+// too. On this host's own interfaces (loopback is always there).
+#include "worker/advertised_address.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace pipetrain::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(AdvertisedAddress, ListenHostElseAdvertiseAddressElseTheInterfacesAddress) {
+  absl::StatusOr<AdvertisedAddress> a = ChooseAdvertisedAddress("127.0.0.1:0", "", "");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->iface, "lo");  // the interface that holds it
+
+  a = ChooseAdvertisedAddress("0.0.0.0:7071", "10.9.8.7", "");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->host, "10.9.8.7");
+  EXPECT_EQ(a->iface, "");  // not an address of this host
+
+  a = ChooseAdvertisedAddress("0.0.0.0:7071", "", "lo");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->iface, "lo");
+
+  a = ChooseAdvertisedAddress("[::]:7071", "[fd00::2]", "");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->host, "fd00::2");
+  EXPECT_EQ(JoinHostPort(a->host, 7071), "[fd00::2]:7071");
+  EXPECT_EQ(JoinHostPort("10.0.0.2", 7071), "10.0.0.2:7071");
+}
+
+TEST(AdvertisedAddress, AWildcardOrAnUnknownInterfaceIsRefusedNamingTheFlags) {
+  for (const char* listen : {"0.0.0.0:7071", "[::]:0"}) {
+    absl::StatusOr<AdvertisedAddress> a = ChooseAdvertisedAddress(listen, "", "");
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << listen;
+    EXPECT_THAT(a.status().message(), HasSubstr("--advertise-address ADDR or --iface NAME"));
+  }
+  EXPECT_THAT(ChooseAdvertisedAddress("127.0.0.1:0", "0.0.0.0", "").status().message(),
+              HasSubstr("is a wildcard"));
+  EXPECT_THAT(ChooseAdvertisedAddress("0.0.0.0:0", "", "nosuch0").status().message(),
+              HasSubstr("--iface: this host has no interface nosuch0"));
+  EXPECT_TRUE(IsWildcardHost("0.0.0.0"));
+  EXPECT_FALSE(IsWildcardHost("10.0.0.1"));
+}
+
+}  // namespace
+}  // namespace pipetrain::worker
