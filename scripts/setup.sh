@@ -25,6 +25,8 @@ packages=(
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
   # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
   prometheus
+  # iproute2: hosts as network namespaces, veth links and bridges (tests/multihost)
+  iproute2
   # Python's torch.load reads a checkpoint (examples/checkpoint_to_state_dict.py)
   python3-torch
 )

@@ -8,7 +8,8 @@
 // SIGTERM or SIGINT: stops a running stage (reported to the coordinator) and exits 0.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is sent to the coordinator and asked of
 // its calls; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 drained, 2 bad
-// usage (an unreadable token or TLS file), 4 the coordinator refused its token, 5 cannot
+// usage (an unreadable token or TLS file, a wildcard --listen with no address to advertise,
+// or an address the coordinator refuses), 4 the coordinator refused its token, 5 cannot
 // serve or register.
 #include <csignal>
 #include <cstdio>

@@ -155,6 +155,13 @@ absl::Status Worker::Register(absl::Time deadline) {
                                        refused.message(),
                                        "); give its token with --token-file or PIPETRAIN_TOKEN"));
     }
+    if (absl::IsInvalidArgument(last) || absl::IsFailedPrecondition(last)) {
+      // Retrying cannot help either: the coordinator refuses what this worker says of itself
+      // (an address nobody else can reach, say).
+      return absl::Status(last.code(),
+                          absl::StrCat("the coordinator at ", options_.coordinator,
+                                       " refused to register this worker: ", last.message()));
+    }
     if (clock_->Now() + absl::Milliseconds(200) >= deadline) break;
     {
       std::unique_lock<std::mutex> lock(mu_);

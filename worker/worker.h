@@ -92,7 +92,9 @@ struct WorkerOptions {
 
 class Worker {
  public:
-  // Serves, then registers (retrying for up to `register_timeout`). Calls the coordinator
+  // Serves, then registers (retrying for up to `register_timeout`; not when the coordinator
+  // refuses the token, Unauthenticated, or what the worker says of itself, such as an
+  // address nobody else can reach: InvalidArgument or FailedPrecondition). Calls the coordinator
   // through `coordinator` if given (tests: a fake), else over gRPC to options.coordinator;
   // reads time from `clock` if given, else the wall clock.
   static absl::StatusOr<std::unique_ptr<Worker>> Start(

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -422,26 +423,34 @@ class GlooTransport : public Transport {
   std::thread reaper_;  // ReapSends(); last, so that it starts after everything it uses
 };
 
-// What a failure to connect says of the peers: the rank whose address the error names ("; it
-// could not reach rank 2 (stage 0, replica 1) at 10.0.0.9"), else every rank's address. Their
-// addresses were published before the rendezvous, so reading them does not wait.
-std::string PeersNamed(rendezvous::KeyValueStore& store, const std::string& error, int world,
-                       const std::function<std::string(int)>& describe) {
-  std::vector<std::string> all;
+// What a failure of rank `rank` to connect says of its peers: the one it could not reach, at
+// its address, when the error names that address or there is only one peer; else every
+// peer's address. They were published before the rendezvous, so reading them does not wait.
+std::string PeersNamed(rendezvous::KeyValueStore& store, const std::string& error, int rank,
+                       int world, const std::function<std::string(int)>& describe) {
+  std::vector<std::pair<int, std::string>> peers;
   for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
     absl::StatusOr<std::string> address =
         store.Get(absl::StrCat("gloo/address/", r), absl::Milliseconds(100));
-    if (!address.ok()) continue;
-    if (error.find(absl::StrCat("[", *address, "]")) != std::string::npos ||
-        error.find(absl::StrCat(*address, ":")) != std::string::npos) {
-      return absl::StrCat("; it could not reach ", describe(r), " at ", *address,
-                          " (is that the address its peers reach it at? the worker's "
-                          "--advertise-address or --iface)");
-    }
-    all.push_back(absl::StrCat(describe(r), " at ", *address));
+    if (address.ok()) peers.push_back({r, *address});
   }
+  auto unreached = [&](int r, const std::string& address) {
+    return absl::StrCat("; it could not reach ", describe(r), " at ", address,
+                        " (the address that rank's worker advertises: --advertise-address or "
+                        "--iface; is it one this host reaches?)");
+  };
+  for (const auto& [r, address] : peers) {
+    if (error.find(absl::StrCat("[", address, "]")) != std::string::npos ||
+        error.find(absl::StrCat(address, ":")) != std::string::npos) {
+      return unreached(r, address);
+    }
+  }
+  if (peers.size() == 1 && world == 2) return unreached(peers[0].first, peers[0].second);
+  std::vector<std::string> all;
+  for (const auto& [r, address] : peers) all.push_back(absl::StrCat(describe(r), " at ", address));
   if (all.empty()) return "";
-  return absl::StrCat("; the ranks listen at: ", absl::StrJoin(all, ", "));
+  return absl::StrCat("; its peers listen at: ", absl::StrJoin(all, ", "));
 }
 
 }  // namespace
@@ -486,7 +495,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     return absl::UnavailableError(absl::StrCat(
         describe(rank), " at ", options.host, ": connecting the Gloo data plane within ",
         absl::FormatDuration(options.connect_timeout), " failed: ", FirstLine(e),
-        PeersNamed(*store, FirstLine(e), world, describe)));
+        PeersNamed(*store, FirstLine(e), rank, world, describe)));
   }
 }
 
