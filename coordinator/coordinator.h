@@ -217,13 +217,17 @@ class Coordinator {
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const std::string& session,
                                                     const v1::StageEnd& end);
   // The key-value store the ranks of running job `job_id` meet in (the KV RPCs): only for a
-  // worker that runs one of its ranks. Bounded as rendezvous_stores.h says.
+  // worker that runs one of its ranks, of the job's current `generation` (a rank of an ended
+  // one is refused: FailedPrecondition). Bounded as rendezvous_stores.h says.
   absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(
-      const std::string& session, const std::string& job_id);
+      const std::string& session, const std::string& job_id, int generation);
   static constexpr size_t kKvValueBytes = RendezvousStores::kValueBytes;
   static constexpr size_t kKvKeyBytes = RendezvousStores::kKeyBytes;
   static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
   static constexpr int kMaxWorkerCores = 65536;
+  // A worker's lease, in heartbeat intervals: one that has had no heartbeat answered for this
+  // long stops its stage (it was taken for lost after two intervals without a heartbeat).
+  static constexpr int kLeaseIntervals = 3;
 
   // What the coordinator's /metrics shows (coordinator_metrics.h), read in one pass under
   // its lock.

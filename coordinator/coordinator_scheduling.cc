@@ -56,7 +56,8 @@ bool Coordinator::PlaceRecovering() {
   const absl::Time now = deps_.clock->Now();
   for (JobEntry* e : recovering) {
     const RecoveryPlan plan =
-        scheduler_.PlanRecovery({&e->job, &e->config, e->recovering_since}, pool_.Infos(), now);
+        scheduler_.PlanRecovery({&e->job, &e->config, e->recovering_since, e->lost_ranks_stop_by},
+                                pool_.Infos(), now);
     if (const auto* give_up = std::get_if<GiveUp>(&plan)) {
       ApplyEvent(*e, RecoveryTimedOut{give_up->message});
       continue;

@@ -163,6 +163,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     response.set_worker_id(info.id());
     response.set_session(session);
     response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    response.set_lease_ms(absl::ToInt64Milliseconds(kLeaseIntervals * options_.heartbeat_interval));
     std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
                  request.address().c_str(), info.device().c_str(),
                  request.name().empty() ? "" : ", ", request.name().c_str());
@@ -293,7 +294,7 @@ absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string&
 }
 
 absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
-    const std::string& session, const std::string& job_id) {
+    const std::string& session, const std::string& job_id, int generation) {
   absl::MutexLock lock(&mu_);
   PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, ""));
   if (caller->info.job_id() != job_id) {
@@ -305,6 +306,11 @@ absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvo
   if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !store) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
   }
+  if (generation != it->second.job.generation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("generation ", generation, " of job ", job_id, " has ended (it runs ",
+                     it->second.job.generation(), "): its ranks meet no more"));
+  }
   return store;
 }
 
@@ -314,6 +320,13 @@ void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {
   auto j = jobs_.find(lost.job_id);
   if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
   JobEntry& e = j->second;
+  if (lost.generation == 0 || lost.generation == e.job.generation()) {
+    // Silent, it may still run its rank until its lease ends (then it stops it itself).
+    const absl::Duration lease = kLeaseIntervals * options_.heartbeat_interval;
+    e.lost_ranks_stop_by =
+        std::max(e.lost_ranks_stop_by, deps_.clock->Now() - lost.silent + lease +
+                                           options_.heartbeat_interval);
+  }
   // A worker of an earlier generation, still ending its stage: nothing more to fail (the
   // recovering job no longer waits for it).
   if (e.run.phase == Phase::kRecovering ||

@@ -45,6 +45,10 @@ struct JobEntry {
   // Generations (coordinator.h, Recovery; job.generation() is the one its ranks run now).
   v1::JobSpec run_spec;         // what they run: the spec with the layout and resume point
   absl::Time recovering_since;  // when its last generation ended (phase kRecovering)
+  // Until when a rank of this generation on a worker taken for lost (silent, maybe only cut
+  // off) may still run: its lease from its last heartbeat, and an interval to stop. The next
+  // generation is not placed before (no two generations' ranks at once).
+  absl::Time lost_ranks_stop_by = absl::InfinitePast();
   // Steps committed since its record was last queued for the store: written with it (at
   // most a second apart while it runs, at once on every state change).
   std::vector<StoredStep> unwritten_steps;

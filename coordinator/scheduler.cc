@@ -85,6 +85,12 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       ending = true;
     }
   }
+  // A rank on a worker taken for lost may still run (cut off from here, not from its peers)
+  // until its lease ends: it stops then by itself.
+  const bool lease_left = now < r.lost_ranks_stop_by;
+  // (Said without a countdown: the job's message changes only when the situation does.)
+  const std::string lease_note =
+      lease_left ? ", a lost worker's lease first (it may still run its rank until then)" : "";
   const int min_cores = c.threads_per_stage;
   std::vector<const v1::WorkerInfo*> idle;
   for (const v1::WorkerInfo& w : workers) {
@@ -99,7 +105,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
   const bool grace_over = now - r.recovering_since >=
                           SchedulerPolicy::kRecoveryGraceIntervals * policy_.heartbeat_interval;
   std::string too_small;  // why layouts were passed over, for the job's message
-  if (!ending && (full || grace_over)) {
+  if (!ending && !lease_left && (full || grace_over)) {
     for (const model::PipelineLayout& l : RecoveryLayouts(
              original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
       // Only workers whose memory holds a rank's parameter state (when both are known).
@@ -144,19 +150,19 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
     return GiveUp{absl::StrCat("no workers to restart on within timeout_s (",
                                absl::FormatDuration(limit), "): ", idle.size(), " idle",
                                ending ? ", ranks of the last generation still ending" : "",
-                               too_small, "; it ran ", job.step() + 1, " of ", job.steps(),
+                               lease_note, too_small, "; it ran ", job.step() + 1, " of ", job.steps(),
                                " steps; the last fault: ", LastCause(job))};
   }
   WaitForWorkers wait;
   wait.why = absl::StrCat(
       "recovering (restart ", job.restarts(), " of ", c.max_restarts, "): ", LastCause(job),
       "; waits for workers to restart on: ", idle.size(), " idle",
-      ending ? ", ranks of the last generation still ending" : "",
-      !grace_over && !ending ? ", the same layout for 3 heartbeats" : "", too_small,
+      ending ? ", ranks of the last generation still ending" : "", lease_note,
+      !grace_over && !ending && !lease_left ? ", the same layout for 3 heartbeats" : "", too_small,
       "; up to timeout_s (", absl::FormatDuration(limit), ") in all");
   // The idle workers are kept for it only while it is about to take them (its old ranks
   // ending, or the grace for its own layout); after that it holds none it cannot use.
-  wait.holds_idle_workers = ending || !grace_over;
+  wait.holds_idle_workers = ending || lease_left || !grace_over;
   return wait;
 }
 

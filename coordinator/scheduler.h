@@ -2,7 +2,8 @@
 //
 //   PlanQueue      which queued jobs start now, on which idle workers (FIFO with backfill,
 //                  placement.h), from the registry's view of the workers;
-//   PlanRecovery   what a recovering job does now: start its next generation (the same
+//   PlanRecovery   what a recovering job does now: start its next generation (once its last
+//                  one's ranks have ended, those on lost workers by their lease; the same
 //                  layout once enough workers are idle, else after a grace of three heartbeat
 //                  intervals the best smaller one whose ranks fit the workers' memory, as the
 //                  planner's memory model counts a stage's weights), wait for workers (and
@@ -46,6 +47,9 @@ struct RecoveringJob {
   const v1::Job* job = nullptr;              // its record (spec, checkpoint, restarts, ...)
   const job::JobConfig* config = nullptr;    // its spec, resolved
   absl::Time recovering_since;               // when its last generation ended
+  // Until when a rank of it on a worker taken for lost may still run (that worker's lease):
+  // the next generation waits for it.
+  absl::Time lost_ranks_stop_by = absl::InfinitePast();
 };
 
 // ---- PlanRecovery's answers
@@ -97,7 +101,8 @@ class Scheduler {
                           const std::vector<v1::WorkerInfo>& workers) const;
 
   // `workers`: the registry's view; a worker still busy (or draining) with the job's id runs a
-  // rank of its last generation, which must end before the next is placed.
+  // rank of its last generation, which must end before the next is placed, and so must the
+  // leases of the lost ones (job.lost_ranks_stop_by).
   RecoveryPlan PlanRecovery(const RecoveringJob& job, const std::vector<v1::WorkerInfo>& workers,
                             absl::Time now) const;
 

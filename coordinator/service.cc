@@ -241,7 +241,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                             "a rendezvous key is at most 1 KiB");
       }
     }
-    auto store = c_->Rendezvous(rpc::SessionOf(ctx), request.job_id());
+    auto store = c_->Rendezvous(rpc::SessionOf(ctx), request.job_id(), request.generation());
     if (!store.ok()) return ToGrpcStatus(store.status());
     return ToGrpcStatus(call(**store));
   }

@@ -20,9 +20,10 @@ class GrpcCoordinatorClient : public CoordinatorClient {
     return Call(&v1::CoordinatorService::Stub::RegisterWorker, request,
                 v1::RegisterWorkerResponse(), absl::Seconds(5));
   }
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override {
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request,
+                         absl::Duration deadline) override {
     return Call(&v1::CoordinatorService::Stub::Heartbeat, request, v1::HeartbeatResponse(),
-                absl::Seconds(2))
+                deadline)
         .status();
   }
   absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) override {
@@ -43,8 +44,9 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                 v1::DeregisterWorkerResponse(), absl::Seconds(1))
         .status();
   }
-  std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id) override {
-    return MakeCoordinatorStore(stub_, job_id);
+  std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
+                                                      int generation) override {
+    return MakeCoordinatorStore(stub_, job_id, generation);
   }
 
  private:

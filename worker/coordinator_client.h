@@ -27,8 +27,9 @@ class CoordinatorClient {
   // 5 s.
   virtual absl::StatusOr<v1::RegisterWorkerResponse> Register(
       const v1::RegisterWorkerRequest& request) = 0;
-  // 2 s.
-  virtual absl::Status Heartbeat(const v1::HeartbeatRequest& request) = 0;
+  // Waits at most `deadline` for the answer.
+  virtual absl::Status Heartbeat(const v1::HeartbeatRequest& request,
+                                 absl::Duration deadline) = 0;
   // 5 s.
   virtual absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) = 0;
   virtual absl::Status ReportStageEnd(const v1::StageEnd& end, absl::Duration deadline) = 0;
@@ -36,8 +37,10 @@ class CoordinatorClient {
   virtual absl::StatusOr<v1::DrainWorkerResponse> Drain(const v1::DrainWorkerRequest& request) = 0;
   // 1 s.
   virtual absl::Status Deregister(const v1::DeregisterWorkerRequest& request) = 0;
-  // The rendezvous store of job `job_id`'s ranks, kept by the coordinator (its KV RPCs).
-  virtual std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id) = 0;
+  // The rendezvous store of job `job_id`'s ranks of `generation`, kept by the coordinator
+  // (its KV RPCs; refused once that generation has ended).
+  virtual std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
+                                                              int generation) = 0;
 };
 
 // Calls through `stub` (its channel carries the token and the worker's session).

@@ -43,7 +43,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
                                                        : config->resume_from}}) {
     PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
   }
-  std::shared_ptr<rendezvous::KeyValueStore> shared_store = coordinator_->JobStore(a.job_id());
+  std::shared_ptr<rendezvous::KeyValueStore> shared_store = coordinator_->JobStore(a.job_id(), a.generation());
   const c10::Device device = job::TensorDeviceOf(options_.device);
   if (config->device != (device.is_cuda() ? "cuda" : "cpu")) {
     return absl::FailedPreconditionError(
@@ -80,17 +80,28 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     if (!result.committed.empty()) news.committed_checkpoint = result.committed;
     if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
   };
-  // A stop reaches the stage through its transport until its executor exists (which also
-  // stops a stage that never waits for a peer), then through the executor.
+  // A stop ends every wait of the stage on the job's store at once (the coordinator may be
+  // out of reach: its calls would otherwise run to their deadlines), and reaches the stage
+  // itself through its transport until its executor exists (which also stops a stage that
+  // never waits for a peer), then through the executor.
+  // (Shared with the stoppers: a stop that comes after the stage returned still finds it.)
+  const std::shared_ptr<rendezvous::KeyValueStore> store = shared_store;
+  slot_->SetStopper([store](const absl::Status& why) { store->Abort(why); });
   transport::Transport* transport = nullptr;
-  hooks.on_transport = [this, &transport](transport::Transport* t) {
+  hooks.on_transport = [this, store, &transport](transport::Transport* t) {
     transport = t;
-    slot_->SetStopper([t](const absl::Status& why) { t->Abort(why); });
+    slot_->SetStopper([store, t](const absl::Status& why) {
+      store->Abort(why);
+      t->Abort(why);
+    });
   };
-  hooks.on_executor = [this, &stage_metrics, &transport](executor::StageExecutor* e) {
+  hooks.on_executor = [this, store, &stage_metrics, &transport](executor::StageExecutor* e) {
     stage_metrics.SetExecutor(e);
     if (e != nullptr) {
-      slot_->SetStopper([e](const absl::Status& why) { e->Stop(why); });
+      slot_->SetStopper([store, e](const absl::Status& why) {
+        store->Abort(why);
+        e->Stop(why);
+      });
       slot_->SetActivitySource([e] {
         executor::StageActivity activity = e->Activity();
         return StageSlot::Activity{activity.action, activity.waiting_for};
@@ -98,11 +109,15 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     } else {
       slot_->SetActivitySource(nullptr);
       transport::Transport* t = transport;
-      slot_->SetStopper(t == nullptr ? std::function<void(const absl::Status&)>()
-                                     : [t](const absl::Status& why) { t->Abort(why); });
+      slot_->SetStopper([store, t](const absl::Status& why) {
+        store->Abort(why);
+        if (t != nullptr) t->Abort(why);
+      });
     }
   };
-  hooks.on_transport_gone = [this] { slot_->SetStopper(nullptr); };
+  hooks.on_transport_gone = [this, store] {
+    slot_->SetStopper([store](const absl::Status& why) { store->Abort(why); });
+  };
   StepReporter reporter(coordinator_, device,
                         [this] { slot_->StopAny("the coordinator ended the job"); });
   // Written before the first step, on the stage's thread.
@@ -126,6 +141,9 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
   absl::StatusOr<job::StageOutcome> outcome =
       job::RunStage(*config, a.rank(), shared_store, hooks);
   slot_->SetCommandQueue(nullptr);
+  // A stopped stage's last reports are of a generation that is over (or for a coordinator out
+  // of reach): one try, no resends that would hold its end back.
+  if (!slot_->occupant().stop_reason.empty()) reporter.Abandon();
   if (!outcome.ok()) return outcome.status();
   return job::SaveStageWeights(*config, a.rank(), *outcome);
 }

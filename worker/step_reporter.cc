@@ -74,12 +74,16 @@ void StepReporter::Loop() {
     last_sent = std::chrono::steady_clock::now();
     lock.lock();
     // Not taken for want of an answer: sent again, in order, with the next batch (the
-    // coordinator skips reports it has counted already). Refused ones are not resent.
-    if (IsTransient(sent.status())) {
+    // coordinator skips reports it has counted already). Refused ones are not resent, and
+    // neither is anything once the reporter has been closing for kClosingPatience: a
+    // coordinator out of reach must not keep the stage from ending.
+    if (IsTransient(sent.status()) && !abandoned_ &&
+        !(closing_ && std::chrono::steady_clock::now() >= close_by_)) {
       for (int i = batch.reports_size() - 1; i >= 0; --i) {
         queue_.push_front(std::move(*batch.mutable_reports(i)));
       }
       while (queue_.size() > kMaxQueued) queue_.pop_front();
+      if (closing_) cv_.wait_for(lock, kMinInterval);  // not in a tight loop
     }
   }
 }

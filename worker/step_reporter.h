@@ -7,6 +7,7 @@
 // Thread-safe; `on_stop` runs on the reporter's thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -51,14 +52,24 @@ class StepReporter {
                std::function<void()> on_stop)
       : coordinator_(std::move(coordinator)), tensors_on_(tensors_on),
         on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
-  // Sends what is queued (in one call with 5 s), then stops.
+  // Sends what is queued (again while unanswered, for at most kClosingPatience), then stops.
   ~StepReporter() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       closing_ = true;
+      close_by_ = std::chrono::steady_clock::now() + kClosingPatience;
     }
     cv_.notify_all();
     thread_.join();
+  }
+  // What is queued gets one more try and no resend: the stage was stopped, its generation is
+  // over for the coordinator (or the coordinator is out of reach). Then closes.
+  void Abandon() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abandoned_ = true;
+    }
+    cv_.notify_all();
   }
   // Queues a report. While kMaxQueued are waiting (steps faster than the coordinator takes
   // them), waits for room up to `patience`: the stage runs at the pace the coordinator can
@@ -84,6 +95,8 @@ class StepReporter {
   // (its job is failed by then: two missed heartbeats). About 150 bytes each.
   static constexpr size_t kMaxQueued = 4000;
   static constexpr size_t kMaxBatch = 1000;
+  // How long a closing reporter goes on resending what got no answer.
+  static constexpr auto kClosingPatience = std::chrono::seconds(5);
   // No answer (RESOURCE_EXHAUSTED is not one: a batch over the coordinator's request limit
   // would be refused again however often it were sent).
   static bool IsTransient(const absl::Status& s) {
@@ -99,6 +112,8 @@ class StepReporter {
   std::condition_variable room_;  // Add(): the queue has room
   std::deque<v1::StepReport> queue_;
   bool closing_ = false;
+  std::chrono::steady_clock::time_point close_by_;  // closing: resend until then
+  bool abandoned_ = false;                          // Abandon(): resend nothing
   std::thread thread_;  // last: starts once the rest is ready
 };
 

@@ -141,6 +141,8 @@ absl::Status Worker::Register(absl::Time deadline) {
       cv_.notify_all();  // an assignment may be waiting for the id
       heartbeat_interval_ =
           absl::Milliseconds(std::max<int64_t>(10, response->heartbeat_interval_ms()));
+      lease_ = absl::Milliseconds(std::max<int64_t>(0, response->lease_ms()));
+      heard_at_ = clock_->Now();
       std::fprintf(stderr, "pipetrain-worker: registered as %s with %s (serving on %s)\n",
                    id_.c_str(), options_.coordinator.c_str(), address_.c_str());
       return absl::OkStatus();
@@ -189,9 +191,19 @@ void Worker::HeartbeatLoop() {
     const StageSlot::Activity activity = slot_.activity();
     request.set_action(activity.action);
     request.set_waiting_for(activity.waiting_for);
+    // Under a lease, an answer is waited for until the lease would end (at least an interval).
+    const absl::Time sent = clock_->Now();
+    const absl::Duration deadline = lease_ > absl::ZeroDuration()
+                                        ? std::max(heard_at_ + lease_ - sent, heartbeat_interval_)
+                                        : absl::Seconds(2);
     lock.unlock();
-    const absl::Status s = coordinator_->Heartbeat(request);
+    const absl::Status s = coordinator_->Heartbeat(request, deadline);
     lock.lock();
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) {
+      heard_at_ = sent;  // the coordinator answered (whatever it said)
+    } else if (lease_ > absl::ZeroDuration() && clock_->Now() - heard_at_ >= lease_) {
+      LeaseExpired();
+    }
     if (absl::IsNotFound(s) && !stopping_) {
       // The coordinator restarted (or gave this worker up): whatever ran is orphaned, and the
       // old id and session are void until it has registered again.
@@ -206,6 +218,19 @@ void Worker::HeartbeatLoop() {
       }
     }
   }
+}
+
+void Worker::LeaseExpired() {
+  const StageSlot::Occupant running = slot_.occupant();
+  if (running.job_id.empty() || running.ending || !running.stop_reason.empty()) return;
+  const std::string why = absl::StrCat(
+      "no heartbeat answered by the coordinator at ", options_.coordinator, " for ",
+      absl::FormatDuration(clock_->Now() - heard_at_), " (this worker's lease is ",
+      absl::FormatDuration(lease_), "): the coordinator takes it for lost and may run its rank "
+      "elsewhere");
+  std::fprintf(stderr, "pipetrain-worker: %s: stopping rank %d of %s\n", why.c_str(),
+               running.rank, running.job_id.c_str());
+  slot_.StopAny(why);
 }
 
 absl::Status Worker::Assign(const v1::StageAssignment& assignment) {

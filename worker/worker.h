@@ -15,7 +15,10 @@
 // worker leaves.
 //
 // Heartbeats carry the stage's current action and what it waits for, so that a stuck job
-// shows who waits for whom.
+// shows who waits for whom. A worker whose heartbeats go unanswered for its lease (given at
+// registration: three heartbeat intervals, while the coordinator takes a worker silent for
+// two for lost) stops its stage, so that a worker cut off from the coordinator does not go
+// on running a rank the coordinator has given up on.
 //
 // Step commands (flush, weight-version switch, checkpoint, stop at a named step) come to the
 // worker that runs rank 0 (stage 0 of replica 0); its stage passes them on through the data
@@ -127,6 +130,8 @@ class Worker {
   Worker(WorkerOptions options, std::shared_ptr<const Clock> clock);
   absl::Status Register(absl::Time deadline);
   void HeartbeatLoop();
+  // REQUIRES: mu_ held. Stops the running stage, saying why (its lease ran out).
+  void LeaseExpired();
   // Stop()'s first part while a rank runs: asks the coordinator to drain this worker and,
   // if it scheduled a checkpoint, waits (heartbeating, up to kDrainTimeout) until the
   // coordinator has stopped the stage after that checkpoint.
@@ -153,12 +158,17 @@ class Worker {
   // The coordinator's credential with this worker (rpc/security.h): made once, sent only to
   // the coordinator, in every registration.
   const std::string command_key_ = rpc::RandomKey();
-  // Guards the registration (id_, heartbeat_interval_) and the lifecycle flags; cv_ wakes
-  // an assignment waiting for the id and the heartbeat loop at a stop.
+  // Guards the registration (id_, heartbeat_interval_, lease_, heard_at_) and the lifecycle
+  // flags; cv_ wakes an assignment waiting for the id and the heartbeat loop at a stop.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string id_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  // The lease the coordinator gave at registration (0: none) and when the last heartbeat it
+  // answered was sent: once no heartbeat has been answered for the lease, the running stage
+  // is stopped (LeaseExpired), since the coordinator has taken this worker for lost.
+  absl::Duration lease_ = absl::ZeroDuration();
+  absl::Time heard_at_;
   bool stopping_ = false;
   bool draining_ = false;  // Stop() has begun: no new assignment
   std::thread heartbeat_thread_;

@@ -31,6 +31,10 @@ class KeyValueStore {
   // True if every key is set; does not wait.
   virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
   virtual absl::Status Delete(const std::string& key) = 0;
+  // Its user is stopping: every wait in progress and every later call ends at once with
+  // `why`. A store that cannot do so (the default) ignores it; its waits end at their
+  // deadlines.
+  virtual void Abort(const absl::Status& why) { (void)why; }
 };
 
 // Serves a store on host:port (port 0: any free port) and is a client of it.

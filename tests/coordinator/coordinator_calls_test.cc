@@ -52,12 +52,19 @@ TEST_F(CoordinatorCoreTest, AWorkerSpeaksOnlyForItselfAndItsOwnRanks) {
   h.set_action("F9");
   EXPECT_TRUE(coordinator_->Heartbeat(s1, h).ok());
   EXPECT_EQ(Get(job.id()).stage_status(1).action(), "");
-  // The rendezvous: only the job's own workers.
-  EXPECT_TRUE(coordinator_->Rendezvous(s1, job.id()).ok());
+  // The rendezvous: only the job's own workers, for its current generation.
+  EXPECT_TRUE(coordinator_->Rendezvous(s1, job.id(), 1).ok());
+  for (int other : {0, 2}) {
+    const absl::Status s = coordinator_->Rendezvous(s1, job.id(), other).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << other;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("generation ", other, " of job ", job.id(),
+                                                    " has ended (it runs 1)")));
+  }
   const std::string w3 = Register(3);
-  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w3], job.id()).status().code(),
+  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w3], job.id(), 1).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(coordinator_->Rendezvous("", job.id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->Rendezvous("", job.id(), 1).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
 }
 
@@ -118,7 +125,7 @@ TEST_F(CoordinatorCoreTest, TheRendezvousStoreIsBounded) {
   const std::string w1 = Register(1);
   const v1::Job job = Submit(Spec(1));
   RunLater();
-  auto store = coordinator_->Rendezvous(sessions_[w1], job.id());
+  auto store = coordinator_->Rendezvous(sessions_[w1], job.id(), 1);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->Set("big", std::string(Coordinator::kKvValueBytes + 1, 'x')).code(),
             absl::StatusCode::kResourceExhausted);

@@ -59,6 +59,17 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   EXPECT_EQ(Get(job.id()).step(), 2);
   EndRank(w1, job.id(), 0, /*ok=*/false, "stopped", /*generation=*/1);
   RunLater();
+  // Nor while worker-2 may still run rank 1 (cut off from here, not from its peers): its
+  // lease is three intervals from its last heartbeat, and an interval to stop.
+  EXPECT_TRUE(Worker(3).assigned.empty());
+  EXPECT_THAT(Get(job.id()).message(), HasSubstr("a lost worker's lease first"));
+  for (int beat = 0; beat < 2; ++beat) {
+    clock_->Advance(absl::Milliseconds(1000));
+    Heartbeat(w1);
+    Heartbeat(w3);
+    coordinator_->Tick();
+    RunLater();
+  }
   // Generation 2 on worker-1 and worker-3 (both idle), resuming from the checkpoint.
   ASSERT_EQ(Worker(1).assigned.size(), 2u);
   ASSERT_EQ(Worker(3).assigned.size(), 1u);
@@ -69,6 +80,10 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   const std::string r0_worker = Worker(1).assigned[1].rank() == 0 ? w1 : w3;
   const std::string r1_worker = r0_worker == w1 ? w3 : w1;
   EXPECT_EQ(Get(job.id()).generation(), 2);
+  // Generation 1's ranks meet no more: the store is generation 2's alone.
+  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w1], job.id(), 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(coordinator_->Rendezvous(sessions_[w1], job.id(), 2).ok());
   // Its ranks start at the checkpoint's step: an earlier one counts as resent (skipped), a
   // later one is refused.
   v1::StepReport early = Report(r0_worker, job.id(), 0, 2);

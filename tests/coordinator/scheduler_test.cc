@@ -68,7 +68,7 @@ struct Recovering {
   }
   RecoveringJob View() {
     config = *jobspec::JobConfigFromSpec(job.spec());
-    return {&job, &config, kT0};
+    return {&job, &config, kT0, lost_ranks_stop_by};
   }
   // What one rank of its own layout holds for its parameters (the scheduler's memory model).
   int64_t RankBytes() {
@@ -77,6 +77,7 @@ struct Recovering {
   }
   v1::Job job;
   job::JobConfig config;
+  absl::Time lost_ranks_stop_by = absl::InfinitePast();
 };
 
 // stages x replicas x micro-batches
@@ -130,6 +131,25 @@ TEST(SchedulerRecovery, OldRanksStillEndingHoldTheIdleWorkers) {
   // A worker busy with another job is not one of its ranks.
   workers.back().set_job_id("job-0002");
   EXPECT_TRUE(std::holds_alternative<StartGeneration>(Plan(r, workers, absl::Seconds(10))));
+}
+
+// A lost worker (silent: maybe only cut off from the coordinator) may run its rank until its
+// lease ends: the next generation is not placed before, whatever is idle, and the idle
+// workers are held for it meanwhile.
+TEST(SchedulerRecovery, ALostWorkersLeaseEndsBeforeTheNextGenerationStarts) {
+  Recovering r;
+  r.lost_ranks_stop_by = kT0 + absl::Seconds(2);
+  for (absl::Duration after : {absl::ZeroDuration(), absl::Milliseconds(1999)}) {
+    const RecoveryPlan plan = Plan(r, Idle(5), after);
+    const auto* wait = std::get_if<WaitForWorkers>(&plan);
+    ASSERT_NE(wait, nullptr) << after;
+    EXPECT_TRUE(wait->holds_idle_workers);
+    EXPECT_EQ(wait->why,
+              "recovering (restart 1 of 2): worker-9 lost; waits for workers to restart on: 5 "
+              "idle, a lost worker's lease first (it may still run its rank until then); up "
+              "to timeout_s (30s) in all");
+  }
+  EXPECT_TRUE(std::holds_alternative<StartGeneration>(Plan(r, Idle(5), absl::Seconds(2))));
 }
 
 TEST(SchedulerRecovery, FewerWorkersWaitForTheGraceThenASmallerLayoutWithTheSameBatch) {

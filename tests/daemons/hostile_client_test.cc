@@ -257,6 +257,7 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
     case 13: {
       v1::KvRequest r;
       r.set_job_id(job);
+      r.set_generation(chaos.Pick(3));
       r.set_key(chaos.Coin() ? "gloo/" + std::to_string(chaos.Pick(4)) : chaos.Text());
       r.set_value(chaos.Text());
       v1::KvResponse out;
@@ -266,6 +267,7 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
     case 14: {
       v1::KvRequest r;
       r.set_job_id(job);
+      r.set_generation(chaos.Pick(3));
       r.set_key(chaos.Text());
       r.set_delta(chaos.Int());
       r.set_wait_ms(chaos.Pick(3) == 0 ? chaos.Int() : 0);

@@ -6,8 +6,6 @@
 // the calling thread and own nothing beyond the files they write in the test's directory.
 #pragma once
 
-#include <sqlite3.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -24,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "tests/daemons/committed_steps.h"
 #include "tests/daemons/local_cluster.h"
 
 namespace pipetrain::test::recovery_test {
@@ -87,44 +86,6 @@ inline v1::Job PollJob(v1::JobService::Stub& stub, const std::string& id,
 inline bool Ended(const v1::Job& job) {
   return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
          job.state() == v1::JOB_STATE_CANCELLED;
-}
-
-// The steps the coordinator committed for `job_id`: step -> generation, read from its store.
-inline std::map<int64_t, int> CommittedSteps(const fs::path& db, const std::string& job_id) {
-  std::map<int64_t, int> steps;
-  sqlite3* handle = nullptr;
-  if (sqlite3_open_v2(db.c_str(), &handle, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    ADD_FAILURE() << "cannot open " << db;
-    sqlite3_close(handle);
-    return steps;
-  }
-  sqlite3_busy_timeout(handle, 5000);
-  sqlite3_stmt* st = nullptr;
-  sqlite3_prepare_v2(handle, "SELECT step, generation FROM steps WHERE job_id = ?1", -1, &st,
-                     nullptr);
-  sqlite3_bind_blob(st, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    const auto [it, fresh] = steps.emplace(sqlite3_column_int64(st, 0),
-                                           static_cast<int>(sqlite3_column_int64(st, 1)));
-    EXPECT_TRUE(fresh) << "step " << it->first << " committed twice";
-  }
-  sqlite3_finalize(st);
-  sqlite3_close(handle);
-  return steps;
-}
-
-// Every step 0..steps-1 committed once, by generations that only increase with the step.
-inline void ExpectEveryStepOnceInIncreasingGenerations(const std::map<int64_t, int>& steps,
-                                                       int64_t count, int last_generation) {
-  ASSERT_EQ(static_cast<int64_t>(steps.size()), count);
-  EXPECT_EQ(steps.begin()->first, 0);
-  EXPECT_EQ(steps.rbegin()->first, count - 1);
-  int previous = 1;
-  for (const auto& [step, generation] : steps) {
-    EXPECT_GE(generation, previous) << "step " << step;
-    previous = generation;
-  }
-  EXPECT_EQ(previous, last_generation);
 }
 
 // Parameters then buffers of replica 0's stages (ranks 0..stages-1) from weights_dir.

@@ -7,139 +7,12 @@
 // address to a coordinator on another host is refused and exits 2 at once; one that
 // advertises an address its peers cannot reach fails its job within timeout_s, naming the
 // peer and the address. Root only: elsewhere the tests skip, saying why.
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <memory>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-#include <torch/torch.h>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "jobspec/job_config_from_spec.h"
-#include "jobspec/spec_yaml.h"
-#include "runtime/base/subprocess.h"
-#include "runtime/job/reference/reference_trainer.h"
-#include "tests/multihost/namespace_hosts.h"
+#include "tests/multihost/multihost_fixture.h"
 
 namespace pipetrain::test {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-constexpr int kCoordinatorHost = 0;
-constexpr int kWorkerHosts = 4;     // hosts 1..4
-constexpr int kWorkersPerHost = 2;  // worker 0 by --iface, worker 1 by --advertise-address
-
-class MultihostTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<NamespaceHosts>> hosts =
-        NamespaceHosts::Create(1 + kWorkerHosts + 1);  // and one for the management network
-    if (!hosts.ok()) GTEST_SKIP() << "no hosts as network namespaces: " << hosts.status();
-    hosts_ = *std::move(hosts);
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("pipetrain-multihost-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    hosts_.reset();  // every process, then every namespace
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
-  std::string Coordinator() const {
-    return hosts_->DataAddress(kCoordinatorHost) + ":7070";
-  }
-  // The coordinator on host 0, on every address of it (the data and management networks).
-  void StartCoordinator() {
-    ASSERT_TRUE(hosts_->Start(kCoordinatorHost,
-                              {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
-                               (dir_ / "jobs.db").string(), "--heartbeat-ms", "500",
-                               "--metrics-listen", ""},
-                              dir_ / "coordinator.log")
-                    .ok());
-  }
-  pid_t StartWorker(int host, const std::vector<std::string>& address_flags,
-                    const std::string& coordinator, const std::string& name) {
-    std::vector<std::string> argv = {PIPETRAIN_WORKER, "--coordinator", coordinator,
-                                     "--metrics-listen", "", "--register-timeout", "30"};
-    argv.insert(argv.end(), address_flags.begin(), address_flags.end());
-    absl::StatusOr<pid_t> pid = hosts_->Start(host, argv, dir_ / (name + ".log"));
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    return pid.ok() ? *pid : -1;
-  }
-  // `pipetrain ARGS --coordinator C` on the coordinator's host.
-  NamespaceHosts::Ran Cli(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {PIPETRAIN_CLI};
-    argv.insert(argv.end(), args.begin(), args.end());
-    argv.push_back("--coordinator");
-    argv.push_back(Coordinator());
-    return hosts_->Run(kCoordinatorHost, argv);
-  }
-  std::vector<nlohmann::json> Workers() {
-    std::vector<nlohmann::json> out;
-    for (absl::string_view line : absl::StrSplit(Cli({"workers", "-o", "json"}).out, '\n')) {
-      if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
-    }
-    return out;
-  }
-  bool WaitForIdleWorkers(size_t n) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      size_t idle = 0;
-      for (const nlohmann::json& w : Workers()) idle += w.value("state", "") == "WORKER_STATE_IDLE";
-      if (idle >= n) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
-  // The job file: a small GPT in float64, `stages` x `replicas`, its weights saved.
-  fs::path WriteJob(const std::string& name, int stages, int replicas, int steps,
-                    int timeout_s = 60) {
-    const fs::path file = dir_ / (name + ".yaml");
-    std::ofstream(file) << "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
-                        << "data: {kind: synthetic, seq_len: 8, vocab: 16, num_tokens: 4096}\n"
-                        << "schedule: 1f1b\nstages: " << stages << "\nreplicas: " << replicas
-                        << "\nmicrobatches: 4\nmicrobatch_size: 2\nsteps: " << steps
-                        << "\ndtype: float64\nthreads_per_stage: 1\ntimeout_s: " << timeout_s
-                        << "\nweights_dir: " << (dir_ / (name + "-weights")).string() << "\n";
-    return file;
-  }
-  std::string Slurp(const fs::path& file) {
-    std::ifstream in(file);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
-  std::unique_ptr<NamespaceHosts> hosts_;
-  fs::path dir_;
-};
-
-// Replica 0's parameters, rank by rank, as the workers saved them (stage<R>.pt holds the
-// parameters, then the buffers; stage<R>.json how many parameters).
-std::vector<at::Tensor> SavedParameters(const fs::path& dir, int stages) {
-  std::vector<at::Tensor> params;
-  for (int rank = 0; rank < stages; ++rank) {
-    std::vector<at::Tensor> stage;
-    torch::load(stage, (dir / absl::StrCat("stage", rank, ".pt")).string());
-    std::ifstream meta(dir / absl::StrCat("stage", rank, ".json"));
-    const size_t n = nlohmann::json::parse(meta).at("num_parameters");
-    params.insert(params.end(), stage.begin(), stage.begin() + n);
-  }
-  return params;
-}
 
 TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
   StartCoordinator();
@@ -178,15 +51,7 @@ TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
     }
 
     // The parameters equal the un-pipelined reference's.
-    absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(Slurp(job));
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
-    ASSERT_TRUE(config.ok()) << config.status();
-    config->weights_dir.clear();
-    absl::StatusOr<std::vector<at::Tensor>> reference = job::TrainReference(*config);
-    ASSERT_TRUE(reference.ok()) << reference.status();
-    const std::vector<at::Tensor> got = SavedParameters(dir_ / (name + "-weights"), stages);
-    const double difference = job::MaxRelativeDifference(got, *reference);
+    const double difference = DifferenceFromReference(job, dir_ / (name + "-weights"), stages);
     EXPECT_LE(difference, 1e-10);
 
     // What had to cross between hosts did: each pipeline link between two hosts carries

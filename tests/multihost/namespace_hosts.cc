@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/base/subprocess.h"
 
 namespace pipetrain::test {
@@ -143,8 +144,36 @@ absl::StatusOr<pid_t> NamespaceHosts::Start(int host, const std::vector<std::str
   options.output_file = log.string();
   options.death_signal = SIGKILL;
   absl::StatusOr<pid_t> pid = subprocess::Start(in_host, options);
-  if (pid.ok()) started_.push_back(*pid);
+  if (pid.ok()) started_.push_back({*pid, host});
   return pid;
+}
+
+absl::Status NamespaceHosts::Cut(int a, int b) {
+  for (const auto& [from, to] : {std::pair<int, int>{a, b}, {b, a}}) {
+    PT_RETURN_IF_ERROR(
+        Ip({"-n", Namespace(from), "route", "add", "blackhole", DataAddress(to) + "/32"}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NamespaceHosts::Join(int a, int b) {
+  for (const auto& [from, to] : {std::pair<int, int>{a, b}, {b, a}}) {
+    PT_RETURN_IF_ERROR(
+        Ip({"-n", Namespace(from), "route", "del", "blackhole", DataAddress(to) + "/32"}));
+  }
+  return absl::OkStatus();
+}
+
+void NamespaceHosts::KillHost(int host) {
+  std::vector<std::pair<pid_t, int>> others;
+  for (const auto& [pid, on] : started_) {
+    if (on == host) {
+      subprocess::Stop(pid, SIGKILL, absl::Seconds(5));
+    } else {
+      others.push_back({pid, on});
+    }
+  }
+  started_.swap(others);
 }
 
 NamespaceHosts::Ran NamespaceHosts::Run(int host, const std::vector<std::string>& argv) {
@@ -166,7 +195,7 @@ int64_t NamespaceHosts::TxBytes(int host, const std::string& iface) {
 }
 
 NamespaceHosts::~NamespaceHosts() {
-  for (pid_t pid : started_) subprocess::Stop(pid, SIGKILL, absl::Seconds(5));
+  for (const auto& [pid, host] : started_) subprocess::Stop(pid, SIGKILL, absl::Seconds(5));
   for (int host = 0; host < hosts_; ++host) (void)Ip({"netns", "del", Namespace(host)});
   (void)Ip({"netns", "del", Bridges()});
 }

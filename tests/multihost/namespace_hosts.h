@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,12 @@ class NamespaceHosts {
   absl::Status AddManagementNetwork(const std::vector<int>& hosts);
   // Takes `iface` of `host` down (cut off) or up again.
   absl::Status SetLink(int host, const std::string& iface, bool up);
+  // Drops every packet between hosts `a` and `b` on the data network, both ways (a blackhole
+  // route on each), the rest of their links untouched; Join undoes it.
+  absl::Status Cut(int a, int b);
+  absl::Status Join(int a, int b);
+  // Kills (SIGKILL) every process started on `host`, as if it died, and reaps them.
+  void KillHost(int host);
 
   // Starts `argv` (argv[0] a path) on `host` with its output in `log`; its pid. Killed with
   // the hosts, and when this process dies.
@@ -67,7 +74,7 @@ class NamespaceHosts {
   const int hosts_;
   const std::string prefix_;  // pt<pid>
   const int subnet_;          // N in 10.231.N.0/24 and 10.232.N.0/24
-  std::vector<pid_t> started_;
+  std::vector<std::pair<pid_t, int>> started_;  // pid, host
 };
 
 }  // namespace pipetrain::test

@@ -91,11 +91,14 @@ class FakeCoordinator : public CoordinatorClient {
     response.set_worker_id(id);
     response.set_session(absl::StrCat("session-", registrations.size()));
     response.set_heartbeat_interval_ms(50);
+    response.set_lease_ms(150);
     if (Lost(lose_reply_, Call::kRegister)) return absl::DeadlineExceededError("reply lost");
     return response;
   }
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override {
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration) override {
     std::lock_guard<std::mutex> lock(mu_);
+    ++attempts_[Call::kHeartbeat];
+    if (Lost(lose_request_, Call::kHeartbeat)) return absl::UnavailableError("lost on the way");
     if (!known_.count(request.worker_id())) return absl::NotFoundError("unknown worker session");
     heartbeats.push_back(request);
     changed_.notify_all();
@@ -139,7 +142,8 @@ class FakeCoordinator : public CoordinatorClient {
     changed_.notify_all();
     return absl::OkStatus();
   }
-  std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id) override {
+  std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
+                                                      int /*generation*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto& store = stores_[job_id];
     if (!store) store = rendezvous::MakeMemoryStore();
@@ -366,6 +370,33 @@ TEST(WorkerCore, ADrainEndsWithItsStageWhicheverEndsIt) {
     }
     EXPECT_THAT(fake->order, ElementsAre("drain", "end", "deregister worker-1"));
   }
+}
+
+// Cut off from the coordinator (every heartbeat and step report lost from some moment on), a
+// worker stops its running stage once its lease (150 ms here, three 50 ms intervals) has
+// passed without an answered heartbeat, saying why, instead of running a rank the
+// coordinator has given up on; the stage ends although its step reports find no taker.
+TEST(WorkerCore, AWorkerCutOffFromTheCoordinatorStopsItsStageWhenItsLeaseEnds) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const v1::RegisterWorkerRequest registered = fake->registrations[0];
+  ASSERT_TRUE(Assign(registered.address(), registered.command_key(), OneStageJob(1000000)).ok());
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->steps.empty(); }));  // it runs
+  const auto cut = std::chrono::steady_clock::now();
+  // Heartbeats and step reports lost from now on (the stage end gets through, for the test
+  // to see it): the stage ends all the same, its last reports given one try.
+  fake->LoseRequests(Call::kHeartbeat, 1 << 30);
+  fake->LoseRequests(Call::kReportSteps, 1 << 30);
+  ASSERT_TRUE(fake->WaitFor([&] { return !fake->ends.empty(); }));
+  const double stopped_after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  EXPECT_FALSE(fake->ends[0].ok());
+  EXPECT_THAT(fake->ends[0].error(), HasSubstr("no heartbeat answered by the coordinator"));
+  EXPECT_THAT(fake->ends[0].error(), HasSubstr("this worker's lease is 150ms"));
+  EXPECT_LT(stopped_after_s, 5.0);
+  std::printf("stopped %.3f s after the heartbeats were cut (lease 0.15 s)\n", stopped_after_s);
+  (*worker)->Stop();
 }
 
 }  // namespace
