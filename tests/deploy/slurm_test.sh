@@ -8,8 +8,9 @@
 # a. a small 2-stage job (sbatch --gres=gpu:2 -n 2 --ntasks-per-node=2): the Slurm job ends
 #    COMPLETED 0:0, the pipetrain job succeeds on the two workers, nothing of the job is left;
 # b. a long job, one worker killed with SIGKILL once it runs: the Slurm job ends FAILED 1:0,
-#    the pipetrain job failed naming the killed worker as lost, and no pipetrain-coordinator,
-#    pipetrain-worker, srun or slurmstepd of that job is left.
+#    the pipetrain job failed naming the killed worker as lost, srun and the script name its
+#    node, and no pipetrain-coordinator, pipetrain-worker, srun or slurmstepd of that job is
+#    left.
 # Exit 0: all passed; 1: a check failed (the Slurm logs and job outputs are printed);
 # 77: skipped (no Slurm or munge daemons installed, or not root).
 # PIPETRAIN_SLURM_SCRIPT replaces the batch script under test (to check that the test fails).
@@ -413,8 +414,10 @@ check "b: jobcomp.txt records FAILED with ExitCode=1:0" \
 killed_re=${killed_addr//./\\.}
 check "b: the pipetrain job failed naming the killed worker as lost" contains "$dir/b.out" \
   "^job job-[0-9]+ failed: worker-[0-9]+ \($killed_re\) running stage [01] stopped sending heartbeats"
-check "b: the script saw the workers' step end before the job" \
-  contains "$dir/b.out" "^pipetrain\.sbatch: the workers' step ended before the job"
+check "b: srun reports the killed task on $node (the other worker is not killed with it)" \
+  contains "$dir/b.out" "^srun: error: $node: task 1: Killed"
+check "b: the script names the node the job failed on" \
+  contains "$dir/b.out" "^pipetrain\.sbatch: the job failed on node $node: worker-[0-9]+ \($killed_re\)"
 check "b: no pipetrain-coordinator, pipetrain-worker, srun or slurmstepd of the job is left" \
   no_job_processes "$id_b" "$state_b_dir"
 
