@@ -2,7 +2,10 @@
 // registrations, the job over them and its end. See coordinator_capacity_cluster.h.
 #include "bench/coordinator_capacity_cluster.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +28,79 @@ std::string Token() {
 }
 
 }  // namespace
+
+namespace {
+
+class FakeWorkerService final : public v1::WorkerService::Service {
+ public:
+  explicit FakeWorkerService(int assigned_fd) : assigned_fd_(assigned_fd) {}
+  grpc::Status AssignStage(grpc::ServerContext*, const v1::StageAssignment*,
+                           v1::AssignResponse*) override {
+    const char one = 1;
+    (void)!write(assigned_fd_, &one, 1);
+    return grpc::Status::OK;
+  }
+  grpc::Status StopStage(grpc::ServerContext*, const v1::StopStageRequest*,
+                         v1::AssignResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  const int assigned_fd_;
+};
+
+}  // namespace
+
+FakeWorkers::FakeWorkers() {
+  int port_pipe[2], assigned_pipe[2];
+  if (pipe(port_pipe) != 0 || pipe(assigned_pipe) != 0) Die("pipe");
+  pid_ = fork();
+  if (pid_ < 0) Die("fork");
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // Below the coordinator and the simulated workers' heartbeats, on a machine of few cores:
+    // answering assignments is not what is measured.
+    (void)!nice(10);
+    close(port_pipe[0]);
+    close(assigned_pipe[0]);
+    FakeWorkerService service(assigned_pipe[1]);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    // On every address of the host: each simulated worker registers an address of its own
+    // on loopback (127.0.x.y, SimulatedWorkerAddress), as distinct workers do.
+    builder.AddListeningPort("0.0.0.0:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    if (!server) port = 0;
+    (void)!write(port_pipe[1], &port, sizeof port);
+    close(port_pipe[1]);
+    if (server) server->Wait();  // until killed
+    _exit(0);
+  }
+  close(port_pipe[1]);
+  close(assigned_pipe[1]);
+  if (read(port_pipe[0], &port_, sizeof port_) != sizeof port_ || port_ == 0) {
+    Die("cannot serve the simulated workers' WorkerService");
+  }
+  close(port_pipe[0]);
+  assigned_fd_ = assigned_pipe[0];
+  fcntl(assigned_fd_, F_SETFL, fcntl(assigned_fd_, F_GETFL) | O_NONBLOCK);
+}
+
+FakeWorkers::~FakeWorkers() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (assigned_fd_ >= 0) close(assigned_fd_);
+}
+
+int FakeWorkers::assigned() {
+  char buffer[4096];
+  ssize_t got;
+  while ((got = read(assigned_fd_, buffer, sizeof buffer)) > 0) assigned_ += static_cast<int>(got);
+  return assigned_;
+}
 
 OwnCoordinator::OwnCoordinator(const std::string& binary) {
   dir_ = fs::temp_directory_path() / ("coordinator_capacity_" + std::to_string(getpid()));
@@ -74,39 +150,129 @@ std::string SimulatedWorkerAddress(int i, int port) {
          std::to_string(port);
 }
 
-void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
-                              const std::string& target, int port, int n, Cluster& cluster) {
+void Cluster::Allocate(int n) {
   if (n > 250 * 254) Die("at most " + std::to_string(250 * 254) + " simulated workers");
-  cluster.last_heartbeat.reset(new std::atomic<int64_t>[n]);
-  cluster.next_step.reset(new int64_t[n]);
-  cluster.rank_mu.reset(new std::mutex[n]);
+  registered.reset(new std::atomic<bool>[n]);
+  last_heartbeat.reset(new std::atomic<int64_t>[n]);
+  next_step.reset(new int64_t[n]);
+  rank_mu.reset(new std::mutex[n]);
+  worker_ids.assign(n, "");
+  sessions.assign(n, "");
   for (int i = 0; i < n; ++i) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    v1::RegisterWorkerRequest request;
-    request.set_address(SimulatedWorkerAddress(i, port));
-    request.set_command_key(pipetrain::rpc::RandomKey());
-    request.set_device("cpu");
-    request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
-    v1::RegisterWorkerResponse response;
-    grpc::Status s = coordinator.RegisterWorker(&ctx, request, &response);
-    if (!s.ok()) Die("RegisterWorker at " + target + ": " + s.error_message());
-    cluster.worker_ids.push_back(response.worker_id());
-    cluster.sessions.push_back(response.session());
-    cluster.heartbeat_ms = response.heartbeat_interval_ms();
-    cluster.last_heartbeat[i].store(NowNs());
-    cluster.next_step[i] = 0;
+    registered[i].store(false);
+    last_heartbeat[i].store(0);
+    next_step[i] = 0;
+  }
+}
+
+void RegisterSimulatedWorkers(const std::string& target, int port, int n, double per_s,
+                              Cluster& cluster) {
+  constexpr int kThreads = 8;  // each its own connection
+  std::atomic<int64_t> heartbeat_ms{1000};
+  const int64_t start_ns = NowNs();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = v1::CoordinatorService::NewStub(OwnChannel(target));
+      for (int i = t; i < n; i += kThreads) {
+        if (per_s > 0) {  // worker i starts at i / per_s
+          const int64_t wait = start_ns + static_cast<int64_t>(i / per_s * 1e9) - NowNs();
+          if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+        }
+        grpc::ClientContext ctx;
+        Prepare(&ctx);
+        v1::RegisterWorkerRequest request;
+        request.set_address(SimulatedWorkerAddress(i, port));
+        request.set_command_key(pipetrain::rpc::RandomKey());
+        request.set_device("cpu");
+        request.set_name("coordinator_capacity simulated worker " + std::to_string(i));
+        v1::RegisterWorkerResponse response;
+        grpc::Status s = stub->RegisterWorker(&ctx, request, &response);
+        if (!s.ok()) Die("RegisterWorker at " + target + ": " + s.error_message());
+        cluster.worker_ids[i] = response.worker_id();
+        cluster.sessions[i] = response.session();
+        heartbeat_ms.store(response.heartbeat_interval_ms());
+        cluster.last_heartbeat[i].store(NowNs());
+        cluster.registered[i].store(true);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  cluster.heartbeat_ms = heartbeat_ms.load();
+}
+
+Keepalive::Keepalive(const std::string& target, Cluster& cluster, int threads)
+    : cluster_(cluster) {
+  for (int t = 0; t < threads; ++t) {
+    threads_.emplace_back([this, target, t, threads] { Loop(target, t, threads); });
+  }
+}
+
+Keepalive::~Keepalive() {
+  stopping_.store(true);
+  for (std::thread& t : threads_) t.join();
+  std::fprintf(stderr, "keepalive: the longest a worker waited for its heartbeat: %.0f ms\n",
+               longest_gap_ns_.load() / 1e6);
+}
+
+void Keepalive::SetJob(const std::string& job_id, const std::vector<int>& rank_of_worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_id_ = job_id;
+  rank_of_worker_ = rank_of_worker;
+}
+
+void Keepalive::Loop(const std::string& target, int t, int threads) {
+  auto stub = v1::CoordinatorService::NewStub(OwnChannel(target));
+  const int n = static_cast<int>(cluster_.worker_ids.size());
+  while (!stopping_.load()) {
+    std::string job_id;
+    std::vector<int> rank_of_worker;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_id = job_id_;
+      rank_of_worker = rank_of_worker_;
+    }
+    // Registration answers with the interval; 1 s until then.
+    const int64_t due_ns = std::max<int64_t>(cluster_.heartbeat_ms, 1) * 800000;
+    for (int i = t; i < n && !stopping_.load() && !paused_.load(); i += threads) {
+      if (!cluster_.registered[i].load() ||
+          NowNs() - cluster_.last_heartbeat[i].load() < due_ns) {
+        continue;
+      }
+      int64_t gap = NowNs() - cluster_.last_heartbeat[i].load();
+      for (int64_t seen = longest_gap_ns_.load();
+           gap > seen && !longest_gap_ns_.compare_exchange_weak(seen, gap);) {
+      }
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      cluster_.As(i, &ctx);
+      v1::HeartbeatRequest request;
+      request.set_worker_id(cluster_.worker_ids[i]);
+      const bool busy = !job_id.empty() && i < static_cast<int>(rank_of_worker.size());
+      request.set_job_id(busy ? job_id : "");
+      request.set_rank(busy ? rank_of_worker[i] : -1);
+      v1::HeartbeatResponse response;
+      const int64_t sent = NowNs();
+      (void)stub->Heartbeat(&ctx, request, &response);
+      cluster_.last_heartbeat[i].store(NowNs());
+      gap = NowNs() - sent;
+      for (int64_t seen = longest_call_ns_.load();
+           gap > seen && !longest_call_ns_.compare_exchange_weak(seen, gap);) {
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
 // Submits one job whose ranks take every simulated worker and waits until all are assigned;
 // returns its id.
-std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& service,
+std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkers& service,
                              int stages, int n) {
   v1::SubmitJobRequest request;
   v1::JobSpec* spec = request.mutable_spec();
   spec->set_name("coordinator_capacity");
   spec->mutable_model()->set_name("gpt");
+  spec->mutable_model()->set_n_layers(std::max(4, stages));  // a layer at least per stage
   spec->set_schedule("1f1b");
   spec->set_stages(stages);
   spec->set_replicas(n / stages);
@@ -118,7 +284,7 @@ std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& serv
   v1::Job job;
   grpc::Status s = jobs.SubmitJob(&ctx, request, &job);
   if (!s.ok()) Die("SubmitJob: " + s.error_message());
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
   while (service.assigned() < n && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

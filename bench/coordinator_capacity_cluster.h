@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -38,6 +39,7 @@ class OwnCoordinator {
   explicit OwnCoordinator(const std::string& binary);
   ~OwnCoordinator();
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
 
  private:
   fs::path dir_;
@@ -45,29 +47,25 @@ class OwnCoordinator {
   std::string address_;
 };
 
-// The simulated workers' one WorkerService: takes every assignment, does nothing.
-// Thread-safe (gRPC calls it from its threads).
-class FakeWorkerService final : public v1::WorkerService::Service {
+// The simulated workers' one WorkerService, in a process of its own (forked, so that the
+// thousands of connections the coordinator opens to it do not take the CPU this process's
+// simulated workers heartbeat with): it serves on every address of the host, takes every
+// assignment and does nothing, and counts the assignments back through a pipe. Start it
+// before anything else of gRPC in this process; it is killed on destruction (and with this
+// process).
+class FakeWorkers {
  public:
-  grpc::Status AssignStage(grpc::ServerContext*, const v1::StageAssignment* request,
-                           v1::AssignResponse*) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_id_ = request->job_id();
-    ++assigned_;
-    return grpc::Status::OK;
-  }
-  grpc::Status StopStage(grpc::ServerContext*, const v1::StopStageRequest*,
-                         v1::AssignResponse*) override {
-    return grpc::Status::OK;
-  }
-  int assigned() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return assigned_;
-  }
+  FakeWorkers();  // Dies if it does not serve
+  ~FakeWorkers();
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // AssignStage calls answered so far.
+  int assigned();
 
  private:
-  std::mutex mu_;
-  std::string job_id_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int assigned_fd_ = -1;  // one byte per assignment
   int assigned_ = 0;
 };
 
@@ -84,11 +82,15 @@ double MonotonicSeconds();
 int64_t NowNs();
 
 struct Cluster {
+  // Sizes the per-worker state for `n` workers (before RegisterSimulatedWorkers and Keepalive).
+  void Allocate(int n);
+  // Per worker: registered yet (its id and session set).
+  std::unique_ptr<std::atomic<bool>[]> registered;
   std::vector<std::string> worker_ids;
   std::vector<std::string> sessions;  // each worker's own credential (rpc::WorkerSession)
   std::string job_id;
   int stages = 0;
-  int64_t heartbeat_ms = 1000;
+  std::atomic<int64_t> heartbeat_ms{1000};  // as registration answered
   // Per worker: when its last heartbeat was sent (ns since the clock's epoch).
   std::unique_ptr<std::atomic<int64_t>[]> last_heartbeat;
   // Per rank: the next step to report, under the rank's lock (the coordinator takes a rank's
@@ -110,14 +112,45 @@ struct Cluster {
 // the benchmark's one WorkerService listening on every address at `port`.
 std::string SimulatedWorkerAddress(int i, int port);
 
-// Registers `n` simulated workers, worker i at SimulatedWorkerAddress(i, port), filling
-// `cluster`'s worker ids, sessions, heartbeat interval and per-worker state.
-void RegisterSimulatedWorkers(v1::CoordinatorService::Stub& coordinator,
-                              const std::string& target, int port, int n, Cluster& cluster);
+// Registers the `n` simulated workers of `cluster` (Allocate(n) first), worker i at
+// SimulatedWorkerAddress(i, port), from several threads, filling its ids, sessions and
+// heartbeat interval, and marking each registered; at most `per_s` a second (0: unpaced).
+void RegisterSimulatedWorkers(const std::string& target, int port, int n, double per_s,
+                              Cluster& cluster);
+
+// Keeps the registered simulated workers alive as their own heartbeat threads would: from
+// `threads` threads (each its own connection, a slice of the workers), a heartbeat for each
+// worker that no other call covered in the last 0.8 interval, with its job and rank once
+// SetJob has been called; none while paused (a phase that heartbeats every worker itself).
+// Stops on destruction.
+class Keepalive {
+ public:
+  Keepalive(const std::string& target, Cluster& cluster, int threads);
+  ~Keepalive();
+  void SetJob(const std::string& job_id, const std::vector<int>& rank_of_worker);
+  void SetPaused(bool paused) { paused_.store(paused); }
+  // The longest a worker has waited for its heartbeat since the last call (ms), and a new
+  // count from now.
+  double TakeLongestGapMs() { return longest_gap_ns_.exchange(0) / 1e6; }
+  // The longest one heartbeat call took since the last call (ms), and a new count from now.
+  double TakeLongestCallMs() { return longest_call_ns_.exchange(0) / 1e6; }
+
+ private:
+  void Loop(const std::string& target, int t, int threads);
+  Cluster& cluster_;
+  std::mutex mu_;  // guards job_id_, rank_of_worker_
+  std::string job_id_;
+  std::vector<int> rank_of_worker_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> paused_{false};
+  std::atomic<int64_t> longest_gap_ns_{0};  // since a worker's last heartbeat, when sent
+  std::atomic<int64_t> longest_call_ns_{0};  // one heartbeat call
+  std::vector<std::thread> threads_;
+};
 
 // Submits one job of `stages` stages x n / stages replicas, so that its ranks take every
-// simulated worker, and waits (30 s at most) until all are assigned; returns its id.
-std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkerService& service,
+// simulated worker, and waits (120 s at most) until all are assigned; returns its id.
+std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkers& workers,
                              int stages, int n);
 
 // Where the coordinator placed each rank of `job_id`: fills `cluster`'s worker_of_rank and

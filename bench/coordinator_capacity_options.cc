@@ -30,6 +30,14 @@ Options ParseArgs(int argc, char** argv) {
       o.stages = std::atoi(value(i).c_str());
     } else if (a == "--seconds") {
       o.seconds = std::atof(value(i).c_str());
+    } else if (a == "--scale") {
+      o.scale = true;
+    } else if (a == "--register-per-s") {
+      o.register_per_s = std::atof(value(i).c_str());
+    } else if (a == "--step-s") {
+      o.step_s = std::atof(value(i).c_str());
+    } else if (a == "--cadence-threads") {
+      o.cadence_threads = std::atoi(value(i).c_str());
     } else if (a == "--threads") {
       o.threads.clear();
       std::stringstream list(value(i));
@@ -38,8 +46,15 @@ Options ParseArgs(int argc, char** argv) {
       std::printf(
           "coordinator_capacity (--coordinator HOST:PORT | --start-coordinator PATH)\n"
           "    [--workers 64] [--stages 2] [--threads 1,8] [--seconds 3]\n"
+          "    [--scale [--step-s 1] [--cadence-threads 16]] [--register-per-s R]\n"
           "Registers N simulated workers, gets a job assigned to them, and measures\n"
-          "Heartbeat and ReportStep throughput and latency from T client threads.\n");
+          "Heartbeat and ReportStep throughput and latency from T client threads.\n"
+          "--scale: instead, the cluster at its real cadence for --seconds (each worker\n"
+          "heartbeating once per interval, each rank reporting a step every --step-s), the\n"
+          "coordinator's CPU per second of cluster time (its pid known with\n"
+          "--start-coordinator), and what grows with N: placement, the job's status, the\n"
+          "workers listing, the end of the job.\n"
+          "--register-per-s: registrations per second at most (default: unpaced).\n");
       std::exit(0);
     } else {
       Die("unknown argument " + a + " (see --help)");
@@ -52,6 +67,9 @@ Options ParseArgs(int argc, char** argv) {
     Die("--workers must be a positive multiple of --stages");
   }
   if (o.seconds <= 0 || o.threads.empty()) Die("--seconds and --threads must be positive");
+  if (o.step_s <= 0 || o.cadence_threads < 1 || o.register_per_s < 0) {
+    Die("--step-s and --cadence-threads must be positive");
+  }
   for (int t : o.threads) {
     if (t < 1) Die("--threads: every count must be >= 1");
   }

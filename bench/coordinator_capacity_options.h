@@ -17,7 +17,16 @@ struct Options {
   int workers = 64;               // simulated workers, a multiple of `stages`
   int stages = 2;
   std::vector<int> threads = {1, 8};  // client thread counts, one set of rows each
-  double seconds = 3;                 // per row
+  double seconds = 3;                 // per row (--scale: the cadence phase)
+  // --scale: the cluster at its real cadence instead (coordinator_capacity_scale.h): every
+  // worker heartbeating each interval and reporting a step each `step_s`, from
+  // `cadence_threads` client threads.
+  bool scale = false;
+  // Registrations per second at most (0: as fast as they go): workers that start over a
+  // few seconds, as those of a large allocation do.
+  double register_per_s = 0;
+  double step_s = 1;
+  int cadence_threads = 16;
 };
 
 // The options of `argv`; prints the usage and exits 0 for --help, and Dies on an unknown

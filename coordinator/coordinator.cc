@@ -105,12 +105,7 @@ void Coordinator::StopMonitor() {
 
 Coordinator::~Coordinator() {
   StopMonitor();
-  std::vector<Call> calls;
-  {
-    absl::MutexLock lock(&mu_);
-    calls.swap(calls_);
-  }
-  for (Call& c : calls) c.thread.join();
+  // calls_, declared last, is destroyed first: it runs what is queued, then joins.
 }
 
 absl::Status Coordinator::Load() {
@@ -164,18 +159,7 @@ void Coordinator::Later(std::function<void()> call) {
     deps_.run_later(std::move(call));
     return;
   }
-  for (Call& c : calls_) {
-    if (c.done->load()) c.thread.join();
-  }
-  calls_.erase(std::remove_if(calls_.begin(), calls_.end(),
-                              [](const Call& c) { return !c.thread.joinable(); }),
-               calls_.end());
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([call = std::move(call), done] {
-    call();
-    done->store(true);
-  });
-  calls_.push_back({std::move(thread), done});
+  calls_.Run(std::move(call));
 }
 
 void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
@@ -208,9 +192,14 @@ void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
       ReturnToQueue(e, requeue->why);
     }
   }
-  if (!t.commands.empty() || e.run.phase != before.phase || e.run.stop_step != before.stop_step ||
+  // A change of the job's phase, generation or stop step is written at once; what only
+  // marks ranks (a rank of thousands ending) is progress, written at most once a second (a
+  // job of 4,096 ranks would otherwise be serialized and written once per rank).
+  if (e.run.phase != before.phase || e.run.stop_step != before.stop_step ||
       e.run.generation != before.generation) {
     jobs_.Changed(e);
+  } else if (!t.commands.empty()) {
+    jobs_.Changed(e, /*progress_only=*/true);
   }
 }
 

@@ -77,6 +77,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/base/clock.h"
+#include "coordinator/call_pool.h"
 #include "coordinator/command_relay.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
@@ -121,7 +122,7 @@ struct CoordinatorDeps {
   std::unique_ptr<JobStore> store;
   std::shared_ptr<Clock> clock;
   WorkerConnector connect;
-  // Runs a call to a worker off the lock (the real one: a thread per call).
+  // Runs a call to a worker off the lock (the real one: the coordinator's CallPool).
   std::function<void(std::function<void()>)> run_later;
   // The monitor thread (heartbeat loss, held-back failures); without it, Tick() does its work.
   bool start_monitor = true;
@@ -225,6 +226,10 @@ class Coordinator {
   static constexpr size_t kKvKeyBytes = RendezvousStores::kKeyBytes;
   static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
   static constexpr int kMaxWorkerCores = 65536;
+  // Worker numbers are reserved from the store this many at a time (NextWorkerNumber).
+  static constexpr int64_t kWorkerNumberBlock = 64;
+  // Ranks whose workers a job's "running: ..." event names (the rest are counted).
+  static constexpr int kRanksNamed = 16;
   // A worker's lease, in heartbeat intervals: one that has had no heartbeat answered for this
   // long stops its stage (it was taken for lost after two intervals without a heartbeat).
   static constexpr int kLeaseIntervals = 3;
@@ -329,7 +334,7 @@ class Coordinator {
   absl::StatusOr<v1::ReportResponse> ReportStepLocked(const v1::StepReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held.
   absl::StatusOr<v1::ReportResponse> StageEndLocked(const v1::StageEnd& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Calls `call` on a detached thread (RPCs to workers never run under mu_).
+  // Queues `call` for the call pool (RPCs to workers never run under mu_).
   void Later(std::function<void()> call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
@@ -345,17 +350,22 @@ class Coordinator {
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);
   RendezvousStores rendezvous_ ABSL_GUARDED_BY(mu_);  // of the running generations
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  // Worker numbers, reserved from the store kWorkerNumberBlock at a time (one durable write
+  // per block, not per registration: thousands of workers register within seconds); a
+  // restart starts a new block, so a number is never given twice.
+  absl::StatusOr<int64_t> NextWorkerNumber() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Mutex numbers_mu_;
+  int64_t number_next_ ABSL_GUARDED_BY(numbers_mu_) = 1;
+  int64_t number_end_ ABSL_GUARDED_BY(numbers_mu_) = 0;
   int64_t workers_lost_silent_ ABSL_GUARDED_BY(mu_) = 0;
   CommandRelay commands_ ABSL_GUARDED_BY(mu_);  // step commands: counts and reports tallied
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
   std::atomic<int64_t> last_pass_ms_{0};  // clock time of the monitor's last completed pass
-  struct Call {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  // Finished ones joined by the next Later(), the rest on destruction.
-  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  // Calls to workers, kCallThreads at a time; destroyed first (declared last), so that
+  // every queued call has run before the state it may touch is gone.
+  static constexpr int kCallThreads = 16;
+  CallPool calls_{kCallThreads};
 };
 
 }  // namespace pipetrain::coordinator

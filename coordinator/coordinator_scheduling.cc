@@ -40,12 +40,19 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& ran
     st->set_worker_id(rank_workers[r]);
     st->set_step(std::max<int64_t>(-1, start_step - 1));
     st->set_state(v1::STAGE_STATE_ASSIGNED);
-    placed.push_back(absl::StrCat(RankName(e.job, r), " on ", rank_workers[r]));
+    // The event names the first kRanksNamed ranks' workers (one of thousands would be a
+    // line of hundreds of kilobytes); `pipetrain status` has every rank's.
+    if (r < kRanksNamed) placed.push_back(absl::StrCat(RankName(e.job, r), " on ", rank_workers[r]));
     AssignRank(e.job.id(), r);
   }
+  const std::string more =
+      ranks > kRanksNamed
+          ? absl::StrCat(" and ", ranks - kRanksNamed, " more ranks (`pipetrain status ",
+                         e.job.id(), "` lists every one)")
+          : "";
   jobs_.Event(e.job.id(), absl::StrCat(e.job.generation() > 1 ? absl::StrCat("generation ", e.job.generation(), " ")
                                                   : std::string(),
-                                 "running: ", absl::StrJoin(placed, ", ")));
+                                 "running: ", absl::StrJoin(placed, ", "), more));
   jobs_.Changed(e);
 }
 
@@ -94,6 +101,7 @@ void Coordinator::Schedule() {
   if (PlaceRecovering()) return;
   const std::vector<JobEntry*> queued = jobs_.InOrder(
       [](const JobEntry& e) { return e.job.state() == v1::JOB_STATE_QUEUED && e.durable; });
+  if (queued.empty()) return;  // (the registry's view is not copied for nothing)
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
     wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas(),

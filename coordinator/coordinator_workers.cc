@@ -130,7 +130,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   if (!client.ok()) return client.status();
   // Numbered in the store: a worker still known by its id from before a restart must not
   // find that id given to another (its heartbeats would pass for the other's).
-  absl::StatusOr<int64_t> number = deps_.store->Increment("worker");
+  absl::StatusOr<int64_t> number = NextWorkerNumber();
   if (!number.ok()) {
     std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
   }
@@ -170,6 +170,15 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     Schedule();
     return response;
   });
+}
+
+absl::StatusOr<int64_t> Coordinator::NextWorkerNumber() {
+  absl::MutexLock lock(&numbers_mu_);
+  if (number_next_ > number_end_) {
+    PT_ASSIGN_OR_RETURN(number_end_, deps_.store->Increment("worker", kWorkerNumberBlock));
+    number_next_ = number_end_ - kWorkerNumberBlock + 1;
+  }
+  return number_next_++;
 }
 
 absl::Status Coordinator::Deregister(const std::string& session,

@@ -52,7 +52,7 @@ class SqliteJobStore : public JobStore {
                                       const std::string& text) override;
   absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
                                                   int64_t after_seq, int64_t limit) override;
-  absl::StatusOr<int64_t> Increment(const std::string& name) override;
+  absl::StatusOr<int64_t> Increment(const std::string& name, int64_t by) override;
   absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) override;
   absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id, int64_t after_step,
                                                 int64_t limit) override;
@@ -353,13 +353,15 @@ absl::StatusOr<std::vector<StoredStep>> SqliteJobStore::Steps(const std::string&
   return steps;
 }
 
-absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name) {
+absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name, int64_t by) {
+  if (by < 1) return absl::InvalidArgumentError("a counter is increased by 1 at least");
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
-               "INSERT INTO counters (name, value) VALUES (?1, 1) "
-               "ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value");
+               "INSERT INTO counters (name, value) VALUES (?1, ?2) "
+               "ON CONFLICT (name) DO UPDATE SET value = value + ?2 RETURNING value");
   if (!st.ok()) return Error(db_, "preparing a counter update");
   st.Bind(1, name);
+  st.Bind(2, by);
   if (sqlite3_step(st.get()) != SQLITE_ROW) return Error(db_, "updating a counter");
   const int64_t value = sqlite3_column_int64(st.get(), 0);
   if (sqlite3_step(st.get()) != SQLITE_DONE) return Error(db_, "updating a counter");

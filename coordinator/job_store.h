@@ -52,9 +52,10 @@ class JobStore {
   // At most `limit` steps after `after_step`, in order.
   virtual absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id,
                                                         int64_t after_step, int64_t limit) = 0;
-  // Adds one to the counter `name` (0 when first used) and returns it: numbers that are
-  // never handed out twice, across restarts (worker ids).
-  virtual absl::StatusOr<int64_t> Increment(const std::string& name) = 0;
+  // Adds `by` (>= 1) to the counter `name` (0 when first used) and returns the new value:
+  // the numbers value - by + 1 .. value are the caller's, never handed out twice, across
+  // restarts (worker ids, reserved in blocks: one write per block).
+  virtual absl::StatusOr<int64_t> Increment(const std::string& name, int64_t by) = 0;
 };
 
 // The SQLite file at `path`, opened or created (its tables created if missing). Writes are

@@ -28,7 +28,9 @@ StepLedger::StepLedger(int ranks, int stages, int64_t start_step, int64_t commit
       tokens_per_step_(tokens_per_step),
       last_step_(ranks, start_step > 0 ? start_step - 1 : -1),
       compute_s_(ranks, 0),
-      step_compute_s_(ranks, 0) {}
+      step_compute_s_(ranks, 0) {
+  if (ranks > 0) ranks_at_step_[last_step_[0]] = ranks;
+}
 
 StepLedger::Order StepLedger::Expects(int64_t last, int64_t step) const {
   // A generation resumed by its spec starts where its checkpoint is: its first report says.
@@ -45,8 +47,13 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
     // The first report of a resumed generation fixes where every rank starts.
     start_step_ = r.step();
     for (int64_t& s : last_step_) s = std::max(s, r.step() - 1);
+    ranks_at_step_.clear();
+    for (int64_t s : last_step_) ++ranks_at_step_[s];
     committed_ = std::max(committed_, r.step() - 1);
   }
+  auto before = ranks_at_step_.find(last_step_[rank]);
+  if (--before->second == 0) ranks_at_step_.erase(before);
+  ++ranks_at_step_[r.step()];
   last_step_[rank] = r.step();
   // A stage's compute per step, averaged over recent steps (an exponential moving average
   // weighing the last step 1/8, so one step slowed by the machine does not flag a
@@ -79,7 +86,7 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
     }
     last_end_s_ = r.end_s();
   }
-  const int64_t done = *std::min_element(last_step_.begin(), last_step_.end());
+  const int64_t done = ranks_at_step_.begin()->first;
   for (int64_t t = committed_ + 1; t <= done; ++t) {
     CommittedStep step;
     step.step = t;

@@ -73,6 +73,9 @@ class StepLedger {
   int64_t committed_ = -1;
   int64_t tokens_per_step_ = 0;
   std::vector<int64_t> last_step_;
+  // How many ranks have each last step: its first key is the last step every rank finished
+  // (a report costs O(log ranks), not a pass over every rank).
+  std::map<int64_t, int> ranks_at_step_;
   std::vector<double> compute_s_;       // each rank's compute_s total at its last report
   std::vector<double> step_compute_s_;  // each rank's compute seconds per step (EMA)
   std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed

@@ -72,6 +72,10 @@ WorkerConnector GrpcWorkerConnector(const rpc::SecurityOptions& security) {
              -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::MakeChannel(address, security);
     if (!channel.ok()) return channel.status();
+    // Connects now, in the background, not at the first assignment: a job of thousands of
+    // ranks would otherwise open thousands of connections at once when it is placed (and
+    // slow the heartbeats the coordinator answers meanwhile); registrations come spread out.
+    (void)(*channel)->GetState(/*try_to_connect=*/true);
     return std::shared_ptr<WorkerClient>(
         std::make_shared<GrpcWorkerClient>(*channel, command_key));
   };

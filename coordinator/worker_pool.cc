@@ -15,7 +15,9 @@ WorkerPool::Worker& WorkerPool::Add(v1::WorkerInfo info, std::shared_ptr<WorkerC
   const std::string id = info.id();
   Worker& w = workers_[id];
   if (!w.session.empty()) by_session_.erase(w.session);
+  if (!w.info.address().empty()) by_address_.erase(w.info.address());
   by_session_[session] = id;
+  by_address_[info.address()] = id;
   w = Worker{std::move(info), now, std::move(client), std::move(session)};
   return w;
 }
@@ -42,16 +44,16 @@ absl::StatusOr<WorkerPool::Worker*> WorkerPool::Heartbeat(const std::string& id,
 }
 
 WorkerPool::Worker* WorkerPool::FindByAddress(const std::string& address) {
-  for (auto& [id, w] : workers_) {
-    if (w.info.address() == address) return &w;
-  }
-  return nullptr;
+  auto it = by_address_.find(address);
+  return it == by_address_.end() ? nullptr : Find(it->second);
 }
 
 void WorkerPool::Remove(const std::string& id) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
   by_session_.erase(it->second.session);
+  auto address = by_address_.find(it->second.info.address());
+  if (address != by_address_.end() && address->second == id) by_address_.erase(address);
   workers_.erase(it);
 }
 

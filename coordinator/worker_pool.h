@@ -79,6 +79,7 @@ class WorkerPool {
  private:
   std::map<std::string, Worker> workers_;
   std::map<std::string, std::string> by_session_;  // session -> worker id
+  std::map<std::string, std::string> by_address_;  // address -> worker id (one each)
   LostListener on_lost_;
 };
 

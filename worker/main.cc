@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/synchronization/mutex.h"
 #include "rpc/protobuf_logs.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
@@ -27,6 +28,10 @@
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  // absl's lock-order checking (on in this build of absl) is a debugging aid: it records
+  // every Mutex gRPC and the daemon take, a tenth of a busy coordinator's CPU. Off in the
+  // daemons; the tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   using namespace pipetrain::worker;
   pipetrain::TuneAllocatorForTraining();
   pipetrain::memory::CountTensorMemory();  // step reports' peak_tensor_bytes

@@ -143,8 +143,8 @@ class FakeStore : public JobStore {
     }
     return out;
   }
-  absl::StatusOr<int64_t> Increment(const std::string& name) override {
-    return ++d_->counters[name];
+  absl::StatusOr<int64_t> Increment(const std::string& name, int64_t by) override {
+    return d_->counters[name] += by;
   }
   absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) override {
     if (d_->fail_puts) return absl::InternalError("job store: disk I/O error");

@@ -448,8 +448,9 @@ TEST_F(CoordinatorCoreTest, ARestartFailsTheRunningJobsAndKeepsTheRest) {
   EXPECT_EQ(interrupted.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(interrupted.message(), HasSubstr("interrupted by a coordinator restart"));
   EXPECT_THAT(EventTexts(running.id()).back(), HasSubstr("interrupted by a coordinator restart"));
-  // Ids are never handed out twice: the next worker and job get new ones.
-  EXPECT_EQ(Register(2), "worker-2");
+  // Ids are never handed out twice: the next worker and job get new ones (worker numbers
+  // come in blocks of kWorkerNumberBlock: the restarted coordinator starts the next block).
+  EXPECT_EQ(Register(2), absl::StrCat("worker-", Coordinator::kWorkerNumberBlock + 1));
   EXPECT_EQ(Submit(Spec(1)).id(), "job-0003");
 }
 
