@@ -191,7 +191,8 @@ class Harness {
         break;
       }
       case 6: {  // the rendezvous store of a job, as its ranks use it
-        auto store = coordinator_->Rendezvous(Session(), JobId());
+        auto store = coordinator_->Rendezvous(Session(), JobId(),
+                                              in_.ConsumeIntegralInRange<int>(0, 2));
         CheckRefusal(store.status());
         if (!store.ok()) break;
         const std::string key = AnyString(in_.ConsumeBool() ? 16 : 2048);
