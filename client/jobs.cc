@@ -349,8 +349,8 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
           client.Call(&v1::JobService::Stub::ListWorkers, v1::ListWorkersRequest(), &response);
       if (!s.ok()) return client.Fail(s, "workers");
       if (common->output == "table") {
-        std::printf("%-10s %-22s %-6s %-5s %-8s %-6s %-10s %s\n", "id", "address", "device",
-                    "cores", "memory", "state", "job", "rank");
+        std::printf("%-10s %-22s %-16s %-6s %-5s %-8s %-6s %-10s %s\n", "id", "address", "host",
+                    "device", "cores", "memory", "state", "job", "rank");
       }
       for (const v1::WorkerInfo& w : response.workers()) {
         if (common->output == "json") {
@@ -359,8 +359,10 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
           const std::string memory =
               w.memory_bytes() > 0 ? absl::StrFormat("%.1fG", w.memory_bytes() / double(1 << 30))
                                    : "-";
-          std::printf("%-10s %-22s %-6s %-5s %-8s %-6s %-10s %s\n", Printable(w.id()).c_str(),
-                      Printable(w.address()).c_str(), Printable(w.device()).c_str(),
+          std::printf("%-10s %-22s %-16s %-6s %-5s %-8s %-6s %-10s %s\n",
+                      Printable(w.id()).c_str(), Printable(w.address()).c_str(),
+                      w.host().empty() ? "-" : Printable(w.host()).c_str(),
+                      Printable(w.device()).c_str(),
                       w.cores() > 0 ? absl::StrCat(w.cores()).c_str() : "-", memory.c_str(), StateName(w.state()).c_str(),
                       w.job_id().empty() ? "-" : Printable(w.job_id()).c_str(),
                       w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());

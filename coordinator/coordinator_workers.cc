@@ -80,6 +80,14 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
         "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0, "
         "its cores in [0, ", kMaxWorkerCores, "]"));
   }
+  if (request.host().size() > 255 ||
+      std::any_of(request.host().begin(), request.host().end(), [](char ch) {
+        return static_cast<unsigned char>(ch) < 0x21 || static_cast<unsigned char>(ch) > 0x7e;
+      })) {
+    return absl::InvalidArgumentError(
+        "host: the worker's machine is named by at most 255 printable ASCII characters, no "
+        "spaces (--host-name)");
+  }
   if (!IsServiceAddress(request.address())) {
     return absl::InvalidArgumentError(
         "address: expected the worker's service as host:port (a name, an IPv4 address or "
@@ -157,6 +165,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
     info.set_device(request.device().empty() ? "cpu" : request.device());
     info.set_memory_bytes(request.memory_bytes());
     info.set_cores(request.cores());
+    info.set_host(request.host());
     const std::string session = rpc::RandomKey();
     pool_.Add(info, *client, session, deps_.clock->Now());
     v1::RegisterWorkerResponse response;

@@ -5,7 +5,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -113,6 +115,15 @@ absl::StatusOr<AdvertisedAddress> ChooseAdvertisedAddress(const std::string& lis
   }
   chosen.iface = !iface.empty() ? iface : InterfaceHolding(chosen.host);
   return chosen;
+}
+
+std::string DefaultHostName() {
+  if (const char* node = std::getenv("SLURMD_NODENAME"); node != nullptr && *node != '\0') {
+    return node;
+  }
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
 }
 
 }  // namespace pipetrain::worker

@@ -38,4 +38,9 @@ bool IsWildcardHost(const std::string& host);
 // `host` with `port`, brackets around an IPv6 address: "10.0.0.2:7071", "[fd00::2]:7071".
 std::string JoinHostPort(const std::string& host, int port);
 
+// The name of the machine a worker runs on, as it registers it (--host-name's default):
+// Slurm's node name ($SLURMD_NODENAME) under Slurm, where several nodes may share one
+// hostname, else the hostname.
+std::string DefaultHostName();
+
 }  // namespace pipetrain::worker

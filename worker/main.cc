@@ -24,6 +24,7 @@
 #include "runtime/base/regular_file.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/job/device.h"
+#include "worker/advertised_address.h"
 #include "worker/data_roots.h"
 #include "worker/worker.h"
 
@@ -69,6 +70,12 @@ int main(int argc, char** argv) {
                  "the network interface its peers reach it on: its IPv4 address is advertised "
                  "when --advertise-address is not given, and NCCL uses it (NCCL_SOCKET_IFNAME, "
                  "unless set)");
+  options.host = DefaultHostName();
+  app.add_option("--host-name", options.host,
+                 "the machine this worker runs on, as registered with the coordinator (workers "
+                 "of one host share its links); under Slurm the node's name ($SLURMD_NODENAME), "
+                 "else the hostname")
+      ->capture_default_str();
   app.add_option("--data-root", options.data_roots,
                  "a directory jobs may read their files from (data.path, model.path) and write "
                  "to or resume from (checkpoint.dir, weights_dir, resume_from; also this "

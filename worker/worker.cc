@@ -130,6 +130,7 @@ absl::Status Worker::Register(absl::Time deadline) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   request.set_name(absl::StrCat(host, " pid ", getpid()));
+  request.set_host(options_.host);
   absl::Status last;
   while (true) {
     absl::StatusOr<v1::RegisterWorkerResponse> response = coordinator_->Register(request);

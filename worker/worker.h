@@ -82,6 +82,9 @@ struct WorkerOptions {
   // empty, and NCCL (NCCL_SOCKET_IFNAME, unless set) uses it. "": the one holding the
   // advertised address.
   std::string iface;
+  // The machine it runs on, as registered (shown by `pipetrain workers`): --host-name, by
+  // default Slurm's node name or the hostname (advertised_address.h, DefaultHostName).
+  std::string host;
   rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
   // The only directories a job's files (data.path, model.path) may be read from, resolved
   // through symlinks; regular files only. None: a job may name no file at all. With roots, a

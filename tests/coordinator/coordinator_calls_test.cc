@@ -4,6 +4,7 @@
 // The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
 // daemon tests (tests/daemons) check the same rules end to end over gRPC.
 #include <atomic>
+#include <map>
 
 #include "tests/coordinator/coordinator_fixture.h"
 
@@ -259,6 +260,33 @@ TEST_F(CoordinatorCoreTest, AnAddressNobodyElseCanReachIsRefused) {
   EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
   EXPECT_TRUE(coordinator_->Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
   EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
+  EXPECT_EQ(coordinator_->Workers().size(), 3u);
+}
+
+// A worker names the machine it runs on (--host-name; Slurm's node name by default): kept and
+// listed; a name with spaces or control characters, or over 255 bytes, is refused.
+TEST_F(CoordinatorCoreTest, AWorkersHostIsKeptAndListedAndABadOneRefused) {
+  auto request = [](const std::string& address, const std::string& host) {
+    v1::RegisterWorkerRequest r;
+    r.set_address(address);
+    r.set_command_key(rpc::RandomKey());
+    r.set_host(host);
+    return r;
+  };
+  ASSERT_TRUE(coordinator_->Register(request("10.0.0.2:7000", "node-3"), "").ok());
+  ASSERT_TRUE(coordinator_->Register(request("10.0.0.2:7001", "node-3"), "").ok());
+  ASSERT_TRUE(coordinator_->Register(request("10.0.0.3:7000", ""), "").ok());
+  std::map<std::string, std::string> host_of;
+  for (const v1::WorkerInfo& w : coordinator_->Workers()) host_of[w.address()] = w.host();
+  EXPECT_EQ(host_of["10.0.0.2:7000"], "node-3");
+  EXPECT_EQ(host_of["10.0.0.2:7001"], "node-3");
+  EXPECT_EQ(host_of["10.0.0.3:7000"], "");
+  for (const std::string& bad : {std::string("node 3"), std::string("node\x1b[2J"),
+                                 std::string(256, 'n')}) {
+    const absl::Status refused = coordinator_->Register(request("10.0.0.4:7000", bad), "").status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.message(), HasSubstr("--host-name"));
+  }
   EXPECT_EQ(coordinator_->Workers().size(), 3u);
 }
 

@@ -33,6 +33,7 @@ TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
       if (address.rfind(hosts_->DataAddress(h) + ":", 0) == 0) host = h;
     }
     EXPECT_GE(host, 1) << "registered at " << address;
+    EXPECT_EQ(w.value("host", ""), absl::StrCat("host", host)) << "its --host-name";
     host_of[w.value("id", "")] = host;
   }
 

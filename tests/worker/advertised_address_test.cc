@@ -3,6 +3,11 @@
 // too. On this host's own interfaces (loopback is always there).
 #include "worker/advertised_address.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -46,6 +51,20 @@ TEST(AdvertisedAddress, AWildcardOrAnUnknownInterfaceIsRefusedNamingTheFlags) {
               HasSubstr("--iface: this host has no interface nosuch0"));
   EXPECT_TRUE(IsWildcardHost("0.0.0.0"));
   EXPECT_FALSE(IsWildcardHost("10.0.0.1"));
+}
+
+// The host a worker registers: Slurm's node name under Slurm (several nodes may share one
+// hostname there), else the hostname.
+TEST(AdvertisedAddress, TheHostIsSlurmsNodeNameElseTheHostname) {
+  char hostname[256] = {0};
+  ASSERT_EQ(gethostname(hostname, sizeof(hostname) - 1), 0);
+  const char* before = std::getenv("SLURMD_NODENAME");
+  const std::string saved = before ? before : "";
+  setenv("SLURMD_NODENAME", "n3", 1);
+  EXPECT_EQ(DefaultHostName(), "n3");
+  unsetenv("SLURMD_NODENAME");
+  EXPECT_EQ(DefaultHostName(), hostname);
+  if (before) setenv("SLURMD_NODENAME", saved.c_str(), 1);
 }
 
 }  // namespace
