@@ -18,7 +18,7 @@
 namespace pipetrain::kubernetes_test {
 
 // A rendered pod's container as this machine runs it: $(VAR) from the container's env
-// (POD_IP: `pod_ip`), a Service's name:port as the address of the host its pods run on (as
+// (POD_IP: `pod_ip`; the node's name: "node-" and `pod_ip`, a node per pod), a Service's name:port as the address of the host its pods run on (as
 // SetServiceHost says; 127.0.0.1 unless said) and the port its targetPort names, each mount
 // path as a directory under `root` holding what the volume would.
 struct Launch {
@@ -66,9 +66,9 @@ class ContainerRunner {
     for (const YAML::Node& e : c["env"]) {
       const std::string var = e["name"].as<std::string>();
       if (e["value"]) env[var] = e["value"].as<std::string>();
-      if (At(e, {"valueFrom", "fieldRef", "fieldPath"}).as<std::string>("") == "status.podIP") {
-        env[var] = pod_ip;
-      }
+      const std::string field = At(e, {"valueFrom", "fieldRef", "fieldPath"}).as<std::string>("");
+      if (field == "status.podIP") env[var] = pod_ip;
+      if (field == "spec.nodeName") env[var] = "node-" + pod_ip;  // a node per pod here
     }
     Launch launch;
     const std::string command = c["command"][0].as<std::string>();

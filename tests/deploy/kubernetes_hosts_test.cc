@@ -3,7 +3,8 @@
 // $(POD_IP) that address, and a Service's name the address of the host its pod runs on. The
 // coordinator's and workers' exact command lines bind their container ports on their own
 // hosts (the same ports on every worker host, as pods do), the workers register at their pod
-// addresses, and the submit Job's command line, on a host of its own, trains the ConfigMap's
+// addresses with their nodes' names as hosts, and the submit Job's command line, on a host of
+// its own, trains the ConfigMap's
 // job to success across the hosts, the pipeline's traffic on the hosts' links. Root only (the
 // namespaces), and kubectl (the rendering): skipped otherwise, saying why.
 #include <chrono>
@@ -85,16 +86,18 @@ TEST_F(KubernetesTest, EachPodOnAHostOfItsOwnTrainsTheJobThroughItsServices) {
       const nlohmann::json w = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (w.is_object() && w.value("state", "") == "WORKER_STATE_IDLE") {
         ++idle;
-        addresses.push_back(w.value("address", ""));
+        addresses.push_back(w.value("address", "") + " on " + w.value("host", ""));
       }
     }
     if (idle < replicas) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   ASSERT_EQ(idle, replicas) << listed << "\n" << pipetrain::client::LogTail(c.log);
-  // Each worker registered at its own pod's address and the port its container declares.
+  // Each worker registered at its own pod's address and the port its container declares, and
+  // its node's name (the downward API's spec.nodeName) as its host.
   for (int i = 0; i < replicas; ++i) {
-    EXPECT_THAT(addresses, ::testing::Contains(absl::StrCat(hosts.DataAddress(1 + i), ":",
-                                                             worker_port)));
+    EXPECT_THAT(addresses, ::testing::Contains(absl::StrCat(
+                               hosts.DataAddress(1 + i), ":", worker_port, " on node-",
+                               hosts.DataAddress(1 + i))));
   }
 
   std::vector<int64_t> sent_before;
