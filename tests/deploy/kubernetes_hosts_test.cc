@@ -4,9 +4,9 @@
 // coordinator's and workers' exact command lines bind their container ports on their own
 // hosts (the same ports on every worker host, as pods do), the workers register at their pod
 // addresses with their nodes' names as hosts, and the submit Job's command line, on a host of
-// its own, trains the ConfigMap's
-// job to success across the hosts, the pipeline's traffic on the hosts' links. Root only (the
-// namespaces), and kubectl (the rendering): skipped otherwise, saying why.
+// its own, trains the ConfigMap's job to success across the hosts, the pipeline's traffic on
+// the hosts' links. Root only (the namespaces), and kubectl (the rendering): skipped
+// otherwise, saying why.
 #include <chrono>
 #include <string>
 #include <thread>
