@@ -105,6 +105,25 @@ struct Cluster {
   void As(int i, grpc::ClientContext* ctx) const {
     ctx->AddMetadata(rpc::WorkerSession::kHeader, sessions[i]);
   }
+  // Rank `rank`'s next step report, as worker `worker` sends it after a step of
+  // `compute_s` (and `wait_s` waiting): its totals, its end time, the loss on a last stage.
+  // REQUIRES: rank_mu[rank] held until the report is sent (steps go in order).
+  v1::StepReport NextReport(int worker, int rank, double compute_s, double wait_s) {
+    v1::StepReport report;
+    report.set_worker_id(worker_ids[worker]);
+    report.set_job_id(job_id);
+    report.set_rank(rank);
+    const int64_t step = next_step[rank]++;
+    report.set_step(step);
+    if (rank % stages == stages - 1) {
+      report.set_has_loss(true);
+      report.set_loss(2.0);
+    }
+    report.set_compute_s(compute_s * (step + 1));
+    report.set_wait_s(wait_s * (step + 1));
+    report.set_end_s(MonotonicSeconds());
+    return report;
+  }
 };
 
 // Simulated worker i's address: 127.0.x.y:`port`, one of its own on loopback (a coordinator

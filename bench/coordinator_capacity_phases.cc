@@ -50,20 +50,8 @@ PhaseResult RunPhase(const std::string& target, Cluster& cluster, Kind kind, int
           s = stub->Heartbeat(&ctx, request, &response);
           cluster.last_heartbeat[i].store(NowNs(), std::memory_order_relaxed);
         } else {
-          v1::StepReport report;
-          report.set_worker_id(cluster.worker_ids[i]);
-          report.set_job_id(cluster.job_id);
-          report.set_rank(rank);
           std::lock_guard<std::mutex> rank_lock(cluster.rank_mu[rank]);
-          const int64_t step = cluster.next_step[rank]++;
-          report.set_step(step);
-          if (rank % cluster.stages == cluster.stages - 1) {
-            report.set_has_loss(true);
-            report.set_loss(2.0);
-          }
-          report.set_compute_s(0.02 * (step + 1));
-          report.set_wait_s(0.005 * (step + 1));
-          report.set_end_s(MonotonicSeconds());
+          const v1::StepReport report = cluster.NextReport(i, rank, 0.02, 0.005);
           v1::ReportResponse response;
           s = stub->ReportStep(&ctx, report, &response);
           if (s.ok() && response.stop()) {

@@ -83,21 +83,10 @@ void Cadence(const std::string& target, Cluster& cluster, int t, int threads, in
       cluster.last_heartbeat[i].store(NowNs(), std::memory_order_relaxed);
     } else {
       v1::StepReports reports;
-      v1::StepReport& report = *reports.add_reports();
-      report.set_worker_id(cluster.worker_ids[i]);
-      report.set_job_id(cluster.job_id);
-      report.set_rank(rank);
-      report.set_generation(1);
       std::lock_guard<std::mutex> rank_lock(cluster.rank_mu[rank]);
-      const int64_t step = cluster.next_step[rank]++;
-      report.set_step(step);
-      if (rank % cluster.stages == cluster.stages - 1) {
-        report.set_has_loss(true);
-        report.set_loss(2.0);
-      }
-      report.set_compute_s(0.5 * (step + 1));
-      report.set_wait_s(0.1 * (step + 1));
-      report.set_end_s(MonotonicSeconds());
+      v1::StepReport& report = *reports.add_reports();
+      report = cluster.NextReport(i, rank, 0.5, 0.1);
+      report.set_generation(1);
       v1::ReportResponse response;
       s = stub->ReportSteps(&ctx, reports, &response);
       if (s.ok() && response.stop()) {
