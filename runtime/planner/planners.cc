@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "runtime/model/partition.h"
+#include "runtime/planner/host_placement.h"
 #include "runtime/planner/pipedream.h"
 
 namespace pipetrain::planner {
@@ -162,6 +164,12 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
         "workers, the global batch and the link's bandwidth must be positive: got ",
         cluster.workers, " workers, global batch ", request.global_batch));
   }
+  if (const int on_hosts = std::accumulate(cluster.host_workers.begin(),
+                                           cluster.host_workers.end(), 0);
+      cluster.hosts() > 1 && on_hosts != cluster.workers) {
+    return absl::InvalidArgumentError(absl::StrCat("the hosts have ", on_hosts,
+                                                   " workers; the cluster has ", cluster.workers));
+  }
   const int L = static_cast<int>(profile.sizes.front().layers.size());
   const int N = cluster.workers, B = request.global_batch;
   std::vector<int> sizes = request.micro_batch_sizes;
@@ -189,7 +197,16 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     }
     layout.bucket_bytes = request.bucket_bytes;
     if (request.planner != PlannerKind::kHippie) layout.overlap_allreduce = request.overlap_allreduce;
-    absl::StatusOr<Prediction> prediction = Predict(profile, cluster, layout);
+    absl::StatusOr<Prediction> prediction;
+    if (cluster.hosts() > 1) {  // the layout on its fastest placement on the hosts
+      absl::StatusOr<std::vector<HostPlacement>> placements =
+          RankHostPlacements(profile, cluster, layout);
+      if (!placements.ok()) return placements.status();
+      layout.rank_hosts = placements->front().rank_hosts;
+      prediction = std::move(placements->front().prediction);
+    } else {
+      prediction = Predict(profile, cluster, layout);
+    }
     if (!prediction.ok()) return prediction.status();
     ++result.considered;
     Candidate c;

@@ -28,6 +28,9 @@
 // a worker's memory, the rest left for what the profile does not see (the allocator's slack;
 // runs measured up to 2.9% above the prediction over 23 layouts).
 //
+// On a cluster of several hosts (ClusterProfile::host_workers) every layout is scored on its
+// fastest placement on them (host_placement.h), which the chosen layout keeps (rank_hosts).
+//
 // Ties go to the smaller peak memory. The best layout of each (p, w) with replicas then gets
 // its gradient AllReduce chosen too (before the shapes are ranked): stage 0 overlapping it
 // with its last backward in buckets of 1, 4, 16 or 64 MiB, or averaging after the backward,

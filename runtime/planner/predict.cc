@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/rank_layout.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -101,7 +102,8 @@ std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list,
   return {peak, peak_in_flight};
 }
 
-absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int layers) {
+absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& cluster,
+                         const Layout& layout, int layers) {
   if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
   if (layout.stages() < 1) return absl::InvalidArgumentError("a layout needs at least one stage");
   if (layout.stages() != static_cast<int>(layout.pipeline.stage_layers.size())) {
@@ -125,6 +127,27 @@ absl::Status CheckLayout(const ModelProfile& profile, const Layout& layout, int 
   const model::PipelineLayout& pipeline = layout.pipeline;
   if (pipeline.replicas < 1 || pipeline.micro_batch_size < 1 || pipeline.micro_batches < 1) {
     return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
+  }
+  if (!layout.rank_hosts.empty()) {
+    if (static_cast<int>(layout.rank_hosts.size()) != pipeline.ranks()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank_hosts names ", layout.rank_hosts.size(),
+                                                     " ranks; the layout has ", pipeline.ranks()));
+    }
+    std::vector<int> on_host(cluster.hosts(), 0);
+    for (const int h : layout.rank_hosts) {
+      if (h < 0 || h >= cluster.hosts()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank_hosts names host ", h, "; the cluster has ", cluster.hosts()));
+      }
+      ++on_host[h];
+    }
+    for (int h = 0; h < cluster.hosts() && !cluster.host_workers.empty(); ++h) {
+      if (on_host[h] > cluster.host_workers[h]) {
+        return absl::InvalidArgumentError(absl::StrCat("rank_hosts puts ", on_host[h],
+                                                       " ranks on host ", h, ", which has ",
+                                                       cluster.host_workers[h], " workers"));
+      }
+    }
   }
   return schedule::ValidateScheduleParams(
       {layout.schedule, layout.stages(), layout.pipeline.micro_batches, kSimulatedSteps});
@@ -190,6 +213,24 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
 
 }  // namespace
 
+bool Layout::BoundarySpansHosts(int s) const {
+  if (rank_hosts.empty() || s + 1 >= stages()) return false;
+  const RankLayout ranks{stages(), pipeline.replicas};
+  for (int k = 0; k < pipeline.replicas; ++k) {
+    if (rank_hosts[ranks.RankOf(s, k)] != rank_hosts[ranks.RankOf(s + 1, k)]) return true;
+  }
+  return false;
+}
+
+bool Layout::ReplicasSpanHosts(int s) const {
+  if (rank_hosts.empty()) return false;
+  const RankLayout ranks{stages(), pipeline.replicas};
+  for (int k = 1; k < pipeline.replicas; ++k) {
+    if (rank_hosts[ranks.RankOf(s, k)] != rank_hosts[ranks.RankOf(s, 0)]) return true;
+  }
+  return false;
+}
+
 int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
                     int64_t optimizer_bytes) {
   const int versions = schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
@@ -201,7 +242,8 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   const std::vector<LayerProfile> layers =
       profile.sizes.empty() ? std::vector<LayerProfile>{}
                             : LayersAt(profile, layout.pipeline.micro_batch_size);
-  if (absl::Status s = CheckLayout(profile, layout, static_cast<int>(layers.size())); !s.ok()) {
+  if (absl::Status s = CheckLayout(profile, cluster, layout, static_cast<int>(layers.size()));
+      !s.ok()) {
     return s;
   }
   const int p = layout.stages(), w = layout.pipeline.replicas;
@@ -228,23 +270,28 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
         bucketed ? std::max(1, static_cast<int>(std::ceil(
                                    parameter_bytes / std::max<int64_t>(1, layout.bucket_bytes))))
                  : 1;
-    c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w, calls);
+    const bool ring_spans_hosts = layout.ReplicasSpanHosts(s);
+    c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w, calls, ring_spans_hosts);
     c.last_bucket_allreduce_s = AllReduceSeconds(
-        cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w);
+        cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w,
+        1, ring_spans_hosts);
     c.allreduce_cpu_s = AllReduceCpuSeconds(profile, parameter_bytes, w, calls);
-    // A message's way: as measured between busy ranks, else the link's latency + bandwidth.
-    const auto way = [&](const MessageCost& cost, double bytes) {
+    // A message's way: between hosts on their link; within one as measured between busy
+    // ranks, else the link's latency + bandwidth.
+    const bool between_measured = cluster.between_hosts.bytes_per_s > 0;
+    const auto way = [&](const MessageCost& cost, double bytes, bool spans_hosts) {
+      if (spans_hosts && between_measured) return cluster.between_hosts.Seconds(bytes);
       return cost.latency_s > 0 ? cost.latency_s : link.Seconds(bytes);
     };
     if (end < static_cast<int>(layers.size())) {
       const double bytes = static_cast<double>(layers[end - 1].output_bytes);
       c.act_out = c.grad_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_act_s = way(c.act_out, bytes);
+      c.send_act_s = way(c.act_out, bytes, layout.BoundarySpansHosts(s));
     }
     if (begin > 0) {
       const double bytes = static_cast<double>(layers[begin - 1].output_bytes);
       c.grad_out = c.act_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_grad_s = way(c.grad_out, bytes);
+      c.send_grad_s = way(c.grad_out, bytes, layout.BoundarySpansHosts(s - 1));
     }
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = WeightBytes(layout.schedule, static_cast<int64_t>(parameter_bytes),

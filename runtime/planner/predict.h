@@ -6,10 +6,12 @@
 //   - each stage runs its list in order; F<j> costs the forward of its layers, B<j> their
 //     backward plus the forward of every layer it recomputes; the last stage's loss is part of
 //     its last layer's costs;
-//   - SEND never blocks; the message reaches the peer link.latency + bytes / bandwidth later,
-//     and RECV waits for it;
+//   - SEND never blocks; the message reaches the peer link.latency + bytes / bandwidth later
+//     (as measured between busy ranks on one host, else the cluster's link; between stages on
+//     different hosts, for any replica, the between-hosts link), and RECV waits for it;
 //   - STEP<t> with w > 1 replicas first averages the stage's gradients: a ring AllReduce of its
-//     parameter bytes. Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0
+//     parameter bytes (on the between-hosts AllReduce link when its replicas are on more
+//     than one host). Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0
 //     with overlap starts it with its last backward of the step, bucket by bucket (the buckets'
 //     AllReduces pipelined: one latency), so it ends no sooner than that backward plus the
 //     last bucket's AllReduce. Then the optimizer
@@ -63,6 +65,10 @@ struct Layout {
   std::vector<bool> recompute;                    // per global layer (empty: none)
   bool overlap_allreduce = true;                  // stage 0's bucketed AllReduce
   int64_t bucket_bytes = 4 << 20;
+  // The host of each rank (rank = replica x stages + stage, runtime/base/rank_layout.h): an
+  // index into ClusterProfile::host_workers (planner/host_placement.h chooses it). Empty:
+  // every rank on one host.
+  std::vector<int> rank_hosts;
 
   void SetStageLayers(std::vector<std::pair<int, int>> layers) {
     pipeline.stages = static_cast<int>(layers.size());
@@ -70,6 +76,10 @@ struct Layout {
   }
   int stages() const { return pipeline.stages; }
   int64_t global_batch() const { return pipeline.global_batch(); }
+  // Whether stage s's output crosses hosts for some replica (false for the last stage).
+  bool BoundarySpansHosts(int s) const;
+  // Whether stage s's replicas are on more than one host (its AllReduce ring spans hosts).
+  bool ReplicasSpanHosts(int s) const;
   bool recomputes(int layer) const {
     return layer < static_cast<int>(recompute.size()) && recompute[layer];
   }
@@ -100,7 +110,8 @@ struct Prediction {
 };
 
 // InvalidArgument for a layout that does not fit the profile (stages not contiguous over every
-// layer, a bad count, m < p for 2BW) or a profile without sizes.
+// layer, a bad count, m < p for 2BW), rank hosts that do not fit the cluster's hosts, or a
+// profile without sizes.
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout);
 

@@ -51,9 +51,15 @@ MessageCost MessageCostAt(const std::vector<MessageCost>& costs, double bytes) {
   return out;
 }
 
-double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas, int calls) {
+double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas, int calls,
+                        bool spans_hosts) {
   if (replicas <= 1) return 0;
-  const LinkProfile& link = cluster.allreduce.bytes_per_s > 0 ? cluster.allreduce : cluster.link;
+  const LinkProfile& within = cluster.allreduce.bytes_per_s > 0 ? cluster.allreduce : cluster.link;
+  const LinkProfile& link = !spans_hosts ? within
+                            : cluster.between_hosts_allreduce.bytes_per_s > 0
+                                ? cluster.between_hosts_allreduce
+                            : cluster.between_hosts.bytes_per_s > 0 ? cluster.between_hosts
+                                                                    : within;
   return 2.0 * (replicas - 1) *
          (std::max(1, calls) * link.latency_s + bytes / replicas / link.bytes_per_s);
 }

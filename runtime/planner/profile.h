@@ -63,6 +63,10 @@ struct ModelProfile {
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;
   LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
+  // The same two between ranks on different hosts, when measured (pipetrain profile-link;
+  // bytes_per_s 0: not measured). The planners take them as ClusterProfile::between_hosts*.
+  LinkProfile between_hosts_p2p{0, 0};
+  LinkProfile between_hosts_allreduce{0, 0};
   // The CPU one rank spends on that AllReduce: fixed + bytes / rate (zero: none counted).
   LinkProfile allreduce_cpu{0, 0};
   // Ascending bytes; between two sizes the costs are interpolated, beyond the largest they
@@ -85,6 +89,15 @@ struct ClusterProfile {
   // hardware of its own. When more ranks compute at once than there are cores, they share
   // the cores equally (ranks run one intra-op thread each).
   int shared_cores = 0;
+  // Hosts (docs/planning.md "Hosts"): how many of the workers each host has, in the order
+  // their indices name them (empty: every worker on one host). Ranks on different hosts talk
+  // over `between_hosts` (a message; bytes_per_s 0: as within a host), and an AllReduce ring
+  // that spans hosts runs at `between_hosts_allreduce` (bytes_per_s 0: as `between_hosts`).
+  std::vector<int> host_workers;
+  LinkProfile between_hosts{0, 0};
+  LinkProfile between_hosts_allreduce{0, 0};
+
+  int hosts() const { return host_workers.empty() ? 1 : static_cast<int>(host_workers.size()); }
 };
 
 // The CPU costs of one message of `bytes`: interpolated between the two measured sizes around
@@ -93,7 +106,10 @@ MessageCost MessageCostAt(const std::vector<MessageCost>& costs, double bytes);
 
 // Seconds of a ring AllReduce of `bytes` among `replicas` ranks on `cluster` (0 for one),
 // made in `calls` collectives (buckets) of equal size: each pays the latency.
-double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas, int calls = 1);
+// With `spans_hosts` the ring runs at the cluster's between-hosts AllReduce link (its
+// slowest link sets every step's pace).
+double AllReduceSeconds(const ClusterProfile& cluster, double bytes, int replicas, int calls = 1,
+                        bool spans_hosts = false);
 // The CPU one rank spends on that AllReduce (the profile's allreduce_cpu, measured for 2
 // ranks: fixed per call + the 2 (w - 1) / w share of the bytes at its rate); 0 when the
 // profile has none.
