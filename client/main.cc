@@ -4,6 +4,7 @@
 //                                      and one worker process per rank), or with
 //                                      --launch threads|processes, pipetrain-run (no daemons)
 //   pipetrain plan|profile [JOB.yaml]  profile the model and plan its layout (pipetrain-run)
+//   pipetrain profile-link             measure the links between two hosts (pipetrain-run)
 //   pipetrain submit|status|list|logs|cancel|flush|switch|checkpoint|stop|workers|health
 //
 // The CLI builds job specs (jobspec/) and speaks to daemons (proto/, rpc/); the training
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   std::function<int()> run_command = client::AddRunCommand(app);
   std::function<int()> plan_command = client::AddPlanCommands(app);
+  std::function<int()> link_command = client::AddLinkCommand(app);
   std::function<int()> job_command = client::AddJobCommands(app);
   try {
     app.parse(argc, argv);
@@ -40,5 +42,6 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("run")) return run_command();
   if (app.got_subcommand("plan") || app.got_subcommand("profile")) return plan_command();
+  if (app.got_subcommand("profile-link")) return link_command();
   return job_command();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/local_cluster.h"
 #include "jobspec/plan_flags.h"
+#include "run/link_command.h"
 #include "jobspec/run_outputs.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
@@ -102,6 +103,13 @@ constexpr char kProfileHelp[] =
     "micro-batch size, per layer forward/backward/optimizer seconds and output, parameter, "
     "optimizer-state, stash and working bytes; the Gloo links' latency and bandwidth.";
 
+constexpr char kLinkHelp[] =
+    "Measure the links between this host and another (Gloo point to point and a 2-rank "
+    "AllReduce, each a latency and a bandwidth), as the planners and the coordinator's "
+    "placement take them for ranks on different hosts. Run --listen ADDRESS on one host; it "
+    "prints the --connect to run on the other (with --address, that host's own) and, once "
+    "both are done, the links as JSON, which `pipetrain plan --host-links FILE` reads.";
+
 // `plan` and `profile`: handed over to pipetrain-run, which links LibTorch.
 struct PlanCommand {
   std::string job_file;
@@ -147,6 +155,23 @@ std::function<int()> AddPlanCommands(CLI::App& app) {
     });
   }
   return [chosen] { return *chosen ? (*chosen)() : exit_code::kUsage; };
+}
+
+std::function<int()> AddLinkCommand(CLI::App& app) {
+  auto flags = std::make_shared<run::LinkFlags>();
+  CLI::App* cmd = app.add_subcommand("profile-link", kLinkHelp);
+  flags->AddTo(cmd);
+  return [flags] {
+    const std::string runner = FindDaemon("pipetrain-run");
+    if (runner.empty()) {
+      return Fail(absl::UnavailableError(
+                      "cannot find pipetrain-run beside the pipetrain binary or on PATH"),
+                  exit_code::kUnavailable);
+    }
+    std::vector<std::string> argv = {runner, "profile-link"};
+    for (std::string& a : flags->AsArgs()) argv.push_back(std::move(a));
+    return Fail(subprocess::Exec(argv), exit_code::kUnavailable);
+  };
 }
 
 std::function<int()> AddRunCommand(CLI::App& app) {

@@ -24,4 +24,8 @@ std::function<int()> AddRunCommand(CLI::App& app);
 // function that runs the one given.
 std::function<int()> AddPlanCommands(CLI::App& app);
 
+// Adds `profile-link` (handed over to pipetrain-run, run/link_command.h); returns the function
+// that runs it.
+std::function<int()> AddLinkCommand(CLI::App& app);
+
 }  // namespace pipetrain::client

@@ -39,6 +39,7 @@
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/job/report/trace.h"
 #include "runtime/profiler/profiler.h"
+#include "run/link_command.h"
 #include "runtime/memory/tensor_memory.h"
 
 namespace pipetrain::run_main {
@@ -341,6 +342,17 @@ int main(int argc, char** argv) {
   TuneAllocatorForTraining();
   memory::CountTensorMemory();  // the summary's peak_tensor_bytes, compared with plans
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
+  if (argc > 1 && std::string(argv[1]) == "profile-link") {
+    CLI::App link{"pipetrain-run profile-link: the links between this host and another"};
+    run::LinkFlags flags;
+    flags.AddTo(&link);
+    try {
+      link.parse(argc - 1, argv + 1);
+    } catch (const CLI::ParseError& e) {
+      return link.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
+    }
+    return run::RunLinkCommand(flags);
+  }
   CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
                "stage of each replica a thread of this process (or a process of its own with "
                "--launch processes). `pipetrain run --launch threads|processes` runs this. With "

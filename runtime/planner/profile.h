@@ -30,6 +30,15 @@ struct LinkProfile {
   double Seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
 };
 
+// The links between ranks on two different hosts, as measured (runtime/profiler:
+// ProfileGlooLinks between two addresses).
+struct HostLinks {
+  LinkProfile p2p{0, 0};        // bytes_per_s 0: not measured
+  LinkProfile allreduce{0, 0};  // a ring AllReduce of 2 ranks, one on each host
+
+  bool measured() const { return p2p.bytes_per_s > 0; }
+};
+
 // One message of `bytes` between ranks that compute in between, as neighbouring stages do:
 // the CPU of the sending thread's Send, of the receiving thread's Recv once it has arrived,
 // and of the transport's own threads at both ends (event loops, delivery), and the time from
@@ -63,10 +72,9 @@ struct ModelProfile {
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;
   LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
-  // The same two between ranks on different hosts, when measured (pipetrain profile-link;
-  // bytes_per_s 0: not measured). The planners take them as ClusterProfile::between_hosts*.
-  LinkProfile between_hosts_p2p{0, 0};
-  LinkProfile between_hosts_allreduce{0, 0};
+  // The same two between ranks on different hosts, when measured (pipetrain profile-link);
+  // the planners take them as ClusterProfile::between_hosts*.
+  HostLinks between_hosts;
   // The CPU one rank spends on that AllReduce: fixed + bytes / rate (zero: none counted).
   LinkProfile allreduce_cpu{0, 0};
   // Ascending bytes; between two sizes the costs are interpolated, beyond the largest they

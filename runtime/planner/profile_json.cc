@@ -65,6 +65,22 @@ absl::StatusOr<LinkProfile> ReadLink(const json& j, const char* key) {
   return link;
 }
 
+json HostLinksJson(const HostLinks& links) {
+  return {{"p2p", LinkJson(links.p2p)}, {"allreduce", LinkJson(links.allreduce)}};
+}
+
+absl::StatusOr<HostLinks> ReadHostLinks(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("not an object");
+  HostLinks links;
+  absl::StatusOr<LinkProfile> p2p = ReadLink(j, "p2p");
+  if (!p2p.ok()) return p2p.status();
+  absl::StatusOr<LinkProfile> allreduce = ReadLink(j, "allreduce");
+  if (!allreduce.ok()) return allreduce.status();
+  links.p2p = *p2p;
+  links.allreduce = *allreduce;
+  return links;
+}
+
 absl::StatusOr<MicroBatchProfile> ReadSize(const json& j, const std::string& where) {
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
   MicroBatchProfile size;
@@ -189,7 +205,16 @@ std::string ModelProfileToJson(const ModelProfile& p) {
                 {"receive_buffer_bytes", p.receive_buffer_bytes},
                 {"inline_buffer_bytes", p.inline_buffer_bytes},
                 {"sizes", sizes}});
+  if (p.between_hosts.measured()) j["between_hosts"] = HostLinksJson(p.between_hosts);
   return j.dump();
+}
+
+std::string HostLinksToJson(const HostLinks& links) { return HostLinksJson(links).dump(); }
+
+absl::StatusOr<HostLinks> HostLinksFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  return ReadHostLinks(j);
 }
 
 absl::StatusOr<MicroBatchProfile> MicroBatchProfileFromJson(const std::string& text) {
@@ -211,6 +236,13 @@ absl::StatusOr<ModelProfile> ModelProfileFromJson(const std::string& text) {
   PT_READ(j, "receive_buffer_bytes", "", p.receive_buffer_bytes);
   PT_READ(j, "inline_buffer_bytes", "", p.inline_buffer_bytes);
   if (absl::Status m = ReadMachine(j, p); !m.ok()) return m;
+  if (auto it = j.find("between_hosts"); it != j.end()) {
+    absl::StatusOr<HostLinks> links = ReadHostLinks(*it);
+    if (!links.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("between_hosts.", links.status().message()));
+    }
+    p.between_hosts = *links;
+  }
   auto sizes = j.find("sizes");
   if (sizes == j.end() || !sizes->is_array() || sizes->empty()) {
     return absl::InvalidArgumentError("sizes: missing or empty");

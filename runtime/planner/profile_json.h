@@ -4,7 +4,8 @@
 //  "base_bytes": .., "p2p": {"latency_s": .., "bytes_per_s": ..}, "allreduce": {...},
 //  "allreduce_cpu": {...}, "message_costs": [{"bytes": .., "send_s": .., "recv_s": ..,
 //  "background_s": ..}], "slowdown": [..],
-//  "sizes": [{"micro_batch_size": 8, "layers": [{"name": "block0", "forward_s": .., ...}]}]}
+//  "sizes": [{"micro_batch_size": 8, "layers": [{"name": "block0", "forward_s": .., ...}]}],
+//  "between_hosts": {"p2p": {...}, "allreduce": {...}}}   (the last only when measured)
 #pragma once
 
 #include <string>
@@ -27,5 +28,10 @@ absl::StatusOr<MicroBatchProfile> MicroBatchProfileFromJson(const std::string& t
 // per machine. FromJson replaces those fields of `profile`.
 std::string MachineProfileToJson(const ModelProfile& profile);
 absl::Status MachineProfileFromJson(const std::string& text, ModelProfile* profile);
+
+// The links between two hosts alone ({"p2p": {...}, "allreduce": {...}}): what
+// `pipetrain profile-link` prints and `--host-links FILE` reads.
+std::string HostLinksToJson(const HostLinks& links);
+absl::StatusOr<HostLinks> HostLinksFromJson(const std::string& text);
 
 }  // namespace pipetrain::planner

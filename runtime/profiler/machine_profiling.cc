@@ -61,6 +61,7 @@ constexpr int kMessageRounds = 60;
 // above it (a second message) among them.
 constexpr int64_t kMessageBytes[] = {256, 16 << 10, 128 << 10, 160 << 10, 1 << 20, 8 << 20};
 const absl::Duration kLinkTimeout = absl::Seconds(60);
+constexpr char kLoopback[] = "127.0.0.1";
 
 struct LinkSideResult {  // side 0's
   double p2p_small = 0, p2p_large = 0, ar_small = 0, ar_large = 0;
@@ -69,8 +70,10 @@ struct LinkSideResult {  // side 0's
 };
 
 absl::StatusOr<std::unique_ptr<transport::Transport>> LinkTransport(
-    std::shared_ptr<rendezvous::KeyValueStore> store, int side, bool replicas) {
+    std::shared_ptr<rendezvous::KeyValueStore> store, int side, bool replicas,
+    const std::string& address) {
   transport::GlooTransportOptions o;
+  o.host = address;
   o.stage = replicas ? 0 : side;
   o.stages = replicas ? 1 : 2;
   o.replica = replicas ? side : 0;
@@ -81,12 +84,15 @@ absl::StatusOr<std::unique_ptr<transport::Transport>> LinkTransport(
 
 // One side of the sequence. `same_process`: both sides are threads of this process, so a
 // process's CPU time counts both.
+// `address`: where this side's transport listens for the other's. Without
+// `with_message_costs` (both sides alike) the messages between busy ranks are not measured.
 absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2p_store,
                          std::shared_ptr<rendezvous::KeyValueStore> replica_store,
-                         bool same_process, LinkSideResult* out) {
+                         bool same_process, LinkSideResult* out,
+                         const std::string& address = kLoopback, bool with_message_costs = true) {
   using transport::MessageKind;
   const int peer = 1 - side;
-  auto p2p = LinkTransport(p2p_store, side, false);
+  auto p2p = LinkTransport(p2p_store, side, false, address);
   if (!p2p.ok()) return p2p.status();
   transport::Transport& link = **p2p;
   int64_t tag = 0;
@@ -131,7 +137,8 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
   compute(20);
   const int reps = std::max(
       1, static_cast<int>(5e-4 / std::max(Seconds(c0, std::chrono::steady_clock::now()) / 20, 1e-7)));
-  for (size_t i = 0; i < std::size(kMessageBytes); ++i) {
+  const size_t message_sizes = with_message_costs ? std::size(kMessageBytes) : 0;
+  for (size_t i = 0; i < message_sizes; ++i) {
     const int64_t bytes = kMessageBytes[i];
     const at::Tensor t = at::ones({bytes / 4});
     // Per round: this side's CPU in Send and in Recv, the CPU of its process's other threads,
@@ -183,7 +190,7 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
 
   // AllReduce between the two: elapsed and the CPU of one rank (its process's; both ranks'
   // halved when they share this process), the medians over the rounds.
-  auto reduce_link = LinkTransport(replica_store, side, true);
+  auto reduce_link = LinkTransport(replica_store, side, true, address);
   if (!reduce_link.ok()) return reduce_link.status();
   const auto reduce = [&](int64_t floats, int which, double* cpu) -> absl::StatusOr<double> {
     std::vector<double> times, cpu_times;
@@ -229,6 +236,19 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
   return p2p_store->Get(absl::StrCat("done/", peer), kLinkTimeout).status();
 }
 
+// The links fitted to both sides' measurements.
+GlooLinks LinksOf(const LinkSideResult& result) {
+  const double small = 4.0 * kSmallFloats, large = 4.0 * kLargeFloats;
+  GlooLinks links;
+  links.p2p = Fit(small, result.p2p_small, large, result.p2p_large);
+  // A 2-rank ring AllReduce takes 2 latencies + bytes / bandwidth (profile.h).
+  links.allreduce = Fit(small, result.ar_small, large, result.ar_large);
+  links.allreduce.latency_s /= 2;
+  links.allreduce_cpu = Fit(small, result.ar_cpu_small, large, result.ar_cpu_large);
+  links.messages = result.messages;
+  return links;
+}
+
 }  // namespace
 
 std::vector<double> MeasureSlowdown(int cores) {
@@ -271,9 +291,9 @@ absl::StatusOr<GlooLinks> ProfileGlooLinks(const std::vector<std::string>& peer_
     PT_RETURN_IF_ERROR(theirs);
   } else {
     PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> p2p_store,
-                        rendezvous::ServeTcpStore("127.0.0.1", 0));
+                        rendezvous::ServeTcpStore(kLoopback, 0));
     PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> replica_store,
-                        rendezvous::ServeTcpStore("127.0.0.1", 0));
+                        rendezvous::ServeTcpStore(kLoopback, 0));
     std::vector<std::string> args = peer_command;
     args.push_back(absl::StrCat(rendezvous::TcpStorePort(*p2p_store)));
     args.push_back(absl::StrCat(rendezvous::TcpStorePort(*replica_store)));
@@ -294,23 +314,47 @@ absl::StatusOr<GlooLinks> ProfileGlooLinks(const std::vector<std::string>& peer_
                                               status < 0 ? "was lost" : subprocess::DescribeExit(status)));
     }
   }
-  const double small = 4.0 * kSmallFloats, large = 4.0 * kLargeFloats;
-  GlooLinks links;
-  links.p2p = Fit(small, result.p2p_small, large, result.p2p_large);
-  // A 2-rank ring AllReduce takes 2 latencies + bytes / bandwidth (profile.h).
-  links.allreduce = Fit(small, result.ar_small, large, result.ar_large);
-  links.allreduce.latency_s /= 2;
-  links.allreduce_cpu = Fit(small, result.ar_cpu_small, large, result.ar_cpu_large);
-  links.messages = std::move(result.messages);
-  return links;
+  return LinksOf(result);
+}
+
+absl::StatusOr<planner::HostLinks> ProfileHostLinks(const HostLinkLeader& leader) {
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> p2p_store,
+                      rendezvous::ServeTcpStore(leader.address, leader.port));
+  PT_ASSIGN_OR_RETURN(
+      std::unique_ptr<rendezvous::KeyValueStore> replica_store,
+      rendezvous::ServeTcpStore(leader.address, leader.port > 0 ? leader.port + 1 : 0));
+  if (leader.on_listening) {
+    leader.on_listening(rendezvous::TcpStorePort(*p2p_store),
+                        rendezvous::TcpStorePort(*replica_store));
+  }
+  LinkSideResult result;
+  PT_RETURN_IF_ERROR(RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false,
+                                 &result, leader.address, /*with_message_costs=*/false));
+  const GlooLinks links = LinksOf(result);
+  planner::HostLinks out;
+  out.p2p = links.p2p;
+  out.allreduce = links.allreduce;
+  return out;
+}
+
+absl::Status RunHostLinkPeer(const std::string& leader_address, int p2p_store_port,
+                             int replica_store_port, const std::string& address) {
+  SetIntraOpThreads(1);
+  PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> p2p_store,
+                      rendezvous::ConnectTcpStore(leader_address, p2p_store_port, kLinkTimeout));
+  PT_ASSIGN_OR_RETURN(
+      std::unique_ptr<rendezvous::KeyValueStore> replica_store,
+      rendezvous::ConnectTcpStore(leader_address, replica_store_port, kLinkTimeout));
+  return RunLinkSide(1, std::move(p2p_store), std::move(replica_store), false, nullptr, address,
+                     /*with_message_costs=*/false);
 }
 
 absl::Status RunLinkPeer(int p2p_store_port, int replica_store_port) {
   SetIntraOpThreads(1);
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> p2p_store,
-                      rendezvous::ConnectTcpStore("127.0.0.1", p2p_store_port, kLinkTimeout));
+                      rendezvous::ConnectTcpStore(kLoopback, p2p_store_port, kLinkTimeout));
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> replica_store,
-                      rendezvous::ConnectTcpStore("127.0.0.1", replica_store_port, kLinkTimeout));
+                      rendezvous::ConnectTcpStore(kLoopback, replica_store_port, kLinkTimeout));
   return RunLinkSide(1, std::move(p2p_store), std::move(replica_store), false, nullptr);
 }
 
