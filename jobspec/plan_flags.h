@@ -23,6 +23,8 @@ struct PlanFlags {
   int64_t memory_per_worker = 0;       // 0: not limited
   int shared_cores = -1;               // -1: this machine's cores (every worker runs here)
   std::vector<int> micro_batch_sizes;  // empty: every divisor of the global batch
+  std::vector<int> hosts;              // workers on each host (empty: all on one)
+  std::string host_links;              // pipetrain profile-link's JSON ("": the profile's)
   std::string output = "text";
   bool no_cache = false;
   bool quiet = false;
@@ -58,6 +60,16 @@ struct PlanFlags {
     g->add_option("--microbatch-sizes", micro_batch_sizes,
                   "micro-batch sizes to consider (default: every divisor of the global batch)")
         ->delimiter(',');
+    g->add_option("--hosts", hosts,
+                  "workers on each host, e.g. 2,2,2: ranks are placed on the hosts, the "
+                  "heaviest traffic kept within them (default: every worker on one host; "
+                  "sets the workers to their sum)")
+        ->delimiter(',')
+        ->check(CLI::Range(1, 4096));
+    g->add_option("--host-links", host_links,
+                  "the links between hosts, as `pipetrain profile-link` printed them "
+                  "(default: the profile's between_hosts, else as within a host)")
+        ->check(CLI::ExistingFile);
     if (where != Where::kRunCommand) {
       g->add_option("-o,--output", output, "text | json")
           ->check(CLI::IsMember({"text", "json"}))
@@ -80,6 +92,8 @@ struct PlanFlags {
     if (!micro_batch_sizes.empty()) {
       args.insert(args.end(), {"--microbatch-sizes", absl::StrJoin(micro_batch_sizes, ",")});
     }
+    if (!hosts.empty()) args.insert(args.end(), {"--hosts", absl::StrJoin(hosts, ",")});
+    if (!host_links.empty()) args.insert(args.end(), {"--host-links", host_links});
     if (no_cache) args.push_back("--no-cache");
     return args;
   }

@@ -1,6 +1,7 @@
 #include "run/plan_command.h"
 
 #include <cstdio>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -10,8 +11,10 @@
 #include "jobspec/planned_layout.h"
 #include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/regular_file.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
+#include "runtime/planner/host_placement.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/base/self_executable.h"
 #include "runtime/profiler/profiler.h"
@@ -52,6 +55,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
                       {"predicted_exposed_allreduce_s", exposed},
                       {"memory_efficiency", c.memory_efficiency},
                       {"fits", c.fits}};
+  if (!l.rank_hosts.empty()) j["rank_hosts"] = l.rank_hosts;
   if (!c.why.empty()) j["why"] = c.why;
   return j;
 }
@@ -68,13 +72,36 @@ planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const jobspec:
 
 }  // namespace
 
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const jobspec::PlanFlags& flags) {
+absl::StatusOr<planner::ClusterProfile> ClusterFor(const planner::ModelProfile& profile,
+                                                   const jobspec::PlanFlags& flags) {
   planner::ClusterProfile cluster;
   cluster.workers = flags.workers > 0 ? flags.workers : AvailableCores();
   cluster.memory_bytes = flags.memory_per_worker;
   cluster.link = profile.p2p;
   cluster.allreduce = profile.allreduce;
   cluster.shared_cores = flags.shared_cores >= 0 ? flags.shared_cores : AvailableCores();
+  if (flags.hosts.empty()) return cluster;
+  const int on_hosts = std::accumulate(flags.hosts.begin(), flags.hosts.end(), 0);
+  if (flags.workers > 0 && flags.workers != on_hosts) {
+    return absl::InvalidArgumentError(absl::StrCat("--hosts ", absl::StrJoin(flags.hosts, ","),
+                                                   " has ", on_hosts, " workers; --workers says ",
+                                                   flags.workers));
+  }
+  cluster.workers = on_hosts;
+  cluster.host_workers = flags.hosts;
+  planner::HostLinks links = profile.between_hosts;
+  if (!flags.host_links.empty()) {
+    absl::StatusOr<std::string> text = ReadRegularFile(flags.host_links, 1 << 20, "host links");
+    if (!text.ok()) return text.status();
+    absl::StatusOr<planner::HostLinks> read = planner::HostLinksFromJson(*text);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--host-links ", flags.host_links, ": ", read.status().message()));
+    }
+    links = *read;
+  }
+  cluster.between_hosts = links.p2p;
+  cluster.between_hosts_allreduce = links.allreduce;
   return cluster;
 }
 
@@ -128,6 +155,11 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
       cluster.memory_bytes > 0 ? absl::StrCat(" of ", ByteSize(cluster.memory_bytes)) : "",
       l.global_batch(), plan.considered);
   absl::StrAppend(&out, "  schedule ", jobspec::DescribeLayout(l), "\n");
+  if (!l.rank_hosts.empty()) {
+    absl::StrAppend(&out, "  on hosts ", absl::StrJoin(cluster.host_workers, ","),
+                    ": the host of each rank (replica by replica) ",
+                    absl::StrJoin(l.rank_hosts, ","), "\n");
+  }
   absl::StrAppendFormat(&out, "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
                               "parallelism (step %.2f ms, peak %s)\n",
                         c.prediction.step_time_s * 1e3,
@@ -180,7 +212,9 @@ absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
                                          const job::JobConfig& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
-  const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
+  absl::StatusOr<planner::ClusterProfile> on = ClusterFor(*profile, flags);
+  if (!on.ok()) return on.status();
+  const planner::ClusterProfile& cluster = *on;
   absl::StatusOr<planner::PlanResult> plan =
       planner::MakePlan(*profile, cluster, PlanRequestFor(config, flags));
   if (!plan.ok()) return plan.status();
@@ -204,20 +238,35 @@ int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config
     std::printf("%s\n", planner::ModelProfileToJson(*profile).c_str());
     return exit_code::kOk;
   }
-  const planner::ClusterProfile cluster = ClusterFor(*profile, flags);
+  absl::StatusOr<planner::ClusterProfile> on = ClusterFor(*profile, flags);
+  if (!on.ok()) return fail(on.status(), exit_code::kUsage);
+  const planner::ClusterProfile& cluster = *on;
   if (flags.predict) {
     absl::StatusOr<planner::Layout> layout = LayoutOf(config);
     if (!layout.ok()) return fail(layout.status(), exit_code::For(layout.status()));
-    absl::StatusOr<planner::Prediction> prediction = planner::Predict(*profile, cluster, *layout);
-    if (!prediction.ok()) return fail(prediction.status(), exit_code::kUsage);
+    // Every placement on the hosts (one without hosts), the fastest first.
+    absl::StatusOr<std::vector<planner::HostPlacement>> placements =
+        planner::RankHostPlacements(*profile, cluster, *layout);
+    if (!placements.ok()) return fail(placements.status(), exit_code::kUsage);
     planner::Candidate c;
     c.layout = *layout;
-    c.prediction = *prediction;
+    c.layout.rank_hosts = placements->front().rank_hosts;
+    c.prediction = placements->front().prediction;
+    const planner::Prediction* prediction = &c.prediction;
     c.fits = cluster.memory_bytes <= 0 ||
              prediction->peak_memory_bytes <= planner::PlannableBytes(cluster.memory_bytes);
     nlohmann::json j = CandidateJson(c);
     j["model"] = profile->model;
     j["shared_cores"] = cluster.shared_cores;
+    if (cluster.hosts() > 1) {
+      j["hosts"] = cluster.host_workers;
+      j["placements"] = nlohmann::json::array();
+      for (const planner::HostPlacement& p : *placements) {
+        j["placements"].push_back({{"placement", std::string(planner::HostOrderName(p.order))},
+                                   {"rank_hosts", p.rank_hosts},
+                                   {"predicted_step_time_s", p.prediction.step_time_s}});
+      }
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return exit_code::kOk;
   }

@@ -29,8 +29,12 @@ absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& c
                                                          const jobspec::PlanFlags& flags);
 
 // The cluster `flags` describe: --plan-workers (default this machine's cores) of
-// --memory-per-worker, sharing --shared-cores (default this machine's), on the profile's links.
-planner::ClusterProfile ClusterFor(const planner::ModelProfile& profile, const jobspec::PlanFlags& flags);
+// --memory-per-worker, sharing --shared-cores (default this machine's), on the profile's links;
+// with --hosts, as many workers as the hosts have, the links between them from --host-links
+// (else the profile's between_hosts, else as within a host). InvalidArgument for --hosts
+// whose sum differs from --workers, or a --host-links file that does not parse.
+absl::StatusOr<planner::ClusterProfile> ClusterFor(const planner::ModelProfile& profile,
+                                                   const jobspec::PlanFlags& flags);
 
 // The plan as JSON (the -o json of `pipetrain plan`) and as text.
 std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProfile& profile,

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/planner/planners.h"
+#include "runtime/planner/profile_json.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -225,6 +226,33 @@ TEST(HostPlacement, ThePlannerKeepsThePlacementItScored) {
   miscounted.host_workers = {2, 1};
   EXPECT_THAT(MakePlan(profile, miscounted, request).status().message(),
               HasSubstr("the hosts have 3 workers; the cluster has 4"));
+}
+
+// The links between hosts survive JSON alone and in a profile, which without them has none.
+TEST(HostPlacement, HostLinksSurviveJsonAloneAndInAProfile) {
+  HostLinks links;
+  links.p2p = {2e-4, 3e7};
+  links.allreduce = {3e-4, 2e7};
+  absl::StatusOr<HostLinks> back = HostLinksFromJson(HostLinksToJson(links));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->p2p.latency_s, 2e-4);
+  EXPECT_EQ(back->allreduce.bytes_per_s, 2e7);
+  EXPECT_THAT(HostLinksFromJson(R"({"p2p": {"latency_s": 0, "bytes_per_s": 0}})").status().message(),
+              HasSubstr("p2p.bytes_per_s: must be > 0"));
+
+  ModelProfile profile = Layers(2, 0.01, 100, 100);
+  profile.p2p = {1e-5, 1e9};
+  profile.allreduce = {1e-5, 1e9};
+  const std::string without = ModelProfileToJson(profile);
+  EXPECT_EQ(without.find("between_hosts"), std::string::npos);
+  absl::StatusOr<ModelProfile> plain = ModelProfileFromJson(without);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->between_hosts.measured());
+  profile.between_hosts = links;
+  absl::StatusOr<ModelProfile> with = ModelProfileFromJson(ModelProfileToJson(profile));
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->between_hosts.p2p.bytes_per_s, 3e7);
+  EXPECT_EQ(with->between_hosts.allreduce.latency_s, 3e-4);
 }
 
 }  // namespace
