@@ -81,8 +81,9 @@ Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
     : options_(std::move(options)),
       deps_(std::move(deps)),
       planner_({options_.planning_cpu_budget, options_.planning_time_limit,
-                options_.planning_wait}),
-      scheduler_(SchedulerPolicy{options_.heartbeat_interval, options_.assign_attempts}),
+                options_.planning_wait, options_.host_links}),
+      scheduler_(SchedulerPolicy{options_.heartbeat_interval, options_.assign_attempts,
+                                 options_.host_policy, options_.host_links}),
       writes_(deps_.store.get()),
       jobs_(&writes_, deps_.clock, [this] { changed_.SignalAll(); }) {
   absl::MutexLock lock(&mu_);

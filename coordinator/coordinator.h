@@ -115,6 +115,10 @@ struct CoordinatorOptions {
   absl::Duration planning_cpu_budget = absl::Seconds(10);
   absl::Duration planning_time_limit = absl::Seconds(60);
   absl::Duration planning_wait = absl::Seconds(30);
+  // Where a job's ranks go when the idle workers are on several hosts, and the links between
+  // hosts as measured (scheduler.h).
+  HostPolicy host_policy = HostPolicy::kTopology;
+  planner::HostLinks host_links;
 };
 
 // What the coordinator talks to. Open(options) uses the real ones.

@@ -105,7 +105,8 @@ void Coordinator::Schedule() {
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
     wanted.push_back({e->job.id(), e->job.stages() * e->job.replicas(),
-                      e->config.threads_per_stage, e->config.device});
+                      e->config.threads_per_stage, e->config.device,
+                      scheduler_.PlacerFor(e->config)});
   }
   const PlacementPlan plan = scheduler_.PlanQueue(wanted, pool_.Infos());
   for (const Waiting& waiting : plan.waiting) {

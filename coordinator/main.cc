@@ -26,6 +26,8 @@
 #include "rpc/protobuf_logs.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/regular_file.h"
+#include "runtime/planner/profile_json.h"
 
 int main(int argc, char** argv) {
   // absl's lock-order checking (on in this build of absl) is a debugging aid: it records
@@ -76,8 +78,35 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", security.tls_ca,
                  "PEM CA: require client certificates signed by it (mutual TLS) and verify "
                  "workers against it");
+  std::string placement = "topology";
+  app.add_option("--placement", placement,
+                 "where a job's ranks go when the idle workers are on several hosts (as they "
+                 "registered, --host-name): topology, the placement that keeps the job's "
+                 "heaviest traffic within hosts (stage boundaries or AllReduce groups, as the "
+                 "simulation of its traffic says); in-order, the workers in registration "
+                 "order whatever their hosts")
+      ->check(CLI::IsMember({"topology", "in-order"}))
+      ->capture_default_str();
+  std::string host_links_file;
+  app.add_option("--host-links", host_links_file,
+                 "the links between hosts as `pipetrain profile-link` measured them (default: "
+                 "1 Gbit/s and 200 us assumed)")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  options.host_policy = placement == "in-order" ? HostPolicy::kInOrder : HostPolicy::kTopology;
+  if (!host_links_file.empty()) {
+    absl::StatusOr<std::string> text = pipetrain::ReadRegularFile(host_links_file, 1 << 20, "host links");
+    absl::StatusOr<pipetrain::planner::HostLinks> links =
+        text.ok() ? pipetrain::planner::HostLinksFromJson(*text)
+                  : absl::StatusOr<pipetrain::planner::HostLinks>(text.status());
+    if (!links.ok()) {
+      std::fprintf(stderr, "pipetrain-coordinator: --host-links %s: %s\n", host_links_file.c_str(),
+                   std::string(links.status().message()).c_str());
+      return exit_code::kUsage;
+    }
+    options.host_links = *links;
+  }
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n", std::string(token.status().message()).c_str());

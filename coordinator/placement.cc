@@ -19,6 +19,37 @@ std::string DeviceKind(const std::string& device) {
   return device.rfind("cuda", 0) == 0 ? "cuda" : device;
 }
 
+std::vector<size_t> RankWorkers(int ranks, const HostPlacer& place_on_hosts,
+                                const std::vector<PoolWorker>& pool,
+                                const std::vector<size_t>& free) {
+  std::vector<size_t> in_pool_order(free.begin(), free.begin() + ranks);
+  if (!place_on_hosts) return in_pool_order;
+  std::vector<std::string> hosts;        // in the order of their first free worker
+  std::vector<std::vector<size_t>> on;   // the free workers of each
+  for (const size_t i : free) {
+    const auto it = std::find(hosts.begin(), hosts.end(), pool[i].host);
+    if (it == hosts.end()) {
+      hosts.push_back(pool[i].host);
+      on.push_back({i});
+    } else {
+      on[it - hosts.begin()].push_back(i);
+    }
+  }
+  if (hosts.size() < 2) return in_pool_order;
+  std::vector<int> free_per_host;
+  for (const std::vector<size_t>& workers : on) free_per_host.push_back(static_cast<int>(workers.size()));
+  const std::vector<int> rank_hosts = place_on_hosts(free_per_host);
+  if (static_cast<int>(rank_hosts.size()) != ranks) return in_pool_order;
+  std::vector<size_t> next(hosts.size(), 0), out;
+  for (const int h : rank_hosts) {
+    if (h < 0 || h >= static_cast<int>(hosts.size()) || next[h] >= on[h].size()) {
+      return in_pool_order;
+    }
+    out.push_back(on[h][next[h]++]);
+  }
+  return out;
+}
+
 PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
                               const std::vector<PoolWorker>& pool) {
   PlacementPlan plan;
@@ -35,9 +66,9 @@ PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
     }
     if (job.ranks >= 1 && free.size() >= static_cast<size_t>(job.ranks)) {
       Placement p{job.id, {}};
-      for (int r = 0; r < job.ranks; ++r) {
-        taken[free[r]] = true;
-        p.rank_workers.push_back(pool[free[r]].id);
+      for (const size_t i : RankWorkers(job.ranks, job.place_on_hosts, pool, free)) {
+        taken[i] = true;
+        p.rank_workers.push_back(pool[i].id);
       }
       plan.started.push_back(std::move(p));
       continue;

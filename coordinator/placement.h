@@ -1,13 +1,16 @@
 // Which queued jobs start now, and on which workers (one rank per worker).
 //
 // Jobs are taken in submission order; a job starts when as many suitable workers as it has
-// ranks are idle, rank r on the r-th suitable idle worker left. A worker suits a job when its
+// ranks are idle, rank r on the r-th suitable idle worker left, or, for a job with a host
+// placer whose free workers are on several hosts, on the host the placer gives it (the
+// hosts' workers in pool order; docs/planning.md "Hosts"). A worker suits a job when its
 // device is of the job's kind (cpu, or cuda for a worker on "cuda" or "cuda:N") and it has at
 // least the job's `min_cores` (its threads per stage; 0: any), or did not say how many it
 // has. A job that does not fit waits, with the reason in words, and a later, smaller
 // job that does fit starts before it (backfill). Pure: no clock, no lock, no I/O.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,11 +18,17 @@
 
 namespace pipetrain::coordinator {
 
+// The host of each of a job's ranks (rank = replica x stages + stage), an index into
+// `free_per_host` (the workers each host has free for the job); a result of another size,
+// or one that puts more ranks on a host than it has free, is not used (pool order instead).
+using HostPlacer = std::function<std::vector<int>(const std::vector<int>& free_per_host)>;
+
 struct QueuedJob {
   std::string id;
   int ranks = 0;      // stages x replicas: the workers it needs
   int min_cores = 0;  // cores each of them must have (0: any)
   std::string device = "cpu";  // cpu | cuda
+  HostPlacer place_on_hosts;   // empty: pool order, whatever the hosts
 };
 
 struct PoolWorker {
@@ -27,6 +36,7 @@ struct PoolWorker {
   int cores = 0;  // 0: unknown (suits every job)
   bool idle = true;
   std::string device = "cpu";  // as it registered: cpu, cuda, cuda:N
+  std::string host;            // the machine it runs on, as it registered ("": unknown)
 };
 
 // "cuda" for "cuda" and "cuda:N", the device itself otherwise.
@@ -57,6 +67,13 @@ struct PlacementPlan {
 // Pure; the caller checks each against the job's other rules and takes the first that passes.
 std::vector<model::PipelineLayout> RecoveryLayouts(const model::PipelineLayout& original,
                                                    int workers, bool stages_fixed);
+
+// The workers for a job's `ranks` ranks among `free` (indices into `pool`, in the order to
+// use them; at least `ranks`): by `place_on_hosts` when they are on several hosts and its
+// answer is usable, else the first `ranks`. Indices into `pool`, rank by rank.
+std::vector<size_t> RankWorkers(int ranks, const HostPlacer& place_on_hosts,
+                                const std::vector<PoolWorker>& pool,
+                                const std::vector<size_t>& free);
 
 // `pool`: every worker that can run a stage (idle or busy; lost ones left out), in the order
 // idle ones are to be used.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/job_traffic.h"
 #include "jobspec/job_config_from_spec.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
@@ -28,27 +29,16 @@ bool IsUnreachable(const absl::Status& error) {
 
 std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
                                                const model::PipelineLayout& layout) {
-  model::ModelConfig m = c.model;
-  const std::string kind = job::EffectiveDataKind(c);
-  if (kind != "classification") {
-    m.vocab_size = c.data.vocab > 0 ? c.data.vocab : (kind == "bytes" ? 256 : 65536);
-    m.seq_len = c.data.seq_len;
-  }
-  absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(m);
+  absl::StatusOr<std::vector<model::LayerInfo>> layers =
+      model::BuiltinLayers(ModelSizedByData(c));
   if (!layers.ok()) return std::nullopt;
   std::vector<double> counts;
   for (const model::LayerInfo& l : *layers) counts.push_back(static_cast<double>(l.num_parameters));
   // The layout's own layers, else balanced as the job will be.
-  std::vector<model::LayerRange> ranges;
-  for (const auto& [begin, end] : layout.stage_layers) ranges.push_back({begin, end});
-  if (ranges.empty()) {
-    absl::StatusOr<std::vector<model::LayerRange>> balanced =
-        model::BalancedPartition(counts, layout.stages);
-    if (!balanced.ok()) return std::nullopt;
-    ranges = *std::move(balanced);
-  }
+  const std::optional<std::vector<model::LayerRange>> ranges = StageRanges(layout, *layers);
+  if (!ranges) return std::nullopt;
   double largest = 0;
-  for (const model::LayerRange& r : ranges) {
+  for (const model::LayerRange& r : *ranges) {
     double sum = 0;
     for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
     largest = std::max(largest, sum);
@@ -61,12 +51,18 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
          parameter_bytes;
 }
 
+HostPlacer Scheduler::PlacerFor(const job::JobConfig& config) const {
+  if (policy_.host_policy == HostPolicy::kInOrder) return {};
+  return MakeHostPlacer(config, policy_.host_links);
+}
+
 PlacementPlan Scheduler::PlanQueue(const std::vector<QueuedJob>& queued_in_order,
                                    const std::vector<v1::WorkerInfo>& workers) const {
   std::vector<PoolWorker> pool;
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() != v1::WORKER_STATE_LOST) {
-      pool.push_back({w.id(), w.cores(), w.state() == v1::WORKER_STATE_IDLE, w.device()});
+      pool.push_back(
+          {w.id(), w.cores(), w.state() == v1::WORKER_STATE_IDLE, w.device(), w.host()});
     }
   }
   return PlaceQueuedJobs(queued_in_order, pool);
@@ -110,9 +106,11 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
              original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
       // Only workers whose memory holds a rank's parameter state (when both are known).
       const std::optional<int64_t> need = RankParameterStateBytes(c, l);
-      std::vector<std::string> fit;
+      std::vector<PoolWorker> fit;
       for (const v1::WorkerInfo* w : idle) {
-        if (!need || w->memory_bytes() <= 0 || w->memory_bytes() >= *need) fit.push_back(w->id());
+        if (!need || w->memory_bytes() <= 0 || w->memory_bytes() >= *need) {
+          fit.push_back({w->id(), w->cores(), true, w->device(), w->host()});
+        }
       }
       if (static_cast<int>(fit.size()) < l.ranks()) {
         too_small = absl::StrCat("; ", l.stages, " stages x ", l.replicas, " replicas need ",
@@ -129,13 +127,18 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       run.set_replicas(l.replicas);
       run.set_microbatches(l.micro_batches);
       if (job.checkpoint_step() > 0) run.set_resume_from(job.checkpoint_path());
-      if (!jobspec::JobConfigFromSpec(run).ok()) continue;
+      absl::StatusOr<job::JobConfig> run_config = jobspec::JobConfigFromSpec(run);
+      if (!run_config.ok()) continue;
       StartGeneration start;
       start.layout = l;
       start.start_step = job.checkpoint_step() > 0 ? job.checkpoint_step()
                                                    : (run.has_resume_from() ? -1 : 0);
       start.run_spec = std::move(run);
-      start.rank_workers.assign(fit.begin(), fit.begin() + l.ranks());
+      std::vector<size_t> all(fit.size());
+      for (size_t i = 0; i < fit.size(); ++i) all[i] = i;
+      for (const size_t i : RankWorkers(l.ranks(), PlacerFor(*run_config), fit, all)) {
+        start.rank_workers.push_back(fit[i].id);
+      }
       if (l.stages != original.stages || l.replicas != original.replicas) {
         start.announcement = absl::StrCat(
             "only ", idle.size(), " workers: generation ", job.generation() + 1, " runs ",

@@ -1,7 +1,8 @@
 // Where jobs run: the coordinator's scheduling decisions, apart from carrying them out.
 //
 //   PlanQueue      which queued jobs start now, on which idle workers (FIFO with backfill,
-//                  placement.h), from the registry's view of the workers;
+//                  placement.h; on several hosts where the job's traffic says, PlacerFor),
+//                  from the registry's view of the workers;
 //   PlanRecovery   what a recovering job does now: start its next generation (once its last
 //                  one's ranks have ended, those on lost workers by their lease; the same
 //                  layout once enough workers are idle, else after a grace of three heartbeat
@@ -30,8 +31,15 @@
 #include "pipetrain/v1/job_service.pb.h"
 #include "runtime/job/job_config.h"
 #include "runtime/model/pipeline_layout.h"
+#include "runtime/planner/profile.h"
 
 namespace pipetrain::coordinator {
+
+// Where a job's ranks go when the idle workers for it are on several hosts.
+enum class HostPolicy {
+  kTopology,  // the placement the simulation of the job's traffic prefers (job_traffic.h)
+  kInOrder,   // the workers in the registry's order, whatever their hosts
+};
 
 struct SchedulerPolicy {
   // Recovery waits this many intervals for the workers of the job's own layout (workers that
@@ -40,6 +48,10 @@ struct SchedulerPolicy {
   static constexpr int kRecoveryGraceIntervals = 3;
   // Assignments tried per rank (the first included) before it is given up.
   int assign_attempts = 3;
+  HostPolicy host_policy = HostPolicy::kTopology;
+  // The links between hosts as measured (pipetrain profile-link); not measured: assumed
+  // (job_traffic.h).
+  planner::HostLinks host_links;
 };
 
 // A job whose last generation a fault ended (job machine phase kRecovering).
@@ -110,6 +122,9 @@ class Scheduler {
   // `idle_of_kind`: the idle workers of the job's device kind, in the order to use them.
   RetryPlan PlanRetry(const absl::Status& error, int attempts,
                       const std::vector<std::string>& idle_of_kind) const;
+
+  // How a job of `config` is put on hosts under this policy (empty: in the workers' order).
+  HostPlacer PlacerFor(const job::JobConfig& config) const;
 
   const SchedulerPolicy& policy() const { return policy_; }
 

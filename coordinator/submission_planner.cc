@@ -5,10 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <set>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/job_traffic.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/planned_layout.h"
 #include "runtime/model/model_config.h"
@@ -90,7 +91,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
   }
   planner::ClusterProfile cluster;
   cluster.workers = 0;
-  std::set<std::string> hosts;
+  std::map<std::string, int> on_host;  // workers per host (its name, else its address)
   int cores = 0;
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() == v1::WORKER_STATE_LOST || w.state() == v1::WORKER_STATE_DRAINING) continue;
@@ -99,18 +100,26 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
         (cluster.memory_bytes == 0 || w.memory_bytes() < cluster.memory_bytes)) {
       cluster.memory_bytes = w.memory_bytes();
     }
-    hosts.insert(w.address().substr(0, w.address().rfind(':')));
+    ++on_host[w.host().empty() ? w.address().substr(0, w.address().rfind(':')) : w.host()];
     cores = std::max(cores, w.cores());
   }
   // Workers on one host share its cores (one intra-op thread each, as profiled).
-  if (hosts.size() == 1 && cluster.workers > 1) cluster.shared_cores = cores;
+  if (on_host.size() == 1 && cluster.workers > 1) cluster.shared_cores = cores;
   if (cluster.workers == 0) {
     return absl::FailedPreconditionError(
         "stages: auto: no workers to plan for (start the workers, then submit)");
   }
-  cluster.workers = std::min(cluster.workers, kMaxPlannedWorkers);
   cluster.link = profile->p2p;
   cluster.allreduce = profile->allreduce;
+  // On several hosts the plan places its ranks on them (within the planned workers' bound).
+  if (on_host.size() > 1 && cluster.workers <= kMaxPlannedWorkers) {
+    for (const auto& [host, count] : on_host) cluster.host_workers.push_back(count);
+    const planner::HostLinks& links =
+        profile->between_hosts.measured() ? profile->between_hosts : options_.host_links;
+    cluster.between_hosts = links.measured() ? links.p2p : kBetweenHostsLink;
+    cluster.between_hosts_allreduce = links.measured() ? links.allreduce : kBetweenHostsLink;
+  }
+  cluster.workers = std::min(cluster.workers, kMaxPlannedWorkers);
   planner::PlanRequest request = jobspec::PlanRequestFor(config);
   request.max_micro_batches = 64;
   for (const planner::MicroBatchProfile& size : profile->sizes) {

@@ -1,5 +1,6 @@
 // Plans `stages: auto` jobs at submission: checks the model profile the CLI measured against
-// the coordinator's bounds, plans for the workers it has (a snapshot its caller takes), and
+// the coordinator's bounds, plans for the workers it has (a snapshot its caller takes; on
+// several hosts, for those hosts: planners.h), and
 // returns the job with the chosen layout, its config and the plan's record. Planning cannot
 // starve running jobs, the coordinator's state loop or its health: one plan at a time, on a
 // thread of its own at the lowest CPU priority (nice 19), stopped past its CPU budget or time
@@ -30,6 +31,9 @@ class SubmissionPlanner {
     absl::Duration cpu_budget = absl::Seconds(10);
     absl::Duration time_limit = absl::Seconds(60);
     absl::Duration wait = absl::Seconds(30);
+    // The links between hosts, as measured, for a profile without its own (not measured:
+    // job_traffic.h's assumption).
+    planner::HostLinks host_links;
   };
   // The planner's work is bounded: at most this large a profile, this many profiled layers
   // and sizes, and plans for at most this many workers (more are planned as this many).

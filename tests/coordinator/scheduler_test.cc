@@ -1,6 +1,7 @@
 // The scheduler's decisions, case by case: a recovering job's next generation (its own layout,
 // a smaller one after the grace, workers whose memory is too small, old ranks still ending,
-// out of time), an assignment's retry, and the queue over the registry's view. No
+// out of time), an assignment's retry, the queue over the registry's view, and ranks on
+// hosts by the job's traffic (against the model's formulas and an in-order control). No
 // coordinator, no clock, no sockets: the inputs are values and so are the answers.
 #include "coordinator/scheduler.h"
 
@@ -10,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/job_traffic.h"
 #include "jobspec/job_config_from_spec.h"
 
 namespace pipetrain::coordinator {
@@ -263,6 +265,130 @@ TEST(SchedulerQueue, LostWorkersAreNeverPlacedAndBusyOnesOnlyCount) {
   EXPECT_THAT(plan.waiting[0].reason, HasSubstr("needs 2 workers"));
   plan = scheduler.PlanQueue({{"job-0004", 4, 0, "cpu"}}, workers);
   EXPECT_THAT(plan.started, IsEmpty());
+}
+
+// ---- Hosts
+
+v1::WorkerInfo OnHost(const std::string& id, const std::string& host) {
+  v1::WorkerInfo w = Worker(id, v1::WORKER_STATE_IDLE);
+  w.set_host(host);
+  return w;
+}
+
+// Two hosts of two workers, registered host by host.
+std::vector<v1::WorkerInfo> TwoHosts() {
+  return {OnHost("a1", "host-a"), OnHost("a2", "host-a"), OnHost("b1", "host-b"),
+          OnHost("b2", "host-b")};
+}
+
+// A 2-stage x 2-replica job of `model` (1f1b, 4 micro-batches of `b`).
+job::JobConfig TwoByTwo(const std::string& model, int b) {
+  v1::JobSpec s;
+  s.mutable_model()->set_name(model);
+  s.set_schedule("1f1b");
+  s.set_stages(2);
+  s.set_replicas(2);
+  s.set_microbatches(4);
+  s.set_microbatch_size(b);
+  s.set_steps(1);
+  if (model == "mlp") {
+    s.mutable_model()->set_hidden(1024);  // 3 x 1M parameters, activations of 1024 a row
+    s.mutable_model()->set_hidden_layers(3);
+  } else {
+    s.mutable_model()->set_d_model(16);   // 3 K parameters a block, 4 K of activations a row
+    s.mutable_model()->set_n_heads(2);
+    s.mutable_model()->set_n_layers(2);
+    s.mutable_data()->set_seq_len(256);
+  }
+  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(s);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// The traffic profile against the model's formulas counted here: an MLP of input 32, hidden
+// 1024 (three layers) and 10 classes, float32, micro-batches of 8.
+TEST(SchedulerHosts, TheTrafficProfileCountsEachLayersOutputAndParameterBytes) {
+  const std::optional<planner::ModelProfile> profile = TrafficProfile(TwoByTwo("mlp", 8));
+  ASSERT_TRUE(profile.has_value());
+  const std::vector<planner::LayerProfile>& layers = profile->sizes.front().layers;
+  ASSERT_EQ(layers.size(), 4u);
+  EXPECT_EQ(layers[0].parameter_bytes, 4 * (32 * 1024 + 1024));
+  EXPECT_EQ(layers[1].parameter_bytes, 4 * (1024 * 1024 + 1024));
+  EXPECT_EQ(layers[3].parameter_bytes, 4 * (1024 * 10 + 10));
+  EXPECT_EQ(layers[0].output_bytes, 4 * 8 * 1024);
+  EXPECT_EQ(layers[3].output_bytes, 4 * 8 * 10);
+  // A gpt's embedding turns [b, T] ids into [b, T, d].
+  const std::optional<planner::ModelProfile> gpt = TrafficProfile(TwoByTwo("gpt", 8));
+  ASSERT_TRUE(gpt.has_value());
+  EXPECT_EQ(gpt->sizes.front().layers[0].output_bytes, 4 * 8 * 256 * 16);
+  job::JobConfig script = TwoByTwo("mlp", 8);
+  script.model.name = "torchscript";
+  EXPECT_FALSE(TrafficProfile(script).has_value());
+}
+
+// Large parameters: each stage's replicas share a host (their AllReduce stays within it);
+// large activations: each replica's stages do. In registration order (the negative control)
+// the first job's AllReduces would cross hosts.
+TEST(SchedulerHosts, TheHeavierTrafficStaysWithinHosts) {
+  const Scheduler topology({kBeat, 3});
+  const job::JobConfig parameters = TwoByTwo("mlp", 8);
+  const job::JobConfig activations = TwoByTwo("gpt", 8);
+  // rank = replica x 2 + stage
+  PlacementPlan plan =
+      topology.PlanQueue({{"mlp", 4, 0, "cpu", topology.PlacerFor(parameters)}}, TwoHosts());
+  ASSERT_EQ(plan.started.size(), 1u);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "b1", "a2", "b2"));
+  plan = topology.PlanQueue({{"gpt", 4, 0, "cpu", topology.PlacerFor(activations)}}, TwoHosts());
+  ASSERT_EQ(plan.started.size(), 1u);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "a2", "b1", "b2"));
+
+  SchedulerPolicy in_order_policy{kBeat, 3};
+  in_order_policy.host_policy = HostPolicy::kInOrder;
+  const Scheduler in_order(in_order_policy);
+  EXPECT_FALSE(in_order.PlacerFor(parameters));
+  plan = in_order.PlanQueue({{"mlp", 4, 0, "cpu", in_order.PlacerFor(parameters)}}, TwoHosts());
+  ASSERT_EQ(plan.started.size(), 1u);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "a2", "b1", "b2"));
+}
+
+// A placer is asked only when the free workers are on several hosts, and an answer that does
+// not fit them (a host with too few, a rank missing) is not used.
+TEST(SchedulerHosts, APlacerIsAskedOnlyAcrossHostsAndABadAnswerIsNotUsed) {
+  std::vector<std::vector<int>> asked;
+  std::vector<int> answer = {0, 1, 0, 1};
+  const HostPlacer placer = [&](const std::vector<int>& free_per_host) {
+    asked.push_back(free_per_host);
+    return answer;
+  };
+  std::vector<PoolWorker> pool = {{"a1"}, {"a2"}, {"b1"}, {"b2"}, {"b3"}};
+  for (PoolWorker& w : pool) w.host = w.id.substr(0, 1);
+  PlacementPlan plan = PlaceQueuedJobs({{"job", 4, 0, "cpu", placer}}, pool);
+  ASSERT_EQ(plan.started.size(), 1u);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "b1", "a2", "b2"));
+  EXPECT_THAT(asked, ElementsAre(ElementsAre(2, 3)));
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{{0, 0, 0, 1}, {0, 1}, {0, 1, 2, 1}}) {
+    answer = bad;
+    plan = PlaceQueuedJobs({{"job", 4, 0, "cpu", placer}}, pool);
+    ASSERT_EQ(plan.started.size(), 1u);
+    EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "a2", "b1", "b2"));
+  }
+  asked.clear();
+  for (PoolWorker& w : pool) w.host = "one";
+  plan = PlaceQueuedJobs({{"job", 4, 0, "cpu", placer}}, pool);
+  EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "a2", "b1", "b2"));
+  EXPECT_THAT(asked, IsEmpty());
+}
+
+// A recovering job's next generation is placed on the hosts the same way.
+TEST(SchedulerHosts, ARecoveringJobIsPlacedOnHostsByItsTraffic) {
+  Recovering r;
+  v1::JobSpec& s = *r.job.mutable_spec();
+  s.mutable_model()->set_name("mlp");
+  s.mutable_model()->set_hidden(1024);
+  s.mutable_model()->set_hidden_layers(3);
+  RecoveryPlan plan = Scheduler({kBeat, 3}).PlanRecovery(r.View(), TwoHosts(), kT0);
+  ASSERT_TRUE(std::holds_alternative<StartGeneration>(plan));
+  EXPECT_THAT(std::get<StartGeneration>(plan).rank_workers, ElementsAre("a1", "b1", "a2", "b2"));
 }
 
 }  // namespace
