@@ -57,14 +57,14 @@ class MultihostTest : public ::testing::Test {
   std::string Coordinator() const {
     return hosts_->DataAddress(kCoordinatorHost) + ":7070";
   }
-  // The coordinator on host 0, on every address of it (the data and management networks).
-  void StartCoordinator() {
-    ASSERT_TRUE(hosts_->Start(kCoordinatorHost,
-                              {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
-                               (dir_ / "jobs.db").string(), "--heartbeat-ms", "500",
-                               "--metrics-listen", ""},
-                              dir_ / "coordinator.log")
-                    .ok());
+  // The coordinator on host 0, on every address of it (the data and management networks),
+  // with `flags` besides.
+  void StartCoordinator(const std::vector<std::string>& flags = {}) {
+    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
+                                     (dir_ / "jobs.db").string(), "--heartbeat-ms", "500",
+                                     "--metrics-listen", ""};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    ASSERT_TRUE(hosts_->Start(kCoordinatorHost, argv, dir_ / "coordinator.log").ok());
   }
   pid_t StartWorker(int host, const std::vector<std::string>& address_flags,
                     const std::string& coordinator, const std::string& name) {

@@ -49,6 +49,13 @@ absl::Status NamespaceHosts::Ip(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+absl::Status NamespaceHosts::Shape(int host, const std::string& iface, const std::string& rate) {
+  // A burst of 256 KiB holds a timer tick's worth at a few Gbit/s; a queue of 400 ms keeps
+  // bursts of large messages from being dropped.
+  return Ip({"netns", "exec", Namespace(host), "tc", "qdisc", "replace", "dev", iface, "root",
+             "tbf", "rate", rate, "burst", "256kb", "latency", "400ms"});
+}
+
 std::string NamespaceHosts::Namespace(int host) const { return absl::StrCat(prefix_, "-h", host); }
 std::string NamespaceHosts::Bridges() const { return absl::StrCat(prefix_, "-net"); }
 

@@ -41,6 +41,10 @@ class NamespaceHosts {
 
   // A second network, `eth1` on each of `hosts`, on a bridge of its own.
   absl::Status AddManagementNetwork(const std::vector<int>& hosts);
+  // Shapes what `host` sends on `iface` to `rate` (tc's units: "200mbit") with a token
+  // bucket (tbf), as a slower link between hosts is: what it sends its own addresses stays
+  // on its loopback, unshaped.
+  absl::Status Shape(int host, const std::string& iface, const std::string& rate);
   // Takes `iface` of `host` down (cut off) or up again.
   absl::Status SetLink(int host, const std::string& iface, bool up);
   // Drops every packet between hosts `a` and `b` on the data network, both ways (a blackhole
