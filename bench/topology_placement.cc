@@ -143,8 +143,8 @@ class Bench {
         absl::StatusOr<pid_t> worker = hosts_.Start(
             host,
             {PIPETRAIN_WORKER, "--coordinator", coordinator, "--metrics-listen", "",
-             "--register-timeout", "30", "--host-name", absl::StrCat("host", host), "--listen",
-             "0.0.0.0:0", "--iface", "eth0"},
+             "--register-timeout", "30", "--host-name", absl::StrCat("host", host), "--iface",
+             "eth0"},
             dir_ / absl::StrCat(tag, "-worker-", host, "-", w, ".log"));
         if (!worker.ok()) return worker.status();
         // One at a time, so that registration order is host by host.

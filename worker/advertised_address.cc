@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain::worker {
@@ -27,6 +28,11 @@ std::string WithoutBrackets(const std::string& host) {
 std::string HostOf(const std::string& listen) {
   const size_t colon = listen.rfind(':');
   return WithoutBrackets(colon == std::string::npos ? listen : listen.substr(0, colon));
+}
+
+// "localhost", 127.0.0.0/8, "::1".
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 // Every address of this host's interfaces, with the interface's name.
@@ -61,6 +67,16 @@ bool IsWildcardHost(const std::string& host) {
 std::string JoinHostPort(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
   return v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+std::string ListenAddressFor(const std::string& listen, const AdvertisedAddress& advertised) {
+  if (!IsLoopbackHost(HostOf(listen)) || IsLoopbackHost(advertised.host)) return listen;
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) {
+    return listen;
+  }
+  return JoinHostPort(advertised.host, port);
 }
 
 absl::StatusOr<std::string> AddressOfInterface(const std::string& name) {

@@ -28,6 +28,12 @@ absl::StatusOr<AdvertisedAddress> ChooseAdvertisedAddress(const std::string& lis
                                                           const std::string& advertise,
                                                           const std::string& iface);
 
+// Where the WorkerService listens: `listen` (--listen, host:port), except a loopback host
+// when the advertised host is not one: a socket on loopback is reached at no other address,
+// so it listens on the advertised host instead, on --listen's port ("127.0.0.1:0" advertised
+// as 10.0.0.2 -> "10.0.0.2:0").
+std::string ListenAddressFor(const std::string& listen, const AdvertisedAddress& advertised);
+
 // The first IPv4 address of interface `name` (NotFound when it has none or does not exist).
 absl::StatusOr<std::string> AddressOfInterface(const std::string& name);
 // The interface of this host that holds address `host`; "" if none does (or `host` is a

@@ -54,7 +54,9 @@ int main(int argc, char** argv) {
                  "\"\": none)")
       ->capture_default_str();
   app.add_option("--listen", options.listen,
-                 "host:port of this worker's service (port 0: any free port)")
+                 "host:port of this worker's service (port 0: any free port); a loopback "
+                 "host with an address advertised elsewhere (--advertise-address, --iface) "
+                 "listens on that address instead")
       ->capture_default_str();
   app.add_option("--device", options.device,
                  "the device it runs stages on: cpu, cuda (GPU 0) or cuda:N; it takes only jobs "
@@ -105,7 +107,12 @@ int main(int argc, char** argv) {
     return exit_code::kUsage;
   }
   options.security.token = *std::move(token);
-  if (const std::string warning = pipetrain::rpc::ListenWarning(options.listen, options.security);
+  // Where it will listen (a loopback --listen moves to the advertised address).
+  absl::StatusOr<AdvertisedAddress> advertised = ChooseAdvertisedAddress(
+      options.listen, options.advertise_address, options.iface);
+  const std::string listen =
+      advertised.ok() ? ListenAddressFor(options.listen, *advertised) : options.listen;
+  if (const std::string warning = pipetrain::rpc::ListenWarning(listen, options.security);
       !warning.empty()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", warning.c_str());
   }

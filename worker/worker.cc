@@ -65,12 +65,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   if (!channel.ok()) return channel.status();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, *credentials, &port);
+  const std::string listen = ListenAddressFor(options.listen, *advertised);
+  builder.AddListeningPort(listen, *credentials, &port);
   w->service_ = std::make_unique<WorkerServiceAdapter>(w.get(), w->command_key_);
   builder.RegisterService(w->service_.get());
   w->server_ = builder.BuildAndStart();
   if (!w->server_ || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
   w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   w->address_ = JoinHostPort(advertised->host, port);

@@ -42,7 +42,8 @@ std::vector<int64_t> StageParameterBytes(const fs::path& job_file, const nlohman
 TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
   StartCoordinator();
   for (int host = 1; host <= kWorkerHosts; ++host) {
-    StartWorker(host, {"--listen", "0.0.0.0:0", "--iface", "eth0"}, Coordinator(),
+    // --iface alone: its service listens on eth0's address (not the default loopback).
+    StartWorker(host, {"--iface", "eth0"}, Coordinator(),
                 absl::StrCat("worker-h", host, "-iface"));
     StartWorker(host, {"--listen", "0.0.0.0:0", "--advertise-address", hosts_->DataAddress(host)},
                 Coordinator(), absl::StrCat("worker-h", host, "-advertised"));

@@ -67,5 +67,15 @@ TEST(AdvertisedAddress, TheHostIsSlurmsNodeNameElseTheHostname) {
   if (before) setenv("SLURMD_NODENAME", saved.c_str(), 1);
 }
 
+// A WorkerService on loopback is reached at no other address: with an address advertised
+// elsewhere it listens there instead, on the port asked; everything else as given.
+TEST(AdvertisedAddress, ALoopbackListenMovesToTheAdvertisedAddress) {
+  EXPECT_EQ(ListenAddressFor("127.0.0.1:0", {"10.0.0.2", "eth0"}), "10.0.0.2:0");
+  EXPECT_EQ(ListenAddressFor("localhost:7071", {"fd00::2", ""}), "[fd00::2]:7071");
+  EXPECT_EQ(ListenAddressFor("127.0.0.1:7071", {"127.0.0.1", "lo"}), "127.0.0.1:7071");
+  EXPECT_EQ(ListenAddressFor("0.0.0.0:7071", {"10.0.0.2", "eth0"}), "0.0.0.0:7071");
+  EXPECT_EQ(ListenAddressFor("10.0.0.2:0", {"10.0.0.2", "eth0"}), "10.0.0.2:0");
+}
+
 }  // namespace
 }  // namespace pipetrain::worker
