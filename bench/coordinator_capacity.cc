@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   cluster.Allocate(n);
   // Every simulated worker heartbeats as its own thread would, from its registration on.
   Keepalive keepalive(target, cluster, 16);
+  if (options.submit_first) cluster.job_id = SubmitJobOverAll(*jobs, options.stages, n);
   const auto registering = Clock::now();
   RegisterSimulatedWorkers(target, port, n, options.register_per_s, cluster);
   const double registered_s = std::chrono::duration<double>(Clock::now() - registering).count();
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
 
   // 2. One job over all N simulated workers.
   const auto submitting = Clock::now();
-  cluster.job_id = SubmitJobOverAll(*jobs, service, options.stages, n);
+  if (!options.submit_first) cluster.job_id = SubmitJobOverAll(*jobs, options.stages, n);
+  WaitUntilAssigned(service, cluster.job_id, n);
   MapRanks(*jobs, cluster.job_id, cluster);
   keepalive.SetJob(cluster.job_id, cluster.rank_of_worker);
   const double placed_s = std::chrono::duration<double>(Clock::now() - submitting).count();

@@ -266,8 +266,7 @@ void Keepalive::Loop(const std::string& target, int t, int threads) {
 
 // Submits one job whose ranks take every simulated worker and waits until all are assigned;
 // returns its id.
-std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkers& service,
-                             int stages, int n) {
+std::string SubmitJobOverAll(v1::JobService::Stub& jobs, int stages, int n) {
   v1::SubmitJobRequest request;
   v1::JobSpec* spec = request.mutable_spec();
   spec->set_name("coordinator_capacity");
@@ -284,17 +283,20 @@ std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkers& service,
   v1::Job job;
   grpc::Status s = jobs.SubmitJob(&ctx, request, &job);
   if (!s.ok()) Die("SubmitJob: " + s.error_message());
+  return job.id();
+}
+
+void WaitUntilAssigned(FakeWorkers& service, const std::string& job_id, int n) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   while (service.assigned() < n && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (service.assigned() < n) {
     Die("only " + std::to_string(service.assigned()) + " of " + std::to_string(n) +
-        " ranks of " + job.id() +
+        " ranks of " + job_id +
         " were assigned to the simulated workers (does the coordinator have other idle "
         "workers, or too few of ours?)");
   }
-  return job.id();
 }
 
 void MapRanks(v1::JobService::Stub& jobs, const std::string& job_id, Cluster& cluster) {

@@ -168,9 +168,10 @@ class Keepalive {
 };
 
 // Submits one job of `stages` stages x n / stages replicas, so that its ranks take every
-// simulated worker, and waits (120 s at most) until all are assigned; returns its id.
-std::string SubmitJobOverAll(v1::JobService::Stub& jobs, FakeWorkers& workers,
-                             int stages, int n);
+// simulated worker; returns its id.
+std::string SubmitJobOverAll(v1::JobService::Stub& jobs, int stages, int n);
+// Waits (120 s at most) until all n ranks of `job_id` are assigned.
+void WaitUntilAssigned(FakeWorkers& workers, const std::string& job_id, int n);
 
 // Where the coordinator placed each rank of `job_id`: fills `cluster`'s worker_of_rank and
 // rank_of_worker from the job's stage table (Dies when a rank is on a worker not ours).

@@ -32,6 +32,8 @@ Options ParseArgs(int argc, char** argv) {
       o.seconds = std::atof(value(i).c_str());
     } else if (a == "--scale") {
       o.scale = true;
+    } else if (a == "--submit-first") {
+      o.submit_first = true;
     } else if (a == "--register-per-s") {
       o.register_per_s = std::atof(value(i).c_str());
     } else if (a == "--step-s") {
@@ -47,6 +49,7 @@ Options ParseArgs(int argc, char** argv) {
           "coordinator_capacity (--coordinator HOST:PORT | --start-coordinator PATH)\n"
           "    [--workers 64] [--stages 2] [--threads 1,8] [--seconds 3]\n"
           "    [--scale [--step-s 1] [--cadence-threads 16]] [--register-per-s R]\n"
+          "    [--submit-first]\n"
           "Registers N simulated workers, gets a job assigned to them, and measures\n"
           "Heartbeat and ReportStep throughput and latency from T client threads.\n"
           "--scale: instead, the cluster at its real cadence for --seconds (each worker\n"
@@ -54,7 +57,9 @@ Options ParseArgs(int argc, char** argv) {
           "coordinator's CPU per second of cluster time (its pid known with\n"
           "--start-coordinator), and what grows with N: placement, the job's status, the\n"
           "workers listing, the end of the job.\n"
-          "--register-per-s: registrations per second at most (default: unpaced).\n");
+          "--register-per-s: registrations per second at most (default: unpaced).\n"
+          "--submit-first: the job is submitted before the workers register, and waits\n"
+          "queued while they do.\n");
       std::exit(0);
     } else {
       Die("unknown argument " + a + " (see --help)");

@@ -27,6 +27,9 @@ struct Options {
   double register_per_s = 0;
   double step_s = 1;
   int cadence_threads = 16;
+  // The job is submitted before the workers register (it waits queued while they do, as a
+  // job submitted to a starting allocation does), instead of after.
+  bool submit_first = false;
 };
 
 // The options of `argv`; prints the usage and exits 0 for --help, and Dies on an unknown

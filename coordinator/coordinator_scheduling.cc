@@ -7,12 +7,29 @@
 #include <algorithm>
 #include <variant>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/scheduler.h"
 
 namespace pipetrain::coordinator {
+namespace {
+
+// `text` with every run of digits as '#': "needs 8 workers, 3 idle" -> "needs # workers, # idle".
+std::string WithoutCounts(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (absl::ascii_isdigit(static_cast<unsigned char>(text[i]))) {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& rank_workers,
                                 v1::JobSpec run_spec, int64_t start_step) {
@@ -108,17 +125,20 @@ void Coordinator::Schedule() {
                       e->config.threads_per_stage, e->config.device,
                       scheduler_.PlacerFor(e->config)});
   }
-  const PlacementPlan plan = scheduler_.PlanQueue(wanted, pool_.Infos());
+  const PlacementPlan plan = scheduler_.PlanQueue(wanted, pool_.Placeable());
   for (const Waiting& waiting : plan.waiting) {
     JobEntry& e = jobs_.at(waiting.job_id);
     const std::string reason = e.requeued_because.empty()
                                    ? waiting.reason
                                    : absl::StrCat(e.requeued_because, "; ", waiting.reason);
     if (e.job.message() == reason) continue;
-    // Why it waits, in `status` and (when it changes) in its events.
+    // Why it waits, in `status` and (when it changes) in its events; the same reason with
+    // other counts (workers registering one by one, thousands of them) only in `status`,
+    // written with progress (at most once a second).
+    const bool counts_only = WithoutCounts(e.job.message()) == WithoutCounts(reason);
     e.job.set_message(reason);
-    jobs_.Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
-    jobs_.Changed(e);
+    if (!counts_only) jobs_.Event(waiting.job_id, absl::StrCat("queued: ", waiting.reason));
+    jobs_.Changed(e, /*progress_only=*/counts_only);
   }
   for (const Placement& p : plan.started) {
     JobEntry& e = jobs_.at(p.job_id);

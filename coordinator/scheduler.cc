@@ -65,7 +65,12 @@ PlacementPlan Scheduler::PlanQueue(const std::vector<QueuedJob>& queued_in_order
           {w.id(), w.cores(), w.state() == v1::WORKER_STATE_IDLE, w.device(), w.host()});
     }
   }
-  return PlaceQueuedJobs(queued_in_order, pool);
+  return PlanQueue(queued_in_order, pool);
+}
+
+PlacementPlan Scheduler::PlanQueue(const std::vector<QueuedJob>& queued_in_order,
+                                   const std::vector<PoolWorker>& placeable) const {
+  return PlaceQueuedJobs(queued_in_order, placeable);
 }
 
 RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,

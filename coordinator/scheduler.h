@@ -111,6 +111,9 @@ class Scheduler {
   // (lost ones are left out here; idle ones are used in the order given).
   PlacementPlan PlanQueue(const std::vector<QueuedJob>& queued_in_order,
                           const std::vector<v1::WorkerInfo>& workers) const;
+  // The same over the workers that are not lost, as WorkerPool::Placeable lists them.
+  PlacementPlan PlanQueue(const std::vector<QueuedJob>& queued_in_order,
+                          const std::vector<PoolWorker>& placeable) const;
 
   // `workers`: the registry's view; a worker still busy (or draining) with the job's id runs a
   // rank of its last generation, which must end before the next is placed, and so must the

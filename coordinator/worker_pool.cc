@@ -132,4 +132,15 @@ std::vector<v1::WorkerInfo> WorkerPool::Infos() const {
   return out;
 }
 
+std::vector<PoolWorker> WorkerPool::Placeable() const {
+  std::vector<PoolWorker> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, w] : workers_) {
+    const v1::WorkerInfo& i = w.info;
+    if (i.state() == v1::WORKER_STATE_LOST) continue;
+    out.push_back({i.id(), i.cores(), i.state() == v1::WORKER_STATE_IDLE, i.device(), i.host()});
+  }
+  return out;
+}
+
 }  // namespace pipetrain::coordinator

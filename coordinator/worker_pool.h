@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/placement.h"
 #include "coordinator/worker_client.h"
 #include "pipetrain/v1/job_service.pb.h"
 
@@ -75,6 +76,9 @@ class WorkerPool {
   // (InfiniteFuture if none is live).
   absl::Time NextExpiry(absl::Duration limit) const;
   std::vector<v1::WorkerInfo> Infos() const;
+  // Every worker that is not lost, as placement sees it (without copying the records: the
+  // queue is planned on every registration).
+  std::vector<PoolWorker> Placeable() const;
 
  private:
   std::map<std::string, Worker> workers_;

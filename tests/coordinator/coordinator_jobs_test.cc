@@ -3,6 +3,8 @@
 // daemon tests (tests/daemons) check the same rules end to end over gRPC.
 #include "tests/coordinator/coordinator_fixture.h"
 
+#include "absl/strings/match.h"
+
 namespace pipetrain::coordinator::core_test {
 namespace {
 
@@ -287,6 +289,24 @@ TEST_F(CoordinatorCoreTest, AnAddressIsTakenOverOnlyFromAWorkerThatNoLongerAnswe
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_NE(back->worker_id(), w2);
   EXPECT_THAT(Get(job.id()).message(), HasSubstr("it restarted"));
+}
+
+// Workers registering one by one while a job waits for them change only the counts of why it
+// waits: its status says the latest, its events the reason once (not once per worker, which
+// for thousands of workers flooded the event log and the store).
+TEST_F(CoordinatorCoreTest, AJobWaitingForWorkersSaysWhyOnceAndCountsInItsStatus) {
+  const v1::Job job = Submit(Spec(4));
+  for (int n = 1; n <= 3; ++n) Register(n);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Get(job.id()).message(),
+            "needs 4 workers; the pool has 3: it waits for more to register");
+  int waiting_events = 0;
+  for (const std::string& text : EventTexts(job.id())) {
+    waiting_events += absl::StartsWith(text, "queued: needs 4 workers; the pool has");
+  }
+  EXPECT_EQ(waiting_events, 1);
+  Register(4);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(CoordinatorCoreTest, QueuedJobsStartInOrderWithBackfill) {
