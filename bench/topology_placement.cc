@@ -216,7 +216,8 @@ int Main(int argc, char** argv) {
     } else if (flag == "--rounds" && absl::SimpleAtoi(value, &options.rounds)) {
     } else if (flag == "--steps" && absl::SimpleAtoi(value, &options.steps)) {
     } else {
-      std::fprintf(stderr, "usage: topology_placement [--rate 200mbit] [--rounds 3] [--steps 30]\n");
+      std::fprintf(stderr,
+                   "usage: topology_placement [--rate 200mbit] [--rounds 3] [--steps 30]\n");
       return 2;
     }
   }

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.host_policy = placement == "in-order" ? HostPolicy::kInOrder : HostPolicy::kTopology;
   if (!host_links_file.empty()) {
-    absl::StatusOr<std::string> text = pipetrain::ReadRegularFile(host_links_file, 1 << 20, "host links");
+    absl::StatusOr<std::string> text =
+        pipetrain::ReadRegularFile(host_links_file, 1 << 20, "host links");
     absl::StatusOr<pipetrain::planner::HostLinks> links =
         text.ok() ? pipetrain::planner::HostLinksFromJson(*text)
                   : absl::StatusOr<pipetrain::planner::HostLinks>(text.status());

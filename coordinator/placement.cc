@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,25 +25,23 @@ std::vector<size_t> RankWorkers(int ranks, const HostPlacer& place_on_hosts,
                                 const std::vector<size_t>& free) {
   std::vector<size_t> in_pool_order(free.begin(), free.begin() + ranks);
   if (!place_on_hosts) return in_pool_order;
-  std::vector<std::string> hosts;        // in the order of their first free worker
-  std::vector<std::vector<size_t>> on;   // the free workers of each
+  std::map<std::string, size_t> host_index;  // numbered in the order of their first free worker
+  std::vector<std::vector<size_t>> on;       // the free workers of each
   for (const size_t i : free) {
-    const auto it = std::find(hosts.begin(), hosts.end(), pool[i].host);
-    if (it == hosts.end()) {
-      hosts.push_back(pool[i].host);
-      on.push_back({i});
-    } else {
-      on[it - hosts.begin()].push_back(i);
-    }
+    const auto [it, added] = host_index.emplace(pool[i].host, on.size());
+    if (added) on.emplace_back();
+    on[it->second].push_back(i);
   }
-  if (hosts.size() < 2) return in_pool_order;
+  if (on.size() < 2) return in_pool_order;
   std::vector<int> free_per_host;
-  for (const std::vector<size_t>& workers : on) free_per_host.push_back(static_cast<int>(workers.size()));
+  for (const std::vector<size_t>& workers : on) {
+    free_per_host.push_back(static_cast<int>(workers.size()));
+  }
   const std::vector<int> rank_hosts = place_on_hosts(free_per_host);
   if (static_cast<int>(rank_hosts.size()) != ranks) return in_pool_order;
-  std::vector<size_t> next(hosts.size(), 0), out;
+  std::vector<size_t> next(on.size(), 0), out;
   for (const int h : rank_hosts) {
-    if (h < 0 || h >= static_cast<int>(hosts.size()) || next[h] >= on[h].size()) {
+    if (h < 0 || h >= static_cast<int>(on.size()) || next[h] >= on[h].size()) {
       return in_pool_order;
     }
     out.push_back(on[h][next[h]++]);

@@ -31,7 +31,8 @@ absl::StatusOr<Leader> ParseLeader(const std::string& text) {
   Leader leader;
   const auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--connect ", text, ": expected ADDRESS:PORT or ADDRESS:PORT,PORT (what --listen printed)"));
+        "--connect ", text,
+        ": expected ADDRESS:PORT or ADDRESS:PORT,PORT (what --listen printed)"));
   };
   if (colon == std::string::npos || colon == 0) return bad();
   leader.address = text.substr(0, colon);

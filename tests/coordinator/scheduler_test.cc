@@ -366,7 +366,8 @@ TEST(SchedulerHosts, APlacerIsAskedOnlyAcrossHostsAndABadAnswerIsNotUsed) {
   ASSERT_EQ(plan.started.size(), 1u);
   EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("a1", "b1", "a2", "b2"));
   EXPECT_THAT(asked, ElementsAre(ElementsAre(2, 3)));
-  for (const std::vector<int>& bad : std::vector<std::vector<int>>{{0, 0, 0, 1}, {0, 1}, {0, 1, 2, 1}}) {
+  const std::vector<std::vector<int>> bad_answers = {{0, 0, 0, 1}, {0, 1}, {0, 1, 2, 1}};
+  for (const std::vector<int>& bad : bad_answers) {
     answer = bad;
     plan = PlaceQueuedJobs({{"job", 4, 0, "cpu", placer}}, pool);
     ASSERT_EQ(plan.started.size(), 1u);
