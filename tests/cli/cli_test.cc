@@ -151,6 +151,59 @@ TEST_F(CliTest, StagesAutoOnDaemonsRunsThePlannedLayout) {
 // A planned job stays within the memory it was planned for: run as processes under two caps,
 // every stage's measured peak of tensor bytes (counted at the allocator) is at most the cap
 // and within 15% of the plan's prediction for it.
+// `pipetrain profile-link`: one side listens, the other connects from its own address, and
+// the listening side writes the links as JSON, which `plan --hosts --host-links` reads to
+// put ranks on hosts (every layout scored on its faster placement; --predict shows each).
+TEST_F(CliTest, ProfileLinkMeasuresALinkAndPlanPlacesRanksOnHosts) {
+  setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  const fs::path links = dir_ / "links.json";
+  std::thread leader([&] {
+    const std::string command = std::string(PIPETRAIN_CLI) +
+                                " profile-link --listen 127.0.0.1 --port " + port + " -o " +
+                                links.string() + " 2>" + (dir_ / "leader.err").string();
+    EXPECT_EQ(std::system(command.c_str()), 0) << ReadFile(dir_ / "leader.err");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Result follower = Run("profile-link --connect 127.0.0.1:" + port + " --address 127.0.0.1");
+  leader.join();
+  ASSERT_EQ(follower.exit_code, 0) << follower.err;
+  const nlohmann::json measured = nlohmann::json::parse(ReadFile(links), nullptr, false);
+  ASSERT_TRUE(measured.is_object()) << ReadFile(links);
+  EXPECT_GT(measured["p2p"]["bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(measured["allreduce"]["bytes_per_s"].get<double>(), 0);
+
+  const std::string job = " --steps 3 --microbatch-sizes 8 --host-links " + links.string();
+  Result plan = Run("plan --hosts 2,2 -o json -q" + job);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const auto planned = nlohmann::json::parse(plan.out);
+  EXPECT_EQ(planned["workers"], 4);
+  const int ranks = static_cast<int>(planned["stages"].size()) * planned["replicas"].get<int>();
+  if (ranks > 1) {
+    ASSERT_EQ(planned["rank_hosts"].size(), static_cast<size_t>(ranks)) << plan.out;
+    std::map<int, int> on_host;
+    for (const auto& h : planned["rank_hosts"]) ++on_host[h.get<int>()];
+    for (const auto& [host, count] : on_host) {
+      EXPECT_TRUE(host == 0 || host == 1) << host;
+      EXPECT_LE(count, 2) << "host " << host;
+    }
+  }
+  Result predicted = Run("plan --predict --stages 2 --replicas 2 --hosts 2,2 -o json -q" + job);
+  ASSERT_EQ(predicted.exit_code, 0) << predicted.err;
+  const auto each = nlohmann::json::parse(predicted.out);
+  ASSERT_EQ(each["placements"].size(), 2u) << predicted.out;
+  EXPECT_LE(each["placements"][0]["predicted_step_time_s"].get<double>(),
+            each["placements"][1]["predicted_step_time_s"].get<double>());
+  EXPECT_EQ(each["rank_hosts"], each["placements"][0]["rank_hosts"]);
+
+  Result miscounted = Run("plan --hosts 2,2 --workers 3 -q" + job);
+  EXPECT_EQ(miscounted.exit_code, 2);
+  EXPECT_THAT(miscounted.err, HasSubstr("--hosts 2,2 has 4 workers; --workers says 3"));
+  Result alone = Run("profile-link --connect 127.0.0.1:1");
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_THAT(alone.err, HasSubstr("--connect needs --address"));
+}
+
 TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
   setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
   for (const int64_t cap : {4'500'000, 3'500'000}) {
