@@ -12,6 +12,51 @@ std::string_view HostOrderName(HostOrder order) {
   return order == HostOrder::kPipelines ? "pipelines together" : "stages together";
 }
 
+bool BoundarySpansHosts(const Layout& layout, int s) {
+  const std::vector<int>& hosts = layout.rank_hosts;
+  if (hosts.empty() || s + 1 >= layout.stages()) return false;
+  const RankLayout ranks{layout.stages(), layout.pipeline.replicas};
+  for (int k = 0; k < ranks.replicas; ++k) {
+    if (hosts[ranks.RankOf(s, k)] != hosts[ranks.RankOf(s + 1, k)]) return true;
+  }
+  return false;
+}
+
+bool ReplicasSpanHosts(const Layout& layout, int s) {
+  const std::vector<int>& hosts = layout.rank_hosts;
+  if (hosts.empty()) return false;
+  const RankLayout ranks{layout.stages(), layout.pipeline.replicas};
+  for (int k = 1; k < ranks.replicas; ++k) {
+    if (hosts[ranks.RankOf(s, k)] != hosts[ranks.RankOf(s, 0)]) return true;
+  }
+  return false;
+}
+
+absl::Status CheckRankHosts(const ClusterProfile& cluster, const Layout& layout) {
+  if (layout.rank_hosts.empty()) return absl::OkStatus();
+  const int ranks = layout.pipeline.ranks();
+  if (static_cast<int>(layout.rank_hosts.size()) != ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank_hosts names ", layout.rank_hosts.size(),
+                                                   " ranks; the layout has ", ranks));
+  }
+  std::vector<int> on_host(cluster.hosts(), 0);
+  for (const int h : layout.rank_hosts) {
+    if (h < 0 || h >= cluster.hosts()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank_hosts names host ", h, "; the cluster has ", cluster.hosts()));
+    }
+    ++on_host[h];
+  }
+  for (int h = 0; h < cluster.hosts() && !cluster.host_workers.empty(); ++h) {
+    if (on_host[h] > cluster.host_workers[h]) {
+      return absl::InvalidArgumentError(absl::StrCat("rank_hosts puts ", on_host[h],
+                                                     " ranks on host ", h, ", which has ",
+                                                     cluster.host_workers[h], " workers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int>> FillHosts(const model::PipelineLayout& pipeline,
                                            const std::vector<int>& free_workers, HostOrder order) {
   const int p = pipeline.stages, w = pipeline.replicas;

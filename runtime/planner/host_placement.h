@@ -19,6 +19,15 @@
 
 namespace pipetrain::planner {
 
+// Whether stage s's output crosses hosts for some replica (false for the last stage, and for
+// a layout without rank_hosts).
+bool BoundarySpansHosts(const Layout& layout, int s);
+// Whether stage s's replicas are on more than one host (its AllReduce ring spans hosts).
+bool ReplicasSpanHosts(const Layout& layout, int s);
+// InvalidArgument when the layout's rank_hosts (if any) do not name one host of `cluster` per
+// rank, or put more ranks on a host than it has workers.
+absl::Status CheckRankHosts(const ClusterProfile& cluster, const Layout& layout);
+
 // What a candidate keeps together on a host:
 //   kPipelines  each replica's stages (rank order): stage boundaries stay within hosts where
 //               a replica fits one, and a stage's AllReduce ring spans hosts;

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/base/rank_layout.h"
+#include "runtime/planner/host_placement.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -128,27 +128,7 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
   if (pipeline.replicas < 1 || pipeline.micro_batch_size < 1 || pipeline.micro_batches < 1) {
     return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
   }
-  if (!layout.rank_hosts.empty()) {
-    if (static_cast<int>(layout.rank_hosts.size()) != pipeline.ranks()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank_hosts names ", layout.rank_hosts.size(),
-                                                     " ranks; the layout has ", pipeline.ranks()));
-    }
-    std::vector<int> on_host(cluster.hosts(), 0);
-    for (const int h : layout.rank_hosts) {
-      if (h < 0 || h >= cluster.hosts()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank_hosts names host ", h, "; the cluster has ", cluster.hosts()));
-      }
-      ++on_host[h];
-    }
-    for (int h = 0; h < cluster.hosts() && !cluster.host_workers.empty(); ++h) {
-      if (on_host[h] > cluster.host_workers[h]) {
-        return absl::InvalidArgumentError(absl::StrCat("rank_hosts puts ", on_host[h],
-                                                       " ranks on host ", h, ", which has ",
-                                                       cluster.host_workers[h], " workers"));
-      }
-    }
-  }
+  if (absl::Status s = CheckRankHosts(cluster, layout); !s.ok()) return s;
   return schedule::ValidateScheduleParams(
       {layout.schedule, layout.stages(), layout.pipeline.micro_batches, kSimulatedSteps});
 }
@@ -213,24 +193,6 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
 
 }  // namespace
 
-bool Layout::BoundarySpansHosts(int s) const {
-  if (rank_hosts.empty() || s + 1 >= stages()) return false;
-  const RankLayout ranks{stages(), pipeline.replicas};
-  for (int k = 0; k < pipeline.replicas; ++k) {
-    if (rank_hosts[ranks.RankOf(s, k)] != rank_hosts[ranks.RankOf(s + 1, k)]) return true;
-  }
-  return false;
-}
-
-bool Layout::ReplicasSpanHosts(int s) const {
-  if (rank_hosts.empty()) return false;
-  const RankLayout ranks{stages(), pipeline.replicas};
-  for (int k = 1; k < pipeline.replicas; ++k) {
-    if (rank_hosts[ranks.RankOf(s, k)] != rank_hosts[ranks.RankOf(s, 0)]) return true;
-  }
-  return false;
-}
-
 int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
                     int64_t optimizer_bytes) {
   const int versions = schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
@@ -270,7 +232,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
         bucketed ? std::max(1, static_cast<int>(std::ceil(
                                    parameter_bytes / std::max<int64_t>(1, layout.bucket_bytes))))
                  : 1;
-    const bool ring_spans_hosts = layout.ReplicasSpanHosts(s);
+    const bool ring_spans_hosts = ReplicasSpanHosts(layout, s);
     c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w, calls, ring_spans_hosts);
     c.last_bucket_allreduce_s = AllReduceSeconds(
         cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w,
@@ -286,12 +248,12 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     if (end < static_cast<int>(layers.size())) {
       const double bytes = static_cast<double>(layers[end - 1].output_bytes);
       c.act_out = c.grad_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_act_s = way(c.act_out, bytes, layout.BoundarySpansHosts(s));
+      c.send_act_s = way(c.act_out, bytes, BoundarySpansHosts(layout, s));
     }
     if (begin > 0) {
       const double bytes = static_cast<double>(layers[begin - 1].output_bytes);
       c.grad_out = c.act_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_grad_s = way(c.grad_out, bytes, layout.BoundarySpansHosts(s - 1));
+      c.send_grad_s = way(c.grad_out, bytes, BoundarySpansHosts(layout, s - 1));
     }
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = WeightBytes(layout.schedule, static_cast<int64_t>(parameter_bytes),

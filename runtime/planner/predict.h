@@ -76,10 +76,6 @@ struct Layout {
   }
   int stages() const { return pipeline.stages; }
   int64_t global_batch() const { return pipeline.global_batch(); }
-  // Whether stage s's output crosses hosts for some replica (false for the last stage).
-  bool BoundarySpansHosts(int s) const;
-  // Whether stage s's replicas are on more than one host (its AllReduce ring spans hosts).
-  bool ReplicasSpanHosts(int s) const;
   bool recomputes(int layer) const {
     return layer < static_cast<int>(recompute.size()) && recompute[layer];
   }
