@@ -12,6 +12,7 @@
 
 #include "runtime/planner/planners.h"
 #include "runtime/planner/profile_json.h"
+#include "tests/planner/even_layout.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -36,14 +37,9 @@ ModelProfile Layers(int n, double f, int64_t output_bytes, int64_t parameter_byt
   return profile;
 }
 
-Layout Even(ScheduleKind kind, int layers, int p, int m, int w) {
-  Layout layout;
-  layout.schedule = kind;
-  std::vector<std::pair<int, int>> stage_layers;
-  for (int s = 0; s < p; ++s) stage_layers.emplace_back(s * layers / p, (s + 1) * layers / p);
-  layout.SetStageLayers(std::move(stage_layers));
-  layout.pipeline.micro_batches = m;
-  layout.pipeline.replicas = w;
+// Even layouts (even_layout.h) with the AllReduce after the backward: its whole time shows.
+Layout AveragedAfterBackward(ScheduleKind kind, int layers, int p, int m, int w) {
+  Layout layout = Even(kind, layers, p, m, w);
   layout.overlap_allreduce = false;
   return layout;
 }
@@ -71,7 +67,7 @@ TEST(HostPlacement, AStageBoundaryBetweenHostsCostsTheirLinkBothWays) {
   const ModelProfile profile = Layers(2, 0.01, 5000, 0);
   const LinkProfile between{0.002, 1e6};  // 2 ms + 5 ms for 5000 bytes
   const ClusterProfile cluster = TwoHosts(2, between);
-  const Layout layout = Even(ScheduleKind::kGPipe, 2, 2, 1, 1);
+  const Layout layout = AveragedAfterBackward(ScheduleKind::kGPipe, 2, 2, 1, 1);
   const double together = StepTime(profile, cluster, layout, {0, 0});
   const double apart = StepTime(profile, cluster, layout, {0, 1});
   // One micro-batch through two stages and back: f, f, 2f, 2f; apart, the activation and its
@@ -84,7 +80,7 @@ TEST(HostPlacement, AnAllReduceRingThatSpansHostsRunsAtTheirLink) {
   const ModelProfile profile = Layers(1, 0.01, 10, 1'000'000);
   ClusterProfile cluster = TwoHosts(2, {0.001, 1e6});
   cluster.between_hosts_allreduce = {0.003, 2e6};
-  const Layout layout = Even(ScheduleKind::kOneFOneB, 1, 1, 1, 2);
+  const Layout layout = AveragedAfterBackward(ScheduleKind::kOneFOneB, 1, 1, 1, 2);
   const double together = StepTime(profile, cluster, layout, {0, 0});
   const double apart = StepTime(profile, cluster, layout, {0, 1});
   // w = 2: 2 (w - 1) steps of latency + (bytes / w) / bandwidth.
@@ -152,7 +148,7 @@ TEST(HostPlacement, TheHeavierTrafficStaysWithinHostsAsFastAsTheBestOfEveryAssig
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.model);
-    const Layout layout = Even(ScheduleKind::kOneFOneB, 4, 2, 4, 2);
+    const Layout layout = AveragedAfterBackward(ScheduleKind::kOneFOneB, 4, 2, 4, 2);
     absl::StatusOr<std::vector<HostPlacement>> placements =
         RankHostPlacements(c.profile, cluster, layout);
     ASSERT_TRUE(placements.ok()) << placements.status();
@@ -177,7 +173,7 @@ TEST(HostPlacement, OneHostHasOnePlacementAndPredictRefusesOnesThatDoNotFit) {
   ClusterProfile one_host;
   one_host.workers = 4;
   one_host.link = {0, 1e9};
-  const Layout layout = Even(ScheduleKind::kOneFOneB, 2, 2, 2, 2);
+  const Layout layout = AveragedAfterBackward(ScheduleKind::kOneFOneB, 2, 2, 2, 2);
   absl::StatusOr<std::vector<HostPlacement>> placements =
       RankHostPlacements(profile, one_host, layout);
   ASSERT_TRUE(placements.ok()) << placements.status();

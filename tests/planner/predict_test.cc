@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/planner/even_layout.h"
+
 namespace pipetrain::planner {
 namespace {
 
@@ -34,17 +36,6 @@ ModelProfile Uniform(int n, double f, double opt = 0) {
   }
   profile.sizes.push_back(size);
   return profile;
-}
-
-Layout Even(ScheduleKind kind, int layers, int p, int m, int w = 1) {
-  Layout layout;
-  layout.schedule = kind;
-  std::vector<std::pair<int, int>> stage_layers;
-  for (int s = 0; s < p; ++s) stage_layers.emplace_back(s * layers / p, (s + 1) * layers / p);
-  layout.SetStageLayers(std::move(stage_layers));
-  layout.pipeline.micro_batches = m;
-  layout.pipeline.replicas = w;
-  return layout;
 }
 
 ClusterProfile FreeLinks() {
