@@ -67,32 +67,35 @@ std::optional<planner::ModelProfile> TrafficProfile(const job::JobConfig& c) {
 }
 
 HostPlacer MakeHostPlacer(const job::JobConfig& c, const planner::HostLinks& between) {
-  std::optional<planner::ModelProfile> profile = TrafficProfile(c);
-  if (!profile) return {};
-  planner::Layout layout;
-  layout.schedule = c.schedule;
-  layout.pipeline = job::PipelineLayoutOf(c);
-  absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(ModelSizedByData(c));
-  if (!layers.ok()) return {};
-  std::optional<std::vector<model::LayerRange>> ranges = StageRanges(layout.pipeline, *layers);
-  if (!ranges) return {};
-  std::vector<std::pair<int, int>> stage_layers;
-  for (const model::LayerRange& r : *ranges) stage_layers.emplace_back(r.begin, r.end);
-  layout.SetStageLayers(std::move(stage_layers));
-  layout.overlap_allreduce = c.overlap_allreduce;
-  layout.bucket_bytes = int64_t{c.bucket_kib} * 1024;
-  planner::ClusterProfile cluster;
-  cluster.link = kWithinHostLink;
-  cluster.allreduce = kWithinHostLink;
-  cluster.between_hosts = between.measured() ? between.p2p : kBetweenHostsLink;
-  cluster.between_hosts_allreduce = between.measured() ? between.allreduce : kBetweenHostsLink;
-  return [profile = *std::move(profile), cluster, layout](const std::vector<int>& free_per_host) {
-    planner::ClusterProfile on = cluster;
-    on.host_workers = free_per_host;
-    on.workers = std::accumulate(free_per_host.begin(), free_per_host.end(), 0);
+  // Nothing is computed until a job fits and its free workers span hosts (the queue is
+  // planned at every registration).
+  return [&c, between](const std::vector<int>& free_per_host) -> std::vector<int> {
+    std::optional<planner::ModelProfile> profile = TrafficProfile(c);
+    if (!profile) return {};
+    planner::Layout layout;
+    layout.schedule = c.schedule;
+    layout.pipeline = job::PipelineLayoutOf(c);
+    std::vector<model::LayerInfo> layers;
+    for (const planner::LayerProfile& l : profile->sizes.front().layers) {
+      layers.push_back({l.name, l.parameter_bytes});  // balanced by bytes as by counts
+    }
+    std::optional<std::vector<model::LayerRange>> ranges = StageRanges(layout.pipeline, layers);
+    if (!ranges) return {};
+    std::vector<std::pair<int, int>> stage_layers;
+    for (const model::LayerRange& r : *ranges) stage_layers.emplace_back(r.begin, r.end);
+    layout.SetStageLayers(std::move(stage_layers));
+    layout.overlap_allreduce = c.overlap_allreduce;
+    layout.bucket_bytes = int64_t{c.bucket_kib} * 1024;
+    planner::ClusterProfile cluster;
+    cluster.link = kWithinHostLink;
+    cluster.allreduce = kWithinHostLink;
+    cluster.between_hosts = between.measured() ? between.p2p : kBetweenHostsLink;
+    cluster.between_hosts_allreduce = between.measured() ? between.allreduce : kBetweenHostsLink;
+    cluster.host_workers = free_per_host;
+    cluster.workers = std::accumulate(free_per_host.begin(), free_per_host.end(), 0);
     absl::StatusOr<std::vector<planner::HostPlacement>> placements =
-        planner::RankHostPlacements(profile, on, layout);
-    if (!placements.ok()) return std::vector<int>{};
+        planner::RankHostPlacements(*profile, cluster, layout);
+    if (!placements.ok()) return {};
     return placements->front().rank_hosts;
   };
 }

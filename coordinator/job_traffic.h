@@ -3,7 +3,7 @@
 // and from that traffic, where the ranks of a job go when the workers are on several hosts
 // (docs/planning.md "Hosts").
 //
-// Pure functions; thread-compatible. A host placer holds copies of what it needs.
+// Pure functions; thread-compatible.
 #pragma once
 
 #include <optional>
@@ -42,8 +42,9 @@ inline constexpr planner::LinkProfile kBetweenHostsLink{200e-6, 125e6};  // 1 Gb
 // Where the job's ranks go on hosts: the placement (planner/host_placement.h) whose transfers
 // the simulation of its traffic alone finishes first (computing taken as free, so the
 // placement that moves the fewest bytes between hosts on the critical path), on the links
-// within a host (kWithinHostLink) and between (`between`, else kBetweenHostsLink). Empty (pool
-// order) for a job without a traffic profile.
+// within a host (kWithinHostLink) and between (`between`, else kBetweenHostsLink). For a job
+// without a traffic profile it answers nothing (pool order). The work is done when it is
+// asked; `config` must outlive it (it is made and asked within one scheduling pass).
 HostPlacer MakeHostPlacer(const job::JobConfig& config, const planner::HostLinks& between);
 
 }  // namespace pipetrain::coordinator

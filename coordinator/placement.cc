@@ -16,6 +16,11 @@ bool Suits(const PoolWorker& w, const QueuedJob& job) {
 
 }  // namespace
 
+PoolWorker PoolWorkerOf(const v1::WorkerInfo& info) {
+  return {info.id(), info.cores(), info.state() == v1::WORKER_STATE_IDLE, info.device(),
+          info.host()};
+}
+
 std::string DeviceKind(const std::string& device) {
   return device.rfind("cuda", 0) == 0 ? "cuda" : device;
 }

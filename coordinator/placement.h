@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/v1/job_service.pb.h"
 #include "runtime/model/pipeline_layout.h"
 
 namespace pipetrain::coordinator {
@@ -38,6 +39,9 @@ struct PoolWorker {
   std::string device = "cpu";  // as it registered: cpu, cuda, cuda:N
   std::string host;            // the machine it runs on, as it registered ("": unknown)
 };
+
+// A registered worker as placement sees it (idle when its state is).
+PoolWorker PoolWorkerOf(const v1::WorkerInfo& info);
 
 // "cuda" for "cuda" and "cuda:N", the device itself otherwise.
 std::string DeviceKind(const std::string& device);

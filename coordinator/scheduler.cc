@@ -61,8 +61,7 @@ PlacementPlan Scheduler::PlanQueue(const std::vector<QueuedJob>& queued_in_order
   std::vector<PoolWorker> pool;
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() != v1::WORKER_STATE_LOST) {
-      pool.push_back(
-          {w.id(), w.cores(), w.state() == v1::WORKER_STATE_IDLE, w.device(), w.host()});
+      pool.push_back(PoolWorkerOf(w));
     }
   }
   return PlanQueue(queued_in_order, pool);
@@ -114,7 +113,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       std::vector<PoolWorker> fit;
       for (const v1::WorkerInfo* w : idle) {
         if (!need || w->memory_bytes() <= 0 || w->memory_bytes() >= *need) {
-          fit.push_back({w->id(), w->cores(), true, w->device(), w->host()});
+          fit.push_back(PoolWorkerOf(*w));
         }
       }
       if (static_cast<int>(fit.size()) < l.ranks()) {

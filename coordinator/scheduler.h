@@ -126,7 +126,8 @@ class Scheduler {
   RetryPlan PlanRetry(const absl::Status& error, int attempts,
                       const std::vector<std::string>& idle_of_kind) const;
 
-  // How a job of `config` is put on hosts under this policy (empty: in the workers' order).
+  // How a job of `config` is put on hosts under this policy (empty: in the workers' order);
+  // `config` must outlive the placer (job_traffic.h).
   HostPlacer PlacerFor(const job::JobConfig& config) const;
 
   const SchedulerPolicy& policy() const { return policy_; }

@@ -136,9 +136,7 @@ std::vector<PoolWorker> WorkerPool::Placeable() const {
   std::vector<PoolWorker> out;
   out.reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
-    const v1::WorkerInfo& i = w.info;
-    if (i.state() == v1::WORKER_STATE_LOST) continue;
-    out.push_back({i.id(), i.cores(), i.state() == v1::WORKER_STATE_IDLE, i.device(), i.host()});
+    if (w.info.state() != v1::WORKER_STATE_LOST) out.push_back(PoolWorkerOf(w.info));
   }
   return out;
 }
