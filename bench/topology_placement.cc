@@ -7,12 +7,14 @@
 // registered host by host. What hosts 1 and 2 send each other is shaped by tbf to --rate
 // (default 200mbit); within a host, ranks talk over its loopback.
 //   1. `pipetrain profile-link` measures the shaped link between hosts 1 and 2.
-//   2. `pipetrain plan --predict --hosts 2,2 --host-links` predicts the job's step on each
-//      placement (pipelines together, stages together).
-//   3. Rounds, alternating which goes first: a fresh coordinator with --placement in-order,
-//      then one with --placement topology (or the other way round), the same four workers
+//   2. Rounds, each: `pipetrain plan --predict --no-cache --hosts 2,2 --host-links` profiles
+//      the model afresh and predicts the job's step on each placement (pipelines together,
+//      stages together); then, alternating which goes first, a fresh coordinator with
+//      --placement in-order and one with --placement topology, the same four workers
 //      started again each time; the job runs to its end and its step_time_s (the median of
-//      rank 0's step-to-step times) is read back, with where its ranks ran.
+//      rank 0's step-to-step times) is read back, with where its ranks ran. A profile taken
+//      at another time would carry that time's speed of this machine (it swings by tens of
+//      percent), so each round's prediction is set against its own measurements.
 // The job: an MLP of 3 x 1024 hidden units in 2 stages (the first holding 2.1 M parameters,
 // the second 10 K) x 2 replicas, 1F1B with 4 micro-batches of 8: its large traffic is stage
 // 0's gradient AllReduce, its stage boundary carries 32 KiB a micro-batch. In registration
@@ -21,8 +23,9 @@
 //
 //   sudo build/bench/topology_placement [--rate 200mbit] [--rounds 3] [--steps 30]
 //
-// Prints a markdown table: per placement the median measured step, the prediction, their
-// difference, and the median of the rounds' paired ratios (in-order / topology).
+// Prints a markdown table: per placement the median measured step, the median prediction,
+// the median of the rounds' prediction errors, and the median of the rounds' paired ratios
+// (in-order / topology).
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,8 +108,8 @@ class Bench {
   // The planner's prediction of the job on each placement: placement name -> seconds.
   std::map<std::string, double> Predict(const fs::path& job, const std::string& links) {
     const NamespaceHosts::Ran ran = hosts_.Run(
-        kCoordinatorHost, {PIPETRAIN_CLI, "plan", job.string(), "--predict", "--hosts", "2,2",
-                           "--host-links", links, "-o", "json", "-q"});
+        kCoordinatorHost, {PIPETRAIN_CLI, "plan", job.string(), "--predict", "--no-cache",
+                           "--hosts", "2,2", "--host-links", links, "-o", "json", "-q"});
     std::map<std::string, double> out;
     const nlohmann::json j = nlohmann::json::parse(ran.out, nullptr, false);
     if (ran.exit_code != 0 || !j.is_object() || !j.contains("placements")) {
@@ -247,13 +250,15 @@ int Main(int argc, char** argv) {
   const std::string links_json((std::istreambuf_iterator<char>(links_in)),
                                std::istreambuf_iterator<char>());
   std::fprintf(stderr, "links between hosts (%s): %s", options.rate.c_str(), links_json.c_str());
-  const std::map<std::string, double> predicted = bench.Predict(job, links);
-
+  // The placement each policy took, named as the planner names them.
+  const std::map<std::string, std::string> as_planned = {{"in-order", "pipelines together"},
+                                                         {"topology", "stages together"}};
   const std::vector<std::string> placements = {"in-order", "topology"};
-  std::map<std::string, std::vector<double>> steps;
+  std::map<std::string, std::vector<double>> steps, predictions, errors;
   std::map<std::string, std::string> where;
   std::vector<double> ratios;
   for (int round = 0; round < options.rounds; ++round) {
+    const std::map<std::string, double> predicted = bench.Predict(job, links);
     std::map<std::string, double> this_round;
     for (int k = 0; k < 2; ++k) {
       const std::string& placement = placements[(round + k) % 2];
@@ -263,28 +268,35 @@ int Main(int argc, char** argv) {
                      std::string(run.status().message()).c_str(), dir.c_str());
         return 1;
       }
-      std::fprintf(stderr, "round %d %-9s step %.1f ms, ranks on %s\n", round, placement.c_str(),
-                   run->step_time_s * 1e3, run->rank_hosts.c_str());
+      const auto p = predicted.find(as_planned.at(placement));
+      const double prediction = p == predicted.end() ? 0 : p->second;
+      std::fprintf(stderr, "round %d %-9s step %.1f ms (predicted %.1f ms), ranks on %s\n", round,
+                   placement.c_str(), run->step_time_s * 1e3, prediction * 1e3,
+                   run->rank_hosts.c_str());
       steps[placement].push_back(run->step_time_s);
+      if (prediction > 0 && run->step_time_s > 0) {
+        predictions[placement].push_back(prediction);
+        errors[placement].push_back(prediction / run->step_time_s - 1);
+      }
       where[placement] = run->rank_hosts;
       this_round[placement] = run->step_time_s;
       std::this_thread::sleep_for(std::chrono::seconds(2));  // a rest between runs
     }
     ratios.push_back(this_round["in-order"] / this_round["topology"]);
   }
-  // The placement each policy took, named as the planner names them.
-  const std::map<std::string, std::string> as_planned = {{"in-order", "pipelines together"},
-                                                         {"topology", "stages together"}};
   std::printf("| placement | ranks on hosts (rank 0..3) | measured step (median of %d) | "
-              "predicted | prediction error |\n|---|---|---|---|---|\n",
+              "predicted (median) | prediction error (median of the rounds') |\n"
+              "|---|---|---|---|---|\n",
               options.rounds);
   for (const std::string& placement : placements) {
-    const double measured = Median(steps[placement]);
-    const auto p = predicted.find(as_planned.at(placement));
-    const double prediction = p == predicted.end() ? 0 : p->second;
+    if (errors[placement].empty()) {
+      std::fprintf(stderr, "topology_placement: no prediction for %s\n", placement.c_str());
+      return 1;
+    }
     std::printf("| %s (%s) | %s | %.1f ms | %.1f ms | %+.0f%% |\n", placement.c_str(),
-                as_planned.at(placement).c_str(), where[placement].c_str(), measured * 1e3,
-                prediction * 1e3, prediction > 0 ? 100 * (prediction / measured - 1) : 0.0);
+                as_planned.at(placement).c_str(), where[placement].c_str(),
+                Median(steps[placement]) * 1e3, Median(predictions[placement]) * 1e3,
+                100 * Median(errors[placement]));
   }
   std::printf("\nin-order / topology step time, median of %d paired ratios: %.2fx (links between "
               "hosts shaped to %s)\n",

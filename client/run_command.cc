@@ -122,7 +122,7 @@ int PlanJob(const PlanCommand& c) {
   absl::StatusOr<v1::JobSpec> spec = jobspec::BuildJobSpec(c.job_file, *c.spec_flags);
   if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
   // Planning replaces the job's layout, so it is not checked (--predict keeps it).
-  if (!c.planning.predict) spec->set_auto_stages(true);
+  if (!c.planning.predict) jobspec::MarkForPlanning(&*spec);
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
   const std::string runner = FindDaemon("pipetrain-run");

@@ -116,6 +116,11 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   return c;
 }
 
+void MarkForPlanning(v1::JobSpec* spec) {
+  spec->set_auto_stages(true);
+  spec->clear_stage_ranges();
+}
+
 v1::JobSpec SpecWithLayoutOf(const v1::JobSpec& spec, const job::JobConfig& planned) {
   v1::JobSpec out = spec;
   out.clear_auto_stages();

@@ -24,4 +24,8 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& spec);
 // auto` cleared. What every rank of a planned job is given.
 v1::JobSpec SpecWithLayoutOf(const v1::JobSpec& spec, const job::JobConfig& planned);
 
+// `spec` to be planned anew (`pipetrain plan`, `profile`): `stages: auto`, its own layer
+// ranges dropped (the plan replaces its layout, so they are not checked).
+void MarkForPlanning(v1::JobSpec* spec);
+
 }  // namespace pipetrain::jobspec

@@ -266,7 +266,7 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
   if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
   // Planning replaces the job's layout, so it is not checked (--predict keeps it).
   if ((flags.planning.plan || flags.planning.profile) && !flags.planning.predict) {
-    spec->set_auto_stages(true);
+    jobspec::MarkForPlanning(&*spec);
   }
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);

@@ -83,6 +83,19 @@ TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
   EXPECT_FALSE(plan["alternatives"].empty());
   for (const auto& a : plan["alternatives"]) EXPECT_TRUE(a.contains("why"));
 
+  // A job file with its own layer ranges is planned anew (its ranges give way to the plan),
+  // and profiled, rather than refused as `stages: auto` beside explicit ranges.
+  const fs::path ranged = Write("ranged.yaml", "stages: [[0, 3], [3, 7]]\n");
+  Result replanned = Run("plan " + ranged.string() + " --workers 4 -o json -q" + job);
+  ASSERT_EQ(replanned.exit_code, 0) << replanned.err;
+  EXPECT_EQ(nlohmann::json::parse(replanned.out)["stages"], plan["stages"]);
+  Result profiled = Run("profile " + ranged.string() + " -q" + job);
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.err;
+  EXPECT_TRUE(nlohmann::json::parse(profiled.out).contains("sizes"));
+  Result kept = Run("plan " + ranged.string() + " --predict -o json -q" + job);
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(nlohmann::json::parse(kept.out)["stages"], nlohmann::json::parse("[[0, 3], [3, 7]]"));
+
   Result tiny = Run("plan --workers 4 --memory-per-worker 64KiB -q" + job);
   EXPECT_EQ(tiny.exit_code, 1);
   EXPECT_THAT(tiny.err, HasSubstr("pipetrain: does not fit: needs "));
