@@ -1,6 +1,7 @@
 #include "runtime/planner/host_placement.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -12,14 +13,17 @@ std::string_view HostOrderName(HostOrder order) {
   return order == HostOrder::kPipelines ? "pipelines together" : "stages together";
 }
 
-bool BoundarySpansHosts(const Layout& layout, int s) {
+int ReplicasSharingBoundaryLink(const Layout& layout, int s) {
   const std::vector<int>& hosts = layout.rank_hosts;
-  if (hosts.empty() || s + 1 >= layout.stages()) return false;
+  if (hosts.empty() || s + 1 >= layout.stages()) return 0;
   const RankLayout ranks{layout.stages(), layout.pipeline.replicas};
+  std::map<std::pair<int, int>, int> on_link;  // (from host, to host) -> replicas crossing
+  int most = 0;
   for (int k = 0; k < ranks.replicas; ++k) {
-    if (hosts[ranks.RankOf(s, k)] != hosts[ranks.RankOf(s + 1, k)]) return true;
+    const int from = hosts[ranks.RankOf(s, k)], to = hosts[ranks.RankOf(s + 1, k)];
+    if (from != to) most = std::max(most, ++on_link[{from, to}]);
   }
-  return false;
+  return most;
 }
 
 bool ReplicasSpanHosts(const Layout& layout, int s) {

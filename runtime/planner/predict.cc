@@ -238,22 +238,26 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
         cluster, std::min<double>(parameter_bytes, static_cast<double>(layout.bucket_bytes)), w,
         1, ring_spans_hosts);
     c.allreduce_cpu_s = AllReduceCpuSeconds(profile, parameter_bytes, w, calls);
-    // A message's way: between hosts on their link; within one as measured between busy
-    // ranks, else the link's latency + bandwidth.
+    // A message's way: between hosts on their link, its bandwidth shared by the replicas
+    // whose same message crosses it at the same instant; within one as measured between
+    // busy ranks, else the link's latency + bandwidth.
     const bool between_measured = cluster.between_hosts.bytes_per_s > 0;
-    const auto way = [&](const MessageCost& cost, double bytes, bool spans_hosts) {
-      if (spans_hosts && between_measured) return cluster.between_hosts.Seconds(bytes);
+    const auto way = [&](const MessageCost& cost, double bytes, int boundary) {
+      const int sharing = ReplicasSharingBoundaryLink(layout, boundary);
+      if (sharing > 0 && between_measured) {
+        return cluster.between_hosts.latency_s + sharing * bytes / cluster.between_hosts.bytes_per_s;
+      }
       return cost.latency_s > 0 ? cost.latency_s : link.Seconds(bytes);
     };
     if (end < static_cast<int>(layers.size())) {
       const double bytes = static_cast<double>(layers[end - 1].output_bytes);
       c.act_out = c.grad_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_act_s = way(c.act_out, bytes, BoundarySpansHosts(layout, s));
+      c.send_act_s = way(c.act_out, bytes, s);
     }
     if (begin > 0) {
       const double bytes = static_cast<double>(layers[begin - 1].output_bytes);
       c.grad_out = c.act_in = MessageCostAt(profile.message_costs, bytes);
-      c.send_grad_s = way(c.grad_out, bytes, BoundarySpansHosts(layout, s - 1));
+      c.send_grad_s = way(c.grad_out, bytes, s - 1);
     }
     StagePrediction& out = prediction.stages[s];
     out.weight_bytes = WeightBytes(layout.schedule, static_cast<int64_t>(parameter_bytes),

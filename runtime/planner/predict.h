@@ -8,7 +8,9 @@
 //     its last layer's costs;
 //   - SEND never blocks; the message reaches the peer link.latency + bytes / bandwidth later
 //     (as measured between busy ranks on one host, else the cluster's link; between stages on
-//     different hosts, for any replica, the between-hosts link), and RECV waits for it;
+//     different hosts, for any replica, the between-hosts link, whose bandwidth the k
+//     replicas sending that message over one link at the same instant share: latency +
+//     k x bytes / bandwidth), and RECV waits for it;
 //   - STEP<t> with w > 1 replicas first averages the stage's gradients: a ring AllReduce of its
 //     parameter bytes (on the between-hosts AllReduce link when its replicas are on more
 //     than one host). Stages s > 0 (and stage 0 without overlap) start it at STEP; stage 0

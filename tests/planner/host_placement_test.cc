@@ -76,6 +76,34 @@ TEST(HostPlacement, AStageBoundaryBetweenHostsCostsTheirLinkBothWays) {
   EXPECT_NEAR(apart - together, 2 * (0.002 + 5000 / 1e6), 1e-12);
 }
 
+// Replicas run one timeline: where several send the same boundary's message over one link at
+// once, they share its bandwidth; over links of their own (the control) they do not.
+TEST(HostPlacement, ReplicasCrossingOneLinkAtOnceShareItsBandwidth) {
+  const ModelProfile profile = Layers(2, 0.01, 5000, 0);
+  const LinkProfile between{0.002, 1e6};  // 2 ms + 5 ms for 5000 bytes
+  ClusterProfile cluster = TwoHosts(2, between);
+  cluster.between_hosts_allreduce = {0, 1e30};  // rings that span hosts cost nothing here
+  const Layout layout = AveragedAfterBackward(ScheduleKind::kGPipe, 2, 2, 1, 2);
+  // rank = replica x 2 + stage: both replicas' boundaries from host 0 to host 1.
+  const double together = StepTime(profile, cluster, layout, {0, 0, 1, 1});
+  const double one_link = StepTime(profile, cluster, layout, {0, 1, 0, 1});
+  EXPECT_NEAR(together, 6 * 0.01, 1e-12);
+  EXPECT_NEAR(one_link - together, 2 * (0.002 + 2 * 5000 / 1e6), 1e-12);
+  // Four hosts of one: each replica crosses a link of its own (0 -> 1, 2 -> 3).
+  cluster.host_workers = {1, 1, 1, 1};
+  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 2, 3}) - together,
+              2 * (0.002 + 5000 / 1e6), 1e-12);
+  // Opposite directions of one link (0 -> 1 and 1 -> 0) do not share either.
+  cluster.host_workers = {2, 2};
+  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 1, 0}) - together,
+              2 * (0.002 + 5000 / 1e6), 1e-12);
+  EXPECT_EQ(ReplicasSharingBoundaryLink([&] {
+              Layout l = layout;
+              l.rank_hosts = {0, 1, 0, 1};
+              return l;
+            }(), 0), 2);
+}
+
 TEST(HostPlacement, AnAllReduceRingThatSpansHostsRunsAtTheirLink) {
   const ModelProfile profile = Layers(1, 0.01, 10, 1'000'000);
   ClusterProfile cluster = TwoHosts(2, {0.001, 1e6});
