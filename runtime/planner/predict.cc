@@ -245,7 +245,8 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     const auto way = [&](const MessageCost& cost, double bytes, int boundary) {
       const int sharing = ReplicasSharingBoundaryLink(layout, boundary);
       if (sharing > 0 && between_measured) {
-        return cluster.between_hosts.latency_s + sharing * bytes / cluster.between_hosts.bytes_per_s;
+        const LinkProfile& between = cluster.between_hosts;
+        return between.latency_s + sharing * bytes / between.bytes_per_s;
       }
       return cost.latency_s > 0 ? cost.latency_s : link.Seconds(bytes);
     };
