@@ -150,6 +150,8 @@ void StageMetrics::OnAction(const executor::ActionRecord& r) {
       times_.forward_s += busy;
       break;
     case ActionKind::kBackward:
+    case ActionKind::kInputGradient:
+    case ActionKind::kWeightGradient:
       compute_backward_->Increment(busy);
       times_.backward_s += busy;
       break;

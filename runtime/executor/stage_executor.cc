@@ -138,6 +138,10 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       return Forward(j, record);
     case ActionKind::kBackward:
       return Backward(j, record);
+    case ActionKind::kInputGradient:
+    case ActionKind::kWeightGradient:
+      return absl::UnimplementedError(
+          "a split backward (I, W) is not run by this executor; its schedules build none");
     case ActionKind::kRecvActivation: {
       PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(config_.stage - 1, MessageKind::kActivation, j,
                                                 config_.expected_input, record));

@@ -382,6 +382,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             wait_until[s] = done;
             break;
           }
+          case ActionKind::kInputGradient:
+          case ActionKind::kWeightGradient:
+            return absl::UnimplementedError("the simulation has no split backward (I, W)");
         }
         moved = true;
       }

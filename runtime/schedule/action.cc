@@ -24,6 +24,8 @@ struct KindName {
 constexpr KindName kKindNames[] = {
     {ActionKind::kForward, "F"},
     {ActionKind::kBackward, "B"},
+    {ActionKind::kInputGradient, "I"},
+    {ActionKind::kWeightGradient, "W"},
     {ActionKind::kSendActivation, "SEND_ACT"},
     {ActionKind::kRecvActivation, "RECV_ACT"},
     {ActionKind::kSendGradient, "SEND_GRAD"},
@@ -47,7 +49,8 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 }  // namespace
 
 std::string ToString(const Action& action) {
-  return absl::StrCat(NameOf(action.kind), action.index);
+  if (action.stage == kOwnStage) return absl::StrCat(NameOf(action.kind), action.index);
+  return absl::StrCat(action.stage, NameOf(action.kind), action.index);
 }
 
 absl::StatusOr<Action> ParseAction(std::string_view std_text) {
@@ -55,9 +58,19 @@ absl::StatusOr<Action> ParseAction(std::string_view std_text) {
   auto error = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("bad action '", text, "': ", why));
   };
-  size_t pos = 0;
+  // An optional stage number before the name.
+  size_t stage_digits = 0;
+  while (stage_digits < text.size() && IsDigit(text[stage_digits])) ++stage_digits;
+  if (stage_digits > 1 && text[0] == '0') return error("leading zero in stage");
+  if (stage_digits > 9) return error("stage too large");
+  int stage = kOwnStage;
+  if (stage_digits > 0) {
+    stage = 0;
+    for (size_t i = 0; i < stage_digits; ++i) stage = stage * 10 + (text[i] - '0');
+  }
+  size_t pos = stage_digits;
   while (pos < text.size() && IsNameChar(text[pos])) ++pos;
-  const absl::string_view name = text.substr(0, pos);
+  const absl::string_view name = text.substr(stage_digits, pos - stage_digits);
   const KindName* found = nullptr;
   for (const KindName& kn : kKindNames) {
     if (kn.name == name) found = &kn;
@@ -66,7 +79,8 @@ absl::StatusOr<Action> ParseAction(std::string_view std_text) {
     std::vector<absl::string_view> names;
     for (const KindName& kn : kKindNames) names.push_back(kn.name);
     return error(absl::StrCat("unknown action name '", name, "' (expected one of ",
-                              absl::StrJoin(names, ", "), " followed by a number)"));
+                              absl::StrJoin(names, ", "),
+                              " followed by a number, optionally after a stage number)"));
   }
   const absl::string_view rest = text.substr(pos);
   if (rest.empty()) return error("missing number");
@@ -81,7 +95,7 @@ absl::StatusOr<Action> ParseAction(std::string_view std_text) {
   if (digits > kMaxDigits) return error("number too large");
   int64_t index = 0;
   for (char c : rest) index = index * 10 + (c - '0');
-  return Action{found->kind, index};
+  return Action{found->kind, index, stage};
 }
 
 std::string FormatActions(const std::vector<Action>& actions) {

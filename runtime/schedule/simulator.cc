@@ -40,6 +40,8 @@ struct StageIndex {
       case ActionKind::kRecvGradient:
         return recv_grad;
       case ActionKind::kOptimizerStep:
+      case ActionKind::kInputGradient:   // refused by IsKnownKind
+      case ActionKind::kWeightGradient:
         break;
     }
     return step;
@@ -56,6 +58,9 @@ bool IsKnownKind(ActionKind kind) {
     case ActionKind::kRecvGradient:
     case ActionKind::kOptimizerStep:
       return true;
+    case ActionKind::kInputGradient:  // split backward: chunked lists (compute_lists.h)
+    case ActionKind::kWeightGradient:
+      return false;
   }
   return false;
 }
@@ -68,8 +73,9 @@ absl::StatusOr<StageIndex> IndexStage(const std::vector<Action>& actions, int s,
   };
   for (size_t pos = 0; pos < actions.size(); ++pos) {
     const Action& a = actions[pos];
-    if (!IsKnownKind(a.kind)) {
-      return error("action ", pos, " has unknown kind ", static_cast<int>(a.kind));
+    if (!IsKnownKind(a.kind) || a.stage != kOwnStage) {
+      return error("action ", pos, " (", ToString(a), ") is not one of a list of one stage "
+                   "per rank (F, B, SEND_*, RECV_*, STEP without a stage number)");
     }
     const std::string name = ToString(a);
     const int64_t j = a.index;
@@ -82,6 +88,8 @@ absl::StatusOr<StageIndex> IndexStage(const std::vector<Action>& actions, int s,
     switch (a.kind) {
       case ActionKind::kForward:
       case ActionKind::kOptimizerStep:
+      case ActionKind::kInputGradient:  // refused above
+      case ActionKind::kWeightGradient:
         break;
       case ActionKind::kBackward:
         if (idx.forward.count(j) == 0) {
