@@ -7,7 +7,7 @@
 // Each rank's list names the stage of every action ("2F0": the forward of micro-batch 0
 // through stage 2, action.h). The lists cover one step (micro-batches 0 .. m−1, every rank's
 // backward done before the step's update: these schedules flush); communication is not in
-// them (compute_lists.h checks and simulates them).
+// them (compute_lists.h checks and simulates them; communication.h adds the messages).
 //
 // Pure functions; thread-safe.
 #pragma once

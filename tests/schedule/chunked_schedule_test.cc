@@ -1,7 +1,8 @@
 // Schedules of several chunks a rank against golden lists written from the published rules
 // (PyTorch's pipelining schedules, DeepSeek's dualpipev.py), and against the simulated
 // bubbles and peak stashes those rules give with unit costs (F = I = W = 1, B = 2); every
-// valid shape built deadlock-free; the checker's and the simulator's negative controls.
+// valid shape built deadlock-free, with and without its messages; the checkers' and the
+// simulator's negative controls.
 #include "runtime/schedule/chunked_schedule.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "runtime/schedule/communication.h"
 #include "runtime/schedule/compute_lists.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/schedule/simulator.h"
@@ -187,6 +189,101 @@ TEST(ChunkedSchedule, ActionsNameTheirStageInText) {
   EXPECT_THAT(CheckSchedule({{OnStage(F(0), 0), OnStage(B(0), 0)}}).message(),
               HasSubstr("0F0) is not one of a list of one stage per rank"));
   EXPECT_THAT(CheckSchedule({{F(0), I(0), W(0)}}).message(), HasSubstr("(I0) is not one of"));
+}
+
+// Messages added by visiting the ranks in turn, worked out by hand for ZB-H1, p = 2, m = 2.
+TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
+  const ChunkedParams params{ChunkedKind::kZeroBubble, 2, 1, 2};
+  absl::StatusOr<std::vector<std::vector<Action>>> lowered =
+      AddCommunication(LayoutOf(params), 2, *BuildComputeLists(params));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(FormatRankLists(*lowered),
+            "r0: 0F0 0SEND_ACT0 0F1 0SEND_ACT1 0RECV_GRAD0 0I0 0W0 0RECV_GRAD1 0I1 0W1\n"
+            "r1: 1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 1SEND_GRAD1 1W0 1W1\n");
+}
+
+TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
+  int checked = 0;
+  for (const ChunkedKind kind : {ChunkedKind::kInterleaved, ChunkedKind::kZeroBubble,
+                                 ChunkedKind::kZeroBubbleV, ChunkedKind::kDualPipeV}) {
+    for (int p = 1; p <= 4; ++p) {
+      for (int v = 1; v <= 3; ++v) {
+        for (int m = 1; m <= 9; ++m) {
+          const ChunkedParams params{kind, p, v, m};
+          if (!ValidateChunkedParams(params).ok()) continue;
+          SCOPED_TRACE(absl::StrCat(std::string(ChunkedKindName(kind)), " p=", p, " v=", v,
+                                    " m=", m));
+          const ChunkLayout layout = LayoutOf(params);
+          const std::vector<std::vector<Action>> compute = *BuildComputeLists(params);
+          absl::StatusOr<std::vector<std::vector<Action>>> lowered =
+              AddCommunication(layout, m, compute);
+          ASSERT_TRUE(lowered.ok()) << lowered.status();
+          ASSERT_TRUE(CheckCommunication(layout, m, *lowered).ok())
+              << CheckCommunication(layout, m, *lowered) << "\n" << FormatRankLists(*lowered);
+          // The compute actions are the lists' own, in their order; a message only where
+          // neighbouring stages sit on different ranks (none on one rank, none at the V's turn).
+          int64_t messages = 0;
+          for (int r = 0; r < p; ++r) {
+            std::vector<Action> own;
+            for (const Action& a : (*lowered)[r]) {
+              const bool compute_action =
+                  a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward ||
+                  a.kind == ActionKind::kInputGradient || a.kind == ActionKind::kWeightGradient;
+              compute_action ? own.push_back(a) : void(++messages);
+            }
+            EXPECT_EQ(own, compute[r]);
+          }
+          int crossings = 0;
+          for (int s = 0; s + 1 < layout.stages(); ++s) {
+            crossings += layout.RankOf(s) != layout.RankOf(s + 1);
+          }
+          EXPECT_EQ(messages, 4 * crossings * m);  // activation and gradient, each sent and received
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+// CheckCommunication can fail: messages missing, misplaced, and a pair that deadlocks.
+TEST(ChunkedCommunication, BrokenMessagesAreRefusedAndADeadlockNamesTheWaits) {
+  const ChunkLayout layout = LayoutOf({ChunkedKind::kZeroBubble, 2, 1, 2});
+  const auto lists = [](const char* r0, const char* r1) {
+    return std::vector<std::vector<Action>>{*ParseActions(r0), *ParseActions(r1)};
+  };
+  const char* r0 = "0F0 0SEND_ACT0 0F1 0SEND_ACT1 0RECV_GRAD0 0I0 0W0 0RECV_GRAD1 0I1 0W1";
+  const char* r1 = "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 1SEND_GRAD1 1W0 1W1";
+  EXPECT_TRUE(CheckCommunication(layout, 2, lists(r0, r1)).ok());
+  EXPECT_THAT(
+      CheckCommunication(layout, 2,
+                         lists("0F0 0SEND_ACT0 0F1 0RECV_GRAD0 0I0 0W0 0RECV_GRAD1 0I1 0W1", r1))
+          .message(),
+      HasSubstr("rank 0: 0F1 is never sent (no 0SEND_ACT1)"));
+  EXPECT_THAT(
+      CheckCommunication(
+          layout, 2,
+          lists(r0, "1RECV_ACT0 1F0 1I0 1SEND_GRAD0 1F1 1RECV_ACT1 1I1 1SEND_GRAD1 1W0 1W1"))
+          .message(),
+      HasSubstr("rank 1: 1RECV_ACT1 comes after the action that uses it"));
+  EXPECT_THAT(CheckCommunication(layout, 2,
+                                 lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 "
+                                           "1RECV_ACT1 1I1 1SEND_GRAD1 1W0 1W1"))
+                  .message(),
+              HasSubstr("1RECV_ACT1 comes twice"));
+  // Rank 0 waits for gradient 0 before it sends activation 1; rank 1 the other way round.
+  const absl::Status crossed = CheckCommunication(
+      layout, 2,
+      lists("0F0 0SEND_ACT0 0RECV_GRAD0 0F1 0SEND_ACT1 0I0 0W0 0RECV_GRAD1 0I1 0W1", r1));
+  EXPECT_EQ(crossed.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(crossed.message(), HasSubstr("deadlock: rank 0 waits at 0RECV_GRAD0; rank 1 "
+                                           "waits at 1RECV_ACT1"));
+  // Compute lists that deadlock cannot be given messages.
+  EXPECT_EQ(AddCommunication(layout, 2,
+                             lists("0F0 0I0 0W0 0F1 0I1 0W1", "1F0 1F1 1I0 1W0 1I1 1W1"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,0 +1,217 @@
+#include "runtime/schedule/communication.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/schedule/compute_lists.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+using Key = std::tuple<ActionKind, int, int64_t>;  // (kind, stage, micro-batch)
+Key KeyOf(const Action& a) { return {a.kind, a.stage, a.index}; }
+
+bool IsMessage(ActionKind kind) {
+  return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation ||
+         kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
+}
+bool IsBackward(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kInputGradient;
+}
+
+// What a compute action needs from another stage, and what it gives one: the stage on the
+// other side (-1: none).
+struct Edges {
+  int needs_from = -1;  // F: the stage below; a backward: the stage above
+  int gives_to = -1;    // F: the stage above; a backward: the stage below
+};
+Edges EdgesOf(const ChunkLayout& layout, const Action& a) {
+  const int s = a.stage, last = layout.stages() - 1;
+  Edges e;
+  if (a.kind == ActionKind::kForward) {
+    if (s > 0) e.needs_from = s - 1;
+    if (s < last) e.gives_to = s + 1;
+  } else if (IsBackward(a.kind)) {
+    if (s < last) e.needs_from = s + 1;
+    if (s > 0) e.gives_to = s - 1;
+  }
+  return e;
+}
+
+// The receive through which stage `s` gets what `a` (on s) needs, and the send that gives
+// it, for a compute action whose input crosses ranks.
+Action ReceiveFor(const Action& a) {
+  return {a.kind == ActionKind::kForward ? ActionKind::kRecvActivation : ActionKind::kRecvGradient,
+          a.index, a.stage};
+}
+Action SendOf(const Action& a) {
+  return {a.kind == ActionKind::kForward ? ActionKind::kSendActivation : ActionKind::kSendGradient,
+          a.index, a.stage};
+}
+// The receive on the peer's side that matches `send`.
+Action PeerReceive(const Action& send) {
+  return send.kind == ActionKind::kSendActivation
+             ? Action{ActionKind::kRecvActivation, send.index, send.stage + 1}
+             : Action{ActionKind::kRecvGradient, send.index, send.stage - 1};
+}
+
+// Whether the input of compute action `a` on its own rank is there: computed on the rank, or
+// (crossing ranks) received. `done` holds every compute action run and message placed.
+bool InputReady(const ChunkLayout& layout, const Action& a, const std::set<Key>& done) {
+  const auto has = [&](ActionKind kind, int stage) {
+    return done.count({kind, stage, a.index}) > 0;
+  };
+  if (a.kind == ActionKind::kWeightGradient) return has(ActionKind::kInputGradient, a.stage);
+  const int from = EdgesOf(layout, a).needs_from;
+  if (from < 0) return true;
+  if (layout.RankOf(from) != layout.RankOf(a.stage)) return done.count(KeyOf(ReceiveFor(a))) > 0;
+  if (a.kind == ActionKind::kForward) return has(ActionKind::kForward, from);
+  return has(ActionKind::kBackward, from) || has(ActionKind::kInputGradient, from);
+}
+
+std::string Waits(const std::vector<std::vector<Action>>& lists, const std::vector<size_t>& next) {
+  std::vector<std::string> stuck;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    if (next[r] < lists[r].size()) {
+      stuck.push_back(absl::StrCat("rank ", r, " waits at ", ToString(lists[r][next[r]])));
+    }
+  }
+  return absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; "));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<Action>>> AddCommunication(
+    const ChunkLayout& layout, int micro_batches, const std::vector<std::vector<Action>>& compute) {
+  if (absl::Status s = CheckComputeLists(layout, micro_batches, compute); !s.ok()) return s;
+  const int p = layout.ranks;
+  std::vector<std::vector<Action>> out(p);
+  std::vector<size_t> next(p, 0);
+  std::set<Key> done;
+  for (;;) {
+    bool moved = false, finished = true;
+    for (int r = 0; r < p; ++r) {  // one action a rank per turn
+      if (next[r] == compute[r].size()) continue;
+      finished = false;
+      const Action& a = compute[r][next[r]];
+      if (!InputReady(layout, a, done)) continue;
+      out[r].push_back(a);
+      done.insert(KeyOf(a));
+      ++next[r];
+      moved = true;
+      const int to = EdgesOf(layout, a).gives_to;
+      if (to >= 0 && layout.RankOf(to) != r) {
+        const Action send = SendOf(a), receive = PeerReceive(send);
+        out[r].push_back(send);
+        out[layout.RankOf(to)].push_back(receive);
+        done.insert(KeyOf(send));
+        done.insert(KeyOf(receive));
+      }
+    }
+    if (finished) return out;
+    if (!moved) return absl::FailedPreconditionError(Waits(compute, next));
+  }
+}
+
+absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
+                                const std::vector<std::vector<Action>>& lists) {
+  const int p = layout.ranks;
+  if (static_cast<int>(lists.size()) != p) {
+    return absl::InvalidArgumentError(absl::StrCat(lists.size(), " lists for ", p, " ranks"));
+  }
+  std::vector<std::vector<Action>> compute(p);
+  std::map<Key, int> messages;  // -> rank
+  for (int r = 0; r < p; ++r) {
+    std::set<Key> seen;
+    for (const Action& a : lists[r]) {
+      const auto error = [&](auto&&... why) {
+        return absl::InvalidArgumentError(absl::StrCat("rank ", r, ": ", ToString(a), " ", why...));
+      };
+      if (!IsMessage(a.kind)) {
+        compute[r].push_back(a);
+        seen.insert(KeyOf(a));
+        continue;
+      }
+      if (a.stage < 0 || a.stage >= layout.stages() || layout.RankOf(a.stage) != r) {
+        return error("names a stage rank ", r, " does not hold");
+      }
+      const bool activation =
+          a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kRecvActivation;
+      const bool send = a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
+      // The stage on the other side.
+      const int peer = activation == send ? a.stage + 1 : a.stage - 1;
+      if (peer < 0 || peer >= layout.stages()) return error("has no stage on its other side");
+      if (layout.RankOf(peer) == r) return error("crosses no rank (stage ", peer, " is here)");
+      if (!messages.emplace(KeyOf(a), r).second) return error("comes twice");
+      // Sent after what makes it; received before what uses it.
+      const Action maker{activation ? ActionKind::kForward : ActionKind::kBackward, a.index, a.stage};
+      const bool made = seen.count(KeyOf(maker)) > 0 ||
+                        (!activation && seen.count({ActionKind::kInputGradient, a.stage, a.index}) > 0);
+      if (send && !made) return error("comes before the action that makes it");
+      if (!send && made) return error("comes after the action that uses it");
+    }
+  }
+  if (absl::Status s = CheckComputeLists(layout, micro_batches, compute); !s.ok()) return s;
+  // Every message that must cross is there, and matched.
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : compute[r]) {
+      const Edges e = EdgesOf(layout, a);
+      if (e.gives_to >= 0 && layout.RankOf(e.gives_to) != r) {
+        const Action send = SendOf(a), receive = PeerReceive(send);
+        if (messages.count(KeyOf(send)) == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("rank ", r, ": ", ToString(a), " is never sent (no ", ToString(send), ")"));
+        }
+        if (messages.count(KeyOf(receive)) == 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", layout.RankOf(e.gives_to), ": no ", ToString(receive), " for ", ToString(send)));
+        }
+      }
+    }
+  }
+  // Every message accounted for above is one of those pairs: the count must match.
+  int64_t pairs = 0;
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : compute[r]) {
+      const int to = EdgesOf(layout, a).gives_to;
+      pairs += to >= 0 && layout.RankOf(to) != r;
+    }
+  }
+  if (static_cast<int64_t>(messages.size()) != 2 * pairs) {
+    return absl::InvalidArgumentError(absl::StrCat(messages.size(), " messages where ", 2 * pairs,
+                                                   " (a send and a receive per crossing) belong"));
+  }
+  // Run them: in order, a RECV after its SEND, a compute action after its input.
+  std::vector<size_t> next(p, 0);
+  std::set<Key> done;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < p; ++r) {
+      while (next[r] < lists[r].size()) {
+        const Action& a = lists[r][next[r]];
+        bool ready = true;
+        if (a.kind == ActionKind::kRecvActivation) {
+          ready = done.count({ActionKind::kSendActivation, a.stage - 1, a.index}) > 0;
+        } else if (a.kind == ActionKind::kRecvGradient) {
+          ready = done.count({ActionKind::kSendGradient, a.stage + 1, a.index}) > 0;
+        } else if (!IsMessage(a.kind)) {
+          ready = InputReady(layout, a, done);
+        }
+        if (!ready) break;
+        done.insert(KeyOf(a));
+        ++next[r];
+        moved = true;
+      }
+    }
+  }
+  for (int r = 0; r < p; ++r) {
+    if (next[r] < lists[r].size()) return absl::FailedPreconditionError(Waits(lists, next));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::schedule
