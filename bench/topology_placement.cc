@@ -259,7 +259,8 @@ int Main(int argc, char** argv) {
   std::vector<double> ratios;
   for (int round = 0; round < options.rounds; ++round) {
     const std::map<std::string, double> predicted = bench.Predict(job, links);
-    // A rest after profiling too: a run right after it measured up to 1.6x slower.
+    // A rest after profiling too: without it, the runs right after a profile were the slow
+    // ones (docs/performance.md, "Placement on hosts").
     std::this_thread::sleep_for(std::chrono::seconds(5));
     std::map<std::string, double> this_round;
     for (int k = 0; k < 2; ++k) {

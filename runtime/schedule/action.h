@@ -36,6 +36,21 @@ enum class ActionKind {
   kOptimizerStep,   // STEP<t>: apply the accumulated gradient of mini-batch t
 };
 
+// F, B, I or W: what computes (the rest moves tensors or updates weights).
+inline bool IsCompute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kInputGradient || kind == ActionKind::kWeightGradient;
+}
+// B or I: what makes a stage's input gradient.
+inline bool IsBackward(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kInputGradient;
+}
+// A send or a receive.
+inline bool IsMessage(ActionKind kind) {
+  return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation ||
+         kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
+}
+
 // The stage of an action in a list of one stage per rank: the list's own.
 inline constexpr int kOwnStage = -1;
 

@@ -106,27 +106,26 @@ std::vector<Action> ZeroBubbleVRank(int p, int64_t m, int r) {
     list.Forward(c1);
     list.Forward(c0);
   }
+  // I then W of chunk c, its W the oldest that chunk owes.
+  const auto input_then_weight = [&](int c) {
+    list.InputGradient(c);
+    list.PopWeightGradient(c);
+  };
   for (int i = 0; i < p - r; ++i) {
     list.Forward(c1);
-    list.InputGradient(c1);
-    list.PopWeightGradient(c1);
+    input_then_weight(c1);
   }
   while (forward_left(c0) || forward_left(c1)) {
     if (forward_left(c0)) list.Forward(c0);
-    list.InputGradient(c0);
-    list.PopWeightGradient(c0);
+    input_then_weight(c0);
     list.Forward(c1);
-    list.InputGradient(c1);
-    list.PopWeightGradient(c1);
+    input_then_weight(c1);
   }
   for (int i = 0; i < r; ++i) {
     list.InputGradient(c0);
     list.InputGradient(c1);
   }
-  for (int i = 0; i < p - r; ++i) {
-    list.InputGradient(c0);
-    list.PopWeightGradient(c0);
-  }
+  for (int i = 0; i < p - r; ++i) input_then_weight(c0);
   list.FlushWeightGradients(c1);
   list.FlushWeightGradients(c0);
   return std::move(list).Take(m);

@@ -6,7 +6,6 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "runtime/schedule/compute_lists.h"
 
 namespace pipetrain::schedule {
@@ -14,14 +13,6 @@ namespace {
 
 using Key = std::tuple<ActionKind, int, int64_t>;  // (kind, stage, micro-batch)
 Key KeyOf(const Action& a) { return {a.kind, a.stage, a.index}; }
-
-bool IsMessage(ActionKind kind) {
-  return kind == ActionKind::kSendActivation || kind == ActionKind::kRecvActivation ||
-         kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
-}
-bool IsBackward(ActionKind kind) {
-  return kind == ActionKind::kBackward || kind == ActionKind::kInputGradient;
-}
 
 // What a compute action needs from another stage, and what it gives one: the stage on the
 // other side (-1: none).
@@ -73,16 +64,6 @@ bool InputReady(const ChunkLayout& layout, const Action& a, const std::set<Key>&
   return has(ActionKind::kBackward, from) || has(ActionKind::kInputGradient, from);
 }
 
-std::string Waits(const std::vector<std::vector<Action>>& lists, const std::vector<size_t>& next) {
-  std::vector<std::string> stuck;
-  for (size_t r = 0; r < lists.size(); ++r) {
-    if (next[r] < lists[r].size()) {
-      stuck.push_back(absl::StrCat("rank ", r, " waits at ", ToString(lists[r][next[r]])));
-    }
-  }
-  return absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; "));
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<Action>>> AddCommunication(
@@ -113,7 +94,7 @@ absl::StatusOr<std::vector<std::vector<Action>>> AddCommunication(
       }
     }
     if (finished) return out;
-    if (!moved) return absl::FailedPreconditionError(Waits(compute, next));
+    if (!moved) return DeadlockError(compute, next);
   }
 }
 
@@ -156,11 +137,13 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
     }
   }
   if (absl::Status s = CheckComputeLists(layout, micro_batches, compute); !s.ok()) return s;
-  // Every message that must cross is there, and matched.
+  // Every message that must cross is there, and matched; nothing else is.
+  int64_t pairs = 0;
   for (int r = 0; r < p; ++r) {
     for (const Action& a : compute[r]) {
       const Edges e = EdgesOf(layout, a);
       if (e.gives_to >= 0 && layout.RankOf(e.gives_to) != r) {
+        ++pairs;
         const Action send = SendOf(a), receive = PeerReceive(send);
         if (messages.count(KeyOf(send)) == 0) {
           return absl::InvalidArgumentError(
@@ -171,14 +154,6 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
               "rank ", layout.RankOf(e.gives_to), ": no ", ToString(receive), " for ", ToString(send)));
         }
       }
-    }
-  }
-  // Every message accounted for above is one of those pairs: the count must match.
-  int64_t pairs = 0;
-  for (int r = 0; r < p; ++r) {
-    for (const Action& a : compute[r]) {
-      const int to = EdgesOf(layout, a).gives_to;
-      pairs += to >= 0 && layout.RankOf(to) != r;
     }
   }
   if (static_cast<int64_t>(messages.size()) != 2 * pairs) {
@@ -209,7 +184,7 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
     }
   }
   for (int r = 0; r < p; ++r) {
-    if (next[r] < lists[r].size()) return absl::FailedPreconditionError(Waits(lists, next));
+    if (next[r] < lists[r].size()) return DeadlockError(lists, next);
   }
   return absl::OkStatus();
 }

@@ -10,15 +10,6 @@
 namespace pipetrain::schedule {
 namespace {
 
-bool IsCompute(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
-         kind == ActionKind::kInputGradient || kind == ActionKind::kWeightGradient;
-}
-
-bool IsBackward(ActionKind kind) {
-  return kind == ActionKind::kBackward || kind == ActionKind::kInputGradient;
-}
-
 // (kind, stage, micro-batch): an action's identity across ranks.
 using Key = std::tuple<ActionKind, int, int64_t>;
 Key KeyOf(const Action& a) { return {a.kind, a.stage, a.index}; }
@@ -153,20 +144,25 @@ absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout
       }
     }
   }
-  std::vector<std::string> stuck;
   for (int r = 0; r < p; ++r) {
-    if (next[r] < lists[r].size()) {
-      stuck.push_back(absl::StrCat("rank ", r, " waits at ", ToString(lists[r][next[r]])));
-    }
-  }
-  if (!stuck.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));
+    if (next[r] < lists[r].size()) return DeadlockError(lists, next);
   }
   for (int r = 0; r < p; ++r) {
     out.makespan = std::max(out.makespan, free_at[r]);
     out.peak_live.push_back(PeakLive(lists[r]));
   }
   return out;
+}
+
+absl::Status DeadlockError(const std::vector<std::vector<Action>>& lists,
+                           const std::vector<size_t>& next) {
+  std::vector<std::string> stuck;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    if (next[r] < lists[r].size()) {
+      stuck.push_back(absl::StrCat("rank ", r, " waits at ", ToString(lists[r][next[r]])));
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));
 }
 
 int PeakLive(const std::vector<Action>& list) {

@@ -51,6 +51,11 @@ absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout
 // (a micro-batch's stash lives from its F to its backward; after I only what W needs stays).
 int PeakLive(const std::vector<Action>& list);
 
+// FailedPrecondition "deadlock: rank 0 waits at 0I0; rank 1 waits at 1F1": each rank whose
+// list is not done (next[r] < its size), at its next action.
+absl::Status DeadlockError(const std::vector<std::vector<Action>>& lists,
+                           const std::vector<size_t>& next);
+
 // One line per rank, "r0: 0F0 0F1 2F0 ...", as the golden lists are written.
 std::string FormatRankLists(const std::vector<std::vector<Action>>& lists);
 

@@ -6,6 +6,7 @@
 #include "runtime/schedule/chunked_schedule.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -86,37 +87,49 @@ TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
   EXPECT_NEAR(1 - 32 * 3.0 / one_f_one_b(8, 32).makespan_s, 0.179, 0.0005);
 }
 
-TEST(ChunkedSchedule, EveryValidShapeIsCompleteAndDeadlockFree) {
-  int built = 0;
+// Calls `check` for every valid shape of every kind with p <= max_p, v <= max_v, m <= max_m
+// (under a trace naming it); returns how many.
+int ForEachValidShape(int max_p, int max_v, int max_m,
+                      const std::function<void(const ChunkedParams&)>& check) {
+  int shapes = 0;
   for (const ChunkedKind kind : {ChunkedKind::kInterleaved, ChunkedKind::kZeroBubble,
                                  ChunkedKind::kZeroBubbleV, ChunkedKind::kDualPipeV}) {
-    for (int p = 1; p <= 5; ++p) {
-      for (int v = 1; v <= 4; ++v) {
-        for (int m = 1; m <= 12; ++m) {
+    for (int p = 1; p <= max_p; ++p) {
+      for (int v = 1; v <= max_v; ++v) {
+        for (int m = 1; m <= max_m; ++m) {
           const ChunkedParams params{kind, p, v, m};
           if (!ValidateChunkedParams(params).ok()) continue;
-          SCOPED_TRACE(absl::StrCat(std::string(ChunkedKindName(kind)), " p=", p, " v=", v, " m=", m));
-          absl::StatusOr<std::vector<std::vector<Action>>> lists = BuildComputeLists(params);
-          ASSERT_TRUE(lists.ok()) << lists.status();
-          absl::StatusOr<ComputeSimulation> sim = SimulateComputeLists(LayoutOf(params), m, *lists);
-          ASSERT_TRUE(sim.ok()) << sim.status() << "\n" << FormatRankLists(*lists);
-          ++built;
-          if (kind != ChunkedKind::kZeroBubble) continue;
-          // ZB-H1: rank r owes at most r W's whenever it starts a forward (its stash bound).
-          for (int r = 0; r < p && v == 1; ++r) {
-            int owed = 0, most = 0;
-            for (const Action& a : (*lists)[r]) {
-              if (a.kind == ActionKind::kForward) most = std::max(most, owed);
-              owed += (a.kind == ActionKind::kInputGradient) -
-                      (a.kind == ActionKind::kWeightGradient);
-            }
-            EXPECT_LE(most, r) << "rank " << r;
-          }
+          SCOPED_TRACE(absl::StrCat(std::string(ChunkedKindName(kind)), " p=", p, " v=", v,
+                                    " m=", m));
+          check(params);
+          ++shapes;
         }
       }
     }
   }
-  EXPECT_GT(built, 200);
+  return shapes;
+}
+
+TEST(ChunkedSchedule, EveryValidShapeIsCompleteAndDeadlockFree) {
+  const int shapes = ForEachValidShape(5, 4, 12, [](const ChunkedParams& params) {
+    absl::StatusOr<std::vector<std::vector<Action>>> lists = BuildComputeLists(params);
+    ASSERT_TRUE(lists.ok()) << lists.status();
+    absl::StatusOr<ComputeSimulation> sim =
+        SimulateComputeLists(LayoutOf(params), params.micro_batches, *lists);
+    ASSERT_TRUE(sim.ok()) << sim.status() << "\n" << FormatRankLists(*lists);
+    if (params.kind != ChunkedKind::kZeroBubble) return;
+    // Zero-bubble (v = 1 and interleaved): rank r owes at most r W's whenever it starts a
+    // forward (the bound on what it keeps for them).
+    for (int r = 0; r < params.ranks; ++r) {
+      int owed = 0, most = 0;
+      for (const Action& a : (*lists)[r]) {
+        if (a.kind == ActionKind::kForward) most = std::max(most, owed);
+        owed += (a.kind == ActionKind::kInputGradient) - (a.kind == ActionKind::kWeightGradient);
+      }
+      EXPECT_LE(most, r) << "rank " << r;
+    }
+  });
+  EXPECT_GT(shapes, 200);
 }
 
 TEST(ChunkedSchedule, PlacementsPutStagesOnTheirRanks) {
@@ -203,47 +216,31 @@ TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
 }
 
 TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
-  int checked = 0;
-  for (const ChunkedKind kind : {ChunkedKind::kInterleaved, ChunkedKind::kZeroBubble,
-                                 ChunkedKind::kZeroBubbleV, ChunkedKind::kDualPipeV}) {
-    for (int p = 1; p <= 4; ++p) {
-      for (int v = 1; v <= 3; ++v) {
-        for (int m = 1; m <= 9; ++m) {
-          const ChunkedParams params{kind, p, v, m};
-          if (!ValidateChunkedParams(params).ok()) continue;
-          SCOPED_TRACE(absl::StrCat(std::string(ChunkedKindName(kind)), " p=", p, " v=", v,
-                                    " m=", m));
-          const ChunkLayout layout = LayoutOf(params);
-          const std::vector<std::vector<Action>> compute = *BuildComputeLists(params);
-          absl::StatusOr<std::vector<std::vector<Action>>> lowered =
-              AddCommunication(layout, m, compute);
-          ASSERT_TRUE(lowered.ok()) << lowered.status();
-          ASSERT_TRUE(CheckCommunication(layout, m, *lowered).ok())
-              << CheckCommunication(layout, m, *lowered) << "\n" << FormatRankLists(*lowered);
-          // The compute actions are the lists' own, in their order; a message only where
-          // neighbouring stages sit on different ranks (none on one rank, none at the V's turn).
-          int64_t messages = 0;
-          for (int r = 0; r < p; ++r) {
-            std::vector<Action> own;
-            for (const Action& a : (*lowered)[r]) {
-              const bool compute_action =
-                  a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward ||
-                  a.kind == ActionKind::kInputGradient || a.kind == ActionKind::kWeightGradient;
-              compute_action ? own.push_back(a) : void(++messages);
-            }
-            EXPECT_EQ(own, compute[r]);
-          }
-          int crossings = 0;
-          for (int s = 0; s + 1 < layout.stages(); ++s) {
-            crossings += layout.RankOf(s) != layout.RankOf(s + 1);
-          }
-          EXPECT_EQ(messages, 4 * crossings * m);  // activation and gradient, each sent and received
-          ++checked;
-        }
+  const int shapes = ForEachValidShape(4, 3, 9, [](const ChunkedParams& params) {
+    const int p = params.ranks, m = params.micro_batches;
+    const ChunkLayout layout = LayoutOf(params);
+    const std::vector<std::vector<Action>> compute = *BuildComputeLists(params);
+    absl::StatusOr<std::vector<std::vector<Action>>> lowered = AddCommunication(layout, m, compute);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    ASSERT_TRUE(CheckCommunication(layout, m, *lowered).ok())
+        << CheckCommunication(layout, m, *lowered) << "\n" << FormatRankLists(*lowered);
+    // The compute actions are the lists' own, in their order; a message only where
+    // neighbouring stages sit on different ranks (none on one rank, none at the V's turn).
+    int64_t messages = 0;
+    for (int r = 0; r < p; ++r) {
+      std::vector<Action> own;
+      for (const Action& a : (*lowered)[r]) {
+        IsCompute(a.kind) ? own.push_back(a) : void(++messages);
       }
+      EXPECT_EQ(own, compute[r]);
     }
-  }
-  EXPECT_GT(checked, 100);
+    int crossings = 0;
+    for (int s = 0; s + 1 < layout.stages(); ++s) {
+      crossings += layout.RankOf(s) != layout.RankOf(s + 1);
+    }
+    EXPECT_EQ(messages, 4 * crossings * m);  // activation and gradient, each sent and received
+  });
+  EXPECT_GT(shapes, 100);
 }
 
 // CheckCommunication can fail: messages missing, misplaced, and a pair that deadlocks.
