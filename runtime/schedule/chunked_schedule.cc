@@ -65,8 +65,8 @@ int GroupSize(int p, int m) { return m / std::max(1, m / p); }
 // forward runs stage (⌊k/g⌋ mod v)·p + r; backward op b runs (v−1−(⌊b/g⌋ mod v))·p + r.
 // Zero-bubble: the warm-up is one op per hop, I replaces B, and after backward op b >= r the
 // oldest I gets its W; the rest at the end (rank r owes at most r W's).
-std::vector<Action> LoopRank(const ChunkedParams& params, int r, bool zero_bubble) {
-  const int p = params.ranks, v = params.virtual_stages;
+std::vector<Action> LoopRank(const ScheduleParams& params, int r, bool zero_bubble) {
+  const int p = params.stages, v = params.virtual_stages;
   const int64_t m = params.micro_batches, total = v * m;
   const int64_t g = GroupSize(p, static_cast<int>(m));
   const int64_t hops = zero_bubble ? (p - 1 - r) : 2 * (p - 1 - r);
@@ -189,42 +189,26 @@ std::vector<int> ChunkLayout::StagesOf(int rank) const {
   return stages;
 }
 
-std::string_view ChunkedKindName(ChunkedKind kind) {
-  switch (kind) {
-    case ChunkedKind::kInterleaved:
-      return "interleaved";
-    case ChunkedKind::kZeroBubble:
-      return "zb1p";
-    case ChunkedKind::kZeroBubbleV:
-      return "zbv";
-    case ChunkedKind::kDualPipeV:
-      return "dualpipev";
-  }
-  return "unknown";
-}
-
-ChunkLayout LayoutOf(const ChunkedParams& params) {
+ChunkLayout LayoutOf(const ScheduleParams& params) {
   ChunkLayout layout;
-  layout.ranks = params.ranks;
+  layout.ranks = params.stages;
   const bool v_shaped =
-      params.kind == ChunkedKind::kZeroBubbleV || params.kind == ChunkedKind::kDualPipeV;
+      params.kind == ScheduleKind::kZeroBubbleV || params.kind == ScheduleKind::kDualPipeV;
   layout.placement = v_shaped ? ChunkPlacement::kV : ChunkPlacement::kLoop;
-  layout.chunks_per_rank = v_shaped ? 2 : params.virtual_stages;
+  layout.chunks_per_rank = v_shaped ? 2 : std::max(1, params.virtual_stages);
   return layout;
 }
 
-absl::Status ValidateChunkedParams(const ChunkedParams& params) {
+absl::Status ValidateChunkedParams(const ScheduleParams& params) {
   std::vector<std::string> errors;
-  const std::string name(ChunkedKindName(params.kind));
-  const int p = params.ranks, v = params.virtual_stages, m = params.micro_batches;
-  if (p < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", p));
-  if (m < 1) errors.push_back(absl::StrCat("microbatches: must be >= 1, got ", m));
+  const std::string name(ScheduleKindName(params.kind));
+  const int p = params.stages, v = params.virtual_stages, m = params.micro_batches;
   if (v < 1) errors.push_back(absl::StrCat("virtual_stages: must be >= 1, got ", v));
-  if (params.kind == ChunkedKind::kInterleaved && v == 1) {
+  if (params.kind == ScheduleKind::kInterleaved && v == 1) {
     errors.push_back("interleaved needs virtual_stages >= 2 (with one chunk a rank it is 1f1b)");
   }
-  const bool loop = params.kind == ChunkedKind::kInterleaved ||
-                    (params.kind == ChunkedKind::kZeroBubble && v >= 2);
+  const bool loop = params.kind == ScheduleKind::kInterleaved ||
+                    (params.kind == ScheduleKind::kZeroBubble && v >= 2);
   if (loop && p >= 1 && m >= 1 && v >= 2) {
     const int rounds = std::max(1, m / p);
     if (m % rounds != 0) {
@@ -233,12 +217,12 @@ absl::Status ValidateChunkedParams(const ChunkedParams& params) {
           rounds, ": microbatches (", m, ") must be a multiple of it"));
     }
   }
-  if ((params.kind == ChunkedKind::kZeroBubbleV || params.kind == ChunkedKind::kDualPipeV) &&
+  if ((params.kind == ScheduleKind::kZeroBubbleV || params.kind == ScheduleKind::kDualPipeV) &&
       v != 2) {
     errors.push_back(absl::StrCat(name, " places 2 chunks on each rank (a V): virtual_stages "
                                         "must be 2, got ", v));
   }
-  if (params.kind == ChunkedKind::kDualPipeV && p >= 1 && m < 2 * p) {
+  if (params.kind == ScheduleKind::kDualPipeV && p >= 1 && m < 2 * p) {
     errors.push_back(absl::StrCat("dualpipev needs microbatches >= 2 x stages: got m=", m,
                                   " < 2 x ", p));
   }
@@ -246,23 +230,26 @@ absl::Status ValidateChunkedParams(const ChunkedParams& params) {
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }
 
-absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ChunkedParams& params) {
-  if (absl::Status s = ValidateChunkedParams(params); !s.ok()) return s;
+absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ScheduleParams& params) {
+  if (absl::Status s = ValidateScheduleParams(params); !s.ok()) return s;
   std::vector<std::vector<Action>> lists;
-  for (int r = 0; r < params.ranks; ++r) {
+  for (int r = 0; r < params.stages; ++r) {
     switch (params.kind) {
-      case ChunkedKind::kInterleaved:
+      case ScheduleKind::kInterleaved:
         lists.push_back(LoopRank(params, r, /*zero_bubble=*/false));
         break;
-      case ChunkedKind::kZeroBubble:
+      case ScheduleKind::kZeroBubble:
         lists.push_back(LoopRank(params, r, /*zero_bubble=*/true));
         break;
-      case ChunkedKind::kZeroBubbleV:
-        lists.push_back(ZeroBubbleVRank(params.ranks, params.micro_batches, r));
+      case ScheduleKind::kZeroBubbleV:
+        lists.push_back(ZeroBubbleVRank(params.stages, params.micro_batches, r));
         break;
-      case ChunkedKind::kDualPipeV:
-        lists.push_back(DualPipeVRank(params.ranks, params.micro_batches, r));
+      case ScheduleKind::kDualPipeV:
+        lists.push_back(DualPipeVRank(params.stages, params.micro_batches, r));
         break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(ScheduleKindName(params.kind)), " holds one stage a rank: it has no compute lists here"));
     }
   }
   return lists;

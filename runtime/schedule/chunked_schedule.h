@@ -12,12 +12,12 @@
 // Pure functions; thread-safe.
 #pragma once
 
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/schedule/action.h"
+#include "runtime/schedule/schedule.h"
 
 namespace pipetrain::schedule {
 
@@ -39,33 +39,22 @@ struct ChunkLayout {
   std::vector<int> StagesOf(int rank) const;
 };
 
-enum class ChunkedKind {
-  kInterleaved,  // interleaved 1F1B, loop placement
-  kZeroBubble,   // ZB-H1 (v = 1) or interleaved zero-bubble (v >= 2), loop placement
-  kZeroBubbleV,  // ZB-V: V placement
-  kDualPipeV,    // DualPipeV: V placement
-};
+// The chunk layout a schedule runs on (ScheduleParams: kind, stages = p ranks,
+// virtual_stages): V placement for kZeroBubbleV and kDualPipeV, loop placement otherwise
+// (one stage a rank for the kinds without chunks).
+ChunkLayout LayoutOf(const ScheduleParams& params);
 
-// "interleaved", "zb1p", "zbv", "dualpipev".
-std::string_view ChunkedKindName(ChunkedKind kind);
-
-struct ChunkedParams {
-  ChunkedKind kind = ChunkedKind::kInterleaved;
-  int ranks = 1;           // p >= 1
-  int virtual_stages = 2;  // v chunks per rank; kZeroBubbleV and kDualPipeV take 2
-  int micro_batches = 1;   // m >= 1 per step
-};
-
-// The chunk layout the kind runs on.
-ChunkLayout LayoutOf(const ChunkedParams& params);
-
-// Every violated rule, "; "-separated, in one InvalidArgument, each naming its rule:
-// p >= 1, m >= 1; interleaved v >= 2; loop placements (interleaved, zb1p with v >= 2) m a
-// multiple of rounds = max(1, floor(m / p)); zbv and dualpipev v = 2; dualpipev m >= 2p.
-absl::Status ValidateChunkedParams(const ChunkedParams& params);
+// For a kind that HoldsChunks, the rules of its chunks (ValidateScheduleParams checks them
+// with the rest): every violated rule, "; "-separated, in one InvalidArgument, each naming
+// it: v >= 1; interleaved v >= 2; loop placements
+// (interleaved, zb1p with v >= 2) m a multiple of rounds = max(1, floor(m / p)); zbv and
+// dualpipev v = 2; dualpipev m >= 2p.
+absl::Status ValidateChunkedParams(const ScheduleParams& params);
 
 // Every rank's list (index = rank) for one step: F, B, I and W actions with their stages,
 // micro-batches 0 .. m−1.
-absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ChunkedParams& params);
+// `params` (valid: ValidateScheduleParams) names a kind that HoldsChunks; its steps do not
+// matter.
+absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ScheduleParams& params);
 
 }  // namespace pipetrain::schedule

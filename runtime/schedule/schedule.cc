@@ -15,6 +15,8 @@
 #include "absl/strings/string_view.h"
 #include "runtime/base/errors.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/schedule/chunked_schedule.h"
+#include "runtime/schedule/communication.h"
 
 namespace pipetrain::schedule {
 namespace {
@@ -32,11 +34,33 @@ constexpr KindAlias kKindAliases[] = {
     {"pipedream-flush", ScheduleKind::kOneFOneB},
     {"pipedream-2bw", ScheduleKind::kTwoBW},
     {"last-stage", ScheduleKind::kOneFOneB},  // Hippie's name for the same schedule
+    {"interleaved", ScheduleKind::kInterleaved},
+    {"interleaved-1f1b", ScheduleKind::kInterleaved},
+    {"zb1p", ScheduleKind::kZeroBubble},
+    {"zbh1", ScheduleKind::kZeroBubble},
+    {"zero-bubble", ScheduleKind::kZeroBubble},
+    {"zbv", ScheduleKind::kZeroBubbleV},
+    {"zb-v", ScheduleKind::kZeroBubbleV},
+    {"dualpipev", ScheduleKind::kDualPipeV},
 };
 
 bool IsKnownKind(ScheduleKind kind) {
   return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB ||
-         kind == ScheduleKind::kTwoBW;
+         kind == ScheduleKind::kTwoBW || HoldsChunks(kind);
+}
+
+// Rank `rank`'s list for one step of a schedule with chunks, its messages placed.
+absl::StatusOr<std::vector<Action>> ChunkedStepList(const ScheduleParams& params, int rank) {
+  PT_ASSIGN_OR_RETURN(std::vector<std::vector<Action>> compute, BuildComputeLists(params));
+  PT_ASSIGN_OR_RETURN(std::vector<std::vector<Action>> lists,
+                      AddCommunication(LayoutOf(params), params.micro_batches, compute));
+  return std::move(lists[rank]);
+}
+
+// `action` of step t's list: its micro-batch numbered from t·m.
+Action InStep(Action action, int64_t t, int m) {
+  action.index += t * m;
+  return action;
 }
 
 // Appends F<j> with the communication placed around it (see schedule.h).
@@ -78,8 +102,28 @@ std::string_view ScheduleKindName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kTwoBW:
       return "2bw";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZeroBubble:
+      return "zb1p";
+    case ScheduleKind::kZeroBubbleV:
+      return "zbv";
+    case ScheduleKind::kDualPipeV:
+      return "dualpipev";
   }
   return "unknown";
+}
+
+bool HoldsChunks(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubble ||
+         kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
+}
+
+int DefaultVirtualStages(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubbleV ||
+                 kind == ScheduleKind::kDualPipeV
+             ? 2
+             : 1;
 }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name) {
@@ -124,6 +168,15 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
     errors.push_back(absl::StrCat("2bw needs micro_batches >= stages: got m=", params.micro_batches,
                                   " < p=", params.stages));
   }
+  if (HoldsChunks(params.kind)) {
+    if (absl::Status s = ValidateChunkedParams(params); !s.ok()) {
+      errors.push_back(std::string(s.message()));
+    }
+  } else if (IsKnownKind(params.kind) && params.virtual_stages != 1) {
+    errors.push_back(absl::StrCat(std::string(ScheduleKindName(params.kind)),
+                                  " holds one stage a rank: virtual_stages must be 1, got ",
+                                  params.virtual_stages));
+  }
   if (errors.empty()) return absl::OkStatus();
   return InvalidArgumentList("", errors);
 }
@@ -136,6 +189,14 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " out of range [0, ", p, ")"));
   }
   std::vector<Action> out;
+  if (HoldsChunks(params.kind)) {
+    PT_ASSIGN_OR_RETURN(const std::vector<Action> step, ChunkedStepList(params, stage));
+    for (int64_t t = params.first_step; t < params.steps; ++t) {
+      for (const Action& a : step) out.push_back(InStep(a, t, m));
+      out.push_back(Step(t));
+    }
+    return out;
+  }
   // Each micro-batch costs at most 6 actions (RECV, F, SEND twice), plus one STEP per step.
   out.reserve(static_cast<size_t>(params.steps - params.first_step) *
               (6 * static_cast<size_t>(m) + 1));
@@ -152,6 +213,11 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
         AppendOneFOneB(p, stage, m, t * m, m, &out);
       }
       break;
+    case ScheduleKind::kInterleaved:
+    case ScheduleKind::kZeroBubble:
+    case ScheduleKind::kZeroBubbleV:
+    case ScheduleKind::kDualPipeV:
+      break;  // above
     case ScheduleKind::kTwoBW: {
       std::vector<int64_t> cuts = params.flush_before;
       cuts.push_back(params.steps);
@@ -183,13 +249,17 @@ absl::StatusOr<StageActionStream> StageActionStream::Create(const ScheduleParams
         absl::StrCat("stage ", stage, " out of range [0, ", params.stages, ")"));
   }
   StageActionStream stream(params, stage);
+  if (HoldsChunks(params.kind)) {
+    PT_ASSIGN_OR_RETURN(std::vector<Action> step, ChunkedStepList(params, stage));
+    stream.step_list_ = std::make_shared<const std::vector<Action>>(std::move(step));
+  }
   stream.StartSegment(params.first_step, 0);
   return stream;
 }
 
 int64_t StageActionStream::SegmentEnd(int64_t begin) const {
   // GPipe and 1F1B drain after every step; 2BW only at flush_before boundaries.
-  if (params_.kind != ScheduleKind::kTwoBW) return begin + 1;
+  if (params_.kind != ScheduleKind::kTwoBW) return begin + 1;  // chunked kinds too
   auto cut = std::upper_bound(params_.flush_before.begin(), params_.flush_before.end(), begin);
   return cut == params_.flush_before.end() ? params_.steps : std::min<int64_t>(*cut, params_.steps);
 }
@@ -204,15 +274,27 @@ void StageActionStream::StartSegment(int64_t begin, int64_t position) {
   Fill();
 }
 
+int64_t StageActionStream::SegmentOps() const {
+  if (segment_micro_batches_ == 0) return 0;
+  if (step_list_) return static_cast<int64_t>(step_list_->size()) + 1;
+  return 2 * segment_micro_batches_;
+}
+
 void StageActionStream::Fill() {
   size_ = next_ = 0;
-  if (op_ == 2 * segment_micro_batches_) {
+  if (op_ == SegmentOps()) {
     if (segment_micro_batches_ == 0) return;  // past the last step: done
     StartSegment(SegmentEnd(segment_begin_), position_);
     return;
   }
   const int p = params_.stages, s = stage_, m = params_.micro_batches;
   const int64_t c = segment_micro_batches_, first = segment_begin_ * m, k = op_++;
+  if (step_list_) {  // one step a segment: its list, then its STEP
+    buffer_[size_++] = k < static_cast<int64_t>(step_list_->size())
+                           ? InStep((*step_list_)[k], segment_begin_, m)
+                           : Step(segment_begin_);
+    return;
+  }
   // The k-th forward/backward of the segment, in the order AppendOneFOneB or GPipe's loop
   // produce them.
   bool forward;
@@ -253,7 +335,8 @@ void StageActionStream::Advance() {
 
 absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams& changed) const {
   if (changed.kind != params_.kind || changed.stages != params_.stages ||
-      changed.micro_batches != params_.micro_batches || changed.first_step != params_.first_step) {
+      changed.micro_batches != params_.micro_batches || changed.first_step != params_.first_step ||
+      changed.virtual_stages != params_.virtual_stages) {
     return absl::InvalidArgumentError("Rebase changes only the boundaries and the steps");
   }
   PT_RETURN_IF_ERROR(ValidateScheduleParams(changed));
@@ -276,6 +359,7 @@ absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams
   }
   // Both lists agree up to the segment's start; compare from there through current().
   StageActionStream before(params_, stage_), after(changed, stage_);
+  before.step_list_ = after.step_list_ = step_list_;
   before.StartSegment(segment_begin_, segment_position_);
   after.StartSegment(segment_begin_, segment_position_);
   while (true) {

@@ -22,10 +22,17 @@
 //               2BW job of N steps would end) before mini-batch N starts with a fresh
 //               warm-up. Until the last micro-batch of mini-batch N-1 the lists are
 //               identical to those without the flush.
+//   Schedules whose ranks hold several model chunks (virtual stages): kInterleaved
+//   (interleaved 1F1B), kZeroBubble (ZB-H1; interleaved zero-bubble with v >= 2),
+//   kZeroBubbleV (ZB-V) and kDualPipeV. `stages` is then the number of ranks p, the model is
+//   cut into `virtual_stages` x p stages, and every action names the stage it runs on
+//   (action.h). Each step is the rank's one-step list of chunked_schedule.h with its messages
+//   (communication.h), its micro-batches numbered from t·m, then STEP<t>: they flush.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,17 +43,31 @@
 
 namespace pipetrain::schedule {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kTwoBW };
+enum class ScheduleKind {
+  kGPipe,
+  kOneFOneB,
+  kTwoBW,
+  kInterleaved,  // interleaved 1F1B (Megatron's virtual pipeline), loop placement
+  kZeroBubble,   // ZB-H1 (v = 1) or interleaved zero-bubble (v >= 2), loop placement
+  kZeroBubbleV,  // ZB-V: V placement
+  kDualPipeV,    // DualPipeV: V placement
+};
 
-// "gpipe", "1f1b", "2bw".
+// "gpipe", "1f1b", "2bw", "interleaved", "zb1p", "zbv", "dualpipev".
 std::string_view ScheduleKindName(ScheduleKind kind);
 // Accepts the names above (case-insensitive) and the aliases "flush", "pipedream-flush",
-// "last-stage" (all kOneFOneB) and "pipedream-2bw". The error lists the accepted names.
+// "last-stage" (all kOneFOneB), "pipedream-2bw", "interleaved-1f1b", "zbh1", "zero-bubble" and
+// "zb-v". The error lists the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name);
+
+// Whether the kind's ranks hold model chunks named by their actions (every kind after kTwoBW).
+bool HoldsChunks(ScheduleKind kind);
+// Chunks per rank when a job names none: 2 for interleaved, zbv and dualpipev, 1 otherwise.
+int DefaultVirtualStages(ScheduleKind kind);
 
 struct ScheduleParams {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int stages = 1;         // p >= 1
+  int stages = 1;         // p >= 1: the pipeline's ranks (one stage each unless HoldsChunks)
   int micro_batches = 1;  // m >= 1 per step per pipeline
   int steps = 1;          // mini-batches covered by the generated lists, >= 1
   // Boundaries (first_step < N < steps) where the pipeline drains before mini-batch N starts
@@ -55,16 +76,23 @@ struct ScheduleParams {
   // A resumed job: mini-batches before it ran earlier. The lists cover [first_step, steps),
   // the pipeline starting empty there, exactly as after a drain before first_step.
   int64_t first_step = 0;
+  // v: model chunks a rank holds (HoldsChunks kinds; 1 for the others).
+  int virtual_stages = 1;
+
+  // The model stages: p x v.
+  int model_stages() const { return stages * virtual_stages; }
 };
 
 // All violations, "; "-separated, in one InvalidArgument: p < 1, m < 1, steps < 1,
 // first_step outside [0, steps), a flush_before boundary outside (first_step, steps), and for
-// kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4").
+// kTwoBW m < p ("2bw needs micro_batches >= stages: got m=2 < p=4"), virtual_stages other
+// than 1 for a kind without chunks, and the rules of the chunked kinds
+// (chunked_schedule.h ValidateChunkedParams).
 absl::Status ValidateScheduleParams(const ScheduleParams& params);
 
-// The action list of stage `stage` (0 <= stage < p).
+// The action list of stage `stage` (0 <= stage < p; with chunks, of rank `stage`).
 absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& params, int stage);
-// All stages' lists, index = stage.
+// All stages' lists, index = stage (with chunks: rank).
 absl::StatusOr<std::vector<std::vector<Action>>> BuildSchedule(const ScheduleParams& params);
 
 // The same list as BuildStageSchedule(params, stage), generated as it is consumed: its memory
@@ -97,9 +125,15 @@ class StageActionStream {
   // Fills buffer_ with the next forward or backward of the segment (with its communication
   // and STEP), moving on to the next segment at the end of one; size_ = 0 after the last.
   void Fill();
+  // The segment's operations: its forwards and backwards (with their messages), or with
+  // chunks the actions of one step's list and its STEP.
+  int64_t SegmentOps() const;
 
   ScheduleParams params_;
   int stage_ = 0;
+  // With chunks: this rank's list for one step (micro-batches 0 .. m−1, messages included),
+  // shared by the copies of the stream.
+  std::shared_ptr<const std::vector<Action>> step_list_;
   int64_t segment_begin_ = 0;           // first mini-batch of the segment
   int64_t segment_micro_batches_ = 0;   // c: micro-batches in the segment
   int64_t segment_position_ = 0;        // position of the segment's first action

@@ -22,31 +22,39 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Lists(ChunkedKind kind, int p, int v, int m) {
-  absl::StatusOr<std::vector<std::vector<Action>>> lists = BuildComputeLists({kind, p, v, m});
+// One step of `kind` on p ranks of v chunks, m micro-batches.
+ScheduleParams Chunked(ScheduleKind kind, int p, int v, int m) {
+  ScheduleParams params{kind, p, m};
+  params.virtual_stages = v;
+  return params;
+}
+
+std::string Lists(ScheduleKind kind, int p, int v, int m) {
+  absl::StatusOr<std::vector<std::vector<Action>>> lists =
+      BuildComputeLists(Chunked(kind, p, v, m));
   EXPECT_TRUE(lists.ok()) << lists.status();
   return lists.ok() ? FormatRankLists(*lists) : "";
 }
 
 TEST(ChunkedSchedule, GoldenListsForTwoRanksAndFourMicroBatches) {
-  EXPECT_EQ(Lists(ChunkedKind::kInterleaved, 2, 2, 4),
+  EXPECT_EQ(Lists(ScheduleKind::kInterleaved, 2, 2, 4),
             "r0: 0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3\n"
             "r1: 1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3\n");
-  EXPECT_EQ(Lists(ChunkedKind::kZeroBubble, 2, 1, 4),
+  EXPECT_EQ(Lists(ScheduleKind::kZeroBubble, 2, 1, 4),
             "r0: 0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3\n"
             "r1: 1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3\n");
-  EXPECT_EQ(Lists(ChunkedKind::kZeroBubbleV, 2, 2, 4),
+  EXPECT_EQ(Lists(ScheduleKind::kZeroBubbleV, 2, 2, 4),
             "r0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 "
             "3W3 0I2 0W2 0I3 0W3\n"
             "r1: 1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 "
             "2I3 1I3 1W2 2W3 1W3\n");
-  EXPECT_EQ(Lists(ChunkedKind::kDualPipeV, 2, 2, 4),
+  EXPECT_EQ(Lists(ScheduleKind::kDualPipeV, 2, 2, 4),
             "r0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 0F3 3B1 3F2 0B0 3B2 3F3 0B1 3B3 0I2 0W2 0I3 0W3\n"
             "r1: 1F0 2F0 1F1 2F1 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 2B2 1B2 2I3 1I3 2W3 1W3\n");
 }
 
 struct Expected {
-  ChunkedKind kind;
+  ScheduleKind kind;
   int v;
   double makespan;   // p = 4, m = 8
   int peak_live_r0;  // p = 4, m = 8
@@ -56,22 +64,22 @@ struct Expected {
 // What the rules give with unit costs, worked out independently of this code.
 TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
   const Expected expected[] = {
-      {ChunkedKind::kInterleaved, 2, 57, 11, 0.099},
-      {ChunkedKind::kInterleaved, 4, 105, 19, 0.052},
-      {ChunkedKind::kZeroBubble, 1, 27, 4, 0.068},
-      {ChunkedKind::kZeroBubble, 2, 51, 8, 0.035},
-      {ChunkedKind::kZeroBubbleV, 2, 51, 8, 0.035},
-      {ChunkedKind::kDualPipeV, 2, 51, 9, 0.035},
+      {ScheduleKind::kInterleaved, 2, 57, 11, 0.099},
+      {ScheduleKind::kInterleaved, 4, 105, 19, 0.052},
+      {ScheduleKind::kZeroBubble, 1, 27, 4, 0.068},
+      {ScheduleKind::kZeroBubble, 2, 51, 8, 0.035},
+      {ScheduleKind::kZeroBubbleV, 2, 51, 8, 0.035},
+      {ScheduleKind::kDualPipeV, 2, 51, 9, 0.035},
   };
   for (const Expected& e : expected) {
-    SCOPED_TRACE(std::string(ChunkedKindName(e.kind)) + " v=" + std::to_string(e.v));
-    const ChunkedParams small{e.kind, 4, e.v, 8};
+    SCOPED_TRACE(std::string(ScheduleKindName(e.kind)) + " v=" + std::to_string(e.v));
+    const ScheduleParams small = Chunked(e.kind, 4, e.v, 8);
     absl::StatusOr<ComputeSimulation> sim =
         SimulateComputeLists(LayoutOf(small), 8, *BuildComputeLists(small));
     ASSERT_TRUE(sim.ok()) << sim.status();
     EXPECT_DOUBLE_EQ(sim->makespan, e.makespan);
     EXPECT_EQ(sim->peak_live[0], e.peak_live_r0);
-    const ChunkedParams large{e.kind, 8, e.v, 32};
+    const ScheduleParams large = Chunked(e.kind, 8, e.v, 32);
     absl::StatusOr<ComputeSimulation> big =
         SimulateComputeLists(LayoutOf(large), 32, *BuildComputeLists(large));
     ASSERT_TRUE(big.ok()) << big.status();
@@ -90,16 +98,16 @@ TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
 // Calls `check` for every valid shape of every kind with p <= max_p, v <= max_v, m <= max_m
 // (under a trace naming it); returns how many.
 int ForEachValidShape(int max_p, int max_v, int max_m,
-                      const std::function<void(const ChunkedParams&)>& check) {
+                      const std::function<void(const ScheduleParams&)>& check) {
   int shapes = 0;
-  for (const ChunkedKind kind : {ChunkedKind::kInterleaved, ChunkedKind::kZeroBubble,
-                                 ChunkedKind::kZeroBubbleV, ChunkedKind::kDualPipeV}) {
+  for (const ScheduleKind kind : {ScheduleKind::kInterleaved, ScheduleKind::kZeroBubble,
+                                 ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
     for (int p = 1; p <= max_p; ++p) {
       for (int v = 1; v <= max_v; ++v) {
         for (int m = 1; m <= max_m; ++m) {
-          const ChunkedParams params{kind, p, v, m};
-          if (!ValidateChunkedParams(params).ok()) continue;
-          SCOPED_TRACE(absl::StrCat(std::string(ChunkedKindName(kind)), " p=", p, " v=", v,
+          const ScheduleParams params = Chunked(kind, p, v, m);
+          if (!ValidateScheduleParams(params).ok()) continue;
+          SCOPED_TRACE(absl::StrCat(std::string(ScheduleKindName(kind)), " p=", p, " v=", v,
                                     " m=", m));
           check(params);
           ++shapes;
@@ -111,16 +119,16 @@ int ForEachValidShape(int max_p, int max_v, int max_m,
 }
 
 TEST(ChunkedSchedule, EveryValidShapeIsCompleteAndDeadlockFree) {
-  const int shapes = ForEachValidShape(5, 4, 12, [](const ChunkedParams& params) {
+  const int shapes = ForEachValidShape(5, 4, 12, [](const ScheduleParams& params) {
     absl::StatusOr<std::vector<std::vector<Action>>> lists = BuildComputeLists(params);
     ASSERT_TRUE(lists.ok()) << lists.status();
     absl::StatusOr<ComputeSimulation> sim =
         SimulateComputeLists(LayoutOf(params), params.micro_batches, *lists);
     ASSERT_TRUE(sim.ok()) << sim.status() << "\n" << FormatRankLists(*lists);
-    if (params.kind != ChunkedKind::kZeroBubble) return;
+    if (params.kind != ScheduleKind::kZeroBubble) return;
     // Zero-bubble (v = 1 and interleaved): rank r owes at most r W's whenever it starts a
     // forward (the bound on what it keeps for them).
-    for (int r = 0; r < params.ranks; ++r) {
+    for (int r = 0; r < params.stages; ++r) {
       int owed = 0, most = 0;
       for (const Action& a : (*lists)[r]) {
         if (a.kind == ActionKind::kForward) most = std::max(most, owed);
@@ -145,25 +153,25 @@ TEST(ChunkedSchedule, PlacementsPutStagesOnTheirRanks) {
 
 TEST(ChunkedSchedule, EveryViolatedRuleIsNamed) {
   const std::string dual =
-      std::string(ValidateChunkedParams({ChunkedKind::kDualPipeV, 4, 3, 5}).message());
+      std::string(ValidateScheduleParams(Chunked(ScheduleKind::kDualPipeV, 4, 3, 5)).message());
   EXPECT_THAT(dual, HasSubstr("dualpipev places 2 chunks on each rank (a V): virtual_stages must "
                               "be 2, got 3"));
   EXPECT_THAT(dual, HasSubstr("dualpipev needs microbatches >= 2 x stages: got m=5 < 2 x 4"));
-  EXPECT_THAT(ValidateChunkedParams({ChunkedKind::kInterleaved, 4, 1, 8}).message(),
+  EXPECT_THAT(ValidateScheduleParams(Chunked(ScheduleKind::kInterleaved, 4, 1, 8)).message(),
               HasSubstr("interleaved needs virtual_stages >= 2"));
-  EXPECT_THAT(ValidateChunkedParams({ChunkedKind::kInterleaved, 4, 2, 9}).message(),
+  EXPECT_THAT(ValidateScheduleParams(Chunked(ScheduleKind::kInterleaved, 4, 2, 9)).message(),
               HasSubstr("rounds of max(1, floor(m/p)) = 2: microbatches (9) must be a multiple"));
-  EXPECT_TRUE(ValidateChunkedParams({ChunkedKind::kZeroBubble, 4, 1, 9}).ok());
+  EXPECT_TRUE(ValidateScheduleParams(Chunked(ScheduleKind::kZeroBubble, 4, 1, 9)).ok());
   const std::string zero =
-      std::string(ValidateChunkedParams({ChunkedKind::kZeroBubbleV, 0, 2, 0}).message());
-  EXPECT_THAT(zero, HasSubstr("stages: must be >= 1, got 0"));
-  EXPECT_THAT(zero, HasSubstr("microbatches: must be >= 1, got 0"));
-  EXPECT_FALSE(BuildComputeLists({ChunkedKind::kDualPipeV, 2, 2, 3}).ok());
+      std::string(ValidateScheduleParams(Chunked(ScheduleKind::kZeroBubbleV, 0, 2, 0)).message());
+  EXPECT_THAT(zero, HasSubstr("stages must be >= 1: got p=0"));
+  EXPECT_THAT(zero, HasSubstr("micro_batches must be >= 1: got m=0"));
+  EXPECT_FALSE(BuildComputeLists(Chunked(ScheduleKind::kDualPipeV, 2, 2, 3)).ok());
 }
 
 // The checker and the simulator can fail: lists broken on purpose.
 TEST(ChunkedSchedule, BrokenListsAreRefusedAndADeadlockNamesTheWaits) {
-  const ChunkedParams params{ChunkedKind::kZeroBubble, 2, 1, 2};
+  const ScheduleParams params = Chunked(ScheduleKind::kZeroBubble, 2, 1, 2);
   const ChunkLayout layout = LayoutOf(params);
   const std::vector<std::vector<Action>> good = *BuildComputeLists(params);
   ASSERT_TRUE(CheckComputeLists(layout, 2, good).ok());
@@ -206,7 +214,7 @@ TEST(ChunkedSchedule, ActionsNameTheirStageInText) {
 
 // Messages added by visiting the ranks in turn, worked out by hand for ZB-H1, p = 2, m = 2.
 TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
-  const ChunkedParams params{ChunkedKind::kZeroBubble, 2, 1, 2};
+  const ScheduleParams params = Chunked(ScheduleKind::kZeroBubble, 2, 1, 2);
   absl::StatusOr<std::vector<std::vector<Action>>> lowered =
       AddCommunication(LayoutOf(params), 2, *BuildComputeLists(params));
   ASSERT_TRUE(lowered.ok()) << lowered.status();
@@ -216,8 +224,8 @@ TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
 }
 
 TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
-  const int shapes = ForEachValidShape(4, 3, 9, [](const ChunkedParams& params) {
-    const int p = params.ranks, m = params.micro_batches;
+  const int shapes = ForEachValidShape(4, 3, 9, [](const ScheduleParams& params) {
+    const int p = params.stages, m = params.micro_batches;
     const ChunkLayout layout = LayoutOf(params);
     const std::vector<std::vector<Action>> compute = *BuildComputeLists(params);
     absl::StatusOr<std::vector<std::vector<Action>>> lowered = AddCommunication(layout, m, compute);
@@ -243,9 +251,64 @@ TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
   EXPECT_GT(shapes, 100);
 }
 
+// What a rank runs over several steps: step t is its one-step list with its messages, the
+// micro-batches numbered from t·m, then STEP<t>; the stream the executor runs gives the same
+// list action for action, and a stop rebases it there (as a shorter job's list).
+TEST(ChunkedSchedule, EveryStepRepeatsTheOneStepListAndTheStreamGivesIt) {
+  const int shapes = ForEachValidShape(3, 2, 6, [](ScheduleParams params) {
+    const int m = params.micro_batches;
+    const std::vector<std::vector<Action>> step =
+        *AddCommunication(LayoutOf(params), m, *BuildComputeLists(params));
+    params.steps = 3;
+    for (int r = 0; r < params.stages; ++r) {
+      std::vector<Action> expected;
+      for (int64_t t = 0; t < 3; ++t) {
+        for (Action a : step[r]) {
+          a.index += t * m;
+          expected.push_back(a);
+        }
+        expected.push_back(Step(t));
+      }
+      ASSERT_EQ(*BuildStageSchedule(params, r), expected) << "rank " << r;
+      absl::StatusOr<StageActionStream> stream = StageActionStream::Create(params, r);
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      std::vector<Action> streamed;
+      // A stop before step 2 learned during step 1, as the executor learns it.
+      const int64_t learned = static_cast<int64_t>(step[r].size()) + 2;
+      for (; !stream->done(); stream->Advance()) {
+        if (stream->position() == learned) {
+          ScheduleParams stopped = params;
+          stopped.steps = 2;
+          absl::StatusOr<StageActionStream> rebased = stream->Rebase(stopped);
+          ASSERT_TRUE(rebased.ok()) << rebased.status();
+          *stream = *std::move(rebased);
+        }
+        streamed.push_back(stream->current());
+      }
+      expected.resize(2 * (step[r].size() + 1));
+      EXPECT_EQ(streamed, expected) << "rank " << r;
+    }
+  });
+  EXPECT_GT(shapes, 20);
+}
+
+TEST(ChunkedSchedule, AScheduleOfOneStageARankTakesNoVirtualStages) {
+  ScheduleParams params{ScheduleKind::kOneFOneB, 4, 8};
+  params.virtual_stages = 2;
+  EXPECT_THAT(ValidateScheduleParams(params).message(),
+              HasSubstr("1f1b holds one stage a rank: virtual_stages must be 1, got 2"));
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kInterleaved), 2);
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kZeroBubble), 1);
+  EXPECT_EQ(DefaultVirtualStages(ScheduleKind::kDualPipeV), 2);
+  EXPECT_EQ(*ParseScheduleKind("ZBV"), ScheduleKind::kZeroBubbleV);
+  EXPECT_EQ(*ParseScheduleKind("zbh1"), ScheduleKind::kZeroBubble);
+  EXPECT_THAT(std::string(ParseScheduleKind("zb2p").status().message()),
+              HasSubstr("interleaved, interleaved-1f1b, zb1p"));
+}
+
 // CheckCommunication can fail: messages missing, misplaced, and a pair that deadlocks.
 TEST(ChunkedCommunication, BrokenMessagesAreRefusedAndADeadlockNamesTheWaits) {
-  const ChunkLayout layout = LayoutOf({ChunkedKind::kZeroBubble, 2, 1, 2});
+  const ChunkLayout layout = LayoutOf(Chunked(ScheduleKind::kZeroBubble, 2, 1, 2));
   const auto lists = [](const char* r0, const char* r1) {
     return std::vector<std::vector<Action>>{*ParseActions(r0), *ParseActions(r1)};
   };
