@@ -144,7 +144,7 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
     at::Tensor h = at::layer_norm(InDtypeOf(x, ln1_w), {d}, ln1_w, ln1_b);
-    at::Tensor qkv = Linear(h, qkv_w, qkv_b);
+    at::Tensor qkv = Linear(h, qkv_w, qkv_b, ctx.weight_gradients);
     at::Tensor y;
     if (dropout > 0 && is_training()) {
       y = CausalSelfAttention(qkv, heads, [&](const at::Tensor& probs) {
@@ -153,9 +153,11 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     } else {
       y = CausalSelfAttention(qkv, heads);
     }
-    at::Tensor out = x + Dropout(Linear(y, proj_w, proj_b), dropout, ctx, 2, is_training());
+    at::Tensor out =
+        x + Dropout(Linear(y, proj_w, proj_b, ctx.weight_gradients), dropout, ctx, 2, is_training());
     h = at::layer_norm(InDtypeOf(out, ln2_w), {d}, ln2_w, ln2_b);
-    h = Linear(LinearGelu(h, fc_w, fc_b), fc2_w, fc2_b);
+    h = Linear(LinearGelu(h, fc_w, fc_b, ctx.weight_gradients), fc2_w, fc2_b,
+               ctx.weight_gradients);
     return out + Dropout(h, dropout, ctx, 3, is_training());
   }
   int64_t d, heads, n_layers;
@@ -188,8 +190,8 @@ struct LinearImpl : StatelessModule<LinearImpl> {
         "weight", init_std > 0 ? Normal({out, in}, init_std) : Uniform({out, in}, bound));
     if (use_bias) bias = register_parameter("bias", Uniform({out}, bound));
   }
-  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    at::Tensor y = Linear(x, weight, use_bias ? bias : at::Tensor());
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
+    at::Tensor y = Linear(x, weight, use_bias ? bias : at::Tensor(), ctx.weight_gradients);
     return relu ? at::relu(y) : y;
   }
   int64_t in, out;
@@ -303,8 +305,8 @@ struct PoolLinearImpl : StatelessModule<PoolLinearImpl> {
     weight = register_parameter("weight", Uniform({classes, in}, bound));
     bias = register_parameter("bias", Uniform({classes}, bound));
   }
-  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    return Linear(x.mean({2, 3}), weight, bias);
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
+    return Linear(x.mean({2, 3}), weight, bias, ctx.weight_gradients);
   }
   int64_t in, classes;
   at::Tensor weight, bias;

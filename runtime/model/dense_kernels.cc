@@ -1,6 +1,7 @@
 #include "runtime/model/dense_kernels.h"
 
 #include "runtime/model/mixed_precision.h"
+#include "runtime/model/weight_gradients.h"
 
 #include <dlfcn.h>
 
@@ -12,6 +13,7 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -52,12 +54,81 @@ bool FastPath(const at::Tensor& t) {
          t.scalar_type() == at::kFloat && !t.is_sparse() && !MixedPrecisionOnCpu();
 }
 
+// ---------------------------------------------------------------- deferred weight gradients
+
+// A linear product's parameters, remembered in forward when its stage may defer their
+// gradients (weight_gradients.h).
+void RememberParameters(AutogradContext* ctx, WeightGradientDeferral* deferral,
+                        const at::Tensor& weight, const at::Tensor& bias) {
+  if (deferral == nullptr) return;
+  ctx->saved_data["deferral"] = reinterpret_cast<int64_t>(deferral);
+  ctx->saved_data["weight"] = weight;
+  ctx->saved_data["bias"] = bias;
+}
+
+// In backward: the queue the parameters' gradients go to now, or null (compute them at once).
+WeightGradientQueue* DeferringTo(AutogradContext* ctx) {
+  auto it = ctx->saved_data.find("deferral");
+  if (it == ctx->saved_data.end()) return nullptr;
+  return reinterpret_cast<WeightGradientDeferral*>(it->second.toInt())->queue();
+}
+
+// Queues `compute_weight` (the weight's gradient) and, if the product has a bias, `compute_bias`,
+// each added to its parameter when W runs. Parameters that need no gradient get none.
+void DeferParameterGradients(AutogradContext* ctx, WeightGradientQueue* queue,
+                             std::function<at::Tensor()> compute_weight,
+                             std::function<at::Tensor()> compute_bias) {
+  const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+  const at::Tensor bias = ctx->saved_data["bias"].toTensor();
+  const bool weight_grad = ctx->needs_input_grad(1);
+  const bool bias_grad = bias.numel() > 0 && ctx->needs_input_grad(2);
+  queue->Defer([weight, bias, weight_grad, bias_grad, compute_weight = std::move(compute_weight),
+                compute_bias = std::move(compute_bias)] {
+    if (weight_grad) AccumulateGradient(weight, compute_weight());
+    if (bias_grad) AccumulateGradient(bias, compute_bias());
+  });
+}
+
 // ---------------------------------------------------------------- Linear
+
+// x[..., in] weightᵀ + bias by LibTorch's operators, for the paths the oneDNN product does not
+// take, as an autograd function whose weight gradients can be deferred. Its products are
+// those at::linear's autograd runs (dx = dy w, dw = dyᵀ x, db = Σ dy), written out.
+struct ComposedLinear : public torch::autograd::Function<ComposedLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, WeightGradientDeferral* deferral) {
+    const bool has_bias = bias.numel() > 0;
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = has_bias;
+    RememberParameters(ctx, deferral, weight, bias);
+    return at::linear(x, weight, has_bias ? bias : at::Tensor());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const int64_t in = w.size(1), out = w.size(0);
+    const at::Tensor dy = grad_outputs[0].reshape({-1, out});
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = dy.mm(w).view(x.sizes());
+    auto weight_grad = [dy, x2 = x.reshape({-1, in})] { return dy.t().mm(x2); };
+    auto bias_grad = [dy] { return dy.sum(0); };
+    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
+      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
+      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    if (ctx->needs_input_grad(1)) dw = weight_grad();
+    if (has_bias && ctx->needs_input_grad(2)) db = bias_grad();
+    return {dx, dw, db, at::Tensor()};
+  }
+};
 
 // Without a bias, `bias` is an empty tensor (autograd functions take no undefined inputs).
 struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+                            const at::Tensor& bias, WeightGradientDeferral* deferral) {
     const bool has_bias = bias.numel() > 0;
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in}).contiguous();
@@ -73,6 +144,7 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
           y.data_ptr<float>(), out);
     ctx->save_for_backward({x2, w});
     ctx->saved_data["has_bias"] = has_bias;
+    RememberParameters(ctx, deferral, weight, bias);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out;
     return y.view(shape);
@@ -93,13 +165,20 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
       shape.back() = in;
       dx = dx.view(shape);
     }
-    if (ctx->needs_input_grad(1)) {
-      dw = at::empty({out, in}, dy.options());
+    auto weight_grad = [dy, x2, rows, in, out] {
+      at::Tensor g = at::empty({out, in}, dy.options());
       Sgemm('T', 'N', out, in, rows, 1.0f, dy.data_ptr<float>(), out, x2.data_ptr<float>(), in,
-            0.0f, dw.data_ptr<float>(), in);
+            0.0f, g.data_ptr<float>(), in);
+      return g;
+    };
+    auto bias_grad = [dy] { return dy.sum(0); };
+    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
+      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
+      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
-    return {dx, dw, db};
+    if (ctx->needs_input_grad(1)) dw = weight_grad();
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = bias_grad();
+    return {dx, dw, db, at::Tensor()};
   }
 };
 
@@ -206,7 +285,7 @@ int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max
 // gelu(x weightᵀ + bias), saving x, the weight and the pre-activation for backward.
 struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+                            const at::Tensor& bias, WeightGradientDeferral* deferral) {
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in}).contiguous();
     const at::Tensor w = weight.contiguous();
@@ -223,6 +302,7 @@ struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
       BiasGeluRowsAvx512(hp, bp, yp, begin, end, out);
     });
     ctx->save_for_backward({x2, w, h});
+    RememberParameters(ctx, deferral, weight, bias);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out;
     return y.view(shape);
@@ -251,13 +331,20 @@ struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
       shape.back() = in;
       dx = dx.view(shape);
     }
-    if (ctx->needs_input_grad(1)) {
-      dw = at::empty({out, in}, dy.options());
-      Sgemm('T', 'N', out, in, rows, 1.0f, dhp, out, x2.data_ptr<float>(), in, 0.0f,
-            dw.data_ptr<float>(), in);
+    auto weight_grad = [dh, x2, rows, in, out] {
+      at::Tensor g = at::empty({out, in}, dh.options());
+      Sgemm('T', 'N', out, in, rows, 1.0f, dh.data_ptr<float>(), out, x2.data_ptr<float>(), in,
+            0.0f, g.data_ptr<float>(), in);
+      return g;
+    };
+    auto bias_grad = [dh] { return dh.sum(0); };
+    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
+      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
+      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    if (ctx->needs_input_grad(2)) db = dh.sum(0);
-    return {dx, dw, db};
+    if (ctx->needs_input_grad(1)) dw = weight_grad();
+    if (ctx->needs_input_grad(2)) db = bias_grad();
+    return {dx, dw, db, at::Tensor()};
   }
 };
 
@@ -398,18 +485,28 @@ bool FastLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
 bool UsesOneDnnSgemm() { return OneDnnSgemm() != nullptr; }
 
-at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!FastLinear(x, weight, bias)) return at::linear(x, weight, bias);
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  WeightGradientDeferral* deferral) {
+  const at::Tensor bias_or_empty = bias.defined() ? bias : at::empty({0}, weight.options());
+  if (!FastLinear(x, weight, bias)) {
+    // Autocast casts at::linear's operands; a function of ours would take them as they are.
+    if (deferral == nullptr || at::autocast::is_enabled() || at::autocast::is_cpu_enabled() ||
+        weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1)) {
+      return at::linear(x, weight, bias);
+    }
+    return ComposedLinear::apply(x, weight, bias_or_empty, deferral);
+  }
   RECORD_FUNCTION("pipetrain::linear", std::vector<c10::IValue>({x, weight}));
-  return SgemmLinear::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
+  return SgemmLinear::apply(x, weight, bias_or_empty, deferral);
 }
 
-at::Tensor LinearGelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor LinearGelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      WeightGradientDeferral* deferral) {
   if (!HasAvx512() || !bias.defined() || !FastLinear(x, weight, bias)) {
-    return at::gelu(Linear(x, weight, bias));
+    return at::gelu(Linear(x, weight, bias, deferral));
   }
   RECORD_FUNCTION("pipetrain::linear_gelu", std::vector<c10::IValue>({x, weight}));
-  return SgemmLinearGelu::apply(x, weight, bias);
+  return SgemmLinearGelu::apply(x, weight, bias, deferral);
 }
 
 at::Tensor CausalSelfAttention(

@@ -24,13 +24,23 @@
 
 namespace pipetrain::model {
 
+class WeightGradientDeferral;  // weight_gradients.h
+
 // x[..., in] times weight[out, in] transposed, plus bias[out] if defined.
-at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// With a `deferral` (a stage's, weight_gradients.h) the product is an autograd function of
+// this file on every path but autocast's (on the composed path too: forward at::linear,
+// backward its three products written out), whose backward queues the weight's and the bias's
+// gradients while the deferral points at a queue: `weight` and `bias` must then be the
+// parameters themselves (leaves), whose .grad the queued work adds to.
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  WeightGradientDeferral* deferral = nullptr);
 
 // gelu(Linear(x, weight, bias)), the exact (erf) GELU, with bias[out]. The fast path also
 // needs AVX-512: it adds the bias and applies GELU in one pass after the product (and the
 // derivative in one pass in backward), with erf approximated to an absolute error below 5e-7.
-at::Tensor LinearGelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// `deferral` as for Linear.
+at::Tensor LinearGelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      WeightGradientDeferral* deferral = nullptr);
 
 // qkv[b, t, 3d]: queries, keys and values side by side (d = heads * head_dim), as a fused
 // projection makes them. Returns softmax(q kᵀ / sqrt(head_dim) + causal mask) v for every

@@ -19,12 +19,17 @@
 
 namespace pipetrain::model {
 
+class WeightGradientDeferral;  // weight_gradients.h
+
 struct LayerContext {
   int64_t micro_batch = 0;   // global micro-batch number j
   int64_t mini_batch = 0;    // step t = j / m
   bool recomputing = false;  // true for the second forward of a re-materialized segment
   uint64_t seed = 0;         // the job's seed
   int global_layer = 0;      // index of this layer in the whole model
+  // The stage's switch for deferring weight gradients (zero-bubble's W, weight_gradients.h),
+  // which layers that can defer pass to their products; null outside a stage.
+  WeightGradientDeferral* weight_gradients = nullptr;
 };
 
 // A seed unique to (job seed, micro-batch, layer): what random layers draw from.

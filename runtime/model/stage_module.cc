@@ -69,6 +69,7 @@ bool StageModule::recomputes_anything() const {
 at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end,
                                   LayerContext ctx) {
   MixedPrecisionScope mixed(device_type_, compute_);
+  ctx.weight_gradients = &weight_gradients_;
   at::Tensor x = input;
   // Under mixed precision activations arrive in bfloat16; the residual stream between the
   // layers is kept in the master weights' float32, as it is in one process.

@@ -4,7 +4,9 @@
 // ("segments"). A segment's forward runs without keeping activations; only its input is
 // kept, and its forward is re-run during backward with LayerContext::recomputing = true, so
 // dropout replays the same mask and BatchNorm does not count the micro-batch twice.
-// Gradients are bitwise identical with and without recomputation.
+// Gradients are bitwise identical with and without recomputation. A recomputed segment under
+// a deferral (weight_gradients.h) is recomputed in I, and its queued weight gradients keep
+// what they need of it until W.
 // Not thread-safe: owned and used by one stage thread.
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <c10/core/Device.h>
 
 #include "runtime/model/layer.h"
+#include "runtime/model/weight_gradients.h"
 
 namespace pipetrain::model {
 
@@ -51,6 +54,10 @@ class StageModule {
   void FinishMiniBatch(int64_t mini_batch);
   void DiscardMiniBatch(int64_t mini_batch);
 
+  // The switch its layers consult for deferring weight gradients (weight_gradients.h): every
+  // forward of this module hands it to its layers.
+  WeightGradientDeferral& weight_gradients() { return weight_gradients_; }
+
   int first_layer() const { return first_layer_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const LayerList& layers() const { return layers_; }
@@ -61,6 +68,7 @@ class StageModule {
   LayerList layers_;
   std::vector<bool> recompute_;
   at::ScalarType compute_ = at::kFloat;
+  WeightGradientDeferral weight_gradients_;
   c10::DeviceType device_type_ = c10::DeviceType::CPU;  // of the parameters (ToDevice)
 };
 

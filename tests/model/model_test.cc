@@ -17,6 +17,7 @@
 #include "runtime/job/plan.h"
 #include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
+#include "tests/model/builtin_configs.h"
 
 namespace pipetrain {
 namespace {
@@ -25,45 +26,6 @@ using job::JobConfig;
 using model::LayerRange;
 using model::ModelConfig;
 
-std::vector<ModelConfig> BuiltinConfigs() {
-  std::vector<ModelConfig> configs;
-  ModelConfig gpt;
-  gpt.name = "gpt";
-  gpt.vocab_size = 19;
-  gpt.seq_len = 7;
-  gpt.d_model = 12;
-  gpt.n_heads = 3;
-  gpt.n_layers = 3;
-  configs.push_back(gpt);
-  ModelConfig mlp;
-  mlp.name = "mlp";
-  mlp.input_dim = 5;
-  mlp.hidden = 9;
-  mlp.hidden_layers = 3;
-  mlp.num_classes = 4;
-  configs.push_back(mlp);
-  ModelConfig cnn;
-  cnn.name = "cnn";
-  cnn.image_shape = {2, 7, 9};  // odd sizes: the stride-2 block rounds up
-  cnn.hidden = 4;
-  cnn.hidden_layers = 3;
-  cnn.num_classes = 3;
-  configs.push_back(cnn);
-  ModelConfig vgg;
-  vgg.name = "vgg";
-  vgg.image_shape = {2, 9, 6};  // pooled to 4x3 and 2x1, then too narrow to pool again
-  vgg.hidden = 2;
-  vgg.hidden_layers = 11;
-  vgg.num_classes = 3;
-  configs.push_back(vgg);
-  return configs;
-}
-
-at::Tensor SampleInput(const ModelConfig& c, int64_t batch) {
-  if (c.name == "gpt") return torch::randint(c.vocab_size, {batch, c.seq_len}, torch::kLong);
-  if (c.name == "mlp") return torch::randn({batch, c.input_dim});
-  return torch::randn({batch, c.image_shape[0], c.image_shape[1], c.image_shape[2]});
-}
 
 TEST(BuiltinModels, LayerNamesCountsAndShapesWithoutBuildingEqualTheBuiltModel) {
   for (const ModelConfig& c : BuiltinConfigs()) {
@@ -254,12 +216,12 @@ std::vector<std::vector<at::Tensor>> InitialParametersByLayer(const JobConfig& c
     EXPECT_TRUE(parts.ok()) << parts.status();
     if (!parts.ok()) return {};
     int64_t bytes = 0;
-    for (const auto& layer : parts->weights->Newest().layers()) {
+    for (const auto& layer : parts->weights[0]->Newest().layers()) {
       by_layer.push_back(layer->Parameters());
       for (const at::Tensor& t : by_layer.back()) bytes += t.numel() * t.element_size();
     }
     EXPECT_EQ(parts->parameter_bytes, bytes) << "stage " << s;
-    EXPECT_EQ(parts->weights->Newest().first_layer(), plan->partition[s].begin);
+    EXPECT_EQ(parts->weights[0]->Newest().first_layer(), plan->partition[s].begin);
   }
   return by_layer;
 }

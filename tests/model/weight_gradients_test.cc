@@ -1,0 +1,206 @@
+// Zero-bubble's split backward (runtime/model/weight_gradients.h) against the full backward.
+//
+// For every built-in model, in float32 (oneDNN's products where this machine has them) and
+// float64 (LibTorch's), with and without recomputation: a stage's I<0> I<1> W<0> W<1> (the
+// order zero-bubble runs them in) leaves the same input gradients and parameter gradients, bit
+// for bit, as B<0> B<1>. Negative control: after the I's alone, the deferred parameters have
+// no gradient and the comparison fails, so the W's really carry them. A weight used twice on
+// one path gets its two uses' gradients once each: the full backward's gradient, not twice it
+// (the bug upstream split backwards had).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/model/dense_kernels.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/stage_module.h"
+#include "runtime/model/weight_gradients.h"
+#include "tests/model/builtin_configs.h"
+
+namespace pipetrain::model {
+namespace {
+
+constexpr int64_t kBatch = 3;
+
+// Layers [first, end) of `config` as a stage, recomputing all of them or none. A GPT stage
+// starts after the embedding, so that its input is a float tensor with a gradient.
+struct Stage {
+  std::unique_ptr<StageModule> module;
+  int first = 0;
+};
+
+Stage BuildStage(const ModelConfig& config, bool recompute) {
+  const int first = config.name == "gpt" ? 1 : 0;
+  absl::StatusOr<LayerList> layers = BuildLayers(config, first, -1);
+  EXPECT_TRUE(layers.ok()) << layers.status();
+  const size_t n = layers.ok() ? layers->size() : 0;
+  return {std::make_unique<StageModule>(first, *std::move(layers), std::vector<bool>(n, recompute)),
+          first};
+}
+
+// Micro-batch j's input of the stage and the weights of its stand-in loss sum(output * r).
+struct MicroBatch {
+  at::Tensor input, loss_weights;
+};
+
+std::vector<MicroBatch> MicroBatches(const ModelConfig& config, const Stage& stage, int count) {
+  torch::manual_seed(7);
+  const at::ScalarType dtype = config.float64 ? at::kDouble : at::kFloat;
+  std::vector<MicroBatch> out;
+  for (int j = 0; j < count; ++j) {
+    at::Tensor x = config.name == "gpt"
+                       ? torch::randn({kBatch, config.seq_len, config.d_model})
+                       : SampleInput(config, kBatch);
+    x = x.to(dtype);
+    LayerContext ctx;
+    ctx.micro_batch = j;
+    ctx.recomputing = true;  // a probe for the output's shape: no statistics recorded
+    torch::NoGradGuard no_grad;
+    const at::Tensor shape = stage.module->Forward(x, ctx);
+    out.push_back({x, torch::randn(shape.sizes()).to(dtype)});
+  }
+  return out;
+}
+
+struct Gradients {
+  std::vector<at::Tensor> inputs;      // of each micro-batch
+  std::vector<at::Tensor> parameters;  // undefined where a parameter has none
+};
+
+Gradients Collect(const StageModule& module, const std::vector<at::Tensor>& inputs) {
+  Gradients g;
+  for (const at::Tensor& x : inputs) g.inputs.push_back(x.grad());
+  for (const at::Tensor& p : module.Parameters()) g.parameters.push_back(p.grad());
+  return g;
+}
+
+// The micro-batches' forwards; each output's loss, for its backward.
+std::vector<at::Tensor> Forwards(StageModule& module, const std::vector<MicroBatch>& batches,
+                                 std::vector<at::Tensor>* inputs) {
+  std::vector<at::Tensor> losses;
+  for (size_t j = 0; j < batches.size(); ++j) {
+    at::Tensor x = batches[j].input.detach().clone().requires_grad_(true);
+    inputs->push_back(x);
+    LayerContext ctx;
+    ctx.micro_batch = static_cast<int64_t>(j);
+    losses.push_back((module.Forward(x, ctx) * batches[j].loss_weights).sum());
+  }
+  return losses;
+}
+
+Gradients FullBackward(StageModule& module, const std::vector<MicroBatch>& batches) {
+  std::vector<at::Tensor> inputs;
+  for (at::Tensor& loss : Forwards(module, batches, &inputs)) loss.backward();
+  return Collect(module, inputs);
+}
+
+// I<j> for every micro-batch, then (with `run_w`) W<j> for every one.
+Gradients SplitBackward(StageModule& module, const std::vector<MicroBatch>& batches, bool run_w,
+                        size_t* deferred) {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> losses = Forwards(module, batches, &inputs);
+  std::vector<WeightGradientQueue> queues(batches.size());
+  for (size_t j = 0; j < batches.size(); ++j) {
+    DeferWeightGradients defer(module.weight_gradients(), queues[j]);
+    losses[j].backward();
+  }
+  *deferred = queues[0].size();
+  if (run_w) {
+    for (WeightGradientQueue& q : queues) q.Run();
+  }
+  return Collect(module, inputs);
+}
+
+bool BitwiseEqual(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].defined() != b[i].defined()) return false;
+    if (a[i].defined() && !at::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+TEST(SplitBackward, IThenWEqualsTheFullBackwardBitwiseForEveryBuiltinModel) {
+  for (ModelConfig config : BuiltinConfigs()) {
+    for (const bool float64 : {false, true}) {
+      for (const bool recompute : {false, true}) {
+        config.float64 = float64;
+        SCOPED_TRACE(config.name + (float64 ? " float64" : " float32") +
+                     (recompute ? " recomputed" : ""));
+        Stage full = BuildStage(config, recompute);
+        Stage split = BuildStage(config, recompute);
+        Stage only_i = BuildStage(config, recompute);
+        const std::vector<MicroBatch> batches = MicroBatches(config, full, 2);
+        const Gradients expected = FullBackward(*full.module, batches);
+        size_t deferred = 0;
+        const Gradients got = SplitBackward(*split.module, batches, /*run_w=*/true, &deferred);
+        // Every model ends in a linear layer (classifier or LM head): W has work.
+        EXPECT_GT(deferred, 0u);
+        EXPECT_TRUE(BitwiseEqual(got.inputs, expected.inputs));
+        EXPECT_TRUE(BitwiseEqual(got.parameters, expected.parameters));
+        // Negative control: without the W's the deferred gradients are missing.
+        const Gradients partial =
+            SplitBackward(*only_i.module, batches, /*run_w=*/false, &deferred);
+        EXPECT_TRUE(BitwiseEqual(partial.inputs, expected.inputs));
+        EXPECT_FALSE(BitwiseEqual(partial.parameters, expected.parameters));
+      }
+    }
+  }
+}
+
+// y = W·tanh(W·x + b) + b: one weight and one bias used twice on the path.
+class UsedTwice : public Layer {
+ public:
+  explicit UsedTwice(int64_t d)
+      : weight_(torch::randn({d, d}, torch::kDouble).requires_grad_(true)),
+        bias_(torch::randn({d}, torch::kDouble).requires_grad_(true)) {}
+  std::string name() const override { return "used_twice"; }
+  at::Tensor Forward(const at::Tensor& x, const LayerContext& ctx) override {
+    const at::Tensor h = at::tanh(Linear(x, weight_, bias_, ctx.weight_gradients));
+    return Linear(h, weight_, bias_, ctx.weight_gradients);
+  }
+  std::vector<at::Tensor> Parameters() const override { return {weight_, bias_}; }
+  std::unique_ptr<Layer> Clone() const override {
+    auto copy = std::make_unique<UsedTwice>(weight_.size(0));
+    torch::NoGradGuard no_grad;
+    copy->weight_.copy_(weight_);
+    copy->bias_.copy_(bias_);
+    return copy;
+  }
+  void ToDtype(at::ScalarType) override {}
+  void ToDevice(at::Device) override {}
+  void SetTraining(bool) override {}
+
+ private:
+  at::Tensor weight_, bias_;
+};
+
+TEST(SplitBackward, AWeightUsedTwiceOnOnePathGetsItsGradientOnce) {
+  torch::manual_seed(3);
+  LayerList layers;
+  layers.push_back(std::make_unique<UsedTwice>(5));
+  StageModule full(0, std::move(layers));
+  std::unique_ptr<StageModule> split = full.Clone();
+  const std::vector<MicroBatch> batches = {
+      {torch::randn({4, 5}, torch::kDouble), torch::randn({4, 5}, torch::kDouble)}};
+  const Gradients expected = FullBackward(full, batches);
+  size_t deferred = 0;
+  const Gradients got = SplitBackward(*split, batches, /*run_w=*/true, &deferred);
+  EXPECT_EQ(deferred, 2u);  // one work item a use, each the weight's and the bias's share
+  ASSERT_EQ(got.parameters.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(got.parameters[i].defined());
+    // The two uses' gradients are summed in another order than autograd's buffer sums them.
+    EXPECT_TRUE(torch::allclose(got.parameters[i], expected.parameters[i], 1e-14, 1e-14))
+        << (got.parameters[i] - expected.parameters[i]).abs().max();
+    // Not the gradient counted once per use (each use's W taking the whole gradient).
+    EXPECT_FALSE(torch::allclose(got.parameters[i], 2 * expected.parameters[i], 1e-3, 1e-6));
+  }
+  EXPECT_TRUE(BitwiseEqual(got.inputs, expected.inputs));
+}
+
+}  // namespace
+}  // namespace pipetrain::model
