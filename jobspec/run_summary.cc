@@ -53,9 +53,12 @@ std::string RunSummaryJson(const RunSummary& s) {
   j["threads_per_stage"] = OrNull(s.threads_per_stage);
   j["per_stage"] = nlohmann::json::array();
   for (const StageSummary& st : s.per_stage) {
+    nlohmann::json model_stages = nlohmann::json::array();
+    for (const auto& range : st.model_stage_layers) model_stages.push_back(Range(range));
     j["per_stage"].push_back(
         {{"stage", st.stage},
          {"layers", st.layers ? Range(*st.layers) : nlohmann::json(nullptr)},
+         {"model_stage_layers", model_stages},
          {"worker", OrNull(st.worker)},
          {"compute_s", st.compute_s},
          {"wait_s", st.wait_s},

@@ -21,7 +21,9 @@ namespace pipetrain::jobspec {
 // One stage of replica 0.
 struct StageSummary {
   int stage = 0;
-  std::optional<std::pair<int, int>> layers;  // [begin, end)
+  std::optional<std::pair<int, int>> layers;  // [begin, end) of its (first) model stage
+  // Each model stage's layers where a rank holds several (a schedule with chunks), else empty.
+  std::vector<std::pair<int, int>> model_stage_layers;
   std::optional<std::string> worker;          // the worker that ran it (a cluster)
   double compute_s = 0;
   double wait_s = 0;

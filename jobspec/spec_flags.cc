@@ -77,10 +77,17 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--num-samples", "data.num_samples", "data", "classification: samples"},
       {"--data-seed", "data.seed", "data", "seed of the synthetic data"},
 
-      {"--schedule", "schedule", "pipeline", "gpipe | 1f1b (alias flush, last-stage) | 2bw"},
+      {"--schedule", "schedule", "pipeline",
+       "gpipe | 1f1b (alias flush, last-stage) | 2bw | interleaved | zb1p | zbv | dualpipev "
+       "(the last four hold --virtual-stages model stages a rank)"},
       {"--stages", "stages", "pipeline",
        "number of stages (balanced split), layer ranges: 0:2,2:4,4:7, or auto (planned: "
-       "see --planner)"},
+       "see --planner); with interleaved, zb1p, zbv or dualpipev the number of ranks, and "
+       "ranges give every model stage (ranks x virtual stages)"},
+      {"--virtual-stages", "virtual_stages", "pipeline",
+       "model stages (chunks) a rank holds under interleaved (>= 2), zb1p (1: ZB-H1, >= 2: "
+       "interleaved zero-bubble), zbv and dualpipev (2); 0: the schedule's default",
+       "0 (interleaved, zbv, dualpipev: 2; zb1p: 1)"},
       {"--planner", "planner", "pipeline",
        "with --stages auto: 2bw (throughput, PipeDream-2BW) | pipedream (throughput, "
        "1F1B, PipeDream's partitioner) | hippie (memory efficiency, last-stage schedule)",

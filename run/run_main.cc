@@ -103,7 +103,12 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
   for (const job::StageReport& st : r.per_stage) {
     jobspec::StageSummary stage;
     stage.stage = st.stage;
-    stage.layers = std::make_pair(st.layers.begin, st.layers.end);
+    stage.layers = std::make_pair(st.layers.front().begin, st.layers.front().end);
+    if (st.layers.size() > 1) {
+      for (const model::LayerRange& range : st.layers) {
+        stage.model_stage_layers.emplace_back(range.begin, range.end);
+      }
+    }
     stage.compute_s = st.compute_s;
     stage.wait_s = st.wait_s;
     stage.allreduce_s = st.allreduce_s;
@@ -123,8 +128,12 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
 
 void PrintSummary(const job::JobReport& r) {
   std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
-  std::printf("schedule %s, %d stages (%s) x %d replicas, %d micro-batches of %d, %d steps\n",
+  const int model_stages = static_cast<int>(r.partition.size());
+  std::printf("schedule %s, %d stages (%s)%s x %d replicas, %d micro-batches of %d, %d steps\n",
               r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
+              model_stages == r.stages
+                  ? ""
+                  : absl::StrCat(" as ", model_stages, " model stages").c_str(),
               r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
   std::printf("loss %.4f -> %.4f", r.losses.front(), r.losses.back());
   if (r.data_entropy) {
@@ -142,7 +151,7 @@ void PrintSummary(const job::JobReport& r) {
               "versions", "compute_s", "wait_s", "params", "peak_mem");
   for (const auto& s : r.per_stage) {
     std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f %-10s %-10s\n", s.stage,
-                absl::StrCat(s.layers.begin, ":", s.layers.end).c_str(),
+                model::FormatRanges(s.layers).c_str(),
                 s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s,
                 ByteSizeOrDash(s.parameter_bytes).c_str(), ByteSizeOrDash(s.peak_memory_bytes).c_str());
   }

@@ -123,9 +123,10 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
   // Written before the first step, on the stage's thread.
   int64_t parameter_bytes = 0;
   model::LayerRange layers;
-  hooks.on_built = [&](int64_t bytes, model::LayerRange built) {
+  hooks.on_built = [&](int64_t bytes, const std::vector<model::LayerRange>& built) {
     parameter_bytes = bytes;
-    layers = built;
+    // A rank holding several model stages reports its first (the step report has one range).
+    if (!built.empty()) layers = built.front();
   };
   const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
   hooks.on_step = [&](const executor::StepRecord& step) {

@@ -318,22 +318,23 @@ absl::StatusOr<StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& 
   StageStart start;
   if (!found) return start;
   start.first_step = found->manifest.step;
-  const model::LayerRange r = plan.partition[stage];
-  for (int layer = r.begin; layer < r.end; ++layer) {
-    auto bytes = ReadLayer(*found, layer);
-    if (!bytes.ok()) {
-      return absl::Status(bytes.status().code(), absl::StrCat("resume_from: ", bytes.status().message()));
+  for (const model::LayerRange& r : job::RankLayers(plan, stage)) {
+    for (int layer = r.begin; layer < r.end; ++layer) {
+      auto bytes = ReadLayer(*found, layer);
+      if (!bytes.ok()) {
+        return absl::Status(bytes.status().code(),
+                            absl::StrCat("resume_from: ", bytes.status().message()));
+      }
+      auto state = ParseLayerState(*bytes);
+      if (!state.ok()) {
+        return absl::Status(
+            state.status().code(),
+            absl::StrCat("resume_from: layer ", layer, " (",
+                         (std::filesystem::path(found->dir) / LayerFileName(layer)).string(),
+                         "): ", state.status().message()));
+      }
+      start.layers.push_back(*std::move(state));
     }
-    auto state = ParseLayerState(*bytes);
-    if (!state.ok()) {
-      return absl::Status(
-          state.status().code(),
-          absl::StrCat("resume_from: layer ", layer, " (",
-                       (std::filesystem::path(found->dir) / LayerFileName(layer))
-                           .string(),
-                       "): ", state.status().message()));
-    }
-    start.layers.push_back(*std::move(state));
   }
   return start;
 }

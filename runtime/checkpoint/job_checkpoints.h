@@ -43,7 +43,7 @@ class CheckpointSink {
  public:
   CheckpointSink(const job::JobConfig& config, const job::JobPlan& plan);
 
-  // Stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
+  // Model stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
   // checkpoint if it is the last stage to deliver (then says so on stderr: its directory,
   // size and the time from the first stage's delivery to the commit). The write's error, if any (also when an
   // earlier stage's write failed the same checkpoint: the first error).
@@ -96,7 +96,8 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
     rendezvous::KeyValueStore& store, const job::JobConfig& config, const job::JobPlan& plan,
     int rank, absl::Duration timeout);
 
-// Where stage `stage` starts: fresh, or at the checkpoint's step with its layers read.
+// Where the rank at place `stage` of a pipeline starts: fresh, or at the checkpoint's step
+// with the layers of its model stages read (job::RankLayers).
 absl::StatusOr<job::StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& found,
                                                const job::JobPlan& plan, int stage);
 

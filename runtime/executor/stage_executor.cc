@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/status_macros.h"
@@ -16,30 +18,77 @@ using schedule::Action;
 using schedule::ActionKind;
 using transport::MessageKind;
 
-StageExecutor::StageExecutor(StageConfig config, weights::WeightStore* weights,
+StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStore*> weights,
                              transport::Transport* transport,
                              std::function<void(const StepRecord&)> on_step)
     : config_(std::move(config)),
-      weights_(weights),
+      layout_(schedule::LayoutOf(config_.schedule)),
       transport_(transport),
       on_step_(std::move(on_step)),
-      is_first_(config_.stage == 0),
-      is_last_(config_.stage == config_.num_stages - 1) {
-  const std::vector<at::Tensor> params = weights_->Newest().Parameters();
-  if (!params.empty()) device_ = params[0].device();
-  if (config_.replicas > 1) {
-    weights_->set_gradient_hook([this](int64_t t, std::vector<at::Tensor>& grads) {
-      if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
-      const double start = MonotonicSeconds();
-      waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
-      absl::Status s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
-      waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
-      const double end = MonotonicSeconds();
-      step_allreduce_s_ += end - start;
-      Keep(stats_.allreduces, {t, -1, start, end}, config_.history.allreduces);
-      return s;
-    });
+      is_first_(config_.stage == 0) {
+  const std::vector<int> stages = layout_.StagesOf(config_.stage);
+  const int last = layout_.stages() - 1;
+  for (size_t c = 0; c < weights.size(); ++c) {
+    Chunk chunk;
+    // A list of one stage a rank: the rank's own (its place in the pipeline).
+    chunk.stage = c < stages.size() ? stages[c] : config_.stage;
+    chunk.weights = weights[c];
+    chunk.first = chunk.stage == 0;
+    chunk.last = chunk.stage == last;
+    chunks_.push_back(std::move(chunk));
   }
+  if (!chunks_.empty()) {
+    const std::vector<at::Tensor> params = chunks_[0].weights->Newest().Parameters();
+    if (!params.empty()) device_ = params[0].device();
+  }
+  if (config_.replicas > 1) {
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      chunks_[c].weights->set_gradient_hook(
+          [this, c](int64_t t, std::vector<at::Tensor>& grads) {
+            return ReduceGradients(chunks_[c], t, grads);
+          });
+    }
+  }
+}
+
+absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t,
+                                            std::vector<at::Tensor>& grads) {
+  if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
+  const double start = MonotonicSeconds();
+  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+  absl::Status s;
+  AllReduceRecord record{t, -1, start, 0};
+  if (chunk.reduction) {  // started after the chunk's last backward: its wait
+    s = chunk.reduction->Wait(absl::Now() + config_.recv_timeout);
+    chunk.reduction.reset();
+    record.start_s = chunk.reduction_record.start_s;
+  } else {
+    s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
+  }
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+  record.end_s = MonotonicSeconds();
+  step_allreduce_s_ += record.end_s - start;  // what the update waited for
+  Keep(stats_.allreduces, record, config_.history.allreduces);
+  return s;
+}
+
+void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
+  if (config_.replicas == 1 || !schedule::HoldsChunks(config_.schedule.kind) ||
+      ++chunk.gradients_done < config_.micro_batches) {
+    return;
+  }
+  chunk.gradients_done = 0;
+  absl::StatusOr<model::StageModule*> module = chunk.weights->ModuleFor(j);
+  if (!module.ok()) return;  // the update reduces them (and fails the same way)
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& param : (*module)->Parameters()) {
+    // As the update reads them (GradientsOf), reduced in place.
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+    grads.push_back(param.grad());
+  }
+  chunk.reduction_record = {j / config_.micro_batches, -1, MonotonicSeconds(), 0};
+  chunk.reduction = transport_->StartAllReduceMean(std::move(grads),
+                                                   absl::Now() + config_.recv_timeout);
 }
 
 StageActivity StageExecutor::Activity() const {
@@ -48,8 +97,8 @@ StageActivity StageExecutor::Activity() const {
   activity.live_weight_versions = live_versions_now_.load(std::memory_order_relaxed);
   const int64_t running = running_action_.load(std::memory_order_relaxed);
   if (running < 0) return activity;
-  activity.action =
-      schedule::ToString({static_cast<ActionKind>(running % 8), running / 8});
+  activity.action = schedule::ToString({static_cast<ActionKind>(running % 8), running / 8,
+                                        running_stage_.load(std::memory_order_relaxed)});
   const int waiting = waiting_for_.load(std::memory_order_relaxed);
   if (waiting == kWaitingForReplicas) {
     activity.waiting_for = "replicas";
@@ -69,13 +118,44 @@ void StageExecutor::Stop(const absl::Status& reason) {
 }
 
 std::string StageExecutor::Where(const Action& action) const {
+  if (action.stage != schedule::kOwnStage) {
+    return absl::StrCat("rank ", config_.stage, " ", schedule::ToString(action));
+  }
   return absl::StrCat("stage ", config_.stage, " ", schedule::ToString(action));
 }
 
+StageExecutor::Chunk& StageExecutor::ChunkOf(const Action& action) {
+  if (action.stage != schedule::kOwnStage) {
+    for (Chunk& chunk : chunks_) {
+      if (chunk.stage == action.stage) return chunk;
+    }
+  }
+  return chunks_[0];
+}
+
+int64_t StageExecutor::MessageKey(int lower, int64_t j) const {
+  return j * layout_.chunks_per_rank + lower / layout_.ranks;
+}
+
 absl::Status StageExecutor::Run() {
-  if (is_first_ && !config_.inputs) return absl::InvalidArgumentError("stage 0 has no inputs");
-  if (is_last_ && !config_.targets) {
-    return absl::InvalidArgumentError("the last stage has no targets");
+  if (chunks_.empty() ||
+      chunks_.size() != static_cast<size_t>(layout_.chunks_per_rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the rank runs ", layout_.chunks_per_rank, " model stages; given the weights of ",
+                     chunks_.size()));
+  }
+  if (static_cast<int>(config_.boundaries.size()) != layout_.stages() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the shapes of ", layout_.stages() + 1,
+                                                   " stage boundaries are needed, got ",
+                                                   config_.boundaries.size()));
+  }
+  for (const Chunk& chunk : chunks_) {
+    if (chunk.first && !config_.inputs) {
+      return absl::InvalidArgumentError("stage 0 has no inputs");
+    }
+    if (chunk.last && !config_.targets) {
+      return absl::InvalidArgumentError("the last stage has no targets");
+    }
   }
   PT_ASSIGN_OR_RETURN(schedule::StageActionStream actions,
                       schedule::StageActionStream::Create(config_.schedule, config_.stage));
@@ -89,6 +169,7 @@ absl::Status StageExecutor::Run() {
   NoteLiveVersions();
   for (; !actions_->done(); actions_->Advance()) {
     const Action action = actions_->current();  // step commands may rewrite what follows
+    running_stage_.store(action.stage, std::memory_order_relaxed);
     running_action_.store(action.index * 8 + static_cast<int64_t>(action.kind),
                           std::memory_order_relaxed);
     ActionRecord record;
@@ -133,127 +214,154 @@ absl::Status StageExecutor::Run() {
 
 absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) {
   const int64_t j = action.index;
+  if (action.kind == ActionKind::kOptimizerStep) return Optimize(j);
+  Chunk& chunk = ChunkOf(action);
+  const int s = chunk.stage;
   switch (action.kind) {
     case ActionKind::kForward:
-      return Forward(j, record);
+      return Forward(chunk, j, record);
     case ActionKind::kBackward:
-      return Backward(j, record);
+      PT_RETURN_IF_ERROR(Backward(chunk, j, action.kind, record));
+      GradientDone(chunk, j);
+      return absl::OkStatus();
     case ActionKind::kInputGradient:
+      return Backward(chunk, j, action.kind, record);
     case ActionKind::kWeightGradient:
-      return absl::UnimplementedError(
-          "a split backward (I, W) is not run by this executor; its schedules build none");
+      PT_RETURN_IF_ERROR(WeightGradient(chunk, j, record));
+      GradientDone(chunk, j);
+      return absl::OkStatus();
     case ActionKind::kRecvActivation: {
-      PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(config_.stage - 1, MessageKind::kActivation, j,
-                                                config_.expected_input, record));
+      const int from = layout_.RankOf(s - 1);
+      PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(from, MessageKind::kActivation,
+                                                MessageKey(s - 1, j), j,
+                                                config_.boundaries[s], record));
       record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
       if (x.is_floating_point()) x.requires_grad_(true);
-      received_activations_[j] = std::move(x);
-      if (!CarriesBoundary(j)) return absl::OkStatus();
+      chunk.activations[j] = std::move(x);
+      if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
       const int64_t t = j / config_.micro_batches;
-      PT_ASSIGN_OR_RETURN(at::Tensor c, Receive(config_.stage - 1, MessageKind::kControl, t,
+      PT_ASSIGN_OR_RETURN(at::Tensor c, Receive(from, MessageKind::kControl, t, t,
                                                 {{1}, at::kLong}, record));
       return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
     }
     case ActionKind::kRecvGradient: {
-      PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(config_.stage + 1, MessageKind::kGradient, j,
-                                                config_.expected_output_grad, record));
+      PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(layout_.RankOf(s + 1), MessageKind::kGradient,
+                                                MessageKey(s, j), j, config_.boundaries[s + 1],
+                                                record));
       record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
-      received_gradients_[j] = std::move(g);
+      chunk.output_grads[j] = std::move(g);
       return absl::OkStatus();
     }
     case ActionKind::kSendActivation: {
-      auto it = stash_.find(j);
-      if (it == stash_.end()) return absl::InternalError("no output to send: F not run");
+      auto it = chunk.stash.find(j);
+      if (it == chunk.stash.end()) return absl::InternalError("no output to send: F not run");
       const at::Tensor& out = it->second.output;
+      const int to = layout_.RankOf(s + 1);
       PT_RETURN_IF_ERROR(
-          transport_->Send(config_.stage + 1, MessageKind::kActivation, j, out.detach()));
+          transport_->Send(to, MessageKind::kActivation, MessageKey(s, j), out.detach()));
       record.bytes += out.numel() * static_cast<int64_t>(out.element_size());
-      if (!CarriesBoundary(j)) return absl::OkStatus();
+      if (!CarriesBoundary(s, j)) return absl::OkStatus();
       const int64_t t = j / config_.micro_batches;
       const at::Tensor commands =
           at::full({1}, static_cast<int64_t>(boundary_commands_[t + 1]),
                    at::TensorOptions().dtype(at::kLong).device(it->second.output.device()));
-      return transport_->Send(config_.stage + 1, MessageKind::kControl, t, commands);
+      return transport_->Send(to, MessageKind::kControl, t, commands);
     }
     case ActionKind::kSendGradient: {
-      auto it = input_gradients_.find(j);
-      if (it == input_gradients_.end()) {
+      auto it = chunk.input_grads.find(j);
+      if (it == chunk.input_grads.end()) {
         return absl::InternalError("no input gradient to send: B not run");
       }
       at::Tensor g = std::move(it->second);
-      input_gradients_.erase(it);
+      chunk.input_grads.erase(it);
       record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
-      return transport_->Send(config_.stage - 1, MessageKind::kGradient, j, g);
+      return transport_->Send(layout_.RankOf(s - 1), MessageKind::kGradient, MessageKey(s - 1, j),
+                              g);
     }
-    case ActionKind::kOptimizerStep: {
-      PT_RETURN_IF_ERROR(weights_->Update(j));
-      StepRecord step;
-      step.step = j;
-      step.skipped = weights_->last_update_skipped();
-      if (step.skipped) {
-        ++stats_.skipped_steps;
-        if (++consecutive_skips_ >= config_.nonfinite_limit) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "the loss or the gradients were not finite in ", consecutive_skips_,
-              " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
-              "; each was skipped): the job stops here (nonfinite_limit ",
-              config_.nonfinite_limit, ")"));
-        }
-      } else {
-        consecutive_skips_ = 0;
-      }
-      step.end_s = MonotonicSeconds();
-      step.allreduce_s = step_allreduce_s_;
-      step.last_backward_end_s = last_backward_end_s_;
-      step.compute_s = stats_.compute_s;
-      step.wait_s = stats_.wait_s;
-      stats_.allreduce_s += step_allreduce_s_;
-      step_allreduce_s_ = 0;
-      if (is_last_) {
-        step.mean_loss = step_loss_sum_[j] / config_.micro_batches;
-        step_loss_sum_.erase(j);
-      }
-      if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
-        step.commands_after = c->second;
-      }
-      // Boundaries up to j + 1 have been passed on (SEND_ACT precedes this STEP).
-      boundary_commands_.erase(boundary_commands_.begin(), boundary_commands_.upper_bound(j + 1));
-      Keep(stats_.steps, step, config_.history.steps);
-      NoteLiveVersions();
-      if (is_first_ && j + 2 < actions_->params().steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
-      if (on_step_) on_step_(step);
-      return absl::OkStatus();
-    }
+    case ActionKind::kOptimizerStep:
+      break;  // above
   }
   return absl::InternalError("unknown action");
 }
 
-absl::Status StageExecutor::Forward(int64_t j, ActionRecord& record) {
+absl::Status StageExecutor::Optimize(int64_t j) {
+  StepRecord step;
+  step.step = j;
+  // Every W of the step is done (schedules with chunks flush: so is every backward).
+  const bool flushes = schedule::HoldsChunks(config_.schedule.kind);
+  for (Chunk& chunk : chunks_) {
+    if (!chunk.owed_w.empty() || (flushes && !chunk.stash.empty())) {
+      return absl::InternalError(absl::StrCat(
+          "stage ", chunk.stage, " reached its update of step ", j, " with ",
+          chunk.owed_w.size(), " W's and ", flushes ? chunk.stash.size() : 0,
+          " backwards not run"));
+    }
+  }
+  for (Chunk& chunk : chunks_) {
+    PT_RETURN_IF_ERROR(chunk.weights->Update(j));
+    step.skipped = step.skipped || chunk.weights->last_update_skipped();
+  }
+  if (step.skipped) {
+    ++stats_.skipped_steps;
+    if (++consecutive_skips_ >= config_.nonfinite_limit) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the loss or the gradients were not finite in ", consecutive_skips_,
+          " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
+          "; each was skipped): the job stops here (nonfinite_limit ", config_.nonfinite_limit,
+          ")"));
+    }
+  } else {
+    consecutive_skips_ = 0;
+  }
+  step.end_s = MonotonicSeconds();
+  step.allreduce_s = step_allreduce_s_;
+  step.last_backward_end_s = last_backward_end_s_;
+  step.compute_s = stats_.compute_s;
+  step.wait_s = stats_.wait_s;
+  stats_.allreduce_s += step_allreduce_s_;
+  step_allreduce_s_ = 0;
+  if (std::any_of(chunks_.begin(), chunks_.end(), [](const Chunk& c) { return c.last; })) {
+    step.mean_loss = step_loss_sum_[j] / config_.micro_batches;
+    step_loss_sum_.erase(j);
+  }
+  if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
+    step.commands_after = c->second;
+  }
+  // Boundaries up to j + 1 have been passed on (SEND_ACT precedes this STEP).
+  boundary_commands_.erase(boundary_commands_.begin(), boundary_commands_.upper_bound(j + 1));
+  Keep(stats_.steps, step, config_.history.steps);
+  NoteLiveVersions();
+  if (is_first_ && j + 2 < actions_->params().steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
+  if (on_step_) on_step_(step);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& record) {
   Stashed stashed;
-  if (is_first_) {
+  if (chunk.first) {
     PT_ASSIGN_OR_RETURN(stashed.input, config_.inputs(j));
   } else {
-    auto it = received_activations_.find(j);
-    if (it == received_activations_.end()) {
+    auto it = chunk.activations.find(j);
+    if (it == chunk.activations.end()) {
       return absl::InternalError("input activation was never received");
     }
     stashed.input = std::move(it->second);
-    received_activations_.erase(it);
+    chunk.activations.erase(it);
   }
-  stashed.version = weights_->VersionFor(j);
+  stashed.version = chunk.weights->VersionFor(j);
   record.version = stashed.version;
-  PT_ASSIGN_OR_RETURN(model::StageModule * module, weights_->ModuleFor(j));
+  PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
   model::LayerContext ctx;
   ctx.micro_batch = j;
   ctx.mini_batch = j / config_.micro_batches;
   ctx.seed = config_.seed;
   at::Tensor out = module->Forward(stashed.input, ctx);
   const at::ScalarType compute = module->compute_dtype();
-  if (!is_last_ && out.is_floating_point() && out.scalar_type() != compute &&
+  if (!chunk.last && out.is_floating_point() && out.scalar_type() != compute &&
       compute == at::kBFloat16) {
     out = out.to(compute);  // mixed precision: activations travel in bfloat16
   }
-  if (is_last_) {
+  if (chunk.last) {
     PT_ASSIGN_OR_RETURN(at::Tensor targets, config_.targets(j));
     if (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf) {
       out = out.to(at::kFloat);  // the loss in float32
@@ -262,51 +370,87 @@ absl::Status StageExecutor::Forward(int64_t j, ActionRecord& record) {
         at::cross_entropy_loss(out.reshape({-1, out.size(-1)}), targets.reshape({-1}));
     step_loss_sum_[ctx.mini_batch] += loss.item<double>();
     out = loss * (1.0 / config_.micro_batches);
+  } else if (layout_.RankOf(chunk.stage + 1) == config_.stage) {
+    // The next stage is on this rank: its input, handed over in place.
+    at::Tensor next = out.detach();
+    if (next.is_floating_point()) next.requires_grad_(true);
+    ChunkOf(schedule::OnStage(schedule::F(j), chunk.stage + 1)).activations[j] = std::move(next);
   }
   stashed.output = std::move(out);
-  stash_.emplace(j, std::move(stashed));
-  stats_.peak_stashed_microbatches =
-      std::max(stats_.peak_stashed_microbatches, static_cast<int>(stash_.size()));
+  chunk.stash.emplace(j, std::move(stashed));
   NoteLiveVersions();
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::Backward(int64_t j, ActionRecord& record) {
-  auto it = stash_.find(j);
-  if (it == stash_.end()) return absl::InternalError("backward without forward");
+absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
+                                     ActionRecord& record) {
+  const bool split = kind == ActionKind::kInputGradient;
+  if (split && chunk.first) {
+    // Nothing upstream waits for stage 0: its W runs the whole backward.
+    if (!chunk.stash.count(j)) return absl::InternalError("backward without forward");
+    chunk.owed_w[j];
+    return absl::OkStatus();
+  }
+  auto it = chunk.stash.find(j);
+  if (it == chunk.stash.end()) return absl::InternalError("backward without forward");
   Stashed& stashed = it->second;
   record.version = stashed.version;
   at::Tensor output_grad;
-  if (!is_last_) {
-    auto g = received_gradients_.find(j);
-    if (g == received_gradients_.end()) {
+  if (!chunk.last) {
+    auto g = chunk.output_grads.find(j);
+    if (g == chunk.output_grads.end()) {
       return absl::InternalError("output gradient was never received");
     }
     output_grad = std::move(g->second);
-    received_gradients_.erase(g);
+    chunk.output_grads.erase(g);
   }
   auto backward = [&] {
-    if (is_last_) {
+    if (chunk.last) {
       torch::autograd::backward({stashed.output});
     } else {
       torch::autograd::backward({stashed.output}, {output_grad});
     }
   };
   const bool final_of_step = j % config_.micro_batches == config_.micro_batches - 1;
-  if (is_first_ && config_.replicas > 1 && config_.overlap_allreduce && final_of_step) {
-    PT_ASSIGN_OR_RETURN(model::StageModule * module, weights_->ModuleFor(j));
+  if (split) {
+    PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
+    model::DeferWeightGradients deferred(module->weight_gradients(), chunk.owed_w[j]);
+    backward();
+    last_backward_end_s_ = MonotonicSeconds();
+  } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
+             final_of_step && !schedule::HoldsChunks(config_.schedule.kind)) {
+    PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
     PT_RETURN_IF_ERROR(BackwardWithBucketedAllReduce(j, *module, backward));
   } else {
     backward();
     last_backward_end_s_ = MonotonicSeconds();
   }
-  if (!is_first_) {
+  if (!chunk.first) {
     at::Tensor grad = stashed.input.grad();
     if (!grad.defined()) grad = at::zeros_like(stashed.input);
-    input_gradients_[j] = grad;
+    if (layout_.RankOf(chunk.stage - 1) == config_.stage) {
+      // The previous stage is on this rank: its output gradient, handed over in place.
+      ChunkOf(schedule::OnStage(schedule::B(j), chunk.stage - 1)).output_grads[j] = grad;
+    } else {
+      chunk.input_grads[j] = grad;
+    }
   }
-  stash_.erase(it);
-  stashed_now_.store(static_cast<int>(stash_.size()), std::memory_order_relaxed);
+  chunk.stash.erase(it);
+  NoteLiveVersions();
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::WeightGradient(Chunk& chunk, int64_t j, ActionRecord& record) {
+  auto owed = chunk.owed_w.find(j);
+  if (owed == chunk.owed_w.end()) return absl::InternalError("W without its I");
+  if (chunk.first) {
+    // Stage 0's whole backward (its I did nothing).
+    PT_RETURN_IF_ERROR(Backward(chunk, j, ActionKind::kBackward, record));
+  } else {
+    owed->second.Run();
+    last_backward_end_s_ = MonotonicSeconds();
+  }
+  chunk.owed_w.erase(owed);
   return absl::OkStatus();
 }
 
@@ -394,13 +538,13 @@ absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::Stag
   return absl::OkStatus();
 }
 
-absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, int64_t j,
-                                                  const transport::TensorSpec& expected,
+absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, int64_t key,
+                                                  int64_t j, const transport::TensorSpec& expected,
                                                   ActionRecord& record) {
   const double start = MonotonicSeconds();
   waiting_for_.store(peer, std::memory_order_relaxed);
   absl::StatusOr<at::Tensor> got =
-      transport_->Recv(peer, kind, j, absl::Now() + config_.recv_timeout);
+      transport_->Recv(peer, kind, key, absl::Now() + config_.recv_timeout);
   waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
   record.wait_s += MonotonicSeconds() - start;
   if (!got.ok()) return got.status();
@@ -414,9 +558,9 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
   return got;
 }
 
-bool StageExecutor::CarriesBoundary(int64_t j) const {
+bool StageExecutor::CarriesBoundary(int s, int64_t j) const {
   const int m = config_.micro_batches;
-  return j % m == m - 1 && j / m + 1 < config_.schedule.steps;
+  return s + 1 < layout_.ranks && j % m == m - 1 && j / m + 1 < config_.schedule.steps;
 }
 
 uint32_t StageExecutor::PolicyCommands(int64_t n) const {
@@ -466,17 +610,24 @@ absl::Status StageExecutor::ApplyBoundary(int64_t n, uint32_t commands) {
                                             rebased.status().message()));
   }
   *actions_ = std::move(*rebased);
-  if (control::SwitchesToNewest(commands)) PT_RETURN_IF_ERROR(weights_->UseNewestFrom(n));
+  if (control::SwitchesToNewest(commands)) {
+    for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(chunk.weights->UseNewestFrom(n));
+  }
   return absl::OkStatus();
 }
 
 void StageExecutor::NoteLiveVersions() {
-  std::set<int64_t> live = {weights_->newest_version()};
-  for (const auto& [j, stashed] : stash_) live.insert(stashed.version);
-  stats_.peak_weight_versions =
-      std::max(stats_.peak_weight_versions, static_cast<int>(live.size()));
-  live_versions_now_.store(static_cast<int>(live.size()), std::memory_order_relaxed);
-  stashed_now_.store(static_cast<int>(stash_.size()), std::memory_order_relaxed);
+  int stashed = 0, versions = 0;
+  for (const Chunk& chunk : chunks_) {
+    std::set<int64_t> live = {chunk.weights->newest_version()};
+    for (const auto& [j, entry] : chunk.stash) live.insert(entry.version);
+    versions = std::max(versions, static_cast<int>(live.size()));
+    stashed += static_cast<int>(chunk.stash.size());
+  }
+  stats_.peak_weight_versions = std::max(stats_.peak_weight_versions, versions);
+  stats_.peak_stashed_microbatches = std::max(stats_.peak_stashed_microbatches, stashed);
+  live_versions_now_.store(versions, std::memory_order_relaxed);
+  stashed_now_.store(stashed, std::memory_order_relaxed);
 }
 
 }  // namespace pipetrain::executor

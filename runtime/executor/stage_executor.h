@@ -1,12 +1,22 @@
-// Runs one pipeline stage's action list on the calling thread.
+// Runs one pipeline rank's action list on the calling thread.
 //
-// For each action of the schedule (runtime/schedule) it runs forward/backward on the weight
-// version the WeightStore assigns to the micro-batch, moves activations and gradients
-// through the Transport, and applies the optimizer at STEP<t>. The last stage computes the
+// A rank runs one model stage, or with a schedule whose ranks hold chunks (interleaved,
+// zero-bubble, DualPipeV: schedule.h HoldsChunks) several, each with its own weights; an
+// action names the stage it runs on. For each action of the schedule (runtime/schedule) it
+// runs forward/backward on the weight version the stage's WeightStore assigns to the
+// micro-batch, moves activations and gradients through the Transport (between two stages of
+// one rank they are handed over in place), and applies the optimizer at STEP<t>.
+// Zero-bubble's split backward: I<j> makes the stage's input gradient with the deferrable
+// layers' weight gradients queued (runtime/model/weight_gradients.h), W<j> runs them; on
+// model stage 0, which sends no input gradient, I<j> does nothing and W<j> is the whole
+// backward. Every stage's W's are done by its STEP (checked). The last stage computes the
 // cross-entropy loss of each micro-batch against targets delivered to it, scaled by 1/m, so
 // that gradients accumulated over the m micro-batches, then averaged across the w
 // data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
 // those of the global mini-batch mean.
+// Messages between two ranks that exchange several stages' tensors are told apart by their
+// index: micro-batch j across the boundary after model stage s travels as j·v + ⌊s/p⌋ (v
+// chunks a rank; just j with one).
 // Every received tensor is checked against the expected shape and dtype; a mismatch fails
 // the stage with stage, micro-batch, expected and actual. Every receive has a deadline. On
 // any error the transport is aborted so that all stages stop with the first error.
@@ -44,6 +54,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/model/weight_gradients.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/schedule/action.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/transport/transport.h"
@@ -73,8 +85,8 @@ struct HistoryLimits {
 };
 
 struct StageConfig {
-  int stage = 0;
-  int num_stages = 1;
+  int stage = 0;       // the rank's place in its pipeline (its transport's stage), 0 .. p−1
+  int num_stages = 1;  // p: the pipeline's ranks
   int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
   int replicas = 1;       // w: gradients are averaged across replicas before each update
   // Hippie: stage 0 averages its gradients bucket by bucket during the final backward of
@@ -95,12 +107,12 @@ struct StageConfig {
   // a row fail the stage.
   int nonfinite_limit = 3;
   absl::Duration recv_timeout = absl::Seconds(120);
-  MicroBatchTensorSource inputs;   // required on stage 0
-  MicroBatchTensorSource targets;  // required on the last stage
-  // Expected shape/dtype of the activation received from stage s-1 (s > 0) and of the
-  // gradient received from stage s+1 (s < p-1).
-  transport::TensorSpec expected_input;
-  transport::TensorSpec expected_output_grad;
+  MicroBatchTensorSource inputs;   // required on the rank of model stage 0
+  MicroBatchTensorSource targets;  // required on the rank of the last model stage
+  // What crosses each boundary of the model's stages: boundaries[s] is what model stage s
+  // receives (boundaries[0] the data), boundaries[S] the last stage's output (S = p x v
+  // stages). A received activation or gradient must have that shape and dtype.
+  std::vector<transport::TensorSpec> boundaries;
   HistoryLimits history;
   // Called on the stage's thread after every action that succeeded (metrics): it must not
   // block or take a lock another thread holds for long.
@@ -147,7 +159,7 @@ struct StageActivity {
 };
 
 struct StageStats {
-  int peak_stashed_microbatches = 0;
+  int peak_stashed_microbatches = 0;  // over the rank's stages together
   int peak_weight_versions = 0;
   double compute_s = 0;  // F, B, STEP and sends
   double wait_s = 0;     // blocked in receives
@@ -161,9 +173,10 @@ struct StageStats {
 
 class StageExecutor {
  public:
-  // `weights` and `transport` must outlive the executor. `on_step` (optional) is called on
-  // this stage's thread after every STEP<t>.
-  StageExecutor(StageConfig config, weights::WeightStore* weights,
+  // `weights`: those of each model stage the rank holds, in model order (one pointer unless
+  // the schedule HoldsChunks). They and `transport` must outlive the executor. `on_step`
+  // (optional) is called on this stage's thread after every STEP<t>.
+  StageExecutor(StageConfig config, std::vector<weights::WeightStore*> weights,
                 transport::Transport* transport,
                 std::function<void(const StepRecord&)> on_step = nullptr);
 
@@ -185,16 +198,48 @@ class StageExecutor {
     at::Tensor output;  // stage output, or the scaled loss on the last stage
     int64_t version = 0;
   };
+  // One model stage of this rank and what it holds between actions.
+  struct Chunk {
+    int stage = 0;  // in the model: 0 .. S−1
+    weights::WeightStore* weights = nullptr;
+    bool first = false, last = false;  // model stage 0, S−1
+    std::map<int64_t, at::Tensor> activations;     // inputs received or handed over
+    std::map<int64_t, at::Tensor> output_grads;    // output gradients received or handed over
+    std::map<int64_t, Stashed> stash;              // forward done, backward (B or I) not yet
+    std::map<int64_t, at::Tensor> input_grads;     // made by B or I, for SEND_GRAD
+    // I's that owe their W: the deferred weight-gradient work of each micro-batch (model
+    // stage 0's W runs the backward itself: its stash stays until then).
+    std::map<int64_t, model::WeightGradientQueue> owed_w;
+    // With replicas, under a schedule with chunks: the step's B's and W's done so far (its
+    // gradient is final after m), and the AllReduce started then, waited for at STEP.
+    int gradients_done = 0;
+    std::unique_ptr<transport::Transport::PendingReduction> reduction;
+    AllReduceRecord reduction_record;
+  };
 
+  Chunk& ChunkOf(const schedule::Action& action);
   absl::Status Execute(const schedule::Action& action, ActionRecord& record);
-  absl::Status Forward(int64_t j, ActionRecord& record);
-  absl::Status Backward(int64_t j, ActionRecord& record);
+  absl::Status Forward(Chunk& chunk, int64_t j, ActionRecord& record);
+  // B<j> (full), I<j> (input gradient, weight gradients deferred) or, on model stage 0,
+  // W<j> (the whole backward).
+  absl::Status Backward(Chunk& chunk, int64_t j, schedule::ActionKind kind,
+                        ActionRecord& record);
+  absl::Status WeightGradient(Chunk& chunk, int64_t j, ActionRecord& record);
+  // A B or W of micro-batch j finished on `chunk`: after the step's last, its gradient is
+  // final and (schedules with chunks, replicas) its AllReduce starts, to overlap the rank's
+  // other work until STEP.
+  void GradientDone(Chunk& chunk, int64_t j);
+  // The gradient AllReduce among replicas of `chunk`'s mini-batch t (at its update).
+  absl::Status ReduceGradients(Chunk& chunk, int64_t t, std::vector<at::Tensor>& grads);
   // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
   absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
                                              const std::function<void()>& backward);
-  absl::StatusOr<at::Tensor> Receive(int peer, transport::MessageKind kind, int64_t j,
-                                     const transport::TensorSpec& expected,
+  absl::StatusOr<at::Tensor> Receive(int peer_stage, transport::MessageKind kind, int64_t key,
+                                     int64_t j, const transport::TensorSpec& expected,
                                      ActionRecord& record);
+  absl::Status Optimize(int64_t t);
+  // The index of micro-batch j's tensor crossing the boundary after model stage `lower`.
+  int64_t MessageKey(int lower, int64_t j) const;
   void NoteLiveVersions();
   // The step commands of boundary n are known: apply them to the rest of the schedule.
   absl::Status ApplyBoundary(int64_t n, uint32_t commands);
@@ -202,9 +247,10 @@ class StageExecutor {
   absl::Status SealBoundary(int64_t n);
   // The commands the checkpoint policy puts at boundary n.
   uint32_t PolicyCommands(int64_t n) const;
-  // Whether micro-batch j is the last of a mini-batch followed by a boundary of the job as
-  // submitted (so its activation carries that boundary's commands downstream).
-  bool CarriesBoundary(int64_t j) const;
+  // Whether model stage s's output of micro-batch j carries the commands of a boundary of the
+  // job as submitted downstream: j is the last of a mini-batch followed by a boundary, and
+  // s + 1 < p (the first p stages are on ranks 0 .. p−1, whatever the placement).
+  bool CarriesBoundary(int s, int64_t j) const;
   std::string Where(const schedule::Action& action) const;
 
   template <typename Record>
@@ -214,20 +260,17 @@ class StageExecutor {
   }
 
   StageConfig config_;
+  schedule::ChunkLayout layout_;  // which rank holds which model stage
   // What runs, from config_.schedule plus the step commands applied (made by Run()).
   std::unique_ptr<schedule::StageActionStream> actions_;
   // Commands of boundaries not yet passed on by this stage.
   std::map<int64_t, uint32_t> boundary_commands_;
   at::Device device_ = at::kCPU;  // of the stage's parameters: where its small tensors go
-  weights::WeightStore* weights_;
+  std::vector<Chunk> chunks_;     // model order
   transport::Transport* transport_;
   std::function<void(const StepRecord&)> on_step_;
-  bool is_first_, is_last_;
+  bool is_first_;  // the pipeline's first rank: it seals boundaries
 
-  std::map<int64_t, at::Tensor> received_activations_;
-  std::map<int64_t, at::Tensor> received_gradients_;
-  std::map<int64_t, Stashed> stash_;
-  std::map<int64_t, at::Tensor> input_gradients_;
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
   int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)
@@ -243,6 +286,7 @@ class StageExecutor {
   // (kNotWaiting, kWaitingForReplicas, or a peer stage).
   static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2;
   std::atomic<int64_t> running_action_{-1};
+  std::atomic<int> running_stage_{schedule::kOwnStage};
   std::atomic<bool> stop_requested_{false};
   std::atomic<int> stashed_now_{0}, live_versions_now_{0};
   absl::Mutex stop_mu_;

@@ -78,9 +78,22 @@ std::string FormatRecompute(const RecomputeConfig& c) {
   return "none";
 }
 
+int VirtualStages(const JobConfig& config) {
+  if (!schedule::HoldsChunks(config.schedule)) return std::max(1, config.virtual_stages);
+  return config.virtual_stages > 0 ? config.virtual_stages
+                                   : schedule::DefaultVirtualStages(config.schedule);
+}
+
 int PipelineStages(const JobConfig& config) {
-  return config.stage_ranges.empty() ? config.stages
-                                     : static_cast<int>(config.stage_ranges.size());
+  return config.stage_ranges.empty()
+             ? config.stages
+             : static_cast<int>(config.stage_ranges.size()) / VirtualStages(config);
+}
+
+schedule::ScheduleParams ScheduleParamsOf(const JobConfig& config, int steps) {
+  schedule::ScheduleParams params{config.schedule, config.stages, config.micro_batches, steps};
+  params.virtual_stages = VirtualStages(config);
+  return params;
 }
 
 model::PipelineLayout PipelineLayoutOf(const JobConfig& config) {
@@ -178,15 +191,27 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.auto_stages && !c.stage_ranges.empty()) {
     errors.push_back("stages: auto and explicit layer ranges exclude each other");
   }
-  if (!c.stage_ranges.empty() && static_cast<int>(c.stage_ranges.size()) != c.stages) {
-    errors.push_back(absl::StrCat("stages: ", c.stage_ranges.size(),
-                                  " layer ranges given for ", c.stages, " stages"));
+  const int chunks = VirtualStages(c);
+  const int model_stages = c.stages * chunks;  // of the pipeline: v on each of its p ranks
+  if (!c.stage_ranges.empty() && static_cast<int>(c.stage_ranges.size()) != model_stages) {
+    errors.push_back(
+        chunks == 1 ? absl::StrCat("stages: ", c.stage_ranges.size(), " layer ranges given for ",
+                                   c.stages, " stages")
+                    : absl::StrCat("stages: ", c.stage_ranges.size(), " layer ranges given for ",
+                                   c.stages, " ranks of ", chunks,
+                                   " model stages (virtual_stages): ",
+                              model_stages, " are needed"));
+  }
+  if (c.auto_stages && schedule::HoldsChunks(c.schedule)) {
+    errors.push_back(absl::StrCat(
+        "stages: auto plans gpipe, 1f1b and 2bw layouts; schedule ",
+        std::string(schedule::ScheduleKindName(c.schedule)), " needs its stages given"));
   }
   if (c.micro_batch_size < 1) {
     errors.push_back(absl::StrCat("microbatch_size: must be >= 1, got ", c.micro_batch_size));
   }
   if (c.steps < 1) errors.push_back(absl::StrCat("steps: must be >= 1, got ", c.steps));
-  schedule::ScheduleParams params{c.schedule, c.stages, c.micro_batches, 1};
+  const schedule::ScheduleParams params = ScheduleParamsOf(c, 1);
   if (c.micro_batches < 1) {
     errors.push_back(absl::StrCat("microbatches: must be >= 1, got ", c.micro_batches));
   } else if (c.stages >= 1 && !c.auto_stages) {  // a planned layout is checked once planned
@@ -206,16 +231,20 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
       if (absl::StartsWith(v, "invalid partition ")) v = v.substr(v.find(": ") + 2);
       errors.push_back(absl::StrCat("stages: ", v));
     }
-  } else if (layers && c.stage_ranges.empty() && c.stages > static_cast<int>(layers->size())) {
-    errors.push_back(absl::StrCat("stages: ", c.stages, " stages for a model of ",
-                                  layers->size(), " layers (", absl::StrJoin(*layers, ", "),
+  } else if (layers && c.stage_ranges.empty() && model_stages > static_cast<int>(layers->size())) {
+    errors.push_back(absl::StrCat("stages: ", model_stages,
+                                  chunks == 1 ? std::string(" stages")
+                                              : absl::StrCat(" model stages (", c.stages, " x ",
+                                                             chunks, " virtual_stages)"),
+                                  " for a model of ", layers->size(), " layers (",
+                                  absl::StrJoin(*layers, ", "),
                                   "): each stage needs at least one layer"));
   }
   if (c.recompute.mode == RecomputeConfig::Mode::kStages && !c.auto_stages) {
     for (int s : c.recompute.indices) {
-      if (s >= c.stages) {
-        errors.push_back(absl::StrCat("recompute: stage ", s, " does not exist (", c.stages,
-                                      " stages)"));
+      if (s >= model_stages) {
+        errors.push_back(absl::StrCat("recompute: stage ", s, " does not exist (", model_stages,
+                                      chunks == 1 ? " stages)" : " model stages)"));
       }
     }
   }
@@ -276,6 +305,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   d["seed"] = c.data.seed;
   j["schedule"] = std::string(schedule::ScheduleKindName(c.schedule));
   j["stages"] = c.stages;
+  j["virtual_stages"] = c.virtual_stages;
   j["stage_ranges"] = nlohmann::ordered_json::array();
   for (const model::LayerRange& r : c.stage_ranges) j["stage_ranges"].push_back({r.begin, r.end});
   j["replicas"] = c.replicas;

@@ -57,12 +57,19 @@ struct JobConfig {
   model::ModelConfig model;
   DataConfig data;
   schedule::ScheduleKind schedule = schedule::ScheduleKind::kTwoBW;
+  // p: the pipeline's ranks. A schedule that HoldsChunks cuts the model into
+  // virtual_stages x p model stages, v on each rank (stage_ranges then gives all of them).
   int stages = 4;
+  // v: model chunks a rank holds under a schedule that HoldsChunks; 0: the schedule's
+  // default (schedule::DefaultVirtualStages: 2 for interleaved, zbv and dualpipev, 1 for
+  // zb1p). Any other schedule holds one stage a rank (0 or 1 here).
+  int virtual_stages = 0;
   int replicas = 1;  // w: data-parallel copies of the pipeline, gradients averaged
   // Hippie: stage 0 averages its gradients bucket by bucket during its final backward.
   bool overlap_allreduce = true;
   int64_t bucket_kib = 4096;
-  std::vector<model::LayerRange> stage_ranges;  // empty: balanced by parameter count
+  // Each model stage's layers (p x v of them with chunks); empty: balanced by parameter count.
+  std::vector<model::LayerRange> stage_ranges;
   int micro_batches = 8;                        // m
   int micro_batch_size = 8;                     // b
   int steps = 300;
@@ -110,8 +117,14 @@ struct JobConfig {
 absl::Status ValidateJobConfig(const JobConfig& config);
 
 
-// The pipeline depth p: the number of explicit stage ranges, else `stages`.
+// The pipeline depth p (ranks per replica): the number of explicit stage ranges divided by
+// the chunks a rank holds, else `stages`.
 int PipelineStages(const JobConfig& config);
+// v: the model chunks each rank holds (virtual_stages, its default resolved; 1 for a
+// schedule without chunks).
+int VirtualStages(const JobConfig& config);
+// The schedule's parameters for this job over `steps` steps (kind, p, m, v).
+schedule::ScheduleParams ScheduleParamsOf(const JobConfig& config, int steps);
 
 // The job's pipeline layout: its depth, replicas, micro-batching and its explicit stage
 // ranges (none: balanced when the job is planned).

@@ -60,6 +60,7 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"data.num_samples", 1, 16777216, "the synthetic samples are generated in memory"},
       {"data.seed", 0, kU64Max, "any 64-bit seed"},
       {"stages", 1, 1024, "one process or thread per stage"},
+      {"virtual_stages", 0, 64, "model chunks a rank builds and holds (0: the schedule's)"},
       {"replicas", 1, 1024, "one process or thread per stage and replica"},
       {"bucket_kib", 1, 1048576, "one bucket is at most 1 GiB"},
       {"microbatches", 1, 65536, "every micro-batch of a step is in the schedule"},

@@ -139,12 +139,13 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   } else {
     PT_ASSIGN_OR_RETURN(plan.layers, model::BuiltinLayers(plan.model_config));
   }
+  plan.layout = schedule::LayoutOf(ScheduleParamsOf(c, 1));
   if (c.stage_ranges.empty()) {
     std::vector<double> costs;
     for (const model::LayerInfo& layer : plan.layers) {
       costs.push_back(static_cast<double>(layer.num_parameters));
     }
-    PT_ASSIGN_OR_RETURN(plan.partition, model::BalancedPartition(costs, c.stages));
+    PT_ASSIGN_OR_RETURN(plan.partition, model::BalancedPartition(costs, plan.layout.stages()));
   } else {
     plan.partition = c.stage_ranges;
   }
@@ -205,19 +206,33 @@ at::Tensor MicroBatchReader::Targets(int64_t j) const {
   return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
 }
 
-absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
-                                      const MicroBatchReader& reader, int s,
-                                      const StageStart& start, c10::Device device) {
-  const int p = plan.stages();
+std::vector<weights::WeightStore*> StageParts::weight_stores() const {
+  std::vector<weights::WeightStore*> out;
+  for (const auto& w : weights) out.push_back(w.get());
+  return out;
+}
+
+std::vector<model::LayerRange> RankLayers(const JobPlan& plan, int stage) {
+  std::vector<model::LayerRange> ranges;
+  for (int s : plan.layout.StagesOf(stage)) ranges.push_back(plan.partition[s]);
+  return ranges;
+}
+
+namespace {
+
+// The weights of model stage `s`, from `start`'s layers (those of its layers from `first` on)
+// when it resumes.
+absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
+    const JobConfig& c, const JobPlan& plan, int s, const StageStart& start, size_t first,
+    c10::Device device, int64_t* parameter_bytes) {
   const model::LayerRange r = plan.partition[s];
   absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
   if (!layers.ok()) {
     return c.model.name == "torchscript" ? ModelFileError(layers.status()) : layers.status();
   }
-  StageParts parts;
   for (const model::LayerList::value_type& layer : *layers) {
     for (const at::Tensor& t : layer->Parameters()) {
-      parts.parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
+      *parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
     }
   }
   auto module = std::make_unique<model::StageModule>(
@@ -226,8 +241,12 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   module->SetComputeDtype(plan.compute_dtype);
   if (!device.is_cpu()) module->ToDevice(device);
   std::vector<weights::ParameterState> optimizer_state;
-  if (!start.layers.empty()) {
-    auto loaded = checkpoint::LoadLayerStates(start.layers, module.get());
+  const bool resumed = !start.layers.empty();
+  if (resumed) {
+    const std::vector<checkpoint::LayerState> own(
+        start.layers.begin() + static_cast<std::ptrdiff_t>(first),
+        start.layers.begin() + static_cast<std::ptrdiff_t>(first + (r.end - r.begin)));
+    auto loaded = checkpoint::LoadLayerStates(own, module.get());
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat("resume_from: ", loaded.status().message()));
@@ -235,22 +254,47 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
     optimizer_state = *std::move(loaded);
   }
   PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer));
+  std::unique_ptr<weights::WeightStore> store;
   if (c.schedule == schedule::ScheduleKind::kTwoBW) {
-    PT_ASSIGN_OR_RETURN(parts.weights, weights::MakeDoubleBufferedWeights(
-                                           std::move(module), std::move(optimizer),
-                                           c.micro_batches, start.first_step));
+    PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(
+                                   std::move(module), std::move(optimizer), c.micro_batches,
+                                   start.first_step));
   } else {
-    PT_ASSIGN_OR_RETURN(parts.weights,
-                        weights::MakeSingleVersionWeights(std::move(module), std::move(optimizer),
-                                                          start.first_step));
+    PT_ASSIGN_OR_RETURN(store, weights::MakeSingleVersionWeights(
+                                   std::move(module), std::move(optimizer), start.first_step));
   }
-  if (!start.layers.empty()) {
-    if (absl::Status s = parts.weights->LoadOptimizerState(optimizer_state); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("resume_from: ", s.message()));
+  if (resumed) {
+    if (absl::Status st = store->LoadOptimizerState(optimizer_state); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("resume_from: ", st.message()));
     }
   }
+  return store;
+}
+
+}  // namespace
+
+absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
+                                      const MicroBatchReader& reader, int stage,
+                                      const StageStart& start, c10::Device device) {
+  const int p = plan.ranks(), last = plan.stages() - 1;
+  StageParts parts;
+  parts.model_stages = plan.layout.StagesOf(stage);
+  size_t first_layer = 0;  // of the next model stage in start.layers
+  size_t rank_layers = 0;
+  for (const model::LayerRange& r : RankLayers(plan, stage)) rank_layers += r.end - r.begin;
+  if (!start.layers.empty() && start.layers.size() != rank_layers) {
+    return absl::InternalError(absl::StrCat("resume_from: ", start.layers.size(),
+                                            " layers read for a rank of ", rank_layers));
+  }
+  for (int s : parts.model_stages) {
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<weights::WeightStore> store,
+                        BuildModelStage(c, plan, s, start, first_layer, device,
+                                        &parts.parameter_bytes));
+    parts.weights.push_back(std::move(store));
+    first_layer += plan.partition[s].end - plan.partition[s].begin;
+  }
   executor::StageConfig& sc = parts.config;
-  sc.stage = s;
+  sc.stage = stage;
   sc.num_stages = p;
   sc.micro_batches = c.micro_batches;
   sc.replicas = c.replicas;
@@ -258,23 +302,25 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.bucket_bytes = c.bucket_kib * 1024;
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
-  sc.schedule = {c.schedule, p, c.micro_batches, c.steps};
+  sc.schedule = ScheduleParamsOf(c, c.steps);
   sc.schedule.first_step = start.first_step;
   sc.checkpoint_every = c.checkpoint.every;
   sc.nonfinite_limit = c.nonfinite_limit;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
-  if (s == 0) {
+  const auto holds = [&](int s) {
+    return std::count(parts.model_stages.begin(), parts.model_stages.end(), s) > 0;
+  };
+  if (holds(0)) {
     sc.inputs = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
       return reader.Inputs(j).to(device);
     };
   }
-  if (s == p - 1) {
+  if (holds(last)) {
     sc.targets = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
       return reader.Targets(j).to(device);
     };
   }
-  sc.expected_input = plan.boundary[s];
-  sc.expected_output_grad = plan.boundary[s + 1];
+  sc.boundaries = plan.boundary;
   return parts;
 }
 

@@ -22,6 +22,7 @@
 #include "runtime/job/job_config.h"
 #include "runtime/model/layer.h"
 #include "runtime/model/partition.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/transport/transport.h"
 #include "runtime/weights/weight_store.h"
 
@@ -32,14 +33,21 @@ struct JobPlan {
   std::unique_ptr<data::BatchSampler> sampler;
   model::ModelConfig model_config;  // with sizes taken from the data
   std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
+  // Each model stage's layers: p of them, or p x v under a schedule that HoldsChunks.
   std::vector<model::LayerRange> partition;
+  // Which of a pipeline's p ranks holds which model stage (one each without chunks).
+  schedule::ChunkLayout layout;
   std::vector<bool> recompute;  // per global layer
   at::ScalarType dtype = at::kFloat;          // of the weights (and of float input data)
   at::ScalarType compute_dtype = at::kFloat;  // of the layers' work and the messages
-  // boundary[s]: what stage s receives (boundary[0]: the input), boundary[p]: the output.
+  // boundary[s]: what model stage s receives (boundary[0]: the input), boundary[S]: the
+  // output.
   std::vector<transport::TensorSpec> boundary;
 
+  // S: the model stages (checkpoints deliver, and stage outcomes are kept, by model stage).
   int stages() const { return static_cast<int>(partition.size()); }
+  // p: the ranks of one pipeline (rank = replica x p + this).
+  int ranks() const { return layout.ranks; }
   std::vector<std::string> layer_names() const;
   int64_t num_parameters() const;
 };
@@ -65,26 +73,35 @@ class MicroBatchReader {
   int replica_;
 };
 
-// One stage of the replica `reader` reads for, ready to run: its weights and its executor
-// configuration (schedule, data sources for the first and last stage, expected message
-// shapes, deadline, replica count). `reader` must outlive the executor.
+// One rank of the replica `reader` reads for (its place `stage` in the pipeline), ready to
+// run: the weights of each model stage it holds and its executor configuration (schedule,
+// data sources for the first and last stage, expected message shapes, deadline, replica
+// count). `reader` must outlive the executor.
 struct StageParts {
-  std::unique_ptr<weights::WeightStore> weights;
+  // In model order: one, or v under a schedule that HoldsChunks.
+  std::vector<std::unique_ptr<weights::WeightStore>> weights;
+  std::vector<int> model_stages;  // the model stage of each
   executor::StageConfig config;
-  int64_t parameter_bytes = 0;  // one version of the stage's parameters
+  int64_t parameter_bytes = 0;  // one version of the rank's parameters
+
+  // The weights, for the executor.
+  std::vector<weights::WeightStore*> weight_stores() const;
 };
-// Where a stage starts: mini-batch 0 on its layers built from (seed, layer index), or a
+// Where a rank starts: mini-batch 0 on its layers built from (seed, layer index), or a
 // resumed job's first step on its layers' weights and optimizer state from a checkpoint.
 struct StageStart {
   int64_t first_step = 0;
-  std::vector<checkpoint::LayerState> layers;  // the stage's layers, in order (empty: fresh)
+  // The layers of the rank's model stages, in model order (empty: fresh).
+  std::vector<checkpoint::LayerState> layers;
 };
-// The stage's layers, weights, optimizer state and the micro-batches it reads live on
+// The rank's layers, weights, optimizer state and the micro-batches it reads live on
 // `device`; its layers compute in plan.compute_dtype.
 absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& plan,
                                       const MicroBatchReader& reader, int stage,
                                       const StageStart& start = {},
                                       c10::Device device = c10::Device(c10::DeviceType::CPU));
+// The layers of the model stages rank `stage` holds, in model order (ranges of `partition`).
+std::vector<model::LayerRange> RankLayers(const JobPlan& plan, int stage);
 
 // Intra-op threads per stage for this job on this machine.
 int ThreadsPerStage(const JobConfig& config, int stages);

@@ -201,6 +201,11 @@ int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
 
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout) {
+  if (schedule::HoldsChunks(layout.schedule)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "predicting a ", std::string(schedule::ScheduleKindName(layout.schedule)),
+        " layout: the planner simulates gpipe, 1f1b and 2bw"));
+  }
   const std::vector<LayerProfile> layers =
       profile.sizes.empty() ? std::vector<LayerProfile>{}
                             : LayersAt(profile, layout.pipeline.micro_batch_size);

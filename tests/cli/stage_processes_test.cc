@@ -67,6 +67,30 @@ TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
   }
 }
 
+// Ranks holding several model stages as processes over Gloo, where two ranks exchange the
+// tensors of several stage boundaries: the same parameters as the un-pipelined reference, for
+// every schedule with chunks, 2 ranks x 1 and 2 replicas.
+TEST_F(CliTest, ProcessesHoldingSeveralStagesMatchTheReference) {
+  for (const char* replicas : {"1", "2"}) {
+    for (const char* schedule : {"interleaved", "zb1p --virtual-stages 2", "zbv", "dualpipev"}) {
+      SCOPED_TRACE(std::string(schedule) + " replicas " + replicas);
+      const fs::path summary = dir_ / "summary.json";
+      Result r = Run(std::string("run -q --launch processes --reference --dtype float64 "
+                                 "--schedule ") + schedule + " --stages 2 --replicas " +
+                     replicas +
+                     " --microbatches 4 --steps 3 --d-model 16 --n-heads 2 --n-layers 3"
+                     " --seq-len 8 --vocab 16 --summary " + summary.string());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      auto j = nlohmann::json::parse(ReadFile(summary));
+      EXPECT_EQ(j["stages"], 2);
+      EXPECT_EQ(j["partition"].size(), 4u);  // 2 ranks x 2 model stages
+      EXPECT_EQ(j["per_stage"][0]["model_stage_layers"].size(), 2u);
+      EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+      EXPECT_EQ(j["losses"].size(), 3u);
+    }
+  }
+}
+
 // Stage processes write a checkpoint (each its layers, one commits through the launcher's
 // store) and resume from it on another layout: 4 stages, then 2 stages x 2 replicas; the
 // final parameters equal the uninterrupted reference within 1e-10 (float64).

@@ -103,6 +103,41 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
   EXPECT_THAT(logs.out, HasSubstr("succeeded: 6 steps"));
 }
 
+// A schedule whose ranks hold several model stages (ZB-V: rank r holds stages r and 3 − r,
+// their backward split into I and W) on the daemons: the job succeeds, and each rank's weights
+// equal those of the same rank of the job run as threads.
+TEST_F(LocalClusterTest, AJobWhoseRanksHoldSeveralStagesRunsOnTheDaemons) {
+  LocalCluster cluster(dir_, 4);
+  ASSERT_FALSE(cluster.address().empty()) << ReadFile(dir_ / "coordinator.log");
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(4));
+  std::string job = kJob;
+  job.replace(job.find("schedule: 1f1b"), 14, "schedule: zbv");
+  const fs::path on_daemons = dir_ / "daemons", as_threads = dir_ / "threads";
+  Result submitted = cluster.Cli(
+      "submit " + Write("zbv.yaml", job + "weights_dir: " + on_daemons.string() + "\n").string() +
+      " --follow");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
+                                    << ReadFile(dir_ / "coordinator.log");
+  Result ran = cluster.Shell(
+      std::string(LocalCluster::cli_path()) + " run --launch threads -q " +
+      Write("zbv-threads.yaml", job + "weights_dir: " + as_threads.string() + "\n").string());
+  ASSERT_EQ(ran.exit_code, 0) << ran.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string file = "stage" + std::to_string(rank) + ".pt";
+    std::vector<at::Tensor> got, expected;
+    torch::load(got, (on_daemons / file).string());
+    torch::load(expected, (as_threads / file).string());
+    ASSERT_EQ(got.size(), expected.size()) << file;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double denom = std::max(expected[i].norm().item<double>(), 1e-30);
+      EXPECT_LE((got[i] - expected[i]).norm().item<double>() / denom, 1e-10) << file << " " << i;
+    }
+    const auto meta = nlohmann::json::parse(
+        ReadFile(on_daemons / ("stage" + std::to_string(rank) + ".json")));
+    EXPECT_EQ(meta.at("model_stages").size(), 2u) << meta.dump();
+  }
+}
+
 TEST_F(LocalClusterTest, InvalidSpecListsEveryViolationAndTouchesNoWorker) {
   LocalCluster cluster(dir_, 1);
   ASSERT_FALSE(cluster.address().empty());

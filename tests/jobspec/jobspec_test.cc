@@ -76,6 +76,7 @@ const std::vector<FieldValue>& Values() {
        json(uint64_t{18446744073709551615u})},
       {"schedule", "gpipe", "gpipe", "gpipe"},
       {"stages", "3", "3", 3},
+      {"virtual_stages", "1", "1", 1},  // gpipe holds one stage a rank
       {"replicas", "2", "2", 2},
       {"overlap_allreduce", "false", "false", false},
       {"bucket_kib", "64", "64", 64},

@@ -109,7 +109,7 @@ TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
   auto hub = transport::MakeInProcessHub();
   std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 0, 1);
   std::atomic<int64_t> steps_done{0};
-  executor::StageExecutor executor(parts->config, parts->weights.get(), transport.get(),
+  executor::StageExecutor executor(parts->config, parts->weight_stores(), transport.get(),
                                    [&](const executor::StepRecord&) { ++steps_done; });
   absl::Status result;
   std::thread stage([&] { result = executor.Run(); });

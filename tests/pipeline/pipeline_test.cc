@@ -310,7 +310,7 @@ TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
     parts.back().config.history = {/*actions=*/10, /*steps=*/5, /*allreduces=*/3};
     transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
     executors.push_back(std::make_unique<executor::StageExecutor>(
-        parts.back().config, parts.back().weights.get(), transports.back().get()));
+        parts.back().config, parts.back().weight_stores(), transports.back().get()));
   }
   std::vector<absl::Status> results(2);
   std::vector<std::thread> threads;

@@ -24,7 +24,7 @@ namespace pipetrain::job {
 absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& options) {
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.stages(), w = c.replicas;
+  const int p = plan.ranks(), w = c.replicas;
   PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume, checkpoint::FindResumePoint(c, plan));
   if (resume) {
     for (const std::string& why : resume->skipped) {
@@ -61,21 +61,27 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
       if (options.wrap_transport) {
         transports.back() = options.wrap_transport(std::move(transports.back()), s);
       }
-      weights::WeightStore* weights = parts.weights.get();
-      auto on_step = [&tracker, &sink, &c, weights, s, r](const executor::StepRecord& step) {
+      std::vector<std::pair<int, weights::WeightStore*>> model_stages;
+      for (size_t k = 0; k < parts.weights.size(); ++k) {
+        model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
+      }
+      auto on_step = [&tracker, &sink, &c, model_stages, s, r](const executor::StepRecord& step) {
         if (r == 0 && (step.commands_after & control::kCheckpoint) && !c.checkpoint.dir.empty()) {
           // A failed checkpoint costs only itself: the job goes on (the error is reported).
-          if (absl::Status saved = sink.Deliver(step.step + 1, s, *weights); !saved.ok()) {
-            std::fprintf(stderr, "pipetrain: stage %d: checkpoint before step %lld failed: %s\n",
-                         s, static_cast<long long>(step.step + 1),
-                         std::string(saved.message()).c_str());
+          for (const auto& [stage, weights] : model_stages) {
+            if (absl::Status saved = sink.Deliver(step.step + 1, stage, *weights); !saved.ok()) {
+              std::fprintf(stderr,
+                           "pipetrain: stage %d: checkpoint before step %lld failed: %s\n", stage,
+                           static_cast<long long>(step.step + 1),
+                           std::string(saved.message()).c_str());
+            }
           }
         }
         if (step.mean_loss) tracker.LossKnown(step.step, *step.mean_loss);
         if (s == 0 && r == 0) tracker.StepEnded(step.step, step.end_s);
       };
       executors.push_back(std::make_unique<executor::StageExecutor>(
-          parts.config, parts.weights.get(), transports.back().get(), on_step));
+          parts.config, parts.weight_stores(), transports.back().get(), on_step));
       stages.push_back(std::move(parts));
     }
   }
@@ -102,9 +108,14 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
   std::vector<StageOutcome> outcomes;
   for (int s = 0; s < n; ++s) {
-    outcomes.push_back({executors[s]->stats(), DetachedParameters(*stages[s].weights),
-                        DetachedBuffers(*stages[s].weights), stages[s].parameter_bytes,
-                        peak_memory, peak_tensors, transports[s]->bytes_sent()});
+    StageOutcome outcome;
+    outcome.stats = executors[s]->stats();
+    CopyNewestWeights(stages[s], outcome);
+    outcome.parameter_bytes = stages[s].parameter_bytes;
+    outcome.peak_memory_bytes = peak_memory;
+    outcome.peak_tensor_bytes = peak_tensors;
+    outcome.bytes_sent = transports[s]->bytes_sent();
+    outcomes.push_back(std::move(outcome));
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,

@@ -91,7 +91,7 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
 absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   PT_RETURN_IF_ERROR(DeviceForRank(c, 0).status());  // once here, not from every rank
-  const int p = plan.stages() * c.replicas;  // processes, rank = replica * stages + stage
+  const int p = plan.ranks() * c.replicas;  // processes, rank = replica * ranks + place
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ServeTcpStore(kLoopback, 0));
   const int port = rendezvous::TcpStorePort(*store);
@@ -214,7 +214,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     if (error.ok()) {
       reported.push_back(*error);
     } else {
-      died.push_back(absl::StrCat(RankLayout{plan.stages(), c.replicas}.Describe(s), " (pid ", pids[s],
+      died.push_back(absl::StrCat(RankLayout{plan.ranks(), c.replicas}.Describe(s), " (pid ", pids[s],
                                   ") ", subprocess::DescribeExit(status)));
     }
   }

@@ -40,7 +40,7 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
   auto& records = j["records"] = nlohmann::json::array();
   for (const auto& r : st.records) {
     records.push_back({static_cast<int>(r.action.kind), r.action.index, r.start_s, r.end_s,
-                       r.wait_s, r.version});
+                       r.wait_s, r.version, r.action.stage});
   }
   auto& allreduces = j["allreduces"] = nlohmann::json::array();
   for (const auto& a : st.allreduces) allreduces.push_back({a.step, a.bucket, a.start_s, a.end_s});
@@ -62,7 +62,8 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
   st.skipped_steps = j.value("skipped_steps", int64_t{0});
   for (const auto& r : j.at("records")) {
     executor::ActionRecord rec;
-    rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>()};
+    rec.action = {static_cast<schedule::ActionKind>(r[0].get<int>()), r[1].get<int64_t>(),
+                  r.size() > 6 ? r[6].get<int>() : schedule::kOwnStage};
     rec.start_s = r[2];
     rec.end_s = r[3];
     rec.wait_s = r[4];
@@ -129,7 +130,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                                       const StageRunHooks& hooks) {
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.stages();
+  const int p = plan.ranks();
   if (rank < 0 || rank >= p * c.replicas) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas, " ranks (",
@@ -171,27 +172,34 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, stage));
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
-    if (hooks.on_built) hooks.on_built(parts.parameter_bytes, plan.partition[stage]);
+    if (hooks.on_built) hooks.on_built(parts.parameter_bytes, RankLayers(plan, stage));
     if (hooks.on_transport) hooks.on_transport(transport.get());
     if (rank == 0) parts.config.commands = hooks.commands.get();
     parts.config.on_action = hooks.on_action;
-    weights::WeightStore* weights = parts.weights.get();
     auto on_step = [&](const executor::StepRecord& step) {
       if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
           !c.checkpoint.dir.empty()) {
         // A failed checkpoint costs only itself: the job goes on (the error is reported).
-        checkpoint::SharedCheckpointResult saved =
-            checkpoint::DeliverThroughStore(*store, c, plan, step.step + 1, stage, *weights);
-        if (!saved.status.ok()) {
-          std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
-                       static_cast<long long>(step.step + 1),
-                       std::string(saved.status.message()).c_str());
+        // Each model stage the rank holds delivers its layers; the hook hears of the first
+        // error and of the commit, if this rank made it.
+        checkpoint::SharedCheckpointResult result;
+        for (size_t k = 0; k < parts.weights.size(); ++k) {
+          checkpoint::SharedCheckpointResult saved = checkpoint::DeliverThroughStore(
+              *store, c, plan, step.step + 1, parts.model_stages[k], *parts.weights[k]);
+          if (!saved.status.ok()) {
+            std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
+                         static_cast<long long>(step.step + 1),
+                         std::string(saved.status.message()).c_str());
+          }
+          if (result.status.ok()) result.status = saved.status;
+          if (!saved.committed.empty()) result.committed = saved.committed;
         }
-        if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, saved);
+        if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, result);
       }
       if (hooks.on_step) hooks.on_step(step);
     };
-    executor::StageExecutor executor(parts.config, weights, transport.get(), on_step);
+    executor::StageExecutor executor(parts.config, parts.weight_stores(), transport.get(),
+                                     on_step);
     if (hooks.on_executor) hooks.on_executor(&executor);
     absl::Status ran = executor.Run();
     if (hooks.on_executor) hooks.on_executor(nullptr);
@@ -217,10 +225,14 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     const int64_t peak_memory = PeakResidentMemoryBytes();
     // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.
     const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(device));
-    return StageOutcome{executor.stats(),         DetachedParameters(*parts.weights),
-                        DetachedBuffers(*parts.weights), parts.parameter_bytes,
-                        peak_memory,               peak_tensors,
-                        transport->bytes_sent()};
+    StageOutcome outcome;
+    outcome.stats = executor.stats();
+    CopyNewestWeights(parts, outcome);
+    outcome.parameter_bytes = parts.parameter_bytes;
+    outcome.peak_memory_bytes = peak_memory;
+    outcome.peak_tensor_bytes = peak_tensors;
+    outcome.bytes_sent = transport->bytes_sent();
+    return outcome;
   }();
   if (!outcome.ok()) return AttributeFailure(*store, rank, p, outcome.status());
   return outcome;
@@ -240,6 +252,9 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   }
   nlohmann::json j = StatsToJson(out.stats);
   j["num_parameters"] = out.parameters.size();
+  j["model_stages"] = out.model_stages;
+  j["parameter_counts"] = out.parameter_counts;
+  j["buffer_counts"] = out.buffer_counts;
   j["parameter_bytes"] = out.parameter_bytes;
   j["peak_memory_bytes"] = out.peak_memory_bytes;
   j["peak_tensor_bytes"] = out.peak_tensor_bytes;
@@ -295,6 +310,9 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
     const size_t n = j.at("num_parameters");
     out.parameters.assign(tensors.begin(), tensors.begin() + n);
     out.buffers.assign(tensors.begin() + n, tensors.end());
+    out.model_stages = j.at("model_stages").get<std::vector<int>>();
+    out.parameter_counts = j.at("parameter_counts").get<std::vector<int>>();
+    out.buffer_counts = j.at("buffer_counts").get<std::vector<int>>();
     return out;
   } catch (const std::exception& e) {
     return absl::DataLossError(

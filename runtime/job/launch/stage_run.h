@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"
@@ -35,8 +36,9 @@ struct StageRunHooks {
   // Called when the stage's thread leaves the transport (before it is destroyed).
   std::function<void()> on_transport_gone;
   // Called once the stage's layers are built, with one version's parameter bytes and the
-  // layers it runs.
-  std::function<void(int64_t parameter_bytes, model::LayerRange layers)> on_built;
+  // layers it runs (those of each model stage it holds, in model order).
+  std::function<void(int64_t parameter_bytes, const std::vector<model::LayerRange>& layers)>
+      on_built;
   // Called with the stage's executor once it exists (its Activity() and Stop() may then be
   // used from any thread), and with nullptr before it is destroyed.
   std::function<void(executor::StageExecutor*)> on_executor;

@@ -8,6 +8,7 @@
 #include "runtime/base/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/model/model_zoo.h"
+#include "runtime/schedule/compute_lists.h"
 #include "runtime/schedule/simulator.h"
 
 namespace pipetrain::job {
@@ -22,11 +23,40 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// A schedule with chunks: one step's compute lists simulated (compute_lists.h) with the
+// mean measured time of each kind of action over replica 0's ranks, plus the mean update.
+absl::StatusOr<double> ChunkedIdealStepTime(const JobConfig& c, const JobPlan& plan,
+                                            const std::vector<executor::StageStats>& stats) {
+  std::map<ActionKind, std::pair<double, int>> sums;
+  for (int r = 0; r < plan.ranks(); ++r) {
+    for (const auto& record : stats[r].records) {
+      auto& [total, count] = sums[record.action.kind];
+      total += record.end_s - record.start_s - record.wait_s;
+      ++count;
+    }
+  }
+  const auto mean = [&sums](ActionKind kind) {
+    auto it = sums.find(kind);
+    return it == sums.end() || it->second.second == 0 ? 0.0
+                                                       : it->second.first / it->second.second;
+  };
+  schedule::ComputeCosts costs;
+  costs.forward = mean(ActionKind::kForward);
+  costs.backward = mean(ActionKind::kBackward);
+  costs.input_gradient = mean(ActionKind::kInputGradient);
+  costs.weight_gradient = mean(ActionKind::kWeightGradient);
+  PT_ASSIGN_OR_RETURN(auto lists, schedule::BuildComputeLists(ScheduleParamsOf(c, 1)));
+  PT_ASSIGN_OR_RETURN(schedule::ComputeSimulation sim,
+                      schedule::SimulateComputeLists(plan.layout, c.micro_batches, lists, costs));
+  return sim.makespan + mean(ActionKind::kOptimizerStep);
+}
+
 // Steady-state step time of `kind` predicted by the simulator from measured mean compute
 // time per (stage, action kind).
-absl::StatusOr<double> IdealStepTime(const JobConfig& c,
+absl::StatusOr<double> IdealStepTime(const JobConfig& c, const JobPlan& plan,
                                      const std::vector<executor::StageStats>& stats) {
-  const int p = c.stages;  // replica 0's stages come first in `stats`
+  if (schedule::HoldsChunks(c.schedule)) return ChunkedIdealStepTime(c, plan, stats);
+  const int p = plan.ranks();  // replica 0's stages come first in `stats`
   std::vector<std::map<ActionKind, std::pair<double, int>>> sums(p);
   for (int s = 0; s < p; ++s) {
     for (const auto& r : stats[s].records) {
@@ -109,11 +139,20 @@ absl::Status StoppedStagesError(const std::vector<absl::Status>& results,
                                                  absl::StrJoin(positions, ", "), "]"));
 }
 
-std::vector<at::Tensor> DetachedParameters(const weights::WeightStore& store) {
-  return DetachedCopies(store.Newest().Parameters());
-}
-std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store) {
-  return DetachedCopies(store.Newest().Buffers());
+void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome) {
+  outcome.parameters.clear();
+  outcome.buffers.clear();
+  outcome.parameter_counts.clear();
+  outcome.buffer_counts.clear();
+  outcome.model_stages = parts.model_stages;
+  for (const auto& store : parts.weights) {
+    const std::vector<at::Tensor> params = DetachedCopies(store->Newest().Parameters());
+    const std::vector<at::Tensor> buffers = DetachedCopies(store->Newest().Buffers());
+    outcome.parameters.insert(outcome.parameters.end(), params.begin(), params.end());
+    outcome.buffers.insert(outcome.buffers.end(), buffers.begin(), buffers.end());
+    outcome.parameter_counts.push_back(static_cast<int>(params.size()));
+    outcome.buffer_counts.push_back(static_cast<int>(buffers.size()));
+  }
 }
 
 ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double start_s,
@@ -174,9 +213,9 @@ std::vector<double> ProgressTracker::Losses() const {
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
                                          std::vector<double> losses, double start_s) {
-  const int p = plan.stages();
+  const int p = plan.ranks();
   if (static_cast<int>(stages.size()) != p * c.replicas) {
-    return absl::InternalError("AssembleReport needs one outcome per replica and stage");
+    return absl::InternalError("AssembleReport needs one outcome per replica and rank");
   }
   JobReport report;
   report.schedule = std::string(schedule::ScheduleKindName(c.schedule));
@@ -196,15 +235,35 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   if (report.losses.empty()) return absl::InternalError("the job finished no step");
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
+  // Each model stage's tensors, from the rank that held it, then in model (layer) order.
+  std::vector<std::vector<at::Tensor>> stage_parameters(plan.stages()), stage_buffers(plan.stages());
   for (int s = 0; s < p; ++s) {
     StageOutcome& out = stages[s];
-    report.per_stage.push_back({s, plan.partition[s], out.stats.peak_stashed_microbatches,
+    report.per_stage.push_back({s, RankLayers(plan, s), out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
                                 out.stats.wait_s, out.stats.allreduce_s, out.parameter_bytes,
                                 out.peak_memory_bytes, out.peak_tensor_bytes,
                                 out.bytes_sent});
-    for (auto& t : out.parameters) report.final_parameters.push_back(std::move(t));
-    for (auto& t : out.buffers) report.final_buffers.push_back(std::move(t));
+    size_t next_parameter = 0, next_buffer = 0;
+    for (size_t k = 0; k < out.model_stages.size(); ++k) {
+      const int stage = out.model_stages[k];
+      if (stage < 0 || stage >= plan.stages() || k >= out.parameter_counts.size() ||
+          k >= out.buffer_counts.size() ||
+          next_parameter + out.parameter_counts[k] > out.parameters.size() ||
+          next_buffer + out.buffer_counts[k] > out.buffers.size()) {
+        return absl::InternalError(absl::StrCat("rank ", s, "'s weights do not match its stages"));
+      }
+      for (int i = 0; i < out.parameter_counts[k]; ++i) {
+        stage_parameters[stage].push_back(std::move(out.parameters[next_parameter++]));
+      }
+      for (int i = 0; i < out.buffer_counts[k]; ++i) {
+        stage_buffers[stage].push_back(std::move(out.buffers[next_buffer++]));
+      }
+    }
+  }
+  for (int stage = 0; stage < plan.stages(); ++stage) {
+    for (auto& t : stage_parameters[stage]) report.final_parameters.push_back(std::move(t));
+    for (auto& t : stage_buffers[stage]) report.final_buffers.push_back(std::move(t));
   }
   for (StageOutcome& out : stages) report.stage_stats.push_back(std::move(out.stats));
   const int64_t rows_per_step = int64_t{c.replicas} * c.micro_batches * c.micro_batch_size;
@@ -224,7 +283,7 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   }
   report.tokens_per_s = report.samples_per_s * tokens_per_row;
   report.token_data = plan.dataset->is_token_data();
-  PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, report.stage_stats));
+  PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, plan, report.stage_stats));
   if (c.replicas > 1) {
     std::vector<double> exposed, total;
     ExposedAllReduce(report.stage_stats, p, &exposed, &total);

@@ -22,8 +22,9 @@
 namespace pipetrain::job {
 
 struct StageReport {
-  int stage = 0;
-  model::LayerRange layers;
+  int stage = 0;  // the rank's place in the pipeline
+  // The layers of the rank's model stages (one range, or v under a schedule with chunks).
+  std::vector<model::LayerRange> layers;
   int peak_stashed_microbatches = 0;
   int peak_weight_versions = 0;
   double compute_s = 0;
@@ -86,19 +87,24 @@ struct Progress {
   double tokens_per_s = 0;
 };
 
-// What one stage leaves behind.
+// What one rank leaves behind.
 struct StageOutcome {
   executor::StageStats stats;
-  std::vector<at::Tensor> parameters;  // newest weights, detached copies
+  // The newest weights of the rank's model stages, detached copies, in model order
+  // (CopyNewestWeights), and how many of them each model stage holds.
+  std::vector<at::Tensor> parameters;
   std::vector<at::Tensor> buffers;
+  std::vector<int> model_stages;
+  std::vector<int> parameter_counts, buffer_counts;  // per model stage
   int64_t parameter_bytes = 0;    // as in StageReport
   int64_t peak_memory_bytes = 0;  // measured when the stage ended, before the copies above
   int64_t peak_tensor_bytes = 0;  // likewise (0: tensor memory not counted in this process)
   int64_t bytes_sent = 0;         // as in StageReport
 };
 
-// The report of a finished run from every (replica, stage) outcome, replica-major; per-stage
-// figures and weights are replica 0's. `losses`: every step's loss, the mean over replicas
+// The report of a finished run from every (replica, rank) outcome, replica-major; per-rank
+// figures and weights are replica 0's (final_parameters in layer order whatever the ranks
+// held). `losses`: every step's loss, the mean over replicas
 // (ProgressTracker::Losses(); the stages keep only their recent steps). `start_s` is when
 // the stages started (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
@@ -112,9 +118,9 @@ absl::Status StoppedStagesError(const std::vector<absl::Status>& results,
                                 const std::vector<std::optional<schedule::Action>>& stopped_at);
 
 std::vector<at::Tensor> DetachedCopies(const std::vector<at::Tensor>& tensors);
-// Detached copies of a stage's newest parameters / buffers.
-std::vector<at::Tensor> DetachedParameters(const weights::WeightStore& store);
-std::vector<at::Tensor> DetachedBuffers(const weights::WeightStore& store);
+// Detached copies of the rank's newest parameters and buffers into `outcome` (its
+// parameters, buffers, model_stages and counts).
+void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome);
 
 // Emits Progress in step order once both the step's end (stage 0) and its loss (last
 // stage) are known. Thread-safe.
