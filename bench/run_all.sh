@@ -2,6 +2,7 @@
 # run_all.sh: builds what the benchmarks need (if needed) and runs all of them, printing
 # markdown ready for docs/performance.md on stdout (progress goes to stderr):
 #   1. pipeline_efficiency.py  gpipe / 1f1b / 2bw, 2 and 4 stages, m = 4, 8, 16
+#      chunked_schedules.py    zb1p, interleaved, zbv, dualpipev against 1f1b, p = cores
 #   2. overhead_bench          pipetrain 1 stage vs. a plain LibTorch loop, in one process
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
 #      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
@@ -63,6 +64,11 @@ section "Pipeline efficiency (bench/pipeline_efficiency.py)"
 start=${SECONDS}
 "${PY}" bench/pipeline_efficiency.py "${BIN}"
 echo >&2 "pipeline_efficiency: $((SECONDS - start)) s"
+
+section "Schedules with several stages a rank against 1F1B (bench/chunked_schedules.py)"
+start=${SECONDS}
+"${PY}" bench/chunked_schedules.py "${BIN}"
+echo >&2 "chunked_schedules: $((SECONDS - start)) s"
 
 section "Runtime overhead vs. a plain LibTorch loop (bench/overhead_bench)"
 start=${SECONDS}

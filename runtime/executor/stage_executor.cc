@@ -25,7 +25,8 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
       layout_(schedule::LayoutOf(config_.schedule)),
       transport_(transport),
       on_step_(std::move(on_step)),
-      is_first_(config_.stage == 0) {
+      is_first_(config_.stage == 0),
+      lazy_receives_(schedule::HoldsChunks(config_.schedule.kind)) {
   const std::vector<int> stages = layout_.StagesOf(config_.stage);
   const int last = layout_.stages() - 1;
   for (size_t c = 0; c < weights.size(); ++c) {
@@ -227,31 +228,21 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
     case ActionKind::kInputGradient:
       return Backward(chunk, j, action.kind, record);
     case ActionKind::kWeightGradient:
-      PT_RETURN_IF_ERROR(WeightGradient(chunk, j, record));
+      PT_RETURN_IF_ERROR(WeightGradient(chunk, j));
       GradientDone(chunk, j);
       return absl::OkStatus();
-    case ActionKind::kRecvActivation: {
-      const int from = layout_.RankOf(s - 1);
-      PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(from, MessageKind::kActivation,
-                                                MessageKey(s - 1, j), j,
-                                                config_.boundaries[s], record));
-      record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
-      if (x.is_floating_point()) x.requires_grad_(true);
-      chunk.activations[j] = std::move(x);
-      if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
-      const int64_t t = j / config_.micro_batches;
-      PT_ASSIGN_OR_RETURN(at::Tensor c, Receive(from, MessageKind::kControl, t, t,
-                                                {{1}, at::kLong}, record));
-      return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
-    }
-    case ActionKind::kRecvGradient: {
-      PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(layout_.RankOf(s + 1), MessageKind::kGradient,
-                                                MessageKey(s, j), j, config_.boundaries[s + 1],
-                                                record));
-      record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
-      chunk.output_grads[j] = std::move(g);
-      return absl::OkStatus();
-    }
+    case ActionKind::kRecvActivation:
+      if (lazy_receives_) {  // received when F<j> needs it
+        chunk.posted_activations.insert(j);
+        return absl::OkStatus();
+      }
+      return ReceiveActivation(chunk, j, record);
+    case ActionKind::kRecvGradient:
+      if (lazy_receives_) {  // received when the backward needs it
+        chunk.posted_gradients.insert(j);
+        return absl::OkStatus();
+      }
+      return ReceiveGradient(chunk, j, record);
     case ActionKind::kSendActivation: {
       auto it = chunk.stash.find(j);
       if (it == chunk.stash.end()) return absl::InternalError("no output to send: F not run");
@@ -282,6 +273,30 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       break;  // above
   }
   return absl::InternalError("unknown action");
+}
+
+absl::Status StageExecutor::ReceiveActivation(Chunk& chunk, int64_t j, ActionRecord& record) {
+  const int s = chunk.stage, from = layout_.RankOf(s - 1);
+  PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(from, MessageKind::kActivation, MessageKey(s - 1, j),
+                                            j, config_.boundaries[s], record));
+  record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
+  if (x.is_floating_point()) x.requires_grad_(true);
+  chunk.activations[j] = std::move(x);
+  if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
+  const int64_t t = j / config_.micro_batches;
+  PT_ASSIGN_OR_RETURN(at::Tensor c,
+                      Receive(from, MessageKind::kControl, t, t, {{1}, at::kLong}, record));
+  return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
+}
+
+absl::Status StageExecutor::ReceiveGradient(Chunk& chunk, int64_t j, ActionRecord& record) {
+  const int s = chunk.stage;
+  PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(layout_.RankOf(s + 1), MessageKind::kGradient,
+                                            MessageKey(s, j), j, config_.boundaries[s + 1],
+                                            record));
+  record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
+  chunk.output_grads[j] = std::move(g);
+  return absl::OkStatus();
 }
 
 absl::Status StageExecutor::Optimize(int64_t j) {
@@ -341,6 +356,7 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
   if (chunk.first) {
     PT_ASSIGN_OR_RETURN(stashed.input, config_.inputs(j));
   } else {
+    if (chunk.posted_activations.erase(j) > 0) PT_RETURN_IF_ERROR(ReceiveActivation(chunk, j, record));
     auto it = chunk.activations.find(j);
     if (it == chunk.activations.end()) {
       return absl::InternalError("input activation was never received");
@@ -385,18 +401,13 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
 absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
                                      ActionRecord& record) {
   const bool split = kind == ActionKind::kInputGradient;
-  if (split && chunk.first) {
-    // Nothing upstream waits for stage 0: its W runs the whole backward.
-    if (!chunk.stash.count(j)) return absl::InternalError("backward without forward");
-    chunk.owed_w[j];
-    return absl::OkStatus();
-  }
   auto it = chunk.stash.find(j);
   if (it == chunk.stash.end()) return absl::InternalError("backward without forward");
   Stashed& stashed = it->second;
   record.version = stashed.version;
   at::Tensor output_grad;
   if (!chunk.last) {
+    if (chunk.posted_gradients.erase(j) > 0) PT_RETURN_IF_ERROR(ReceiveGradient(chunk, j, record));
     auto g = chunk.output_grads.find(j);
     if (g == chunk.output_grads.end()) {
       return absl::InternalError("output gradient was never received");
@@ -440,16 +451,11 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::WeightGradient(Chunk& chunk, int64_t j, ActionRecord& record) {
+absl::Status StageExecutor::WeightGradient(Chunk& chunk, int64_t j) {
   auto owed = chunk.owed_w.find(j);
   if (owed == chunk.owed_w.end()) return absl::InternalError("W without its I");
-  if (chunk.first) {
-    // Stage 0's whole backward (its I did nothing).
-    PT_RETURN_IF_ERROR(Backward(chunk, j, ActionKind::kBackward, record));
-  } else {
-    owed->second.Run();
-    last_backward_end_s_ = MonotonicSeconds();
-  }
+  owed->second.Run();
+  last_backward_end_s_ = MonotonicSeconds();
   chunk.owed_w.erase(owed);
   return absl::OkStatus();
 }

@@ -7,9 +7,11 @@
 // micro-batch, moves activations and gradients through the Transport (between two stages of
 // one rank they are handed over in place), and applies the optimizer at STEP<t>.
 // Zero-bubble's split backward: I<j> makes the stage's input gradient with the deferrable
-// layers' weight gradients queued (runtime/model/weight_gradients.h), W<j> runs them; on
-// model stage 0, which sends no input gradient, I<j> does nothing and W<j> is the whole
-// backward. Every stage's W's are done by its STEP (checked). The last stage computes the
+// layers' weight gradients queued (runtime/model/weight_gradients.h), W<j> runs them (on
+// model stage 0 too, which has no input gradient to send: its I and W then divide its
+// backward as the schedules assume). Every stage's W's are done by its STEP (checked).
+// Under these schedules a RECV only posts the receive (the lowering places it early, where
+// the peer's unit-cost turn put it): the F or backward that uses the tensor waits for it. The last stage computes the
 // cross-entropy loss of each micro-batch against targets delivered to it, scaled by 1/m, so
 // that gradients accumulated over the m micro-batches, then averaged across the w
 // data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
@@ -205,10 +207,11 @@ class StageExecutor {
     bool first = false, last = false;  // model stage 0, S−1
     std::map<int64_t, at::Tensor> activations;     // inputs received or handed over
     std::map<int64_t, at::Tensor> output_grads;    // output gradients received or handed over
+    // Receives posted by RECV actions, waited for by what uses them (lazy receives).
+    std::set<int64_t> posted_activations, posted_gradients;
     std::map<int64_t, Stashed> stash;              // forward done, backward (B or I) not yet
     std::map<int64_t, at::Tensor> input_grads;     // made by B or I, for SEND_GRAD
-    // I's that owe their W: the deferred weight-gradient work of each micro-batch (model
-    // stage 0's W runs the backward itself: its stash stays until then).
+    // I's that owe their W: the deferred weight-gradient work of each micro-batch.
     std::map<int64_t, model::WeightGradientQueue> owed_w;
     // With replicas, under a schedule with chunks: the step's B's and W's done so far (its
     // gradient is final after m), and the AllReduce started then, waited for at STEP.
@@ -220,11 +223,10 @@ class StageExecutor {
   Chunk& ChunkOf(const schedule::Action& action);
   absl::Status Execute(const schedule::Action& action, ActionRecord& record);
   absl::Status Forward(Chunk& chunk, int64_t j, ActionRecord& record);
-  // B<j> (full), I<j> (input gradient, weight gradients deferred) or, on model stage 0,
-  // W<j> (the whole backward).
+  // B<j> (full) or I<j> (input gradient, weight gradients deferred).
   absl::Status Backward(Chunk& chunk, int64_t j, schedule::ActionKind kind,
                         ActionRecord& record);
-  absl::Status WeightGradient(Chunk& chunk, int64_t j, ActionRecord& record);
+  absl::Status WeightGradient(Chunk& chunk, int64_t j);
   // A B or W of micro-batch j finished on `chunk`: after the step's last, its gradient is
   // final and (schedules with chunks, replicas) its AllReduce starts, to overlap the rank's
   // other work until STEP.
@@ -234,6 +236,10 @@ class StageExecutor {
   // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
   absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
                                              const std::function<void()>& backward);
+  // Receives micro-batch j's input (and the step commands it carries) or output gradient of
+  // `chunk` into it.
+  absl::Status ReceiveActivation(Chunk& chunk, int64_t j, ActionRecord& record);
+  absl::Status ReceiveGradient(Chunk& chunk, int64_t j, ActionRecord& record);
   absl::StatusOr<at::Tensor> Receive(int peer_stage, transport::MessageKind kind, int64_t key,
                                      int64_t j, const transport::TensorSpec& expected,
                                      ActionRecord& record);
@@ -270,6 +276,7 @@ class StageExecutor {
   transport::Transport* transport_;
   std::function<void(const StepRecord&)> on_step_;
   bool is_first_;  // the pipeline's first rank: it seals boundaries
+  bool lazy_receives_;  // a RECV posts; the action that uses the tensor waits (chunks)
 
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;

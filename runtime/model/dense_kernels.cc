@@ -48,6 +48,16 @@ void Sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alph
               " m=", m, " n=", n, " k=", k, ")");
 }
 
+// dyᵀ x2, the weight's gradient of a product with output gradient dy [rows, out] and input
+// x2 [rows, in] (both contiguous float32).
+at::Tensor SgemmWeightGradient(const at::Tensor& dy, const at::Tensor& x2) {
+  const int64_t rows = dy.size(0), out = dy.size(1), in = x2.size(1);
+  at::Tensor g = at::empty({out, in}, dy.options());
+  Sgemm('T', 'N', out, in, rows, 1.0f, dy.data_ptr<float>(), out, x2.data_ptr<float>(), in, 0.0f,
+        g.data_ptr<float>(), in);
+  return g;
+}
+
 // Under mixed precision (autocast) the work is LibTorch's, in bfloat16.
 bool FastPath(const at::Tensor& t) {
   return OneDnnSgemm() != nullptr && t.defined() && t.device().is_cpu() &&
@@ -73,20 +83,25 @@ WeightGradientQueue* DeferringTo(AutogradContext* ctx) {
   return reinterpret_cast<WeightGradientDeferral*>(it->second.toInt())->queue();
 }
 
-// Queues `compute_weight` (the weight's gradient) and, if the product has a bias, `compute_bias`,
-// each added to its parameter when W runs. Parameters that need no gradient get none.
-void DeferParameterGradients(AutogradContext* ctx, WeightGradientQueue* queue,
-                             std::function<at::Tensor()> compute_weight,
-                             std::function<at::Tensor()> compute_bias) {
-  const at::Tensor weight = ctx->saved_data["weight"].toTensor();
-  const at::Tensor bias = ctx->saved_data["bias"].toTensor();
+// The gradients of a linear product's weight (input 1) and bias (input 2, if `has_bias`), made
+// by `compute_weight` and `compute_bias`: while the stage defers them, queued to be added to
+// the parameters when W runs (and returned undefined), else computed where needed.
+std::pair<at::Tensor, at::Tensor> ParameterGradients(AutogradContext* ctx, bool has_bias,
+                                                     std::function<at::Tensor()> compute_weight,
+                                                     std::function<at::Tensor()> compute_bias) {
   const bool weight_grad = ctx->needs_input_grad(1);
-  const bool bias_grad = bias.numel() > 0 && ctx->needs_input_grad(2);
-  queue->Defer([weight, bias, weight_grad, bias_grad, compute_weight = std::move(compute_weight),
-                compute_bias = std::move(compute_bias)] {
-    if (weight_grad) AccumulateGradient(weight, compute_weight());
-    if (bias_grad) AccumulateGradient(bias, compute_bias());
-  });
+  const bool bias_grad = has_bias && ctx->needs_input_grad(2);
+  if (WeightGradientQueue* queue = DeferringTo(ctx)) {
+    const at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const at::Tensor bias = ctx->saved_data["bias"].toTensor();
+    queue->Defer([weight, bias, weight_grad, bias_grad, compute_weight = std::move(compute_weight),
+                  compute_bias = std::move(compute_bias)] {
+      if (weight_grad) AccumulateGradient(weight, compute_weight());
+      if (bias_grad) AccumulateGradient(bias, compute_bias());
+    });
+    return {};
+  }
+  return {weight_grad ? compute_weight() : at::Tensor(), bias_grad ? compute_bias() : at::Tensor()};
 }
 
 // ---------------------------------------------------------------- Linear
@@ -111,16 +126,11 @@ struct ComposedLinear : public torch::autograd::Function<ComposedLinear> {
     const int64_t in = w.size(1), out = w.size(0);
     const at::Tensor dy = grad_outputs[0].reshape({-1, out});
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    at::Tensor dx, dw, db;
+    at::Tensor dx;
     if (ctx->needs_input_grad(0)) dx = dy.mm(w).view(x.sizes());
-    auto weight_grad = [dy, x2 = x.reshape({-1, in})] { return dy.t().mm(x2); };
-    auto bias_grad = [dy] { return dy.sum(0); };
-    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
-      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
-      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
-    }
-    if (ctx->needs_input_grad(1)) dw = weight_grad();
-    if (has_bias && ctx->needs_input_grad(2)) db = bias_grad();
+    auto [dw, db] = ParameterGradients(
+        ctx, has_bias, [dy, x2 = x.reshape({-1, in})] { return dy.t().mm(x2); },
+        [dy] { return dy.sum(0); });
     return {dx, dw, db, at::Tensor()};
   }
 };
@@ -156,7 +166,7 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
     const at::Tensor& w = saved[1];
     const int64_t rows = x2.size(0), in = w.size(1), out = w.size(0);
     const at::Tensor dy = grad_outputs[0].reshape({rows, out}).contiguous();
-    at::Tensor dx, dw, db;
+    at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       dx = at::empty({rows, in}, dy.options());
       Sgemm('N', 'N', rows, in, out, 1.0f, dy.data_ptr<float>(), out, w.data_ptr<float>(), in,
@@ -165,19 +175,9 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
       shape.back() = in;
       dx = dx.view(shape);
     }
-    auto weight_grad = [dy, x2, rows, in, out] {
-      at::Tensor g = at::empty({out, in}, dy.options());
-      Sgemm('T', 'N', out, in, rows, 1.0f, dy.data_ptr<float>(), out, x2.data_ptr<float>(), in,
-            0.0f, g.data_ptr<float>(), in);
-      return g;
-    };
-    auto bias_grad = [dy] { return dy.sum(0); };
-    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
-      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
-      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
-    }
-    if (ctx->needs_input_grad(1)) dw = weight_grad();
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = bias_grad();
+    auto [dw, db] = ParameterGradients(
+        ctx, ctx->saved_data["has_bias"].toBool(), [dy, x2] { return SgemmWeightGradient(dy, x2); },
+        [dy] { return dy.sum(0); });
     return {dx, dw, db, at::Tensor()};
   }
 };
@@ -322,7 +322,7 @@ struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
     at::parallel_for(0, rows * out, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
       GeluBackwardRangeAvx512(dyp, hp, dhp, begin, end);
     });
-    at::Tensor dx, dw, db;
+    at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       dx = at::empty({rows, in}, dy.options());
       Sgemm('N', 'N', rows, in, out, 1.0f, dhp, out, w.data_ptr<float>(), in, 0.0f,
@@ -331,19 +331,9 @@ struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
       shape.back() = in;
       dx = dx.view(shape);
     }
-    auto weight_grad = [dh, x2, rows, in, out] {
-      at::Tensor g = at::empty({out, in}, dh.options());
-      Sgemm('T', 'N', out, in, rows, 1.0f, dh.data_ptr<float>(), out, x2.data_ptr<float>(), in,
-            0.0f, g.data_ptr<float>(), in);
-      return g;
-    };
-    auto bias_grad = [dh] { return dh.sum(0); };
-    if (WeightGradientQueue* queue = DeferringTo(ctx)) {
-      DeferParameterGradients(ctx, queue, weight_grad, bias_grad);
-      return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
-    }
-    if (ctx->needs_input_grad(1)) dw = weight_grad();
-    if (ctx->needs_input_grad(2)) db = bias_grad();
+    auto [dw, db] = ParameterGradients(
+        ctx, /*has_bias=*/true, [dh, x2] { return SgemmWeightGradient(dh, x2); },
+        [dh] { return dh.sum(0); });
     return {dx, dw, db, at::Tensor()};
   }
 };
