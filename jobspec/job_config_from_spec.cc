@@ -35,6 +35,7 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   if (m.image_shape_size() > 0) c.model.image_shape.assign(m.image_shape().begin(), m.image_shape().end());
   Copy(m.has_num_classes(), m.num_classes(), &c.model.num_classes);
   Copy(m.has_path(), m.path(), &c.model.torchscript_path);
+  Copy(m.has_tie_embeddings(), m.tie_embeddings(), &c.model.tie_embeddings);
 
   const v1::DataSpec& d = s.data();
   Copy(d.has_kind(), d.kind(), &c.data.kind);

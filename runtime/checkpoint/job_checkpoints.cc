@@ -53,14 +53,35 @@ void ReportCommitted(const JobConfig& config, const Manifest& m,
                bytes / 1e6, absl::ToDoubleSeconds(took));
 }
 
-// Writes the stage's layers through `writer`; their entries.
+// The copies of tied parameters in layer `layer` that are not their group's first member
+// (stored only with that member): (their parameter in the layer, the first member).
+std::vector<std::pair<int, model::ParameterRef>> AliasesIn(const JobPlan& plan, int layer) {
+  std::vector<std::pair<int, model::ParameterRef>> aliases;
+  for (const model::TieGroup& group : plan.ties) {
+    for (size_t k = 1; k < group.size(); ++k) {
+      if (group[k].layer == layer) aliases.emplace_back(group[k].parameter, group.front());
+    }
+  }
+  std::sort(aliases.begin(), aliases.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return aliases;
+}
+
+// Writes the stage's layers through `writer` (each tied parameter once, with its group's
+// first member); their entries.
 absl::StatusOr<std::vector<LayerFile>> WriteStageLayers(
     CheckpointWriter& writer, const JobPlan& plan, int stage,
     const weights::WeightStore& weights) {
   const model::LayerRange range = plan.partition[stage];
-  const std::vector<LayerState> layers = StageLayerStates(weights);
+  std::vector<LayerState> layers = StageLayerStates(weights);
   std::vector<LayerFile> files;
   for (size_t i = 0; i < layers.size(); ++i) {
+    const auto aliases = AliasesIn(plan, range.begin + static_cast<int>(i));
+    for (auto it = aliases.rbegin(); it != aliases.rend(); ++it) {  // back to front
+      LayerState& state = layers[i];
+      state.parameters.erase(state.parameters.begin() + it->first);
+      if (!state.optimizer.empty()) state.optimizer.erase(state.optimizer.begin() + it->first);
+    }
     PT_ASSIGN_OR_RETURN(LayerFile file,
                         writer.WriteLayer(range.begin + static_cast<int>(i),
                                           SerializeLayerState(layers[i])));
@@ -313,6 +334,28 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobConfig& 
   return std::optional<FoundCheckpoint>(*std::move(found));
 }
 
+namespace {
+
+// Layer `layer`'s file of the checkpoint `found`, read and parsed.
+absl::StatusOr<LayerState> ParseLayer(const FoundCheckpoint& found, int layer) {
+  auto bytes = ReadLayer(found, layer);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("resume_from: ", bytes.status().message()));
+  }
+  auto state = ParseLayerState(*bytes);
+  if (!state.ok()) {
+    return absl::Status(
+        state.status().code(),
+        absl::StrCat("resume_from: layer ", layer, " (",
+                     (std::filesystem::path(found.dir) / LayerFileName(layer)).string(), "): ",
+                     state.status().message()));
+  }
+  return state;
+}
+
+}  // namespace
+
 absl::StatusOr<StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& found,
                                           const JobPlan& plan, int stage) {
   StageStart start;
@@ -320,18 +363,22 @@ absl::StatusOr<StageStart> StageStartFrom(const std::optional<FoundCheckpoint>& 
   start.first_step = found->manifest.step;
   for (const model::LayerRange& r : job::RankLayers(plan, stage)) {
     for (int layer = r.begin; layer < r.end; ++layer) {
-      auto bytes = ReadLayer(*found, layer);
-      if (!bytes.ok()) {
-        return absl::Status(bytes.status().code(),
-                            absl::StrCat("resume_from: ", bytes.status().message()));
-      }
-      auto state = ParseLayerState(*bytes);
-      if (!state.ok()) {
-        return absl::Status(
-            state.status().code(),
-            absl::StrCat("resume_from: layer ", layer, " (",
-                         (std::filesystem::path(found->dir) / LayerFileName(layer)).string(),
-                         "): ", state.status().message()));
+      auto state = ParseLayer(*found, layer);
+      if (!state.ok()) return state.status();
+      // Tied copies stored with their group's first member: loaded from there.
+      for (const auto& [parameter, first] : AliasesIn(plan, layer)) {
+        PT_ASSIGN_OR_RETURN(LayerState canonical, ParseLayer(*found, first.layer));
+        if (first.parameter >= static_cast<int>(canonical.parameters.size()) ||
+            parameter > static_cast<int>(state->parameters.size()) ||
+            state->optimizer.size() != state->parameters.size()) {
+          return absl::DataLossError(absl::StrCat("resume_from: layer ", first.layer,
+                                                  " holds no tied parameter ", first.parameter));
+        }
+        // ParseLayerState gives every parameter its optimizer state (empty before any step).
+        state->parameters.insert(state->parameters.begin() + parameter,
+                                 canonical.parameters[first.parameter]);
+        state->optimizer.insert(state->optimizer.begin() + parameter,
+                                canonical.optimizer[first.parameter]);
       }
       start.layers.push_back(*std::move(state));
     }

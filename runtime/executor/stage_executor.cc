@@ -42,18 +42,25 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
     const std::vector<at::Tensor> params = chunks_[0].weights->Newest().Parameters();
     if (!params.empty()) device_ = params[0].device();
   }
-  if (config_.replicas > 1) {
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      chunks_[c].weights->set_gradient_hook(
-          [this, c](int64_t t, std::vector<at::Tensor>& grads) {
-            return ReduceGradients(chunks_[c], t, grads);
-          });
-    }
-  }
 }
 
-absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t,
-                                            std::vector<at::Tensor>& grads) {
+namespace {
+
+// The gradients of `module`'s parameters, each defined (zeros where a parameter took no part):
+// the tensors an update reads (WeightStore::Update), to be changed in place before it.
+std::vector<at::Tensor> DefinedGradients(const model::StageModule& module) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& param : module.Parameters()) {
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+    grads.push_back(param.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
+  if (config_.replicas == 1) return absl::OkStatus();
   if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
   const double start = MonotonicSeconds();
   waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
@@ -64,6 +71,10 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t,
     chunk.reduction.reset();
     record.start_s = chunk.reduction_record.start_s;
   } else {
+    absl::StatusOr<model::StageModule*> module =
+        chunk.weights->ModuleFor(t * config_.micro_batches);
+    if (!module.ok()) return module.status();
+    std::vector<at::Tensor> grads = DefinedGradients(**module);
     s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
   }
   waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
@@ -71,6 +82,60 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t,
   step_allreduce_s_ += record.end_s - start;  // what the update waited for
   Keep(stats_.allreduces, record, config_.history.allreduces);
   return s;
+}
+
+absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
+  const int64_t groups = static_cast<int64_t>(config_.tied.size());
+  int64_t most_members = 1;
+  for (const TiedParameter& tie : config_.tied) {
+    most_members = std::max<int64_t>(most_members, static_cast<int64_t>(tie.members.size()));
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::vector<TiedParameter::Member>& members = config_.tied[g].members;
+    const auto held_here = [&](const TiedParameter::Member& m) {
+      return layout_.RankOf(m.stage) == config_.stage;
+    };
+    if (std::none_of(members.begin(), members.end(), held_here)) continue;
+    const auto key = [&](size_t k) {
+      return (t * groups + g) * most_members + static_cast<int64_t>(k);
+    };
+    std::vector<at::Tensor> grads(members.size());
+    std::set<int> other_ranks;
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (!held_here(members[k])) {
+        other_ranks.insert(layout_.RankOf(members[k].stage));
+        continue;
+      }
+      PT_ASSIGN_OR_RETURN(
+          model::StageModule * module,
+          ChunkOf(members[k].stage).weights->ModuleFor(t * config_.micro_batches));
+      grads[k] = DefinedGradients(*module).at(static_cast<size_t>(members[k].parameter));
+    }
+    // Every copy's gradient to every other rank holding one (sends never block), then theirs.
+    transport::TensorSpec spec;
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      spec = transport::SpecOf(grads[k]);
+      // A copy: the gradient is overwritten with the sum below, and a transport within one
+      // process hands over the tensor itself.
+      const at::Tensor sent = grads[k].clone();
+      for (int rank : other_ranks) {
+        PT_RETURN_IF_ERROR(transport_->Send(rank, MessageKind::kTiedGradient, key(k), sent));
+      }
+    }
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (grads[k].defined()) continue;
+      PT_ASSIGN_OR_RETURN(grads[k], Receive(layout_.RankOf(members[k].stage),
+                                            MessageKind::kTiedGradient, key(k), t, spec, record));
+    }
+    // The one parameter's gradient, summed in member order on every rank alike.
+    at::Tensor sum = grads[0].clone();
+    for (size_t k = 1; k < members.size(); ++k) sum.add_(grads[k]);
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (held_here(members[k])) grads[k].copy_(sum);
+    }
+  }
+  return absl::OkStatus();
 }
 
 void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
@@ -81,12 +146,7 @@ void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
   chunk.gradients_done = 0;
   absl::StatusOr<model::StageModule*> module = chunk.weights->ModuleFor(j);
   if (!module.ok()) return;  // the update reduces them (and fails the same way)
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& param : (*module)->Parameters()) {
-    // As the update reads them (GradientsOf), reduced in place.
-    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
-    grads.push_back(param.grad());
-  }
+  std::vector<at::Tensor> grads = DefinedGradients(**module);
   chunk.reduction_record = {j / config_.micro_batches, -1, MonotonicSeconds(), 0};
   chunk.reduction = transport_->StartAllReduceMean(std::move(grads),
                                                    absl::Now() + config_.recv_timeout);
@@ -125,10 +185,10 @@ std::string StageExecutor::Where(const Action& action) const {
   return absl::StrCat("stage ", config_.stage, " ", schedule::ToString(action));
 }
 
-StageExecutor::Chunk& StageExecutor::ChunkOf(const Action& action) {
-  if (action.stage != schedule::kOwnStage) {
+StageExecutor::Chunk& StageExecutor::ChunkOf(int stage) {
+  if (stage != schedule::kOwnStage) {
     for (Chunk& chunk : chunks_) {
-      if (chunk.stage == action.stage) return chunk;
+      if (chunk.stage == stage) return chunk;
     }
   }
   return chunks_[0];
@@ -142,8 +202,8 @@ absl::Status StageExecutor::Run() {
   if (chunks_.empty() ||
       chunks_.size() != static_cast<size_t>(layout_.chunks_per_rank)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the rank runs ", layout_.chunks_per_rank, " model stages; given the weights of ",
-                     chunks_.size()));
+        absl::StrCat("the rank runs ", layout_.chunks_per_rank,
+                     " model stages; given the weights of ", chunks_.size()));
   }
   if (static_cast<int>(config_.boundaries.size()) != layout_.stages() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("the shapes of ", layout_.stages() + 1,
@@ -215,8 +275,8 @@ absl::Status StageExecutor::Run() {
 
 absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) {
   const int64_t j = action.index;
-  if (action.kind == ActionKind::kOptimizerStep) return Optimize(j);
-  Chunk& chunk = ChunkOf(action);
+  if (action.kind == ActionKind::kOptimizerStep) return Optimize(j, record);
+  Chunk& chunk = ChunkOf(action.stage);
   const int s = chunk.stage;
   switch (action.kind) {
     case ActionKind::kForward:
@@ -299,7 +359,7 @@ absl::Status StageExecutor::ReceiveGradient(Chunk& chunk, int64_t j, ActionRecor
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::Optimize(int64_t j) {
+absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   StepRecord step;
   step.step = j;
   // Every W of the step is done (schedules with chunks flush: so is every backward).
@@ -312,6 +372,10 @@ absl::Status StageExecutor::Optimize(int64_t j) {
           " backwards not run"));
     }
   }
+  // Each stage's gradient averaged over its replicas, then tied copies' summed: what every
+  // copy of every parameter is updated with.
+  for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(ReduceGradients(chunk, j));
+  PT_RETURN_IF_ERROR(SumTiedGradients(j, record));
   for (Chunk& chunk : chunks_) {
     PT_RETURN_IF_ERROR(chunk.weights->Update(j));
     step.skipped = step.skipped || chunk.weights->last_update_skipped();
@@ -356,7 +420,9 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
   if (chunk.first) {
     PT_ASSIGN_OR_RETURN(stashed.input, config_.inputs(j));
   } else {
-    if (chunk.posted_activations.erase(j) > 0) PT_RETURN_IF_ERROR(ReceiveActivation(chunk, j, record));
+    if (chunk.posted_activations.erase(j) > 0) {
+      PT_RETURN_IF_ERROR(ReceiveActivation(chunk, j, record));
+    }
     auto it = chunk.activations.find(j);
     if (it == chunk.activations.end()) {
       return absl::InternalError("input activation was never received");
@@ -390,7 +456,7 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
     // The next stage is on this rank: its input, handed over in place.
     at::Tensor next = out.detach();
     if (next.is_floating_point()) next.requires_grad_(true);
-    ChunkOf(schedule::OnStage(schedule::F(j), chunk.stage + 1)).activations[j] = std::move(next);
+    ChunkOf(chunk.stage + 1).activations[j] = std::move(next);
   }
   stashed.output = std::move(out);
   chunk.stash.emplace(j, std::move(stashed));
@@ -407,7 +473,9 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
   record.version = stashed.version;
   at::Tensor output_grad;
   if (!chunk.last) {
-    if (chunk.posted_gradients.erase(j) > 0) PT_RETURN_IF_ERROR(ReceiveGradient(chunk, j, record));
+    if (chunk.posted_gradients.erase(j) > 0) {
+      PT_RETURN_IF_ERROR(ReceiveGradient(chunk, j, record));
+    }
     auto g = chunk.output_grads.find(j);
     if (g == chunk.output_grads.end()) {
       return absl::InternalError("output gradient was never received");
@@ -441,7 +509,7 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     if (!grad.defined()) grad = at::zeros_like(stashed.input);
     if (layout_.RankOf(chunk.stage - 1) == config_.stage) {
       // The previous stage is on this rank: its output gradient, handed over in place.
-      ChunkOf(schedule::OnStage(schedule::B(j), chunk.stage - 1)).output_grads[j] = grad;
+      ChunkOf(chunk.stage - 1).output_grads[j] = grad;
     } else {
       chunk.input_grads[j] = grad;
     }
@@ -570,8 +638,8 @@ bool StageExecutor::CarriesBoundary(int s, int64_t j) const {
 }
 
 uint32_t StageExecutor::PolicyCommands(int64_t n) const {
-  return config_.checkpoint_every > 0 && n % config_.checkpoint_every == 0 ? control::kCheckpoint
-                                                                          : 0;
+  const bool due = config_.checkpoint_every > 0 && n % config_.checkpoint_every == 0;
+  return due ? static_cast<uint32_t>(control::kCheckpoint) : 0u;
 }
 
 absl::Status StageExecutor::SealBoundary(int64_t n) {

@@ -16,6 +16,8 @@
 // that gradients accumulated over the m micro-batches, then averaged across the w
 // data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
 // those of the global mini-batch mean.
+// Tied weights (StageConfig::tied): before every update, after the replicas' averaging, the
+// copies' gradients are summed on the ranks holding them (any two ranks may exchange them).
 // Messages between two ranks that exchange several stages' tensors are told apart by their
 // index: micro-batch j across the boundary after model stage s travels as j·v + ⌊s/p⌋ (v
 // chunks a rank; just j with one).
@@ -86,6 +88,19 @@ struct HistoryLimits {
   size_t allreduces = size_t{1} << 12;  // AllReduceRecord: 32 bytes
 };
 
+// A parameter several model stages hold a copy of (tied weights: model::TiedParameters):
+// each member's model stage and, where this rank holds that stage, the member's index in the
+// stage's Parameters() (-1 elsewhere). Before every update the copies' gradients (each
+// averaged over its replicas first) are summed in member order on every rank holding one,
+// the ranks exchanging theirs, so every copy takes the same step and stays equal.
+struct TiedParameter {
+  struct Member {
+    int stage = 0;
+    int parameter = -1;
+  };
+  std::vector<Member> members;
+};
+
 struct StageConfig {
   int stage = 0;       // the rank's place in its pipeline (its transport's stage), 0 .. p−1
   int num_stages = 1;  // p: the pipeline's ranks
@@ -115,6 +130,8 @@ struct StageConfig {
   // receives (boundaries[0] the data), boundaries[S] the last stage's output (S = p x v
   // stages). A received activation or gradient must have that shape and dtype.
   std::vector<transport::TensorSpec> boundaries;
+  // Every tie group of the model (none: no tied weights).
+  std::vector<TiedParameter> tied;
   HistoryLimits history;
   // Called on the stage's thread after every action that succeeded (metrics): it must not
   // block or take a lock another thread holds for long.
@@ -220,7 +237,8 @@ class StageExecutor {
     AllReduceRecord reduction_record;
   };
 
-  Chunk& ChunkOf(const schedule::Action& action);
+  // The chunk of model stage `stage` (kOwnStage: the rank's one).
+  Chunk& ChunkOf(int stage);
   absl::Status Execute(const schedule::Action& action, ActionRecord& record);
   absl::Status Forward(Chunk& chunk, int64_t j, ActionRecord& record);
   // B<j> (full) or I<j> (input gradient, weight gradients deferred).
@@ -231,8 +249,12 @@ class StageExecutor {
   // final and (schedules with chunks, replicas) its AllReduce starts, to overlap the rank's
   // other work until STEP.
   void GradientDone(Chunk& chunk, int64_t j);
-  // The gradient AllReduce among replicas of `chunk`'s mini-batch t (at its update).
-  absl::Status ReduceGradients(Chunk& chunk, int64_t t, std::vector<at::Tensor>& grads);
+  // At the update of mini-batch t, before any stage's: `chunk`'s gradient averaged over its
+  // replicas (done during the backward, started after it, or now), in place.
+  absl::Status ReduceGradients(Chunk& chunk, int64_t t);
+  // Then the gradients of tied copies (StageConfig::tied) this rank holds summed with the
+  // other copies', exchanged with the ranks holding them.
+  absl::Status SumTiedGradients(int64_t t, ActionRecord& record);
   // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
   absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
                                              const std::function<void()>& backward);
@@ -243,7 +265,7 @@ class StageExecutor {
   absl::StatusOr<at::Tensor> Receive(int peer_stage, transport::MessageKind kind, int64_t key,
                                      int64_t j, const transport::TensorSpec& expected,
                                      ActionRecord& record);
-  absl::Status Optimize(int64_t t);
+  absl::Status Optimize(int64_t t, ActionRecord& record);
   // The index of micro-batch j's tensor crossing the boundary after model stage `lower`.
   int64_t MessageKey(int lower, int64_t j) const;
   void NoteLiveVersions();

@@ -202,6 +202,17 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                    " model stages (virtual_stages): ",
                               model_stages, " are needed"));
   }
+  if (c.device == "cuda" && schedule::HoldsChunks(c.schedule)) {
+    errors.push_back(absl::StrCat(
+        "schedule: ", std::string(schedule::ScheduleKindName(c.schedule)),
+        " sends between ranks that are not neighbours, which the NCCL transport does not link: "
+        "on device cuda use gpipe, 1f1b or 2bw"));
+  }
+  if (c.device == "cuda" && c.model.tie_embeddings && c.stages > 1) {
+    errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "
+                     "last rank, which the NCCL transport does not link: on device cuda only "
+                     "with one stage");
+  }
   if (c.auto_stages && schedule::HoldsChunks(c.schedule)) {
     errors.push_back(absl::StrCat(
         "stages: auto plans gpipe, 1f1b and 2bw layouts; schedule ",
@@ -288,6 +299,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   m["n_heads"] = c.model.n_heads;
   m["n_layers"] = c.model.n_layers;
   m["dropout"] = c.model.dropout;
+  m["tie_embeddings"] = c.model.tie_embeddings;
   m["hidden"] = c.model.hidden;
   m["hidden_layers"] = c.model.hidden_layers;
   m["input_dim"] = c.model.input_dim;

@@ -140,6 +140,7 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
     PT_ASSIGN_OR_RETURN(plan.layers, model::BuiltinLayers(plan.model_config));
   }
   plan.layout = schedule::LayoutOf(ScheduleParamsOf(c, 1));
+  plan.ties = model::TiedParameters(plan.model_config);
   if (c.stage_ranges.empty()) {
     std::vector<double> costs;
     for (const model::LayerInfo& layer : plan.layers) {
@@ -271,6 +272,38 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
   return store;
 }
 
+// The model's tie groups as the executor sees them: each member's model stage, and its index
+// in that stage's Parameters() where `parts` holds the stage.
+absl::StatusOr<std::vector<executor::TiedParameter>> TiedParametersOf(const JobPlan& plan,
+                                                                      const StageParts& parts) {
+  std::vector<executor::TiedParameter> tied;
+  for (const model::TieGroup& group : plan.ties) {
+    executor::TiedParameter tie;
+    for (const model::ParameterRef& ref : group) {
+      executor::TiedParameter::Member member;
+      while (member.stage < plan.stages() && plan.partition[member.stage].end <= ref.layer) {
+        ++member.stage;
+      }
+      for (size_t k = 0; k < parts.model_stages.size(); ++k) {
+        if (parts.model_stages[k] != member.stage) continue;
+        const model::StageModule& module = parts.weights[k]->Newest();
+        int index = 0;  // the parameters of the stage's layers before the member's
+        for (int i = 0; i < ref.layer - module.first_layer(); ++i) {
+          index += static_cast<int>(module.layers()[i]->Parameters().size());
+        }
+        member.parameter = index + ref.parameter;
+        if (member.parameter >= static_cast<int>(module.Parameters().size())) {
+          return absl::InternalError(absl::StrCat("tied parameter ", ref.parameter,
+                                                  " of layer ", ref.layer, " does not exist"));
+        }
+      }
+      tie.members.push_back(member);
+    }
+    tied.push_back(std::move(tie));
+  }
+  return tied;
+}
+
 }  // namespace
 
 absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
@@ -321,6 +354,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
     };
   }
   sc.boundaries = plan.boundary;
+  PT_ASSIGN_OR_RETURN(sc.tied, TiedParametersOf(plan, parts));
   return parts;
 }
 

@@ -37,6 +37,8 @@ struct JobPlan {
   std::vector<model::LayerRange> partition;
   // Which of a pipeline's p ranks holds which model stage (one each without chunks).
   schedule::ChunkLayout layout;
+  // The model's tied parameters (model::TiedParameters), by global layer.
+  std::vector<model::TieGroup> ties;
   std::vector<bool> recompute;  // per global layer
   at::ScalarType dtype = at::kFloat;          // of the weights (and of float input data)
   at::ScalarType compute_dtype = at::kFloat;  // of the layers' work and the messages

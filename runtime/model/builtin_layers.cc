@@ -321,7 +321,10 @@ std::unique_ptr<Layer> Make(std::string name, Args&&... args) {
 }  // namespace
 
 std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
-  InitGeneratorScope init(LayerInitSeed(c.seed, i));
+  // An LM head tied to the token embedding (TiedParameters) starts equal to it: its weight is
+  // drawn from the embedding's seed, as the embedding draws its token table first.
+  const bool tied_head = c.name == "gpt" && c.tie_embeddings && i == c.n_layers + 2;
+  InitGeneratorScope init(LayerInitSeed(c.seed, tied_head ? 0 : i));
   if (c.name == "gpt") {
     if (i == 0) {
       return Make<GptEmbeddingImpl>("embedding", c.vocab_size, c.seq_len, c.d_model, c.dropout);

@@ -71,6 +71,10 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.dropout < 0 || c.dropout >= 1) {
     errors.push_back(absl::StrCat("model.dropout must be in [0, 1), got ", c.dropout));
   }
+  if (c.tie_embeddings && c.name != "gpt") {
+    errors.push_back(absl::StrCat("model.tie_embeddings: only a gpt has an embedding and an "
+                                  "LM head to tie, not ", c.name));
+  }
   return InvalidArgumentList("", errors);
 }
 
@@ -237,6 +241,12 @@ std::vector<VggConv> VggConvs(const ModelConfig& c) {
   return convs;
 }
 int64_t CnnStride(int64_t conv) { return conv == 1 ? 2 : 1; }
+
+std::vector<TieGroup> TiedParameters(const ModelConfig& config) {
+  if (config.name != "gpt" || !config.tie_embeddings) return {};
+  // The embedding's parameters are (token, position); the head's (weight).
+  return {{{0, 0}, {static_cast<int>(config.n_layers) + 2, 0}}};
+}
 
 uint64_t LayerInitSeed(uint64_t seed, int layer) {
   return Mix64(Mix64(seed) ^ (static_cast<uint64_t>(layer) + 0x5851F42D4C957F2DULL));

@@ -40,6 +40,9 @@ struct ModelConfig {
   int64_t n_heads = 4;
   int64_t n_layers = 4;
   double dropout = 0.0;
+  // The LM head's weight is the token embedding's (GPT-2's weight tying): one parameter, held
+  // as a copy by each stage that has one of the two layers (TiedParameters).
+  bool tie_embeddings = false;
   // mlp (input_dim), cnn and vgg (image_shape); all use num_classes and hidden sizes
   int64_t input_dim = 32;
   std::vector<int64_t> image_shape = {3, 16, 16};
@@ -93,6 +96,24 @@ struct VggConv {
   bool ends_stage = false;
 };
 std::vector<VggConv> VggConvs(const ModelConfig& config);
+
+// One parameter of the model that several layers use (tied weights): each member is a
+// layer's parameter by position in its Parameters(). The first member is the canonical one:
+// every member starts equal to it, a checkpoint stores it there only, and the members'
+// gradients are summed in this order before every update (each holder of a member keeps a
+// copy and takes the same step).
+struct ParameterRef {
+  int layer = 0;
+  int parameter = 0;
+  bool operator==(const ParameterRef& o) const {
+    return layer == o.layer && parameter == o.parameter;
+  }
+};
+using TieGroup = std::vector<ParameterRef>;
+
+// The tie groups of a built-in model: a gpt with tie_embeddings, {embedding's token table,
+// lm_head's weight}; none otherwise.
+std::vector<TieGroup> TiedParameters(const ModelConfig& config);
 
 // The seed of layer `layer`'s initial parameters: a layer's initial values depend only on
 // (job seed, global layer index, model config), never on the partition.

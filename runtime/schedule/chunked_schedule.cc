@@ -249,7 +249,8 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const Schedul
         break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(
-            std::string(ScheduleKindName(params.kind)), " holds one stage a rank: it has no compute lists here"));
+            std::string(ScheduleKindName(params.kind)),
+            " holds one stage a rank: it has no compute lists here"));
     }
   }
   return lists;

@@ -57,6 +57,8 @@ const char* MessageKindName(MessageKind kind) {
       return "gradient";
     case MessageKind::kControl:
       return "control message";
+    case MessageKind::kTiedGradient:
+      return "tied parameter's gradient";
   }
   return "message";
 }

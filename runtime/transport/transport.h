@@ -26,8 +26,9 @@
 namespace pipetrain::transport {
 
 // Activations flow to the next stage, gradients to the previous one; control messages (the
-// step commands of a boundary, runtime/control) flow like activations, indexed by step.
-enum class MessageKind { kActivation, kGradient, kControl };
+// step commands of a boundary, runtime/control) flow like activations, indexed by step; a
+// tied parameter's gradient goes between the ranks holding its copies (any two).
+enum class MessageKind { kActivation, kGradient, kControl, kTiedGradient };
 
 // "activation" / "gradient" / "control".
 const char* MessageKindName(MessageKind kind);

@@ -25,7 +25,7 @@ namespace pipetrain::transport {
 inline constexpr int kWireHeaderWords = 16;
 inline constexpr int kWireMaxDims = 8;
 inline constexpr int64_t kWireMaxElements = int64_t{1} << 40;
-inline constexpr int64_t kWireMessageKinds = 3;
+inline constexpr int64_t kWireMessageKinds = 4;
 
 struct WireHeader {
   int64_t kind = 0;

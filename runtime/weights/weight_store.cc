@@ -26,7 +26,6 @@ class SingleVersionWeights : public WeightStore {
   absl::Status Update(int64_t mini_batch) override {
     std::vector<at::Tensor> params = module_->Parameters();
     std::vector<at::Tensor> grads = GradientsOf(params);
-    if (hook_) PT_RETURN_IF_ERROR(hook_(mini_batch, grads));
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
       optimizer_->Step(params, grads);
@@ -94,7 +93,6 @@ class DoubleBufferedWeights : public WeightStore {
                         Holding(VersionForMiniBatch(t), absl::StrCat("update ", t)));
     PT_ASSIGN_OR_RETURN(model::StageModule * base, Holding(t, absl::StrCat("update ", t)));
     std::vector<at::Tensor> grads = GradientsOf(grad_source->Parameters());
-    if (hook_) PT_RETURN_IF_ERROR(hook_(t, grads));
     const int target_slot = static_cast<int>((t + 1) % 2);
     model::StageModule& target = *buffers_[target_slot];
     // For t >= 1 the target buffer is usually the gradient source: its gradients were read

@@ -29,18 +29,15 @@ namespace pipetrain::weights {
 // without allocating; other tensors by ATen reductions answered together).
 bool AllFinite(const std::vector<at::Tensor>& tensors);
 
-// Called on a mini-batch's accumulated gradients (in Parameters() order) before the update,
-// e.g. to average them across data-parallel replicas. May modify them in place.
-using GradientHook = std::function<absl::Status(int64_t mini_batch, std::vector<at::Tensor>&)>;
-
 class WeightStore {
  public:
   virtual ~WeightStore() = default;
   // The module that micro-batch j's forward and backward run on.
   virtual absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) = 0;
   virtual int64_t VersionFor(int64_t micro_batch) const = 0;
-  // Applies mini-batch t's gradient (after `hook`, if set) and folds its BatchNorm statistics.
-  // If any gradient (after the hook: averaged over the replicas) is not finite, the step is
+  // Applies mini-batch t's gradient (as the parameters of ModuleFor(t's micro-batches) hold
+  // it: the caller averages it over replicas and sums tied copies first, in place) and folds
+  // its BatchNorm statistics. If any gradient is not finite, the step is
   // skipped instead: the weights, BatchNorm statistics and optimizer state stay as they were
   // (2BW: W(t+1) = W(t)), the gradients are cleared, and last_update_skipped() is true.
   // A non-finite loss makes every gradient upstream of it non-finite, and the replicas'
@@ -60,10 +57,8 @@ class WeightStore {
   // replacement (a resumed job's, before its first step).
   virtual std::vector<ParameterState> OptimizerState() const = 0;
   virtual absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) = 0;
-  void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
 
  protected:
-  GradientHook hook_;
   bool last_skipped_ = false;
 };
 

@@ -91,6 +91,21 @@ TEST_F(CliTest, ProcessesHoldingSeveralStagesMatchTheReference) {
   }
 }
 
+// A GPT whose LM head is tied to its embedding, 3 stage processes x 2 replicas: the copies on
+// ranks 0 and 2 of each replica exchange their gradients over Gloo; the parameters equal the
+// reference with one parameter.
+TEST_F(CliTest, TiedEmbeddingsAcrossProcessesMatchTheReference) {
+  const fs::path summary = dir_ / "summary.json";
+  Result r = Run("run -q --launch processes --reference --dtype float64 --schedule 1f1b "
+                 "--tie-embeddings true --stages 3 --replicas 2 --microbatches 4 --steps 3 "
+                 "--d-model 16 --n-heads 2 --n-layers 3 --seq-len 8 --vocab 16 --summary " +
+                 summary.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(ReadFile(summary));
+  EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+  EXPECT_EQ(j["config"]["model"]["tie_embeddings"], true);
+}
+
 // Stage processes write a checkpoint (each its layers, one commits through the launcher's
 // store) and resume from it on another layout: 4 stages, then 2 stages x 2 replicas; the
 // final parameters equal the uninterrupted reference within 1e-10 (float64).

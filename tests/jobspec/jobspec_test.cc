@@ -60,6 +60,7 @@ const std::vector<FieldValue>& Values() {
       {"model.n_heads", "2", "2", 2},
       {"model.n_layers", "5", "5", 5},
       {"model.dropout", "0.25", "0.25", 0.25},
+      {"model.tie_embeddings", "true", "true", true},
       {"model.hidden", "40", "40", 40},
       {"model.hidden_layers", "6", "6", 6},
       {"model.input_dim", "12", "12", 12},

@@ -1,16 +1,22 @@
-// The pipeline tests' shared helpers (one binary, pipeline_test): a tiny GPT job, runs of it
-// in process and by the un-pipelined reference trainer that fail the test on an error, and a
-// bitwise comparison of parameters. Each call runs on the calling thread and owns nothing.
+// The pipeline tests' shared helpers: a tiny GPT job, runs of it in process (whole, or its
+// stages built and changed first) and by the un-pipelined reference trainer that fail the
+// test on an error, and a bitwise comparison of parameters. Each call runs on the calling
+// thread.
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "runtime/job/launch/in_process.h"
+#include "runtime/job/plan.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/schedule/schedule.h"
+#include "runtime/transport/in_process/in_process_transport.h"
 
 namespace pipetrain::job::pipeline_test {
 
@@ -52,6 +58,43 @@ inline std::vector<at::Tensor> MustReference(const JobConfig& c) {
   auto ref = TrainReference(c);
   EXPECT_TRUE(ref.ok()) << ref.status();
   return ref.ok() ? *std::move(ref) : std::vector<at::Tensor>{};
+}
+
+// One replica's stages built from `c` and changed by `adjust` (a limit, a fault), run as
+// threads of this process over the in-process transport; kept for inspection.
+struct StagesRun {
+  std::unique_ptr<JobPlan> plan;
+  std::unique_ptr<MicroBatchReader> reader;
+  std::vector<StageParts> parts;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  std::vector<std::unique_ptr<executor::StageExecutor>> executors;
+  std::vector<absl::Status> results;  // of each stage's Run()
+};
+
+// Fails the test (leaving `run` partly built) if a stage cannot be built.
+inline void RunStages(const JobConfig& c, const std::function<void(StageParts&)>& adjust,
+                      StagesRun& run) {
+  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  run.plan = std::make_unique<JobPlan>(*std::move(plan));
+  run.reader = std::make_unique<MicroBatchReader>(*run.plan, c.micro_batches);
+  auto hub = transport::MakeInProcessHub();
+  const int p = run.plan->ranks();
+  for (int s = 0; s < p; ++s) {
+    absl::StatusOr<StageParts> built = BuildStage(c, *run.plan, *run.reader, s);
+    ASSERT_TRUE(built.ok()) << built.status();
+    run.parts.push_back(std::move(*built));
+    adjust(run.parts.back());
+    run.transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
+    run.executors.push_back(std::make_unique<executor::StageExecutor>(
+        run.parts.back().config, run.parts.back().weight_stores(), run.transports.back().get()));
+  }
+  run.results.resize(p);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < p; ++s) {
+    threads.emplace_back([&run, s] { run.results[s] = run.executors[s]->Run(); });
+  }
+  for (auto& t : threads) t.join();
 }
 
 // Whether `a` and `b` hold the same tensors, bit for bit.

@@ -296,26 +296,16 @@ TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
 TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
   JobConfig c = TinyGpt(ScheduleKind::kTwoBW, 2, 2);
   c.steps = 40;
-  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  MicroBatchReader reader(*plan, c.micro_batches);
-  auto hub = transport::MakeInProcessHub();
-  std::vector<StageParts> parts;
-  std::vector<std::unique_ptr<transport::Transport>> transports;
-  std::vector<std::unique_ptr<executor::StageExecutor>> executors;
-  for (int s = 0; s < 2; ++s) {
-    absl::StatusOr<StageParts> built = BuildStage(c, *plan, reader, s);
-    ASSERT_TRUE(built.ok()) << built.status();
-    parts.push_back(std::move(*built));
-    parts.back().config.history = {/*actions=*/10, /*steps=*/5, /*allreduces=*/3};
-    transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
-    executors.push_back(std::make_unique<executor::StageExecutor>(
-        parts.back().config, parts.back().weight_stores(), transports.back().get()));
-  }
-  std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) threads.emplace_back([&, s] { results[s] = executors[s]->Run(); });
-  for (auto& t : threads) t.join();
+  StagesRun run;
+  RunStages(
+      c,
+      [](StageParts& parts) {
+        parts.config.history = {/*actions=*/10, /*steps=*/5, /*allreduces=*/3};
+      },
+      run);
+  ASSERT_EQ(run.results.size(), 2u);
+  const auto& results = run.results;
+  const auto& executors = run.executors;
   for (int s = 0; s < 2; ++s) {
     ASSERT_TRUE(results[s].ok()) << results[s];
     const executor::StageStats& st = executors[s]->stats();

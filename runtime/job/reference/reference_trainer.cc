@@ -34,14 +34,39 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
   model::StageModule& grad_module = two_bw ? *previous : current;
 
   std::vector<at::Tensor> params = current.Parameters();
+  // Tied weights: one parameter, the group's first member. The others are aliases of it: their
+  // gradients are added to its gradient, and its new value is copied to them.
+  std::vector<std::vector<size_t>> ties;  // positions in `params`, canonical first
+  {
+    std::vector<size_t> first_of_layer;  // the position of each layer's first parameter
+    size_t next = 0;
+    for (const auto& layer : current.layers()) {
+      first_of_layer.push_back(next);
+      next += layer->Parameters().size();
+    }
+    for (const model::TieGroup& group : plan.ties) {
+      std::vector<size_t> positions;
+      for (const model::ParameterRef& ref : group) {
+        positions.push_back(first_of_layer.at(ref.layer) + static_cast<size_t>(ref.parameter));
+      }
+      ties.push_back(std::move(positions));
+    }
+  }
+  std::vector<at::Tensor> trained;  // what the optimizer steps: all but the aliases
+  for (size_t k = 0; k < params.size(); ++k) {
+    const bool alias = std::any_of(ties.begin(), ties.end(), [k](const std::vector<size_t>& tie) {
+      return std::find(tie.begin() + 1, tie.end(), k) != tie.end();
+    });
+    if (!alias) trained.push_back(params[k]);
+  }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   const weights::OptimizerConfig& o = c.optimizer;
   if (o.name == "sgd") {
     optimizer = std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+        trained, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
   } else {
     optimizer = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr)
+        trained, torch::optim::AdamWOptions(o.lr)
                     .betas({o.beta1, o.beta2})
                     .eps(o.eps)
                     .weight_decay(o.weight_decay));
@@ -72,8 +97,22 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
         for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[k].clone();
         previous->ZeroGrad();
       }
+      for (const std::vector<size_t>& tie : ties) {
+        at::Tensor& grad = params[tie[0]].mutable_grad();
+        for (size_t k = 1; k < tie.size(); ++k) {
+          if (!params[tie[k]].grad().defined()) continue;
+          grad = grad.defined() ? grad + params[tie[k]].grad() : params[tie[k]].grad().clone();
+          params[tie[k]].mutable_grad() = at::Tensor();
+        }
+      }
       optimizer->step();
       optimizer->zero_grad();
+      {
+        torch::NoGradGuard no_grad;
+        for (const std::vector<size_t>& tie : ties) {
+          for (size_t k = 1; k < tie.size(); ++k) params[tie[k]].copy_(params[tie[0]]);
+        }
+      }
       current.FinishMiniBatch(t);
     }
   } catch (const std::exception& e) {

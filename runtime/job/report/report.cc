@@ -236,7 +236,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
   // Each model stage's tensors, from the rank that held it, then in model (layer) order.
-  std::vector<std::vector<at::Tensor>> stage_parameters(plan.stages()), stage_buffers(plan.stages());
+  std::vector<std::vector<at::Tensor>> stage_parameters(plan.stages());
+  std::vector<std::vector<at::Tensor>> stage_buffers(plan.stages());
   for (int s = 0; s < p; ++s) {
     StageOutcome& out = stages[s];
     report.per_stage.push_back({s, RankLayers(plan, s), out.stats.peak_stashed_microbatches,
