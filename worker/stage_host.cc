@@ -118,7 +118,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
   hooks.on_transport_gone = [this, store] {
     slot_->SetStopper([store](const absl::Status& why) { store->Abort(why); });
   };
-  StepReporter reporter(coordinator_, device,
+  StepReporter reporter(coordinator_,
                         [this] { slot_->StopAny("the coordinator ended the job"); });
   // Written before the first step, on the stage's thread.
   int64_t parameter_bytes = 0;
@@ -131,7 +131,10 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
   const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
   hooks.on_step = [&](const executor::StepRecord& step) {
     stage_metrics.OnStep(step);
-    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes, layers,
+    // The tensor peak read here, on the stage's thread: up to this step, whenever it is sent
+    // (-1, a GPU's without a CUDA LibTorch, goes as 0: not measured).
+    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes,
+                                           memory::PeakTensorBytesOn(device), layers,
                                            ToBreakdown(stage_metrics.times()),
                                            std::exchange(news, StepNews()));
     if (!reporter.Add(std::move(report), report_patience)) {

@@ -4,13 +4,12 @@
 
 #include "jobspec/step_commands.h"
 #include "runtime/base/process_memory.h"
-#include "runtime/memory/tensor_memory.h"
 
 namespace pipetrain::worker {
 
 v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& worker_id,
                               const executor::StepRecord& step, int64_t parameter_bytes,
-                              model::LayerRange layers,
+                              int64_t peak_tensor_bytes, model::LayerRange layers,
                               const v1::StageBreakdown& breakdown, StepNews news) {
   v1::StepReport report;
   report.set_worker_id(worker_id);
@@ -35,6 +34,7 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
   report.set_compute_s(step.compute_s);
   report.set_wait_s(step.wait_s);
   report.set_parameter_bytes(parameter_bytes);
+  report.set_peak_tensor_bytes(std::max<int64_t>(0, peak_tensor_bytes));
   report.set_layers_begin(layers.begin);
   report.set_layers_end(layers.end);
   *report.mutable_breakdown() = breakdown;
@@ -63,12 +63,7 @@ void StepReporter::Loop() {
     // The process's memory high-water, read here (once per batch) rather than on the
     // stage's thread at every step.
     const int64_t peak_memory = PeakResidentMemoryBytes();
-    // -1 (not known: a GPU's without a CUDA LibTorch) goes as 0, "not measured".
-    const int64_t peak_tensors = std::max<int64_t>(0, memory::PeakTensorBytesOn(tensors_on_));
-    for (v1::StepReport& r : *batch.mutable_reports()) {
-      r.set_peak_memory_bytes(peak_memory);
-      r.set_peak_tensor_bytes(peak_tensors);
-    }
+    for (v1::StepReport& r : *batch.mutable_reports()) r.set_peak_memory_bytes(peak_memory);
     const absl::StatusOr<v1::ReportResponse> sent = coordinator_->ReportSteps(batch);
     if (sent.ok() && sent->stop()) on_stop_();
     last_sent = std::chrono::steady_clock::now();

@@ -3,7 +3,8 @@
 // pipeline). Reports that got no answer (UNAVAILABLE, DEADLINE_EXCEEDED) are sent again, in
 // order, with the next batch: the coordinator skips the ones it has counted, so a lost reply
 // costs nothing. Reports it refused are not sent again. Each batch carries the process's
-// memory high-water and the tensor peak of the stage's device, read once per batch.
+// memory high-water, read once per batch (a report's tensor peak is read at its step: a batch
+// sent after the stage has ended must not count what the rank does after its last step).
 // Thread-safe; `on_stop` runs on the reporter's thread.
 #pragma once
 
@@ -16,8 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <c10/core/Device.h>
 
 #include "absl/time/time.h"
 #include "pipetrain/v1/coordinator_service.pb.h"
@@ -37,20 +36,20 @@ struct StepNews {
 };
 
 // The report of `step` of `assignment` run by `worker_id`: its times, loss and commands, the
-// stage's parameter bytes and layers, its time breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per
-// failure or checkpoint passed over, 16 of those, 4 KiB for a path).
+// stage's parameter bytes and layers, the device's tensor peak since the rank began
+// (`peak_tensor_bytes`, read at the step; negative: not known, sent as 0), its time
+// breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per failure or
+// checkpoint passed over, 16 of those, 4 KiB for a path).
 v1::StepReport MakeStepReport(const v1::StageAssignment& assignment, const std::string& worker_id,
                               const executor::StepRecord& step, int64_t parameter_bytes,
-                              model::LayerRange layers,
+                              int64_t peak_tensor_bytes, model::LayerRange layers,
                               const v1::StageBreakdown& breakdown, StepNews news);
 
 // `on_stop` runs when the coordinator answers that the job no longer runs.
 class StepReporter {
  public:
-  // `tensors_on`: the device whose tensor peak goes with every report.
-  StepReporter(std::shared_ptr<CoordinatorClient> coordinator, c10::Device tensors_on,
-               std::function<void()> on_stop)
-      : coordinator_(std::move(coordinator)), tensors_on_(tensors_on),
+  StepReporter(std::shared_ptr<CoordinatorClient> coordinator, std::function<void()> on_stop)
+      : coordinator_(std::move(coordinator)),
         on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
   // Sends what is queued (again while unanswered, for at most kClosingPatience), then stops.
   ~StepReporter() {
@@ -105,7 +104,6 @@ class StepReporter {
   void Loop();
 
   std::shared_ptr<CoordinatorClient> coordinator_;
-  const c10::Device tensors_on_;
   std::function<void()> on_stop_;
   std::mutex mu_;
   std::condition_variable cv_;    // the reporter's thread: reports, or closing
