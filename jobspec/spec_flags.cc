@@ -80,8 +80,9 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--data-seed", "data.seed", "data", "seed of the synthetic data"},
 
       {"--schedule", "schedule", "pipeline",
-       "gpipe | 1f1b (alias flush, last-stage) | 2bw | interleaved | zb1p | zbv | dualpipev "
-       "(the last four hold --virtual-stages model stages a rank)"},
+       "gpipe | 1f1b (alias flush, last-stage) | 2bw | pipedream (weight stashing) | "
+       "interleaved | zb1p | zbv | dualpipev (the last four hold --virtual-stages model "
+       "stages a rank)"},
       {"--stages", "stages", "pipeline",
        "number of stages (balanced split), layer ranges: 0:2,2:4,4:7, or auto (planned: "
        "see --planner); with interleaved, zb1p, zbv or dualpipev the number of ranks, and "

@@ -17,8 +17,11 @@
 // How a command reaches every stage without waiting on anyone:
 //   - The host of stage 0 of replica 0 puts it in this queue (Schedule, any thread).
 //   - Stage 0 of every replica closes boundary N (Seal) when it finishes its update of
-//     mini-batch N-2; with replicas, the stage-0 ranks combine what they sealed in a small
-//     AllReduce right there, so every replica applies the same commands.
+//     mini-batch N-2 (N − 1 − ceil(p/m) under pipedream with m < p, whose stage 0 sends the
+//     last activation of mini-batch N-1 that many updates before N; the boundaries before
+//     the first such one it seals when it starts); with replicas, the stage-0 ranks combine
+//     what they sealed in a small AllReduce right there, so every replica applies the same
+//     commands.
 //   - Each stage passes the sealed set of boundary N to the next stage with the activation of
 //     micro-batch N*m - 1 (the last of mini-batch N-1). In every schedule that is before the
 //     first action that the commands change, so no stage ever waits for a command.

@@ -44,21 +44,6 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
   }
 }
 
-namespace {
-
-// The gradients of `module`'s parameters, each defined (zeros where a parameter took no part):
-// the tensors an update reads (WeightStore::Update), to be changed in place before it.
-std::vector<at::Tensor> DefinedGradients(const model::StageModule& module) {
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& param : module.Parameters()) {
-    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
-    grads.push_back(param.grad());
-  }
-  return grads;
-}
-
-}  // namespace
-
 absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
   if (config_.replicas == 1) return absl::OkStatus();
   if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
@@ -71,11 +56,9 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
     chunk.reduction.reset();
     record.start_s = chunk.reduction_record.start_s;
   } else {
-    absl::StatusOr<model::StageModule*> module =
-        chunk.weights->ModuleFor(t * config_.micro_batches);
-    if (!module.ok()) return module.status();
-    std::vector<at::Tensor> grads = DefinedGradients(**module);
-    s = transport_->AllReduceMean(grads, absl::Now() + config_.recv_timeout);
+    absl::StatusOr<std::vector<at::Tensor>> grads = chunk.weights->Gradients(t);
+    s = grads.ok() ? transport_->AllReduceMean(*grads, absl::Now() + config_.recv_timeout)
+                   : grads.status();
   }
   waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
   record.end_s = MonotonicSeconds();
@@ -106,10 +89,9 @@ absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
         other_ranks.insert(layout_.RankOf(members[k].stage));
         continue;
       }
-      PT_ASSIGN_OR_RETURN(
-          model::StageModule * module,
-          ChunkOf(members[k].stage).weights->ModuleFor(t * config_.micro_batches));
-      grads[k] = DefinedGradients(*module).at(static_cast<size_t>(members[k].parameter));
+      PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> stage_grads,
+                          ChunkOf(members[k].stage).weights->Gradients(t));
+      grads[k] = stage_grads.at(static_cast<size_t>(members[k].parameter));
     }
     // Every copy's gradient to every other rank holding one (sends never block), then theirs.
     transport::TensorSpec spec;
@@ -144,11 +126,11 @@ void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
     return;
   }
   chunk.gradients_done = 0;
-  absl::StatusOr<model::StageModule*> module = chunk.weights->ModuleFor(j);
-  if (!module.ok()) return;  // the update reduces them (and fails the same way)
-  std::vector<at::Tensor> grads = DefinedGradients(**module);
+  absl::StatusOr<std::vector<at::Tensor>> grads =
+      chunk.weights->Gradients(j / config_.micro_batches);
+  if (!grads.ok()) return;  // the update reduces them (and fails the same way)
   chunk.reduction_record = {j / config_.micro_batches, -1, MonotonicSeconds(), 0};
-  chunk.reduction = transport_->StartAllReduceMean(std::move(grads),
+  chunk.reduction = transport_->StartAllReduceMean(*std::move(grads),
                                                    absl::Now() + config_.recv_timeout);
 }
 
@@ -222,10 +204,15 @@ absl::Status StageExecutor::Run() {
                       schedule::StageActionStream::Create(config_.schedule, config_.stage));
   actions_ = std::make_unique<schedule::StageActionStream>(std::move(actions));
   // The first boundary is sealed from the start (no command can reach it); the checkpoint
-  // policy still applies there.
+  // policy still applies there. Those before the first that an update seals are sealed now.
   if (const int64_t n = config_.schedule.first_step + 1;
       is_first_ && n < config_.schedule.steps && PolicyCommands(n) != 0) {
     PT_RETURN_IF_ERROR(ApplyBoundary(n, PolicyCommands(n)));
+  }
+  for (int64_t n = config_.schedule.first_step + 2;
+       is_first_ && n < config_.schedule.first_step + SealLead() && n < config_.schedule.steps;
+       ++n) {
+    PT_RETURN_IF_ERROR(SealBoundary(n));
   }
   NoteLiveVersions();
   for (; !actions_->done(); actions_->Advance()) {
@@ -410,7 +397,9 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   boundary_commands_.erase(boundary_commands_.begin(), boundary_commands_.upper_bound(j + 1));
   Keep(stats_.steps, step, config_.history.steps);
   NoteLiveVersions();
-  if (is_first_ && j + 2 < actions_->params().steps) PT_RETURN_IF_ERROR(SealBoundary(j + 2));
+  if (is_first_ && j + SealLead() < actions_->params().steps) {
+    PT_RETURN_IF_ERROR(SealBoundary(j + SealLead()));
+  }
   if (on_step_) on_step_(step);
   return absl::OkStatus();
 }
@@ -497,7 +486,9 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     backward();
     last_backward_end_s_ = MonotonicSeconds();
   } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
-             final_of_step && !schedule::HoldsChunks(config_.schedule.kind)) {
+             final_of_step && !schedule::HoldsChunks(config_.schedule.kind) &&
+             config_.schedule.kind != schedule::ScheduleKind::kPipeDream) {
+    // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions).
     PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
     PT_RETURN_IF_ERROR(BackwardWithBucketedAllReduce(j, *module, backward));
   } else {
@@ -630,6 +621,14 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
         transport::SpecOf(*got).ToString()));
   }
   return got;
+}
+
+int64_t StageExecutor::SealLead() const {
+  if (!schedule::RunsContinuously(config_.schedule.kind)) return 2;
+  // Stage 0 sends the last activation of mini-batch n − 1, which carries boundary n, after
+  // 1 + ceil(p/m) fewer updates than n (its warm-up is p − 1 forwards).
+  const int64_t p = layout_.ranks, m = config_.micro_batches;
+  return std::max<int64_t>(2, 1 + (p + m - 1) / m);
 }
 
 bool StageExecutor::CarriesBoundary(int s, int64_t j) const {

@@ -30,13 +30,13 @@
 // (versions used by stashed micro-batches plus the newest), the version used by every F/B,
 // and the gradient AllReduce time of every step.
 //
-// Step commands (runtime/control/step_commands.h): stage 0 seals boundary t+2 right after its
-// update of mini-batch t (and, with replicas, ORs what the stage-0 ranks sealed in a small
-// AllReduce); every stage passes boundary t+1's commands to the next stage as a control
-// message sent right after the activation of micro-batch (t+1)*m - 1 and received right
-// after it. A stage that learns of commands rebuilds the rest of its action list from
-// `schedule` (drain before the boundary; end there for a stop) and, for a switch, tells its
-// weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
+// Step commands (runtime/control/step_commands.h): stage 0 seals boundary t+L right after its
+// update of mini-batch t, L = 2, or 1 + ceil(p/m) for a schedule without flushes whose m is
+// below p (and, with replicas, ORs what the stage-0 ranks sealed in a small AllReduce);
+// every stage passes boundary t+1's commands to the next stage as a control message sent
+// right after the activation of micro-batch (t+1)*m - 1 and received right after it. A stage
+// that learns of commands rebuilds the rest of its action list from `schedule` (drain before
+// the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 
@@ -271,8 +271,10 @@ class StageExecutor {
   void NoteLiveVersions();
   // The step commands of boundary n are known: apply them to the rest of the schedule.
   absl::Status ApplyBoundary(int64_t n, uint32_t commands);
-  // Stage 0, after its update of mini-batch n-2: closes boundary n (see the file comment).
+  // Stage 0, after its update of mini-batch n − SealLead(): closes boundary n (see the file
+  // comment).
   absl::Status SealBoundary(int64_t n);
+  int64_t SealLead() const;
   // The commands the checkpoint policy puts at boundary n.
   uint32_t PolicyCommands(int64_t n) const;
   // Whether model stage s's output of micro-batch j carries the commands of a boundary of the

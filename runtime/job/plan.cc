@@ -260,6 +260,9 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
     PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(
                                    std::move(module), std::move(optimizer), c.micro_batches,
                                    start.first_step));
+  } else if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+    PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(std::move(module), std::move(optimizer),
+                                                           c.micro_batches, start.first_step));
   } else {
     PT_ASSIGN_OR_RETURN(store, weights::MakeSingleVersionWeights(
                                    std::move(module), std::move(optimizer), start.first_step));

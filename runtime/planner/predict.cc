@@ -201,7 +201,8 @@ int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
 
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout) {
-  if (schedule::HoldsChunks(layout.schedule)) {
+  if (schedule::HoldsChunks(layout.schedule) ||
+      layout.schedule == schedule::ScheduleKind::kPipeDream) {
     return absl::UnimplementedError(absl::StrCat(
         "predicting a ", std::string(schedule::ScheduleKindName(layout.schedule)),
         " layout: the planner simulates gpipe, 1f1b and 2bw"));

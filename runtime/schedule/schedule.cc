@@ -33,6 +33,8 @@ constexpr KindAlias kKindAliases[] = {
     {"flush", ScheduleKind::kOneFOneB},
     {"pipedream-flush", ScheduleKind::kOneFOneB},
     {"pipedream-2bw", ScheduleKind::kTwoBW},
+    {"pipedream", ScheduleKind::kPipeDream},
+    {"weight-stashing", ScheduleKind::kPipeDream},
     {"last-stage", ScheduleKind::kOneFOneB},  // Hippie's name for the same schedule
     {"interleaved", ScheduleKind::kInterleaved},
     {"interleaved-1f1b", ScheduleKind::kInterleaved},
@@ -46,7 +48,7 @@ constexpr KindAlias kKindAliases[] = {
 
 bool IsKnownKind(ScheduleKind kind) {
   return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB ||
-         kind == ScheduleKind::kTwoBW || HoldsChunks(kind);
+         RunsContinuously(kind) || HoldsChunks(kind);
 }
 
 // Rank `rank`'s list for one step of a schedule with chunks, its messages placed.
@@ -102,6 +104,8 @@ std::string_view ScheduleKindName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kTwoBW:
       return "2bw";
+    case ScheduleKind::kPipeDream:
+      return "pipedream";
     case ScheduleKind::kInterleaved:
       return "interleaved";
     case ScheduleKind::kZeroBubble:
@@ -112,6 +116,10 @@ std::string_view ScheduleKindName(ScheduleKind kind) {
       return "dualpipev";
   }
   return "unknown";
+}
+
+bool RunsContinuously(ScheduleKind kind) {
+  return kind == ScheduleKind::kTwoBW || kind == ScheduleKind::kPipeDream;
 }
 
 bool HoldsChunks(ScheduleKind kind) {
@@ -218,7 +226,8 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
     case ScheduleKind::kZeroBubbleV:
     case ScheduleKind::kDualPipeV:
       break;  // above
-    case ScheduleKind::kTwoBW: {
+    case ScheduleKind::kTwoBW:
+    case ScheduleKind::kPipeDream: {
       std::vector<int64_t> cuts = params.flush_before;
       cuts.push_back(params.steps);
       std::sort(cuts.begin(), cuts.end());
@@ -259,7 +268,7 @@ absl::StatusOr<StageActionStream> StageActionStream::Create(const ScheduleParams
 
 int64_t StageActionStream::SegmentEnd(int64_t begin) const {
   // GPipe and 1F1B drain after every step; 2BW only at flush_before boundaries.
-  if (params_.kind != ScheduleKind::kTwoBW) return begin + 1;  // chunked kinds too
+  if (!RunsContinuously(params_.kind)) return begin + 1;  // chunked kinds too
   auto cut = std::upper_bound(params_.flush_before.begin(), params_.flush_before.end(), begin);
   return cut == params_.flush_before.end() ? params_.steps : std::min<int64_t>(*cut, params_.steps);
 }
@@ -340,7 +349,7 @@ absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams
     return absl::InvalidArgumentError("Rebase changes only the boundaries and the steps");
   }
   PT_RETURN_IF_ERROR(ValidateScheduleParams(changed));
-  if (params_.kind == ScheduleKind::kTwoBW) {
+  if (RunsContinuously(params_.kind)) {
     // The segment's start must stay a boundary and nothing may change before it.
     for (int64_t n : params_.flush_before) {
       if (n < changed.steps && !std::count(changed.flush_before.begin(),

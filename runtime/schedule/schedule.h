@@ -22,6 +22,9 @@
 //               2BW job of N steps would end) before mini-batch N starts with a fresh
 //               warm-up. Until the last micro-batch of mini-batch N-1 the lists are
 //               identical to those without the flush.
+//   kPipeDream: PipeDream with weight stashing: 2BW's lists (any m), its weights differing
+//               (each forward on the stage's newest version, its backward on the same one:
+//               runtime/weights/weight_store.h MakeStashedWeights).
 //   Schedules whose ranks hold several model chunks (virtual stages): kInterleaved
 //   (interleaved 1F1B), kZeroBubble (ZB-H1; interleaved zero-bubble with v >= 2),
 //   kZeroBubbleV (ZB-V) and kDualPipeV. `stages` is then the number of ranks p, the model is
@@ -47,21 +50,25 @@ enum class ScheduleKind {
   kGPipe,
   kOneFOneB,
   kTwoBW,
+  kPipeDream,    // PipeDream's weight stashing: 2BW's list, each F on its stage's newest weights
   kInterleaved,  // interleaved 1F1B (Megatron's virtual pipeline), loop placement
   kZeroBubble,   // ZB-H1 (v = 1) or interleaved zero-bubble (v >= 2), loop placement
   kZeroBubbleV,  // ZB-V: V placement
   kDualPipeV,    // DualPipeV: V placement
 };
 
-// "gpipe", "1f1b", "2bw", "interleaved", "zb1p", "zbv", "dualpipev".
+// "gpipe", "1f1b", "2bw", "pipedream", "interleaved", "zb1p", "zbv", "dualpipev".
 std::string_view ScheduleKindName(ScheduleKind kind);
 // Accepts the names above (case-insensitive) and the aliases "flush", "pipedream-flush",
 // "last-stage" (all kOneFOneB), "pipedream-2bw", "interleaved-1f1b", "zbh1", "zero-bubble" and
 // "zb-v". The error lists the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name);
 
-// Whether the kind's ranks hold model chunks named by their actions (every kind after kTwoBW).
+// Whether the kind's ranks hold model chunks named by their actions (interleaved, zb1p, zbv,
+// dualpipev).
 bool HoldsChunks(ScheduleKind kind);
+// Whether the kind runs one 1F1B over all steps with no flush (2bw, pipedream).
+bool RunsContinuously(ScheduleKind kind);
 // Chunks per rank when a job names none: 2 for interleaved, zbv and dualpipev, 1 otherwise.
 int DefaultVirtualStages(ScheduleKind kind);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
+#include <map>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -22,6 +23,9 @@ class SingleVersionWeights : public WeightStore {
 
   absl::StatusOr<model::StageModule*> ModuleFor(int64_t) override { return module_.get(); }
   int64_t VersionFor(int64_t) const override { return version_; }
+  absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t) override {
+    return DefinedGradients(module_->Parameters());
+  }
 
   absl::Status Update(int64_t mini_batch) override {
     std::vector<at::Tensor> params = module_->Parameters();
@@ -80,6 +84,12 @@ class DoubleBufferedWeights : public WeightStore {
 
   absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) override {
     return Holding(VersionFor(micro_batch), absl::StrCat("micro-batch ", micro_batch));
+  }
+
+  absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t t) override {
+    PT_ASSIGN_OR_RETURN(model::StageModule * source,
+                        Holding(VersionForMiniBatch(t), absl::StrCat("the gradient of ", t)));
+    return DefinedGradients(source->Parameters());
   }
 
   // W(t+1) = W(t) - step(g_t), g_t accumulated on W(VersionForMiniBatch(t)).
@@ -146,6 +156,100 @@ class DoubleBufferedWeights : public WeightStore {
   int64_t newest_;
 };
 
+class StashedWeights : public WeightStore {
+ public:
+  StashedWeights(std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+                 int micro_batches, int64_t start_version)
+      : optimizer_(std::move(optimizer)), micro_batches_(micro_batches), newest_(start_version) {
+    versions_[start_version] = std::move(module);
+  }
+
+  int64_t VersionFor(int64_t micro_batch) const override {
+    auto it = assigned_.find(micro_batch);
+    return it == assigned_.end() ? newest_ : it->second;
+  }
+
+  absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) override {
+    const int64_t version = assigned_.emplace(micro_batch, newest_).first->second;
+    auto it = versions_.find(version);
+    if (it == versions_.end()) {
+      return absl::InternalError(absl::StrCat("micro-batch ", micro_batch, " ran on version ",
+                                              version, ", which is no longer held"));
+    }
+    return it->second.get();
+  }
+
+  // The sum over the versions in version order, taken out of them (they hold mini-batch t's
+  // gradients alone: its backwards are done and none of t + 1's has begun).
+  absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t t) override {
+    if (gradient_step_ == t) return gradient_;
+    std::vector<at::Tensor> sum = DefinedGradients(versions_.at(newest_)->Parameters());
+    for (auto& [version, module] : versions_) {
+      if (version == newest_) continue;
+      const std::vector<at::Tensor> params = module->Parameters();
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (params[k].grad().defined()) sum[k].add_(params[k].grad());
+      }
+      module->ZeroGrad();
+    }
+    gradient_ = std::move(sum);
+    gradient_step_ = t;
+    return gradient_;
+  }
+
+  // W(n+1) = W(n) − step(mini-batch t's gradient over the versions it ran on).
+  absl::Status Update(int64_t t) override {
+    PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> grads, Gradients(t));
+    // Micro-batches up to t's last have run their backward: they hold no version any more.
+    assigned_.erase(assigned_.begin(), assigned_.lower_bound((t + 1) * micro_batches_));
+    std::unique_ptr<model::StageModule>& newest = versions_.at(newest_);
+    const bool in_use = std::any_of(assigned_.begin(), assigned_.end(),
+                                    [this](const auto& a) { return a.second == newest_; });
+    std::unique_ptr<model::StageModule> next = in_use ? newest->Clone() : std::move(newest);
+    last_skipped_ = !AllFinite(grads);
+    if (!last_skipped_) {
+      optimizer_->Step(next->Parameters(), grads);
+      next->FinishMiniBatch(t);
+    } else {
+      next->DiscardMiniBatch(t);  // W(n+1) = W(n)
+    }
+    if (in_use) {
+      newest->ZeroGrad();  // its gradient was summed into `grads`
+    } else {
+      versions_.erase(newest_);
+    }
+    next->ZeroGrad();
+    versions_[++newest_] = std::move(next);
+    gradient_.clear();
+    gradient_step_ = -1;
+    // Versions no micro-batch runs on any more, but the newest, go.
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      const int64_t version = it->first;
+      const bool used = version == newest_ ||
+                        std::any_of(assigned_.begin(), assigned_.end(),
+                                    [version](const auto& a) { return a.second == version; });
+      it = used ? std::next(it) : versions_.erase(it);
+    }
+    return absl::OkStatus();
+  }
+
+  const model::StageModule& Newest() const override { return *versions_.at(newest_); }
+  int64_t newest_version() const override { return newest_; }
+  std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
+  absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
+    return optimizer_->LoadState(state);
+  }
+
+ private:
+  std::unique_ptr<Optimizer> optimizer_;
+  int micro_batches_;
+  int64_t newest_;
+  std::map<int64_t, std::unique_ptr<model::StageModule>> versions_;  // held ones, by number
+  std::map<int64_t, int64_t> assigned_;  // micro-batch -> the version it runs on
+  std::vector<at::Tensor> gradient_;     // Gradients(gradient_step_), until its update
+  int64_t gradient_step_ = -1;
+};
+
 }  // namespace
 
 namespace {
@@ -179,6 +283,16 @@ bool AllFinite(const std::vector<at::Tensor>& tensors) {
   return verdicts.empty() || at::stack(verdicts).all().item<bool>();
 }
 
+std::vector<at::Tensor> DefinedGradients(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const at::Tensor& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  return grads;
+}
+
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
@@ -194,6 +308,15 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
   return std::unique_ptr<WeightStore>(
       new SingleVersionWeights(std::move(module), std::move(optimizer), start_version));
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int micro_batches, int64_t start_version) {
+  if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
+  if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
+  return std::unique_ptr<WeightStore>(new StashedWeights(std::move(module), std::move(optimizer),
+                                                         micro_batches, start_version));
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(

@@ -1,7 +1,7 @@
 // Weight versions of one pipeline stage (docs/design.md section 4.3).
 //
-// SingleVersionWeights (GPipe, 1F1B-Flush): one version; Update(t) applies mini-batch t's
-// accumulated gradient after the flush.
+// SingleVersionWeights (GPipe, 1F1B-Flush, and the schedules with chunks): one version;
+// Update(t) applies mini-batch t's accumulated gradient after the flush.
 // DoubleBufferedWeights (PipeDream-2BW): micro-batch j runs on version max(floor(j/m)-1, 0);
 // version v lives in buffer v % 2. Update(t), called right after the stage's last backward
 // of mini-batch t, computes W(t+1) = W(t) - step(grad of mini-batch t, which was
@@ -44,6 +44,11 @@ class WeightStore {
   // average is non-finite if any replica's is, so every stage of every replica skips the
   // same step (docs/design.md section 4.7).
   virtual absl::Status Update(int64_t mini_batch) = 0;
+  // The gradient of mini-batch t as Update(t) will apply it: a tensor per parameter of
+  // Newest(), each defined (zeros where a parameter took no part), for the caller to change
+  // in place before Update(t) (the replicas' average, tied copies' sum). REQUIRES: every
+  // backward of mini-batch t is done, none of a later one begun.
+  virtual absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t mini_batch) = 0;
   bool last_update_skipped() const { return last_skipped_; }
   // The newest weights (what a checkpoint or the final report reads).
   virtual const model::StageModule& Newest() const = 0;
@@ -69,11 +74,24 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
     int64_t start_version = 0);
 
+// PipeDream's weight stashing (schedule kPipeDream): a micro-batch's forward runs on the
+// newest version there is when it starts, and its backward on the same one, kept until then;
+// Update(t) sums mini-batch t's gradients over the versions its micro-batches ran on and
+// makes version t + 1 from the newest (in a module of its own while micro-batches still run
+// on the newest). Under 1F1B stage s holds at most p − s versions. The version a micro-batch
+// runs on is fixed by its first ModuleFor().
+absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
+    std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
+    int micro_batches, int64_t start_version = 0);
+
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
     int micro_batches, int64_t start_version = 0);
 
 // Gradients of `params` with undefined ones replaced by zeros of the parameter's shape.
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params);
+// The same, the zeros made the parameters' own .grad: changing the result in place changes
+// what an update reads.
+std::vector<at::Tensor> DefinedGradients(const std::vector<at::Tensor>& params);
 
 }  // namespace pipetrain::weights

@@ -42,10 +42,10 @@ class RecoveryTest : public ::pipetrain::test::DaemonTest {};
 // p = 2, w = 2, float64: slow enough (a few hundred steps, several seconds) to be hit
 // mid-step, with a checkpoint every `every` steps.
 // The job without its checkpoint policy and max_restarts (see WithRecovery).
-inline std::string Job(int steps) {
+inline std::string Job(int steps, const std::string& schedule = "1f1b") {
   return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
-         "schedule: 1f1b\nstages: 2\nreplicas: 2\nmicrobatches: 4\nmicrobatch_size: 4\n"
-         "steps: " + std::to_string(steps) + "\ndtype: float64\n"
+         "schedule: " + schedule + "\nstages: 2\nreplicas: 2\nmicrobatches: 4\n"
+         "microbatch_size: 4\nsteps: " + std::to_string(steps) + "\ndtype: float64\n"
          "optimizer: {name: adamw, lr: 0.003}\ntimeout_s: 30\n";
 }
 
@@ -90,18 +90,29 @@ inline bool Ended(const v1::Job& job) {
 
 // Parameters then buffers of replica 0's stages (ranks 0..stages-1) from weights_dir.
 inline std::vector<at::Tensor> GatherWeights(const fs::path& dir, int stages) {
-  std::vector<at::Tensor> params, buffers;
+  // Each model stage's tensors (a rank may hold several: stage<RANK>.json names them).
+  std::map<int, std::vector<at::Tensor>> params, buffers;
   for (int rank = 0; rank < stages; ++rank) {
-    std::vector<at::Tensor> stage;
-    torch::load(stage, (dir / ("stage" + std::to_string(rank) + ".pt")).string());
+    std::vector<at::Tensor> held;
+    torch::load(held, (dir / ("stage" + std::to_string(rank) + ".pt")).string());
     const auto meta =
         nlohmann::json::parse(ReadFile(dir / ("stage" + std::to_string(rank) + ".json")));
     const size_t n = meta.at("num_parameters");
-    params.insert(params.end(), stage.begin(), stage.begin() + n);
-    buffers.insert(buffers.end(), stage.begin() + n, stage.end());
+    size_t next_parameter = 0, next_buffer = n;
+    const auto& model_stages = meta.at("model_stages");
+    for (size_t k = 0; k < model_stages.size(); ++k) {
+      const int stage = model_stages[k];
+      const size_t p = meta.at("parameter_counts")[k], b = meta.at("buffer_counts")[k];
+      params[stage].assign(held.begin() + next_parameter, held.begin() + next_parameter + p);
+      buffers[stage].assign(held.begin() + next_buffer, held.begin() + next_buffer + b);
+      next_parameter += p;
+      next_buffer += b;
+    }
   }
-  params.insert(params.end(), buffers.begin(), buffers.end());
-  return params;
+  std::vector<at::Tensor> all;
+  for (const auto& [stage, tensors] : params) all.insert(all.end(), tensors.begin(), tensors.end());
+  for (const auto& [stage, tensors] : buffers) all.insert(all.end(), tensors.begin(), tensors.end());
+  return all;
 }
 
 // The same job run without daemons and without faults (stages as threads).

@@ -34,11 +34,12 @@ namespace {
 // parameters of the run without faults.
 void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char* what,
                                     const std::function<void(LocalCluster&, int)>& fault,
-                                    const std::function<void(LocalCluster&, int)>& after) {
+                                    const std::function<void(LocalCluster&, int)>& after,
+                                    const std::string& schedule = "1f1b") {
   LocalCluster cluster(dir, workers);
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(workers));
-  const std::string body = Job(240);
+  const std::string body = Job(240, schedule);
   const fs::path weights = dir / "weights";
   std::ofstream(dir / "job.yaml") << WithRecovery(body, dir / "ckpt", 20, 1)
                                   << "weights_dir: " << weights.string() << "\n";
@@ -99,6 +100,14 @@ TEST_F(RecoveryTest, AWorkerKilledMidStepTheJobFinishesByItselfAsIfUninterrupted
         c.StartWorker();
         EXPECT_TRUE(c.WaitForIdleWorkers(5));
       });
+}
+
+// The same under ZB-V (each rank holding two model stages in a V, the backward split in I and
+// W): the restarted generation resumes the checkpoint its ranks wrote per model stage.
+TEST_F(RecoveryTest, AWorkerKilledUnderZeroBubbleVTheJobFinishesByItselfAsIfUninterrupted) {
+  OneFaultTheJobFinishesByItself(
+      dir_, 5, "SIGKILL under zbv", [](LocalCluster& c, int w) { c.KillWorker(w); },
+      [](LocalCluster&, int) {}, "zbv");
 }
 
 // SIGSTOP (hung: no heartbeat, no progress) with no spare worker: the 3 that remain run

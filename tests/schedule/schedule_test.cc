@@ -43,13 +43,15 @@ TEST(ScheduleKindTest, NamesAndAliases) {
       {"flush", ScheduleKind::kOneFOneB},      {"PipeDream-Flush", ScheduleKind::kOneFOneB},
       {"2bw", ScheduleKind::kTwoBW},           {"2BW", ScheduleKind::kTwoBW},
       {"pipedream-2bw", ScheduleKind::kTwoBW}, {"last-stage", ScheduleKind::kOneFOneB},
+      {"pipedream", ScheduleKind::kPipeDream}, {"weight-stashing", ScheduleKind::kPipeDream},
   };
   for (const auto& [name, kind] : accepted) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(name);
     ASSERT_TRUE(parsed.ok()) << name;
     EXPECT_EQ(*parsed, kind) << name;
   }
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW,
+                            ScheduleKind::kPipeDream}) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleKindName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);
@@ -364,7 +366,8 @@ std::vector<Action> Drained(StageActionStream stream) {
 }
 
 TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW,
+                            ScheduleKind::kPipeDream}) {
     for (int p = 1; p <= 4; ++p) {
       for (int m = 1; m <= 5; ++m) {
         if (kind == ScheduleKind::kTwoBW && m < p) continue;
@@ -391,6 +394,19 @@ TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
   }
   EXPECT_FALSE(StageActionStream::Create({ScheduleKind::kTwoBW, 4, 2, 1}, 0).ok());
   EXPECT_FALSE(StageActionStream::Create({ScheduleKind::kGPipe, 2, 2, 1}, 2).ok());
+}
+
+// PipeDream's lists are 2BW's (its weights differ, not its order), and exist for m < p too.
+TEST(ScheduleKindTest, PipeDreamRunsTwoBWsListsForAnyMicroBatchCount) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int m = 1; m <= 5; ++m) {
+      const ScheduleParams pipedream{ScheduleKind::kPipeDream, p, m, 3, {2}};
+      ASSERT_TRUE(ValidateScheduleParams(pipedream).ok()) << "p=" << p << " m=" << m;
+      if (m < p) continue;
+      const ScheduleParams two_bw{ScheduleKind::kTwoBW, p, m, 3, {2}};
+      EXPECT_EQ(*BuildSchedule(pipedream), *BuildSchedule(two_bw)) << "p=" << p << " m=" << m;
+    }
+  }
 }
 
 // A resumed job (first_step N) runs exactly what the uninterrupted job runs after a drain

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <memory>
 
 #include <torch/torch.h>
@@ -17,6 +18,97 @@
 #include "runtime/weights/weight_store.h"
 
 namespace pipetrain::job {
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::OptimizerConfig& o,
+                                                        const std::vector<at::Tensor>& params) {
+  if (o.name == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  }
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
+                  o.weight_decay));
+}
+
+// PipeDream's weight stashing in DESIGN.md's terms, without a schedule: stage s keeps its
+// weight versions W_s(0), W_s(1), ... (W_s(t+1): W_s(t) stepped with mini-batch t's
+// gradient). Micro-batch j runs through stage s, forward and backward alike, on version
+// v_s(j) = max(0, floor((j − w_s) / m)), w_s = min(p − s − 1, steps·m): the updates stage s
+// has made before its forward of j under 1F1B with w_s warm-up forwards. Mini-batch t's
+// gradient on stage s is the sum over its micro-batches (every replica's) of the gradient at
+// the versions they ran on, whichever those were.
+absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
+    const JobConfig& c, const JobPlan& plan,
+    const std::vector<std::unique_ptr<MicroBatchReader>>& readers) {
+  PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
+  const int p = plan.stages();
+  const int64_t m = c.micro_batches;
+  struct Stage {
+    std::unique_ptr<model::StageModule> live;  // the newest version, which the optimizer steps
+    std::map<int64_t, std::unique_ptr<model::StageModule>> versions;  // copies, by number
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    int64_t warmup = 0;
+  };
+  std::vector<Stage> stages(p);
+  for (int s = 0; s < p; ++s) {
+    const model::LayerRange r = plan.partition[s];
+    stages[s].live = std::make_unique<model::StageModule>(
+        r.begin, model::CloneLayers(layers, r.begin, r.end));
+    stages[s].versions[0] = stages[s].live->Clone();
+    stages[s].optimizer = TorchOptimizer(c.optimizer, stages[s].live->Parameters());
+    stages[s].warmup = std::min<int64_t>(p - s - 1, int64_t{c.steps} * m);
+  }
+  const auto version = [m](const Stage& stage, int64_t j) {
+    return j < stage.warmup ? int64_t{0} : (j - stage.warmup) / m;
+  };
+  try {
+    for (int64_t t = 0; t < c.steps; ++t) {
+      for (const auto& reader : readers) {
+        for (int i = 0; i < c.micro_batches; ++i) {
+          const int64_t j = t * m + i;
+          model::LayerContext ctx;
+          ctx.micro_batch = j;
+          ctx.mini_batch = t;
+          ctx.seed = c.seed;
+          at::Tensor x = reader->Inputs(j);
+          for (Stage& stage : stages) x = stage.versions.at(version(stage, j))->Forward(x, ctx);
+          at::Tensor loss = at::cross_entropy_loss(x.reshape({-1, x.size(-1)}),
+                                                   reader->Targets(j).reshape({-1}));
+          (loss * (1.0 / (c.micro_batches * c.replicas))).backward();
+        }
+      }
+      for (Stage& stage : stages) {
+        std::vector<at::Tensor> live = stage.live->Parameters();
+        for (auto& [v, module] : stage.versions) {
+          const std::vector<at::Tensor> used = module->Parameters();
+          for (size_t k = 0; k < live.size(); ++k) {
+            if (!used[k].grad().defined()) continue;
+            at::Tensor& grad = live[k].mutable_grad();
+            grad = grad.defined() ? grad + used[k].grad() : used[k].grad().clone();
+          }
+          module->ZeroGrad();
+        }
+        stage.optimizer->step();
+        stage.optimizer->zero_grad();
+        stage.live->FinishMiniBatch(t);
+        stage.versions[t + 1] = stage.live->Clone();
+        // Versions before the one the next mini-batch's first micro-batch runs on are done.
+        const int64_t oldest = version(stage, (t + 1) * m);
+        stage.versions.erase(stage.versions.begin(), stage.versions.lower_bound(oldest));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("reference run: ", e.what()));
+  }
+  std::vector<at::Tensor> params;
+  for (const Stage& stage : stages) {
+    for (const at::Tensor& t : DetachedCopies(stage.live->Parameters())) params.push_back(t);
+  }
+  return params;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
                                                        const std::vector<int64_t>& switch_at) {
@@ -25,6 +117,13 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
   for (int r = 0; r < c.replicas; ++r) {
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+  }
+  if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+    if (!switch_at.empty() || !plan.ties.empty()) {
+      return absl::UnimplementedError(
+          "the PipeDream reference has no weight-version switches and no tied weights");
+    }
+    return TrainPipeDream(c, plan, readers);
   }
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   model::StageModule current(0, std::move(layers));
@@ -59,18 +158,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     });
     if (!alias) trained.push_back(params[k]);
   }
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  const weights::OptimizerConfig& o = c.optimizer;
-  if (o.name == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(
-        trained, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-  } else {
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        trained, torch::optim::AdamWOptions(o.lr)
-                    .betas({o.beta1, o.beta2})
-                    .eps(o.eps)
-                    .weight_decay(o.weight_decay));
-  }
+  std::unique_ptr<torch::optim::Optimizer> optimizer = TorchOptimizer(c.optimizer, trained);
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
       if (two_bw && std::count(switch_at.begin(), switch_at.end(), t) > 0) {
