@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
   gloo.replicas = options.replicas;
   gloo.host = options.host;
   gloo.connect_timeout = options.connect_timeout;
+  gloo.key_stride = options.key_stride;
   return MakeGlooTransport(std::move(store), gloo);
 }
 

@@ -23,6 +23,11 @@ struct StageTransportOptions {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   std::string host = "127.0.0.1";  // where this process listens for Gloo peers
   absl::Duration connect_timeout = absl::Seconds(60);
+  // The numbers a peer's messages of one kind go by follow each other this far apart: the
+  // receives posted ahead are for micro_batch + k x key_stride (k = 1 ..). 1, or v for the
+  // schedules with chunks, whose messages between two ranks are numbered j x v + floor(s/p)
+  // (StageExecutor::MessageKey); posted for numbers that never come they would stay.
+  int key_stride = 1;
 };
 
 // Gloo for a CPU device, NCCL for a CUDA one. FailedPrecondition for a CUDA device in a

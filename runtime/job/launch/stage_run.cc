@@ -163,6 +163,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   topts.device = device;
   topts.host = hooks.host;
   topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
+  topts.key_stride = plan.layout.chunks_per_rank;  // the executor's message numbers
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
   // The rest runs on the transport; a failure is published before the transport goes (its

@@ -116,7 +116,8 @@ class GlooTransport : public Transport {
     absl::StatusOr<PostedRecv> header = TakeHeaderRecv(peer, kind, micro_batch);
     if (!header.ok()) return Lost(peer, what, header.status().message());
     for (int64_t ahead = 1; ahead <= kPostedAhead; ++ahead) {
-      if (absl::Status s = PostHeaderRecv(peer, kind, micro_batch + ahead); !s.ok()) {
+      const int64_t later = micro_batch + ahead * std::max(1, options_.key_stride);
+      if (absl::Status s = PostHeaderRecv(peer, kind, later); !s.ok()) {
         return Lost(peer, what, s.message());
       }
     }

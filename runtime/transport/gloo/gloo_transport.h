@@ -38,6 +38,11 @@ struct GlooTransportOptions {
   // An AllReduce is waited for in slices of this length, so that an Abort() ends the wait
   // (a collective's work cannot be aborted). Tests make it tiny to make races common.
   absl::Duration reduction_wait_slice = absl::Milliseconds(50);
+  // The numbers a peer's messages of one kind go by follow each other this far apart: the
+  // receives posted ahead are for micro_batch + k x key_stride (k = 1 ..). 1, or v for the
+  // schedules with chunks, whose messages between two ranks are numbered j x v + floor(s/p)
+  // (StageExecutor::MessageKey); posted for numbers that never come they would stay.
+  int key_stride = 1;
 };
 
 // Bytes of receive buffers the transport keeps posted for each peer and kind of message it
