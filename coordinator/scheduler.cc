@@ -46,7 +46,9 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
   const int element = c.precision == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
   const int64_t parameter_bytes = static_cast<int64_t>(largest) * element;
   // The planner's model of a stage's weights, and its gradient.
-  return planner::WeightBytes(c.schedule, parameter_bytes,
+  // Stage 0 keeps the most versions (pipedream).
+  const int versions = planner::WeightVersions(c.schedule, layout.stages, 0, layout.micro_batches);
+  return planner::WeightBytes(versions, parameter_bytes,
                               weights::OptimizerStateCopies(c.optimizer) * parameter_bytes) +
          parameter_bytes;
 }

@@ -16,8 +16,10 @@
 #include "runtime/job/plan.h"
 #include "runtime/planner/host_placement.h"
 #include "runtime/planner/profile_json.h"
+#include "runtime/planner/schedule_choice.h"
 #include "runtime/base/self_executable.h"
 #include "runtime/profiler/profiler.h"
+#include "runtime/schedule/chunked_schedule.h"
 
 namespace pipetrain::run {
 namespace {
@@ -56,6 +58,8 @@ nlohmann::json CandidateJson(const Candidate& c) {
                       {"memory_efficiency", c.memory_efficiency},
                       {"fits", c.fits}};
   if (!l.rank_hosts.empty()) j["rank_hosts"] = l.rank_hosts;
+  // Ranks holding several model stages: `stages` lists the model stages, predictions go by rank.
+  if (l.virtual_stages > 1) j["virtual_stages"] = l.virtual_stages;
   if (!c.why.empty()) j["why"] = c.why;
   return j;
 }
@@ -141,6 +145,17 @@ std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProf
   j["data_parallel"] = CandidateJson(plan.data_parallel);
   j["alternatives"] = nlohmann::json::array();
   for (const Candidate& c : plan.alternatives) j["alternatives"].push_back(CandidateJson(c));
+  // Every schedule on the chosen shape, and why each lost.
+  j["schedules"] = nlohmann::json::array();
+  for (const planner::ScheduleOption& o : planner::CompareSchedules(profile, cluster, plan.chosen.layout)) {
+    nlohmann::json s = o.valid ? CandidateJson(o.candidate) : nlohmann::json::object();
+    s["schedule"] = std::string(schedule::ScheduleKindName(o.schedule));
+    s["valid"] = o.valid;
+    s["same_semantics"] = o.same_semantics;
+    s["best"] = o.best;
+    s["why"] = o.why;
+    j["schedules"].push_back(std::move(s));
+  }
   return j.dump(2);
 }
 
@@ -169,13 +184,39 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                         ByteSize(plan.data_parallel.prediction.peak_memory_bytes));
   absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers",
                         "compute_ms", "exposed_ar_ms", "in_flight", "peak_memory");
+  // A rank holding several model stages lists their layers, in model order.
+  std::vector<std::vector<std::string>> rank_layers(l.stages());
+  for (size_t k = 0; k < l.pipeline.stage_layers.size(); ++k) {
+    const int rank = l.virtual_stages == 1
+                         ? static_cast<int>(k)
+                         : schedule::LayoutOf({.kind = l.schedule,
+                                               .stages = l.stages(),
+                                               .virtual_stages = l.virtual_stages})
+                               .RankOf(static_cast<int>(k));
+    rank_layers[rank].push_back(absl::StrCat(l.pipeline.stage_layers[k].first, ":",
+                                             l.pipeline.stage_layers[k].second));
+  }
   for (int s = 0; s < l.stages(); ++s) {
     const planner::StagePrediction& p = c.prediction.stages[s];
     absl::StrAppendFormat(&out, "  %-6d %-8s %-11.2f %-13.2f %-10d %s\n", s,
-                          absl::StrCat(l.pipeline.stage_layers[s].first, ":",
-                                       l.pipeline.stage_layers[s].second),
+                          absl::StrJoin(rank_layers[s], ","),
                           p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
                           ByteSize(p.peak_memory_bytes));
+  }
+  out += "schedules on this shape (the fastest that fits with the same semantics marked *):\n";
+  for (const planner::ScheduleOption& o : planner::CompareSchedules(profile, cluster, l)) {
+    const std::string name(schedule::ScheduleKindName(o.schedule));
+    if (!o.valid) {
+      absl::StrAppendFormat(&out, "    %-16s %s\n", name, o.why);
+      continue;
+    }
+    absl::StrAppendFormat(&out, "  %s %-16s step %.2f ms, peak %s%s%s\n", o.best ? "*" : " ",
+                          o.candidate.layout.virtual_stages > 1
+                              ? absl::StrCat(name, " v=", o.candidate.layout.virtual_stages)
+                              : name,
+                          o.candidate.prediction.step_time_s * 1e3,
+                          ByteSize(o.candidate.prediction.peak_memory_bytes),
+                          o.why.empty() ? "" : ": ", o.why);
   }
   if (!plan.alternatives.empty()) out += "alternatives (the best of each other shape):\n";
   for (const Candidate& a : plan.alternatives) {
@@ -198,7 +239,11 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
   layout.schedule = config.schedule;
   std::vector<std::pair<int, int>> stage_layers;
   for (const model::LayerRange& r : plan->partition) stage_layers.emplace_back(r.begin, r.end);
-  layout.SetStageLayers(std::move(stage_layers));
+  if (schedule::HoldsChunks(config.schedule)) {
+    layout.SetModelStageLayers(std::move(stage_layers), plan->layout.chunks_per_rank);
+  } else {
+    layout.SetStageLayers(std::move(stage_layers));
+  }
   layout.pipeline.replicas = config.replicas;
   layout.pipeline.micro_batch_size = config.micro_batch_size;
   layout.pipeline.micro_batches = config.micro_batches;

@@ -8,17 +8,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/planner/host_placement.h"
+#include "runtime/planner/predict_internal.h"
 
 namespace pipetrain::planner {
 namespace {
 
 using schedule::Action;
 using schedule::ActionKind;
+using internal::MicroBatchBytes;
+using internal::MicroBatchMemory;
+using internal::ReceivedBytes;
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
-// Steps simulated: the step time is the mean time between the STEPs of steps 1 .. 6, once
-// the pipeline (2BW has no flush) is in its steady state and before the last one drains it.
-constexpr int kSimulatedSteps = 8;
+using internal::kSimulatedSteps;
 
 struct StageCosts {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
@@ -29,20 +31,6 @@ struct StageCosts {
   // CPU of the messages the stage sends (its output, its input's gradient) and receives.
   MessageCost act_out, grad_out, act_in, grad_in;
   int64_t gradient_bytes = 0;  // one copy of the stage's parameters' gradients
-};
-
-// One micro-batch on a stage: what it keeps from its forward to its backward, and the most
-// the stage holds for it while that backward runs, with the step's gradient not yet there
-// (the step's first backward, which allocates it layer by layer) or already there; and the
-// same for the step's last backward of a stage that averages its gradient during it (the
-// flat copies the AllReduce makes of the gradient, counted as each piece finishes: at most
-// what its buckets, each copied once all its gradients are done, hold).
-struct MicroBatchBytes {
-  int64_t kept = 0;
-  int64_t backward_first = 0;
-  int64_t backward_later = 0;
-  int64_t overlapped_first = 0;
-  int64_t overlapped_later = 0;
 };
 
 // For each action of a stage's list, whether it is the last backward before a STEP.
@@ -106,10 +94,15 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
                          const Layout& layout, int layers) {
   if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
   if (layout.stages() < 1) return absl::InvalidArgumentError("a layout needs at least one stage");
-  if (layout.stages() != static_cast<int>(layout.pipeline.stage_layers.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a layout of ", layout.stages(), " stages has ",
-                     layout.pipeline.stage_layers.size(), " layer ranges (SetStageLayers)"));
+  if (layout.virtual_stages < 1 ||
+      layout.stages() * layout.virtual_stages !=
+          static_cast<int>(layout.pipeline.stage_layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a layout of ", layout.stages(), " stages",
+        layout.virtual_stages == 1 ? ""
+                                   : absl::StrCat(" (", layout.virtual_stages, " a rank)"),
+        " has ", layout.pipeline.stage_layers.size(),
+        " layer ranges (SetStageLayers, SetModelStageLayers)"));
   }
   int next = 0;
   for (const auto& [begin, end] : layout.pipeline.stage_layers) {
@@ -129,90 +122,44 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
     return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
   }
   if (absl::Status s = CheckRankHosts(cluster, layout); !s.ok()) return s;
-  return schedule::ValidateScheduleParams(
-      {layout.schedule, layout.stages(), layout.pipeline.micro_batches, kSimulatedSteps});
-}
-
-// What a received message of `bytes` occupies (profile.h, inline_buffer_bytes).
-int64_t ReceivedBytes(const ModelProfile& profile, int64_t bytes) {
-  const int64_t inline_bytes = profile.inline_buffer_bytes;
-  if (inline_bytes > 0 && 2 * bytes >= inline_bytes && bytes <= inline_bytes) {
-    return inline_bytes;  // its header's few bytes aside
-  }
-  return bytes;
-}
-
-// One micro-batch's memory on the stage of layers [begin, end). Its forward keeps the
-// received input and, per layer, what the layer stashes and its output; a run of recomputed
-// layers keeps only the run's output. Its backward goes from the last layer to the first, a
-// recomputed run as one piece: while a piece runs, the stage still holds what the micro-batch
-// kept up to the piece's last layer, the piece's working memory (the profile's: its own
-// allocations, the input's gradient included), for a run everything the recomputation
-// stashes again, and the parameter gradients: in the step's first backward those of the
-// pieces done so far and this one, later all of them.
-MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
-                                 const std::vector<LayerProfile>& layers, const Layout& layout,
-                                 int begin, int end) {
-  // kept_through[i]: what the micro-batch keeps from the stage's input through layer begin+i.
-  std::vector<int64_t> kept_through(end - begin);
-  int64_t kept = begin > 0 ? ReceivedBytes(profile, layers[begin - 1].output_bytes) : 0;
-  int64_t gradient = 0;
-  for (int l = begin; l < end; ++l) {
-    const LayerProfile& layer = layers[l];
-    if (!layout.recomputes(l)) {
-      kept += layer.stash_bytes + layer.output_bytes;
-    } else if (l + 1 == end || !layout.recomputes(l + 1)) {
-      kept += layer.output_bytes;  // the run's output stays for the next layer
-    }
-    kept_through[l - begin] = kept;
-    gradient += layer.parameter_bytes;
-  }
-  MicroBatchBytes m;
-  m.kept = kept;
-  int64_t gradient_so_far = 0;
-  for (int last = end - 1; last >= begin;) {
-    int first = last;
-    while (layout.recomputes(last) && first > begin && layout.recomputes(first - 1)) --first;
-    int64_t working = 0, recomputed = 0;
-    // The AllReduce's copies of the pieces done before this one (when it overlaps).
-    const int64_t copied = gradient_so_far;
-    for (int l = first; l <= last; ++l) {
-      working = std::max(working, layers[l].working_bytes);
-      gradient_so_far += layers[l].parameter_bytes;
-      if (layout.recomputes(l)) recomputed += layers[l].stash_bytes + layers[l].output_bytes;
-    }
-    const int64_t held = kept_through[last - begin] + recomputed + working;
-    m.backward_first = std::max(m.backward_first, held + gradient_so_far);
-    m.backward_later = std::max(m.backward_later, held + gradient);
-    m.overlapped_first = std::max(m.overlapped_first, held + gradient_so_far + copied);
-    m.overlapped_later = std::max(m.overlapped_later, held + gradient + copied);
-    last = first - 1;
-  }
-  return m;
+  schedule::ScheduleParams params{layout.schedule, layout.stages(),
+                                  layout.pipeline.micro_batches, kSimulatedSteps};
+  params.virtual_stages = layout.virtual_stages;
+  return schedule::ValidateScheduleParams(params);
 }
 
 }  // namespace
 
-int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
-                    int64_t optimizer_bytes) {
-  const int versions = schedule == schedule::ScheduleKind::kTwoBW ? 2 : 1;
+int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches) {
+  switch (schedule) {
+    case schedule::ScheduleKind::kTwoBW:
+      return 2;
+    case schedule::ScheduleKind::kPipeDream: {
+      const int behind = std::max(0, stages - stage - 1);  // the stage's warm-up forwards
+      const int m = std::max(1, micro_batches);
+      return 1 + (behind + m - 1) / m;
+    }
+    default:
+      return 1;
+  }
+}
+
+int64_t WeightBytes(int versions, int64_t parameter_bytes, int64_t optimizer_bytes) {
   return versions * parameter_bytes + optimizer_bytes;
 }
 
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout) {
-  if (schedule::HoldsChunks(layout.schedule) ||
-      layout.schedule == schedule::ScheduleKind::kPipeDream) {
-    return absl::UnimplementedError(absl::StrCat(
-        "predicting a ", std::string(schedule::ScheduleKindName(layout.schedule)),
-        " layout: the planner simulates gpipe, 1f1b and 2bw"));
-  }
+  const bool stashing = layout.schedule == schedule::ScheduleKind::kPipeDream;
   const std::vector<LayerProfile> layers =
       profile.sizes.empty() ? std::vector<LayerProfile>{}
                             : LayersAt(profile, layout.pipeline.micro_batch_size);
   if (absl::Status s = CheckLayout(profile, cluster, layout, static_cast<int>(layers.size()));
       !s.ok()) {
     return s;
+  }
+  if (schedule::HoldsChunks(layout.schedule)) {
+    return internal::PredictChunked(profile, cluster, layout, layers);
   }
   const int p = layout.stages(), w = layout.pipeline.replicas;
   const LinkProfile& link = cluster.link;
@@ -232,8 +179,9 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       optimizer_bytes += static_cast<double>(layers[l].optimizer_bytes);
     }
     // Stage 0 with overlap averages bucket by bucket, each bucket a collective of its own;
-    // the other stages average the whole gradient at once.
-    const bool bucketed = s == 0 && layout.overlap_allreduce;
+    // the other stages (and pipedream's, whose gradient is summed over versions at STEP)
+    // average the whole gradient at once.
+    const bool bucketed = s == 0 && layout.overlap_allreduce && !stashing;
     const int calls =
         bucketed ? std::max(1, static_cast<int>(std::ceil(
                                    parameter_bytes / std::max<int64_t>(1, layout.bucket_bytes))))
@@ -267,8 +215,15 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       c.send_grad_s = way(c.grad_out, bytes, s - 1);
     }
     StagePrediction& out = prediction.stages[s];
-    out.weight_bytes = WeightBytes(layout.schedule, static_cast<int64_t>(parameter_bytes),
+    const int versions = WeightVersions(layout.schedule, p, s, layout.pipeline.micro_batches);
+    out.weight_bytes = WeightBytes(versions, static_cast<int64_t>(parameter_bytes),
                                    static_cast<int64_t>(optimizer_bytes));
+    // Under pipedream a step's micro-batches run on two versions, each with a gradient, when
+    // the stage's warm-up (p − s − 1 forwards) is not a whole number of steps: the older
+    // one's is counted here.
+    if (stashing && (p - s - 1) % layout.pipeline.micro_batches != 0) {
+      out.weight_bytes += static_cast<int64_t>(parameter_bytes);
+    }
     costs[s].gradient_bytes = static_cast<int64_t>(parameter_bytes);
     out.allreduce_s = c.allreduce_s;
     out.compute_s = layout.pipeline.micro_batches * (c.forward_s + c.backward_s) + c.optimizer_s;
@@ -298,7 +253,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   // with overlap starts its bucketed AllReduce.
   std::vector<std::vector<bool>> last_backward(p);
   for (int s = 0; s < p; ++s) last_backward[s] = LastBackwardOfEachStep((*lists)[s]);
-  const bool overlapped = w > 1 && layout.overlap_allreduce;
+  const bool overlapped = w > 1 && layout.overlap_allreduce && !stashing;
   // (kind, micro-batch, receiving stage) -> arrival time.
   std::map<std::tuple<ActionKind, int64_t, int>, double> arrivals;
   double now = 0;
@@ -464,8 +419,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     const MicroBatchBytes micro_batch = MicroBatchMemory(profile, layers, layout, begin, end);
     Averaging averaging = Averaging::kNone;
     if (w > 1) {
-      averaging = s == 0 && layout.overlap_allreduce ? Averaging::kDuringLastBackward
-                                                     : Averaging::kAtUpdate;
+      averaging = s == 0 && overlapped ? Averaging::kDuringLastBackward : Averaging::kAtUpdate;
     }
     const auto [held, in_flight_at_most] =
         HeldAtPeak((*lists)[s], last_backward[s], micro_batch, costs[s].gradient_bytes, averaging);

@@ -24,8 +24,9 @@
 //   - the step time is the steady-state time between two STEPs of stage 0 (the mean over the
 //     middle steps of eight).
 // Memory of a stage (bytes of tensors, the process's own code and libraries not counted):
-//   weights   = versions x parameter bytes + optimizer bytes (2BW keeps 2 versions, the
-//               others 1)
+//   weights   = versions x parameter bytes + optimizer bytes (WeightVersions: 2BW keeps 2,
+//               pipedream 1 + ceil((p − s − 1)/m), the others 1), and under pipedream a
+//               second gradient where a step's micro-batches run on two versions
 //   per micro-batch in flight: the stage's input (as received: see the profile's
 //               inline_buffer_bytes), and per layer its stash and output, except
 //               inside a run of recomputed layers, which keeps only the run's output
@@ -71,9 +72,20 @@ struct Layout {
   // index into ClusterProfile::host_workers (planner/host_placement.h chooses it). Empty:
   // every rank on one host.
   std::vector<int> rank_hosts;
+  // v, the model stages a rank holds (a schedule that HoldsChunks; 1 otherwise): then
+  // `pipeline.stages` is the ranks p of a pipeline and `pipeline.stage_layers` the v x p
+  // model stages in model order (SetModelStageLayers).
+  int virtual_stages = 1;
 
   void SetStageLayers(std::vector<std::pair<int, int>> layers) {
     pipeline.stages = static_cast<int>(layers.size());
+    pipeline.stage_layers = std::move(layers);
+    virtual_stages = 1;
+  }
+  // `layers`: v x p model stages, v per rank. REQUIRES: layers.size() a multiple of v.
+  void SetModelStageLayers(std::vector<std::pair<int, int>> layers, int v) {
+    virtual_stages = v;
+    pipeline.stages = static_cast<int>(layers.size()) / v;
     pipeline.stage_layers = std::move(layers);
   }
   int stages() const { return pipeline.stages; }
@@ -83,6 +95,7 @@ struct Layout {
   }
 };
 
+// Per stage; for a schedule with chunks, per rank (all its model stages).
 struct StagePrediction {
   double compute_s = 0;            // per step: forwards, backwards, recomputation, optimizer
   double allreduce_s = 0;          // per step: the AllReduce of its gradients (0 for w = 1)
@@ -93,11 +106,16 @@ struct StagePrediction {
   int64_t peak_memory_bytes = 0;   // the sum
 };
 
-// A stage's weights as the simulation counts them: every version of its parameters (2BW
-// keeps two, the others one) and the optimizer's state. Its gradient, one more copy of the
-// parameters, is counted with what the stage holds (StagePrediction::activation_bytes).
-int64_t WeightBytes(schedule::ScheduleKind schedule, int64_t parameter_bytes,
-                    int64_t optimizer_bytes);
+// The versions of its weights stage s of p keeps at once with m micro-batches a step: 2BW
+// two; pipedream (weight stashing) the newest and those its micro-batches in flight ran on,
+// 1 + ceil((p − s − 1) / m) (p − s with m = 1); the others one.
+int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches);
+// A stage's weights as the simulation counts them: `versions` copies of its parameters
+// (WeightVersions) and the optimizer's state. Its gradient, one more copy of the parameters,
+// is counted with what the stage holds (StagePrediction::activation_bytes); under pipedream
+// where a step's micro-batches run on two versions (the warm-up p − s − 1 not a multiple of
+// m), each accumulating its own, Predict adds a second to the stage's weight_bytes.
+int64_t WeightBytes(int versions, int64_t parameter_bytes, int64_t optimizer_bytes);
 
 struct Prediction {
   double step_time_s = 0;

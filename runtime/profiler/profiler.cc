@@ -70,6 +70,10 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     one.micro_batch_size = b;
     one.recompute = {};
     one.auto_stages = false;  // one stage, whatever the job's layout will be
+    // Layers cost the same under every schedule (one whose rules need several ranks or
+    // micro-batches would refuse this job).
+    one.schedule = schedule::ScheduleKind::kOneFOneB;
+    one.virtual_stages = 0;
     if (absl::Status s = job::ValidateJobConfig(one); !s.ok()) return s;
     absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(one);
     if (!plan.ok()) return plan.status();

@@ -200,8 +200,11 @@ class StashedWeights : public WeightStore {
   // W(n+1) = W(n) − step(mini-batch t's gradient over the versions it ran on).
   absl::Status Update(int64_t t) override {
     PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> grads, Gradients(t));
-    // Micro-batches up to t's last have run their backward: they hold no version any more.
+    // Micro-batches up to t's last have run their backward: they hold no version any more,
+    // and the versions no other micro-batch runs on go (their gradients are in `grads`)
+    // before the new one is made.
     assigned_.erase(assigned_.begin(), assigned_.lower_bound((t + 1) * micro_batches_));
+    DropUnusedVersions();
     std::unique_ptr<model::StageModule>& newest = versions_.at(newest_);
     const bool in_use = std::any_of(assigned_.begin(), assigned_.end(),
                                     [this](const auto& a) { return a.second == newest_; });
@@ -222,14 +225,7 @@ class StashedWeights : public WeightStore {
     versions_[++newest_] = std::move(next);
     gradient_.clear();
     gradient_step_ = -1;
-    // Versions no micro-batch runs on any more, but the newest, go.
-    for (auto it = versions_.begin(); it != versions_.end();) {
-      const int64_t version = it->first;
-      const bool used = version == newest_ ||
-                        std::any_of(assigned_.begin(), assigned_.end(),
-                                    [version](const auto& a) { return a.second == version; });
-      it = used ? std::next(it) : versions_.erase(it);
-    }
+    DropUnusedVersions();
     return absl::OkStatus();
   }
 
@@ -241,6 +237,17 @@ class StashedWeights : public WeightStore {
   }
 
  private:
+  // Versions no micro-batch runs on any more, but the newest, go.
+  void DropUnusedVersions() {
+    for (auto it = versions_.begin(); it != versions_.end();) {
+      const int64_t version = it->first;
+      const bool used = version == newest_ ||
+                        std::any_of(assigned_.begin(), assigned_.end(),
+                                    [version](const auto& a) { return a.second == version; });
+      it = used ? std::next(it) : versions_.erase(it);
+    }
+  }
+
   std::unique_ptr<Optimizer> optimizer_;
   int micro_batches_;
   int64_t newest_;

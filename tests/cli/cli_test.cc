@@ -83,6 +83,22 @@ TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
   EXPECT_TRUE(plan["recompute"].is_array());
   EXPECT_FALSE(plan["alternatives"].empty());
   for (const auto& a : plan["alternatives"]) EXPECT_TRUE(a.contains("why"));
+  // Every schedule on the chosen shape: one marked best (a flushing one, as Hippie's), each
+  // other with why it lost.
+  ASSERT_EQ(plan["schedules"].size(), 8u);
+  int best = 0;
+  for (const auto& s : plan["schedules"]) {
+    SCOPED_TRACE(s.dump());
+    if (s["best"].get<bool>()) {
+      ++best;
+      EXPECT_EQ(s["why"], "");
+      EXPECT_NE(s["schedule"], "2bw");
+      EXPECT_NE(s["schedule"], "pipedream");
+    } else {
+      EXPECT_NE(s["why"], "");
+    }
+  }
+  EXPECT_EQ(best, 1);
 
   // A job file with its own layer ranges is planned anew (its ranges give way to the plan),
   // and profiled, rather than refused as `stages: auto` beside explicit ranges.
@@ -277,6 +293,33 @@ TEST_F(CliTest, PipeDreamStagesHoldTheVersionsThePlanPredicts) {
                               2 * ran["per_stage"][0]["parameter_bytes"].get<double>();
   EXPECT_GT(std::abs(ran["per_stage"][0]["peak_tensor_bytes"].get<double>() - two_versions),
             0.15 * two_versions);
+  unsetenv("PIPETRAIN_CACHE_DIR");
+}
+
+// The schedules whose ranks hold several model stages: `plan --predict` simulates each rank's
+// model stages, and as processes every rank's measured peak is within 15% of it.
+TEST_F(CliTest, SchedulesWithChunksRunWithinTheMemoryThePlanPredicts) {
+  setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
+  for (const char* schedule : {"interleaved", "zb1p", "zbv", "dualpipev"}) {
+    SCOPED_TRACE(schedule);
+    const std::string job = std::string(" --schedule ") + schedule +
+                            " --stages 2 --microbatches 8 --microbatch-size 8 --steps 6 -q";
+    Result predicted = Run("plan --predict -o json" + job);
+    ASSERT_EQ(predicted.exit_code, 0) << predicted.err;
+    const auto plan = nlohmann::json::parse(predicted.out);
+    const fs::path summary = dir_ / "summary.json";
+    Result run = Run("run --launch processes --summary " + summary.string() + job);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto ran = nlohmann::json::parse(ReadFile(summary));
+    const auto& expected = plan["predicted_peak_memory_bytes"];
+    ASSERT_EQ(expected.size(), 2u);  // per rank
+    ASSERT_EQ(ran["per_stage"].size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NEAR(ran["per_stage"][r]["peak_tensor_bytes"].get<double>(),
+                  expected[r].get<double>(), 0.15 * expected[r].get<double>())
+          << "rank " << r;
+    }
+  }
   unsetenv("PIPETRAIN_CACHE_DIR");
 }
 
