@@ -41,9 +41,12 @@ ChunkCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster, c
     c.optimizer_s += layer.optimizer_s;
     c.parameter_bytes += layer.parameter_bytes;
     c.optimizer_bytes += layer.optimizer_bytes;
-    // The weight gradient of a layer with parameters, estimated: its products with the
-    // weights cost about its forward, and never more than half its backward.
-    if (layer.parameter_bytes > 0) {
+    // The weight gradient: as profiled (what the layer defers); where a profile has none, a
+    // layer with parameters estimated: its products with the weights cost about its forward,
+    // and never more than half its backward.
+    if (layer.weight_gradient_s >= 0) {
+      weight_gradient += layer.weight_gradient_s;
+    } else if (layer.parameter_bytes > 0) {
       weight_gradient += std::min(layer.forward_s, 0.5 * layer.backward_s);
     }
   }

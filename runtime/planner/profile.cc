@@ -19,6 +19,7 @@ std::vector<LayerProfile> LayersAt(const ModelProfile& profile, int b) {
   for (LayerProfile& l : layers) {
     l.forward_s *= scale;
     l.backward_s *= scale;
+    if (l.weight_gradient_s > 0) l.weight_gradient_s *= scale;
     l.output_bytes = static_cast<int64_t>(std::llround(l.output_bytes * scale));
     l.stash_bytes = static_cast<int64_t>(std::llround(l.stash_bytes * scale));
     l.working_bytes = static_cast<int64_t>(std::llround(l.working_bytes * scale));

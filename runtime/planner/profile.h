@@ -20,6 +20,9 @@ struct LayerProfile {
   int64_t optimizer_bytes = 0;  // the optimizer's state for them (AdamW: 2 x parameter_bytes)
   int64_t stash_bytes = 0;      // what it keeps from a forward for its backward (output excluded)
   int64_t working_bytes = 0;    // the most its backward allocates above that, freed at its end
+  // The weight-gradient part (W) of a split backward (model/weight_gradients.h: what the
+  // layer defers), one micro-batch; its I is the rest of backward_s. -1: not measured.
+  double weight_gradient_s = -1;
 };
 
 struct LinkProfile {

@@ -18,15 +18,17 @@ json LinkJson(const LinkProfile& link) {
 json SizeJson(const MicroBatchProfile& size) {
   json layers = json::array();
   for (const LayerProfile& l : size.layers) {
-    layers.push_back({{"name", l.name},
-                      {"forward_s", l.forward_s},
-                      {"backward_s", l.backward_s},
-                      {"optimizer_s", l.optimizer_s},
-                      {"output_bytes", l.output_bytes},
-                      {"parameter_bytes", l.parameter_bytes},
-                      {"optimizer_bytes", l.optimizer_bytes},
-                      {"stash_bytes", l.stash_bytes},
-                      {"working_bytes", l.working_bytes}});
+    json layer = {{"name", l.name},
+                  {"forward_s", l.forward_s},
+                  {"backward_s", l.backward_s},
+                  {"optimizer_s", l.optimizer_s},
+                  {"output_bytes", l.output_bytes},
+                  {"parameter_bytes", l.parameter_bytes},
+                  {"optimizer_bytes", l.optimizer_bytes},
+                  {"stash_bytes", l.stash_bytes},
+                  {"working_bytes", l.working_bytes}};
+    if (l.weight_gradient_s >= 0) layer["weight_gradient_s"] = l.weight_gradient_s;
+    layers.push_back(std::move(layer));
   }
   return {{"micro_batch_size", size.micro_batch_size}, {"layers", layers}};
 }
@@ -106,6 +108,9 @@ absl::StatusOr<MicroBatchProfile> ReadSize(const json& j, const std::string& whe
     PT_READ(l, "optimizer_bytes", at, layer.optimizer_bytes);
     PT_READ(l, "stash_bytes", at, layer.stash_bytes);
     PT_READ(l, "working_bytes", at, layer.working_bytes);
+    if (l.contains("weight_gradient_s")) {  // measured by newer builds
+      PT_READ(l, "weight_gradient_s", at, layer.weight_gradient_s);
+    }
     size.layers.push_back(std::move(layer));
   }
   return size;

@@ -9,6 +9,7 @@
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
+#include "runtime/model/weight_gradients.h"
 #include "runtime/profiler/timing.h"
 #include "runtime/weights/optimizer.h"
 #include "runtime/weights/weight_store.h"
@@ -42,21 +43,30 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
     if (!optimizer.ok()) return optimizer.status();
     optimizers[i] = *std::move(optimizer);
   }
-  std::vector<std::vector<double>> forward(n), backward(n), update(n);
+  std::vector<std::vector<double>> forward(n), backward(n), update(n), weight_gradient(n);
+  // The layers get a deferral as a stage's do (their backward takes the same path); it
+  // defers only in the split pass below.
+  model::WeightGradientDeferral deferral;
+  // Each layer's forward from the previous output (detached: each is timed alone).
+  const auto layer_input = [&](int i, const std::vector<at::Tensor>& outputs) {
+    at::Tensor x = i == 0 ? input : outputs[i - 1];
+    if (at::isFloatingType(x.scalar_type()) && begin + i > 0) {
+      x = x.detach().requires_grad_(true);
+    }
+    return x;
+  };
   for (int round = 0; round < options.warmup + options.repeats; ++round) {
     const bool timed = round >= options.warmup;
     std::vector<at::Tensor> inputs(n), outputs(n);
     at::Tensor loss;
     for (int i = 0; i < n; ++i) {
-      at::Tensor x = i == 0 ? input : outputs[i - 1];
-      if (at::isFloatingType(x.scalar_type()) && begin + i > 0) {
-        x = x.detach().requires_grad_(true);
-      }
+      const at::Tensor x = layer_input(i, outputs);
       inputs[i] = x;
       model::LayerContext ctx;
       ctx.seed = config.seed;
       ctx.global_layer = begin + i;
       ctx.micro_batch = round;
+      ctx.weight_gradients = &deferral;
       const bool last = ends_model && i + 1 == n;
       const int64_t before = memory::TensorBytesInUse();
       const auto t0 = std::chrono::steady_clock::now();
@@ -99,6 +109,46 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       backward[i].push_back(Seconds(t0, t1));
       out[i].working_bytes = std::max<int64_t>(0, working);
     }
+    if (timed) {
+      // The split backward (zero-bubble's I then W): the same forwards again, untimed, then
+      // each layer's backward with its weight gradients queued, and the queue run: W's time.
+      std::vector<at::Tensor> split_inputs(n), split_outputs(n);
+      at::Tensor split_loss;
+      for (int i = 0; i < n; ++i) {
+        split_inputs[i] = layer_input(i, split_outputs);
+        model::LayerContext ctx;
+        ctx.seed = config.seed;
+        ctx.global_layer = begin + i;
+        ctx.micro_batch = round;
+        ctx.weight_gradients = &deferral;
+        model::MixedPrecisionScope mixed(c10::DeviceType::CPU, plan.compute_dtype);
+        split_outputs[i] = (*built)[i]->Forward(split_inputs[i], ctx);
+        if (ends_model && i + 1 == n) {
+          split_loss = at::cross_entropy_loss(
+              split_outputs[i].reshape({-1, split_outputs[i].size(-1)}), targets.reshape({-1}));
+        }
+      }
+      at::Tensor g = ends_model ? at::Tensor() : at::randn_like(split_outputs[n - 1]) * 1e-3;
+      for (int i = n - 1; i >= 0; --i) {
+        model::WeightGradientQueue queue;
+        {
+          model::DeferWeightGradients defer(deferral, queue);
+          if (ends_model && i + 1 == n) {
+            split_loss.backward();
+            split_loss = at::Tensor();
+          } else {
+            split_outputs[i].backward(g);
+          }
+        }
+        const bool deferred = !queue.empty();  // nothing deferred: no W
+        const auto t0 = std::chrono::steady_clock::now();
+        queue.Run();
+        const auto t1 = std::chrono::steady_clock::now();
+        weight_gradient[i].push_back(deferred ? Seconds(t0, t1) : 0.0);
+        g = split_inputs[i].requires_grad() ? split_inputs[i].grad() : at::Tensor();
+        split_outputs[i] = at::Tensor();
+      }
+    }
     for (int i = 0; i < n; ++i) {
       if (!optimizers[i]) continue;
       std::vector<at::Tensor> grads;
@@ -118,6 +168,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
   for (int i = 0; i < n; ++i) {
     out[i].forward_s = Median(forward[i]);
     out[i].backward_s = Median(backward[i]);
+    out[i].weight_gradient_s = std::min(Median(weight_gradient[i]), out[i].backward_s);
     out[i].optimizer_s = Median(update[i]);
   }
   return out;

@@ -114,6 +114,16 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
       EXPECT_GT(layer.optimizer_s, 0);
       const int64_t width = l + 1 == size.layers.size() ? vocab : 32;
       EXPECT_EQ(layer.output_bytes, 4 * b * 16 * width);
+      // The split backward's W: what the layer defers (the linear products of the blocks
+      // and the head; nothing of the embedding and the norm), never more than its backward.
+      EXPECT_GE(layer.weight_gradient_s, 0);
+      EXPECT_LE(layer.weight_gradient_s, layer.backward_s);
+      const bool defers = layer.name.rfind("block", 0) == 0 || layer.name == "lm_head";
+      if (defers) {
+        EXPECT_GT(layer.weight_gradient_s, 0);
+      } else {
+        EXPECT_EQ(layer.weight_gradient_s, 0);
+      }
     }
     // A block keeps far more than its output for its backward (attention scores, MLP
     // activations): at least the 4d-wide MLP hidden layer.
@@ -192,11 +202,14 @@ TEST(Profiler, ProfilesSurviveJsonAndBadJsonNamesTheField) {
   planner::MicroBatchProfile size;
   size.micro_batch_size = 3;
   size.layers.push_back({"a", 0.1, 0.2, 0.01, 10, 20, 40, 30, 5});
+  size.layers.push_back({"b", 0.1, 0.2, 0.01, 10, 20, 40, 30, 5, 0.05});  // W measured
   p.sizes.push_back(size);
   absl::StatusOr<planner::ModelProfile> back =
       planner::ModelProfileFromJson(planner::ModelProfileToJson(p));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(planner::ModelProfileToJson(*back), planner::ModelProfileToJson(p));
+  EXPECT_EQ(back->sizes[0].layers[0].weight_gradient_s, -1);  // not measured: absent
+  EXPECT_EQ(back->sizes[0].layers[1].weight_gradient_s, 0.05);
   std::string bad = planner::ModelProfileToJson(p);
   bad.replace(bad.find("\"forward_s\":0.1"), 15, "\"forward_s\":-1");
   EXPECT_THAT(planner::ModelProfileFromJson(bad).status().message(),
