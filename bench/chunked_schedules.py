@@ -16,9 +16,11 @@ The machine's speed swings under sustained load, so each schedule is measured in
 before or right after a 1F1B run (alternating), with a rest between runs. Per run it reads
 the summary: step_time_s (median over steps after the first) and ideal_step_time_s (the
 schedule simulated with this run's own measured mean time of each kind of action: the
-prediction). Prints a markdown table: per schedule the median step and prediction over its
-runs, and the median (and range) over rounds of the ratio of its step to its paired 1F1B
-run's. Standard library only.
+prediction). Before the rounds, the planner's own prediction of each schedule from the
+model's profile (`pipetrain plan --predict`, the profile measured or cached first). Prints a
+markdown table: per schedule the median step and prediction over its runs, and the median
+(and range) over rounds of the ratio of its step to its paired 1F1B run's, beside the
+planner's predicted ratio. Standard library only.
 
 Run:  /usr/bin/python3 bench/chunked_schedules.py [build/client/pipetrain]
           [--rounds 6] [--steps 20] [--stages P] [--microbatches 8]
@@ -44,16 +46,29 @@ CONTENDERS = {
 }
 
 
-def run_once(args, name, summary_path):
+def job_flags(args, name):
     schedule, virtual = CONTENDERS[name]
-    cmd = [args.binary, "run", "--launch", "threads", "-q", "--schedule", schedule,
-           "--stages", str(args.stages), "--microbatches", str(args.microbatches),
-           "--microbatch-size", str(args.microbatch_size), "--steps", str(args.steps),
-           "--threads-per-stage", "1", "--d-model", str(args.d_model), "--n-heads", "4",
-           "--n-layers", str(args.n_layers), "--seq-len", str(args.seq_len),
-           "--summary", summary_path]
+    flags = ["-q", "--schedule", schedule,
+             "--stages", str(args.stages), "--microbatches", str(args.microbatches),
+             "--microbatch-size", str(args.microbatch_size), "--steps", str(args.steps),
+             "--d-model", str(args.d_model), "--n-heads", "4",
+             "--n-layers", str(args.n_layers), "--seq-len", str(args.seq_len)]
     if virtual:
-        cmd += ["--virtual-stages", str(virtual)]
+        flags += ["--virtual-stages", str(virtual)]
+    return flags
+
+
+def planner_prediction(args, name):
+    cmd = [args.binary, "plan", "--predict", "-o", "json"] + job_flags(args, name)
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr}")
+    return json.loads(result.stdout)["predicted_step_time_s"]
+
+
+def run_once(args, name, summary_path):
+    cmd = [args.binary, "run", "--launch", "threads", "--threads-per-stage", "1",
+           "--summary", summary_path] + job_flags(args, name)
     result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr}")
@@ -83,6 +98,7 @@ def main():
     ratios = {n: [1.0] for n in names[:1]}
     ratios.update({n: [] for n in names[1:]})
     others = names[1:]
+    planned = {n: planner_prediction(args, n) for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
         for r in range(args.rounds):
@@ -103,13 +119,14 @@ def main():
           f"GPT d_model {args.d_model}, {args.n_layers} blocks, seq {args.seq_len}; "
           f"{args.rounds} rounds of {args.steps} steps\n")
     print("| schedule | step (median) | predicted (median) | step / paired 1F1B's (median) "
-          "| range |")
-    print("|---|---|---|---|---|")
+          "| range | planner's step / its 1F1B's |")
+    print("|---|---|---|---|---|---|")
     for name in names:
         print(f"| {name} | {statistics.median(steps[name]) * 1e3:.1f} ms | "
               f"{statistics.median(ideals[name]) * 1e3:.1f} ms | "
               f"{statistics.median(ratios[name]):.3f} | "
-              f"{min(ratios[name]):.3f}-{max(ratios[name]):.3f} |")
+              f"{min(ratios[name]):.3f}-{max(ratios[name]):.3f} | "
+              f"{planned[name] / planned['1f1b']:.3f} ({planned[name] * 1e3:.1f} ms) |")
 
 
 if __name__ == "__main__":
