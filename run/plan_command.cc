@@ -147,7 +147,8 @@ std::string PlanToJson(const planner::PlanResult& plan, const planner::ModelProf
   for (const Candidate& c : plan.alternatives) j["alternatives"].push_back(CandidateJson(c));
   // Every schedule on the chosen shape, and why each lost.
   j["schedules"] = nlohmann::json::array();
-  for (const planner::ScheduleOption& o : planner::CompareSchedules(profile, cluster, plan.chosen.layout)) {
+  for (const planner::ScheduleOption& o :
+       planner::CompareSchedules(profile, cluster, plan.chosen.layout)) {
     nlohmann::json s = o.valid ? CandidateJson(o.candidate) : nlohmann::json::object();
     s["schedule"] = std::string(schedule::ScheduleKindName(o.schedule));
     s["valid"] = o.valid;

@@ -18,8 +18,8 @@ int Semantics(ScheduleKind kind) {
   return kind == ScheduleKind::kTwoBW ? 1 : kind == ScheduleKind::kPipeDream ? 2 : 0;
 }
 
-// Parts of at most `limit` each, greedily from layer 0; their count (or a huge one when a
-// layer alone is above the limit).
+// Parts of at most `limit` each, greedily from layer 0 (the fewest there can be); none when
+// a layer alone is above the limit.
 std::vector<std::pair<int, int>> GreedyRanges(const std::vector<double>& cost, double limit) {
   std::vector<std::pair<int, int>> ranges;
   double sum = 0;
