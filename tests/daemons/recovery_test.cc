@@ -115,6 +115,19 @@ TEST_F(RecoveryTest, AWorkerKilledUnderZeroBubbleVTheJobFinishesByItselfAsIfUnin
       [](LocalCluster&, int) {}, "zbv");
 }
 
+// The same under the other schedules with chunks: interleaved 1F1B, ZB-H1 (its backward split
+// in I and W) and DualPipeV.
+TEST_F(RecoveryTest, AWorkerKilledUnderEveryOtherScheduleWithChunksTheJobFinishesAsIfUninterrupted) {
+  for (const char* schedule : {"interleaved", "zb1p", "dualpipev"}) {
+    SCOPED_TRACE(schedule);
+    const fs::path dir = dir_ / schedule;
+    fs::create_directories(dir);
+    OneFaultTheJobFinishesByItself(
+        dir, 5, (std::string("SIGKILL under ") + schedule).c_str(),
+        [](LocalCluster& c, int w) { c.KillWorker(w); }, [](LocalCluster&, int) {}, schedule);
+  }
+}
+
 // The same under PipeDream's weight stashing (no flush but at the checkpoints: the restarted
 // generation resumes at one, the versions in flight rebuilt from the pipeline's start).
 TEST_F(RecoveryTest, AWorkerKilledUnderPipeDreamTheJobFinishesByItselfAsIfUninterrupted) {
