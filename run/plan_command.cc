@@ -266,8 +266,8 @@ absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
   if (!plan.ok()) return plan.status();
   if (!flags.quiet) {
     const std::string text = PlanToText(*plan, *profile, cluster);
-    // The chosen layout only (the lines before the alternatives).
-    std::fprintf(stderr, "%s", text.substr(0, text.find("alternatives")).c_str());
+    // The chosen layout only (the lines before the other schedules and shapes).
+    std::fprintf(stderr, "%s", text.substr(0, text.find("schedules on this shape")).c_str());
   }
   return AppliedPlan{jobspec::WithLayout(config, plan->chosen.layout),
                      jobspec::PlannedLayoutRecord(*plan, cluster)};
