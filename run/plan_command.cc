@@ -186,14 +186,14 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers",
                         "compute_ms", "exposed_ar_ms", "in_flight", "peak_memory");
   // A rank holding several model stages lists their layers, in model order.
+  schedule::ScheduleParams shape;
+  shape.kind = l.schedule;
+  shape.stages = l.stages();
+  shape.virtual_stages = l.virtual_stages;
+  const schedule::ChunkLayout chunks = schedule::LayoutOf(shape);
   std::vector<std::vector<std::string>> rank_layers(l.stages());
   for (size_t k = 0; k < l.pipeline.stage_layers.size(); ++k) {
-    const int rank = l.virtual_stages == 1
-                         ? static_cast<int>(k)
-                         : schedule::LayoutOf({.kind = l.schedule,
-                                               .stages = l.stages(),
-                                               .virtual_stages = l.virtual_stages})
-                               .RankOf(static_cast<int>(k));
+    const int rank = chunks.RankOf(static_cast<int>(k));
     rank_layers[rank].push_back(absl::StrCat(l.pipeline.stage_layers[k].first, ":",
                                              l.pipeline.stage_layers[k].second));
   }

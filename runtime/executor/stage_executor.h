@@ -37,6 +37,8 @@
 // right after the activation of micro-batch (t+1)*m - 1 and received right after it. A stage
 // that learns of commands rebuilds the rest of its action list from `schedule` (drain before
 // the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
+// Defined in stage_executor.cc (the actions), gradient_averaging.cc (the replicas' AllReduce,
+// tied copies' sums) and step_boundaries.cc (sealing and applying step commands).
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 

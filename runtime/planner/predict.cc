@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/planner/host_placement.h"
 #include "runtime/planner/predict_internal.h"
 
@@ -345,7 +346,10 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
           }
           case ActionKind::kInputGradient:
           case ActionKind::kWeightGradient:
-            return absl::UnimplementedError("the simulation has no split backward (I, W)");
+            // Lists of one stage a rank (BuildSchedule) have none; chunked kinds go to
+            // PredictChunked.
+            return absl::InternalError(absl::StrCat(
+                "an I or W in a list of ", std::string(schedule::ScheduleKindName(layout.schedule))));
         }
         moved = true;
       }
@@ -358,17 +362,8 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     for (int s = 0; s < p; ++s) {
       computing += (state[s] == State::kComputing) + (allreduce_cpu_left[s] > 0);
     }
-    double rate = 1.0;
-    if (cluster.shared_cores > 0 && computing > 0) {
-      // Ranks and the transports' threads beyond the cores share them; those that run at
-      // once are slowed by contention.
-      const int ranks = computing * w;
-      const int running = std::min(ranks, cluster.shared_cores);
-      rate = static_cast<double>(running) / ranks;
-      if (!profile.slowdown.empty()) {
-        rate /= profile.slowdown[std::min<size_t>(running, profile.slowdown.size()) - 1];
-      }
-    }
+    // Ranks and the transports' threads beyond the cores share them.
+    const double rate = internal::SharedCoreRate(profile, cluster, computing, w);
     // Without shared cores the transports' threads are taken to have cores of their own.
     const double background_rate = cluster.shared_cores > 0 ? rate : 1.0;
     double event = kNever;
@@ -407,12 +402,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
     }
   }
 
-  if (step_end.size() != kSimulatedSteps) {
-    return absl::InternalError("the simulation did not run every step");
-  }
-  prediction.step_time_s = (step_end[kSimulatedSteps - 2] - step_end[1]) / (kSimulatedSteps - 3);
-  prediction.samples_per_s = layout.global_batch() / prediction.step_time_s;
-  prediction.tokens_per_s = prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
+  PT_RETURN_IF_ERROR(internal::SetStepTime(profile, layout, step_end, prediction));
   for (int s = 0; s < p; ++s) {
     StagePrediction& out = prediction.stages[s];
     const auto [begin, end] = layout.pipeline.stage_layers[s];

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/planner/host_placement.h"
 #include "runtime/planner/predict_internal.h"
 #include "runtime/schedule/chunked_schedule.h"
@@ -278,15 +279,7 @@ absl::StatusOr<Prediction> PredictChunked(const ModelProfile& profile,
     }
     int computing = 0;
     for (int r = 0; r < p; ++r) computing += state[r] == State::kComputing;
-    double rate = 1.0;
-    if (cluster.shared_cores > 0 && computing > 0) {
-      const int ranks = computing * w;
-      const int running = std::min(ranks, cluster.shared_cores);
-      rate = static_cast<double>(running) / ranks;
-      if (!profile.slowdown.empty()) {
-        rate /= profile.slowdown[std::min<size_t>(running, profile.slowdown.size()) - 1];
-      }
-    }
+    const double rate = SharedCoreRate(profile, cluster, computing, w);
     double event = kNever;
     for (int r = 0; r < p; ++r) {
       if (state[r] == State::kComputing) event = std::min(event, now + work_left[r] / rate);
@@ -309,14 +302,8 @@ absl::StatusOr<Prediction> PredictChunked(const ModelProfile& profile,
     }
   }
 
-  if (step_end.size() != kSimulatedSteps) {
-    return absl::InternalError("the simulation did not run every step");
-  }
   Prediction prediction;
-  prediction.step_time_s = (step_end[kSimulatedSteps - 2] - step_end[1]) / (kSimulatedSteps - 3);
-  prediction.samples_per_s = layout.global_batch() / prediction.step_time_s;
-  prediction.tokens_per_s =
-      prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
+  PT_RETURN_IF_ERROR(SetStepTime(profile, layout, step_end, prediction));
   prediction.stages.resize(p);
   const int m = layout.pipeline.micro_batches;
   for (int r = 0; r < p; ++r) {

@@ -38,6 +38,19 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
 // the pipeline (2BW has no flush) is in its steady state and before the last one drains it.
 inline constexpr int kSimulatedSteps = 8;
 
+// The speed, against one core of its own, at which each of `computing` things computing at
+// once runs (ranks, and the transports' threads where the caller counts them), each of the
+// `replicas` running the same: with `shared_cores` they share those cores equally, and k of
+// them running at once are slowed by the profile's slowdown[k - 1]; 1 without shared cores.
+double SharedCoreRate(const ModelProfile& profile, const ClusterProfile& cluster, int computing,
+                      int replicas);
+
+// The prediction's step time (the mean time between the STEPs `step_end` of steps 1 ..
+// kSimulatedSteps − 2) and throughputs. InternalError when the simulation did not reach
+// every STEP.
+absl::Status SetStepTime(const ModelProfile& profile, const Layout& layout,
+                         const std::vector<double>& step_end, Prediction& prediction);
+
 // Predict for a layout whose schedule HoldsChunks: `layers` are the profile's at the
 // layout's micro-batch size, the layout already checked.
 absl::StatusOr<Prediction> PredictChunked(const ModelProfile& profile,

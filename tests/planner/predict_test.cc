@@ -16,35 +16,6 @@ namespace {
 using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
-// `n` layers of forward f, backward 2f, optimizer `opt`, with the given bytes.
-ModelProfile Uniform(int n, double f, double opt = 0) {
-  ModelProfile profile;
-  profile.tokens_per_sample = 10;
-  MicroBatchProfile size;
-  size.micro_batch_size = 1;
-  for (int l = 0; l < n; ++l) {
-    LayerProfile layer;
-    layer.forward_s = f;
-    layer.backward_s = 2 * f;
-    layer.optimizer_s = opt;
-    layer.output_bytes = 100;
-    layer.parameter_bytes = 1000;
-    layer.optimizer_bytes = 2000;
-    layer.stash_bytes = 400;
-    layer.working_bytes = 50;
-    size.layers.push_back(layer);
-  }
-  profile.sizes.push_back(size);
-  return profile;
-}
-
-ClusterProfile FreeLinks() {
-  ClusterProfile cluster;
-  cluster.workers = 8;
-  cluster.link = {0, 1e30};
-  return cluster;
-}
-
 TEST(Predict, OneStageRunsItsMicroBatchesBackToBack) {
   const ModelProfile profile = Uniform(4, 0.01, 0.005);
   absl::StatusOr<Prediction> p =

@@ -27,35 +27,6 @@ namespace {
 using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
-// `n` layers of forward f, backward 2f, optimizer `opt` (no bytes on the wire cost time).
-ModelProfile Uniform(int n, double f, double opt = 0, int64_t parameter_bytes = 1000) {
-  ModelProfile profile;
-  profile.tokens_per_sample = 1;
-  MicroBatchProfile size;
-  size.micro_batch_size = 1;
-  for (int l = 0; l < n; ++l) {
-    LayerProfile layer;
-    layer.forward_s = f;
-    layer.backward_s = 2 * f;
-    layer.optimizer_s = opt;
-    layer.output_bytes = 100;
-    layer.parameter_bytes = parameter_bytes;
-    layer.optimizer_bytes = 2 * parameter_bytes;
-    layer.stash_bytes = 400;
-    layer.working_bytes = 50;
-    size.layers.push_back(layer);
-  }
-  profile.sizes.push_back(size);
-  return profile;
-}
-
-ClusterProfile FreeLinks() {
-  ClusterProfile cluster;
-  cluster.workers = 8;
-  cluster.link = {0, 1e30};
-  return cluster;
-}
-
 // `layers` layers over v x p model stages, evenly.
 Layout Chunked(ScheduleKind kind, int layers, int p, int v, int m) {
   Layout layout = Even(kind, layers, p * v, m);

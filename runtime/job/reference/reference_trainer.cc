@@ -31,7 +31,7 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::Optimizer
                   o.weight_decay));
 }
 
-// PipeDream's weight stashing in DESIGN.md's terms, without a schedule: stage s keeps its
+// PipeDream's weight stashing (docs/design.md section 4.3a), without a schedule: stage s keeps its
 // weight versions W_s(0), W_s(1), ... (W_s(t+1): W_s(t) stepped with mini-batch t's
 // gradient). Micro-batch j runs through stage s, forward and backward alike, on version
 // v_s(j) = max(0, floor((j − w_s) / m)), w_s = min(p − s − 1, steps·m): the updates stage s

@@ -1,4 +1,5 @@
-// One micro-batch's memory on a stage (predict_internal.h).
+// The simulations' shared parts (predict_internal.h): one micro-batch's memory on a stage, the
+// speed of ranks sharing cores, the step time.
 #include <algorithm>
 
 #include "runtime/planner/predict_internal.h"
@@ -61,6 +62,30 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
     last = first - 1;
   }
   return m;
+}
+
+double SharedCoreRate(const ModelProfile& profile, const ClusterProfile& cluster, int computing,
+                      int replicas) {
+  if (cluster.shared_cores <= 0 || computing <= 0) return 1.0;
+  const int ranks = computing * replicas;
+  const int running = std::min(ranks, cluster.shared_cores);
+  double rate = static_cast<double>(running) / ranks;
+  if (!profile.slowdown.empty()) {
+    rate /= profile.slowdown[std::min<size_t>(running, profile.slowdown.size()) - 1];
+  }
+  return rate;
+}
+
+absl::Status SetStepTime(const ModelProfile& profile, const Layout& layout,
+                         const std::vector<double>& step_end, Prediction& prediction) {
+  if (step_end.size() != kSimulatedSteps) {
+    return absl::InternalError("the simulation did not run every step");
+  }
+  prediction.step_time_s = (step_end[kSimulatedSteps - 2] - step_end[1]) / (kSimulatedSteps - 3);
+  prediction.samples_per_s = layout.global_batch() / prediction.step_time_s;
+  prediction.tokens_per_s =
+      prediction.samples_per_s * static_cast<double>(profile.tokens_per_sample);
+  return absl::OkStatus();
 }
 
 }  // namespace pipetrain::planner::internal

@@ -1,0 +1,196 @@
+// StageExecutor's gradients across ranks (stage_executor.h): the replicas' AllReduce (at the
+// update, started after a model stage's last B or W, or Hippie's buckets during stage 0's
+// final backward) and the sum of tied parameters' copies.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/clock.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/executor/stage_executor.h"
+
+namespace pipetrain::executor {
+
+using transport::MessageKind;
+
+absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
+  if (config_.replicas == 1) return absl::OkStatus();
+  if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
+  const double start = MonotonicSeconds();
+  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+  absl::Status s;
+  AllReduceRecord record{t, -1, start, 0};
+  if (chunk.reduction) {  // started after the chunk's last backward: its wait
+    s = chunk.reduction->Wait(absl::Now() + config_.recv_timeout);
+    chunk.reduction.reset();
+    record.start_s = chunk.reduction_record.start_s;
+  } else {
+    absl::StatusOr<std::vector<at::Tensor>> grads = chunk.weights->Gradients(t);
+    s = grads.ok() ? transport_->AllReduceMean(*grads, absl::Now() + config_.recv_timeout)
+                   : grads.status();
+  }
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+  record.end_s = MonotonicSeconds();
+  step_allreduce_s_ += record.end_s - start;  // what the update waited for
+  Keep(stats_.allreduces, record, config_.history.allreduces);
+  return s;
+}
+
+absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
+  const int64_t groups = static_cast<int64_t>(config_.tied.size());
+  int64_t most_members = 1;
+  for (const TiedParameter& tie : config_.tied) {
+    most_members = std::max<int64_t>(most_members, static_cast<int64_t>(tie.members.size()));
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::vector<TiedParameter::Member>& members = config_.tied[g].members;
+    const auto held_here = [&](const TiedParameter::Member& m) {
+      return layout_.RankOf(m.stage) == config_.stage;
+    };
+    if (std::none_of(members.begin(), members.end(), held_here)) continue;
+    const auto key = [&](size_t k) {
+      return (t * groups + g) * most_members + static_cast<int64_t>(k);
+    };
+    std::vector<at::Tensor> grads(members.size());
+    std::set<int> other_ranks;
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (!held_here(members[k])) {
+        other_ranks.insert(layout_.RankOf(members[k].stage));
+        continue;
+      }
+      PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> stage_grads,
+                          ChunkOf(members[k].stage).weights->Gradients(t));
+      grads[k] = stage_grads.at(static_cast<size_t>(members[k].parameter));
+    }
+    // Every copy's gradient to every other rank holding one (sends never block), then theirs.
+    transport::TensorSpec spec;
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      spec = transport::SpecOf(grads[k]);
+      // A copy: the gradient is overwritten with the sum below, and a transport within one
+      // process hands over the tensor itself.
+      const at::Tensor sent = grads[k].clone();
+      for (int rank : other_ranks) {
+        PT_RETURN_IF_ERROR(transport_->Send(rank, MessageKind::kTiedGradient, key(k), sent));
+      }
+    }
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (grads[k].defined()) continue;
+      PT_ASSIGN_OR_RETURN(grads[k], Receive(layout_.RankOf(members[k].stage),
+                                            MessageKind::kTiedGradient, key(k), t, spec, record));
+    }
+    // The one parameter's gradient, summed in member order on every rank alike.
+    at::Tensor sum = grads[0].clone();
+    for (size_t k = 1; k < members.size(); ++k) sum.add_(grads[k]);
+    for (size_t k = 0; k < members.size(); ++k) {
+      if (held_here(members[k])) grads[k].copy_(sum);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
+  if (config_.replicas == 1 || !schedule::HoldsChunks(config_.schedule.kind) ||
+      ++chunk.gradients_done < config_.micro_batches) {
+    return;
+  }
+  chunk.gradients_done = 0;
+  absl::StatusOr<std::vector<at::Tensor>> grads =
+      chunk.weights->Gradients(j / config_.micro_batches);
+  if (!grads.ok()) return;  // the update reduces them (and fails the same way)
+  chunk.reduction_record = {j / config_.micro_batches, -1, MonotonicSeconds(), 0};
+  chunk.reduction = transport_->StartAllReduceMean(*std::move(grads),
+                                                   absl::Now() + config_.recv_timeout);
+}
+
+namespace {
+
+// Calls `on_ready` after a parameter's gradient accumulator has run (its .grad is final for
+// this backward).
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    on_ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> on_ready_;
+};
+
+}  // namespace
+
+absl::Status StageExecutor::BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
+                                                          const std::function<void()>& backward) {
+  const int64_t t = j / config_.micro_batches;
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  std::vector<at::Tensor> params = module.Parameters();
+  if (buckets_.empty()) {
+    // Reverse parameter order: roughly the order backward finalizes them.
+    bucket_of_.resize(params.size());
+    int64_t bytes = config_.bucket_bytes;
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+      if (bytes >= config_.bucket_bytes) {
+        buckets_.emplace_back();
+        bytes = 0;
+      }
+      buckets_.back().push_back(i);
+      bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
+      bytes += params[i].numel() * params[i].element_size();
+    }
+  }
+  const std::vector<std::vector<int>>& buckets = buckets_;
+  const std::vector<int>& bucket_of = bucket_of_;
+  std::vector<int> missing(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) missing[b] = static_cast<int>(buckets[b].size());
+  std::vector<std::unique_ptr<transport::Transport::PendingReduction>> pending(buckets.size());
+  std::vector<AllReduceRecord> launched(buckets.size());
+  auto launch = [&](int b) {
+    std::vector<at::Tensor> grads;
+    for (int i : buckets[b]) {
+      if (!params[i].grad().defined()) params[i].mutable_grad() = at::zeros_like(params[i]);
+      grads.push_back(params[i].grad());
+    }
+    launched[b] = {t, b, MonotonicSeconds(), 0};
+    pending[b] = transport_->StartAllReduceMean(std::move(grads), deadline);
+  };
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+    const int b = bucket_of[i];
+    auto key = accumulator->add_post_hook(std::make_unique<GradientReadyHook>([&, b] {
+      if (--missing[b] == 0) launch(b);
+    }));
+    hooks.emplace_back(std::move(accumulator), key);
+  }
+  backward();
+  last_backward_end_s_ = MonotonicSeconds();
+  for (auto& [accumulator, key] : hooks) accumulator->del_post_hook(key);
+  // Buckets whose parameters took no part in this backward go now.
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (!pending[b]) launch(static_cast<int>(b));
+  }
+  const double start = MonotonicSeconds();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+    absl::Status waited = pending[b]->Wait(deadline);
+    waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+    PT_RETURN_IF_ERROR(waited);
+    launched[b].end_s = MonotonicSeconds();
+    Keep(stats_.allreduces, launched[b], config_.history.allreduces);
+  }
+  step_allreduce_s_ += MonotonicSeconds() - start;  // the part not hidden by the backward
+  reduced_steps_.insert(t);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::executor
