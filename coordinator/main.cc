@@ -144,12 +144,6 @@ int main(int argc, char** argv) {
                  std::string(coordinator.status().message()).c_str());
     return exit_code::kUnavailable;
   }
-  auto server = CoordinatorServer::Start(coordinator->get(), server_options);
-  if (!server.ok()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                 std::string(server.status().message()).c_str());
-    return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
-  }
   RegisterCoordinatorMetrics(&registry, coordinator->get());
   std::unique_ptr<pipetrain::metrics::MetricsEndpoint> metrics_endpoint;
   if (!metrics_listen.empty()) {
@@ -161,6 +155,14 @@ int main(int argc, char** argv) {
                                                         : exit_code::kUnavailable;
     }
     metrics_endpoint = *std::move(started);
+  }
+  // The server last: its health service says SERVING at once, and a readiness probe that
+  // passes means /metrics answers too.
+  auto server = CoordinatorServer::Start(coordinator->get(), server_options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
+                 std::string(server.status().message()).c_str());
+    return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
   std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",

@@ -73,7 +73,6 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   if (!w->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
-  w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   w->address_ = JoinHostPort(advertised->host, port);
   if (!options.metrics_listen.empty()) {
     auto endpoint = metrics::MetricsEndpoint::Start(options.metrics_listen, &w->metrics_);
@@ -110,6 +109,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
       &w->metrics_, &w->slot_);
   if (absl::Status s = w->Register(w->clock_->Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
+  // Ready last: a readiness probe that passes means /metrics answers and the coordinator
+  // knows this worker.
+  w->server_->GetHealthCheckService()->SetServingStatus("pipetrain.v1.WorkerService", true);
   return w;
 }
 

@@ -151,10 +151,12 @@ TEST_F(KubernetesTest, ProbeScrapeAndPeerPortsAreThoseTheDaemonsOpen) {
         for (const char* probe : {"readinessProbe", "livenessProbe"}) {
           ASSERT_TRUE(At(c, {probe, "grpc"})) << probe << " is not a gRPC probe";
           EXPECT_EQ(c[probe]["grpc"]["port"].as<int>(), grpc) << probe;
-          if (command == "pipetrain-worker") {
-            EXPECT_EQ(At(c, {probe, "grpc", "service"}).as<std::string>(""),
-                      "pipetrain.v1.WorkerService");
-          }
+          // A worker is ready once registered, alive while its server answers (it may wait
+          // minutes for the coordinator to start).
+          const bool readiness = std::string(probe) == "readinessProbe";
+          EXPECT_EQ(At(c, {probe, "grpc", "service"}).as<std::string>(""),
+                    command == "pipetrain-worker" && readiness ? "pipetrain.v1.WorkerService" : "")
+              << probe;
         }
         const auto annotations = StringMap(pod["metadata"]["annotations"]);
         EXPECT_EQ(annotations.at("prometheus.io/scrape"), "true");
