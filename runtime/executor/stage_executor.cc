@@ -330,6 +330,8 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
   stashed.version = chunk.weights->VersionFor(j);
   record.version = stashed.version;
   PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
+  // Under I and W, the operations without a deferring kernel take the generic path.
+  module->weight_gradients().set_splits(schedule::SplitsBackward(config_.schedule.kind));
   model::LayerContext ctx;
   ctx.micro_batch = j;
   ctx.mini_batch = j / config_.micro_batches;

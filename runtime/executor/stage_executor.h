@@ -6,8 +6,9 @@
 // runs forward/backward on the weight version the stage's WeightStore assigns to the
 // micro-batch, moves activations and gradients through the Transport (between two stages of
 // one rank they are handed over in place), and applies the optimizer at STEP<t>.
-// Zero-bubble's split backward: I<j> makes the stage's input gradient with the deferrable
-// layers' weight gradients queued (runtime/model/weight_gradients.h), W<j> runs them (on
+// Zero-bubble's split backward: I<j> makes the stage's input gradient with every parameter's
+// gradient queued (runtime/model/weight_gradients.h; the stages of a schedule that splits
+// record the generic path in their forwards), W<j> runs them (on
 // model stage 0 too, which has no input gradient to send: its I and W then divide its
 // backward as the schedules assume). Every stage's W's are done by its STEP (checked).
 // Under these schedules a RECV only posts the receive (the lowering places it early, where

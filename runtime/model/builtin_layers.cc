@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/hash.h"
 #include "runtime/model/dense_kernels.h"
+#include "runtime/model/weight_gradients.h"
 
 namespace pipetrain::model {
 namespace {
@@ -107,7 +108,10 @@ struct GptEmbeddingImpl : StatelessModule<GptEmbeddingImpl> {
   }
   at::Tensor forward(const at::Tensor& ids, const LayerContext& ctx) {
     const int64_t t = ids.size(1);
-    at::Tensor x = at::embedding(token, ids) + position.narrow(0, 0, t);
+    at::Tensor x = SplitBackward(ids, {token, position}, ctx.weight_gradients,
+                                 [&](const at::Tensor& in) {
+                                   return at::embedding(token, in) + position.narrow(0, 0, t);
+                                 });
     return Dropout(x, dropout, ctx, 0, is_training());
   }
   int64_t vocab, seq_len, d;
@@ -119,6 +123,15 @@ struct GptEmbeddingImpl : StatelessModule<GptEmbeddingImpl> {
 // what they normalize, stay float32 while matrix products run in bfloat16.
 at::Tensor InDtypeOf(const at::Tensor& x, const at::Tensor& like) {
   return x.scalar_type() == like.scalar_type() ? x : x.to(like.scalar_type());
+}
+
+// layer_norm over the last dimension d, its weight's and bias's gradients deferrable (the
+// generic path of weight_gradients.h).
+at::Tensor LayerNorm(const at::Tensor& x, int64_t d, const at::Tensor& weight,
+                     const at::Tensor& bias, WeightGradientDeferral* deferral) {
+  return SplitBackward(InDtypeOf(x, weight), {weight, bias}, deferral, [&](const at::Tensor& in) {
+    return at::layer_norm(in, {d}, weight, bias);
+  });
 }
 
 // Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
@@ -143,7 +156,7 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     fc2_b = register_parameter("fc2_b", torch::zeros({d}));
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
-    at::Tensor h = at::layer_norm(InDtypeOf(x, ln1_w), {d}, ln1_w, ln1_b);
+    at::Tensor h = LayerNorm(x, d, ln1_w, ln1_b, ctx.weight_gradients);
     at::Tensor qkv = Linear(h, qkv_w, qkv_b, ctx.weight_gradients);
     at::Tensor y;
     if (dropout > 0 && is_training()) {
@@ -155,7 +168,7 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     }
     at::Tensor out =
         x + Dropout(Linear(y, proj_w, proj_b, ctx.weight_gradients), dropout, ctx, 2, is_training());
-    h = at::layer_norm(InDtypeOf(out, ln2_w), {d}, ln2_w, ln2_b);
+    h = LayerNorm(out, d, ln2_w, ln2_b, ctx.weight_gradients);
     h = Linear(LinearGelu(h, fc_w, fc_b, ctx.weight_gradients), fc2_w, fc2_b,
                ctx.weight_gradients);
     return out + Dropout(h, dropout, ctx, 3, is_training());
@@ -171,8 +184,8 @@ struct LayerNormImpl : StatelessModule<LayerNormImpl> {
     weight = register_parameter("weight", torch::ones({d}));
     bias = register_parameter("bias", torch::zeros({d}));
   }
-  at::Tensor forward(const at::Tensor& x, const LayerContext&) {
-    return at::layer_norm(InDtypeOf(x, weight), {d}, weight, bias);
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
+    return LayerNorm(x, d, weight, bias, ctx.weight_gradients);
   }
   int64_t d;
   at::Tensor weight, bias;
@@ -265,14 +278,24 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
   }
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx) {
     // Under mixed precision the convolution runs in bfloat16; its normalization in float32.
-    at::Tensor y = InDtypeOf(at::conv2d(x, conv_w, {}, {stride, stride}, {1, 1}), bn_w);
+    // Each of the two operations with parameters on the generic path of weight_gradients.h.
+    at::Tensor y = InDtypeOf(
+        SplitBackward(x, {conv_w}, ctx.weight_gradients,
+                      [&](const at::Tensor& in) {
+                        return at::conv2d(in, conv_w, {}, {stride, stride}, {1, 1});
+                      }),
+        bn_w);
     if (is_training()) {
       if (!ctx.recomputing) stats->Add(ctx.mini_batch, y);
-      y = at::batch_norm(y, bn_w, bn_b, {}, {}, /*training=*/true, momentum, eps,
-                         /*cudnn_enabled=*/false);
+      y = SplitBackward(y, {bn_w, bn_b}, ctx.weight_gradients, [&](const at::Tensor& in) {
+        return at::batch_norm(in, bn_w, bn_b, {}, {}, /*training=*/true, momentum, eps,
+                              /*cudnn_enabled=*/false);
+      });
     } else {
-      y = at::batch_norm(y, bn_w, bn_b, running_mean, running_var, /*training=*/false,
-                         momentum, eps, false);
+      y = SplitBackward(y, {bn_w, bn_b}, ctx.weight_gradients, [&](const at::Tensor& in) {
+        return at::batch_norm(in, bn_w, bn_b, running_mean, running_var, /*training=*/false,
+                              momentum, eps, false);
+      });
     }
     y = at::relu(y);
     if (pool && y.size(2) >= 2 && y.size(3) >= 2) y = at::max_pool2d(y, {2, 2});

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/model/model_zoo.h"
+#include "runtime/model/weight_gradients.h"
 
 namespace pipetrain::model {
 namespace {
@@ -46,17 +47,11 @@ class ScriptLayer : public Layer {
     uses_randomness_ = GraphUsesRandomness(graph->block());
   }
   std::string name() const override { return name_; }
+  // The module whole on the generic path of weight_gradients.h: under a split backward, the
+  // nodes of its graph that lead both to its input and to a parameter run in I and again in W.
   at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
-    if (!uses_randomness_ || !module_.is_training()) {
-      return module_.forward({input}).toTensor();
-    }
-    std::lock_guard<std::mutex> lock(ScriptRngMutex());
-    auto gen = at::detail::getDefaultCPUGenerator();
-    {
-      std::lock_guard<std::mutex> gen_lock(gen.mutex());
-      gen.set_current_seed(RandomSeedFor(ctx));
-    }
-    return module_.forward({input}).toTensor();
+    return SplitBackward(input, Parameters(), ctx.weight_gradients,
+                         [&](const at::Tensor& in) { return Run(in, ctx); });
   }
   std::vector<at::Tensor> Parameters() const override {
     std::vector<at::Tensor> out;
@@ -80,6 +75,20 @@ class ScriptLayer : public Layer {
   void SetTraining(bool training) override { module_.train(training); }
 
  private:
+  // The module's forward, its dropout drawn from the context's seed.
+  at::Tensor Run(const at::Tensor& input, const LayerContext& ctx) {
+    if (!uses_randomness_ || !module_.is_training()) {
+      return module_.forward({input}).toTensor();
+    }
+    std::lock_guard<std::mutex> lock(ScriptRngMutex());
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> gen_lock(gen.mutex());
+      gen.set_current_seed(RandomSeedFor(ctx));
+    }
+    return module_.forward({input}).toTensor();
+  }
+
   std::string name_;
   mutable torch::jit::Module module_;
   bool uses_randomness_ = false;

@@ -52,7 +52,8 @@ ChunkCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster, c
     }
   }
   // Model stage 0 has no input gradient: its I does nothing and its W the whole backward.
-  c.weight_gradient_s = k == 0 ? c.backward_s : weight_gradient;
+  // (Measured apart, W may come out above its backward by noise: it is never more.)
+  c.weight_gradient_s = k == 0 ? c.backward_s : std::min(weight_gradient, c.backward_s);
   c.input_gradient_s = c.backward_s - c.weight_gradient_s;
   c.allreduce_s = AllReduceSeconds(cluster, static_cast<double>(c.parameter_bytes),
                                    layout.pipeline.replicas, 1, ReplicasSpanHosts(layout, rank));

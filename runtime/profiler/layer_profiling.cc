@@ -114,6 +114,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       // each layer's backward with its weight gradients queued, and the queue run: W's time.
       std::vector<at::Tensor> split_inputs(n), split_outputs(n);
       at::Tensor split_loss;
+      deferral.set_splits(true);  // the generic path too, as a zero-bubble stage records it
       for (int i = 0; i < n; ++i) {
         split_inputs[i] = layer_input(i, split_outputs);
         model::LayerContext ctx;
@@ -148,6 +149,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
         g = split_inputs[i].requires_grad() ? split_inputs[i].grad() : at::Tensor();
         split_outputs[i] = at::Tensor();
       }
+      deferral.set_splits(false);
     }
     for (int i = 0; i < n; ++i) {
       if (!optimizers[i]) continue;

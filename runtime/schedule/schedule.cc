@@ -127,6 +127,11 @@ bool HoldsChunks(ScheduleKind kind) {
          kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
 }
 
+bool SplitsBackward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
+         kind == ScheduleKind::kDualPipeV;
+}
+
 int DefaultVirtualStages(ScheduleKind kind) {
   return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubbleV ||
                  kind == ScheduleKind::kDualPipeV

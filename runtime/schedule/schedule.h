@@ -67,6 +67,8 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name);
 // Whether the kind's ranks hold model chunks named by their actions (interleaved, zb1p, zbv,
 // dualpipev).
 bool HoldsChunks(ScheduleKind kind);
+// Whether the kind's lists split backwards into I and W (zb1p, zbv, dualpipev).
+bool SplitsBackward(ScheduleKind kind);
 // Whether the kind runs one 1F1B over all steps with no flush (2bw, pipedream).
 bool RunsContinuously(ScheduleKind kind);
 // Chunks per rank when a job names none: 2 for interleaved, zbv and dualpipev, 1 otherwise.
