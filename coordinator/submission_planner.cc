@@ -127,6 +127,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
   }
   absl::StatusOr<planner::PlanResult> plan = RunGated(*profile, cluster, request);
   if (!plan.ok()) return plan.status();
+  jobspec::RunMarkedSchedule(*profile, cluster, config, &*plan);
   Planned planned;
   planned.config = jobspec::WithLayout(config, plan->chosen.layout);
   planned.spec = jobspec::SpecWithLayoutOf(spec, planned.config);

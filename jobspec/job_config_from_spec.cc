@@ -128,6 +128,11 @@ v1::JobSpec SpecWithLayoutOf(const v1::JobSpec& spec, const job::JobConfig& plan
   out.clear_auto_stages();
   out.set_schedule(std::string(schedule::ScheduleKindName(planned.schedule)));
   out.set_stages(job::PipelineStages(planned));
+  if (planned.virtual_stages > 0) {
+    out.set_virtual_stages(planned.virtual_stages);
+  } else {
+    out.clear_virtual_stages();
+  }
   out.clear_stage_ranges();
   for (const model::LayerRange& r : planned.stage_ranges) {
     v1::LayerRange* range = out.add_stage_ranges();

@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/planner/schedule_choice.h"
 
 namespace pipetrain::jobspec {
 
@@ -53,6 +55,7 @@ job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& l
   c.auto_stages = false;
   c.schedule = layout.schedule;
   c.stages = layout.stages();
+  c.virtual_stages = schedule::HoldsChunks(layout.schedule) ? layout.virtual_stages : 0;
   c.stage_ranges.clear();
   for (const auto& [b, e] : layout.pipeline.stage_layers) c.stage_ranges.push_back({b, e});
   c.replicas = layout.pipeline.replicas;
@@ -67,6 +70,34 @@ job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& l
     c.recompute.indices = layers;
   }
   return c;
+}
+
+std::string RunMarkedSchedule(const planner::ModelProfile& profile,
+                              const planner::ClusterProfile& cluster,
+                              const job::JobConfig& config, planner::PlanResult* plan) {
+  if (!plan->chosen.layout.rank_hosts.empty()) return "";
+  for (planner::ScheduleOption& option :
+       planner::CompareSchedules(profile, cluster, plan->chosen.layout)) {
+    if (!option.best || option.schedule == plan->chosen.layout.schedule) continue;
+    if (!job::ValidateJobConfig(WithLayout(config, option.candidate.layout)).ok()) return "";
+    const planner::Candidate& was = plan->chosen;
+    std::string line = absl::StrFormat(
+        "runs %s, the schedule marked on this shape (the same updates): predicted %.3f ms a "
+        "step against %s's %.3f ms",
+        schedule::ScheduleKindName(option.schedule),
+        option.candidate.prediction.step_time_s * 1e3,
+        schedule::ScheduleKindName(was.layout.schedule), was.prediction.step_time_s * 1e3);
+    planner::Candidate& now = option.candidate;
+    const planner::Prediction& dp = plan->data_parallel.prediction;
+    if (dp.samples_per_s > 0 && dp.peak_memory_bytes > 0 && now.prediction.peak_memory_bytes > 0) {
+      now.memory_efficiency = (now.prediction.samples_per_s / dp.samples_per_s) /
+                              (static_cast<double>(now.prediction.peak_memory_bytes) /
+                               static_cast<double>(dp.peak_memory_bytes));
+    }
+    plan->chosen = std::move(now);
+    return line;
+  }
+  return "";
 }
 
 v1::PlannedLayout PlannedLayoutRecord(const planner::PlanResult& plan,

@@ -16,9 +16,20 @@ namespace pipetrain::jobspec {
 // x micro-batch size), its overlap and bucket size; every micro-batch size (none excluded).
 planner::PlanRequest PlanRequestFor(const job::JobConfig& config);
 
-// `config` with the layout's schedule, stage ranges, replicas, micro-batch size and count,
-// overlap and recomputed layers, and `stages: auto` cleared.
+// `config` with the layout's schedule (and its model stages a rank), stage ranges, replicas,
+// micro-batch size and count, overlap and recomputed layers, and `stages: auto` cleared.
 job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout);
+
+// What `stages: auto` runs: the schedule `pipetrain plan` marks on the planner's chosen shape
+// (planner::CompareSchedules: the fastest predicted that fits among those computing the same
+// updates, with its model stages balanced over the layers) where `config` validates with it
+// (a job on GPUs refuses the schedules with chunks) and the ranks are on one host (the
+// comparison does not place ranks on hosts); otherwise the planner's own layout. Makes it
+// `plan->chosen` (its memory efficiency against the plan's data-parallel reference) and
+// returns a line saying so ("runs zbv, ...: ..."), or "" where the chosen one stays.
+std::string RunMarkedSchedule(const planner::ModelProfile& profile,
+                              const planner::ClusterProfile& cluster,
+                              const job::JobConfig& config, planner::PlanResult* plan);
 
 // The global indices of the layers `layout` recomputes.
 std::vector<int> RecomputedLayers(const planner::Layout& layout);

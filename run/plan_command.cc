@@ -204,7 +204,8 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                           p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
                           ByteSize(p.peak_memory_bytes));
   }
-  out += "schedules on this shape (the fastest that fits with the same semantics marked *):\n";
+  out += "schedules on this shape (the fastest that fits with the same semantics marked *: "
+         "what `stages: auto` runs on one host):\n";
   for (const planner::ScheduleOption& o : planner::CompareSchedules(profile, cluster, l)) {
     const std::string name(schedule::ScheduleKindName(o.schedule));
     if (!o.valid) {
@@ -268,6 +269,10 @@ absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
     const std::string text = PlanToText(*plan, *profile, cluster);
     // The chosen layout only (the lines before the other schedules and shapes).
     std::fprintf(stderr, "%s", text.substr(0, text.find("schedules on this shape")).c_str());
+  }
+  const std::string marked = jobspec::RunMarkedSchedule(*profile, cluster, config, &*plan);
+  if (!flags.quiet && !marked.empty()) {
+    std::fprintf(stderr, "%s: %s\n", marked.c_str(), jobspec::DescribeLayout(plan->chosen.layout).c_str());
   }
   return AppliedPlan{jobspec::WithLayout(config, plan->chosen.layout),
                      jobspec::PlannedLayoutRecord(*plan, cluster)};

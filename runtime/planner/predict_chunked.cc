@@ -76,7 +76,7 @@ ChunkCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster, c
 
 // The most rank `list` holds at once: its model stages' micro-batches in flight (each keeps
 // what its forward stashed until its B, or until its W where the backward is split: counted
-// whole, an upper bound), every stage's gradient (from the step's start: an upper bound),
+// whole, an upper bound, with what I recomputed added from I to W), every stage's gradient (from the step's start: an upper bound),
 // what the running backward adds, and at STEP the AllReduce's flat copy (w > 1). Also the
 // most micro-batches in flight.
 std::pair<int64_t, int> RankHeldAtPeak(const std::vector<Action>& list,
@@ -84,7 +84,6 @@ std::pair<int64_t, int> RankHeldAtPeak(const std::vector<Action>& list,
   int64_t held = 0, gradients = 0, peak = 0;
   int in_flight = 0, peak_in_flight = 0;
   for (const auto& [k, c] : chunks) gradients += c.parameter_bytes;
-  std::map<std::pair<int, int64_t>, bool> split;  // (stage, j) whose I ran, W not yet
   for (const Action& a : list) {
     if (!schedule::IsCompute(a.kind) && a.kind != ActionKind::kOptimizerStep) continue;
     if (a.kind == ActionKind::kOptimizerStep) {
@@ -105,8 +104,12 @@ std::pair<int64_t, int> RankHeldAtPeak(const std::vector<Action>& list,
         // stage's gradient, beside everything else.
         peak = std::max(peak, held - c.micro_batch.kept + c.micro_batch.backward_later + gradients -
                                   c.parameter_bytes);
-        if (a.kind != ActionKind::kInputGradient) {
+        if (a.kind == ActionKind::kInputGradient) {
+          held += c.micro_batch.recomputed;  // until W
+          peak = std::max(peak, held + gradients);
+        } else {
           held -= c.micro_batch.kept;
+          if (a.kind == ActionKind::kWeightGradient) held -= c.micro_batch.recomputed;
           --in_flight;
         }
         break;

@@ -18,8 +18,11 @@ namespace pipetrain::planner::internal {
 // same for the step's last backward of a stage that averages its gradient during it (the
 // flat copies the AllReduce makes of the gradient, counted as each piece finishes: at most
 // what its buckets, each copied once all its gradients are done, hold).
+// `recomputed`: what its recomputed layers stash again when its backward recomputes them;
+// under a split backward it stays from I until W (the queued weight gradients hold it).
 struct MicroBatchBytes {
   int64_t kept = 0;
+  int64_t recomputed = 0;
   int64_t backward_first = 0;
   int64_t backward_later = 0;
   int64_t overlapped_first = 0;

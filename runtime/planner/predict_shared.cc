@@ -42,6 +42,9 @@ MicroBatchBytes MicroBatchMemory(const ModelProfile& profile,
   }
   MicroBatchBytes m;
   m.kept = kept;
+  for (int l = begin; l < end; ++l) {
+    if (layout.recomputes(l)) m.recomputed += layers[l].stash_bytes + layers[l].output_bytes;
+  }
   int64_t gradient_so_far = 0;
   for (int last = end - 1; last >= begin;) {
     int first = last;

@@ -16,6 +16,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace pipetrain::cli_test {
 
@@ -34,6 +35,16 @@ inline std::string ReadFile(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// What `stages: auto` runs of a plan (`plan -o json`) on one host: the schedule marked in its
+// `schedules` where that is another than the planner's own (the same keys), else the plan.
+inline nlohmann::json AutoRuns(const nlohmann::json& plan) {
+  if (plan.contains("rank_hosts")) return plan;
+  for (const nlohmann::json& s : plan["schedules"]) {
+    if (s["best"].get<bool>() && s["schedule"] != plan["schedule"]) return s;
+  }
+  return plan;
 }
 
 class CliTest : public ::testing::Test {
