@@ -3,6 +3,7 @@
 # markdown ready for docs/performance.md on stdout (progress goes to stderr):
 #   1. pipeline_efficiency.py  gpipe / 1f1b / 2bw, 2 and 4 stages, m = 4, 8, 16
 #      chunked_schedules.py    zb1p, interleaved, zbv, dualpipev against 1f1b, p = cores
+#      split_backward_bench    a stage's B vs. zero-bubble's I+W, with and without the generic path
 #   2. overhead_bench          pipetrain 1 stage vs. a plain LibTorch loop, in one process
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
 #      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
@@ -42,7 +43,7 @@ fi
 DAEMONS=0
 if grep -q '^PIPETRAIN_WITH_DAEMONS:BOOL=ON' "${BUILD_DIR}/CMakeCache.txt"; then DAEMONS=1; fi
 readonly DAEMONS
-TARGETS=(pipetrain pipetrain-run overhead_bench transport_throughput)
+TARGETS=(pipetrain pipetrain-run overhead_bench split_backward_bench transport_throughput)
 if [[ ${DAEMONS} == 1 ]]; then
   TARGETS+=(pipetrain-coordinator pipetrain-worker coordinator_capacity)
 fi
@@ -69,6 +70,11 @@ section "Schedules with several stages a rank against 1F1B (bench/chunked_schedu
 start=${SECONDS}
 "${PY}" bench/chunked_schedules.py "${BIN}"
 echo >&2 "chunked_schedules: $((SECONDS - start)) s"
+
+section "The split backward on one stage (bench/split_backward_bench)"
+start=${SECONDS}
+"${BUILD_DIR}/bench/split_backward_bench" --rounds 9 --micro-batches 8
+echo >&2 "split_backward_bench: $((SECONDS - start)) s"
 
 section "Runtime overhead vs. a plain LibTorch loop (bench/overhead_bench)"
 start=${SECONDS}

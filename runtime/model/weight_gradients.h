@@ -8,9 +8,11 @@
 //   - the linear products of dense_kernels.h (Linear, LinearGelu, on every path but
 //     autocast's) queue their weight-gradient product with what it needs (the layer's input
 //     and output gradient), no autograd graph;
-//   - every other operation with parameters (norms, embeddings, convolutions, TorchScript
-//     modules) goes through SplitBackward below, when the deferral splits (set_splits):
-//     autograd over the operation's own graph, kept until W.
+//   - the other operations with parameters (layer norms, embeddings, convolutions,
+//     TorchScript modules) go through SplitBackward below, when the deferral splits
+//     (set_splits): autograd over the operation's own graph, kept until W. Not batch norms:
+//     their parameters' gradients are per-channel sums that their input's gradient computes
+//     anyway, and W would only make that pass again.
 // W runs the queued work of its micro-batch, oldest first, adding each gradient to the
 // parameter's .grad as autograd's accumulation does. Each product is the one the full
 // backward would run, so I then W leaves the same .grad bits as B.
