@@ -272,7 +272,8 @@ absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
   }
   const std::string marked = jobspec::RunMarkedSchedule(*profile, cluster, config, &*plan);
   if (!flags.quiet && !marked.empty()) {
-    std::fprintf(stderr, "%s: %s\n", marked.c_str(), jobspec::DescribeLayout(plan->chosen.layout).c_str());
+    std::fprintf(stderr, "%s: %s\n", marked.c_str(),
+                 jobspec::DescribeLayout(plan->chosen.layout).c_str());
   }
   return AppliedPlan{jobspec::WithLayout(config, plan->chosen.layout),
                      jobspec::PlannedLayoutRecord(*plan, cluster)};

@@ -13,6 +13,11 @@ using torch::autograd::variable_list;
 
 using OperationFn = std::function<at::Tensor(const at::Tensor&)>;
 
+// GenericSplit's gradients: the input's (undefined: none); none for its other four inputs.
+variable_list InputGradientOnly(at::Tensor input_grad) {
+  return {std::move(input_grad), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+}
+
 // SplitBackward's node. Its forward records fn's own graph from a detached copy of the input
 // (a leaf of that graph) and keeps it; `anchor` (an empty tensor that requires grad) puts the
 // node in the backward even when the input has no gradient (token ids).
@@ -45,13 +50,12 @@ struct GenericSplit : public torch::autograd::Function<GenericSplit> {
     ctx->saved_data.clear();  // what W needs, its work holds
     const at::Tensor output_grad = grad_outputs[0];
     at::Tensor input_grad;
-    if (!output.requires_grad()) return {input_grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!output.requires_grad()) return InputGradientOnly(input_grad);
     WeightGradientQueue* queue = deferral->queue();
     if (queue == nullptr) {
       // B: fn's backward as it is, accumulating into the parameters and the input's leaf.
       torch::autograd::backward({output}, {output_grad});
-      return {input.requires_grad() ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor(), at::Tensor()};
+      return InputGradientOnly(input.requires_grad() ? input.grad() : at::Tensor());
     }
     if (input.requires_grad()) {
       input_grad = torch::autograd::grad({output}, {input}, {output_grad}, /*retain_graph=*/true,
@@ -75,7 +79,7 @@ struct GenericSplit : public torch::autograd::Function<GenericSplit> {
         }
       });
     }
-    return {input_grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return InputGradientOnly(input_grad);
   }
 };
 

@@ -116,9 +116,11 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
       EXPECT_EQ(layer.output_bytes, 4 * b * 16 * width);
       // The split backward's W: every layer has parameters and defers their gradients (the
       // linear products, and the embedding and the norms on the generic path). The
-      // embedding's input has no gradient: its whole backward is W.
+      // embedding's input has no gradient: its whole backward is W. Otherwise W is at most
+      // the backward, give or take the generic path's nested autograd call (tens of
+      // microseconds, against a norm's backward of about as much).
       EXPECT_GT(layer.weight_gradient_s, 0);
-      if (layer.name != "embedding") EXPECT_LE(layer.weight_gradient_s, layer.backward_s);
+      if (layer.name != "embedding") EXPECT_LE(layer.weight_gradient_s, layer.backward_s + 1e-4);
     }
     // A block keeps far more than its output for its backward (attention scores, MLP
     // activations): at least the 4d-wide MLP hidden layer.
