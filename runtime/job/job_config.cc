@@ -213,10 +213,6 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                      "last rank, which the NCCL transport does not link: on device cuda only "
                      "with one stage");
   }
-  if (c.model.tie_embeddings && c.schedule == schedule::ScheduleKind::kPipeDream) {
-    errors.push_back("model.tie_embeddings: not with schedule pipedream (its reference has no "
-                     "tied weights yet)");
-  }
   if (c.auto_stages &&
       (schedule::HoldsChunks(c.schedule) || c.schedule == schedule::ScheduleKind::kPipeDream)) {
     errors.push_back(absl::StrCat(

@@ -2,8 +2,9 @@
 // against an independent reference: the un-pipelined trainer with one parameter, the head's
 // copy an alias whose gradient adds to it.
 // - float64 parameters equal the reference (<= 1e-10) under GPipe, 1F1B, ZB-H1, 2BW,
-//   interleaved and ZB-V (which puts both layers on rank 0), with 1 and 2 replicas, and the two
-//   copies are bitwise equal at the end;
+//   PipeDream's weight stashing (its reference's one parameter used on each stage's own
+//   versions; also with m = 1 < p), interleaved and ZB-V (which puts both layers on rank 0),
+//   with 1 and 2 replicas, and the two copies are bitwise equal at the end;
 // - negative control: copies whose gradients are not summed (the ties dropped from the
 //   executor) diverge at the first step;
 // - a checkpoint stores the tied weight once (with the embedding) and loads it onto both
@@ -43,6 +44,7 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
   };
   for (const Case k : {Case{ScheduleKind::kGPipe, 3, 0}, Case{ScheduleKind::kOneFOneB, 3, 0},
                        Case{ScheduleKind::kZeroBubble, 3, 1}, Case{ScheduleKind::kTwoBW, 3, 0},
+                       Case{ScheduleKind::kPipeDream, 3, 0},
                        Case{ScheduleKind::kInterleaved, 2, 2},
                        Case{ScheduleKind::kZeroBubbleV, 2, 2},
                        Case{ScheduleKind::kOneFOneB, 1, 0}}) {
@@ -59,6 +61,13 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
       ExpectCopiesEqual(reference);
     }
   }
+  // PipeDream with fewer micro-batches than stages (stage 0 seals boundaries ahead).
+  JobConfig c = TiedGpt(ScheduleKind::kPipeDream, 3);
+  c.micro_batches = 1;
+  c.steps = 6;
+  const JobReport report = MustRun(c);
+  EXPECT_LE(MaxRelativeDifference(report.final_parameters, MustReference(c)), 1e-10);
+  ExpectCopiesEqual(report.final_parameters);
 }
 
 // The ties dropped from every rank's executor: each copy steps on its own gradient, and

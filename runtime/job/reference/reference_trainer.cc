@@ -37,7 +37,10 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::Optimizer
 // v_s(j) = max(0, floor((j − w_s) / m)), w_s = min(p − s − 1, steps·m): the updates stage s
 // has made before its forward of j under 1F1B with w_s warm-up forwards. Mini-batch t's
 // gradient on stage s is the sum over its micro-batches (every replica's) of the gradient at
-// the versions they ran on, whichever those were.
+// the versions they ran on, whichever those were. A tied parameter is one parameter, the
+// group's first member: its gradient is the sum of every member's (each use on the version
+// its own stage ran), its optimizer the first member's stage's, and its new value is copied
+// to the other members (aliases that no optimizer steps) before their stages' next version.
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     const JobConfig& c, const JobPlan& plan,
     const std::vector<std::unique_ptr<MicroBatchReader>>& readers) {
@@ -56,8 +59,37 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     stages[s].live = std::make_unique<model::StageModule>(
         r.begin, model::CloneLayers(layers, r.begin, r.end));
     stages[s].versions[0] = stages[s].live->Clone();
-    stages[s].optimizer = TorchOptimizer(c.optimizer, stages[s].live->Parameters());
     stages[s].warmup = std::min<int64_t>(p - s - 1, int64_t{c.steps} * m);
+  }
+  // Each tie group's members as live parameters, the canonical first.
+  const auto live_parameter = [&](const model::ParameterRef& ref) {
+    for (Stage& stage : stages) {
+      const model::StageModule& module = *stage.live;
+      const int local = ref.layer - module.first_layer();
+      if (local < 0 || local >= module.num_layers()) continue;
+      return module.layers()[local]->Parameters().at(static_cast<size_t>(ref.parameter));
+    }
+    return at::Tensor();
+  };
+  std::vector<std::vector<at::Tensor>> ties;
+  for (const model::TieGroup& group : plan.ties) {
+    std::vector<at::Tensor>& members = ties.emplace_back();
+    for (const model::ParameterRef& ref : group) members.push_back(live_parameter(ref));
+  }
+  const auto is_alias = [&](const at::Tensor& param) {
+    for (const std::vector<at::Tensor>& members : ties) {
+      for (size_t k = 1; k < members.size(); ++k) {
+        if (members[k].is_same(param)) return true;
+      }
+    }
+    return false;
+  };
+  for (Stage& stage : stages) {
+    std::vector<at::Tensor> trained;
+    for (const at::Tensor& param : stage.live->Parameters()) {
+      if (!is_alias(param)) trained.push_back(param);
+    }
+    stage.optimizer = TorchOptimizer(c.optimizer, trained);
   }
   const auto version = [m](const Stage& stage, int64_t j) {
     return j < stage.warmup ? int64_t{0} : (j - stage.warmup) / m;
@@ -89,7 +121,23 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
           }
           module->ZeroGrad();
         }
-        stage.optimizer->step();
+      }
+      for (const std::vector<at::Tensor>& members : ties) {
+        at::Tensor& grad = members[0].mutable_grad();
+        for (size_t k = 1; k < members.size(); ++k) {
+          if (!members[k].grad().defined()) continue;
+          grad = grad.defined() ? grad + members[k].grad() : members[k].grad().clone();
+          members[k].mutable_grad() = at::Tensor();
+        }
+      }
+      for (Stage& stage : stages) stage.optimizer->step();
+      {
+        torch::NoGradGuard no_grad;
+        for (const std::vector<at::Tensor>& members : ties) {
+          for (size_t k = 1; k < members.size(); ++k) members[k].copy_(members[0]);
+        }
+      }
+      for (Stage& stage : stages) {
         stage.optimizer->zero_grad();
         stage.live->FinishMiniBatch(t);
         stage.versions[t + 1] = stage.live->Clone();
@@ -119,9 +167,8 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
   if (c.schedule == schedule::ScheduleKind::kPipeDream) {
-    if (!switch_at.empty() || !plan.ties.empty()) {
-      return absl::UnimplementedError(
-          "the PipeDream reference has no weight-version switches and no tied weights");
+    if (!switch_at.empty()) {
+      return absl::UnimplementedError("the PipeDream reference has no weight-version switches");
     }
     return TrainPipeDream(c, plan, readers);
   }
