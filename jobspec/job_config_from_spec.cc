@@ -36,6 +36,7 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   Copy(m.has_num_classes(), m.num_classes(), &c.model.num_classes);
   Copy(m.has_path(), m.path(), &c.model.torchscript_path);
   Copy(m.has_tie_embeddings(), m.tie_embeddings(), &c.model.tie_embeddings);
+  c.model.tie.assign(m.tie().begin(), m.tie().end());
 
   const v1::DataSpec& d = s.data();
   Copy(d.has_kind(), d.kind(), &c.data.kind);

@@ -63,6 +63,8 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--dropout", "model.dropout", "model", "dropout probability (gpt)"},
       {"--tie-embeddings", "model.tie_embeddings", "model",
        "gpt: the LM head's weight is the token embedding's (true/false)", "false"},
+      {"--tie", "model.tie", "model",
+       "torchscript tie groups A=B[=C],...: parameters named child.parameter, one parameter"},
       {"--hidden", "model.hidden", "model", "mlp width / cnn channels / vgg first-stage channels"},
       {"--hidden-layers", "model.hidden_layers", "model", "mlp/cnn hidden layers; vgg depth 11|13|16|19"},
       {"--input-dim", "model.input_dim", "model", "mlp input features"},

@@ -89,9 +89,15 @@ class Reader {
         return;
       }
       for (size_t i = 0; i < node.size(); ++i) {
+        const std::string item = absl::StrCat(path, "[", i, "]");
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          std::string v;
+          if (ScalarAs(node[i], item, "a string", &v)) r->AddString(msg, f, v);
+          continue;
+        }
         int64_t v = 0;
         if (f->cpp_type() != FieldDescriptor::CPPTYPE_INT64 ||
-            !ScalarAs(node[i], absl::StrCat(path, "[", i, "]"), "an integer", &v)) {
+            !ScalarAs(node[i], item, "an integer", &v)) {
           continue;
         }
         r->AddInt64(msg, f, v);

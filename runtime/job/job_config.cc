@@ -208,7 +208,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
         " sends between ranks that are not neighbours, which the NCCL transport does not link: "
         "on device cuda use gpipe, 1f1b or 2bw"));
   }
-  if (c.device == "cuda" && c.model.tie_embeddings && c.stages > 1) {
+  if (c.device == "cuda" && (c.model.tie_embeddings || !c.model.tie.empty()) && c.stages > 1) {
     errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "
                      "last rank, which the NCCL transport does not link: on device cuda only "
                      "with one stage");
@@ -301,6 +301,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   m["n_layers"] = c.model.n_layers;
   m["dropout"] = c.model.dropout;
   m["tie_embeddings"] = c.model.tie_embeddings;
+  m["tie"] = c.model.tie;
   m["hidden"] = c.model.hidden;
   m["hidden_layers"] = c.model.hidden_layers;
   m["input_dim"] = c.model.input_dim;

@@ -10,6 +10,7 @@
 #include "runtime/base/threads.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
+#include "runtime/model/torchscript_model.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::job {
@@ -141,6 +142,16 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   }
   plan.layout = schedule::LayoutOf(ScheduleParamsOf(c, 1));
   plan.ties = model::TiedParameters(plan.model_config);
+  if (!c.model.tie.empty()) {
+    if (c.model.name != "torchscript") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.tie: only a torchscript model names tie groups (a gpt ties its embedding and "
+          "head with tie_embeddings), not ", c.model.name));
+    }
+    PT_ASSIGN_OR_RETURN(std::vector<model::TieGroup> named,
+                        model::ScriptTieGroups(script_layers, c.model.tie));
+    plan.ties.insert(plan.ties.end(), named.begin(), named.end());
+  }
   if (c.stage_ranges.empty()) {
     std::vector<double> costs;
     for (const model::LayerInfo& layer : plan.layers) {

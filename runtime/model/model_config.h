@@ -43,6 +43,9 @@ struct ModelConfig {
   // The LM head's weight is the token embedding's (GPT-2's weight tying): one parameter, held
   // as a copy by each stage that has one of the two layers (TiedParameters).
   bool tie_embeddings = false;
+  // torchscript: tie groups "A=B[=C...]" of "child.parameter" names (the first canonical),
+  // resolved against the loaded model when the job is planned (model::ScriptTieGroups).
+  std::vector<std::string> tie;
   // mlp (input_dim), cnn and vgg (image_shape); all use num_classes and hidden sizes
   int64_t input_dim = 32;
   std::vector<int64_t> image_shape = {3, 16, 16};

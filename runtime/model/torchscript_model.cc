@@ -2,6 +2,7 @@
 // randomness replayed from the LayerContext. See torchscript_model.h.
 #include "runtime/model/torchscript_model.h"
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 
@@ -10,6 +11,8 @@
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/weight_gradients.h"
@@ -47,6 +50,12 @@ class ScriptLayer : public Layer {
     uses_randomness_ = GraphUsesRandomness(graph->block());
   }
   std::string name() const override { return name_; }
+  // The names of Parameters(), in order ("weight", "sub.bias").
+  std::vector<std::string> ParameterNames() const {
+    std::vector<std::string> out;
+    for (const auto& p : module_.named_parameters()) out.push_back(p.name);
+    return out;
+  }
   // The module whole on the generic path of weight_gradients.h: under a split backward, the
   // nodes of its graph that lead both to its input and to a parameter run in I and again in W.
   at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
@@ -127,6 +136,72 @@ absl::StatusOr<LayerList> LoadTorchScript(const std::string& path) {
         "' has no child modules: save an nn.Sequential whose children are the layers"));
   }
   return layers;
+}
+
+absl::StatusOr<std::vector<TieGroup>> ScriptTieGroups(const LayerList& layers,
+                                                      const std::vector<std::string>& tie) {
+  std::vector<std::string> errors;
+  std::vector<TieGroup> groups;
+  std::vector<std::string> seen;  // every member named so far
+  for (const std::string& text : tie) {
+    const std::vector<std::string> names = absl::StrSplit(text, '=');
+    if (names.size() < 2) {
+      errors.push_back(absl::StrCat("model.tie '", text, "': a group ties two or more "
+                                    "parameters (A=B)"));
+      continue;
+    }
+    TieGroup group;
+    std::vector<at::Tensor> values;
+    for (const std::string& name : names) {
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+        errors.push_back(absl::StrCat("model.tie: ", name, " is tied twice"));
+        continue;
+      }
+      seen.push_back(name);
+      const size_t dot = name.find('.');
+      const std::string child = name.substr(0, dot);
+      const std::string parameter = dot == std::string::npos ? "" : name.substr(dot + 1);
+      int layer = -1;
+      for (size_t l = 0; l < layers.size(); ++l) {
+        if (layers[l]->name() == child) layer = static_cast<int>(l);
+      }
+      const auto* script =
+          layer < 0 ? nullptr : dynamic_cast<const ScriptLayer*>(layers[layer].get());
+      if (script == nullptr) {
+        std::vector<std::string> children;
+        for (const auto& l : layers) children.push_back(l->name());
+        errors.push_back(absl::StrCat("model.tie: no layer '", child, "' for ", name,
+                                      " (the layers: ", absl::StrJoin(children, ", "), ")"));
+        continue;
+      }
+      const std::vector<std::string> parameters = script->ParameterNames();
+      const auto at = std::find(parameters.begin(), parameters.end(), parameter);
+      if (at == parameters.end()) {
+        errors.push_back(absl::StrCat("model.tie: layer ", child, " has no parameter '",
+                                      parameter, "' (its parameters: ",
+                                      absl::StrJoin(parameters, ", "), ")"));
+        continue;
+      }
+      const int index = static_cast<int>(at - parameters.begin());
+      group.push_back({layer, index});
+      values.push_back(script->Parameters()[index]);
+    }
+    for (size_t k = 1; k < values.size(); ++k) {
+      if (!values[k].sizes().equals(values[0].sizes())) {
+        errors.push_back(absl::StrCat("model.tie '", text, "': the parameters' shapes differ (",
+                                      c10::str(values[0].sizes()), " and ",
+                                      c10::str(values[k].sizes()), ")"));
+      } else if (!at::equal(values[k], values[0])) {
+        errors.push_back(absl::StrCat("model.tie '", text, "': the parameters start with "
+                                      "different values (save the model with them tied)"));
+      }
+    }
+    if (group.size() == names.size()) groups.push_back(std::move(group));
+  }
+  if (!errors.empty()) {
+    return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+  }
+  return groups;
 }
 
 }  // namespace pipetrain::model

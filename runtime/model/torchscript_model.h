@@ -4,8 +4,11 @@
 
 #include <string>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "runtime/model/layer.h"
+#include "runtime/model/model_config.h"
 
 namespace pipetrain::model {
 
@@ -17,5 +20,13 @@ namespace pipetrain::model {
 // numbers re-seed the process-wide generator from their LayerContext under a process-wide
 // lock, so a recomputed forward replays them even while other stage threads run such layers.
 absl::StatusOr<LayerList> LoadTorchScript(const std::string& path);
+
+// The tie groups `tie` names ("A=B[=C...]", each member "child.parameter": a layer of
+// `layers`, as LoadTorchScript made them, and a parameter's name in it) by layer and
+// parameter position. InvalidArgument listing every violation: a group of fewer than two, a
+// name that is no parameter (the layer's names listed), a parameter in two groups or twice in
+// one, members of different shapes or different values (the members start equal).
+absl::StatusOr<std::vector<TieGroup>> ScriptTieGroups(const LayerList& layers,
+                                                      const std::vector<std::string>& tie);
 
 }  // namespace pipetrain::model

@@ -61,6 +61,8 @@ const std::vector<FieldValue>& Values() {
       {"model.n_layers", "5", "5", 5},
       {"model.dropout", "0.25", "0.25", 0.25},
       {"model.tie_embeddings", "true", "true", true},
+      {"model.tie", "[\"0.weight=2.weight\", \"1.w=3.w=5.w\"]", "0.weight=2.weight,1.w=3.w=5.w",
+       json::array({"0.weight=2.weight", "1.w=3.w=5.w"})},
       {"model.hidden", "40", "40", 40},
       {"model.hidden_layers", "6", "6", 6},
       {"model.input_dim", "12", "12", 12},

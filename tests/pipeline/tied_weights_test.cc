@@ -8,8 +8,12 @@
 // - negative control: copies whose gradients are not summed (the ties dropped from the
 //   executor) diverge at the first step;
 // - a checkpoint stores the tied weight once (with the embedding) and loads it onto both
-//   copies: a job resumed on another layout ends as the uninterrupted one.
+//   copies: a job resumed on another layout ends as the uninterrupted one;
+// - a TorchScript model's own tie group (model.tie) on two ranks equals the reference with
+//   one parameter, its copies bitwise equal (untied, they part); every violation of a group
+//   named in one error.
 #include <gtest/gtest.h>
+#include <torch/script.h>
 
 #include <filesystem>
 #include <fstream>
@@ -130,6 +134,103 @@ TEST(TiedEmbeddings, ACheckpointStoresTheTiedWeightOnceAndResumesOnAnotherLayout
     ExpectCopiesEqual(rest.final_parameters);
   }
   std::filesystem::remove_all(dir);
+}
+
+// An nn.Sequential of four linear layers (32 -> 24 -> 24 -> 24 -> 10) whose middle two start
+// with the same weight, as a model saved with them tied has them; the biases are zeros but
+// layer 1's (0.1).
+std::string SaveScriptedWithEqualWeights(const std::string& path) {
+  torch::manual_seed(9);
+  torch::jit::Module root("Sequential");
+  root.register_attribute("training", c10::BoolType::get(), true);
+  const at::Tensor shared = torch::randn({24, 24}) / std::sqrt(24.0);
+  auto linear = [&](const char* type, int64_t in, int64_t out, bool relu, bool tied) {
+    torch::jit::Module m(type);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    m.register_parameter("weight",
+                         tied ? shared.clone() : torch::randn({out, in}) / std::sqrt(double(in)),
+                         false);
+    m.register_parameter("bias", torch::full({out}, std::string(type) == "L1" ? 0.1 : 0.0),
+                         false);
+    m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + "
+                         "self.bias\n  return ") + (relu ? "torch.relu(y)\n" : "y\n"));
+    return m;
+  };
+  root.register_module("0", linear("L0", 32, 24, true, false));
+  root.register_module("1", linear("L1", 24, 24, true, true));
+  root.register_module("2", linear("L2", 24, 24, true, true));
+  root.register_module("3", linear("L3", 24, 10, false, false));
+  root.save(path);
+  return path;
+}
+
+JobConfig ScriptTieJob(const std::string& path) {
+  JobConfig c;
+  c.model.name = "torchscript";
+  c.model.torchscript_path = path;
+  c.model.tie = {"1.weight=2.weight"};
+  c.data.kind = "classification";
+  c.data.num_samples = 512;
+  c.schedule = ScheduleKind::kOneFOneB;
+  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};  // the two copies on ranks 0 and 1
+  c.stages = 3;
+  c.micro_batches = 4;
+  c.micro_batch_size = 4;
+  c.steps = 4;
+  c.optimizer = {"adamw", 1e-2};
+  c.threads_per_stage = 1;
+  return c;
+}
+
+TEST(TiedTorchScript, AGroupTheModelNamesIsOneParameterAcrossRanks) {
+  const std::string path = SaveScriptedWithEqualWeights(::testing::TempDir() + "/tied.pt");
+  const JobConfig c = ScriptTieJob(path);
+  const JobReport report = MustRun(c);
+  const std::vector<at::Tensor> reference = MustReference(c);
+  ASSERT_EQ(report.final_parameters.size(), 8u);  // weight and bias of each layer
+  EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-5);
+  EXPECT_TRUE(at::equal(report.final_parameters[2], report.final_parameters[4]));
+  EXPECT_TRUE(at::equal(reference[2], reference[4]));
+  // Negative control: untied, the two weights take their own steps and part.
+  JobConfig untied = c;
+  untied.model.tie.clear();
+  const JobReport apart = MustRun(untied);
+  EXPECT_FALSE(at::allclose(apart.final_parameters[2], apart.final_parameters[4]));
+  EXPECT_GT(MaxRelativeDifference(apart.final_parameters, reference), 1e-4);
+}
+
+TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
+  const std::string path = SaveScriptedWithEqualWeights(::testing::TempDir() + "/tied_bad.pt");
+  JobConfig c = ScriptTieJob(path);
+  c.model.tie = {"1.weight", "9.weight=2.weight", "1.nope=3.bias", "0.weight=3.weight",
+                 "0.bias=2.bias=2.bias"};
+  absl::StatusOr<JobReport> run = RunInProcess(c, {});
+  ASSERT_FALSE(run.ok());
+  const std::string message(run.status().message());
+  for (const char* expected :
+       {"'1.weight': a group ties two or more", "no layer '9' for 9.weight (the layers: 0, 1, 2, 3)",
+        "layer 1 has no parameter 'nope' (its parameters: weight, bias)",
+        "'0.weight=3.weight': the parameters' shapes differ", "2.bias is tied twice"}) {
+    EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
+  }
+  c.model.tie = {"1.bias=0.bias"};
+  absl::StatusOr<JobReport> apart = RunInProcess(c, {});
+  ASSERT_FALSE(apart.ok());
+  EXPECT_NE(std::string(apart.status().message())
+                .find("'1.bias=0.bias': the parameters start with different values"),
+            std::string::npos)
+      << apart.status();
+  // Two zero biases of one shape start equal and may be tied.
+  c.model.tie = {"0.bias=2.bias"};
+  EXPECT_TRUE(RunInProcess(c, {}).ok());
+  // A built-in model names no groups.
+  JobConfig gpt = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
+  gpt.model.tie = {"0.token=3.weight"};
+  absl::StatusOr<JobReport> builtin = RunInProcess(gpt, {});
+  ASSERT_FALSE(builtin.ok());
+  EXPECT_NE(std::string(builtin.status().message()).find("only a torchscript model names tie "
+                                                         "groups"),
+            std::string::npos);
 }
 
 }  // namespace
