@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +23,25 @@ namespace pipetrain::job::pipeline_test {
 
 using schedule::ActionKind;
 using schedule::ScheduleKind;
+
+// A TorchScript model (the file at `path`: an nn.Sequential of 4 children, 32 inputs, 10
+// classes) on 3 ranks ({0, 2}, {2, 3}, {3, 4}), 1F1B, float32, on classification data.
+inline JobConfig ScriptJob(const std::string& path) {
+  JobConfig c;
+  c.model.name = "torchscript";
+  c.model.torchscript_path = path;
+  c.data.kind = "classification";
+  c.data.num_samples = 1024;
+  c.schedule = ScheduleKind::kOneFOneB;
+  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};
+  c.stages = 3;
+  c.micro_batches = 4;
+  c.micro_batch_size = 4;
+  c.steps = 5;
+  c.optimizer = {"adamw", 1e-2};
+  c.threads_per_stage = 1;
+  return c;
+}
 
 // A 2-block GPT (5 layers) small enough to train a few steps in well under a second.
 inline JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {

@@ -137,23 +137,6 @@ std::string SaveScriptedSequential(const std::string& path) {
   return path;
 }
 
-JobConfig ScriptJob(const std::string& path) {
-  JobConfig c;
-  c.model.name = "torchscript";
-  c.model.torchscript_path = path;
-  c.data.kind = "classification";
-  c.data.num_samples = 1024;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};
-  c.stages = 3;
-  c.micro_batches = 4;
-  c.micro_batch_size = 4;
-  c.steps = 5;
-  c.optimizer = {"adamw", 1e-2};
-  c.threads_per_stage = 1;
-  return c;
-}
-
 TEST(TorchScript, SequentialChildrenAreLayersAndTrainExactly) {
   const std::string path = SaveScriptedSequential(::testing::TempDir() + "/seq.pt");
   JobConfig c = ScriptJob(path);

@@ -164,21 +164,10 @@ std::string SaveScriptedWithEqualWeights(const std::string& path) {
   return path;
 }
 
+// The two copies on ranks 0 and 1.
 JobConfig ScriptTieJob(const std::string& path) {
-  JobConfig c;
-  c.model.name = "torchscript";
-  c.model.torchscript_path = path;
+  JobConfig c = ScriptJob(path);
   c.model.tie = {"1.weight=2.weight"};
-  c.data.kind = "classification";
-  c.data.num_samples = 512;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};  // the two copies on ranks 0 and 1
-  c.stages = 3;
-  c.micro_batches = 4;
-  c.micro_batch_size = 4;
-  c.steps = 4;
-  c.optimizer = {"adamw", 1e-2};
-  c.threads_per_stage = 1;
   return c;
 }
 
