@@ -43,6 +43,15 @@ struct Model {
   at::Tensor input;
 };
 
+// Layers [first, end) of `c` as a stage, with an input of `input_shape`.
+Model Stage(std::string name, const model::ModelConfig& c, int first,
+            std::vector<int64_t> input_shape) {
+  auto layers = model::BuildLayers(c, first, -1);
+  if (!layers.ok()) std::abort();
+  return {std::move(name), std::make_unique<model::StageModule>(first, *std::move(layers)),
+          torch::randn(input_shape)};
+}
+
 Model Gpt() {
   model::ModelConfig c;
   c.name = "gpt";
@@ -51,11 +60,7 @@ Model Gpt() {
   c.n_layers = 4;
   c.seq_len = 64;
   c.vocab_size = 64;
-  auto layers = model::BuildLayers(c, 1, -1);
-  if (!layers.ok()) std::abort();
-  return {"gpt (4 blocks, final norm, head)",
-          std::make_unique<model::StageModule>(1, *std::move(layers)),
-          torch::randn({4, 64, 256})};
+  return Stage("gpt (4 blocks, final norm, head)", c, 1, {4, 64, 256});
 }
 
 Model Cnn() {
@@ -65,11 +70,7 @@ Model Cnn() {
   c.hidden = 32;
   c.hidden_layers = 4;
   c.num_classes = 10;
-  auto layers = model::BuildLayers(c, 0, -1);
-  if (!layers.ok()) std::abort();
-  return {"cnn (4 conv+batch norm, classifier)",
-          std::make_unique<model::StageModule>(0, *std::move(layers)),
-          torch::randn({16, 3, 32, 32})};
+  return Stage("cnn (4 conv+batch norm, classifier)", c, 0, {16, 3, 32, 32});
 }
 
 // Seconds of `micro_batches` backwards under `mode` (forwards untimed).

@@ -280,8 +280,7 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
     // Under mixed precision the convolution runs in bfloat16; its normalization in float32.
     // The convolution on the generic path of weight_gradients.h. Not the batch norm: its
     // parameters' gradients are the per-channel sums its input's gradient computes anyway,
-    // and deferring them would only run that pass over the activation again in W (+18% on
-    // a CNN stage's backward, bench/split_backward_bench).
+    // and deferring them would only run that pass over the activation again in W.
     at::Tensor y = InDtypeOf(
         SplitBackward(x, {conv_w}, ctx.weight_gradients,
                       [&](const at::Tensor& in) {
