@@ -71,6 +71,7 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   // reports the mismatch).
   for (const v1::LayerRange& r : s.stage_ranges()) c.stage_ranges.push_back({r.begin(), r.end()});
   Copy(s.has_virtual_stages(), s.virtual_stages(), &c.virtual_stages);
+  Copy(s.has_vertical_sync(), s.vertical_sync(), &c.vertical_sync);
   c.stages = s.has_stages() ? s.stages() : job::PipelineStages(c);
   c.auto_stages = s.auto_stages();
   Copy(s.has_planner(), s.planner(), &c.planner);

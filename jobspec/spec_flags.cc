@@ -93,6 +93,10 @@ const std::vector<SpecFlag>& SpecFlagTable() {
        "model stages (chunks) a rank holds under interleaved (>= 2), zb1p (1: ZB-H1, >= 2: "
        "interleaved zero-bubble), zbv and dualpipev (2); 0: the schedule's default",
        "0 (interleaved, zbv, dualpipev: 2; zb1p: 1)"},
+      {"--vertical-sync", "vertical_sync", "pipeline",
+       "pipedream: every stage runs a micro-batch on the weight version stage 0 ran it on "
+       "(PipeDream's vertical sync; true/false)",
+       "false"},
       {"--planner", "planner", "pipeline",
        "with --stages auto: 2bw (throughput, PipeDream-2BW) | pipedream (throughput, "
        "1F1B, PipeDream's partitioner) | hippie (memory efficiency, last-stage schedule)",

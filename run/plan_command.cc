@@ -252,6 +252,7 @@ absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
   layout.recompute = plan->recompute;
   layout.overlap_allreduce = config.overlap_allreduce;
   layout.bucket_bytes = config.bucket_kib * 1024;
+  layout.vertical_sync = config.vertical_sync;
   return layout;
 }
 

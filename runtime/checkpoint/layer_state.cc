@@ -101,14 +101,16 @@ std::vector<LayerState> StageLayerStates(const weights::WeightStore& weights) {
   const model::StageModule& module = weights.Newest();
   const std::vector<weights::ParameterState> optimizer = weights.OptimizerState();
   std::vector<LayerState> out;
-  size_t position = 0;
+  size_t position = 0;  // in module.OwnParameters(): a shared parameter has no state here
+  int index = 0;        // in module.Parameters()
   for (const auto& layer : module.layers()) {
     LayerState state;
     for (const at::Tensor& p : layer->Parameters()) {
       state.parameters.push_back(p.detach().clone());
-      state.optimizer.push_back(position < optimizer.size() ? optimizer[position]
-                                                            : weights::ParameterState{});
-      ++position;
+      const bool own = !module.IsShared(index++);
+      state.optimizer.push_back(own && position < optimizer.size() ? optimizer[position]
+                                                                   : weights::ParameterState{});
+      if (own) ++position;
     }
     for (const at::Tensor& b : layer->Buffers()) state.buffers.push_back(b.detach().clone());
     out.push_back(std::move(state));
@@ -159,11 +161,12 @@ absl::StatusOr<std::vector<weights::ParameterState>> LoadLayerStates(
   }
   std::vector<weights::ParameterState> optimizer;
   at::NoGradGuard no_grad;
+  int index = 0;  // in module->Parameters()
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::vector<at::Tensor> params = layers[l]->Parameters(), buffers = layers[l]->Buffers();
     for (size_t k = 0; k < params.size(); ++k) {
       params[k].copy_(states[l].parameters[k]);
-      optimizer.push_back(states[l].optimizer[k]);
+      if (!module->IsShared(index++)) optimizer.push_back(states[l].optimizer[k]);
     }
     for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(states[l].buffers[k]);
   }

@@ -27,11 +27,13 @@ std::string SerializeLayerState(const LayerState& state);
 // DataLoss for bytes that are not such a dict (keys numbered 0 .. K-1 without gaps).
 absl::StatusOr<LayerState> ParseLayerState(const std::string& bytes);
 
-// The newest weights of a stage, layer by layer, with the optimizer's state (copies).
+// The newest weights of a stage, layer by layer, with the optimizer's state (copies; a
+// shared parameter's is empty: its owner's holds it).
 std::vector<LayerState> StageLayerStates(const weights::WeightStore& weights);
 
 // Copies `states` (one per layer of `module`, in order) into `module`'s parameters and
-// buffers and returns the optimizer state by position in module->Parameters(). Checks
+// buffers and returns the optimizer state by position in module->OwnParameters() (a shared
+// parameter takes its owner's values, and its owner's state goes with the owner). Checks
 // every count, shape and dtype first and changes nothing if one differs (InvalidArgument
 // naming the global layer and the tensor).
 absl::StatusOr<std::vector<weights::ParameterState>> LoadLayerStates(

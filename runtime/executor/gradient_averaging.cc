@@ -8,7 +8,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
@@ -44,55 +43,50 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
 
 absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
   const int64_t groups = static_cast<int64_t>(config_.tied.size());
-  int64_t most_members = 1;
+  int64_t most_copies = 1;
   for (const TiedParameter& tie : config_.tied) {
-    most_members = std::max<int64_t>(most_members, static_cast<int64_t>(tie.members.size()));
+    most_copies = std::max<int64_t>(most_copies, static_cast<int64_t>(tie.copies.size()));
   }
   for (int64_t g = 0; g < groups; ++g) {
-    const std::vector<TiedParameter::Member>& members = config_.tied[g].members;
-    const auto held_here = [&](const TiedParameter::Member& m) {
-      return layout_.RankOf(m.stage) == config_.stage;
-    };
-    if (std::none_of(members.begin(), members.end(), held_here)) continue;
+    const std::vector<TiedParameter::Copy>& copies = config_.tied[g].copies;
+    if (copies.size() < 2) continue;  // one rank: one parameter
+    const auto mine = std::find_if(copies.begin(), copies.end(), [&](const auto& c) {
+      return c.rank == config_.stage;
+    });
+    if (mine == copies.end()) continue;
     const auto key = [&](size_t k) {
-      return (t * groups + g) * most_members + static_cast<int64_t>(k);
+      return (t * groups + g) * most_copies + static_cast<int64_t>(k);
     };
-    std::vector<at::Tensor> grads(members.size());
-    std::set<int> other_ranks;
-    for (size_t k = 0; k < members.size(); ++k) {
-      if (!held_here(members[k])) {
-        other_ranks.insert(layout_.RankOf(members[k].stage));
-        continue;
-      }
-      PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> stage_grads,
-                          ChunkOf(members[k].stage).weights->Gradients(t));
-      grads[k] = stage_grads.at(static_cast<size_t>(members[k].parameter));
+    PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> stage_grads,
+                        ChunkOf(mine->stage).weights->Gradients(t));
+    const size_t own = static_cast<size_t>(mine - copies.begin());
+    std::vector<at::Tensor> grads(copies.size());
+    grads[own] = stage_grads.at(static_cast<size_t>(mine->parameter));
+    // This copy's gradient to every other rank holding one (sends never block), then theirs.
+    // A copy is sent: the gradient is overwritten with the sum below, and a transport within
+    // one process hands over the tensor itself.
+    const at::Tensor sent = grads[own].clone();
+    const transport::TensorSpec spec = transport::SpecOf(sent);
+    for (const TiedParameter::Copy& other : copies) {
+      if (other.rank == config_.stage) continue;
+      PT_RETURN_IF_ERROR(transport_->Send(other.rank, MessageKind::kTiedGradient, key(own), sent));
     }
-    // Every copy's gradient to every other rank holding one (sends never block), then theirs.
-    transport::TensorSpec spec;
-    for (size_t k = 0; k < members.size(); ++k) {
-      if (!grads[k].defined()) continue;
-      spec = transport::SpecOf(grads[k]);
-      // A copy: the gradient is overwritten with the sum below, and a transport within one
-      // process hands over the tensor itself.
-      const at::Tensor sent = grads[k].clone();
-      for (int rank : other_ranks) {
-        PT_RETURN_IF_ERROR(transport_->Send(rank, MessageKind::kTiedGradient, key(k), sent));
-      }
+    for (size_t k = 0; k < copies.size(); ++k) {
+      if (k == own) continue;
+      PT_ASSIGN_OR_RETURN(grads[k], Receive(copies[k].rank, MessageKind::kTiedGradient, key(k),
+                                            t, spec, record));
     }
-    for (size_t k = 0; k < members.size(); ++k) {
-      if (grads[k].defined()) continue;
-      PT_ASSIGN_OR_RETURN(grads[k], Receive(layout_.RankOf(members[k].stage),
-                                            MessageKind::kTiedGradient, key(k), t, spec, record));
-    }
-    // The one parameter's gradient, summed in member order on every rank alike.
+    // The one parameter's gradient, summed in copy order on every rank alike.
     at::Tensor sum = grads[0].clone();
-    for (size_t k = 1; k < members.size(); ++k) sum.add_(grads[k]);
-    for (size_t k = 0; k < members.size(); ++k) {
-      if (held_here(members[k])) grads[k].copy_(sum);
-    }
+    for (size_t k = 1; k < copies.size(); ++k) sum.add_(grads[k]);
+    grads[own].copy_(sum);
   }
   return absl::OkStatus();
+}
+
+void StageExecutor::FoldSharedGradients() {
+  if (!shares_parameters_) return;
+  for (Chunk& chunk : chunks_) chunk.weights->FoldSharedGradients();
 }
 
 void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
@@ -100,11 +94,24 @@ void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
       ++chunk.gradients_done < config_.micro_batches) {
     return;
   }
+  const int64_t t = j / config_.micro_batches;
+  if (!shares_parameters_) {
+    StartReduction(chunk, t);
+    return;
+  }
+  // A chunk's gradient may hold another's uses of a shared parameter: all start together.
+  for (const Chunk& c : chunks_) {
+    if (c.gradients_done < config_.micro_batches) return;
+  }
+  FoldSharedGradients();
+  for (Chunk& c : chunks_) StartReduction(c, t);
+}
+
+void StageExecutor::StartReduction(Chunk& chunk, int64_t t) {
   chunk.gradients_done = 0;
-  absl::StatusOr<std::vector<at::Tensor>> grads =
-      chunk.weights->Gradients(j / config_.micro_batches);
+  absl::StatusOr<std::vector<at::Tensor>> grads = chunk.weights->Gradients(t);
   if (!grads.ok()) return;  // the update reduces them (and fails the same way)
-  chunk.reduction_record = {j / config_.micro_batches, -1, MonotonicSeconds(), 0};
+  chunk.reduction_record = {t, -1, MonotonicSeconds(), 0};
   chunk.reduction = transport_->StartAllReduceMean(*std::move(grads),
                                                    absl::Now() + config_.recv_timeout);
 }

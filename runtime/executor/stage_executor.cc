@@ -40,6 +40,9 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
     const std::vector<at::Tensor> params = chunks_[0].weights->Newest().Parameters();
     if (!params.empty()) device_ = params[0].device();
   }
+  for (const Chunk& chunk : chunks_) {
+    shares_parameters_ = shares_parameters_ || chunk.weights->Newest().shares_parameters();
+  }
 }
 
 StageActivity StageExecutor::Activity() const {
@@ -206,6 +209,12 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       PT_RETURN_IF_ERROR(
           transport_->Send(to, MessageKind::kActivation, MessageKey(s, j), out.detach()));
       record.bytes += out.numel() * static_cast<int64_t>(out.element_size());
+      if (config_.vertical_sync) {  // the version the micro-batch runs on, on every stage
+        PT_RETURN_IF_ERROR(transport_->Send(
+            to, MessageKind::kWeightVersion, j,
+            at::full({1}, it->second.version,
+                     at::TensorOptions().dtype(at::kLong).device(out.device()))));
+      }
       if (!CarriesBoundary(s, j)) return absl::OkStatus();
       const int64_t t = j / config_.micro_batches;
       const at::Tensor commands =
@@ -237,6 +246,11 @@ absl::Status StageExecutor::ReceiveActivation(Chunk& chunk, int64_t j, ActionRec
   record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
   if (x.is_floating_point()) x.requires_grad_(true);
   chunk.activations[j] = std::move(x);
+  if (config_.vertical_sync) {
+    PT_ASSIGN_OR_RETURN(at::Tensor v, Receive(from, MessageKind::kWeightVersion, j, j,
+                                              {{1}, at::kLong}, record));
+    chunk.given_versions[j] = v.cpu().item<int64_t>();
+  }
   if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
   const int64_t t = j / config_.micro_batches;
   PT_ASSIGN_OR_RETURN(at::Tensor c,
@@ -269,6 +283,7 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   }
   // Each stage's gradient averaged over its replicas, then tied copies' summed: what every
   // copy of every parameter is updated with.
+  FoldSharedGradients();
   for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(ReduceGradients(chunk, j));
   PT_RETURN_IF_ERROR(SumTiedGradients(j, record));
   for (Chunk& chunk : chunks_) {
@@ -326,6 +341,10 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
     }
     stashed.input = std::move(it->second);
     chunk.activations.erase(it);
+    if (auto v = chunk.given_versions.find(j); v != chunk.given_versions.end()) {
+      PT_RETURN_IF_ERROR(chunk.weights->RunOn(j, v->second));
+      chunk.given_versions.erase(v);
+    }
   }
   stashed.version = chunk.weights->VersionFor(j);
   record.version = stashed.version;
@@ -396,7 +415,7 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     backward();
     last_backward_end_s_ = MonotonicSeconds();
   } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
-             final_of_step && !schedule::HoldsChunks(config_.schedule.kind) &&
+             final_of_step && !shares_parameters_ && !schedule::HoldsChunks(config_.schedule.kind) &&
              config_.schedule.kind != schedule::ScheduleKind::kPipeDream) {
     // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions).
     PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));

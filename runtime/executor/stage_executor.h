@@ -91,17 +91,21 @@ struct HistoryLimits {
   size_t allreduces = size_t{1} << 12;  // AllReduceRecord: 32 bytes
 };
 
-// A parameter several model stages hold a copy of (tied weights: model::TiedParameters):
-// each member's model stage and, where this rank holds that stage, the member's index in the
-// stage's Parameters() (-1 elsewhere). Before every update the copies' gradients (each
-// averaged over its replicas first) are summed in member order on every rank holding one,
-// the ranks exchanging theirs, so every copy takes the same step and stays equal.
+// A parameter several model stages use (tied weights: model::TiedParameters). Each rank
+// that holds one or more of its members holds one copy (members on one rank share it:
+// model::StageModule::ShareParameter). Before every update the copies' gradients (each
+// averaged over its replicas first) are summed in copy order on every rank holding one, the
+// ranks exchanging theirs, so every copy takes the same step and stays equal. A group whose
+// members are all on one rank has one copy: one parameter, nothing to exchange.
 struct TiedParameter {
-  struct Member {
-    int stage = 0;
+  struct Copy {
+    int rank = 0;        // in the pipeline
+    // Where `rank` is this one: the model stage of the first member it holds (the owner) and
+    // its index in that stage's OwnParameters(); -1 elsewhere.
+    int stage = -1;
     int parameter = -1;
   };
-  std::vector<Member> members;
+  std::vector<Copy> copies;  // in the order of their first members
 };
 
 struct StageConfig {
@@ -114,6 +118,9 @@ struct StageConfig {
   // after their last backward, which precedes stage 0's). Off: stage 0 waits for the end.
   bool overlap_allreduce = true;
   int64_t bucket_bytes = 4 << 20;
+  // PipeDream's vertical sync (kPipeDream): each micro-batch's weight version follows its
+  // activation, and a stage after the first runs it on that version (WeightStore::RunOn).
+  bool vertical_sync = false;
   uint64_t seed = 0;
   // The stage runs schedule::StageActionStream(schedule, stage), regenerated when step
   // commands arrive.
@@ -177,7 +184,9 @@ struct StageActivity {
   std::string waiting_for;  // "stage 2" while blocked on that peer, "replicas" in a gradient
                             // AllReduce; "" when computing
   int stashed_microbatches = 0;  // forward done, backward not yet
-  int live_weight_versions = 0;  // versions used by stashed micro-batches plus the newest
+  // Versions used by stashed micro-batches plus the newest (and under vertical sync those
+  // kept for micro-batches to come: WeightStore::held_versions()).
+  int live_weight_versions = 0;
 };
 
 struct StageStats {
@@ -226,6 +235,7 @@ class StageExecutor {
     weights::WeightStore* weights = nullptr;
     bool first = false, last = false;  // model stage 0, S−1
     std::map<int64_t, at::Tensor> activations;     // inputs received or handed over
+    std::map<int64_t, int64_t> given_versions;     // vertical sync: received with them
     std::map<int64_t, at::Tensor> output_grads;    // output gradients received or handed over
     // Receives posted by RECV actions, waited for by what uses them (lazy receives).
     std::set<int64_t> posted_activations, posted_gradients;
@@ -234,7 +244,8 @@ class StageExecutor {
     // I's that owe their W: the deferred weight-gradient work of each micro-batch.
     std::map<int64_t, model::WeightGradientQueue> owed_w;
     // With replicas, under a schedule with chunks: the step's B's and W's done so far (its
-    // gradient is final after m), and the AllReduce started then, waited for at STEP.
+    // gradient is final after m), and the AllReduce started then (when the rank's modules
+    // share parameters: once every chunk's is final), waited for at STEP.
     int gradients_done = 0;
     std::unique_ptr<transport::Transport::PendingReduction> reduction;
     AllReduceRecord reduction_record;
@@ -252,6 +263,11 @@ class StageExecutor {
   // final and (schedules with chunks, replicas) its AllReduce starts, to overlap the rank's
   // other work until STEP.
   void GradientDone(Chunk& chunk, int64_t j);
+  // Starts the AllReduce of `chunk`'s gradient of mini-batch t.
+  void StartReduction(Chunk& chunk, int64_t t);
+  // Shared parameters' gradients folded into their owners' on every chunk (before any is
+  // read: the owner may be another chunk's).
+  void FoldSharedGradients();
   // At the update of mini-batch t, before any stage's: `chunk`'s gradient averaged over its
   // replicas (done during the backward, started after it, or now), in place.
   absl::Status ReduceGradients(Chunk& chunk, int64_t t);
@@ -304,6 +320,10 @@ class StageExecutor {
   std::function<void(const StepRecord&)> on_step_;
   bool is_first_;  // the pipeline's first rank: it seals boundaries
   bool lazy_receives_;  // a RECV posts; the action that uses the tensor waits (chunks)
+  // Some module of the rank shares a parameter (tied members on this rank): gradients are
+  // folded before they are read, its chunks' AllReduces start together, and stage 0 does
+  // not average bucket by bucket during its backward.
+  bool shares_parameters_ = false;
 
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;

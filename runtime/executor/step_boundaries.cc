@@ -82,7 +82,7 @@ void StageExecutor::NoteLiveVersions() {
   for (const Chunk& chunk : chunks_) {
     std::set<int64_t> live = {chunk.weights->newest_version()};
     for (const auto& [j, entry] : chunk.stash) live.insert(entry.version);
-    versions = std::max(versions, static_cast<int>(live.size()));
+    versions = std::max({versions, static_cast<int>(live.size()), chunk.weights->held_versions()});
     stashed += static_cast<int>(chunk.stash.size());
   }
   stats_.peak_weight_versions = std::max(stats_.peak_weight_versions, versions);

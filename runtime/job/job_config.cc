@@ -188,6 +188,11 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     errors.push_back(absl::StrCat("planner: unknown '", c.planner,
                                   "' (one of: 2bw, pipedream, hippie)"));
   }
+  if (c.vertical_sync && c.schedule != schedule::ScheduleKind::kPipeDream) {
+    errors.push_back(absl::StrCat(
+        "vertical_sync: only pipedream runs micro-batches on weight versions of their own; "
+        "schedule is ", std::string(schedule::ScheduleKindName(c.schedule))));
+  }
   if (c.auto_stages && !c.stage_ranges.empty()) {
     errors.push_back("stages: auto and explicit layer ranges exclude each other");
   }
@@ -320,6 +325,7 @@ std::string JobConfigToJson(const JobConfig& c) {
   j["schedule"] = std::string(schedule::ScheduleKindName(c.schedule));
   j["stages"] = c.stages;
   j["virtual_stages"] = c.virtual_stages;
+  j["vertical_sync"] = c.vertical_sync;
   j["stage_ranges"] = nlohmann::ordered_json::array();
   for (const model::LayerRange& r : c.stage_ranges) j["stage_ranges"].push_back({r.begin, r.end});
   j["replicas"] = c.replicas;

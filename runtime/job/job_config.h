@@ -64,6 +64,10 @@ struct JobConfig {
   // default (schedule::DefaultVirtualStages: 2 for interleaved, zbv and dualpipev, 1 for
   // zb1p). Any other schedule holds one stage a rank (0 or 1 here).
   int virtual_stages = 0;
+  // pipedream: PipeDream's vertical sync. Every stage runs micro-batch j, forward and
+  // backward, on the weight version stage 0 ran it on (not on its own newest), the version
+  // travelling with the activations; the updates still step each stage's newest version.
+  bool vertical_sync = false;
   int replicas = 1;  // w: data-parallel copies of the pipeline, gradients averaged
   // Hippie: stage 0 averages its gradients bucket by bucket during its final backward.
   bool overlap_allreduce = true;

@@ -232,26 +232,82 @@ std::vector<model::LayerRange> RankLayers(const JobPlan& plan, int stage) {
 
 namespace {
 
-// The weights of model stage `s`, from `start`'s layers (those of its layers from `first` on)
-// when it resumes.
-absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
-    const JobConfig& c, const JobPlan& plan, int s, const StageStart& start, size_t first,
-    c10::Device device, int64_t* parameter_bytes) {
+// Model stage `s`'s module: its own layers, on `device`.
+absl::StatusOr<std::unique_ptr<model::StageModule>> BuildModule(const JobConfig& c,
+                                                                const JobPlan& plan, int s,
+                                                                c10::Device device) {
   const model::LayerRange r = plan.partition[s];
   absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
   if (!layers.ok()) {
     return c.model.name == "torchscript" ? ModelFileError(layers.status()) : layers.status();
-  }
-  for (const model::LayerList::value_type& layer : *layers) {
-    for (const at::Tensor& t : layer->Parameters()) {
-      *parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
-    }
   }
   auto module = std::make_unique<model::StageModule>(
       r.begin, *std::move(layers),
       std::vector<bool>(plan.recompute.begin() + r.begin, plan.recompute.begin() + r.end));
   module->SetComputeDtype(plan.compute_dtype);
   if (!device.is_cpu()) module->ToDevice(device);
+  return module;
+}
+
+// The position of tied member `ref` in its module's Parameters().
+int ParameterIndex(const model::StageModule& module, const model::ParameterRef& ref) {
+  int index = 0;  // the parameters of the stage's layers before the member's
+  for (int i = 0; i < ref.layer - module.first_layer(); ++i) {
+    index += static_cast<int>(module.layers()[i]->Parameters().size());
+  }
+  return index + ref.parameter;
+}
+
+// The module of `modules` (model stages `stages`) that holds global layer `layer`, or -1.
+int ModuleHolding(const std::vector<int>& stages, const JobPlan& plan, int layer) {
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const model::LayerRange r = plan.partition[stages[k]];
+    if (r.begin <= layer && layer < r.end) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+// Each tie group's members on this rank share the storage of the first of them: one
+// parameter on the rank. Members in two modules only under one weight version (the schedules
+// with chunks), since a module that shares another's parameter is never cloned.
+absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
+                                 const std::vector<int>& stages,
+                                 std::vector<std::unique_ptr<model::StageModule>>& modules) {
+  for (const model::TieGroup& group : plan.ties) {
+    int owner_module = -1;
+    at::Tensor owner;
+    for (const model::ParameterRef& ref : group) {
+      const int k = ModuleHolding(stages, plan, ref.layer);
+      if (k < 0) continue;
+      const int index = ParameterIndex(*modules[k], ref);
+      const std::vector<at::Tensor> params = modules[k]->Parameters();
+      if (index >= static_cast<int>(params.size())) {
+        return absl::InternalError(absl::StrCat("tied parameter ", ref.parameter, " of layer ",
+                                                ref.layer, " does not exist"));
+      }
+      if (owner_module < 0) {
+        owner_module = k;
+        owner = params[static_cast<size_t>(index)];
+        continue;
+      }
+      if (k != owner_module && (c.schedule == schedule::ScheduleKind::kTwoBW ||
+                                c.schedule == schedule::ScheduleKind::kPipeDream)) {
+        return absl::InternalError(absl::StrCat(
+            "tied layers ", group.front().layer, " and ", ref.layer,
+            " are in two model stages of one rank under a schedule of several weight versions"));
+      }
+      PT_RETURN_IF_ERROR(modules[k]->ShareParameter(index, owner));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The weights of model stage `s` in `module`, from `start`'s layers (those of its layers from
+// `first` on) when it resumes.
+absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
+    const JobConfig& c, const JobPlan& plan, int s, std::unique_ptr<model::StageModule> module,
+    const StageStart& start, size_t first) {
+  const model::LayerRange r = plan.partition[s];
   std::vector<weights::ParameterState> optimizer_state;
   const bool resumed = !start.layers.empty();
   if (resumed) {
@@ -272,8 +328,9 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
                                    std::move(module), std::move(optimizer), c.micro_batches,
                                    start.first_step));
   } else if (c.schedule == schedule::ScheduleKind::kPipeDream) {
-    PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(std::move(module), std::move(optimizer),
-                                                           c.micro_batches, start.first_step));
+    PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(
+                                   std::move(module), std::move(optimizer), c.micro_batches,
+                                   start.first_step, c.vertical_sync && s > 0));
   } else {
     PT_ASSIGN_OR_RETURN(store, weights::MakeSingleVersionWeights(
                                    std::move(module), std::move(optimizer), start.first_step));
@@ -286,32 +343,32 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStage(
   return store;
 }
 
-// The model's tie groups as the executor sees them: each member's model stage, and its index
-// in that stage's Parameters() where `parts` holds the stage.
-absl::StatusOr<std::vector<executor::TiedParameter>> TiedParametersOf(const JobPlan& plan,
-                                                                      const StageParts& parts) {
+// The model's tie groups as the executor sees them: the ranks holding a copy and, for this
+// rank's, its owner's model stage and index in that stage's OwnParameters().
+std::vector<executor::TiedParameter> TiedParametersOf(const JobPlan& plan, int rank,
+                                                      const StageParts& parts) {
   std::vector<executor::TiedParameter> tied;
   for (const model::TieGroup& group : plan.ties) {
     executor::TiedParameter tie;
     for (const model::ParameterRef& ref : group) {
-      executor::TiedParameter::Member member;
-      while (member.stage < plan.stages() && plan.partition[member.stage].end <= ref.layer) {
-        ++member.stage;
+      int stage = 0;
+      while (stage < plan.stages() && plan.partition[stage].end <= ref.layer) ++stage;
+      const int holder = plan.layout.RankOf(stage);
+      if (std::any_of(tie.copies.begin(), tie.copies.end(),
+                      [holder](const auto& copy) { return copy.rank == holder; })) {
+        continue;  // a member that shares this rank's copy
       }
-      for (size_t k = 0; k < parts.model_stages.size(); ++k) {
-        if (parts.model_stages[k] != member.stage) continue;
+      executor::TiedParameter::Copy copy;
+      copy.rank = holder;
+      if (holder == rank) {
+        const int k = ModuleHolding(parts.model_stages, plan, ref.layer);
         const model::StageModule& module = parts.weights[k]->Newest();
-        int index = 0;  // the parameters of the stage's layers before the member's
-        for (int i = 0; i < ref.layer - module.first_layer(); ++i) {
-          index += static_cast<int>(module.layers()[i]->Parameters().size());
-        }
-        member.parameter = index + ref.parameter;
-        if (member.parameter >= static_cast<int>(module.Parameters().size())) {
-          return absl::InternalError(absl::StrCat("tied parameter ", ref.parameter,
-                                                  " of layer ", ref.layer, " does not exist"));
-        }
+        const int index = ParameterIndex(module, ref);
+        copy.stage = stage;
+        copy.parameter = index;
+        for (int i = 0; i < index; ++i) copy.parameter -= module.IsShared(i) ? 1 : 0;
       }
-      tie.members.push_back(member);
+      tie.copies.push_back(copy);
     }
     tied.push_back(std::move(tie));
   }
@@ -333,10 +390,21 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
     return absl::InternalError(absl::StrCat("resume_from: ", start.layers.size(),
                                             " layers read for a rank of ", rank_layers));
   }
+  std::vector<std::unique_ptr<model::StageModule>> modules;
   for (int s : parts.model_stages) {
+    PT_ASSIGN_OR_RETURN(std::unique_ptr<model::StageModule> module,
+                        BuildModule(c, plan, s, device));
+    modules.push_back(std::move(module));
+  }
+  PT_RETURN_IF_ERROR(ShareTiedParameters(c, plan, parts.model_stages, modules));
+  for (size_t k = 0; k < modules.size(); ++k) {
+    for (const at::Tensor& t : modules[k]->OwnParameters()) {
+      parts.parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
+    }
+    const int s = parts.model_stages[k];
     PT_ASSIGN_OR_RETURN(std::unique_ptr<weights::WeightStore> store,
-                        BuildModelStage(c, plan, s, start, first_layer, device,
-                                        &parts.parameter_bytes));
+                        BuildModelStageWeights(c, plan, s, std::move(modules[k]), start,
+                                               first_layer));
     parts.weights.push_back(std::move(store));
     first_layer += plan.partition[s].end - plan.partition[s].begin;
   }
@@ -347,6 +415,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.replicas = c.replicas;
   sc.overlap_allreduce = c.overlap_allreduce;
   sc.bucket_bytes = c.bucket_kib * 1024;
+  sc.vertical_sync = c.vertical_sync;
   sc.seed = c.seed;
   sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
   sc.schedule = ScheduleParamsOf(c, c.steps);
@@ -368,7 +437,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
     };
   }
   sc.boundaries = plan.boundary;
-  PT_ASSIGN_OR_RETURN(sc.tied, TiedParametersOf(plan, parts));
+  sc.tied = TiedParametersOf(plan, stage, parts);
   return parts;
 }
 

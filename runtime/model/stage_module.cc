@@ -3,6 +3,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "runtime/model/mixed_precision.h"
 
 namespace pipetrain::model {
@@ -107,6 +110,73 @@ std::vector<at::Tensor> StageModule::Parameters() const {
   return out;
 }
 
+std::vector<at::Tensor> StageModule::OwnParameters() const {
+  std::vector<at::Tensor> all = Parameters();
+  if (shared_.empty()) return all;
+  std::vector<at::Tensor> out;
+  size_t next = 0;  // in shared_
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (next < shared_.size() && shared_[next].index == static_cast<int>(i)) {
+      ++next;
+      continue;
+    }
+    out.push_back(all[i]);
+  }
+  return out;
+}
+
+absl::Status StageModule::ShareParameter(int index, const at::Tensor& owner) {
+  const std::vector<at::Tensor> all = Parameters();
+  if (index < 0 || index >= static_cast<int>(all.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of a stage of ",
+                                                   all.size(), " parameters"));
+  }
+  if (IsShared(index)) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " is shared already"));
+  }
+  at::Tensor param = all[static_cast<size_t>(index)];
+  if (!param.sizes().equals(owner.sizes()) || param.scalar_type() != owner.scalar_type() ||
+      param.device() != owner.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", index, " (", c10::str(param.sizes()), " ", param.scalar_type(), " on ",
+        param.device().str(), ") cannot share the storage of ", c10::str(owner.sizes()), " ",
+        owner.scalar_type(), " on ", owner.device().str()));
+  }
+  int owner_index = -1;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].is_same(owner)) owner_index = static_cast<int>(i);
+  }
+  if (owner_index == index || IsShared(owner_index)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", index, " cannot share a shared parameter or itself"));
+  }
+  param.set_data(owner);  // the storage of `owner`; `param` stays a leaf of its own
+  Shared shared{index, owner_index, owner};
+  shared_.insert(std::upper_bound(shared_.begin(), shared_.end(), shared,
+                                  [](const Shared& a, const Shared& b) { return a.index < b.index; }),
+                 std::move(shared));
+  return absl::OkStatus();
+}
+
+bool StageModule::IsShared(int index) const {
+  return std::any_of(shared_.begin(), shared_.end(),
+                     [index](const Shared& s) { return s.index == index; });
+}
+
+void StageModule::FoldSharedGradients() {
+  if (shared_.empty()) return;
+  const std::vector<at::Tensor> all = Parameters();
+  torch::NoGradGuard no_grad;
+  for (const Shared& s : shared_) {
+    at::Tensor param = all[static_cast<size_t>(s.index)];
+    if (!param.grad().defined()) continue;
+    at::Tensor owner = s.owner;
+    owner.mutable_grad() =
+        owner.grad().defined() ? owner.grad() + param.grad() : param.grad().clone();
+    param.mutable_grad() = at::Tensor();
+  }
+}
+
 std::vector<at::Tensor> StageModule::Buffers() const {
   std::vector<at::Tensor> out;
   for (const auto& layer : layers_) {
@@ -121,6 +191,13 @@ std::unique_ptr<StageModule> StageModule::Clone() const {
   auto copy = std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
   copy->compute_ = compute_;
   copy->device_type_ = device_type_;
+  const std::vector<at::Tensor> params = copy->Parameters();
+  for (const Shared& s : shared_) {
+    const at::Tensor& owner =
+        s.owner_index >= 0 ? params[static_cast<size_t>(s.owner_index)] : s.owner;
+    const absl::Status shared = copy->ShareParameter(s.index, owner);
+    TORCH_CHECK(shared.ok(), "StageModule::Clone: ", std::string(shared.message()));
+  }
   return copy;
 }
 
@@ -131,7 +208,8 @@ void StageModule::ToDevice(at::Device device) {
 
 void StageModule::CopyWeightsFrom(const StageModule& other) {
   torch::NoGradGuard no_grad;
-  auto dst = Parameters(), src = other.Parameters();
+  // A shared parameter holds its owner's storage: copied through the owner.
+  auto dst = OwnParameters(), src = other.OwnParameters();
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
   auto dst_b = Buffers(), src_b = other.Buffers();
   for (size_t i = 0; i < dst_b.size(); ++i) dst_b[i].copy_(src_b[i]);

@@ -7,6 +7,12 @@
 // Gradients are bitwise identical with and without recomputation. A recomputed segment under
 // a deferral (weight_gradients.h) is recomputed in I, and its queued weight gradients keep
 // what they need of it until W.
+//
+// A tied parameter whose members are on one rank is one parameter there: ShareParameter
+// gives a member the storage of another (its owner, in this module or another one of the
+// rank), so both uses read one tensor and the optimizer steps it once, through the owner.
+// Each use's gradient still accumulates into its own member; FoldSharedGradients adds a
+// shared member's into its owner's before anyone reads them.
 // Not thread-safe: owned and used by one stage thread.
 #pragma once
 
@@ -17,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "absl/status/status.h"
 #include "runtime/model/layer.h"
 #include "runtime/model/weight_gradients.h"
 
@@ -42,14 +49,31 @@ class StageModule {
   // Runs local layers [begin, end) with plain autograd (no recomputation).
   at::Tensor RunLayers(const at::Tensor& input, int begin, int end, LayerContext ctx);
 
+  // Every layer's parameters, in layer order: the model's own list (reports, checkpoints).
   std::vector<at::Tensor> Parameters() const;
+  // Those this module updates: Parameters() without the shared ones. The optimizer, the
+  // replicas' averaging and a weight store's gradients go by this list.
+  std::vector<at::Tensor> OwnParameters() const;
+  // From now on Parameters()[index] holds `owner`'s storage (same shape, dtype and device):
+  // one parameter, which `owner`'s module updates. `owner` is a parameter of this module
+  // (an earlier one) or of another module of the rank; Clone() shares again within the copy,
+  // and keeps sharing with another module's owner, so a module that shares with another is
+  // never cloned (only stores of one version hold such modules). Call after ToDevice().
+  // InvalidArgument if the two differ or `index` is out of range or already shared.
+  absl::Status ShareParameter(int index, const at::Tensor& owner);
+  bool IsShared(int index) const;
+  bool shares_parameters() const { return !shared_.empty(); }
+  // Adds each shared parameter's gradient into its owner's (owner + shared, in that order)
+  // and drops it: what the update and the replicas' averaging read. Idempotent until the
+  // next backward.
+  void FoldSharedGradients();
   std::vector<at::Tensor> Buffers() const;
   // Deep copy (parameters, buffers, recomputation marks) for another weight version of
   // this stage; BatchNorm statistics stay shared with this module (see Layer::Clone).
   std::unique_ptr<StageModule> Clone() const;
   // Copies parameter and buffer values (not gradients) from a module of the same layout.
   void CopyWeightsFrom(const StageModule& other);
-  // Drops every parameter's gradient.
+  // Drops every parameter's gradient (shared ones' too).
   void ZeroGrad();
   void FinishMiniBatch(int64_t mini_batch);
   void DiscardMiniBatch(int64_t mini_batch);
@@ -67,6 +91,12 @@ class StageModule {
   int first_layer_;
   LayerList layers_;
   std::vector<bool> recompute_;
+  struct Shared {
+    int index;        // in Parameters()
+    int owner_index;  // the owner's in Parameters(), or -1: another module's
+    at::Tensor owner;
+  };
+  std::vector<Shared> shared_;  // in increasing index
   at::ScalarType compute_ = at::kFloat;
   WeightGradientDeferral weight_gradients_;
   c10::DeviceType device_type_ = c10::DeviceType::CPU;  // of the parameters (ToDevice)

@@ -131,13 +131,15 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
 
 }  // namespace
 
-int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches) {
+int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches,
+                   bool vertical_sync) {
   switch (schedule) {
     case schedule::ScheduleKind::kTwoBW:
       return 2;
     case schedule::ScheduleKind::kPipeDream: {
-      const int behind = std::max(0, stages - stage - 1);  // the stage's warm-up forwards
       const int m = std::max(1, micro_batches);
+      if (vertical_sync && stage > 0) return 2 + (std::max(0, stages - 1) + m - 1) / m;
+      const int behind = std::max(0, stages - stage - 1);  // the stage's warm-up forwards
       return 1 + (behind + m - 1) / m;
     }
     default:
@@ -216,13 +218,15 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
       c.send_grad_s = way(c.grad_out, bytes, s - 1);
     }
     StagePrediction& out = prediction.stages[s];
-    const int versions = WeightVersions(layout.schedule, p, s, layout.pipeline.micro_batches);
+    const int versions = WeightVersions(layout.schedule, p, s, layout.pipeline.micro_batches,
+                                        layout.vertical_sync);
     out.weight_bytes = WeightBytes(versions, static_cast<int64_t>(parameter_bytes),
                                    static_cast<int64_t>(optimizer_bytes));
     // Under pipedream a step's micro-batches run on two versions, each with a gradient, when
-    // the stage's warm-up (p − s − 1 forwards) is not a whole number of steps: the older
-    // one's is counted here.
-    if (stashing && (p - s - 1) % layout.pipeline.micro_batches != 0) {
+    // the stage's warm-up (p − s − 1 forwards; vertical sync: stage 0's, p − 1) is not a
+    // whole number of steps: the older one's is counted here.
+    const int warmup = layout.vertical_sync ? p - 1 : p - s - 1;
+    if (stashing && warmup % layout.pipeline.micro_batches != 0) {
       out.weight_bytes += static_cast<int64_t>(parameter_bytes);
     }
     costs[s].gradient_bytes = static_cast<int64_t>(parameter_bytes);

@@ -76,6 +76,7 @@ struct Layout {
   // `pipeline.stages` is the ranks p of a pipeline and `pipeline.stage_layers` the v x p
   // model stages in model order (SetModelStageLayers).
   int virtual_stages = 1;
+  bool vertical_sync = false;  // pipedream: every stage on stage 0's versions (JobConfig's)
 
   void SetStageLayers(std::vector<std::pair<int, int>> layers) {
     pipeline.stages = static_cast<int>(layers.size());
@@ -108,8 +109,11 @@ struct StagePrediction {
 
 // The versions of its weights stage s of p keeps at once with m micro-batches a step: 2BW
 // two; pipedream (weight stashing) the newest and those its micro-batches in flight ran on,
-// 1 + ceil((p − s − 1) / m) (p − s with m = 1); the others one.
-int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches);
+// 1 + ceil((p − s − 1) / m) (p − s with m = 1), and under vertical sync, where a stage after
+// the first keeps stage 0's versions from the latest it was given to its newest,
+// 2 + ceil((p − 1) / m) there; the others one.
+int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches,
+                   bool vertical_sync = false);
 // A stage's weights as the simulation counts them: `versions` copies of its parameters
 // (WeightVersions) and the optimizer's state. Its gradient, one more copy of the parameters,
 // is counted with what the stage holds (StagePrediction::activation_bytes); under pipedream

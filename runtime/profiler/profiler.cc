@@ -74,6 +74,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     // micro-batches would refuse this job).
     one.schedule = schedule::ScheduleKind::kOneFOneB;
     one.virtual_stages = 0;
+    one.vertical_sync = false;
     if (absl::Status s = job::ValidateJobConfig(one); !s.ok()) return s;
     absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(one);
     if (!plan.ok()) return plan.status();

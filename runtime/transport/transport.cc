@@ -59,6 +59,8 @@ const char* MessageKindName(MessageKind kind) {
       return "control message";
     case MessageKind::kTiedGradient:
       return "tied parameter's gradient";
+    case MessageKind::kWeightVersion:
+      return "weight version";
   }
   return "message";
 }

@@ -27,8 +27,9 @@ namespace pipetrain::transport {
 
 // Activations flow to the next stage, gradients to the previous one; control messages (the
 // step commands of a boundary, runtime/control) flow like activations, indexed by step; a
-// tied parameter's gradient goes between the ranks holding its copies (any two).
-enum class MessageKind { kActivation, kGradient, kControl, kTiedGradient };
+// tied parameter's gradient goes between the ranks holding its copies (any two); under
+// vertical sync a micro-batch's weight version follows its activation, indexed by micro-batch.
+enum class MessageKind { kActivation, kGradient, kControl, kTiedGradient, kWeightVersion };
 
 // "activation" / "gradient" / "control".
 const char* MessageKindName(MessageKind kind);

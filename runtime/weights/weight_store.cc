@@ -24,11 +24,14 @@ class SingleVersionWeights : public WeightStore {
   absl::StatusOr<model::StageModule*> ModuleFor(int64_t) override { return module_.get(); }
   int64_t VersionFor(int64_t) const override { return version_; }
   absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t) override {
-    return DefinedGradients(module_->Parameters());
+    module_->FoldSharedGradients();
+    return DefinedGradients(module_->OwnParameters());
   }
+  void FoldSharedGradients() override { module_->FoldSharedGradients(); }
 
   absl::Status Update(int64_t mini_batch) override {
-    std::vector<at::Tensor> params = module_->Parameters();
+    module_->FoldSharedGradients();
+    std::vector<at::Tensor> params = module_->OwnParameters();
     std::vector<at::Tensor> grads = GradientsOf(params);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
@@ -89,7 +92,11 @@ class DoubleBufferedWeights : public WeightStore {
   absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t t) override {
     PT_ASSIGN_OR_RETURN(model::StageModule * source,
                         Holding(VersionForMiniBatch(t), absl::StrCat("the gradient of ", t)));
-    return DefinedGradients(source->Parameters());
+    source->FoldSharedGradients();
+    return DefinedGradients(source->OwnParameters());
+  }
+  void FoldSharedGradients() override {
+    for (auto& buffer : buffers_) buffer->FoldSharedGradients();
   }
 
   // W(t+1) = W(t) - step(g_t), g_t accumulated on W(VersionForMiniBatch(t)).
@@ -102,7 +109,8 @@ class DoubleBufferedWeights : public WeightStore {
     PT_ASSIGN_OR_RETURN(model::StageModule * grad_source,
                         Holding(VersionForMiniBatch(t), absl::StrCat("update ", t)));
     PT_ASSIGN_OR_RETURN(model::StageModule * base, Holding(t, absl::StrCat("update ", t)));
-    std::vector<at::Tensor> grads = GradientsOf(grad_source->Parameters());
+    grad_source->FoldSharedGradients();
+    std::vector<at::Tensor> grads = GradientsOf(grad_source->OwnParameters());
     const int target_slot = static_cast<int>((t + 1) % 2);
     model::StageModule& target = *buffers_[target_slot];
     // For t >= 1 the target buffer is usually the gradient source: its gradients were read
@@ -111,7 +119,7 @@ class DoubleBufferedWeights : public WeightStore {
     target.CopyWeightsFrom(*base);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
-      optimizer_->Step(target.Parameters(), grads);
+      optimizer_->Step(target.OwnParameters(), grads);
       target.FinishMiniBatch(t);
     } else {
       target.DiscardMiniBatch(t);  // W(t+1) = W(t)
@@ -159,9 +167,29 @@ class DoubleBufferedWeights : public WeightStore {
 class StashedWeights : public WeightStore {
  public:
   StashedWeights(std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-                 int micro_batches, int64_t start_version)
-      : optimizer_(std::move(optimizer)), micro_batches_(micro_batches), newest_(start_version) {
+                 int micro_batches, int64_t start_version, bool versions_given)
+      : optimizer_(std::move(optimizer)),
+        micro_batches_(micro_batches),
+        newest_(start_version),
+        versions_given_(versions_given),
+        latest_given_(start_version) {
     versions_[start_version] = std::move(module);
+  }
+
+  absl::Status RunOn(int64_t micro_batch, int64_t version) override {
+    if (!versions_given_) return WeightStore::RunOn(micro_batch, version);
+    if (auto it = assigned_.find(micro_batch); it != assigned_.end() && it->second != version) {
+      return absl::InternalError(absl::StrCat("micro-batch ", micro_batch, " runs on version ",
+                                              it->second, ", not ", version));
+    }
+    if (versions_.count(version) == 0) {
+      return absl::InternalError(absl::StrCat(
+          "micro-batch ", micro_batch, " runs on version ", version, " but this stage holds ",
+          versions_.begin()->first, " to ", newest_, " only"));
+    }
+    assigned_[micro_batch] = version;
+    latest_given_ = std::max(latest_given_, version);
+    return absl::OkStatus();
   }
 
   int64_t VersionFor(int64_t micro_batch) const override {
@@ -183,10 +211,11 @@ class StashedWeights : public WeightStore {
   // gradients alone: its backwards are done and none of t + 1's has begun).
   absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t t) override {
     if (gradient_step_ == t) return gradient_;
-    std::vector<at::Tensor> sum = DefinedGradients(versions_.at(newest_)->Parameters());
+    FoldSharedGradients();
+    std::vector<at::Tensor> sum = DefinedGradients(versions_.at(newest_)->OwnParameters());
     for (auto& [version, module] : versions_) {
       if (version == newest_) continue;
-      const std::vector<at::Tensor> params = module->Parameters();
+      const std::vector<at::Tensor> params = module->OwnParameters();
       for (size_t k = 0; k < params.size(); ++k) {
         if (params[k].grad().defined()) sum[k].add_(params[k].grad());
       }
@@ -195,6 +224,10 @@ class StashedWeights : public WeightStore {
     gradient_ = std::move(sum);
     gradient_step_ = t;
     return gradient_;
+  }
+
+  void FoldSharedGradients() override {
+    for (auto& [version, module] : versions_) module->FoldSharedGradients();
   }
 
   // W(n+1) = W(n) − step(mini-batch t's gradient over the versions it ran on).
@@ -207,11 +240,12 @@ class StashedWeights : public WeightStore {
     DropUnusedVersions();
     std::unique_ptr<model::StageModule>& newest = versions_.at(newest_);
     const bool in_use = std::any_of(assigned_.begin(), assigned_.end(),
-                                    [this](const auto& a) { return a.second == newest_; });
+                                    [this](const auto& a) { return a.second == newest_; }) ||
+                        versions_given_;  // a later micro-batch may be given it
     std::unique_ptr<model::StageModule> next = in_use ? newest->Clone() : std::move(newest);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
-      optimizer_->Step(next->Parameters(), grads);
+      optimizer_->Step(next->OwnParameters(), grads);
       next->FinishMiniBatch(t);
     } else {
       next->DiscardMiniBatch(t);  // W(n+1) = W(n)
@@ -230,6 +264,7 @@ class StashedWeights : public WeightStore {
   }
 
   const model::StageModule& Newest() const override { return *versions_.at(newest_); }
+  int held_versions() const override { return static_cast<int>(versions_.size()); }
   int64_t newest_version() const override { return newest_; }
   std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
   absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
@@ -237,11 +272,12 @@ class StashedWeights : public WeightStore {
   }
 
  private:
-  // Versions no micro-batch runs on any more, but the newest, go.
+  // Versions no micro-batch runs on any more, but the newest (and, with versions given, those
+  // from the latest given on: later micro-batches are given those or newer), go.
   void DropUnusedVersions() {
     for (auto it = versions_.begin(); it != versions_.end();) {
       const int64_t version = it->first;
-      const bool used = version == newest_ ||
+      const bool used = version == newest_ || (versions_given_ && version >= latest_given_) ||
                         std::any_of(assigned_.begin(), assigned_.end(),
                                     [version](const auto& a) { return a.second == version; });
       it = used ? std::next(it) : versions_.erase(it);
@@ -251,6 +287,8 @@ class StashedWeights : public WeightStore {
   std::unique_ptr<Optimizer> optimizer_;
   int micro_batches_;
   int64_t newest_;
+  bool versions_given_;   // vertical sync: RunOn() chooses each micro-batch's version
+  int64_t latest_given_;  // the newest version RunOn() has given
   std::map<int64_t, std::unique_ptr<model::StageModule>> versions_;  // held ones, by number
   std::map<int64_t, int64_t> assigned_;  // micro-batch -> the version it runs on
   std::vector<at::Tensor> gradient_;     // Gradients(gradient_step_), until its update
@@ -319,11 +357,11 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches, int64_t start_version) {
+    int micro_batches, int64_t start_version, bool versions_given) {
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
-  return std::unique_ptr<WeightStore>(new StashedWeights(std::move(module), std::move(optimizer),
-                                                         micro_batches, start_version));
+  return std::unique_ptr<WeightStore>(new StashedWeights(
+      std::move(module), std::move(optimizer), micro_batches, start_version, versions_given));
 }
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(

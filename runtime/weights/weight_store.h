@@ -35,6 +35,15 @@ class WeightStore {
   // The module that micro-batch j's forward and backward run on.
   virtual absl::StatusOr<model::StageModule*> ModuleFor(int64_t micro_batch) = 0;
   virtual int64_t VersionFor(int64_t micro_batch) const = 0;
+  // Micro-batch j runs on version `version` (PipeDream's vertical sync: the version stage 0
+  // ran it on), before its first ModuleFor(). Only a stashing store made with
+  // `versions_given` keeps the versions for that; Internal error otherwise, or if the
+  // version is not held or j already runs on another.
+  virtual absl::Status RunOn(int64_t micro_batch, int64_t version) {
+    (void)micro_batch;
+    (void)version;
+    return absl::InternalError("this store runs every micro-batch on the version it chooses");
+  }
   // Applies mini-batch t's gradient (as the parameters of ModuleFor(t's micro-batches) hold
   // it: the caller averages it over replicas and sums tied copies first, in place) and folds
   // its BatchNorm statistics. If any gradient is not finite, the step is
@@ -45,20 +54,29 @@ class WeightStore {
   // same step (docs/design.md section 4.7).
   virtual absl::Status Update(int64_t mini_batch) = 0;
   // The gradient of mini-batch t as Update(t) will apply it: a tensor per parameter of
-  // Newest(), each defined (zeros where a parameter took no part), for the caller to change
-  // in place before Update(t) (the replicas' average, tied copies' sum). REQUIRES: every
-  // backward of mini-batch t is done, none of a later one begun.
+  // Newest().OwnParameters(), each defined (zeros where a parameter took no part), for the
+  // caller to change in place before Update(t) (the replicas' average, tied copies' sum).
+  // REQUIRES: every backward of mini-batch t is done, none of a later one begun.
   virtual absl::StatusOr<std::vector<at::Tensor>> Gradients(int64_t mini_batch) = 0;
+  // Adds the gradients of shared parameters (StageModule::ShareParameter) into their owners'
+  // in every version it holds. Gradients() and Update() fold first themselves, which covers
+  // owners in the same module; where a module shares another module's parameter, the rank
+  // folds every store before any of them reads a gradient (the owner may update first).
+  virtual void FoldSharedGradients() = 0;
   bool last_update_skipped() const { return last_skipped_; }
   // The newest weights (what a checkpoint or the final report reads).
   virtual const model::StageModule& Newest() const = 0;
+  // The weight versions it holds now: a stashing store's modules, which under vertical sync
+  // include versions kept for micro-batches still to come; 1 for the others (the executor
+  // counts a double-buffered stage's by the micro-batches running on them).
+  virtual int held_versions() const { return 1; }
   // Number of the newest version (0 before any update).
   virtual int64_t newest_version() const = 0;
   // From mini-batch `mini_batch` on, run on the newest weights at that boundary instead of
   // the previous version (2BW); the caller drains the pipeline there first. Must come before
   // any forward of that mini-batch, in increasing order. One version: nothing to do.
   virtual absl::Status UseNewestFrom(int64_t /*mini_batch*/) { return absl::OkStatus(); }
-  // The optimizer's state, by position in Newest().Parameters() (a checkpoint's), and its
+  // The optimizer's state, by position in Newest().OwnParameters() (a checkpoint's), and its
   // replacement (a resumed job's, before its first step).
   virtual std::vector<ParameterState> OptimizerState() const = 0;
   virtual absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) = 0;
@@ -76,13 +94,15 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
 
 // PipeDream's weight stashing (schedule kPipeDream): a micro-batch's forward runs on the
 // newest version there is when it starts, and its backward on the same one, kept until then;
+// with `versions_given` (vertical sync, stages after the first) on the version RunOn() gives
+// it instead, and since those never decrease, every version from the latest given on is kept;
 // Update(t) sums mini-batch t's gradients over the versions its micro-batches ran on and
 // makes version t + 1 from the newest (in a module of its own while micro-batches still run
 // on the newest). Under 1F1B stage s holds at most p − s versions. The version a micro-batch
 // runs on is fixed by its first ModuleFor().
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches, int64_t start_version = 0);
+    int micro_batches, int64_t start_version = 0, bool versions_given = false);
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,

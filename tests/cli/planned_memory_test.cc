@@ -74,19 +74,30 @@ class PredictedMemoryTest : public CliTest {
 // PipeDream's weight stashing keeps p − s versions on stage s (m = 1): on a model whose
 // parameters outweigh its activations, every stage's measured peak is within 15% of
 // `plan --predict`'s, and stage 0's is not near what two versions (2BW's count) would give.
+// Under vertical sync (the versions sent between the processes with the activations) the
+// stages after the first keep 2 + (p − 1) = 5, stage 0 its p = 4, also within 15%.
 TEST_F(PredictedMemoryTest, PipeDreamStagesHoldTheVersionsThePlanPredicts) {
   setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
-  const PredictedAndRun r = PredictThenRun(
+  const std::string job =
       " --schedule pipedream --d-model 256 --stages 4 --microbatches 1 --microbatch-size 1 "
-      "--steps 6 -q");
-  ASSERT_EQ(r.predicted.size(), 4u);
-  ASSERT_EQ(r.per_stage.size(), 4u);
-  for (int s = 0; s < 4; ++s) {
-    const double expected = r.predicted[s].get<double>();
-    EXPECT_NEAR(r.per_stage[s]["peak_tensor_bytes"].get<double>(), expected, 0.15 * expected)
-        << "stage " << s;
-    EXPECT_EQ(r.per_stage[s]["peak_weight_versions"], 4 - s) << "stage " << s;
+      "--steps 6 -q";
+  for (const bool vertical_sync : {true, false}) {
+    SCOPED_TRACE(vertical_sync ? "vertical sync" : "");
+    const PredictedAndRun synced = PredictThenRun(job + " --vertical-sync " +
+                                                  (vertical_sync ? "true" : "false"));
+    ASSERT_EQ(synced.predicted.size(), 4u);
+    ASSERT_EQ(synced.per_stage.size(), 4u);
+    for (int s = 0; s < 4; ++s) {
+      const double expected = synced.predicted[s].get<double>();
+      EXPECT_NEAR(synced.per_stage[s]["peak_tensor_bytes"].get<double>(), expected,
+                  0.15 * expected)
+          << "stage " << s;
+      EXPECT_EQ(synced.per_stage[s]["peak_weight_versions"],
+                vertical_sync ? (s == 0 ? 4 : 5) : 4 - s)
+          << "stage " << s;
+    }
   }
+  const PredictedAndRun r = PredictThenRun(job);
   // Negative control: stage 0 counted with 2 versions instead of 4.
   const double two_versions =
       r.predicted[0].get<double>() - 2 * r.per_stage[0]["parameter_bytes"].get<double>();

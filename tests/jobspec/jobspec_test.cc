@@ -80,6 +80,7 @@ const std::vector<FieldValue>& Values() {
       {"schedule", "gpipe", "gpipe", "gpipe"},
       {"stages", "3", "3", 3},
       {"virtual_stages", "1", "1", 1},  // gpipe holds one stage a rank
+      {"vertical_sync", "true", "true", true},
       {"replicas", "2", "2", 2},
       {"overlap_allreduce", "false", "false", false},
       {"bucket_kib", "64", "64", 64},
@@ -101,6 +102,12 @@ const std::vector<FieldValue>& Values() {
       {"timeout_s", "7.25", "7.25", 7.25},
   };
   return values;
+}
+
+// A field valid only with another set too (vertical_sync: pipedream's): that one's value.
+const FieldValue* CompanionOf(const std::string& path) {
+  static const FieldValue pipedream = {"schedule", "pipedream", "pipedream", "pipedream"};
+  return path == "vertical_sync" ? &pipedream : nullptr;
 }
 
 const FieldValue* ValueOf(const std::string& path) {
@@ -189,9 +196,13 @@ TEST(JobSpec, EveryFieldHasAFlagAndATestValue) {
 TEST(JobSpec, EveryFieldThroughYamlReachesTheConfigAloneAndUnchanged) {
   for (const FieldValue& v : Values()) {
     SCOPED_TRACE(v.path);
-    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(YamlOf(v.path, v.yaml));
+    const FieldValue* with = CompanionOf(v.path);
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(
+        YamlOf(v.path, v.yaml) + (with != nullptr ? YamlOf(with->path, with->yaml) : ""));
     ASSERT_TRUE(spec.ok()) << spec.status();
-    EXPECT_EQ(ConfigJson(*spec), Expected({{v.path, v.expected}}));
+    std::vector<std::pair<std::string, json>> changes = {{v.path, v.expected}};
+    if (with != nullptr) changes.push_back({with->path, with->expected});
+    EXPECT_EQ(ConfigJson(*spec), Expected(changes));
   }
 }
 
@@ -200,9 +211,14 @@ TEST(JobSpec, EveryFieldThroughItsFlagReachesTheConfigAloneAndUnchanged) {
     SCOPED_TRACE(v.path);
     const SpecFlag* flag = FlagOf(v.path);
     ASSERT_NE(flag, nullptr);
-    absl::StatusOr<v1::JobSpec> spec = FromFlags({flag->name, v.flag_text});
-    ASSERT_TRUE(spec.ok()) << spec.status();
+    std::vector<std::string> args = {flag->name, v.flag_text};
     std::vector<std::pair<std::string, json>> changes = {{v.path, v.expected}};
+    if (const FieldValue* with = CompanionOf(v.path); with != nullptr) {
+      args.insert(args.end(), {FlagOf(with->path)->name, with->flag_text});
+      changes.push_back({with->path, with->expected});
+    }
+    absl::StatusOr<v1::JobSpec> spec = FromFlags(args);
+    ASSERT_TRUE(spec.ok()) << spec.status();
     if (flag->also_path != nullptr) changes.push_back({flag->also_path, flag->also_value});
     EXPECT_EQ(ConfigJson(*spec), Expected(changes));
   }

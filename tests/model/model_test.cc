@@ -5,6 +5,8 @@
 // - A layer's initial parameters are a function of (seed, global layer index, model config)
 //   alone: bitwise the same under every partition, and the same as the whole model's.
 // - Trained under uneven partitions, parameters still equal the un-pipelined reference.
+// - A parameter shared within a stage module (tied layers on one rank) is one tensor, its
+//   gradient folded into its owner's.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,6 +19,7 @@
 #include "runtime/job/plan.h"
 #include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
+#include "runtime/model/stage_module.h"
 #include "tests/model/builtin_configs.h"
 
 namespace pipetrain {
@@ -143,6 +146,48 @@ TEST(MixedPrecision, AScopeComputesInBFloat16OnFloat32Weights) {
     after = at::mm(x, w).detach();
   }
   EXPECT_TRUE(at::allclose(after.to(at::kFloat), 2 * before.to(at::kFloat), 1e-2, 1e-2));
+}
+
+// StageModule::ShareParameter: a tied GPT's head weight given the embedding's storage is
+// one tensor (in a Clone too), outside OwnParameters(); its gradient folds into the owner's
+// (the embedding's use + the head's); each refusal is named.
+TEST(StageModuleSharing, TheHeadReadsTheEmbeddingsStorageAndItsGradientFoldsIntoIt) {
+  ModelConfig c = BuiltinConfigs().front();
+  ASSERT_EQ(c.name, "gpt");
+  c.tie_embeddings = true;
+  absl::StatusOr<model::LayerList> layers = model::BuildModel(c);
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  model::StageModule module(0, *std::move(layers));
+  const std::vector<at::Tensor> params = module.Parameters();
+  const int head = static_cast<int>(params.size()) - 1;
+  const auto refused = [&](int index, const at::Tensor& owner, const std::string& why) {
+    const absl::Status s = module.ShareParameter(index, owner);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(why));
+  };
+  refused(1, params[0], "cannot share the storage of");  // the position table: other shape
+  refused(head + 1, params[0], "of a stage of");
+  ASSERT_TRUE(module.ShareParameter(head, params[0]).ok());
+  refused(head, params[0], "is shared already");
+  refused(0, params[head], "cannot share a shared parameter");
+  EXPECT_EQ(params[head].data_ptr(), params[0].data_ptr());
+  EXPECT_TRUE(module.IsShared(head));
+  ASSERT_EQ(module.OwnParameters().size(), params.size() - 1);
+  EXPECT_TRUE(module.OwnParameters().back().is_same(params[head - 1]));
+
+  module.Forward(SampleInput(c, 2), {}).sum().backward();
+  const at::Tensor embedding_use = params[0].grad().clone(), head_use = params[head].grad().clone();
+  module.FoldSharedGradients();
+  EXPECT_FALSE(params[head].grad().defined());
+  EXPECT_TRUE(at::equal(params[0].grad(), embedding_use + head_use));
+  module.FoldSharedGradients();  // nothing more to fold
+  EXPECT_TRUE(at::equal(params[0].grad(), embedding_use + head_use));
+
+  const std::unique_ptr<model::StageModule> copy = module.Clone();
+  const std::vector<at::Tensor> copied = copy->Parameters();
+  EXPECT_EQ(copied[head].data_ptr(), copied[0].data_ptr());
+  EXPECT_NE(copied[0].data_ptr(), params[0].data_ptr());
+  EXPECT_EQ(copy->OwnParameters().size(), params.size() - 1);
 }
 
 TEST(LayerInit, EachLayerDependsOnlyOnSeedAndIndex) {

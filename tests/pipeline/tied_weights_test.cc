@@ -3,8 +3,12 @@
 // copy an alias whose gradient adds to it.
 // - float64 parameters equal the reference (<= 1e-10) under GPipe, 1F1B, ZB-H1, 2BW,
 //   PipeDream's weight stashing (its reference's one parameter used on each stage's own
-//   versions; also with m = 1 < p), interleaved and ZB-V (which puts both layers on rank 0),
+//   versions; also with m = 1 < p), interleaved and ZB-V,
 //   with 1 and 2 replicas, and the two copies are bitwise equal at the end;
+// - where one rank holds both layers (ZB-V, DualPipeV, one stage under 1F1B, 2BW and
+//   PipeDream) they are one parameter: one storage, one optimizer state, the table's bytes
+//   counted once; negative control: a head that stops reading the embedding's storage is
+//   never stepped and leaves the reference;
 // - negative control: copies whose gradients are not summed (the ties dropped from the
 //   executor) diverge at the first step;
 // - a checkpoint stores the tied weight once (with the embedding) and loads it onto both
@@ -98,6 +102,80 @@ TEST(TiedEmbeddings, CopiesWhoseGradientsAreNotSummedDivergeAtTheFirstStep) {
   const JobReport tied = MustRun(c);
   EXPECT_LE(MaxRelativeDifference(tied.final_parameters, reference), 1e-10);
   ExpectCopiesEqual(tied.final_parameters);
+}
+
+// Where one rank holds both tied layers (ZB-V and DualPipeV put stages 0 and 2p - 1 on rank
+// 0; one stage holds all), the head's weight reads the embedding's storage: one tensor, one
+// optimizer state, counted once in the rank's parameters, and the run meets the reference.
+TEST(TiedEmbeddings, OnOneRankTheTiedLayersAreOneParameter) {
+  struct Case {
+    ScheduleKind kind;
+    int stages, virtual_stages;
+  };
+  for (const Case k : {Case{ScheduleKind::kZeroBubbleV, 2, 2},
+                       Case{ScheduleKind::kDualPipeV, 2, 2}, Case{ScheduleKind::kOneFOneB, 1, 0},
+                       Case{ScheduleKind::kTwoBW, 1, 0}, Case{ScheduleKind::kPipeDream, 1, 0}}) {
+    SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=",
+                              k.stages));
+    JobConfig c = TiedGpt(k.kind, k.stages, k.virtual_stages);
+    StagesRun run;
+    RunStages(c, [](StageParts&) {}, run);
+    for (const absl::Status& r : run.results) ASSERT_TRUE(r.ok()) << r;
+    const StageParts& rank0 = run.parts[0];
+    const model::StageModule& embedding = rank0.weights.front()->Newest();
+    const model::StageModule& head = rank0.weights.back()->Newest();
+    const at::Tensor token = embedding.Parameters().front();
+    const at::Tensor head_weight = head.Parameters().back();
+    EXPECT_EQ(token.data_ptr(), head_weight.data_ptr());
+    ASSERT_EQ(head.OwnParameters().size() + 1, head.Parameters().size());
+    EXPECT_TRUE(head.OwnParameters().back().is_same(head.Parameters().end()[-2]));
+    EXPECT_EQ(rank0.weights.back()->OptimizerState().size(), head.OwnParameters().size());
+    // The same layout untied holds the table twice.
+    JobConfig untied = c;
+    untied.model.tie_embeddings = false;
+    absl::StatusOr<JobPlan> plan = MakeJobPlan(untied);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    MicroBatchReader reader(*plan, untied.micro_batches);
+    absl::StatusOr<StageParts> apart = BuildStage(untied, *plan, reader, 0);
+    ASSERT_TRUE(apart.ok()) << apart.status();
+    EXPECT_EQ(apart->parameter_bytes - rank0.parameter_bytes,
+              token.numel() * static_cast<int64_t>(token.element_size()));
+    for (const int replicas : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat("replicas ", replicas));
+      c.replicas = replicas;
+      const JobReport report = MustRun(c);
+      const std::vector<at::Tensor> reference = MustReference(c);
+      ASSERT_EQ(report.final_parameters.size(), reference.size());
+      EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
+      ExpectCopiesEqual(report.final_parameters);
+    }
+  }
+}
+
+// Negative control: the head's weight given a storage of its own again (the fault), the
+// rank still takes it for shared, so nobody steps it; the run leaves the reference at the
+// first step.
+TEST(TiedEmbeddings, AMemberThatNoLongerReadsItsOwnersStorageLeavesTheReference) {
+  JobConfig c = TiedGpt(ScheduleKind::kZeroBubbleV, 2, 2);
+  c.steps = 1;
+  StagesRun run;
+  RunStages(
+      c,
+      [](StageParts& parts) {
+        if (parts.config.stage != 0) return;
+        absl::StatusOr<model::StageModule*> head = parts.weights.back()->ModuleFor(0);
+        ASSERT_TRUE(head.ok()) << head.status();
+        at::Tensor weight = (*head)->Parameters().back();
+        weight.set_data(weight.detach().clone());  // the fault
+      },
+      run);
+  for (const absl::Status& r : run.results) ASSERT_TRUE(r.ok()) << r;
+  const at::Tensor embedding = run.parts[0].weights.front()->Newest().Parameters().front();
+  const at::Tensor head = run.parts[0].weights.back()->Newest().Parameters().back();
+  EXPECT_FALSE(at::equal(embedding, head));
+  const std::vector<at::Tensor> reference = MustReference(c);
+  EXPECT_LE(MaxRelativeDifference({embedding}, {reference.front()}), 1e-10);
+  EXPECT_GT(MaxRelativeDifference({head}, {reference.back()}), 1e-6);
 }
 
 TEST(TiedEmbeddings, ACheckpointStoresTheTiedWeightOnceAndResumesOnAnotherLayout) {

@@ -8,13 +8,22 @@
 // - the executor ran every F and B of micro-batch j on stage s on that version, and stage s
 //   held p − s versions at once with m = 1;
 // - a stop, and a job resumed from its checkpoint, end bitwise as the shorter or the
-//   uninterrupted job, also with fewer micro-batches than stages.
+//   uninterrupted job, also with fewer micro-batches than stages;
+// - vertical sync (vertical_sync: every stage runs j on stage 0's version v_0(j), its
+//   reference the same rule) equals its reference for p = 2 and 4, m = 1 and 4, 1 and 2
+//   replicas, recomputation on and off; without it run and reference are others (negative
+//   control); the executor ran every F and B on v_0(j) and held the versions the planner
+//   counts; resumed, it ends as uninterrupted;
+//   another schedule refuses it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/planner/predict.h"
+#include "runtime/weights/weight_store.h"
 #include "tests/pipeline/pipeline_fixture.h"
 
 namespace pipetrain::job::pipeline_test {
@@ -116,6 +125,122 @@ TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
     EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
     std::filesystem::remove_all(dir);
   }
+}
+
+// Vertical sync: v_0(j) = max(0, floor((j − (p − 1))/m)), stage 0's version, on every stage.
+int64_t StageZeroVersion(int p, int m, int64_t j) { return j < p - 1 ? 0 : (j - (p - 1)) / m; }
+
+TEST(PipeDreamVerticalSync, EqualsItsReferenceWhereEveryStageRunsOnStageZerosVersion) {
+  for (const int p : {2, 4}) {
+    for (const int m : {1, 4}) {
+      for (const int replicas : {1, 2}) {
+        for (const char* recompute : {"none", "all"}) {
+          SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ",
+                                    recompute));
+          JobConfig c = PipeDreamGpt(p, m, replicas, recompute);
+          c.vertical_sync = true;
+          const JobReport report = MustRun(c);
+          const std::vector<at::Tensor> reference = MustReference(c);
+          ASSERT_EQ(report.final_parameters.size(), reference.size());
+          EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
+        }
+      }
+    }
+  }
+  // Negative control: without vertical sync the rule is another, and so are the parameters
+  // (its run against this reference, and the two references).
+  JobConfig c = PipeDreamGpt(4, 1, 1, "none");
+  c.vertical_sync = true;
+  const std::vector<at::Tensor> synced = MustReference(c);
+  c.vertical_sync = false;
+  EXPECT_GT(MaxRelativeDifference(MustRun(c).final_parameters, synced), 1e-6);
+  EXPECT_GT(MaxRelativeDifference(MustReference(c), synced), 1e-6);
+}
+
+// The executor's records: every F and B of micro-batch j ran on v_0(j) on every stage, and
+// each stage held at most the versions the planner counts (planner::WeightVersions: a stage
+// after the first keeps stage 0's from the latest given to its newest, 2 + ceil((p − 1)/m)).
+TEST(PipeDreamVerticalSync, EveryStageRanEachMicroBatchOnTheVersionStageZeroRanItOn) {
+  for (const int m : {1, 3}) {
+    const int p = 4;
+    JobConfig c = PipeDreamGpt(p, m, 1, "none");
+    c.vertical_sync = true;
+    c.steps = 10;
+    const JobReport report = MustRun(c);
+    for (int s = 0; s < p; ++s) {
+      SCOPED_TRACE(absl::StrCat("m=", m, " stage ", s));
+      const executor::StageStats& stats = report.stage_stats[s];
+      int checked = 0;
+      for (const executor::ActionRecord& r : stats.records) {
+        if (r.action.kind != ActionKind::kForward && r.action.kind != ActionKind::kBackward) {
+          continue;
+        }
+        EXPECT_EQ(r.version, StageZeroVersion(p, m, r.action.index)) << schedule::ToString(r.action);
+        ++checked;
+      }
+      EXPECT_EQ(checked, 2 * c.steps * m);
+      EXPECT_EQ(stats.peak_weight_versions,
+                planner::WeightVersions(ScheduleKind::kPipeDream, p, s, m, /*vertical_sync=*/true));
+    }
+  }
+}
+
+TEST(PipeDreamVerticalSync, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
+  const std::string dir = ::testing::TempDir() + "/vertical_sync_checkpoints";
+  std::filesystem::remove_all(dir);
+  JobConfig c = PipeDreamGpt(3, 2, 2, "none");
+  c.vertical_sync = true;
+  c.steps = 7;
+  c.checkpoint.dir = dir;
+  c.checkpoint.every = 3;
+  const JobReport whole = MustRun(c);
+  JobConfig resumed = c;
+  resumed.resume_from = "latest";
+  const JobReport rest = MustRun(resumed);
+  EXPECT_EQ(rest.first_step, 6);
+  EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
+  std::filesystem::remove_all(dir);
+}
+
+// A store asked for a version it does not hold, or for a second version of one micro-batch,
+// says so (Internal), as does a store whose versions are its own to choose.
+TEST(PipeDreamVerticalSync, AStoreRefusesAVersionItDoesNotHoldOrDoesNotTake) {
+  model::ModelConfig mlp;
+  mlp.name = "mlp";
+  const auto store = [&](bool versions_given) {
+    absl::StatusOr<model::LayerList> layers = model::BuildModel(mlp);
+    EXPECT_TRUE(layers.ok()) << layers.status();
+    auto optimizer = weights::MakeOptimizer({"sgd", 0.1});
+    EXPECT_TRUE(optimizer.ok()) << optimizer.status();
+    auto made = weights::MakeStashedWeights(
+        std::make_unique<model::StageModule>(0, *std::move(layers)), *std::move(optimizer),
+        /*micro_batches=*/2, /*start_version=*/3, versions_given);
+    EXPECT_TRUE(made.ok()) << made.status();
+    return *std::move(made);
+  };
+  const auto refused = [](const absl::Status& s, const std::string& why) {
+    EXPECT_TRUE(absl::IsInternal(s)) << s;
+    EXPECT_NE(std::string(s.message()).find(why), std::string::npos) << s;
+  };
+  std::unique_ptr<weights::WeightStore> given = store(true);
+  ASSERT_TRUE(given->RunOn(0, 3).ok());
+  EXPECT_EQ(given->VersionFor(0), 3);
+  refused(given->RunOn(0, 4), "micro-batch 0 runs on version 3, not 4");
+  refused(given->RunOn(1, 2), "runs on version 2 but this stage holds 3 to 3 only");
+  refused(store(false)->RunOn(0, 3), "runs every micro-batch on the version it chooses");
+}
+
+TEST(PipeDreamVerticalSync, AnyOtherScheduleRefusesIt) {
+  JobConfig c = PipeDreamGpt(2, 2, 1, "none");
+  c.vertical_sync = true;
+  c.schedule = ScheduleKind::kOneFOneB;
+  absl::StatusOr<JobReport> run = RunInProcess(c, {});
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(std::string(run.status().message())
+                .find("vertical_sync: only pipedream runs micro-batches on weight versions of "
+                      "their own; schedule is 1f1b"),
+            std::string::npos)
+      << run.status();
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::Optimizer
 // group's first member: its gradient is the sum of every member's (each use on the version
 // its own stage ran), its optimizer the first member's stage's, and its new value is copied
 // to the other members (aliases that no optimizer steps) before their stages' next version.
+// Under vertical sync every stage runs micro-batch j on stage 0's version v_0(j) instead
+// (PipeDream's paper, section 3.3); the updates still step each stage's newest version.
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     const JobConfig& c, const JobPlan& plan,
     const std::vector<std::unique_ptr<MicroBatchReader>>& readers) {
@@ -91,8 +93,10 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     }
     stage.optimizer = TorchOptimizer(c.optimizer, trained);
   }
-  const auto version = [m](const Stage& stage, int64_t j) {
-    return j < stage.warmup ? int64_t{0} : (j - stage.warmup) / m;
+  // Vertical sync: every stage runs j on stage 0's version.
+  const auto version = [&](const Stage& stage, int64_t j) {
+    const int64_t warmup = c.vertical_sync ? stages[0].warmup : stage.warmup;
+    return j < warmup ? int64_t{0} : (j - warmup) / m;
   };
   try {
     for (int64_t t = 0; t < c.steps; ++t) {

@@ -18,7 +18,8 @@ namespace pipetrain::job {
 // with torch::optim::SGD/AdamW; for 2BW with the delayed update
 // W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0), and for each weight-version switch at
 // boundary N in `switch_at`, mini-batch N's gradient taken on W(N) (the rule restarts
-// there). Tied weights (model::TiedParameters) are one parameter: the group's first member,
+// there); for pipedream each stage's gradient taken on the version its forward ran on
+// (vertical sync: stage 0's). Tied weights (model::TiedParameters) are one parameter: the group's first member,
 // the others aliases whose gradients add to its gradient and which take its new value.
 // Returns the final parameters in layer order. Float64 when the job says so.
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config,

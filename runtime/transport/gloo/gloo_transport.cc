@@ -300,7 +300,8 @@ class GlooTransport : public Transport {
   }
   // Distinct tags for the header and payload of every (kind, micro-batch).
   static int Tag(MessageKind kind, int64_t micro_batch, bool payload) {
-    return static_cast<int>(micro_batch * 8 + static_cast<int>(kind) * 2 + (payload ? 1 : 0));
+    return static_cast<int>(micro_batch * (2 * kWireMessageKinds) + static_cast<int>(kind) * 2 +
+                            (payload ? 1 : 0));
   }
 
   absl::Status aborted() {
