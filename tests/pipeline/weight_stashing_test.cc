@@ -8,7 +8,8 @@
 // - the executor ran every F and B of micro-batch j on stage s on that version, and stage s
 //   held p − s versions at once with m = 1;
 // - a stop, and a job resumed from its checkpoint, end bitwise as the shorter or the
-//   uninterrupted job, also with fewer micro-batches than stages;
+//   uninterrupted job, also with fewer micro-batches than stages; switches, flushes and
+//   checkpoints drain it and the result meets the reference with drains there;
 // - vertical sync (vertical_sync: every stage runs j on stage 0's version v_0(j), its
 //   reference the same rule) equals its reference for p = 2 and 4, m = 1 and 4, 1 and 2
 //   replicas, recomputation on and off; without it run and reference are others (negative
@@ -123,6 +124,42 @@ TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
     const JobReport rest = MustRun(resumed);
     EXPECT_EQ(rest.first_step, 6);
     EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Every boundary command drains a pipedream pipeline, after which every stage starts on its
+// newest version: switches before steps 3 and 4 and a flush before 6, or checkpoints every 3
+// steps, meet the reference with drains there (within 1e-10), with and without vertical sync;
+// the run without them misses it (negative control).
+TEST(PipeDream, SwitchesFlushesAndCheckpointsDrainItAsItsReferenceSays) {
+  for (const bool vertical_sync : {false, true}) {
+    SCOPED_TRACE(vertical_sync ? "vertical sync" : "");
+    JobConfig c = PipeDreamGpt(3, 2, 2, "none");
+    c.vertical_sync = vertical_sync;
+    c.steps = 8;
+    RunOptions options;
+    options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+    for (const auto& [command, step] : std::vector<std::pair<control::StepCommand, int64_t>>{
+             {control::kSwitchVersion, 3}, {control::kSwitchVersion, 4}, {control::kFlush, 6}}) {
+      ASSERT_TRUE(options.commands->Schedule(command, step).ok());
+    }
+    absl::StatusOr<JobReport> commanded = RunInProcess(c, options);
+    ASSERT_TRUE(commanded.ok()) << commanded.status();
+    absl::StatusOr<std::vector<at::Tensor>> drained = TrainReference(c, {3, 4, 6});
+    ASSERT_TRUE(drained.ok()) << drained.status();
+    EXPECT_LE(MaxRelativeDifference(commanded->final_parameters, *drained), 1e-10);
+    EXPECT_GT(MaxRelativeDifference(MustRun(c).final_parameters, *drained), 1e-6);
+
+    const std::string dir = ::testing::TempDir() + "/pipedream_drains";
+    std::filesystem::remove_all(dir);
+    JobConfig checkpointed = c;
+    checkpointed.checkpoint.dir = dir;
+    checkpointed.checkpoint.every = 3;
+    absl::StatusOr<std::vector<at::Tensor>> at_checkpoints = TrainReference(c, {3, 6});
+    ASSERT_TRUE(at_checkpoints.ok()) << at_checkpoints.status();
+    EXPECT_LE(MaxRelativeDifference(MustRun(checkpointed).final_parameters, *at_checkpoints),
+              1e-10);
     std::filesystem::remove_all(dir);
   }
 }

@@ -43,9 +43,13 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::Optimizer
 // to the other members (aliases that no optimizer steps) before their stages' next version.
 // Under vertical sync every stage runs micro-batch j on stage 0's version v_0(j) instead
 // (PipeDream's paper, section 3.3); the updates still step each stage's newest version.
+// A boundary N in `drains` (a weight-version switch, flush or checkpoint: each drains the
+// pipeline) restarts the rule there: every stage has made N updates when step N's first
+// forward runs, so v_s(j) = N + max(0, floor((j − N·m − w_s) / m)) from step N on.
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     const JobConfig& c, const JobPlan& plan,
-    const std::vector<std::unique_ptr<MicroBatchReader>>& readers) {
+    const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
+    const std::vector<int64_t>& drains) {
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   const int p = plan.stages();
   const int64_t m = c.micro_batches;
@@ -96,7 +100,12 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
   // Vertical sync: every stage runs j on stage 0's version.
   const auto version = [&](const Stage& stage, int64_t j) {
     const int64_t warmup = c.vertical_sync ? stages[0].warmup : stage.warmup;
-    return j < warmup ? int64_t{0} : (j - warmup) / m;
+    int64_t drained = 0;  // the latest drain at or before j's step
+    for (int64_t n : drains) {
+      if (n <= j / m) drained = std::max(drained, n);
+    }
+    const int64_t k = j - drained * m;  // j's place since then
+    return drained + (k < warmup ? int64_t{0} : (k - warmup) / m);
   };
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
@@ -171,10 +180,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
   if (c.schedule == schedule::ScheduleKind::kPipeDream) {
-    if (!switch_at.empty()) {
-      return absl::UnimplementedError("the PipeDream reference has no weight-version switches");
-    }
-    return TrainPipeDream(c, plan, readers);
+    return TrainPipeDream(c, plan, readers, switch_at);
   }
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   model::StageModule current(0, std::move(layers));

@@ -19,8 +19,10 @@ namespace pipetrain::job {
 // W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0), and for each weight-version switch at
 // boundary N in `switch_at`, mini-batch N's gradient taken on W(N) (the rule restarts
 // there); for pipedream each stage's gradient taken on the version its forward ran on
-// (vertical sync: stage 0's). Tied weights (model::TiedParameters) are one parameter: the group's first member,
-// the others aliases whose gradients add to its gradient and which take its new value.
+// (vertical sync: stage 0's), each boundary in `switch_at` a drain after which every stage
+// starts on its newest version (pipedream's switches, flushes and checkpoints alike). Tied
+// weights (model::TiedParameters) are one parameter: the group's first member, the others
+// aliases whose gradients add to its gradient and which take its new value.
 // Returns the final parameters in layer order. Float64 when the job says so.
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config,
                                                        const std::vector<int64_t>& switch_at = {});
