@@ -114,7 +114,8 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
       }));
   collectors_.push_back(r.AddCollector(
       "pipetrain_stage_live_weight_versions",
-      "Weight versions this rank holds now (used by stashed micro-batches, plus the newest).",
+      "Weight versions this rank holds now (used by stashed micro-batches, plus the newest, "
+      "plus those vertical sync keeps for micro-batches to come).",
       kRankLabels, [this, rank] {
         const std::optional<executor::StageActivity> a = Activity();
         return a ? Samples{{rank, double(a->live_weight_versions)}} : Samples{};

@@ -415,9 +415,11 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     backward();
     last_backward_end_s_ = MonotonicSeconds();
   } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
-             final_of_step && !shares_parameters_ && !schedule::HoldsChunks(config_.schedule.kind) &&
+             final_of_step && !shares_parameters_ &&
+             !schedule::HoldsChunks(config_.schedule.kind) &&
              config_.schedule.kind != schedule::ScheduleKind::kPipeDream) {
-    // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions).
+    // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions, nor a
+    // shared parameter's, whose gradient is folded into its owner's after the backward).
     PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
     PT_RETURN_IF_ERROR(BackwardWithBucketedAllReduce(j, *module, backward));
   } else {

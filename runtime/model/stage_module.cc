@@ -152,8 +152,8 @@ absl::Status StageModule::ShareParameter(int index, const at::Tensor& owner) {
   }
   param.set_data(owner);  // the storage of `owner`; `param` stays a leaf of its own
   Shared shared{index, owner_index, owner};
-  shared_.insert(std::upper_bound(shared_.begin(), shared_.end(), shared,
-                                  [](const Shared& a, const Shared& b) { return a.index < b.index; }),
+  const auto by_index = [](const Shared& a, const Shared& b) { return a.index < b.index; };
+  shared_.insert(std::upper_bound(shared_.begin(), shared_.end(), shared, by_index),
                  std::move(shared));
   return absl::OkStatus();
 }

@@ -212,7 +212,8 @@ TEST(PipeDreamVerticalSync, EveryStageRanEachMicroBatchOnTheVersionStageZeroRanI
         if (r.action.kind != ActionKind::kForward && r.action.kind != ActionKind::kBackward) {
           continue;
         }
-        EXPECT_EQ(r.version, StageZeroVersion(p, m, r.action.index)) << schedule::ToString(r.action);
+        EXPECT_EQ(r.version, StageZeroVersion(p, m, r.action.index))
+            << schedule::ToString(r.action);
         ++checked;
       }
       EXPECT_EQ(checked, 2 * c.steps * m);
