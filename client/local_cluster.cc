@@ -21,6 +21,7 @@
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
 #include "runtime/schedule/schedule.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::client {
 
@@ -100,7 +101,10 @@ absl::Status WriteSummary(const std::string& path, const std::string& address,
   s.steps = job.steps();
   s.first_step = steps->empty() ? 0 : steps->front().step();
   for (const v1::CommittedStep& step : *steps) {
-    if (step.has_loss()) s.losses.push_back(step.loss());
+    if (!step.has_loss()) continue;
+    s.losses.push_back(step.loss());
+    s.learning_rates.push_back(
+        weights::LearningRateAt(config->optimizer, step.step(), config->steps));
   }
   s.skipped_steps = job.skipped_steps();
   s.step_time_s = job.step_time_s();

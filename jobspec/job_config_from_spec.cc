@@ -56,6 +56,18 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   Copy(o.has_beta1(), o.beta1(), &c.optimizer.beta1);
   Copy(o.has_beta2(), o.beta2(), &c.optimizer.beta2);
   Copy(o.has_eps(), o.eps(), &c.optimizer.eps);
+  const v1::LrScheduleSpec& lr = o.schedule();
+  Copy(lr.has_warmup_steps(), lr.warmup_steps(), &c.optimizer.schedule.warmup_steps);
+  if (lr.has_decay()) {
+    absl::StatusOr<weights::LrDecay> decay = weights::ParseLrDecay(lr.decay());
+    if (decay.ok()) {
+      c.optimizer.schedule.decay = *decay;
+    } else {
+      errors.push_back(absl::StrCat("optimizer.schedule.decay: ", decay.status().message()));
+    }
+  }
+  Copy(lr.has_decay_steps(), lr.decay_steps(), &c.optimizer.schedule.decay_steps);
+  Copy(lr.has_min_lr(), lr.min_lr(), &c.optimizer.schedule.min_lr);
 
   if (s.has_schedule()) {
     auto kind = schedule::ParseScheduleKind(s.schedule());

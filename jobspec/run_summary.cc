@@ -36,6 +36,7 @@ std::string RunSummaryJson(const RunSummary& s) {
   for (const auto& range : s.partition) j["partition"].push_back(Range(range));
   j["first_step"] = s.first_step;
   j["losses"] = s.losses;
+  j["learning_rates"] = s.learning_rates;
   j["first_loss"] = s.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.losses.front());
   j["final_loss"] = s.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.losses.back());
   j["skipped_steps"] = s.skipped_steps;

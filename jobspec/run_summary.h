@@ -51,6 +51,7 @@ struct RunSummary {
   std::vector<std::pair<int, int>> partition;  // each stage's layers [begin, end)
   int64_t first_step = 0;      // of losses[0]: a resumed run's checkpoint step
   std::vector<double> losses;  // every step's loss (the mean over the replicas), in order
+  std::vector<double> learning_rates;  // every step's learning rate, one per loss
   int64_t skipped_steps = 0;   // updates skipped for a non-finite loss or gradient
   std::optional<double> data_entropy;
   double step_time_s = 0;  // median of rank 0's step-to-step times, its first step left out

@@ -87,6 +87,7 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
   for (const auto& range : r.partition) s.partition.emplace_back(range.begin, range.end);
   s.first_step = r.first_step;
   s.losses = r.losses;
+  s.learning_rates = r.learning_rates;
   // Every rank skips the same steps.
   s.skipped_steps = r.stage_stats.empty() ? 0 : r.stage_stats[0].skipped_steps;
   s.data_entropy = r.data_entropy;

@@ -342,6 +342,11 @@ std::string JobConfigToJson(const JobConfig& c) {
   o["beta1"] = c.optimizer.beta1;
   o["beta2"] = c.optimizer.beta2;
   o["eps"] = c.optimizer.eps;
+  auto& lr = o["schedule"];
+  lr["warmup_steps"] = c.optimizer.schedule.warmup_steps;
+  lr["decay"] = std::string(weights::LrDecayName(c.optimizer.schedule.decay));
+  lr["decay_steps"] = c.optimizer.schedule.decay_steps;
+  lr["min_lr"] = c.optimizer.schedule.min_lr;
   j["recompute"] = FormatRecompute(c.recompute);
   j["seed"] = c.seed;
   j["dtype"] = PrecisionName(c.precision);

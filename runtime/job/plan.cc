@@ -321,7 +321,7 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
     }
     optimizer_state = *std::move(loaded);
   }
-  PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer));
+  PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer, c.steps));
   std::unique_ptr<weights::WeightStore> store;
   if (c.schedule == schedule::ScheduleKind::kTwoBW) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(

@@ -14,7 +14,7 @@ namespace {
 
 class Sgd : public Optimizer {
  public:
-  explicit Sgd(OptimizerConfig c) : c_(std::move(c)) {}
+  Sgd(OptimizerConfig c, int64_t job_steps) : Optimizer(std::move(c), job_steps) {}
   void Step(const std::vector<at::Tensor>& params,
             const std::vector<at::Tensor>& grads) override {
     at::NoGradGuard no_grad;
@@ -31,7 +31,7 @@ class Sgd : public Optimizer {
         }
         d_p = momentum_[i];
       }
-      params[i].add_(d_p, -c_.lr);
+      params[i].add_(d_p, -lr_);
     }
   }
 
@@ -59,13 +59,13 @@ class Sgd : public Optimizer {
   }
 
  private:
-  OptimizerConfig c_;
+  const OptimizerConfig& c_ = config_;
   std::vector<at::Tensor> momentum_;
 };
 
 class AdamW : public Optimizer {
  public:
-  explicit AdamW(OptimizerConfig c) : c_(std::move(c)) {}
+  AdamW(OptimizerConfig c, int64_t job_steps) : Optimizer(std::move(c), job_steps) {}
   void Step(const std::vector<at::Tensor>& params,
             const std::vector<at::Tensor>& grads) override {
     at::NoGradGuard no_grad;
@@ -144,13 +144,13 @@ class AdamW : public Optimizer {
   };
   // The scalars of one parameter's update at its step-th update.
   struct Coefficients {
-    double decay;                 // 1 - lr * weight_decay
+    double decay;                 // 1 - lr * weight_decay (lr: this update's)
     double sqrt_bias_correction2; // sqrt(1 - beta2^step)
     double step_size;             // -lr / (1 - beta1^step)
   };
   Coefficients CoefficientsAt(int64_t step) const {
-    return {1 - c_.lr * c_.weight_decay, std::sqrt(1 - std::pow(c_.beta2, step)),
-            -c_.lr / (1 - std::pow(c_.beta1, step))};
+    return {1 - lr_ * c_.weight_decay, std::sqrt(1 - std::pow(c_.beta2, step)),
+            -lr_ / (1 - std::pow(c_.beta1, step))};
   }
 
   // One pass over dense CPU tensors of one dtype instead of the seven operators below, each
@@ -198,16 +198,17 @@ class AdamW : public Optimizer {
     p.unsafeGetTensorImpl()->bump_version();
   }
 
-  OptimizerConfig c_;
+  const OptimizerConfig& c_ = config_;
   std::vector<Moments> state_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config) {
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config,
+                                                         int64_t job_steps) {
   if (absl::Status s = ValidateOptimizerConfig(config); !s.ok()) return s;
-  if (config.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(config));
-  return std::unique_ptr<Optimizer>(new AdamW(config));
+  if (config.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(config, job_steps));
+  return std::unique_ptr<Optimizer>(new AdamW(config, job_steps));
 }
 
 }  // namespace pipetrain::weights

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -33,14 +34,29 @@ class Optimizer {
   // i-th tensor must have the same shape in every call.
   virtual void Step(const std::vector<at::Tensor>& params,
                     const std::vector<at::Tensor>& grads) = 0;
+  // The next Step()s use the learning rate of update `step` (LearningRateAt: the config's
+  // schedule); before any call, that of step 0.
+  void UseLearningRateOf(int64_t step) { lr_ = LearningRateAt(config_, step, job_steps_); }
+  double learning_rate() const { return lr_; }
   // The state of every parameter, by position (copies: later steps do not change them).
   virtual std::vector<ParameterState> State() const = 0;
   // Replaces the state with `state` (by position), as State() returned it; InvalidArgument,
   // changing nothing, for a name this optimizer does not keep or a missing one. The caller
   // checks the shapes against the parameters.
   virtual absl::Status LoadState(const std::vector<ParameterState>& state) = 0;
+
+ protected:
+  Optimizer(OptimizerConfig config, int64_t job_steps)
+      : config_(std::move(config)),
+        job_steps_(job_steps),
+        lr_(LearningRateAt(config_, 0, job_steps)) {}
+  const OptimizerConfig config_;
+  const int64_t job_steps_;
+  double lr_;
 };
 
-absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config);
+// `job_steps`: the job's steps, the schedule's decay length where it names none.
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config,
+                                                         int64_t job_steps = 0);
 
 }  // namespace pipetrain::weights

@@ -35,6 +35,7 @@ class SingleVersionWeights : public WeightStore {
     std::vector<at::Tensor> grads = GradientsOf(params);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
+      optimizer_->UseLearningRateOf(mini_batch);
       optimizer_->Step(params, grads);
       module_->FinishMiniBatch(mini_batch);
     } else {
@@ -119,6 +120,7 @@ class DoubleBufferedWeights : public WeightStore {
     target.CopyWeightsFrom(*base);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
+      optimizer_->UseLearningRateOf(t);
       optimizer_->Step(target.OwnParameters(), grads);
       target.FinishMiniBatch(t);
     } else {
@@ -245,6 +247,7 @@ class StashedWeights : public WeightStore {
     std::unique_ptr<model::StageModule> next = in_use ? newest->Clone() : std::move(newest);
     last_skipped_ = !AllFinite(grads);
     if (!last_skipped_) {
+      optimizer_->UseLearningRateOf(t);
       optimizer_->Step(next->OwnParameters(), grads);
       next->FinishMiniBatch(t);
     } else {

@@ -45,8 +45,8 @@ class WeightStore {
     return absl::InternalError("this store runs every micro-batch on the version it chooses");
   }
   // Applies mini-batch t's gradient (as the parameters of ModuleFor(t's micro-batches) hold
-  // it: the caller averages it over replicas and sums tied copies first, in place) and folds
-  // its BatchNorm statistics. If any gradient is not finite, the step is
+  // it: the caller averages it over replicas and sums tied copies first, in place) at update
+  // t's learning rate (the optimizer's schedule) and folds its BatchNorm statistics. If any gradient is not finite, the step is
   // skipped instead: the weights, BatchNorm statistics and optimizer state stay as they were
   // (2BW: W(t+1) = W(t)), the gradients are cleared, and last_update_skipped() is true.
   // A non-finite loss makes every gradient upstream of it non-finite, and the replicas'

@@ -334,10 +334,12 @@ void ExpectOneSummarySchema(const std::map<std::string, nlohmann::json>& summari
     EXPECT_EQ(null_keys, nulls.at(launch));
     for (const char* same : {"state", "schedule", "stages", "replicas", "microbatches",
                              "microbatch_size", "steps", "partition", "first_step", "losses",
-                             "first_loss", "final_loss", "skipped_steps"}) {
+                             "learning_rates", "first_loss", "final_loss", "skipped_steps"}) {
       EXPECT_EQ(j[same], first[same]) << same;
     }
     EXPECT_EQ(j["losses"].size(), first["steps"].get<size_t>());
+    // The warm-up's rates: lr (t + 1) / 2.
+    EXPECT_EQ(j["learning_rates"], nlohmann::json::array({0.025, 0.05}));
     for (size_t s = 0; s < j["per_stage"].size(); ++s) {
       EXPECT_EQ(j["per_stage"][s]["layers"], first["partition"][s]);
       EXPECT_EQ(j["per_stage"][s]["parameter_bytes"], first["per_stage"][s]["parameter_bytes"]);

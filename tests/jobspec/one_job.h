@@ -21,7 +21,8 @@ bucket_kib: 64
 microbatches: 3
 microbatch_size: 2
 steps: 2
-optimizer: {name: sgd, lr: 0.05, weight_decay: 0.01, momentum: 0.9, beta1: 0.8, beta2: 0.95, eps: 1.0e-6}
+optimizer: {name: sgd, lr: 0.05, weight_decay: 0.01, momentum: 0.9, beta1: 0.8, beta2: 0.95, eps: 1.0e-6,
+            schedule: {warmup_steps: 2, decay: cosine, decay_steps: 10, min_lr: 0.005}}
 recompute: all
 seed: 11
 dtype: float64
@@ -34,7 +35,8 @@ inline constexpr char kOneJobFlags[] =
     "--dropout 0.125 --data synthetic --seq-len 8 --vocab 16 --branching 3 --num-tokens 4096 "
     "--data-seed 7 --schedule 1f1b --stages 0:2,2:5 --replicas 1 --overlap-allreduce false "
     "--bucket-kib 64 --microbatches 3 --microbatch-size 2 --steps 2 --optimizer sgd --lr 0.05 "
-    "--weight-decay 0.01 --momentum 0.9 --beta1 0.8 --beta2 0.95 --eps 1e-6 --recompute all "
+    "--weight-decay 0.01 --momentum 0.9 --beta1 0.8 --beta2 0.95 --eps 1e-6 --warmup-steps 2 "
+    "--lr-decay cosine --lr-decay-steps 10 --min-lr 0.005 --recompute all "
     "--seed 11 --dtype float64 --threads-per-stage 1 --peer-timeout 30";
 
 }  // namespace pipetrain::test

@@ -119,8 +119,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
-                      AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), start_s));
-  report.first_step = first_step;
+                      AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), first_step,
+                                     start_s));
   return report;
 }
 

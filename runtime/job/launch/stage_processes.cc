@@ -229,8 +229,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     outcomes.push_back(std::move(out));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
-                      AssembleReport(c, plan, std::move(outcomes), tracker->Losses(), start_s));
-  report.first_step = first_step;
+                      AssembleReport(c, plan, std::move(outcomes), tracker->Losses(), first_step,
+                                     start_s));
   return report;
 }
 

@@ -2,6 +2,7 @@
 #include "runtime/job/reference/reference_trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -29,6 +30,28 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::Optimizer
   return std::make_unique<torch::optim::AdamW>(
       params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
                   o.weight_decay));
+}
+
+// LambdaLR's factor for update t, written as a user hands it to torch.optim.lr_scheduler.
+// LambdaLR (docs/design.md section 4.8): linear warm-up, then constant, linear or cosine
+// decay to min_lr over decay_steps (0: the steps after the warm-up).
+double LambdaLrFactor(const JobConfig& c, int64_t t) {
+  const weights::LearningRateSchedule& s = c.optimizer.schedule;
+  if (t < s.warmup_steps) return (t + 1.0) / s.warmup_steps;
+  if (s.decay == weights::LrDecay::kConstant) return 1.0;
+  const double length = s.decay_steps > 0 ? s.decay_steps : c.steps - s.warmup_steps;
+  const double done = length > 0 ? std::min(1.0, (t - s.warmup_steps) / length) : 1.0;
+  const double low = s.min_lr / c.optimizer.lr;
+  const double shape =
+      s.decay == weights::LrDecay::kLinear ? 1.0 - done : (1.0 + std::cos(M_PI * done)) / 2;
+  return low + (1.0 - low) * shape;
+}
+
+// LambdaLR's step: every group of `optimizer` at the base rate times update t's factor.
+void SetLearningRate(torch::optim::Optimizer& optimizer, const JobConfig& c, int64_t t) {
+  for (torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    group.options().set_lr(c.optimizer.lr * LambdaLrFactor(c, t));
+  }
 }
 
 // PipeDream's weight stashing (docs/design.md section 4.3a), without a schedule: stage s keeps its
@@ -143,7 +166,10 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
           members[k].mutable_grad() = at::Tensor();
         }
       }
-      for (Stage& stage : stages) stage.optimizer->step();
+      for (Stage& stage : stages) {
+        SetLearningRate(*stage.optimizer, c, t);
+        stage.optimizer->step();
+      }
       {
         torch::NoGradGuard no_grad;
         for (const std::vector<at::Tensor>& members : ties) {
@@ -250,6 +276,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
           params[tie[k]].mutable_grad() = at::Tensor();
         }
       }
+      SetLearningRate(*optimizer, c, t);
       optimizer->step();
       optimizer->zero_grad();
       {

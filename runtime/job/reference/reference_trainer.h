@@ -15,7 +15,8 @@
 namespace pipetrain::job {
 
 // Trains the same model as one stage, micro-batch by micro-batch (loss scaled by 1/m),
-// with torch::optim::SGD/AdamW; for 2BW with the delayed update
+// with torch::optim::SGD/AdamW, the learning rate of update t set as LambdaLR would (its own
+// factor function, not the runtime's); for 2BW with the delayed update
 // W(t+1) = W(t) - step(grad f(W(t-1))), W(-1) = W(0), and for each weight-version switch at
 // boundary N in `switch_at`, mini-batch N's gradient taken on W(N) (the rule restarts
 // there); for pipedream each stage's gradient taken on the version its forward ran on

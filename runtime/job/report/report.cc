@@ -10,6 +10,7 @@
 #include "runtime/model/model_zoo.h"
 #include "runtime/schedule/compute_lists.h"
 #include "runtime/schedule/simulator.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::job {
 namespace {
@@ -212,7 +213,8 @@ std::vector<double> ProgressTracker::Losses() const {
 
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses, double start_s) {
+                                         std::vector<double> losses, int64_t first_step,
+                                         double start_s) {
   const int p = plan.ranks();
   if (static_cast<int>(stages.size()) != p * c.replicas) {
     return absl::InternalError("AssembleReport needs one outcome per replica and rank");
@@ -233,6 +235,11 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.wall_s = MonotonicSeconds() - start_s;
   report.losses = std::move(losses);
   if (report.losses.empty()) return absl::InternalError("the job finished no step");
+  report.first_step = first_step;
+  for (size_t k = 0; k < report.losses.size(); ++k) {
+    report.learning_rates.push_back(weights::LearningRateAt(
+        c.optimizer, first_step + static_cast<int64_t>(k), c.steps));
+  }
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
   // Each model stage's tensors, from the rank that held it, then in model (layer) order.

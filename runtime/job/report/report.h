@@ -53,6 +53,7 @@ struct JobReport {
   std::string data_summary;
   std::vector<model::LayerRange> partition;
   std::vector<double> losses;  // one per step run, mean over the step's micro-batches
+  std::vector<double> learning_rates;  // the rate each of those steps' updates used
   int64_t first_step = 0;      // of losses[0]: a resumed job's checkpoint step
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
@@ -105,11 +106,14 @@ struct StageOutcome {
 // The report of a finished run from every (replica, rank) outcome, replica-major; per-rank
 // figures and weights are replica 0's (final_parameters in layer order whatever the ranks
 // held). `losses`: every step's loss, the mean over replicas
-// (ProgressTracker::Losses(); the stages keep only their recent steps). `start_s` is when
-// the stages started (MonotonicSeconds).
+// (ProgressTracker::Losses(); the stages keep only their recent steps), the first of them
+// step `first_step` (a resumed run's checkpoint step); the learning rate of each is the
+// schedule's (weights::LearningRateAt, what every optimizer used). `start_s` is when the
+// stages started (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses, double start_s);
+                                         std::vector<double> losses, int64_t first_step,
+                                         double start_s);
 
 // The error of a failed run: the root cause (the first error that is not another stage's
 // abort) and where every stage stopped ("[stopped at: stage 0 RECV_GRAD5, ...]"). OK if

@@ -1,0 +1,123 @@
+// Learning-rate schedules (optimizer.schedule, docs/design.md section 4.7a):
+// - weights::LearningRateAt equals a table worked out by hand (warm-up, then cosine and
+//   linear decay to min_lr, constant), and the run's report holds those rates per step;
+// - float64 parameters equal the reference (<= 1e-10: torch.optim with each group's rate set
+//   by LambdaLR's factor, written apart from the runtime's) under GPipe, 1F1B and 2BW, SGD with
+//   momentum and AdamW, 1 and 2 replicas; negative control: the constant-rate reference
+//   differs;
+// - a job resumed from its checkpoint continues the schedule: bitwise the uninterrupted job;
+// - every invalid field of a schedule is named in one error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/weights/optimizer_config.h"
+#include "tests/pipeline/pipeline_fixture.h"
+
+namespace pipetrain::job::pipeline_test {
+namespace {
+
+using weights::LrDecay;
+
+JobConfig Scheduled(ScheduleKind kind, const char* optimizer, LrDecay decay) {
+  JobConfig c = TinyGpt(kind, 3, 4);
+  c.steps = 8;
+  c.optimizer.name = optimizer;
+  c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.1 : 0.01;
+  c.optimizer.schedule = {/*warmup_steps=*/2, decay, /*decay_steps=*/4,
+                          /*min_lr=*/c.optimizer.lr / 10};
+  return c;
+}
+
+TEST(LearningRateSchedule, TheRatesAreTheFormulasWorkedOutByHand) {
+  weights::OptimizerConfig o;
+  o.lr = 0.1;
+  o.schedule = {2, LrDecay::kCosine, 4, 0.01};
+  // Warm-up 0.05, 0.1; cosine over steps 2..6 from 0.1 to 0.01: 0.01 + 0.09 (1 + cos(pi q))/2.
+  const double cosine[] = {0.05, 0.1, 0.1, 0.01 + 0.09 * (1 + std::sqrt(0.5)) / 2, 0.055,
+                           0.01 + 0.09 * (1 - std::sqrt(0.5)) / 2, 0.01, 0.01};
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_NEAR(weights::LearningRateAt(o, t, 8), cosine[t], 1e-15) << "cosine, step " << t;
+  }
+  o.schedule.decay = LrDecay::kLinear;
+  const double linear[] = {0.05, 0.1, 0.1, 0.0775, 0.055, 0.0325, 0.01, 0.01};
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_NEAR(weights::LearningRateAt(o, t, 8), linear[t], 1e-15) << "linear, step " << t;
+  }
+  // decay_steps 0: the job's steps after the warm-up (here 6: 0.1 at step 2, 0.01 at 8).
+  o.schedule.decay_steps = 0;
+  EXPECT_NEAR(weights::LearningRateAt(o, 5, 8), 0.1 - 0.09 * 3 / 6, 1e-15);
+  o.schedule.decay = LrDecay::kConstant;
+  for (int t : {2, 7, 100}) EXPECT_EQ(weights::LearningRateAt(o, t, 8), 0.1);
+  // No schedule: lr at every step.
+  EXPECT_EQ(weights::LearningRateAt(weights::OptimizerConfig{"sgd", 0.3}, 0, 8), 0.3);
+}
+
+TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
+  for (const ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      for (const LrDecay decay : {LrDecay::kCosine, LrDecay::kLinear}) {
+        for (const int replicas : {1, 2}) {
+          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
+                                    optimizer, " ", std::string(weights::LrDecayName(decay)),
+                                    " replicas ", replicas));
+          JobConfig c = Scheduled(kind, optimizer, decay);
+          c.replicas = replicas;
+          const JobReport report = MustRun(c);
+          const std::vector<at::Tensor> reference = MustReference(c);
+          ASSERT_EQ(report.final_parameters.size(), reference.size());
+          EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
+          ASSERT_EQ(report.learning_rates.size(), 8u);
+          for (int t = 0; t < 8; ++t) {
+            EXPECT_EQ(report.learning_rates[t], weights::LearningRateAt(c.optimizer, t, 8));
+          }
+          // Negative control: at a constant rate the reference is another.
+          JobConfig constant = c;
+          constant.optimizer.schedule = {};
+          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(constant)),
+                    1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
+  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
+    const std::string dir = ::testing::TempDir() + "/lr_schedule_checkpoints";
+    std::filesystem::remove_all(dir);
+    JobConfig c = Scheduled(kind, "adamw", LrDecay::kCosine);
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 3;
+    const JobReport whole = MustRun(c);
+    JobConfig resumed = c;
+    resumed.resume_from = "latest";
+    const JobReport rest = MustRun(resumed);
+    EXPECT_EQ(rest.first_step, 6);
+    EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
+    ASSERT_EQ(rest.learning_rates.size(), 2u);
+    EXPECT_EQ(rest.learning_rates[0], whole.learning_rates[6]);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(LearningRateSchedule, EveryInvalidFieldIsNamedInOneError) {
+  JobConfig c = Scheduled(ScheduleKind::kOneFOneB, "sgd", LrDecay::kCosine);
+  c.optimizer.schedule = {-1, LrDecay::kCosine, -2, 0.5};
+  absl::StatusOr<JobReport> run = RunInProcess(c, {});
+  ASSERT_FALSE(run.ok());
+  const std::string message(run.status().message());
+  for (const char* expected : {"optimizer.schedule.warmup_steps: must be >= 0, got -1",
+                               "optimizer.schedule.decay_steps: must be >= 0, got -2",
+                               "optimizer.schedule.min_lr: must be in [0, optimizer.lr = 0.1], "
+                               "got 0.5"}) {
+    EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::job::pipeline_test
