@@ -36,7 +36,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
     errors.push_back(absl::StrCat("optimizer.schedule.decay_steps must be >= 0, got ",
                                   s.decay_steps));
   }
-  if (!(s.min_lr >= 0 && s.min_lr <= c.lr)) {
+  // Against lr only where lr itself is valid (else that one violation is named, not two).
+  if (!(s.min_lr >= 0) || (c.lr > 0 && s.min_lr > c.lr)) {
     errors.push_back(absl::StrCat("optimizer.schedule.min_lr must be in [0, optimizer.lr = ",
                                   c.lr, "], got ", s.min_lr));
   }
