@@ -40,7 +40,7 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adamw
   double beta2 = 0.999;       // adamw
   double eps = 1e-8;          // adamw
-  LearningRateSchedule schedule;
+  LearningRateSchedule schedule = {};
 };
 
 // lr_t of `config` (LearningRateSchedule's formula) in a job of `job_steps` steps (the decay

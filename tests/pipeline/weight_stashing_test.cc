@@ -109,22 +109,26 @@ TEST(PipeDream, AStopWithFewerMicroBatchesThanStagesEndsItAsAShorterJob) {
 }
 
 // m below p: stage 0 seals a boundary 1 + ceil(p/m) updates ahead (m = 1, 2) or 2 (m = 4).
+// Also under vertical sync.
 TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
   for (const int m : {1, 2, 4}) {
-    SCOPED_TRACE(absl::StrCat("m=", m));
-    const std::string dir = ::testing::TempDir() + "/pipedream_checkpoints";
-    std::filesystem::remove_all(dir);
-    JobConfig c = PipeDreamGpt(3, m, 2, "none");
-    c.steps = 7;
-    c.checkpoint.dir = dir;
-    c.checkpoint.every = 3;  // boundaries 3 and 6
-    const JobReport whole = MustRun(c);
-    JobConfig resumed = c;
-    resumed.resume_from = "latest";
-    const JobReport rest = MustRun(resumed);
-    EXPECT_EQ(rest.first_step, 6);
-    EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
-    std::filesystem::remove_all(dir);
+    for (const bool vertical_sync : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("m=", m, vertical_sync ? " vertical sync" : ""));
+      const std::string dir = ::testing::TempDir() + "/pipedream_checkpoints";
+      std::filesystem::remove_all(dir);
+      JobConfig c = PipeDreamGpt(3, m, 2, "none");
+      c.vertical_sync = vertical_sync;
+      c.steps = 7;
+      c.checkpoint.dir = dir;
+      c.checkpoint.every = 3;  // boundaries 3 and 6
+      const JobReport whole = MustRun(c);
+      JobConfig resumed = c;
+      resumed.resume_from = "latest";
+      const JobReport rest = MustRun(resumed);
+      EXPECT_EQ(rest.first_step, 6);
+      EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
+      std::filesystem::remove_all(dir);
+    }
   }
 }
 
@@ -221,23 +225,6 @@ TEST(PipeDreamVerticalSync, EveryStageRanEachMicroBatchOnTheVersionStageZeroRanI
                 planner::WeightVersions(ScheduleKind::kPipeDream, p, s, m, /*vertical_sync=*/true));
     }
   }
-}
-
-TEST(PipeDreamVerticalSync, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
-  const std::string dir = ::testing::TempDir() + "/vertical_sync_checkpoints";
-  std::filesystem::remove_all(dir);
-  JobConfig c = PipeDreamGpt(3, 2, 2, "none");
-  c.vertical_sync = true;
-  c.steps = 7;
-  c.checkpoint.dir = dir;
-  c.checkpoint.every = 3;
-  const JobReport whole = MustRun(c);
-  JobConfig resumed = c;
-  resumed.resume_from = "latest";
-  const JobReport rest = MustRun(resumed);
-  EXPECT_EQ(rest.first_step, 6);
-  EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
-  std::filesystem::remove_all(dir);
 }
 
 // A store asked for a version it does not hold, or for a second version of one micro-batch,
