@@ -20,9 +20,11 @@ void PrintJobTable(const v1::Job& job) {
               job.spec().name().empty() ? "" : " ", Printable(job.spec().name()).c_str(),
               StateName(job.state()).c_str());
   if (!job.message().empty()) std::printf(" (%s)", Printable(job.message()).c_str());
-  std::printf("\nstep %lld/%d  loss %.4f  %.0f %s/s  %d stages x %d replicas\n",
+  std::printf("\nstep %lld/%d  loss %.4f  lr %.4g%s  %.0f %s/s  %d stages x %d replicas\n",
               static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
-              job.tokens_per_s(), job.data_unit().c_str(), job.stages(), job.replicas());
+              job.learning_rate(), GradNormText(job).c_str(), job.tokens_per_s(),
+              job.data_unit().c_str(), job.stages(), job.replicas());
+  if (job.eval_step() > 0) std::printf("%s\n", EvalText(job).c_str());
   if (job.checkpoint_step() > 0 || job.restarts() > 0 || job.skipped_steps() > 0) {
     std::printf("generation %d  restarts %d/%d  checkpoint before step %lld%s%s  skipped steps %lld\n",
                 job.generation(), job.restarts(), job.spec().max_restarts(),

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "client/job_client.h"
+#include "client/stage_breakdown.h"
 #include "pipetrain/v1/job.pb.h"
 #include "runtime/base/progress_line.h"
 

@@ -21,7 +21,6 @@
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
 #include "runtime/schedule/schedule.h"
-#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::client {
 
@@ -103,8 +102,11 @@ absl::Status WriteSummary(const std::string& path, const std::string& address,
   for (const v1::CommittedStep& step : *steps) {
     if (!step.has_loss()) continue;
     s.losses.push_back(step.loss());
-    s.learning_rates.push_back(
-        weights::LearningRateAt(config->optimizer, step.step(), config->steps));
+    s.learning_rates.push_back(step.learning_rate());
+    if (step.has_grad_norm()) s.grad_norms.push_back(step.grad_norm());
+    if (step.has_eval()) {
+      s.evals.push_back({step.step() + 1, step.eval_loss(), step.eval_accuracy()});
+    }
   }
   s.skipped_steps = job.skipped_steps();
   s.step_time_s = job.step_time_s();

@@ -27,10 +27,23 @@ int64_t StepsDone(const v1::StageStatus& s) { return s.step() + 1; }
 
 }  // namespace
 
+std::string GradNormText(const v1::Job& job) {
+  return job.has_grad_norm() ? absl::StrFormat("  grad norm %.4g", job.grad_norm()) : "";
+}
+
+std::string EvalText(const v1::Job& job) {
+  return job.eval_step() > 0
+             ? absl::StrFormat("held-out loss %.4f accuracy %.4f (before step %d)",
+                               job.eval_loss(), job.eval_accuracy(), job.eval_step())
+             : "";
+}
+
 std::string StageBreakdownTable(const v1::Job& job) {
   std::string out = absl::StrFormat(
-      "job %s: step %d/%d  loss %.4f  %.0f %s/s\n", Printable(job.id()), job.step() + 1, job.steps(),
-      job.loss(), job.tokens_per_s(), job.data_unit().empty() ? "tok" : Printable(job.data_unit()));
+      "job %s: step %d/%d  loss %.4f  lr %.4g%s  %.0f %s/s\n", Printable(job.id()), job.step() + 1,
+      job.steps(), job.loss(), job.learning_rate(), GradNormText(job), job.tokens_per_s(),
+      job.data_unit().empty() ? "tok" : Printable(job.data_unit()));
+  if (job.eval_step() > 0) out += EvalText(job) + "\n";
   // Above the seven breakdown columns, and above the last step's two.
   out += absl::StrFormat("%37s%-70s%s\n", "", "ms per step, mean over the steps done",
                          "last step");
@@ -81,7 +94,16 @@ nlohmann::json StageBreakdownJson(const v1::Job& job) {
                       {"straggler_ratio", s.straggler_ratio()},
                       {"peak_memory_bytes", s.peak_memory_bytes()}});
   }
-  return {{"job_id", job.id()}, {"step", job.step()}, {"stages", stages}};
+  return {{"job_id", job.id()},
+          {"step", job.step()},
+          {"loss", job.loss()},
+          {"learning_rate", job.learning_rate()},
+          {"grad_norm", job.has_grad_norm() ? nlohmann::json(job.grad_norm()) : nullptr},
+          {"eval", job.eval_step() > 0 ? nlohmann::json({{"step", job.eval_step()},
+                                                         {"loss", job.eval_loss()},
+                                                         {"accuracy", job.eval_accuracy()}})
+                                       : nlohmann::json(nullptr)},
+          {"stages", stages}};
 }
 
 }  // namespace pipetrain::client

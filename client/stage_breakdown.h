@@ -19,9 +19,15 @@ namespace pipetrain::client {
 // The straggler ratio from which a stage is marked (deploy/prometheus/alerts.yml's).
 inline constexpr double kStragglerRatio = 1.5;
 
+// "  grad norm 1.234" for a job that clips (Job.has_grad_norm), else "".
+std::string GradNormText(const v1::Job& job);
+// "held-out loss 2.1234 accuracy 0.3125 (before step 40)" for a job that has evaluated, else "".
+std::string EvalText(const v1::Job& job);
 // The table, header line first; "(no step reported yet)" in place of rows before any.
 std::string StageBreakdownTable(const v1::Job& job);
-// The same numbers: {"job_id", "step", "stages": [{"stage", "replica", "worker",
+// The same numbers: {"job_id", "step", "loss", "learning_rate", "grad_norm" (null without
+// clipping), "eval" ({"step", "loss", "accuracy"}, null before an evaluation),
+// "stages": [{"stage", "replica", "worker",
 // "steps", "ms_per_step": {...}, "last_step_s", "last_step_bubble_ratio",
 // "straggler_ratio", "peak_memory_bytes"}]}.
 nlohmann::json StageBreakdownJson(const v1::Job& job);

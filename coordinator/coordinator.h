@@ -248,6 +248,10 @@ class Coordinator {
       int64_t step = -1;  // last step every rank finished
       double tokens_per_s = 0;
       std::optional<double> loss;  // of the last step, from the last stage
+      std::optional<double> learning_rate;  // its update's
+      std::optional<double> grad_norm;      // with clipping: before it
+      // With evaluation: the latest held-out loss and accuracy.
+      std::optional<double> eval_loss, eval_accuracy;
       // Per pipeline stage (replica 0's rank): its compute seconds per step (a moving
       // average over recent steps) over the median stage's; empty before every stage has
       // reported two steps.

@@ -17,6 +17,7 @@
 #include "proto/states.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::coordinator {
 
@@ -213,7 +214,15 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
     j.id = id;
     j.step = e.job.step();
     j.tokens_per_s = e.job.tokens_per_s();
-    if (e.job.step() >= 0) j.loss = e.job.loss();
+    if (e.job.step() >= 0) {
+      j.loss = e.job.loss();
+      j.learning_rate = e.job.learning_rate();
+      if (e.job.has_grad_norm()) j.grad_norm = e.job.grad_norm();
+    }
+    if (e.job.eval_step() > 0) {
+      j.eval_loss = e.job.eval_loss();
+      j.eval_accuracy = e.job.eval_accuracy();
+    }
     const int p = e.job.stages();
     const std::vector<double>& per_step = e.ledger.step_compute_s();
     if (static_cast<int>(per_step.size()) >= p) {
@@ -306,12 +315,22 @@ std::vector<v1::WorkerInfo> Coordinator::Workers() {
 
 absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id,
                                                            int64_t after_step) {
+  weights::OptimizerConfig optimizer;
+  int64_t job_steps = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!jobs_.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    optimizer = it->second.config.optimizer;
+    job_steps = it->second.config.steps;
   }
   (void)FlushWrites();  // what was committed so far
-  return deps_.store->Steps(id, after_step, kStepsPerCall);
+  PT_ASSIGN_OR_RETURN(std::vector<StoredStep> steps,
+                      deps_.store->Steps(id, after_step, kStepsPerCall));
+  for (StoredStep& step : steps) {
+    step.learning_rate = weights::LearningRateAt(optimizer, step.step, job_steps);
+  }
+  return steps;
 }
 
 int Coordinator::CheckpointRunningJobs(absl::Duration limit) {

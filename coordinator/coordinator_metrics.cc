@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,15 +58,36 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
         for (const auto& j : snapshot().running) out.push_back({{j.id}, j.tokens_per_s});
         return out;
       });
-  registry->AddCollector(
-      "pipetrain_job_loss", "Mean loss of a running job's last step (from its last stage).",
-      {"job_id"}, [snapshot] {
-        Samples out;
-        for (const auto& j : snapshot().running) {
-          if (j.loss) out.push_back({{j.id}, *j.loss});
-        }
-        return out;
-      });
+  // A gauge per running job of one of its optional figures (absent: no sample for the job).
+  using RunningJob = Coordinator::MetricsSnapshot::RunningJob;
+  const auto add_job_gauge = [&](const char* name, const char* help,
+                                 std::optional<double> RunningJob::*figure) {
+    registry->AddCollector(name, help, {"job_id"}, [snapshot, figure] {
+      Samples out;
+      for (const auto& j : snapshot().running) {
+        if (j.*figure) out.push_back({{j.id}, *(j.*figure)});
+      }
+      return out;
+    });
+  };
+  add_job_gauge("pipetrain_job_loss",
+                "Mean loss of a running job's last step (from its last stage).",
+                &RunningJob::loss);
+  add_job_gauge("pipetrain_job_learning_rate",
+                "The learning rate a running job's last step's update used (the optimizer's "
+                "schedule).",
+                &RunningJob::learning_rate);
+  add_job_gauge("pipetrain_job_grad_norm",
+                "The 2-norm of a running job's last step's whole gradient before clipping "
+                "(jobs with optimizer.clip_grad_norm).",
+                &RunningJob::grad_norm);
+  add_job_gauge("pipetrain_job_eval_loss",
+                "A running job's latest mean loss on held-out data (jobs with eval.every).",
+                &RunningJob::eval_loss);
+  add_job_gauge("pipetrain_job_eval_accuracy",
+                "A running job's latest accuracy on held-out data: the fraction of targets its "
+                "argmax predicts (jobs with eval.every).",
+                &RunningJob::eval_accuracy);
   registry->AddCollector(
       "pipetrain_job_straggler_ratio",
       "A stage's compute seconds per step (recent average) over the median stage's (1: "

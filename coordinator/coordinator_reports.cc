@@ -17,6 +17,7 @@
 #include "proto/states.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::coordinator {
 
@@ -161,6 +162,26 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
         row.has_loss = true;
         row.loss = *step.loss;
       }
+      e.job.set_learning_rate(
+          weights::LearningRateAt(e.config.optimizer, step.step, e.config.steps));
+      e.job.set_has_grad_norm(step.grad_norm.has_value());
+      if (step.grad_norm) {
+        e.job.set_grad_norm(*step.grad_norm);
+        row.has_grad_norm = true;
+        row.grad_norm = *step.grad_norm;
+      }
+      if (step.eval_loss && step.eval_accuracy) {
+        e.job.set_eval_step(step.step + 1);
+        e.job.set_eval_loss(*step.eval_loss);
+        e.job.set_eval_accuracy(*step.eval_accuracy);
+        row.has_eval = true;
+        row.eval_loss = *step.eval_loss;
+        row.eval_accuracy = *step.eval_accuracy;
+        jobs_.Event(e.job.id(), absl::StrFormat("held-out data before step %d: loss %.4f "
+                                                "accuracy %.4f",
+                                                step.step + 1, *step.eval_loss,
+                                                *step.eval_accuracy));
+      }
       e.unwritten_steps.push_back(row);
     }
     const int64_t done = e.job.step();
@@ -196,9 +217,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     }
     const int64_t every = std::max(1, e.job.steps() / 10);
     if ((done + 1) % every == 0 || done + 1 == e.job.steps()) {
-      jobs_.Event(e.job.id(), absl::StrFormat("step %d/%d loss %.4f %.0f %s/s", done + 1,
-                                        e.job.steps(), e.job.loss(), e.job.tokens_per_s(),
-                                        e.job.data_unit()));
+      jobs_.Event(e.job.id(),
+                  absl::StrCat(absl::StrFormat("step %d/%d loss %.4f lr %.3g", done + 1,
+                                               e.job.steps(), e.job.loss(),
+                                               e.job.learning_rate()),
+                               e.job.has_grad_norm()
+                                   ? absl::StrFormat(" grad norm %.4g", e.job.grad_norm())
+                                   : std::string(),
+                               absl::StrFormat(" %.0f %s/s", e.job.tokens_per_s(),
+                                               e.job.data_unit())));
     }
   }
   jobs_.Changed(e, /*progress_only=*/true);

@@ -70,7 +70,8 @@ class SqliteJobStore : public JobStore {
 
 // Marks a database as a pipetrain job store ("PTJS"), and its schema's version.
 constexpr int64_t kApplicationId = 0x50544a53;
-constexpr int64_t kSchemaVersion = 2;  // 2: the steps table
+// 2: the steps table; 3: its grad_norm, eval_loss and eval_accuracy columns.
+constexpr int64_t kSchemaVersion = 3;
 
 struct Table {
   const char* name;
@@ -89,10 +90,11 @@ const Table kTables[] = {
      {"name TEXT 0 1", "value INTEGER 1 0"}},
     {"steps",
      "CREATE TABLE steps (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
-     "generation INTEGER NOT NULL, loss REAL, unix_ms INTEGER NOT NULL, "
-     "PRIMARY KEY (job_id, step))",
+     "generation INTEGER NOT NULL, loss REAL, unix_ms INTEGER NOT NULL, grad_norm REAL, "
+     "eval_loss REAL, eval_accuracy REAL, PRIMARY KEY (job_id, step))",
      {"job_id TEXT 1 1", "step INTEGER 1 2", "generation INTEGER 1 0", "loss REAL 0 0",
-      "unix_ms INTEGER 1 0"}},
+      "unix_ms INTEGER 1 0", "grad_norm REAL 0 0", "eval_loss REAL 0 0",
+      "eval_accuracy REAL 0 0"}},
 };
 
 // Takes `<path>.lock` (flock, released when the process ends however it ends) and writes
@@ -158,6 +160,18 @@ absl::Status CheckOrCreateSchema(SqliteJobStore& store, const std::string& path)
     if (ours) PT_RETURN_IF_ERROR(store.Exec(kSetIds.c_str()));
     PT_RETURN_IF_ERROR(store.Exec("COMMIT"));
     if (ours) version = absl::StrCat(kSchemaVersion);
+  }
+  // Version 2 had no grad_norm, eval_loss and eval_accuracy columns: they are added (NULL in
+  // the rows before), nothing else changes.
+  if (ours && version == "2") {
+    PT_RETURN_IF_ERROR(store.Exec("BEGIN IMMEDIATE"));
+    for (const char* column : {"grad_norm", "eval_loss", "eval_accuracy"}) {
+      PT_RETURN_IF_ERROR(store.Exec(absl::StrCat("ALTER TABLE steps ADD COLUMN ", column,
+                                                 " REAL").c_str()));
+    }
+    PT_RETURN_IF_ERROR(store.Exec(kSetIds.c_str()));
+    PT_RETURN_IF_ERROR(store.Exec("COMMIT"));
+    version = absl::StrCat(kSchemaVersion);
   }
   if (ours && version != absl::StrCat(kSchemaVersion)) {
     return absl::FailedPreconditionError(
@@ -304,8 +318,8 @@ absl::Status SqliteJobStore::PutSteps(const std::string& job_id,
     return s;
   };
   Statement st(db_,
-               "INSERT OR REPLACE INTO steps (job_id, step, generation, loss, unix_ms) "
-               "VALUES (?1, ?2, ?3, ?4, ?5)");
+               "INSERT OR REPLACE INTO steps (job_id, step, generation, loss, unix_ms, "
+               "grad_norm, eval_loss, eval_accuracy) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
   if (!st.ok()) return rollback(Error(db_, "preparing a step write"));
   for (const StoredStep& s : steps) {
     sqlite3_reset(st.get());
@@ -318,6 +332,16 @@ absl::Status SqliteJobStore::PutSteps(const std::string& job_id,
       sqlite3_bind_null(st.get(), 4);
     }
     st.Bind(5, s.unix_ms);
+    const auto bind_optional = [&](int i, bool has, double v) {
+      if (has) {
+        sqlite3_bind_double(st.get(), i, v);
+      } else {
+        sqlite3_bind_null(st.get(), i);
+      }
+    };
+    bind_optional(6, s.has_grad_norm, s.grad_norm);
+    bind_optional(7, s.has_eval, s.eval_loss);
+    bind_optional(8, s.has_eval, s.eval_accuracy);
     if (sqlite3_step(st.get()) != SQLITE_DONE) {
       return rollback(Error(db_, absl::StrCat("writing step ", s.step, " of ", job_id)));
     }
@@ -332,8 +356,8 @@ absl::StatusOr<std::vector<StoredStep>> SqliteJobStore::Steps(const std::string&
                                                              int64_t after_step, int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
-               "SELECT step, generation, loss, unix_ms FROM steps WHERE job_id = ?1 AND step > ?2 "
-               "ORDER BY step LIMIT ?3");
+               "SELECT step, generation, loss, unix_ms, grad_norm, eval_loss, eval_accuracy "
+               "FROM steps WHERE job_id = ?1 AND step > ?2 ORDER BY step LIMIT ?3");
   if (!st.ok()) return Error(db_, "preparing the step list");
   st.Bind(1, job_id);
   st.Bind(2, after_step);
@@ -347,6 +371,13 @@ absl::StatusOr<std::vector<StoredStep>> SqliteJobStore::Steps(const std::string&
     s.has_loss = sqlite3_column_type(st.get(), 2) != SQLITE_NULL;
     if (s.has_loss) s.loss = sqlite3_column_double(st.get(), 2);
     s.unix_ms = sqlite3_column_int64(st.get(), 3);
+    s.has_grad_norm = sqlite3_column_type(st.get(), 4) != SQLITE_NULL;
+    if (s.has_grad_norm) s.grad_norm = sqlite3_column_double(st.get(), 4);
+    s.has_eval = sqlite3_column_type(st.get(), 5) != SQLITE_NULL;
+    if (s.has_eval) {
+      s.eval_loss = sqlite3_column_double(st.get(), 5);
+      s.eval_accuracy = sqlite3_column_double(st.get(), 6);
+    }
     steps.push_back(s);
   }
   if (rc != SQLITE_DONE) return Error(db_, "reading steps");

@@ -25,6 +25,13 @@ struct StoredStep {
   bool has_loss = false;
   double loss = 0;
   int64_t unix_ms = 0;
+  bool has_grad_norm = false;  // with clipping: the gradient norm before it
+  double grad_norm = 0;
+  bool has_eval = false;  // with evaluation: the held-out loss and accuracy right after it
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+  // Not stored: the optimizer's schedule at `step` (Coordinator::Steps fills it in).
+  double learning_rate = 0;
 };
 
 struct StoredEvent {

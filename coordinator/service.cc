@@ -132,6 +132,12 @@ class JobServiceImpl final : public v1::JobService::Service {
       step->set_has_loss(stored.has_loss);
       step->set_loss(stored.loss);
       step->set_unix_ms(stored.unix_ms);
+      step->set_learning_rate(stored.learning_rate);
+      step->set_has_grad_norm(stored.has_grad_norm);
+      step->set_grad_norm(stored.grad_norm);
+      step->set_has_eval(stored.has_eval);
+      step->set_eval_loss(stored.eval_loss);
+      step->set_eval_accuracy(stored.eval_accuracy);
     }
     return grpc::Status::OK;
   }

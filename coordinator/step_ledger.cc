@@ -71,6 +71,8 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
         step_compute_s_.begin() + out.replica_first_rank + stages_));
   }
   if (r.has_loss()) losses_[r.step()].push_back(r.loss());
+  if (rank == 0 && r.has_grad_norm()) grad_norms_[r.step()] = r.grad_norm();
+  if (r.has_eval()) evals_[r.step()].push_back({r.eval_loss(), r.eval_accuracy()});
   if (rank == 0) {
     // Throughput from this generation's first step on (its worker's clock).
     if (first_end_s_ < 0) {
@@ -96,6 +98,20 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
                   losses->second.size();
     }
     if (losses != losses_.end()) losses_.erase(losses);
+    if (auto norm = grad_norms_.find(t); norm != grad_norms_.end()) {
+      step.grad_norm = norm->second;
+      grad_norms_.erase(norm);
+    }
+    if (auto evals = evals_.find(t); evals != evals_.end()) {
+      double loss = 0, accuracy = 0;
+      for (const auto& [l, a] : evals->second) {
+        loss += l;
+        accuracy += a;
+      }
+      step.eval_loss = loss / static_cast<double>(evals->second.size());
+      step.eval_accuracy = accuracy / static_cast<double>(evals->second.size());
+      evals_.erase(evals);
+    }
     out.committed.push_back(step);
   }
   committed_ = std::max(committed_, done);

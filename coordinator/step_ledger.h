@@ -48,6 +48,10 @@ class StepLedger {
   struct CommittedStep {
     int64_t step = 0;
     std::optional<double> loss;  // mean of the replicas' losses, when any reported one
+    std::optional<double> grad_norm;  // with clipping: rank 0's (every rank's is the same)
+    // With evaluation: the mean over the replicas' last stages of their held-out loss and
+    // accuracy right after the step.
+    std::optional<double> eval_loss, eval_accuracy;
   };
   struct Recorded {
     std::vector<CommittedStep> committed;  // steps every rank has now finished, in order
@@ -79,6 +83,9 @@ class StepLedger {
   std::vector<double> compute_s_;       // each rank's compute_s total at its last report
   std::vector<double> step_compute_s_;  // each rank's compute seconds per step (EMA)
   std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed
+  std::map<int64_t, double> grad_norms_;           // rank 0's gradient norms, likewise
+  // The replicas' evaluations (loss, accuracy) per step, likewise.
+  std::map<int64_t, std::vector<std::pair<double, double>>> evals_;
   double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
   int64_t first_report_step_ = 0;
   double last_end_s_ = -1;  // rank 0's end_s of its last reported step

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/base/errors.h"
+#include "runtime/model/parameter_kind.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::jobspec {
@@ -48,6 +49,11 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   Copy(d.has_num_samples(), d.num_samples(), &c.data.num_samples);
   Copy(d.has_seed(), d.seed(), &c.data.seed);
 
+  const v1::EvalSpec& e = s.eval();
+  Copy(e.has_every(), e.every(), &c.eval.every);
+  Copy(e.has_batches(), e.batches(), &c.eval.batches);
+  Copy(e.has_split(), e.split(), &c.eval.split);
+
   const v1::OptimizerSpec& o = s.optimizer();
   Copy(o.has_name(), o.name(), &c.optimizer.name);
   Copy(o.has_lr(), o.lr(), &c.optimizer.lr);
@@ -56,6 +62,15 @@ absl::StatusOr<job::JobConfig> JobConfigFromSpec(const v1::JobSpec& s) {
   Copy(o.has_beta1(), o.beta1(), &c.optimizer.beta1);
   Copy(o.has_beta2(), o.beta2(), &c.optimizer.beta2);
   Copy(o.has_eps(), o.eps(), &c.optimizer.eps);
+  Copy(o.has_clip_grad_norm(), o.clip_grad_norm(), &c.optimizer.clip_grad_norm);
+  for (const std::string& name : o.no_decay()) {
+    absl::StatusOr<model::ParameterKind> kind = model::ParseParameterKind(name);
+    if (kind.ok()) {
+      c.optimizer.no_decay |= model::KindBit(*kind);
+    } else {
+      errors.push_back(absl::StrCat("optimizer.no_decay: ", kind.status().message()));
+    }
+  }
   const v1::LrScheduleSpec& lr = o.schedule();
   Copy(lr.has_warmup_steps(), lr.warmup_steps(), &c.optimizer.schedule.warmup_steps);
   if (lr.has_decay()) {

@@ -37,6 +37,11 @@ std::string RunSummaryJson(const RunSummary& s) {
   j["first_step"] = s.first_step;
   j["losses"] = s.losses;
   j["learning_rates"] = s.learning_rates;
+  j["grad_norms"] = s.grad_norms;
+  j["evals"] = nlohmann::json::array();
+  for (const RunSummary::Eval& e : s.evals) {
+    j["evals"].push_back({{"step", e.step}, {"loss", e.loss}, {"accuracy", e.accuracy}});
+  }
   j["first_loss"] = s.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.losses.front());
   j["final_loss"] = s.losses.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.losses.back());
   j["skipped_steps"] = s.skipped_steps;

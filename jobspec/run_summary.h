@@ -52,6 +52,17 @@ struct RunSummary {
   int64_t first_step = 0;      // of losses[0]: a resumed run's checkpoint step
   std::vector<double> losses;  // every step's loss (the mean over the replicas), in order
   std::vector<double> learning_rates;  // every step's learning rate, one per loss
+  // With clipping (optimizer.clip_grad_norm): every step's gradient norm before it, one per
+  // loss; empty without.
+  std::vector<double> grad_norms;
+  // With eval.every: every evaluation on held-out data, before step `step` (on the weights
+  // after `step` updates), the mean over the replicas.
+  struct Eval {
+    int64_t step = 0;
+    double loss = 0;
+    double accuracy = 0;
+  };
+  std::vector<Eval> evals;
   int64_t skipped_steps = 0;   // updates skipped for a non-finite loss or gradient
   std::optional<double> data_entropy;
   double step_time_s = 0;  // median of rank 0's step-to-step times, its first step left out

@@ -88,6 +88,8 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
   s.first_step = r.first_step;
   s.losses = r.losses;
   s.learning_rates = r.learning_rates;
+  s.grad_norms = r.grad_norms;
+  for (const job::EvalPoint& e : r.evals) s.evals.push_back({e.step, e.loss, e.accuracy});
   // Every rank skips the same steps.
   s.skipped_steps = r.stage_stats.empty() ? 0 : r.stage_stats[0].skipped_steps;
   s.data_entropy = r.data_entropy;
@@ -141,6 +143,11 @@ void PrintSummary(const job::JobReport& r) {
     const double gap = r.losses.front() - *r.data_entropy;
     std::printf("   (entropy %.4f: %.1f%% of the gap closed)", *r.data_entropy,
                 gap > 0 ? 100.0 * (r.losses.front() - r.losses.back()) / gap : 0.0);
+  }
+  if (!r.evals.empty()) {
+    const job::EvalPoint& e = r.evals.back();
+    std::printf("\nheld-out loss %.4f, accuracy %.4f (before step %lld; %zu evaluations)",
+                e.loss, e.accuracy, static_cast<long long>(e.step), r.evals.size());
   }
   const bool tokens = r.token_data;
   std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",

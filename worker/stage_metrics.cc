@@ -205,6 +205,18 @@ void StageMetrics::OnStep(const executor::StepRecord& step) {
   previous_compute_s_ = step.compute_s;
   last_step_time_->Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   if (loss_ != nullptr && step.mean_loss) loss_->Set(*step.mean_loss);
+  if (step.grad_norm) {
+    if (grad_norm_ == nullptr) {
+      grad_norm_ = &registry_->GetGauge(
+          "pipetrain_stage_grad_norm",
+          "The 2-norm of the whole model's gradient of this rank's last step, before clipping "
+          "(jobs with optimizer.clip_grad_norm; the same on every rank).",
+          kRankLabels,
+          {labels_.job_id, std::to_string(labels_.stage), std::to_string(labels_.replica),
+           labels_.worker});
+    }
+    grad_norm_->Set(*step.grad_norm);
+  }
 }
 
 v1::StageBreakdown ToBreakdown(const StageTimes& times) {

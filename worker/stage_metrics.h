@@ -74,6 +74,7 @@ class StageMetrics {
       *received_gradient_;
   metrics::Histogram* step_duration_;
   metrics::Gauge *bubble_, *last_step_time_, *loss_ = nullptr;
+  metrics::Gauge* grad_norm_ = nullptr;  // made at the first step with a norm (clipping)
   // The stage's thread only: the previous step's end and totals.
   double previous_end_s_ = -1, previous_compute_s_ = 0;
   StageTimes times_;

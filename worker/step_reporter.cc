@@ -29,6 +29,15 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
     report.set_has_loss(true);
     report.set_loss(*step.mean_loss);
   }
+  if (step.grad_norm) {
+    report.set_has_grad_norm(true);
+    report.set_grad_norm(*step.grad_norm);
+  }
+  if (step.eval) {
+    report.set_has_eval(true);
+    report.set_eval_loss(step.eval->loss);
+    report.set_eval_accuracy(step.eval->accuracy);
+  }
   report.set_end_s(step.end_s);
   report.set_skipped(step.skipped);
   report.set_compute_s(step.compute_s);

@@ -1,6 +1,6 @@
 // StageExecutor's gradients across ranks (stage_executor.h): the replicas' AllReduce (at the
 // update, started after a model stage's last B or W, or Hippie's buckets during stage 0's
-// final backward) and the sum of tied parameters' copies.
+// final backward), the sum of tied parameters' copies, and clipping by the pipeline's norm.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/clock.h"
@@ -82,6 +84,55 @@ absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
     grads[own].copy_(sum);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> StageExecutor::ClipGradients(int64_t t, ActionRecord& record) {
+  std::vector<std::vector<at::Tensor>> grads;
+  double mine = 0;  // this rank's part: its gradients' sum of squares
+  for (Chunk& chunk : chunks_) {
+    PT_ASSIGN_OR_RETURN(grads.emplace_back(), chunk.weights->Gradients(t));
+    const std::vector<at::Tensor>& g = grads.back();
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (uncounted_copies_.count({chunk.stage, static_cast<int>(i)})) continue;
+      const double n = g[i].norm().item<double>();
+      mine += n * n;
+    }
+  }
+  // Every part to every other rank of the pipeline (sends never block), then theirs; summed
+  // in rank order, so every rank has the same norm to the bit.
+  std::vector<double> parts(static_cast<size_t>(config_.num_stages), 0.0);
+  parts[static_cast<size_t>(config_.stage)] = mine;
+  if (config_.num_stages > 1) {
+    const at::Tensor sent =
+        at::full({1}, mine, at::TensorOptions().dtype(at::kDouble).device(device_));
+    const transport::TensorSpec spec = transport::SpecOf(sent);
+    for (int r = 0; r < config_.num_stages; ++r) {
+      if (r != config_.stage) {
+        PT_RETURN_IF_ERROR(transport_->Send(r, MessageKind::kGradientNorm, t, sent));
+      }
+    }
+    for (int r = 0; r < config_.num_stages; ++r) {
+      if (r == config_.stage) continue;
+      PT_ASSIGN_OR_RETURN(at::Tensor part,
+                          Receive(r, MessageKind::kGradientNorm, t, t, spec, record));
+      parts[static_cast<size_t>(r)] = part.item<double>();
+    }
+  }
+  double squares = 0;
+  for (double part : parts) squares += part;
+  const double norm = std::sqrt(squares);
+  // clip_grad_norm_'s coefficient; a non-finite norm poisons every gradient instead, so that
+  // every stage of every replica skips this step alike (WeightStore::Update).
+  const double scale = std::isfinite(norm)
+                           ? std::min(1.0, config_.clip_grad_norm / (norm + 1e-6))
+                           : std::numeric_limits<double>::quiet_NaN();
+  if (scale != 1.0) {
+    at::NoGradGuard no_grad;
+    for (std::vector<at::Tensor>& g : grads) {
+      for (at::Tensor& tensor : g) tensor.mul_(scale);
+    }
+  }
+  return norm;
 }
 
 void StageExecutor::FoldSharedGradients() {

@@ -43,6 +43,13 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
   for (const Chunk& chunk : chunks_) {
     shares_parameters_ = shares_parameters_ || chunk.weights->Newest().shares_parameters();
   }
+  for (const TiedParameter& tie : config_.tied) {
+    for (size_t k = 1; k < tie.copies.size(); ++k) {
+      if (tie.copies[k].rank == config_.stage) {
+        uncounted_copies_.insert({tie.copies[k].stage, tie.copies[k].parameter});
+      }
+    }
+  }
 }
 
 StageActivity StageExecutor::Activity() const {
@@ -286,6 +293,9 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   FoldSharedGradients();
   for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(ReduceGradients(chunk, j));
   PT_RETURN_IF_ERROR(SumTiedGradients(j, record));
+  if (config_.clip_grad_norm > 0) {
+    PT_ASSIGN_OR_RETURN(step.grad_norm, ClipGradients(j, record));
+  }
   for (Chunk& chunk : chunks_) {
     PT_RETURN_IF_ERROR(chunk.weights->Update(j));
     step.skipped = step.skipped || chunk.weights->last_update_skipped();
@@ -315,6 +325,9 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   }
   if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
     step.commands_after = c->second;
+  }
+  if (config_.eval_every > 0 && (j + 1) % config_.eval_every == 0) {
+    PT_ASSIGN_OR_RETURN(step.eval, Evaluate(j + 1, record));
   }
   // Boundaries up to j + 1 have been passed on (SEND_ACT precedes this STEP).
   boundary_commands_.erase(boundary_commands_.begin(), boundary_commands_.upper_bound(j + 1));

@@ -19,6 +19,23 @@
 // those of the global mini-batch mean.
 // Tied weights (StageConfig::tied): before every update, after the replicas' averaging, the
 // copies' gradients are summed on the ranks holding them (any two ranks may exchange them).
+// Gradient clipping (StageConfig::clip_grad_norm): then every rank of the pipeline sends the
+// sum of squares of its part of the gradient (a tie group counted on its first copy's rank
+// only) to every other, each sums the p parts in rank order (the same norm on every rank,
+// bitwise) and scales its gradient by min(1, C / (norm + 1e-6)), as
+// torch.nn.utils.clip_grad_norm_ does for the whole model. A non-finite norm makes every
+// rank skip the step (the non-finite-step rule). Under schedules without flushes (2BW,
+// PipeDream) the exchange makes every stage's update wait for stage 0's, the last to finish
+// the step's backward.
+// Evaluation (StageConfig::eval_every): at every boundary N that is a multiple of it, right
+// after its update of mini-batch N − 1, every rank runs the evaluated micro-batches
+// 0 .. eval_batches − 1 forward only (no autograd, nothing stashed, no version kept) through
+// its model stages in model order, each on its newest weights W(N) in evaluation mode (no
+// dropout; BatchNorm on its running statistics), receiving and sending their activations as
+// kEvalActivation messages; the last model stage reports their mean loss and accuracy. No
+// drain is needed: a rank's evaluation waits only on what other ranks do before their own
+// update of mini-batch N − 1, and it changes no weight, statistic, random stream or message
+// of training.
 // Messages between two ranks that exchange several stages' tensors are told apart by their
 // index: micro-batch j across the boundary after model stage s travels as j·v + ⌊s/p⌋ (v
 // chunks a rank; just j with one).
@@ -39,7 +56,8 @@
 // that learns of commands rebuilds the rest of its action list from `schedule` (drain before
 // the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
 // Defined in stage_executor.cc (the actions), gradient_averaging.cc (the replicas' AllReduce,
-// tied copies' sums) and step_boundaries.cc (sealing and applying step commands).
+// tied copies' sums, clipping), step_boundaries.cc (sealing and applying step commands) and
+// evaluation.cc.
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 
@@ -130,12 +148,22 @@ struct StageConfig {
   // A checkpoint at every boundary N that is a multiple of this (0: none), as if the command
   // had been scheduled there (every stage sees the same boundaries).
   int64_t checkpoint_every = 0;
+  // The pipeline's gradient is clipped to this 2-norm before each update (0: not clipped).
+  double clip_grad_norm = 0;
+  // Evaluate at every boundary that is a multiple of this (0: never), this many micro-batches
+  // (keyed 0 .. eval_batches − 1) from eval_inputs and eval_targets.
+  int64_t eval_every = 0;
+  int eval_batches = 1;
   // Steps with a non-finite loss or gradient are skipped (WeightStore::Update); this many in
   // a row fail the stage.
   int nonfinite_limit = 3;
   absl::Duration recv_timeout = absl::Seconds(120);
   MicroBatchTensorSource inputs;   // required on the rank of model stage 0
   MicroBatchTensorSource targets;  // required on the rank of the last model stage
+  // The evaluated micro-batches' inputs (rank of model stage 0) and targets (last), by their
+  // number k; required where eval_every > 0.
+  MicroBatchTensorSource eval_inputs;
+  MicroBatchTensorSource eval_targets;
   // What crosses each boundary of the model's stages: boundaries[s] is what model stage s
   // receives (boundaries[0] the data), boundaries[S] the last stage's output (S = p x v
   // stages). A received activation or gradient must have that shape and dtype.
@@ -159,6 +187,13 @@ struct AllReduceRecord {
   double end_s = 0;
 };
 
+// An evaluation's result, on the rank of the last model stage: over its micro-batches, the
+// mean cross-entropy and the fraction of targets the output's argmax predicts.
+struct EvalRecord {
+  double loss = 0;
+  double accuracy = 0;
+};
+
 struct StepRecord {
   int64_t step = 0;
   double end_s = 0;                 // when STEP<t> finished on this stage
@@ -176,6 +211,12 @@ struct StepRecord {
   uint32_t commands_after = 0;
   // Its gradients were not finite: the update was skipped (weights and optimizer unchanged).
   bool skipped = false;
+  // With clipping (StageConfig::clip_grad_norm): the 2-norm of the whole model's gradient
+  // before clipping, the same on every rank; absent without clipping.
+  std::optional<double> grad_norm;
+  // The evaluation at the boundary right after this step (on W(step + 1)), on the rank of
+  // the last model stage; absent elsewhere and at other boundaries.
+  std::optional<EvalRecord> eval;
 };
 
 // What a stage is doing now, for heartbeats and hang diagnosis.
@@ -274,6 +315,13 @@ class StageExecutor {
   // Then the gradients of tied copies (StageConfig::tied) this rank holds summed with the
   // other copies', exchanged with the ranks holding them.
   absl::Status SumTiedGradients(int64_t t, ActionRecord& record);
+  // Then the 2-norm of the pipeline's whole gradient of mini-batch t (the ranks exchanging
+  // their parts), and every chunk's gradient scaled by min(1, C / (norm + 1e-6)); filled with
+  // NaN where the norm is not finite, so that every rank's update skips the step.
+  absl::StatusOr<double> ClipGradients(int64_t t, ActionRecord& record);
+  // The evaluation at boundary n (the file comment): its result on the rank of the last model
+  // stage, nullopt on the others.
+  absl::StatusOr<std::optional<EvalRecord>> Evaluate(int64_t n, ActionRecord& record);
   // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
   absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
                                              const std::function<void()>& backward);
@@ -325,6 +373,9 @@ class StageExecutor {
   // not average bucket by bucket during its backward.
   bool shares_parameters_ = false;
 
+  // (model stage, index in its OwnParameters()) of the tied copies on this rank that the
+  // gradient's norm does not count (every copy but a group's first).
+  std::set<std::pair<int, int>> uncounted_copies_;
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
   int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)

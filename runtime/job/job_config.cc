@@ -213,6 +213,25 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
         " sends between ranks that are not neighbours, which the NCCL transport does not link: "
         "on device cuda use gpipe, 1f1b or 2bw"));
   }
+  // (its range is job_limits.cc's)
+  if (c.eval.every > 0 && c.eval.split == 0) {
+    errors.push_back("eval.split: must be > 0 when eval.every is set (the samples evaluated "
+                     "are held out of training)");
+  }
+  if (c.device == "cuda" && c.eval.every > 0 && c.stages > 1 &&
+      (c.schedule == schedule::ScheduleKind::kTwoBW ||
+       c.schedule == schedule::ScheduleKind::kPipeDream)) {
+    errors.push_back(absl::StrCat(
+        "eval.every: under ", std::string(schedule::ScheduleKindName(c.schedule)),
+        " a stage sends the next step's activations before its evaluation's, an order the "
+        "NCCL transport's one link a direction cannot deliver out of: on device cuda evaluate "
+        "under gpipe or 1f1b"));
+  }
+  if (c.device == "cuda" && c.optimizer.clip_grad_norm > 0 && c.stages > 1) {
+    errors.push_back("optimizer.clip_grad_norm: every rank's part of the norm goes to every "
+                     "other rank, which the NCCL transport does not link: on device cuda only "
+                     "with one stage");
+  }
   if (c.device == "cuda" && (c.model.tie_embeddings || !c.model.tie.empty()) && c.stages > 1) {
     errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "
                      "last rank, which the NCCL transport does not link: on device cuda only "
@@ -342,6 +361,13 @@ std::string JobConfigToJson(const JobConfig& c) {
   o["beta1"] = c.optimizer.beta1;
   o["beta2"] = c.optimizer.beta2;
   o["eps"] = c.optimizer.eps;
+  o["clip_grad_norm"] = c.optimizer.clip_grad_norm;
+  o["no_decay"] = nlohmann::ordered_json::array();
+  for (model::ParameterKind kind : model::kAllParameterKinds) {
+    if (c.optimizer.no_decay & model::KindBit(kind)) {
+      o["no_decay"].push_back(std::string(model::ParameterKindName(kind)));
+    }
+  }
   auto& lr = o["schedule"];
   lr["warmup_steps"] = c.optimizer.schedule.warmup_steps;
   lr["decay"] = std::string(weights::LrDecayName(c.optimizer.schedule.decay));
@@ -354,6 +380,10 @@ std::string JobConfigToJson(const JobConfig& c) {
   j["threads_per_stage"] = c.threads_per_stage;
   j["timeout_s"] = c.recv_timeout_s;
   j["weights_dir"] = c.weights_dir;
+  auto& e = j["eval"];
+  e["every"] = c.eval.every;
+  e["batches"] = c.eval.batches;
+  e["split"] = c.eval.split;
   auto& k = j["checkpoint"];
   k["dir"] = c.checkpoint.dir;
   k["every"] = c.checkpoint.every;

@@ -100,6 +100,17 @@ struct JobConfig {
   // "" | "latest" (checkpoint.dir's newest complete checkpoint) | a directory: the job runs
   // from the checkpoint's step on its weights and optimizer state.
   std::string resume_from;
+  // Evaluation on held-out data (docs/design.md section 4.7d): the last `split` of the
+  // dataset's samples (at least one) are held out of training whenever split > 0; at every
+  // boundary N that is a multiple of `every` (N <= steps), each replica runs `batches`
+  // forward-only micro-batches of them (microbatch_size rows each, its own share) through
+  // the pipeline on W(N), the weights after N updates, and their mean loss and accuracy are
+  // reported. Training is the same, bit for bit, with and without it.
+  struct Eval {
+    int64_t every = 0;  // 0: none
+    int batches = 1;    // micro-batches each replica evaluates
+    double split = 0;   // the fraction of the samples held out (0: none)
+  } eval;
   // Worker daemons: how often the coordinator restarts the job after a fault (a worker lost,
   // a rank failed) from its latest checkpoint on the workers that remain, before it fails.
   int max_restarts = 0;

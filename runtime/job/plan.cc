@@ -1,6 +1,7 @@
 #include "runtime/job/plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <torch/torch.h>
 
@@ -135,7 +136,8 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
     script_layers = *std::move(loaded);
     const std::vector<double> counts = model::ParameterCounts(script_layers);
     for (size_t i = 0; i < script_layers.size(); ++i) {
-      plan.layers.push_back({script_layers[i]->name(), static_cast<int64_t>(counts[i])});
+      plan.layers.push_back({script_layers[i]->name(), static_cast<int64_t>(counts[i]),
+                             script_layers[i]->ParameterKindsOf()});
     }
   } else {
     PT_ASSIGN_OR_RETURN(plan.layers, model::BuiltinLayers(plan.model_config));
@@ -187,8 +189,24 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
       }
       break;
   }
+  plan.train_samples = plan.dataset->num_samples();
+  plan.eval_batches = c.eval.batches;
+  plan.micro_batch_size = c.micro_batch_size;
+  if (c.eval.split > 0) {
+    const int64_t n = plan.dataset->num_samples();
+    const int64_t gap = plan.dataset->is_token_data() ? 1 : 0;
+    plan.held_out.count =
+        std::max<int64_t>(1, static_cast<int64_t>(std::floor(c.eval.split * n)));
+    plan.held_out.begin = n - plan.held_out.count;
+    plan.train_samples = plan.held_out.begin - gap;
+    if (plan.train_samples < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "eval.split: holding out ", plan.held_out.count, " of the data's ", n,
+          " samples leaves none to train on"));
+    }
+  }
   plan.sampler = std::make_unique<data::BatchSampler>(
-      plan.dataset->num_samples(), c.seed, c.replicas, c.micro_batches, c.micro_batch_size);
+      plan.train_samples, c.seed, c.replicas, c.micro_batches, c.micro_batch_size);
   plan.boundary.assign(plan.stages() + 1, {});
   at::Tensor first_input = MicroBatchReader(plan, c.micro_batches).Inputs(0);
   plan.boundary[0] = transport::SpecOf(first_input);
@@ -205,8 +223,25 @@ data::MicroBatch MicroBatchReader::Read(int64_t j) const {
                                                       static_cast<int>(j % micro_batches_)));
 }
 
-at::Tensor MicroBatchReader::Inputs(int64_t j) const {
-  data::MicroBatch mb = Read(j);
+data::MicroBatch MicroBatchReader::ReadEval(int64_t k) const {
+  const JobPlan::HeldOut& held = plan_.held_out;
+  const int64_t b = plan_.micro_batch_size;
+  const int64_t first = (int64_t{replica_} * plan_.eval_batches + k) * b;
+  std::vector<int64_t> ids;
+  for (int64_t row = 0; row < b; ++row) ids.push_back(held.begin + (first + row) % held.count);
+  return plan_.dataset->Read(ids);
+}
+
+at::Tensor MicroBatchReader::EvalInputs(int64_t k) const { return InputsOf(ReadEval(k)); }
+
+at::Tensor MicroBatchReader::EvalTargets(int64_t k) const {
+  data::MicroBatch mb = ReadEval(k);
+  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
+}
+
+at::Tensor MicroBatchReader::Inputs(int64_t j) const { return InputsOf(Read(j)); }
+
+at::Tensor MicroBatchReader::InputsOf(const data::MicroBatch& mb) const {
   if (!mb.input_tokens.empty()) {
     return torch::tensor(mb.input_tokens, torch::kLong).reshape(mb.input_shape);
   }
@@ -268,8 +303,9 @@ int ModuleHolding(const std::vector<int>& stages, const JobPlan& plan, int layer
 }
 
 // Each tie group's members on this rank share the storage of the first of them: one
-// parameter on the rank. Members in two modules only under one weight version (the schedules
-// with chunks), since a module that shares another's parameter is never cloned.
+// parameter on the rank, of the group's first member's kinds. Members in two modules only
+// under one weight version (the schedules with chunks), since a module that shares another's
+// parameter is never cloned.
 absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
                                  const std::vector<int>& stages,
                                  std::vector<std::unique_ptr<model::StageModule>>& modules) {
@@ -285,6 +321,17 @@ absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
         return absl::InternalError(absl::StrCat("tied parameter ", ref.parameter, " of layer ",
                                                 ref.layer, " does not exist"));
       }
+      // Every member is of the first member's kinds (weight decay's groups), wherever that is.
+      const model::ParameterRef& first = group.front();
+      const std::vector<model::ParameterKinds>* first_kinds =
+          first.layer < static_cast<int>(plan.layers.size())
+              ? &plan.layers[static_cast<size_t>(first.layer)].parameter_kinds
+              : nullptr;
+      if (first_kinds == nullptr || first.parameter >= static_cast<int>(first_kinds->size())) {
+        return absl::InternalError(absl::StrCat("tied parameter ", first.parameter,
+                                                " of layer ", first.layer, " has no kind"));
+      }
+      modules[k]->SetParameterKinds(index, (*first_kinds)[static_cast<size_t>(first.parameter)]);
       if (owner_module < 0) {
         owner_module = k;
         owner = params[static_cast<size_t>(index)];
@@ -422,6 +469,9 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.schedule.first_step = start.first_step;
   sc.checkpoint_every = c.checkpoint.every;
   sc.nonfinite_limit = c.nonfinite_limit;
+  sc.clip_grad_norm = c.optimizer.clip_grad_norm;
+  sc.eval_every = c.eval.every;
+  sc.eval_batches = c.eval.batches;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   const auto holds = [&](int s) {
     return std::count(parts.model_stages.begin(), parts.model_stages.end(), s) > 0;
@@ -430,10 +480,16 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
     sc.inputs = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
       return reader.Inputs(j).to(device);
     };
+    sc.eval_inputs = [&reader, device](int64_t k) -> absl::StatusOr<at::Tensor> {
+      return reader.EvalInputs(k).to(device);
+    };
   }
   if (holds(last)) {
     sc.targets = [&reader, device](int64_t j) -> absl::StatusOr<at::Tensor> {
       return reader.Targets(j).to(device);
+    };
+    sc.eval_targets = [&reader, device](int64_t k) -> absl::StatusOr<at::Tensor> {
+      return reader.EvalTargets(k).to(device);
     };
   }
   sc.boundaries = plan.boundary;

@@ -30,7 +30,18 @@ namespace pipetrain::job {
 
 struct JobPlan {
   std::unique_ptr<data::Dataset> dataset;
+  // Over the training samples [0, train_samples) only.
   std::unique_ptr<data::BatchSampler> sampler;
+  int64_t train_samples = 0;
+  // The samples held out for evaluation (JobConfig::eval.split): [begin, begin + count), none
+  // without a split. For token data one window lies between the two, so that no token of a
+  // held-out window is in a training window.
+  struct HeldOut {
+    int64_t begin = 0;
+    int64_t count = 0;
+  } held_out;
+  int eval_batches = 1;      // micro-batches each replica evaluates (JobConfig::eval.batches)
+  int micro_batch_size = 1;  // b: rows of every micro-batch, evaluated ones too
   model::ModelConfig model_config;  // with sizes taken from the data
   std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
   // Each model stage's layers: p of them, or p x v under a schedule that HoldsChunks.
@@ -67,9 +78,16 @@ class MicroBatchReader {
       : plan_(plan), micro_batches_(micro_batches), replica_(replica) {}
   at::Tensor Inputs(int64_t j) const;
   at::Tensor Targets(int64_t j) const;
+  // Evaluated micro-batch k (0 <= k < eval_batches) of this replica: the same rows at every
+  // evaluation, replica r's the held-out samples from (r x eval_batches + k) x b on, in
+  // order (wrapping around the held-out part). REQUIRES: plan.held_out.count > 0.
+  at::Tensor EvalInputs(int64_t k) const;
+  at::Tensor EvalTargets(int64_t k) const;
 
  private:
   data::MicroBatch Read(int64_t j) const;
+  data::MicroBatch ReadEval(int64_t k) const;
+  at::Tensor InputsOf(const data::MicroBatch& mb) const;
   const JobPlan& plan_;
   int micro_batches_;
   int replica_;

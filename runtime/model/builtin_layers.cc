@@ -61,17 +61,18 @@ at::Tensor Uniform(at::IntArrayRef shape, double bound) {
 template <typename Impl>
 class NnLayer : public Layer {
  public:
-  NnLayer(std::string name, std::shared_ptr<Impl> impl)
-      : name_(std::move(name)), impl_(std::move(impl)) {}
+  NnLayer(std::string name, std::shared_ptr<Impl> impl, std::vector<ParameterKinds> kinds)
+      : name_(std::move(name)), impl_(std::move(impl)), kinds_(std::move(kinds)) {}
   std::string name() const override { return name_; }
   at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) override {
     return impl_->forward(input, ctx);
   }
   std::vector<at::Tensor> Parameters() const override { return impl_->parameters(); }
+  std::vector<ParameterKinds> ParameterKindsOf() const override { return kinds_; }
   std::vector<at::Tensor> Buffers() const override { return impl_->buffers(); }
   std::unique_ptr<Layer> Clone() const override {
-    return std::make_unique<NnLayer<Impl>>(name_,
-                                           std::dynamic_pointer_cast<Impl>(impl_->clone()));
+    return std::make_unique<NnLayer<Impl>>(
+        name_, std::dynamic_pointer_cast<Impl>(impl_->clone()), kinds_);
   }
   void ToDtype(at::ScalarType dtype) override { impl_->to(dtype); }
   void ToDevice(at::Device device) override { impl_->to(device); }
@@ -84,6 +85,7 @@ class NnLayer : public Layer {
  private:
   std::string name_;
   std::shared_ptr<Impl> impl_;
+  std::vector<ParameterKinds> kinds_;  // BuiltinParameterKinds
 };
 
 // Default no-op hooks for modules without mini-batch statistics.
@@ -334,9 +336,9 @@ struct PoolLinearImpl : StatelessModule<PoolLinearImpl> {
 };
 
 template <typename Impl, typename... Args>
-std::unique_ptr<Layer> Make(std::string name, Args&&... args) {
-  return std::make_unique<NnLayer<Impl>>(std::move(name),
-                                         std::make_shared<Impl>(std::forward<Args>(args)...));
+std::unique_ptr<Layer> Make(std::vector<ParameterKinds> kinds, std::string name, Args&&... args) {
+  return std::make_unique<NnLayer<Impl>>(
+      std::move(name), std::make_shared<Impl>(std::forward<Args>(args)...), std::move(kinds));
 }
 
 }  // namespace
@@ -346,38 +348,41 @@ std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
   // drawn from the embedding's seed, as the embedding draws its token table first.
   const bool tied_head = c.name == "gpt" && c.tie_embeddings && i == c.n_layers + 2;
   InitGeneratorScope init(LayerInitSeed(c.seed, tied_head ? 0 : i));
+  const std::vector<ParameterKinds> kinds = BuiltinParameterKinds(c, i);
   if (c.name == "gpt") {
     if (i == 0) {
-      return Make<GptEmbeddingImpl>("embedding", c.vocab_size, c.seq_len, c.d_model, c.dropout);
+      return Make<GptEmbeddingImpl>(kinds, "embedding", c.vocab_size, c.seq_len, c.d_model,
+                                    c.dropout);
     }
     if (i <= c.n_layers) {
-      return Make<GptBlockImpl>(absl::StrCat("block", i - 1), c.d_model, c.n_heads, c.n_layers,
-                                c.dropout);
+      return Make<GptBlockImpl>(kinds, absl::StrCat("block", i - 1), c.d_model, c.n_heads,
+                                c.n_layers, c.dropout);
     }
-    if (i == c.n_layers + 1) return Make<LayerNormImpl>("final_norm", c.d_model);
-    return Make<LinearImpl>("lm_head", c.d_model, c.vocab_size, /*bias=*/false,
+    if (i == c.n_layers + 1) return Make<LayerNormImpl>(kinds, "final_norm", c.d_model);
+    return Make<LinearImpl>(kinds, "lm_head", c.d_model, c.vocab_size, /*bias=*/false,
                             /*relu=*/false, /*init_std=*/0.02);
   }
   if (c.name == "mlp") {
     const int64_t in = i == 0 ? c.input_dim : c.hidden;
     if (i < c.hidden_layers) {
-      return Make<LinearImpl>(absl::StrCat("hidden", i), in, c.hidden, true, true);
+      return Make<LinearImpl>(kinds, absl::StrCat("hidden", i), in, c.hidden, true, true);
     }
-    return Make<LinearImpl>("classifier", in, c.num_classes, true, false);
+    return Make<LinearImpl>(kinds, "classifier", in, c.num_classes, true, false);
   }
   if (c.name == "vgg") {
     const std::vector<VggConv> convs = VggConvs(c);
     if (i < static_cast<int>(convs.size())) {
-      return Make<ConvBnReluImpl>(absl::StrCat("conv", i), convs[i].in, convs[i].out, 1,
-                                  convs[i].ends_stage);
+      return Make<ConvBnReluImpl>(kinds, absl::StrCat("conv", i), convs[i].in, convs[i].out,
+                                  1, convs[i].ends_stage);
     }
-    return Make<PoolLinearImpl>("classifier", convs.back().out, c.num_classes);
+    return Make<PoolLinearImpl>(kinds, "classifier", convs.back().out, c.num_classes);
   }
   const int64_t in = i == 0 ? c.image_shape[0] : CnnChannels(c, i - 1);
   if (i < c.hidden_layers) {
-    return Make<ConvBnReluImpl>(absl::StrCat("conv", i), in, CnnChannels(c, i), CnnStride(i));
+    return Make<ConvBnReluImpl>(kinds, absl::StrCat("conv", i), in, CnnChannels(c, i),
+                                CnnStride(i));
   }
-  return Make<PoolLinearImpl>("classifier", in, c.num_classes);
+  return Make<PoolLinearImpl>(kinds, "classifier", in, c.num_classes);
 }
 
 }  // namespace pipetrain::model

@@ -17,6 +17,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "runtime/model/parameter_kind.h"
+
 namespace pipetrain::model {
 
 class WeightGradientDeferral;  // weight_gradients.h
@@ -41,6 +43,11 @@ class Layer {
   virtual std::string name() const = 0;
   virtual at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx) = 0;
   virtual std::vector<at::Tensor> Parameters() const = 0;
+  // The kinds of Parameters()[i] (parameter_kind.h: what weight decay groups by); the default,
+  // every one 0 (a weight), for a layer that names none.
+  virtual std::vector<ParameterKinds> ParameterKindsOf() const {
+    return std::vector<ParameterKinds>(Parameters().size(), 0);
+  }
   virtual std::vector<at::Tensor> Buffers() const { return {}; }
   virtual std::unique_ptr<Layer> Clone() const = 0;
   // Converts parameters and buffers to `dtype` (float32 / float64).

@@ -150,8 +150,31 @@ absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& c) {
     counts.push_back(in * c.num_classes + c.num_classes);
   }
   std::vector<LayerInfo> layers;
-  for (size_t i = 0; i < names.size(); ++i) layers.push_back({names[i], counts[i]});
+  for (size_t i = 0; i < names.size(); ++i) {
+    layers.push_back({names[i], counts[i], BuiltinParameterKinds(c, static_cast<int>(i))});
+  }
   return layers;
+}
+
+std::vector<ParameterKinds> BuiltinParameterKinds(const ModelConfig& c, int layer) {
+  constexpr ParameterKinds kBias = KindBit(ParameterKind::kBias);
+  constexpr ParameterKinds kNorm = KindBit(ParameterKind::kNorm);
+  constexpr ParameterKinds kEmbedding = KindBit(ParameterKind::kEmbedding);
+  if (c.name == "gpt") {
+    if (layer == 0) return {kEmbedding, kEmbedding};  // token, position
+    if (layer <= c.n_layers) {
+      // ln1 w, b; qkv w, b; proj w, b; ln2 w, b; fc w, b; fc2 w, b
+      return {kNorm, kNorm | kBias, 0, kBias, 0, kBias, kNorm, kNorm | kBias, 0, kBias, 0, kBias};
+    }
+    if (layer == c.n_layers + 1) return {kNorm, kNorm | kBias};  // final_norm
+    return {0};                                                  // lm_head, no bias
+  }
+  const int64_t convolutions =
+      c.name == "vgg" ? static_cast<int64_t>(VggConvs(c).size()) : c.hidden_layers;
+  if ((c.name == "cnn" || c.name == "vgg") && layer < convolutions) {
+    return {0, kNorm, kNorm | kBias};  // kernel, BatchNorm weight and bias
+  }
+  return {0, kBias};  // a linear layer: matrix, bias
 }
 
 absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& c, int layer,

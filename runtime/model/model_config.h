@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/model/parameter_kind.h"
 
 namespace pipetrain::model {
 
@@ -66,6 +67,9 @@ std::vector<std::string> BuiltinModelNames();
 struct LayerInfo {
   std::string name;
   int64_t num_parameters = 0;
+  // The kinds of each of its parameter tensors, in its Parameters() order (weight decay's
+  // groups, parameter_kind.h).
+  std::vector<ParameterKinds> parameter_kinds;
 };
 
 // The layer names of a built-in model in order; they depend only on its name and depth, so
@@ -117,6 +121,16 @@ using TieGroup = std::vector<ParameterRef>;
 // The tie groups of a built-in model: a gpt with tie_embeddings, {embedding's token table,
 // lm_head's weight}; none otherwise.
 std::vector<TieGroup> TiedParameters(const ModelConfig& config);
+
+// The kinds of built-in layer `layer`'s parameters, in its Parameters() order: the one
+// definition for the built-in models (their layers report these). gpt: the embedding's token
+// and position tables embeddings; a block's two LayerNorms' weights norms and their biases
+// norms and biases, its four linear biases biases, its matrices none; the final LayerNorm's
+// weight a norm, its bias a norm and a bias; the head's matrix none. mlp: each linear's
+// matrix none, its bias a bias. cnn, vgg: each convolution's kernel none, its BatchNorm's
+// weight a norm and bias a norm and a bias; the classifier's matrix none, its bias a bias.
+// REQUIRES: `config` is valid and built in, `layer` one of its layers.
+std::vector<ParameterKinds> BuiltinParameterKinds(const ModelConfig& config, int layer);
 
 // The seed of layer `layer`'s initial parameters: a layer's initial values depend only on
 // (job seed, global layer index, model config), never on the partition.

@@ -110,6 +110,24 @@ std::vector<at::Tensor> StageModule::Parameters() const {
   return out;
 }
 
+std::vector<ParameterKinds> StageModule::OwnParameterKinds() const {
+  std::vector<ParameterKinds> out;
+  size_t i = 0;     // in Parameters()
+  size_t next = 0;  // in shared_
+  for (const auto& layer : layers_) {
+    for (ParameterKinds kinds : layer->ParameterKindsOf()) {
+      if (next < shared_.size() && shared_[next].index == static_cast<int>(i)) {
+        ++next;
+      } else {
+        const auto set = kinds_of_.find(static_cast<int>(i));
+        out.push_back(set != kinds_of_.end() ? set->second : kinds);
+      }
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::vector<at::Tensor> StageModule::OwnParameters() const {
   std::vector<at::Tensor> all = Parameters();
   if (shared_.empty()) return all;
@@ -191,6 +209,7 @@ std::unique_ptr<StageModule> StageModule::Clone() const {
   auto copy = std::make_unique<StageModule>(first_layer_, std::move(copies), recompute_);
   copy->compute_ = compute_;
   copy->device_type_ = device_type_;
+  copy->kinds_of_ = kinds_of_;
   const std::vector<at::Tensor> params = copy->Parameters();
   for (const Shared& s : shared_) {
     const at::Tensor& owner =
@@ -199,6 +218,10 @@ std::unique_ptr<StageModule> StageModule::Clone() const {
     TORCH_CHECK(shared.ok(), "StageModule::Clone: ", std::string(shared.message()));
   }
   return copy;
+}
+
+void StageModule::SetTraining(bool training) {
+  for (auto& layer : layers_) layer->SetTraining(training);
 }
 
 void StageModule::ToDevice(at::Device device) {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,10 @@ class StageModule {
   // Moves the parameters and buffers to `device` (before any optimizer state exists).
   void ToDevice(at::Device device);
 
+  // Every layer in training mode (dropout, BatchNorm on the micro-batch's statistics: how
+  // stages are built) or not (evaluation: no dropout, BatchNorm on its running statistics).
+  void SetTraining(bool training);
+
   // The stage's output for `input`. ctx.global_layer is filled in per layer.
   at::Tensor Forward(const at::Tensor& input, const LayerContext& ctx);
 
@@ -54,6 +59,12 @@ class StageModule {
   // Those this module updates: Parameters() without the shared ones. The optimizer, the
   // replicas' averaging and a weight store's gradients go by this list.
   std::vector<at::Tensor> OwnParameters() const;
+  // The kinds (Layer::ParameterKindsOf) of each of OwnParameters(), in its order: what the
+  // optimizer's weight decay groups by (a shared parameter's owner is of its own kind).
+  std::vector<ParameterKinds> OwnParameterKinds() const;
+  // From now on Parameters()[index] is of `kinds`, whatever its layer says (a tie's member is
+  // of its first member's kinds, which may be on another rank); Clone() keeps it.
+  void SetParameterKinds(int index, ParameterKinds kinds) { kinds_of_[index] = kinds; }
   // From now on Parameters()[index] holds `owner`'s storage (same shape, dtype and device):
   // one parameter, which `owner`'s module updates. `owner` is a parameter of this module
   // (an earlier one) or of another module of the rank; Clone() shares again within the copy,
@@ -97,6 +108,7 @@ class StageModule {
     at::Tensor owner;
   };
   std::vector<Shared> shared_;  // in increasing index
+  std::map<int, ParameterKinds> kinds_of_;  // SetParameterKinds, by index in Parameters()
   at::ScalarType compute_ = at::kFloat;
   WeightGradientDeferral weight_gradients_;
   c10::DeviceType device_type_ = c10::DeviceType::CPU;  // of the parameters (ToDevice)

@@ -3,6 +3,7 @@
 #include "runtime/model/torchscript_model.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -10,6 +11,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -66,6 +68,29 @@ class ScriptLayer : public Layer {
     std::vector<at::Tensor> out;
     for (const at::Tensor& p : module_.parameters()) out.push_back(p);
     return out;
+  }
+  // As PyTorch code groups parameters for weight decay: a parameter named "bias" is a bias; one
+  // of a module whose class's name contains "Norm" (LayerNorm, BatchNorm2d, GroupNorm,
+  // RMSNorm) a norm, of one whose class's name contains "Embedding" an embedding.
+  std::vector<ParameterKinds> ParameterKindsOf() const override {
+    std::map<std::string, std::string> class_of;  // module path ("" the layer) -> class name
+    for (const auto& m : module_.named_modules()) {
+      std::string name = m.value.type()->name() ? m.value.type()->name()->name() : "";
+      class_of[m.name] = std::move(name);
+    }
+    std::vector<ParameterKinds> kinds;
+    for (const std::string& path : ParameterNames()) {
+      const size_t dot = path.rfind('.');
+      const std::string owner = dot == std::string::npos ? "" : path.substr(0, dot);
+      const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+      const std::string& cls = class_of[owner];
+      ParameterKinds k = 0;
+      if (leaf == "bias") k |= KindBit(ParameterKind::kBias);
+      if (absl::StrContains(cls, "Norm")) k |= KindBit(ParameterKind::kNorm);
+      if (absl::StrContains(cls, "Embedding")) k |= KindBit(ParameterKind::kEmbedding);
+      kinds.push_back(k);
+    }
+    return kinds;
   }
   std::vector<at::Tensor> Buffers() const override {
     std::vector<at::Tensor> out;

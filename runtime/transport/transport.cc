@@ -61,6 +61,10 @@ const char* MessageKindName(MessageKind kind) {
       return "tied parameter's gradient";
     case MessageKind::kWeightVersion:
       return "weight version";
+    case MessageKind::kGradientNorm:
+      return "part of the gradient norm";
+    case MessageKind::kEvalActivation:
+      return "evaluated activation";
   }
   return "message";
 }

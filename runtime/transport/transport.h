@@ -29,7 +29,15 @@ namespace pipetrain::transport {
 // step commands of a boundary, runtime/control) flow like activations, indexed by step; a
 // tied parameter's gradient goes between the ranks holding its copies (any two); under
 // vertical sync a micro-batch's weight version follows its activation, indexed by micro-batch.
-enum class MessageKind { kActivation, kGradient, kControl, kTiedGradient, kWeightVersion };
+enum class MessageKind {
+  kActivation,
+  kGradient,
+  kControl,
+  kTiedGradient,
+  kWeightVersion,
+  kGradientNorm,    // a rank's part of the pipeline's gradient norm (clipping), keyed by step
+  kEvalActivation,  // an evaluated micro-batch's activation (evaluation on held-out data)
+};
 
 // "activation" / "gradient" / "control".
 const char* MessageKindName(MessageKind kind);

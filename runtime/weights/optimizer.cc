@@ -22,7 +22,7 @@ class Sgd : public Optimizer {
     for (size_t i = 0; i < params.size(); ++i) {
       if (!grads[i].defined()) continue;
       at::Tensor d_p = grads[i];
-      if (c_.weight_decay != 0) d_p = d_p.add(params[i], c_.weight_decay);
+      if (const double decay = WeightDecayOf(i); decay != 0) d_p = d_p.add(params[i], decay);
       if (c_.momentum != 0) {
         if (!momentum_[i].defined()) {
           momentum_[i] = d_p.clone();
@@ -80,7 +80,7 @@ class AdamW : public Optimizer {
         s.exp_avg_sq = at::zeros_like(p);
       }
       s.step += 1;
-      const Coefficients k = CoefficientsAt(s.step);
+      const Coefficients k = CoefficientsAt(s.step, WeightDecayOf(i));
       if (FusesUpdate(p, grad, s)) {
         if (p.scalar_type() == at::kFloat) {
           FusedUpdate<float>(p, grad, s, k);
@@ -144,12 +144,12 @@ class AdamW : public Optimizer {
   };
   // The scalars of one parameter's update at its step-th update.
   struct Coefficients {
-    double decay;                 // 1 - lr * weight_decay (lr: this update's)
+    double decay;                 // 1 - lr * weight_decay (this update's lr, the parameter's decay)
     double sqrt_bias_correction2; // sqrt(1 - beta2^step)
     double step_size;             // -lr / (1 - beta1^step)
   };
-  Coefficients CoefficientsAt(int64_t step) const {
-    return {1 - lr_ * c_.weight_decay, std::sqrt(1 - std::pow(c_.beta2, step)),
+  Coefficients CoefficientsAt(int64_t step, double weight_decay) const {
+    return {1 - lr_ * weight_decay, std::sqrt(1 - std::pow(c_.beta2, step)),
             -lr_ / (1 - std::pow(c_.beta1, step))};
   }
 

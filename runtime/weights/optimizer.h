@@ -38,6 +38,10 @@ class Optimizer {
   // schedule); before any call, that of step 0.
   void UseLearningRateOf(int64_t step) { lr_ = LearningRateAt(config_, step, job_steps_); }
   double learning_rate() const { return lr_; }
+  // The kinds of the parameters Step() takes, by position (model::StageModule::
+  // OwnParameterKinds): one of a kind in the config's no_decay is stepped with weight decay 0,
+  // as a second parameter group would be in torch.optim. Before any call every one decays.
+  void UseParameterKinds(std::vector<model::ParameterKinds> kinds) { kinds_ = std::move(kinds); }
   // The state of every parameter, by position (copies: later steps do not change them).
   virtual std::vector<ParameterState> State() const = 0;
   // Replaces the state with `state` (by position), as State() returned it; InvalidArgument,
@@ -50,9 +54,15 @@ class Optimizer {
       : config_(std::move(config)),
         job_steps_(job_steps),
         lr_(LearningRateAt(config_, 0, job_steps)) {}
+  // The weight decay of the i-th parameter: the config's, or 0 for a kind in no_decay.
+  double WeightDecayOf(size_t i) const {
+    return i < kinds_.size() && (kinds_[i] & config_.no_decay) != 0 ? 0.0 : config_.weight_decay;
+  }
+
   const OptimizerConfig config_;
   const int64_t job_steps_;
   double lr_;
+  std::vector<model::ParameterKinds> kinds_;
 };
 
 // `job_steps`: the job's steps, the schedule's decay length where it names none.

@@ -46,6 +46,7 @@ class SingleVersionWeights : public WeightStore {
     return absl::OkStatus();
   }
   const model::StageModule& Newest() const override { return *module_; }
+  model::StageModule& MutableNewest() override { return *module_; }
   int64_t newest_version() const override { return version_; }
   std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
   absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
@@ -133,6 +134,7 @@ class DoubleBufferedWeights : public WeightStore {
   }
 
   const model::StageModule& Newest() const override { return *buffers_[newest_ % 2]; }
+  model::StageModule& MutableNewest() override { return *buffers_[newest_ % 2]; }
   int64_t newest_version() const override { return newest_; }
   std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
   absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
@@ -267,6 +269,7 @@ class StashedWeights : public WeightStore {
   }
 
   const model::StageModule& Newest() const override { return *versions_.at(newest_); }
+  model::StageModule& MutableNewest() override { return *versions_.at(newest_); }
   int held_versions() const override { return static_cast<int>(versions_.size()); }
   int64_t newest_version() const override { return newest_; }
   std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
@@ -354,6 +357,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
     int64_t start_version) {
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
+  optimizer->UseParameterKinds(module->OwnParameterKinds());
   return std::unique_ptr<WeightStore>(
       new SingleVersionWeights(std::move(module), std::move(optimizer), start_version));
 }
@@ -363,6 +367,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
     int micro_batches, int64_t start_version, bool versions_given) {
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
+  optimizer->UseParameterKinds(module->OwnParameterKinds());
   return std::unique_ptr<WeightStore>(new StashedWeights(
       std::move(module), std::move(optimizer), micro_batches, start_version, versions_given));
 }
@@ -372,6 +377,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     int micro_batches, int64_t start_version) {
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
+  optimizer->UseParameterKinds(module->OwnParameterKinds());
   return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(
       std::move(module), std::move(optimizer), micro_batches, start_version));
 }

@@ -66,6 +66,9 @@ class WeightStore {
   bool last_update_skipped() const { return last_skipped_; }
   // The newest weights (what a checkpoint or the final report reads).
   virtual const model::StageModule& Newest() const = 0;
+  // The same, to run a forward-only pass on (an evaluation, under NoGradGuard): its caller
+  // changes no weight and leaves it in training mode as it found it.
+  virtual model::StageModule& MutableNewest() = 0;
   // The weight versions it holds now: a stashing store's modules, which under vertical sync
   // include versions kept for micro-batches still to come; 1 for the others (the executor
   // counts a double-buffered stage's by the micro-batches running on them).
@@ -85,6 +88,8 @@ class WeightStore {
   bool last_skipped_ = false;
 };
 
+// Every factory tells `optimizer` the kinds of `module`'s own parameters (weight decay's
+// groups): share tied parameters before making the store.
 // `module` holds version `start_version` (0; a resumed job's first step N: W(N)). A
 // double-buffered store started at N > 0 runs mini-batch N on W(N), as after a weight-version
 // switch before N (a checkpoint's boundary).

@@ -334,8 +334,20 @@ void ExpectOneSummarySchema(const std::map<std::string, nlohmann::json>& summari
     EXPECT_EQ(null_keys, nulls.at(launch));
     for (const char* same : {"state", "schedule", "stages", "replicas", "microbatches",
                              "microbatch_size", "steps", "partition", "first_step", "losses",
-                             "learning_rates", "first_loss", "final_loss", "skipped_steps"}) {
+                             "learning_rates", "grad_norms", "evals", "first_loss",
+                             "final_loss", "skipped_steps"}) {
       EXPECT_EQ(j[same], first[same]) << same;
+    }
+    // The job evaluates before every step after the first, on held-out data.
+    ASSERT_EQ(j["evals"].size(), first["steps"].get<size_t>());
+    for (size_t k = 0; k < j["evals"].size(); ++k) {
+      EXPECT_EQ(j["evals"][k]["step"], k + 1);
+      EXPECT_GT(j["evals"][k]["loss"].get<double>(), 0);
+    }
+    // The job clips: a norm per step, each positive and finite.
+    ASSERT_EQ(j["grad_norms"].size(), first["steps"].get<size_t>());
+    for (const auto& norm : j["grad_norms"]) {
+      EXPECT_TRUE(std::isfinite(norm.get<double>()) && norm.get<double>() > 0) << norm;
     }
     EXPECT_EQ(j["losses"].size(), first["steps"].get<size_t>());
     // The warm-up's rates: lr (t + 1) / 2.
@@ -405,6 +417,42 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
     }
   }
   ExpectOneSummarySchema(summaries);
+}
+
+// Clipping by the whole model's norm on 4 stages x 2 replicas, each rank a process of its
+// own (Gloo between them: the norm's parts cross processes) and each a worker daemon: as
+// processes within 1e-10 of the reference (torch's clip_grad_norm_ over the whole model), on
+// the daemons bitwise the processes' weights and norms (the same arithmetic over Gloo), for
+// GPipe, 1F1B and 2BW.
+TEST_F(CliTest, ClippingIsExactAsProcessesAndOnTheDaemons) {
+  const std::string job =
+      " --dtype float64 --stages 4 --replicas 2 --microbatches 4 --steps 4 --d-model 16"
+      " --n-heads 2 --n-layers 2 --seq-len 8 --vocab 16 --optimizer adamw --lr 0.01"
+      " --clip-grad-norm 0.2";
+  for (const std::string schedule : {"gpipe", "1f1b", "2bw"}) {
+    SCOPED_TRACE(schedule);
+    std::map<std::string, nlohmann::json> summaries;
+    std::map<std::string, std::string> weights;
+    for (const std::string launch : {"processes", "cluster"}) {
+      const fs::path summary = dir_ / (launch + ".json"), saved = dir_ / (launch + ".pt");
+      Result r = Run("run -q --launch " + launch + (launch == "processes" ? " --reference" : "") +
+                     " --schedule " + schedule + job + " --summary " + summary.string() +
+                     " --save-weights " + saved.string());
+      ASSERT_EQ(r.exit_code, 0) << launch << ": " << r.err;
+      summaries[launch] = nlohmann::json::parse(ReadFile(summary));
+      weights[launch] = ReadFile(saved);
+      ASSERT_FALSE(weights[launch].empty());
+    }
+    const nlohmann::json& processes = summaries["processes"];
+    EXPECT_LE(processes["max_param_rel_diff"].get<double>(), 1e-10);
+    ASSERT_EQ(processes["grad_norms"].size(), 4u);
+    bool clipped = false;
+    for (const auto& norm : processes["grad_norms"]) clipped |= norm.get<double>() > 0.2;
+    EXPECT_TRUE(clipped) << processes["grad_norms"];
+    EXPECT_EQ(summaries["cluster"]["grad_norms"], processes["grad_norms"]);
+    EXPECT_EQ(summaries["cluster"]["losses"], processes["losses"]);
+    EXPECT_TRUE(weights["cluster"] == weights["processes"]) << "the daemons' weights differ";
+  }
 }
 
 TEST_F(CliTest, BadPartitionNamesTheLayers) {

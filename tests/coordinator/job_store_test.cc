@@ -146,5 +146,43 @@ TEST_F(JobStoreTest, AnUnmarkedStoreOfTheSameShapeIsAdopted) {
   EXPECT_EQ(jobs->size(), 1u);
 }
 
+// A store of schema version 2 (a steps table without grad_norm) takes the column and keeps
+// its rows; their gradient norm is absent, a new row's is kept. (The store writes a job id as
+// a blob.)
+TEST_F(JobStoreTest, AVersionTwoStoreGainsTheGradNormColumnAndKeepsItsSteps) {
+  Sqlite(db_,
+         "CREATE TABLE jobs (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, job BLOB NOT NULL);"
+         "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, unix_ms INTEGER NOT "
+         "NULL, text TEXT NOT NULL, PRIMARY KEY (job_id, seq));"
+         "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+         "CREATE TABLE steps (job_id TEXT NOT NULL, step INTEGER NOT NULL, generation INTEGER "
+         "NOT NULL, loss REAL, unix_ms INTEGER NOT NULL, PRIMARY KEY (job_id, step));"
+         "INSERT INTO steps VALUES (CAST('job-0001' AS BLOB), 0, 1, 2.5, 1000);"
+         "PRAGMA application_id = 1347701331; PRAGMA user_version = 2");
+  auto store = OpenSqliteJobStore(db_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoredStep next;
+  next.step = 1;
+  next.generation = 1;
+  next.has_loss = true;
+  next.loss = 2.25;
+  next.has_grad_norm = true;
+  next.grad_norm = 0.75;
+  ASSERT_TRUE((*store)->PutSteps("job-0001", {next}).ok());
+  auto steps = (*store)->Steps("job-0001", -1, 10);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].loss, 2.5);
+  EXPECT_FALSE((*steps)[0].has_grad_norm);
+  EXPECT_TRUE((*steps)[1].has_grad_norm);
+  EXPECT_EQ((*steps)[1].grad_norm, 0.75);
+  store->reset();  // marked version 3: opened again as it is
+  auto again = OpenSqliteJobStore(db_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto kept = (*again)->Steps("job-0001", -1, 10);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->size(), 2u);
+}
+
 }  // namespace
 }  // namespace pipetrain::coordinator

@@ -158,7 +158,8 @@ TEST_F(PrometheusTest, ARealServerScrapesARunningJobAndEveryRuleQueryHasData) {
 
   Result submitted = cluster.Cli(
       "submit --model gpt --d-model 32 --n-heads 4 --n-layers 2 --schedule 1f1b --stages 2 "
-      "--microbatches 4 --microbatch-size 4 --steps 100000");
+      "--microbatches 4 --microbatch-size 4 --steps 100000 --warmup-steps 100 "
+      "--lr-decay cosine --clip-grad-norm 1.0 --eval-every 2 --eval-split 0.1");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
   ASSERT_FALSE(cluster.WaitForJob(id, [](const nlohmann::json& j) {

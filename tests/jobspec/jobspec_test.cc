@@ -94,10 +94,15 @@ const std::vector<FieldValue>& Values() {
       {"optimizer.beta1", "0.8", "0.8", 0.8},
       {"optimizer.beta2", "0.95", "0.95", 0.95},
       {"optimizer.eps", "1e-6", "1e-6", 1e-6},
+      {"optimizer.clip_grad_norm", "1.5", "1.5", 1.5},
+      {"optimizer.no_decay", "[bias, norm]", "bias,norm", json::array({"bias", "norm"})},
       {"optimizer.schedule.warmup_steps", "100", "100", 100},
       {"optimizer.schedule.decay", "cosine", "cosine", "cosine"},
       {"optimizer.schedule.decay_steps", "900", "900", 900},
       {"optimizer.schedule.min_lr", "0.0001", "0.0001", 0.0001},
+      {"eval.every", "10", "10", 10},
+      {"eval.batches", "3", "3", 3},
+      {"eval.split", "0.125", "0.125", 0.125},
       {"recompute", "layers:1,3", "layers:1,3", "layers:1,3"},
       {"seed", "987654321012345", "987654321012345", 987654321012345},
       {"dtype", "float64", "float64", "float64"},
@@ -108,10 +113,13 @@ const std::vector<FieldValue>& Values() {
   return values;
 }
 
-// A field valid only with another set too (vertical_sync: pipedream's): that one's value.
+// A field valid only with another set too (vertical_sync: pipedream's; eval.every: a
+// held-out split): that one's value.
 const FieldValue* CompanionOf(const std::string& path) {
   static const FieldValue pipedream = {"schedule", "pipedream", "pipedream", "pipedream"};
-  return path == "vertical_sync" ? &pipedream : nullptr;
+  static const FieldValue split = {"eval.split", "0.125", "0.125", 0.125};
+  if (path == "vertical_sync") return &pipedream;
+  return path == "eval.every" ? &split : nullptr;
 }
 
 const FieldValue* ValueOf(const std::string& path) {
@@ -158,6 +166,19 @@ std::string YamlOf(const std::string& path, const std::string& value) {
   return yaml + "\n";
 }
 
+// The YAML of a field and its companion (CompanionOf; none: the field's alone), the two in one
+// mapping where they share a parent (eval.every and eval.split: `eval: {every: .., split: ..}`).
+std::string YamlOfBoth(const std::string& path, const std::string& value,
+                       const FieldValue* with) {
+  if (with == nullptr) return YamlOf(path, value);
+  const std::vector<std::string> a = absl::StrSplit(path, '.');
+  const std::vector<std::string> b = absl::StrSplit(with->path, '.');
+  if (a.size() == 2 && b.size() == 2 && a[0] == b[0]) {
+    return a[0] + ": {" + a[1] + ": " + value + ", " + b[1] + ": " + with->yaml + "}\n";
+  }
+  return YamlOf(path, value) + YamlOf(with->path, with->yaml);
+}
+
 json::json_pointer PointerOf(const std::string& path) {
   return json::json_pointer("/" + absl::StrReplaceAll(path, {{".", "/"}}));
 }
@@ -201,8 +222,7 @@ TEST(JobSpec, EveryFieldThroughYamlReachesTheConfigAloneAndUnchanged) {
   for (const FieldValue& v : Values()) {
     SCOPED_TRACE(v.path);
     const FieldValue* with = CompanionOf(v.path);
-    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(
-        YamlOf(v.path, v.yaml) + (with != nullptr ? YamlOf(with->path, with->yaml) : ""));
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(YamlOfBoth(v.path, v.yaml, with));
     ASSERT_TRUE(spec.ok()) << spec.status();
     std::vector<std::pair<std::string, json>> changes = {{v.path, v.expected}};
     if (with != nullptr) changes.push_back({with->path, with->expected});

@@ -22,7 +22,9 @@ microbatches: 3
 microbatch_size: 2
 steps: 2
 optimizer: {name: sgd, lr: 0.05, weight_decay: 0.01, momentum: 0.9, beta1: 0.8, beta2: 0.95, eps: 1.0e-6,
-            schedule: {warmup_steps: 2, decay: cosine, decay_steps: 10, min_lr: 0.005}}
+            schedule: {warmup_steps: 2, decay: cosine, decay_steps: 10, min_lr: 0.005},
+            clip_grad_norm: 0.5, no_decay: [bias, norm]}
+eval: {every: 1, batches: 2, split: 0.25}
 recompute: all
 seed: 11
 dtype: float64
@@ -36,7 +38,8 @@ inline constexpr char kOneJobFlags[] =
     "--data-seed 7 --schedule 1f1b --stages 0:2,2:5 --replicas 1 --overlap-allreduce false "
     "--bucket-kib 64 --microbatches 3 --microbatch-size 2 --steps 2 --optimizer sgd --lr 0.05 "
     "--weight-decay 0.01 --momentum 0.9 --beta1 0.8 --beta2 0.95 --eps 1e-6 --warmup-steps 2 "
-    "--lr-decay cosine --lr-decay-steps 10 --min-lr 0.005 --recompute all "
+    "--lr-decay cosine --lr-decay-steps 10 --min-lr 0.005 --clip-grad-norm 0.5 "
+    "--no-decay bias,norm --eval-every 1 --eval-batches 2 --eval-split 0.25 --recompute all "
     "--seed 11 --dtype float64 --threads-per-stage 1 --peer-timeout 30";
 
 }  // namespace pipetrain::test

@@ -78,7 +78,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
           }
         }
         if (step.mean_loss) tracker.LossKnown(step.step, *step.mean_loss);
-        if (s == 0 && r == 0) tracker.StepEnded(step.step, step.end_s);
+        if (step.eval) tracker.EvalKnown(step.step, *step.eval);
+        if (s == 0 && r == 0) tracker.StepEnded(step.step, step.end_s, step.grad_norm);
       };
       executors.push_back(std::make_unique<executor::StageExecutor>(
           parts.config, parts.weight_stores(), transports.back().get(), on_step));
@@ -119,7 +120,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     PT_RETURN_IF_ERROR(SaveStageWeights(c, s, outcomes.back()));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
-                      AssembleReport(c, plan, std::move(outcomes), tracker.Losses(), first_step,
+                      AssembleReport(c, plan, std::move(outcomes), tracker.Losses(),
+                                     tracker.GradNorms(), tracker.Evals(), first_step,
                                      start_s));
   return report;
 }

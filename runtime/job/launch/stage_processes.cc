@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/rank_layout.h"
 #include "runtime/base/self_executable.h"
@@ -71,11 +72,19 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   const int stage = layout.StageOf(args.rank), replica = layout.ReplicaOf(args.rank);
   StageRunHooks hooks;
   hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
+    if (step.eval) {  // before the loss, which the launcher reads first
+      (void)store->Set(absl::StrCat(ProgressKey("eval", step.step), "/", replica),
+                       absl::StrCat(RoundTripText(step.eval->loss), " ",
+                                    RoundTripText(step.eval->accuracy)));
+    }
     if (step.mean_loss) {
       (void)store->Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica),
                        RoundTripText(*step.mean_loss));
     }
     if (stage == 0 && replica == 0) {
+      if (step.grad_norm) {  // before the end, which the launcher reads first
+        (void)store->Set(ProgressKey("grad_norm", step.step), RoundTripText(*step.grad_norm));
+      }
       (void)store->Set(ProgressKey("end", step.step), RoundTripText(step.end_s));
     }
   };
@@ -168,9 +177,28 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
           if (k + 1 < keys.size()) {
             tracker->LossKnown(t, x);
           } else {
-            tracker->StepEnded(t, x);
+            std::optional<double> grad_norm;
+            if (c.optimizer.clip_grad_norm > 0) {
+              auto norm = store->Get(ProgressKey("grad_norm", t), absl::Milliseconds(200));
+              double n = 0;
+              if (norm.ok() && absl::SimpleAtod(*norm, &n)) grad_norm = n;
+            }
+            tracker->StepEnded(t, x, grad_norm);
           }
           break;
+        }
+      }
+      if (c.eval.every > 0 && (t + 1) % c.eval.every == 0) {
+        for (int r = 0; r < c.replicas; ++r) {
+          auto v = store->Get(absl::StrCat(ProgressKey("eval", t), "/", r),
+                              absl::Milliseconds(200));
+          std::vector<std::string> parts;
+          if (v.ok()) parts = absl::StrSplit(*v, ' ');
+          executor::EvalRecord eval;
+          if (parts.size() == 2 && absl::SimpleAtod(parts[0], &eval.loss) &&
+              absl::SimpleAtod(parts[1], &eval.accuracy)) {
+            tracker->EvalKnown(t, eval);
+          }
         }
       }
     }
@@ -229,7 +257,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     outcomes.push_back(std::move(out));
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
-                      AssembleReport(c, plan, std::move(outcomes), tracker->Losses(), first_step,
+                      AssembleReport(c, plan, std::move(outcomes), tracker->Losses(),
+                                     tracker->GradNorms(), tracker->Evals(), first_step,
                                      start_s));
   return report;
 }

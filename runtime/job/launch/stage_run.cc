@@ -47,7 +47,9 @@ nlohmann::json StatsToJson(const executor::StageStats& st) {
   auto& steps = j["steps"] = nlohmann::json::array();
   for (const auto& s : st.steps) {
     steps.push_back({s.step, s.end_s, s.mean_loss ? nlohmann::json(*s.mean_loss) : nullptr,
-                     s.last_backward_end_s, s.commands_after});
+                     s.last_backward_end_s, s.commands_after,
+                     s.grad_norm ? nlohmann::json(*s.grad_norm) : nullptr,
+                     s.eval ? nlohmann::json({s.eval->loss, s.eval->accuracy}) : nullptr});
   }
   return j;
 }
@@ -81,6 +83,10 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
     if (!s[2].is_null()) step.mean_loss = s[2].get<double>();
     step.last_backward_end_s = s[3];
     if (s.size() > 4) step.commands_after = s[4];
+    if (s.size() > 5 && !s[5].is_null()) step.grad_norm = s[5].get<double>();
+    if (s.size() > 6 && !s[6].is_null()) {
+      step.eval = executor::EvalRecord{s[6][0].get<double>(), s[6][1].get<double>()};
+    }
     st.steps.push_back(step);
   }
   return st;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -21,15 +22,97 @@
 namespace pipetrain::job {
 namespace {
 
-std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(const weights::OptimizerConfig& o,
-                                                        const std::vector<at::Tensor>& params) {
-  if (o.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+// torch.optim's SGD or AdamW over `params`, in two parameter groups as users write them for
+// no_decay: those of a kind in o.no_decay (kinds[i], model::Layer::ParameterKindsOf) with
+// weight_decay 0, the others with o.weight_decay.
+std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(
+    const weights::OptimizerConfig& o, const std::vector<at::Tensor>& params,
+    const std::vector<model::ParameterKinds>& kinds) {
+  std::vector<at::Tensor> decayed, not_decayed;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ((kinds.at(i) & o.no_decay) != 0 ? not_decayed : decayed).push_back(params[i]);
   }
-  return std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
-                  o.weight_decay));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& [group, decay] : {std::pair{&decayed, o.weight_decay}, {&not_decayed, 0.0}}) {
+    if (group->empty()) continue;
+    if (o.name == "sgd") {
+      groups.emplace_back(*group, std::make_unique<torch::optim::SGDOptions>(
+                                      torch::optim::SGDOptions(o.lr).momentum(o.momentum)
+                                          .weight_decay(decay)));
+    } else {
+      groups.emplace_back(*group, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2})
+                                          .eps(o.eps).weight_decay(decay)));
+    }
+  }
+  if (o.name == "sgd") {
+    return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(o.lr));
+  }
+  return std::make_unique<torch::optim::AdamW>(std::move(groups),
+                                               torch::optim::AdamWOptions(o.lr));
+}
+
+// Every layer's parameters' kinds, in the order of their Parameters().
+std::vector<model::ParameterKinds> KindsOf(const model::StageModule& module) {
+  std::vector<model::ParameterKinds> kinds;
+  for (const auto& layer : module.layers()) {
+    for (model::ParameterKinds k : layer->ParameterKindsOf()) kinds.push_back(k);
+  }
+  return kinds;
+}
+
+// torch.nn.utils.clip_grad_norm_ over `groups` (kWholeModel: one group of every parameter;
+// the negative control: each stage's alone). Appends the whole model's norm to `norms`.
+void Clip(const JobConfig& c, const std::vector<std::vector<at::Tensor>>& groups,
+          ReferenceClipping clipping, std::vector<double>* norms) {
+  if (c.optimizer.clip_grad_norm <= 0) return;
+  std::vector<at::Tensor> all;
+  for (const auto& group : groups) all.insert(all.end(), group.begin(), group.end());
+  if (clipping == ReferenceClipping::kWholeModel) {
+    const double norm = torch::nn::utils::clip_grad_norm_(all, c.optimizer.clip_grad_norm);
+    if (norms) norms->push_back(norm);
+    return;
+  }
+  double squares = 0;
+  for (const auto& group : groups) {
+    const double norm = torch::nn::utils::clip_grad_norm_(group, c.optimizer.clip_grad_norm);
+    squares += norm * norm;
+  }
+  if (norms) norms->push_back(std::sqrt(squares));
+}
+
+// The evaluation at boundary n (config.eval) of the model `forward` runs (on its newest
+// weights, in evaluation mode): each replica's evaluated micro-batches' mean loss and
+// accuracy, averaged over the replicas.
+EvalPoint EvaluateReference(const JobConfig& c,
+                            const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
+                            int64_t n,
+                            const std::function<at::Tensor(const at::Tensor&,
+                                                           const model::LayerContext&)>& forward) {
+  torch::NoGradGuard no_grad;
+  EvalPoint point;
+  point.step = n;
+  for (const auto& reader : readers) {
+    double loss = 0, correct = 0, count = 0;
+    for (int k = 0; k < c.eval.batches; ++k) {
+      model::LayerContext ctx;
+      ctx.seed = c.seed;
+      const at::Tensor out = forward(reader->EvalInputs(k), ctx);
+      const at::Tensor logits = out.reshape({-1, out.size(-1)});
+      const at::Tensor targets = reader->EvalTargets(k).reshape({-1});
+      loss += at::cross_entropy_loss(logits, targets).item<double>();
+      correct += (logits.argmax(-1) == targets).sum().item<double>();
+      count += static_cast<double>(targets.numel());
+    }
+    point.loss += loss / c.eval.batches / c.replicas;
+    point.accuracy += correct / count / c.replicas;
+  }
+  return point;
+}
+
+// Whether the job evaluates at boundary n.
+bool EvaluatesAt(const JobConfig& c, int64_t n) {
+  return c.eval.every > 0 && n % c.eval.every == 0;
 }
 
 // LambdaLR's factor for update t, written as a user hands it to torch.optim.lr_scheduler.
@@ -72,7 +155,8 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, const JobConfig& c, int
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     const JobConfig& c, const JobPlan& plan,
     const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
-    const std::vector<int64_t>& drains) {
+    const std::vector<int64_t>& drains, ReferenceClipping clipping,
+    std::vector<double>* grad_norms, std::vector<EvalPoint>* evals) {
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   const int p = plan.stages();
   const int64_t m = c.micro_batches;
@@ -80,6 +164,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     std::unique_ptr<model::StageModule> live;  // the newest version, which the optimizer steps
     std::map<int64_t, std::unique_ptr<model::StageModule>> versions;  // copies, by number
     std::unique_ptr<torch::optim::Optimizer> optimizer;
+    std::vector<at::Tensor> trained;  // what the optimizer steps
     int64_t warmup = 0;
   };
   std::vector<Stage> stages(p);
@@ -114,11 +199,15 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     return false;
   };
   for (Stage& stage : stages) {
-    std::vector<at::Tensor> trained;
-    for (const at::Tensor& param : stage.live->Parameters()) {
-      if (!is_alias(param)) trained.push_back(param);
+    std::vector<model::ParameterKinds> kinds;
+    const std::vector<at::Tensor> params = stage.live->Parameters();
+    const std::vector<model::ParameterKinds> all_kinds = KindsOf(*stage.live);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (is_alias(params[k])) continue;
+      stage.trained.push_back(params[k]);
+      kinds.push_back(all_kinds.at(k));
     }
-    stage.optimizer = TorchOptimizer(c.optimizer, trained);
+    stage.optimizer = TorchOptimizer(c.optimizer, stage.trained, kinds);
   }
   // Vertical sync: every stage runs j on stage 0's version.
   const auto version = [&](const Stage& stage, int64_t j) {
@@ -166,6 +255,11 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
           members[k].mutable_grad() = at::Tensor();
         }
       }
+      {
+        std::vector<std::vector<at::Tensor>> groups;
+        for (const Stage& stage : stages) groups.push_back(stage.trained);
+        Clip(c, groups, clipping, grad_norms);
+      }
       for (Stage& stage : stages) {
         SetLearningRate(*stage.optimizer, c, t);
         stage.optimizer->step();
@@ -184,6 +278,16 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
         const int64_t oldest = version(stage, (t + 1) * m);
         stage.versions.erase(stage.versions.begin(), stage.versions.lower_bound(oldest));
       }
+      if (evals != nullptr && EvaluatesAt(c, t + 1)) {
+        for (Stage& stage : stages) stage.live->SetTraining(false);
+        evals->push_back(EvaluateReference(
+            c, readers, t + 1, [&](const at::Tensor& input, const model::LayerContext& ctx) {
+              at::Tensor x = input;
+              for (Stage& stage : stages) x = stage.live->Forward(x, ctx);
+              return x;
+            }));
+        for (Stage& stage : stages) stage.live->SetTraining(true);
+      }
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("reference run: ", e.what()));
@@ -198,7 +302,10 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
 }  // namespace
 
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
-                                                       const std::vector<int64_t>& switch_at) {
+                                                       const std::vector<int64_t>& switch_at,
+                                                       ReferenceClipping clipping,
+                                                       std::vector<double>* grad_norms,
+                                                       std::vector<EvalPoint>* evals) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   SetIntraOpThreads(AvailableCores());
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
@@ -206,7 +313,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
   if (c.schedule == schedule::ScheduleKind::kPipeDream) {
-    return TrainPipeDream(c, plan, readers, switch_at);
+    return TrainPipeDream(c, plan, readers, switch_at, clipping, grad_norms, evals);
   }
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   model::StageModule current(0, std::move(layers));
@@ -235,13 +342,29 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     }
   }
   std::vector<at::Tensor> trained;  // what the optimizer steps: all but the aliases
-  for (size_t k = 0; k < params.size(); ++k) {
-    const bool alias = std::any_of(ties.begin(), ties.end(), [k](const std::vector<size_t>& tie) {
-      return std::find(tie.begin() + 1, tie.end(), k) != tie.end();
-    });
-    if (!alias) trained.push_back(params[k]);
+  std::vector<model::ParameterKinds> trained_kinds;
+  // The trained parameters of each model stage (the negative control clips them alone).
+  std::vector<std::vector<at::Tensor>> stage_params(plan.partition.size());
+  {
+    const std::vector<model::ParameterKinds> kinds = KindsOf(current);
+    size_t k = 0;
+    for (int layer = 0; layer < current.num_layers(); ++layer) {
+      size_t stage = 0;
+      while (stage + 1 < plan.partition.size() && layer >= plan.partition[stage].end) ++stage;
+      for (size_t n = current.layers()[layer]->Parameters().size(); n > 0; --n, ++k) {
+        const bool alias =
+            std::any_of(ties.begin(), ties.end(), [k](const std::vector<size_t>& tie) {
+              return std::find(tie.begin() + 1, tie.end(), k) != tie.end();
+            });
+        if (alias) continue;
+        trained.push_back(params[k]);
+        trained_kinds.push_back(kinds.at(k));
+        stage_params[stage].push_back(params[k]);
+      }
+    }
   }
-  std::unique_ptr<torch::optim::Optimizer> optimizer = TorchOptimizer(c.optimizer, trained);
+  std::unique_ptr<torch::optim::Optimizer> optimizer =
+      TorchOptimizer(c.optimizer, trained, trained_kinds);
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
       if (two_bw && std::count(switch_at.begin(), switch_at.end(), t) > 0) {
@@ -276,6 +399,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
           params[tie[k]].mutable_grad() = at::Tensor();
         }
       }
+      Clip(c, stage_params, clipping, grad_norms);
       SetLearningRate(*optimizer, c, t);
       optimizer->step();
       optimizer->zero_grad();
@@ -286,6 +410,14 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
         }
       }
       current.FinishMiniBatch(t);
+      if (evals != nullptr && EvaluatesAt(c, t + 1)) {
+        current.SetTraining(false);
+        evals->push_back(EvaluateReference(
+            c, readers, t + 1, [&](const at::Tensor& input, const model::LayerContext& ctx) {
+              return current.Forward(input, ctx);
+            }));
+        current.SetTraining(true);
+      }
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("reference run: ", e.what()));

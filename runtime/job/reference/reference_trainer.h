@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/job/job_config.h"
+#include "runtime/job/report/report.h"
 
 namespace pipetrain::job {
 
@@ -24,9 +25,24 @@ namespace pipetrain::job {
 // starts on its newest version (pipedream's switches, flushes and checkpoints alike). Tied
 // weights (model::TiedParameters) are one parameter: the group's first member, the others
 // aliases whose gradients add to its gradient and which take its new value.
+// Clipping (optimizer.clip_grad_norm): torch::nn::utils::clip_grad_norm_ over every trained
+// parameter (a tie once) before each update, on the gradient that update applies (2BW's:
+// mini-batch t's, taken on W(t-1)); each update's norm is appended to `grad_norms` when given.
+// Parameters of a kind in optimizer.no_decay are a second torch.optim parameter group, with
+// weight_decay 0.
 // Returns the final parameters in layer order. Float64 when the job says so.
-absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& config,
-                                                       const std::vector<int64_t>& switch_at = {});
+enum class ReferenceClipping {
+  kWholeModel,     // clip_grad_norm_ over the whole model: the semantics
+  kEachStageAlone  // each model stage clipped by its own norm: a negative control, never right
+};
+// Evaluation (config.eval): at every boundary N that is a multiple of eval.every, the model of
+// W(N) in evaluation mode on each replica's evaluated micro-batches (MicroBatchReader::
+// EvalInputs), the mean loss and accuracy over them, averaged over the replicas, appended to
+// `evals` when given; training itself is untouched.
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(
+    const JobConfig& config, const std::vector<int64_t>& switch_at = {},
+    ReferenceClipping clipping = ReferenceClipping::kWholeModel,
+    std::vector<double>* grad_norms = nullptr, std::vector<EvalPoint>* evals = nullptr);
 
 // max over tensors of ||a - b|| / ||b|| (b: the reference); 0/0 counts as 0.
 double MaxRelativeDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);

@@ -168,9 +168,10 @@ ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double
       first_step_(first_step),
       next_(first_step) {}
 
-void ProgressTracker::StepEnded(int64_t step, double end_s) {
+void ProgressTracker::StepEnded(int64_t step, double end_s, std::optional<double> grad_norm) {
   std::lock_guard<std::mutex> lock(mu_);
   ends_[step] = end_s;
+  if (grad_norm) grad_norms_[step] = *grad_norm;
   Flush();
 }
 
@@ -198,6 +199,11 @@ void ProgressTracker::Flush() {
     }
     p.tokens_per_s = p.samples_per_s * tokens_per_row_;
     emitted_losses_.push_back(p.loss);
+    if (auto norm = grad_norms_.find(next_); norm != grad_norms_.end()) {
+      p.grad_norm = norm->second;
+      emitted_grad_norms_.push_back(norm->second);
+      grad_norms_.erase(norm);
+    }
     ends_.erase(next_);
     losses_.erase(next_);
     loss_count_.erase(next_);
@@ -211,9 +217,34 @@ std::vector<double> ProgressTracker::Losses() const {
   return emitted_losses_;
 }
 
+void ProgressTracker::EvalKnown(int64_t step, const executor::EvalRecord& eval) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& [count, sum] = evals_[step];
+  ++count;
+  sum.step = step + 1;
+  sum.loss += eval.loss / replicas_;
+  sum.accuracy += eval.accuracy / replicas_;
+}
+
+std::vector<EvalPoint> ProgressTracker::Evals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<EvalPoint> out;
+  for (const auto& [step, counted] : evals_) {
+    if (counted.first == replicas_) out.push_back(counted.second);
+  }
+  return out;
+}
+
+std::vector<double> ProgressTracker::GradNorms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return emitted_grad_norms_;
+}
+
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses, int64_t first_step,
+                                         std::vector<double> losses,
+                                         std::vector<double> grad_norms,
+                                         std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s) {
   const int p = plan.ranks();
   if (static_cast<int>(stages.size()) != p * c.replicas) {
@@ -236,6 +267,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.losses = std::move(losses);
   if (report.losses.empty()) return absl::InternalError("the job finished no step");
   report.first_step = first_step;
+  report.grad_norms = std::move(grad_norms);
+  report.evals = std::move(evals);
   for (size_t k = 0; k < report.losses.size(); ++k) {
     report.learning_rates.push_back(weights::LearningRateAt(
         c.optimizer, first_step + static_cast<int64_t>(k), c.steps));

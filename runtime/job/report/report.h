@@ -42,6 +42,14 @@ struct StageReport {
   int64_t bytes_sent = 0;
 };
 
+// One evaluation on held-out data (JobConfig::eval), before step `step`, on W(step): the mean
+// over the replicas of their evaluated micro-batches' mean loss and accuracy.
+struct EvalPoint {
+  int64_t step = 0;
+  double loss = 0;
+  double accuracy = 0;
+};
+
 struct JobReport {
   std::string schedule;
   int stages = 0;
@@ -54,6 +62,10 @@ struct JobReport {
   std::vector<model::LayerRange> partition;
   std::vector<double> losses;  // one per step run, mean over the step's micro-batches
   std::vector<double> learning_rates;  // the rate each of those steps' updates used
+  // With clipping (optimizer.clip_grad_norm), each of those steps' gradient norm before
+  // clipping; empty without.
+  std::vector<double> grad_norms;
+  std::vector<EvalPoint> evals;  // every evaluation the run made, in order
   int64_t first_step = 0;      // of losses[0]: a resumed job's checkpoint step
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
@@ -83,6 +95,7 @@ struct Progress {
   int64_t step = 0;  // 0-based, finished
   int64_t steps = 0;
   double loss = 0;
+  std::optional<double> grad_norm;  // with clipping: before it
   double elapsed_s = 0;
   double samples_per_s = 0;
   double tokens_per_s = 0;
@@ -108,11 +121,15 @@ struct StageOutcome {
 // held). `losses`: every step's loss, the mean over replicas
 // (ProgressTracker::Losses(); the stages keep only their recent steps), the first of them
 // step `first_step` (a resumed run's checkpoint step); the learning rate of each is the
-// schedule's (weights::LearningRateAt, what every optimizer used). `start_s` is when the
-// stages started (MonotonicSeconds).
+// schedule's (weights::LearningRateAt, what every optimizer used); `grad_norms` those
+// steps' gradient norms (ProgressTracker::GradNorms(): empty without clipping); `evals`
+// its evaluations (ProgressTracker::Evals()). `start_s` is when the stages started
+// (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses, int64_t first_step,
+                                         std::vector<double> losses,
+                                         std::vector<double> grad_norms,
+                                         std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s);
 
 // The error of a failed run: the root cause (the first error that is not another stage's
@@ -133,11 +150,18 @@ class ProgressTracker {
   // `first_step`: the first step this run runs (a resumed job's checkpoint step).
   ProgressTracker(const JobConfig& config, const JobPlan& plan, double start_s,
                   std::function<void(const Progress&)> sink, int64_t first_step = 0);
-  void StepEnded(int64_t step, double end_s);
+  // `grad_norm`: the step's gradient norm (StepRecord::grad_norm: with clipping).
+  void StepEnded(int64_t step, double end_s, std::optional<double> grad_norm = std::nullopt);
   // Called once per replica; the step's loss is the mean over replicas.
   void LossKnown(int64_t step, double loss);
+  // The evaluation after step `step` (before step + 1), once per replica: the mean over them.
+  void EvalKnown(int64_t step, const executor::EvalRecord& eval);
   // The loss of every step emitted so far, in step order (from first_step).
   std::vector<double> Losses() const;
+  // Likewise their gradient norms (none without clipping).
+  std::vector<double> GradNorms() const;
+  // Every evaluation every replica reported, in step order.
+  std::vector<EvalPoint> Evals() const;
 
  private:
   void Flush();  // REQUIRES: mu_ held
@@ -149,8 +173,10 @@ class ProgressTracker {
   std::map<int64_t, int> loss_count_;
   std::function<void(const Progress&)> sink_;
   std::map<int64_t, double> ends_, losses_;  // of steps not yet emitted
+  std::map<int64_t, double> grad_norms_;      // likewise
+  std::map<int64_t, std::pair<int, EvalPoint>> evals_;  // by step: replicas so far, the sum
   double first_end_s_ = 0;                   // of the first step
-  std::vector<double> emitted_losses_;
+  std::vector<double> emitted_losses_, emitted_grad_norms_;
   int64_t first_step_, next_;
 };
 

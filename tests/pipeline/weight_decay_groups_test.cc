@@ -1,0 +1,147 @@
+// Per-parameter weight decay (optimizer.no_decay, docs/design.md section 4.7c):
+// - every parameter of the built-in GPT and CNN is of the kinds listed here by hand, and a
+//   TorchScript model's by its modules' classes and its parameters' names;
+// - float64 parameters equal torch.optim's with two parameter groups (weight_decay 0 for the
+//   kinds named) within 1e-10, under 1F1B and 2BW with 2 replicas, SGD and AdamW, each set of
+//   kinds, tied embeddings too; negative control: the one-group reference differs;
+// - an unknown kind is named with the known ones.
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "jobspec/job_config_from_spec.h"
+#include "jobspec/spec_yaml.h"
+#include "runtime/model/model_zoo.h"
+#include "tests/pipeline/pipeline_fixture.h"
+
+namespace pipetrain::job::pipeline_test {
+namespace {
+
+using model::KindBit;
+using model::ParameterKind;
+using model::ParameterKinds;
+
+constexpr ParameterKinds kBias = KindBit(ParameterKind::kBias);
+constexpr ParameterKinds kNorm = KindBit(ParameterKind::kNorm);
+constexpr ParameterKinds kEmbedding = KindBit(ParameterKind::kEmbedding);
+
+// Every layer's kinds, in order.
+std::vector<std::vector<ParameterKinds>> KindsOfModel(const model::ModelConfig& config) {
+  auto layers = model::BuildModel(config);
+  EXPECT_TRUE(layers.ok()) << layers.status();
+  std::vector<std::vector<ParameterKinds>> out;
+  if (!layers.ok()) return out;
+  for (const auto& layer : *layers) {
+    out.push_back(layer->ParameterKindsOf());
+    EXPECT_EQ(out.back().size(), layer->Parameters().size()) << layer->name();
+  }
+  return out;
+}
+
+TEST(ParameterKinds, TheBuiltInModelsNameEveryParameter) {
+  model::ModelConfig gpt;
+  gpt.n_layers = 1;
+  // embedding (token, position) | block: ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, fc2 w/b
+  // | final_norm (weight, bias) | lm_head (weight).
+  const std::vector<std::vector<ParameterKinds>> expected_gpt = {
+      {kEmbedding, kEmbedding},
+      {kNorm, kNorm | kBias, 0, kBias, 0, kBias, kNorm, kNorm | kBias, 0, kBias, 0, kBias},
+      {kNorm, kNorm | kBias},
+      {0}};
+  EXPECT_EQ(KindsOfModel(gpt), expected_gpt);
+  model::ModelConfig cnn;
+  cnn.name = "cnn";
+  cnn.hidden_layers = 1;
+  // conv (kernel, BatchNorm weight and bias) | classifier (weight, bias).
+  const std::vector<std::vector<ParameterKinds>> expected_cnn = {{0, kNorm, kNorm | kBias},
+                                                                 {0, kBias}};
+  EXPECT_EQ(KindsOfModel(cnn), expected_cnn);
+  model::ModelConfig mlp;
+  mlp.name = "mlp";
+  mlp.hidden_layers = 1;
+  EXPECT_EQ(KindsOfModel(mlp), (std::vector<std::vector<ParameterKinds>>{{0, kBias}, {0, kBias}}));
+}
+
+// A TorchScript layer: kinds by the class of the module holding each parameter ("Norm",
+// "Embedding" in its name) and by the parameter's name ("bias").
+TEST(ParameterKinds, ATorchScriptModelsByItsModulesClassesAndParameterNames) {
+  torch::jit::Module root("Sequential");
+  root.register_attribute("training", c10::BoolType::get(), true);
+  auto module = [](const char* type, std::vector<const char*> parameters) {
+    torch::jit::Module m(type);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    for (const char* p : parameters) m.register_parameter(p, torch::ones({4}), false);
+    return m;
+  };
+  torch::jit::Module block("Block");
+  block.register_attribute("training", c10::BoolType::get(), true);
+  block.register_module("norm", module("RMSNorm", {"weight"}));
+  block.register_module("proj", module("Linear", {"weight", "bias"}));
+  block.define("def forward(self, x):\n  return x * self.norm.weight * self.proj.weight + "
+               "self.proj.bias\n");
+  torch::jit::Module embedding = module("Embedding", {"weight"});
+  embedding.define("def forward(self, x):\n  return x * self.weight\n");
+  torch::jit::Module norm = module("LayerNorm", {"weight", "bias"});
+  norm.define("def forward(self, x):\n  return x * self.weight + self.bias\n");
+  root.register_module("0", embedding);
+  root.register_module("1", block);
+  root.register_module("2", norm);
+  const std::string path = ::testing::TempDir() + "/kinds.pt";
+  root.save(path);
+  model::ModelConfig script;
+  script.name = "torchscript";
+  script.torchscript_path = path;
+  const std::vector<std::vector<ParameterKinds>> expected = {
+      {kEmbedding}, {kNorm, 0, kBias}, {kNorm, kNorm | kBias}};
+  EXPECT_EQ(KindsOfModel(script), expected);
+}
+
+JobConfig Decayed(ScheduleKind kind, const char* optimizer, ParameterKinds no_decay) {
+  JobConfig c = TinyGpt(kind, 3, 4);
+  c.replicas = 2;
+  c.steps = 5;
+  c.optimizer.name = optimizer;
+  c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.1 : 0.02;
+  c.optimizer.weight_decay = 0.5;  // large: the groups' difference shows within 5 steps
+  c.optimizer.no_decay = no_decay;
+  return c;
+}
+
+TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
+  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      for (const ParameterKinds no_decay :
+           {kBias | kNorm, kEmbedding, kBias | kNorm | kEmbedding}) {
+        for (const bool tied : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
+                                    optimizer, " no_decay ", model::ParameterKindsName(no_decay),
+                                    tied ? " tied" : ""));
+          JobConfig c = Decayed(kind, optimizer, no_decay);
+          c.model.tie_embeddings = tied;
+          const JobReport report = MustRun(c);
+          const std::vector<at::Tensor> reference = MustReference(c);
+          ASSERT_EQ(report.final_parameters.size(), reference.size());
+          EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
+          // Negative control: every parameter decayed (one group) is another trajectory.
+          JobConfig one_group = c;
+          one_group.optimizer.no_decay = 0;
+          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(one_group)),
+                    1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightDecayGroups, AnUnknownKindIsNamedWithTheKnownOnes) {
+  auto spec = jobspec::JobSpecFromYaml("optimizer: {no_decay: [bias, layernorm]}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto config = jobspec::JobConfigFromSpec(*spec);
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("optimizer.no_decay: unknown parameter kind "
+                                           "'layernorm' (one of: bias, norm, embedding)"),
+            std::string::npos)
+      << config.status();
+}
+
+}  // namespace
+}  // namespace pipetrain::job::pipeline_test
