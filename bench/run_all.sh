@@ -10,6 +10,7 @@
 #                              torch's Pipe: tokens/s, peak memory, memory efficiency
 #      plan_accuracy.py        the planner's predicted step time and memory against runs
 #      gpt2_small.py           GPT-2 small's shape as stage processes per schedule, ME vs DP
+#      training_recipe.py      gradient clipping and evaluation against a plain step, paired
 #      allreduce_overlap.py    Hippie's overlapped AllReduce vs. after the backward, by bucket
 #   4. transport_throughput    the Gloo transport vs. raw loopback TCP, 64 KiB..64 MiB
 #   5. data_parallel.py        Hippie's exposed AllReduce; stages as processes vs. threads
@@ -110,6 +111,11 @@ section "GPT-2 small's shape as stage processes (bench/gpt2_small.py)"
 start=${SECONDS}
 "${PY}" bench/gpt2_small.py --build "${BUILD_DIR}"
 echo >&2 "gpt2_small: $((SECONDS - start)) s"
+
+section "The training recipe: clipping and evaluation (bench/training_recipe.py)"
+start=${SECONDS}
+"${PY}" bench/training_recipe.py "${BIN}"
+echo >&2 "training_recipe: $((SECONDS - start)) s"
 
 section "Hippie's overlap on larger models (bench/allreduce_overlap.py)"
 start=${SECONDS}
