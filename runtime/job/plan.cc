@@ -218,41 +218,6 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   return plan;
 }
 
-data::MicroBatch MicroBatchReader::Read(int64_t j) const {
-  return plan_.dataset->Read(plan_.sampler->SampleIds(j / micro_batches_, replica_,
-                                                      static_cast<int>(j % micro_batches_)));
-}
-
-data::MicroBatch MicroBatchReader::ReadEval(int64_t k) const {
-  const JobPlan::HeldOut& held = plan_.held_out;
-  const int64_t b = plan_.micro_batch_size;
-  const int64_t first = (int64_t{replica_} * plan_.eval_batches + k) * b;
-  std::vector<int64_t> ids;
-  for (int64_t row = 0; row < b; ++row) ids.push_back(held.begin + (first + row) % held.count);
-  return plan_.dataset->Read(ids);
-}
-
-at::Tensor MicroBatchReader::EvalInputs(int64_t k) const { return InputsOf(ReadEval(k)); }
-
-at::Tensor MicroBatchReader::EvalTargets(int64_t k) const {
-  data::MicroBatch mb = ReadEval(k);
-  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
-}
-
-at::Tensor MicroBatchReader::Inputs(int64_t j) const { return InputsOf(Read(j)); }
-
-at::Tensor MicroBatchReader::InputsOf(const data::MicroBatch& mb) const {
-  if (!mb.input_tokens.empty()) {
-    return torch::tensor(mb.input_tokens, torch::kLong).reshape(mb.input_shape);
-  }
-  return torch::tensor(mb.input_values, torch::kFloat).reshape(mb.input_shape).to(plan_.dtype);
-}
-
-at::Tensor MicroBatchReader::Targets(int64_t j) const {
-  data::MicroBatch mb = Read(j);
-  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
-}
-
 std::vector<weights::WeightStore*> StageParts::weight_stores() const {
   std::vector<weights::WeightStore*> out;
   for (const auto& w : weights) out.push_back(w.get());
