@@ -77,7 +77,7 @@ HostPlacer MakeHostPlacer(const job::JobConfig& c, const planner::HostLinks& bet
     layout.pipeline = job::PipelineLayoutOf(c);
     std::vector<model::LayerInfo> layers;
     for (const planner::LayerProfile& l : profile->sizes.front().layers) {
-      layers.push_back({l.name, l.parameter_bytes});  // balanced by bytes as by counts
+      layers.push_back({l.name, l.parameter_bytes, {}});  // balanced by bytes as by counts
     }
     std::optional<std::vector<model::LayerRange>> ranges = StageRanges(layout.pipeline, layers);
     if (!ranges) return {};

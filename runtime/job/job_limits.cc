@@ -66,7 +66,7 @@ const std::vector<FieldLimit>& JobFieldLimits() {
       {"microbatches", 1, 65536, "every micro-batch of a step is in the schedule"},
       {"microbatch_size", 1, 65536, "one micro-batch's activations must fit one device"},
       {"steps", 1, 2147483647, "a 32-bit count (a stage's memory does not grow with it)"},
-      {"optimizer.lr", 1e-12, 1e3, "a finite, positive step size"},
+      {"optimizer.lr", 0, 1e3, "a finite step size; 0 leaves the weights as they are"},
       {"optimizer.weight_decay", 0, 1e3, "finite and not negative"},
       {"optimizer.momentum", 0, 0.999, "a decay below 1"},
       {"optimizer.beta1", 0, 0.999999, "a decay below 1"},

@@ -15,7 +15,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (c.name != "sgd" && c.name != "adamw") {
     errors.push_back(absl::StrCat("unknown optimizer '", c.name, "' (known: sgd, adamw)"));
   }
-  if (!(c.lr > 0)) errors.push_back(absl::StrCat("optimizer.lr must be > 0, got ", c.lr));
+  if (!(c.lr >= 0)) errors.push_back(absl::StrCat("optimizer.lr must be >= 0, got ", c.lr));
   if (c.weight_decay < 0) {
     errors.push_back(absl::StrCat("optimizer.weight_decay must be >= 0, got ", c.weight_decay));
   }
@@ -41,7 +41,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
                                   s.decay_steps));
   }
   // Against lr only where lr itself is valid (else that one violation is named, not two).
-  if (!(s.min_lr >= 0) || (c.lr > 0 && s.min_lr > c.lr)) {
+  if (!(s.min_lr >= 0) || (c.lr >= 0 && s.min_lr > c.lr)) {
     errors.push_back(absl::StrCat("optimizer.schedule.min_lr must be in [0, optimizer.lr = ",
                                   c.lr, "], got ", s.min_lr));
   }
@@ -70,6 +70,7 @@ absl::StatusOr<LrDecay> ParseLrDecay(std::string_view name) {
 
 double LearningRateAt(const OptimizerConfig& c, int64_t step, int64_t job_steps) {
   const LearningRateSchedule& s = c.schedule;
+  if (c.lr == 0) return 0;  // frozen weights (min_lr is 0 too)
   if (step < s.warmup_steps) {
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
   }

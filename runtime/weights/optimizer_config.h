@@ -62,7 +62,7 @@ inline int OptimizerStateCopies(const OptimizerConfig& config) {
   return config.momentum != 0 ? 1 : 0;
 }
 
-// All invalid fields in one InvalidArgument ("; "-separated) (unknown name, lr <= 0, betas
+// All invalid fields in one InvalidArgument ("; "-separated) (unknown name, lr < 0, betas
 // outside [0, 1), a negative warm-up or decay length, min_lr outside [0, lr], ...).
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 

@@ -144,7 +144,7 @@ std::vector<Case> Cases() {
       {"unknown optimizer", Spec({{"optimizer", "{name: lion, lr: 0.01}"}}),
        {"optimizer.name: unknown optimizer 'lion' (known: sgd, adamw)"}},
       {"negative learning rate", Spec({{"optimizer", "{name: sgd, lr: -0.1}"}}),
-       {"optimizer.lr: must be > 0, got -0.1"}},
+       {"optimizer.lr: must be >= 0, got -0.1"}},
       // The rest of the job.
       {"no steps", Spec({{"steps", "0"}}), {"steps: must be >= 1, got 0"}},
       {"no replicas", Spec({{"replicas", "0"}}), {"replicas: must be >= 1, got 0"}},
@@ -174,7 +174,7 @@ std::vector<Case> Cases() {
              {"optimizer", "{name: sgd, lr: -1}"},
              {"data", "{kind: synthetic, vocab: 1}"}}),
        {"model.d_model (30) must be divisible by model.n_heads (4)",
-        "optimizer.lr: must be > 0, got -1", "data.vocab: must be >= 2, got 1",
+        "optimizer.lr: must be >= 0, got -1", "data.vocab: must be >= 2, got 1",
         "data.branching: must be in [1, vocab], got 4",
         "stages: layer 2 (block1) belong to no stage",
         "replicas: must be >= 1, got 0", "microbatch_size: must be >= 1, got 0",

@@ -6,13 +6,17 @@
 //   momentum and AdamW, 1 and 2 replicas; negative control: the constant-rate reference
 //   differs;
 // - a job resumed from its checkpoint continues the schedule: bitwise the uninterrupted job;
-// - every invalid field of a schedule is named in one error.
+// - every invalid field of a schedule is named in one error;
+// - optimizer.lr 0 is a valid job whose weights stay bitwise the initial ones (SGD with
+//   momentum and weight decay, AdamW with weight decay; negative control: 1e-6 moves them).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/stage_module.h"
 #include "runtime/weights/optimizer_config.h"
 #include "tests/pipeline/pipeline_fixture.h"
 
@@ -102,6 +106,36 @@ TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
     ASSERT_EQ(rest.learning_rates.size(), 2u);
     EXPECT_EQ(rest.learning_rates[0], whole.learning_rates[6]);
     std::filesystem::remove_all(dir);
+  }
+}
+
+// lr 0 (frozen weights, a speed measurement, torch.optim accepts it): valid, and every
+// update leaves every parameter as it was built, under decay and momentum too.
+TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
+  for (const ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer));
+      JobConfig c = Scheduled(kind, optimizer, LrDecay::kCosine);
+      c.optimizer.lr = 0;
+      c.optimizer.schedule.min_lr = 0;
+      c.optimizer.weight_decay = 0.1;
+      c.optimizer.momentum = std::string(optimizer) == "sgd" ? 0.9 : 0.0;
+      ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+      absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      absl::StatusOr<model::LayerList> layers = model::BuildModel(plan->model_config);
+      ASSERT_TRUE(layers.ok()) << layers.status();
+      const std::vector<at::Tensor> built = model::StageModule(0, *std::move(layers)).Parameters();
+      const JobReport report = MustRun(c);
+      EXPECT_TRUE(BitwiseEqual(report.final_parameters, built));
+      for (double rate : report.learning_rates) EXPECT_EQ(rate, 0.0);
+      EXPECT_TRUE(BitwiseEqual(MustReference(c), built));
+      // Negative control: the smallest step moves them.
+      JobConfig moving = c;
+      moving.optimizer.lr = 1e-6;
+      EXPECT_FALSE(BitwiseEqual(MustRun(moving).final_parameters, built));
+    }
   }
 }
 

@@ -124,7 +124,7 @@ double LambdaLrFactor(const JobConfig& c, int64_t t) {
   if (s.decay == weights::LrDecay::kConstant) return 1.0;
   const double length = s.decay_steps > 0 ? s.decay_steps : c.steps - s.warmup_steps;
   const double done = length > 0 ? std::min(1.0, (t - s.warmup_steps) / length) : 1.0;
-  const double low = s.min_lr / c.optimizer.lr;
+  const double low = c.optimizer.lr > 0 ? s.min_lr / c.optimizer.lr : 0.0;
   const double shape =
       s.decay == weights::LrDecay::kLinear ? 1.0 - done : (1.0 + std::cos(M_PI * done)) / 2;
   return low + (1.0 - low) * shape;
