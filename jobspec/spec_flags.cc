@@ -42,10 +42,12 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--checkpoint-dir", "checkpoint.dir", "job",
        "where checkpoints keyed by layer go: DIR/step-N/ and DIR/latest"},
       {"--checkpoint-every", "checkpoint.every", "job",
-       "a checkpoint before every step that is a multiple of this (0: none)"},
+       "a checkpoint before every step that is a multiple of this, and one after the last "
+       "step (0: none)"},
       {"--checkpoint-keep", "checkpoint.keep", "job", "complete checkpoints kept"},
       {"--resume-from", "resume_from", "job",
-       "start from a checkpoint: latest (under --checkpoint-dir) or a directory"},
+       "start from a checkpoint: latest (under --checkpoint-dir), a checkpoint directory or "
+       "root, or a root's latest file"},
       {"--max-restarts", "max_restarts", "job",
        "worker daemons: restarts after a fault, each from the latest checkpoint on the "
        "workers that remain, before the job fails"},

@@ -282,6 +282,10 @@ absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path) {
     }
     return FoundCheckpoint{path, *std::move(manifest), {}};
   }
+  if (fs::path(path).filename() == kLatest && fs::is_regular_file(path, ec)) {
+    // The pointer file itself (DIR/latest): its root, which reads it first.
+    return FindCheckpoint(fs::path(path).parent_path().string());
+  }
   if (!fs::is_directory(path, ec)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint directory ", path));
   }

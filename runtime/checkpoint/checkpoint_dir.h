@@ -70,8 +70,9 @@ struct FoundCheckpoint {
   std::vector<std::string> skipped;
 };
 
-// `path` a checkpoint directory (step-N: only that one) or a root: the one `latest` names,
-// else (or if it fails its checks) the newest complete step-N that passes them. Every file
+// `path` a checkpoint directory (step-N: only that one) or a root, or the root's `latest`
+// pointer file itself: the one `latest` names, else (or if it fails its checks) the newest
+// complete step-N that passes them. Every file
 // is read and its size and SHA-256 compared. NotFound if none passes (listing why each
 // failed).
 absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path);

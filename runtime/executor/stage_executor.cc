@@ -326,6 +326,11 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   if (auto c = boundary_commands_.find(j + 1); c != boundary_commands_.end()) {
     step.commands_after = c->second;
   }
+  if (config_.checkpoint_every > 0 && j + 1 == config_.schedule.steps) {
+    // The job's end: a checkpoint policy writes one after the last step too (what a longer
+    // job's resume_from continues from). Every update is done; nothing is in flight.
+    step.commands_after |= control::kCheckpoint;
+  }
   if (config_.eval_every > 0 && (j + 1) % config_.eval_every == 0) {
     PT_ASSIGN_OR_RETURN(step.eval, Evaluate(j + 1, record));
   }

@@ -146,7 +146,8 @@ struct StageConfig {
   // Stage 0 of replica 0: where the host puts step commands (may be null: none).
   control::StepCommandQueue* commands = nullptr;
   // A checkpoint at every boundary N that is a multiple of this (0: none), as if the command
-  // had been scheduled there (every stage sees the same boundaries).
+  // had been scheduled there (every stage sees the same boundaries), and one after the last
+  // step (StepRecord::commands_after).
   int64_t checkpoint_every = 0;
   // The pipeline's gradient is clipped to this 2-norm before each update (0: not clipped).
   double clip_grad_norm = 0;
@@ -207,7 +208,8 @@ struct StepRecord {
   double compute_s = 0;
   double wait_s = 0;
   // Step commands (control::StepCommand bits) that took effect at the boundary right after
-  // this step, on this stage.
+  // this step, on this stage. After the job's last step: kCheckpoint where a checkpoint
+  // policy is set (StageConfig::checkpoint_every), the job's final checkpoint.
   uint32_t commands_after = 0;
   // Its gradients were not finite: the update was skipped (weights and optimizer unchanged).
   bool skipped = false;

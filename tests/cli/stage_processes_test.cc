@@ -107,19 +107,22 @@ TEST_F(CliTest, TiedEmbeddingsAcrossProcessesMatchTheReference) {
 }
 
 // Stage processes write a checkpoint (each its layers, one commits through the launcher's
-// store) and resume from it on another layout: 4 stages, then 2 stages x 2 replicas; the
-// final parameters equal the uninterrupted reference within 1e-10 (float64).
+// store): a 3-step job with a checkpoint policy writes its final one, after its last step
+// (the policy's every 3 has no boundary in 3 steps), and a 6-step job resumes from it,
+// named by the `latest` pointer file itself, on another layout: 4 stages, then 2 stages x 2
+// replicas; the final parameters equal the uninterrupted reference within 1e-10 (float64).
 TEST_F(CliTest, StageProcessesCheckpointAndResumeOnAnotherLayout) {
   const std::string common =
-      " --dtype float64 --schedule 1f1b --steps 6 --d-model 16 --n-heads 2 --n-layers 3"
+      " --dtype float64 --schedule 1f1b --d-model 16 --n-heads 2 --n-layers 3"
       " --seq-len 8 --vocab 16 --checkpoint-dir " + (dir_ / "ckpt").string();
-  Result first = Run("run -q --launch processes --stages 4 --microbatches 4 "
+  Result first = Run("run -q --launch processes --stages 4 --microbatches 4 --steps 3 "
                      "--checkpoint-every 3" + common);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest"), "step-00000003\n");
   const fs::path summary = dir_ / "summary.json";
   Result resumed = Run("run -q --launch processes --reference --stages 2 --replicas 2 "
-                       "--microbatches 2 --resume-from latest --summary " + summary.string() +
+                       "--microbatches 2 --steps 6 --resume-from " +
+                       (dir_ / "ckpt" / "latest").string() + " --summary " + summary.string() +
                        common);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_THAT(resumed.err, HasSubstr("resuming at step 3 from " + (dir_ / "ckpt").string()));

@@ -62,7 +62,7 @@ TEST_F(RecoveryTest, ACorruptNewestCheckpointPassedOverIsInTheEventsAndTheStatus
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   const fs::path ckpt = dir_ / "ckpt";
-  ASSERT_TRUE(RunSmallJobWithCheckpoints(cluster, dir_ / "first.yaml", ckpt, 9, 4));
+  ASSERT_TRUE(RunSmallJobWithCheckpoints(cluster, dir_ / "first.yaml", ckpt, 8, 4));
   const std::string job = kSmallJob;
   ASSERT_TRUE(fs::exists(ckpt / "step-00000008"));
   ASSERT_TRUE(fs::exists(ckpt / "step-00000004"));

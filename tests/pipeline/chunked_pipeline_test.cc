@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/control/step_commands.h"
 #include "tests/pipeline/pipeline_fixture.h"
 
@@ -164,7 +165,7 @@ TEST(ChunkedSchedules, ACheckpointResumesUnderAnotherScheduleAndLayout) {
     r.stages = resumed.ranks;
     r.virtual_stages = resumed.virtual_stages;
     r.checkpoint.every = 0;
-    r.resume_from = "latest";
+    r.resume_from = dir + "/" + checkpoint::StepDirName(2);  // latest: the final one
     const JobReport rest = MustRun(r);
     EXPECT_EQ(rest.first_step, 2);
     EXPECT_LE(MaxRelativeDifference(rest.final_parameters, whole.final_parameters), 1e-10);

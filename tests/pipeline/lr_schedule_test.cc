@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
 #include "runtime/weights/optimizer_config.h"
@@ -99,7 +100,7 @@ TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
     c.checkpoint.every = 3;
     const JobReport whole = MustRun(c);
     JobConfig resumed = c;
-    resumed.resume_from = "latest";
+    resumed.resume_from = dir + "/" + checkpoint::StepDirName(6);  // latest: the final one
     const JobReport rest = MustRun(resumed);
     EXPECT_EQ(rest.first_step, 6);
     EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));

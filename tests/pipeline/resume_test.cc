@@ -1,10 +1,13 @@
 // Checkpoints keyed by layer, taken by the policy, and jobs resumed from them in this process
 // (stages as threads): a job that dies after its checkpoint at step 10 and is resumed ends
 // bitwise equal to the job that never died, its losses too; a checkpoint of 4 stages resumes
-// as 2 stages x 2 replicas and as 1 stage within 1e-10 (float64), for 1F1B and 2BW.
+// as 2 stages x 2 replicas and as 1 stage within 1e-10 (float64), for 1F1B and 2BW; a job
+// that ends writes its final checkpoint, which a longer job resumes from (named by the
+// `latest` pointer file itself) and continues as the uninterrupted reference.
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -140,6 +143,55 @@ TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
     EXPECT_LE(MaxRelativeDifference(finished.final_parameters, uninterrupted.final_parameters),
               1e-10);
   }
+  fs::remove_all(dir);
+}
+
+// A job with a checkpoint policy writes one after its last step too: 7 steps, every 3, leave
+// step-3, step-6 and step-7, which `latest` names. A 10-step job given the pointer file
+// itself resumes at step 7 and ends within 1e-10 of TrainReference with 2BW's switches at 3
+// and 6 (the policy's) and 7 (the resume): the final checkpoint held every update. Negative
+// control: a reference that stopped one update short (the state before step 6, resumed at 7)
+// misses.
+TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
+  const fs::path dir = TempDir("final");
+  JobConfig first = Gpt(GetParam(), dir.string());
+  first.steps = 7;
+  first.checkpoint.every = 3;
+  const JobReport done = MustRun(first);
+  ASSERT_EQ(done.losses.size(), 7u);
+  for (int64_t n : {3, 6, 7}) EXPECT_TRUE(fs::exists(dir / checkpoint::StepDirName(n))) << n;
+  std::ifstream latest(dir / "latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, checkpoint::StepDirName(7));
+  auto found = checkpoint::FindCheckpoint((dir / "latest").string());
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->manifest.step, 7);
+  // Its weights are the finished job's.
+  JobConfig longer = first;
+  longer.steps = 10;
+  longer.checkpoint.every = 0;
+  longer.resume_from = (dir / "latest").string();
+  const JobReport finished = MustRun(longer);
+  EXPECT_EQ(finished.first_step, 7);
+  ASSERT_EQ(finished.losses.size(), 3u);
+  JobConfig whole = longer;
+  whole.resume_from.clear();
+  whole.checkpoint = {};
+  absl::StatusOr<std::vector<at::Tensor>> reference = TrainReference(whole, {3, 6, 7});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_LE(MaxRelativeDifference(finished.final_parameters, *reference), 1e-10);
+  // A job asked for no more steps than the checkpoint holds is refused, naming both.
+  JobConfig same = longer;
+  same.steps = 7;
+  absl::StatusOr<JobReport> nothing = RunInProcess(same);
+  EXPECT_THAT(nothing.status().message(), HasSubstr("nothing is left to run"));
+  // Negative control: from the checkpoint before step 6 (one update and a resume short).
+  JobConfig short_by_one = longer;
+  short_by_one.resume_from = (dir / checkpoint::StepDirName(6)).string();
+  short_by_one.steps = 9;
+  const JobReport missed = MustRun(short_by_one);
+  EXPECT_GT(MaxRelativeDifference(missed.final_parameters, *reference), 1e-6);
   fs::remove_all(dir);
 }
 

@@ -198,7 +198,7 @@ TEST(TiedEmbeddings, ACheckpointStoresTheTiedWeightOnceAndResumesOnAnotherLayout
     r.stages = 2;
     r.virtual_stages = kind == ScheduleKind::kZeroBubbleV ? 2 : 0;
     r.checkpoint.every = 0;
-    r.resume_from = "latest";
+    r.resume_from = step.string();  // latest: the final one
     const JobReport rest = MustRun(r);
     EXPECT_EQ(rest.first_step, 2);
     EXPECT_LE(MaxRelativeDifference(rest.final_parameters, whole.final_parameters), 1e-10);

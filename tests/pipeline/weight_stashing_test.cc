@@ -21,6 +21,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/planner/predict.h"
@@ -120,10 +121,10 @@ TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
       c.vertical_sync = vertical_sync;
       c.steps = 7;
       c.checkpoint.dir = dir;
-      c.checkpoint.every = 3;  // boundaries 3 and 6
+      c.checkpoint.every = 3;  // boundaries 3 and 6 (and the final one, after step 7)
       const JobReport whole = MustRun(c);
       JobConfig resumed = c;
-      resumed.resume_from = "latest";
+      resumed.resume_from = dir + "/" + checkpoint::StepDirName(6);
       const JobReport rest = MustRun(resumed);
       EXPECT_EQ(rest.first_step, 6);
       EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
