@@ -8,7 +8,8 @@ checked against the manifest (size and SHA-256) first. OUT.pt holds
     {"step": N,                      # the weights are W(N); a resumed job runs from step N
      "job": {...},                   # the job that wrote it (model, data, schedule, ...)
      "model": {"layers.I.param.K": tensor, "layers.I.buffer.K": tensor, ...},
-     "optimizer": {"layers.I.param.K": {"step": ..., "exp_avg": ..., "exp_avg_sq": ...}}}
+     "optimizer": {"layers.I.param.K": {"step": ..., "exp_avg": ..., "exp_avg_sq": ...}},
+     "stale_model": {...}}           # PipeDream-2BW only: W(N-1), what step N runs on
 with I the global layer index and K the tensor's position in that layer. It prints one line
 of JSON describing what it wrote.
 """
@@ -35,7 +36,7 @@ def main():
         manifest = json.load(f)
     if manifest.get("format") != 1:
         sys.exit(f"{directory}: manifest format {manifest.get('format')} is not 1")
-    model, optimizer = {}, {}
+    model, optimizer, stale = {}, {}, {}
     for entry in manifest["files"]:
         path = os.path.join(directory, entry["name"])
         with open(path, "rb") as f:
@@ -48,11 +49,15 @@ def main():
             name = f"layers.{entry['layer']}"
             if kind in ("param", "buffer"):
                 model[f"{name}.{key}"] = tensor
+            elif kind in ("stale_param", "stale_buffer"):
+                stale[f"{name}.{kind[len('stale_'):]}.{rest}"] = tensor
             else:  # optim.K.NAME
                 position, _, state = rest.partition(".")
                 optimizer.setdefault(f"{name}.param.{position}", {})[state] = tensor
     out = {"step": manifest["step"], "job": manifest["job"], "model": model,
            "optimizer": optimizer}
+    if stale:
+        out["stale_model"] = stale
     torch.save(out, sys.argv[2])
     print(json.dumps({"checkpoint": directory, "step": manifest["step"],
                       "layers": len(manifest["files"]), "tensors": len(model),

@@ -36,6 +36,14 @@ std::string SerializeLayerState(const LayerState& state) {
       dict.insert(absl::StrCat("optim.", k, ".", name), tensor.detach().cpu().contiguous());
     }
   }
+  for (size_t k = 0; k < state.stale_parameters.size(); ++k) {
+    dict.insert(absl::StrCat("stale_param.", k),
+                state.stale_parameters[k].detach().cpu().contiguous());
+  }
+  for (size_t k = 0; k < state.stale_buffers.size(); ++k) {
+    dict.insert(absl::StrCat("stale_buffer.", k),
+                state.stale_buffers[k].detach().cpu().contiguous());
+  }
   const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
   return std::string(bytes.begin(), bytes.end());
 }
@@ -50,7 +58,7 @@ absl::StatusOr<LayerState> ParseLayerState(const std::string& bytes) {
                                             what.substr(0, what.find('\n'))));
   }
   if (!value.isGenericDict()) return absl::DataLossError("a layer file holds a dict");
-  std::map<int64_t, at::Tensor> params, buffers;
+  std::map<int64_t, at::Tensor> params, buffers, stale_params, stale_buffers;
   std::map<int64_t, weights::ParameterState> optimizer;
   for (const auto& entry : value.toGenericDict()) {
     if (!entry.key().isString() || !entry.value().isTensor()) {
@@ -67,6 +75,10 @@ absl::StatusOr<LayerState> ParseLayerState(const std::string& bytes) {
       params[k] = t;
     } else if (parts[0] == "buffer" && parts.size() == 2) {
       buffers[k] = t;
+    } else if (parts[0] == "stale_param" && parts.size() == 2) {
+      stale_params[k] = t;
+    } else if (parts[0] == "stale_buffer" && parts.size() == 2) {
+      stale_buffers[k] = t;
     } else if (parts[0] == "optim" && parts.size() == 3 && !parts[2].empty()) {
       optimizer[k][parts[2]] = t;
     } else {
@@ -74,17 +86,24 @@ absl::StatusOr<LayerState> ParseLayerState(const std::string& bytes) {
     }
   }
   LayerState state;
-  for (const auto& [k, t] : params) {
-    if (k != static_cast<int64_t>(state.parameters.size())) {
-      return absl::DataLossError(absl::StrCat("layer file: no param.", state.parameters.size()));
+  // Numbered 0 .. K-1 without gaps, into `out`.
+  const auto in_order = [](const std::map<int64_t, at::Tensor>& numbered, const char* name,
+                           std::vector<at::Tensor>& out) -> absl::Status {
+    for (const auto& [k, t] : numbered) {
+      if (k != static_cast<int64_t>(out.size())) {
+        return absl::DataLossError(absl::StrCat("layer file: no ", name, ".", out.size()));
+      }
+      out.push_back(t);
     }
-    state.parameters.push_back(t);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = in_order(params, "param", state.parameters); !s.ok()) return s;
+  if (absl::Status s = in_order(buffers, "buffer", state.buffers); !s.ok()) return s;
+  if (absl::Status s = in_order(stale_params, "stale_param", state.stale_parameters); !s.ok()) {
+    return s;
   }
-  for (const auto& [k, t] : buffers) {
-    if (k != static_cast<int64_t>(state.buffers.size())) {
-      return absl::DataLossError(absl::StrCat("layer file: no buffer.", state.buffers.size()));
-    }
-    state.buffers.push_back(t);
+  if (absl::Status s = in_order(stale_buffers, "stale_buffer", state.stale_buffers); !s.ok()) {
+    return s;
   }
   state.optimizer.resize(state.parameters.size());
   for (auto& [k, s] : optimizer) {
@@ -115,7 +134,41 @@ std::vector<LayerState> StageLayerStates(const weights::WeightStore& weights) {
     for (const at::Tensor& b : layer->Buffers()) state.buffers.push_back(b.detach().clone());
     out.push_back(std::move(state));
   }
+  if (const model::StageModule* stale = weights.StaleForNext(); stale != nullptr) {
+    for (size_t l = 0; l < stale->layers().size(); ++l) {
+      const auto& layer = stale->layers()[l];
+      for (const at::Tensor& p : layer->Parameters()) {
+        out[l].stale_parameters.push_back(p.detach().clone());
+      }
+      for (const at::Tensor& b : layer->Buffers()) {
+        out[l].stale_buffers.push_back(b.detach().clone());
+      }
+    }
+  }
   return out;
+}
+
+bool HaveStaleVersion(const std::vector<LayerState>& states) {
+  bool some = false;
+  for (const LayerState& s : states) {
+    if (s.stale_parameters.size() != s.parameters.size() ||
+        s.stale_buffers.size() != s.buffers.size()) {
+      return false;
+    }
+    some = some || !s.stale_parameters.empty() || !s.stale_buffers.empty();
+  }
+  return some;
+}
+
+absl::Status LoadStaleLayerStates(const std::vector<LayerState>& states,
+                                  model::StageModule* module) {
+  std::vector<LayerState> stale(states.size());
+  for (size_t l = 0; l < states.size(); ++l) {
+    stale[l].parameters = states[l].stale_parameters;
+    stale[l].buffers = states[l].stale_buffers;
+    stale[l].optimizer.resize(stale[l].parameters.size());
+  }
+  return LoadLayerStates(stale, module).status();
 }
 
 absl::StatusOr<std::vector<weights::ParameterState>> LoadLayerStates(

@@ -10,8 +10,10 @@
 //   switch     flush, and mini-batch N runs on the newest weights W(N) instead of W(N-1):
 //              from N on, micro-batch j uses version max(floor(j/m) - 1, N) (2BW); one
 //              version lives at the boundary. No effect on the math of GPipe and 1F1B.
-//   checkpoint switch, and every stage hands its weights W(N) to its host at the boundary
-//              (all stages hold that one version).
+//   checkpoint flush, and every stage hands its weights W(N) to its host at the boundary,
+//              with W(N-1) where mini-batch N runs on it (2BW): the math is unchanged, a
+//              job resumed from it continues the 1-step-stale trajectory (pipedream's drain
+//              itself starts every stage on its newest version).
 //   stop       flush; the job ends after mini-batch N-1 (its result is that of an N-step job).
 //
 // How a command reaches every stage without waiting on anyone:
@@ -56,11 +58,9 @@ std::string StepCommandsName(uint32_t commands);
 absl::StatusOr<StepCommand> ParseStepCommand(std::string_view name);
 
 // Whether a set changes the action list (every command drains the pipeline) or the weight
-// version rule (switch and checkpoint).
+// version rule (switch only).
 inline bool DrainsPipeline(uint32_t commands) { return commands != 0; }
-inline bool SwitchesToNewest(uint32_t commands) {
-  return (commands & (kSwitchVersion | kCheckpoint)) != 0;
-}
+inline bool SwitchesToNewest(uint32_t commands) { return (commands & kSwitchVersion) != 0; }
 
 class StepCommandQueue {
  public:

@@ -322,6 +322,8 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
   const model::LayerRange r = plan.partition[s];
   std::vector<weights::ParameterState> optimizer_state;
   const bool resumed = !start.layers.empty();
+  const bool two_bw = c.schedule == schedule::ScheduleKind::kTwoBW;
+  std::unique_ptr<model::StageModule> stale;  // 2BW resumed: W(N-1), where the checkpoint has it
   if (resumed) {
     const std::vector<checkpoint::LayerState> own(
         start.layers.begin() + static_cast<std::ptrdiff_t>(first),
@@ -332,13 +334,19 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
                           absl::StrCat("resume_from: ", loaded.status().message()));
     }
     optimizer_state = *std::move(loaded);
+    if (two_bw && checkpoint::HaveStaleVersion(own)) {
+      stale = module->Clone();
+      if (absl::Status st = checkpoint::LoadStaleLayerStates(own, stale.get()); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("resume_from: ", st.message()));
+      }
+    }
   }
   PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer, c.steps));
   std::unique_ptr<weights::WeightStore> store;
-  if (c.schedule == schedule::ScheduleKind::kTwoBW) {
+  if (two_bw) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(
                                    std::move(module), std::move(optimizer), c.micro_batches,
-                                   start.first_step));
+                                   start.first_step, std::move(stale)));
   } else if (c.schedule == schedule::ScheduleKind::kPipeDream) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(
                                    std::move(module), std::move(optimizer), c.micro_batches,

@@ -63,14 +63,19 @@ class DoubleBufferedWeights : public WeightStore {
  public:
   DoubleBufferedWeights(std::unique_ptr<model::StageModule> module,
                         std::unique_ptr<Optimizer> optimizer, int micro_batches,
-                        int64_t start_version)
+                        int64_t start_version, std::unique_ptr<model::StageModule> stale)
       : optimizer_(std::move(optimizer)), micro_batches_(micro_batches), newest_(start_version) {
     const int slot = static_cast<int>(start_version % 2);
-    buffers_[1 - slot] = module->Clone();
-    buffers_[slot] = std::move(module);
     held_[slot] = start_version;
-    held_[1 - slot] = -1;
-    if (start_version > 0) switches_.insert(start_version);
+    if (stale != nullptr && start_version > 0) {
+      buffers_[1 - slot] = std::move(stale);  // W(N-1): mini-batch N runs on it
+      held_[1 - slot] = start_version - 1;
+    } else {
+      buffers_[1 - slot] = module->Clone();
+      held_[1 - slot] = -1;
+      if (start_version > 0) switches_.insert(start_version);
+    }
+    buffers_[slot] = std::move(module);
   }
 
   int64_t VersionFor(int64_t micro_batch) const override {
@@ -136,6 +141,11 @@ class DoubleBufferedWeights : public WeightStore {
   const model::StageModule& Newest() const override { return *buffers_[newest_ % 2]; }
   model::StageModule& MutableNewest() override { return *buffers_[newest_ % 2]; }
   int64_t newest_version() const override { return newest_; }
+  const model::StageModule* StaleForNext() const override {
+    const int64_t v = VersionForMiniBatch(newest_);
+    const int slot = static_cast<int>(v % 2);
+    return v != newest_ && held_[slot] == v ? buffers_[slot].get() : nullptr;
+  }
   std::vector<ParameterState> OptimizerState() const override { return optimizer_->State(); }
   absl::Status LoadOptimizerState(const std::vector<ParameterState>& state) override {
     return optimizer_->LoadState(state);
@@ -374,12 +384,14 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches, int64_t start_version) {
+    int micro_batches, int64_t start_version, std::unique_ptr<model::StageModule> stale) {
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
   optimizer->UseParameterKinds(module->OwnParameterKinds());
-  return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(
-      std::move(module), std::move(optimizer), micro_batches, start_version));
+  return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(std::move(module),
+                                                                std::move(optimizer),
+                                                                micro_batches, start_version,
+                                                                std::move(stale)));
 }
 
 }  // namespace pipetrain::weights

@@ -75,6 +75,11 @@ class WeightStore {
   virtual int held_versions() const { return 1; }
   // Number of the newest version (0 before any update).
   virtual int64_t newest_version() const = 0;
+  // The older version the next mini-batch (newest_version()) runs on where that is not
+  // Newest(): 2BW's W(N-1) at boundary N without a switch; nullptr otherwise. A checkpoint
+  // writes it beside Newest(), so that a job resumed from it continues the 1-step-stale
+  // trajectory.
+  virtual const model::StageModule* StaleForNext() const { return nullptr; }
   // From mini-batch `mini_batch` on, run on the newest weights at that boundary instead of
   // the previous version (2BW); the caller drains the pipeline there first. Must come before
   // any forward of that mini-batch, in increasing order. One version: nothing to do.
@@ -91,8 +96,9 @@ class WeightStore {
 // Every factory tells `optimizer` the kinds of `module`'s own parameters (weight decay's
 // groups): share tied parameters before making the store.
 // `module` holds version `start_version` (0; a resumed job's first step N: W(N)). A
-// double-buffered store started at N > 0 runs mini-batch N on W(N), as after a weight-version
-// switch before N (a checkpoint's boundary).
+// double-buffered store started at N > 0 runs mini-batch N on `stale` (W(N-1), what the
+// checkpoint's StaleForNext() was) where given, else on W(N), as after a weight-version
+// switch before N.
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeSingleVersionWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
     int64_t start_version = 0);
@@ -111,7 +117,8 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeStashedWeights(
 
 absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
     std::unique_ptr<model::StageModule> module, std::unique_ptr<Optimizer> optimizer,
-    int micro_batches, int64_t start_version = 0);
+    int micro_batches, int64_t start_version = 0,
+    std::unique_ptr<model::StageModule> stale = nullptr);
 
 // Gradients of `params` with undefined ones replaced by zeros of the parameter's shape.
 std::vector<at::Tensor> GradientsOf(const std::vector<at::Tensor>& params);

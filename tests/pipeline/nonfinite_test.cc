@@ -88,10 +88,11 @@ RunOptions Poison(const JobConfig& c, std::set<int64_t> steps) {
   return options;
 }
 
-// Every tensor of the checkpoint under `root`: parameters, buffers and optimizer state.
+// Every tensor of the checkpoint of `step` under `root`: parameters, buffers and optimizer
+// state (not `latest`: that is the job's final checkpoint).
 std::vector<at::Tensor> CheckpointTensors(const fs::path& root, int64_t step) {
   std::vector<at::Tensor> out;
-  auto found = checkpoint::FindCheckpoint(root.string());
+  auto found = checkpoint::FindCheckpoint((root / checkpoint::StepDirName(step)).string());
   EXPECT_TRUE(found.ok()) << found.status();
   if (!found.ok()) return out;
   EXPECT_EQ(found->manifest.step, step);

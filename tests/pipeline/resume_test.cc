@@ -148,10 +148,9 @@ TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
 
 // A job with a checkpoint policy writes one after its last step too: 7 steps, every 3, leave
 // step-3, step-6 and step-7, which `latest` names. A 10-step job given the pointer file
-// itself resumes at step 7 and ends within 1e-10 of TrainReference with 2BW's switches at 3
-// and 6 (the policy's) and 7 (the resume): the final checkpoint held every update. Negative
-// control: a reference that stopped one update short (the state before step 6, resumed at 7)
-// misses.
+// itself resumes at step 7 and ends bitwise as the 10-step job that never stopped and within
+// 1e-10 of TrainReference (2BW: no switch anywhere; the final checkpoint holds W(6) for
+// mini-batch 7). Negative control: one update short (resumed at step 6, 9 steps) misses.
 TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   const fs::path dir = TempDir("final");
   JobConfig first = Gpt(GetParam(), dir.string());
@@ -178,7 +177,8 @@ TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   JobConfig whole = longer;
   whole.resume_from.clear();
   whole.checkpoint = {};
-  absl::StatusOr<std::vector<at::Tensor>> reference = TrainReference(whole, {3, 6, 7});
+  ExpectBitwiseEqual(finished.final_parameters, MustRun(whole).final_parameters);
+  absl::StatusOr<std::vector<at::Tensor>> reference = TrainReference(whole);
   ASSERT_TRUE(reference.ok()) << reference.status();
   EXPECT_LE(MaxRelativeDifference(finished.final_parameters, *reference), 1e-10);
   // A job asked for no more steps than the checkpoint holds is refused, naming both.
@@ -193,6 +193,57 @@ TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   const JobReport missed = MustRun(short_by_one);
   EXPECT_GT(MaxRelativeDifference(missed.final_parameters, *reference), 1e-6);
   fs::remove_all(dir);
+}
+
+// Checkpoints are invisible to the math: with a checkpoint every 3 steps (3, 6 and the final
+// 8) a job's parameters and losses are bitwise those of the job without, under every schedule
+// but pipedream (whose drain starts every stage on its newest version; docs/checkpoints.md).
+// 2BW's checkpoint carries W(N-1), which mini-batch N runs on: resumed from step 3 on the same
+// layout it ends bitwise as the job that never stopped, and on 2 stages x 2 replicas within
+// 1e-10. Negative control: the switch a 2BW checkpoint once was (mini-batch 3 on W(3)) moves
+// the reference by far more.
+TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
+  struct Case {
+    ScheduleKind kind;
+    int stages;
+  };
+  for (const Case k : {Case{ScheduleKind::kGPipe, 4}, Case{ScheduleKind::kOneFOneB, 4},
+                       Case{ScheduleKind::kTwoBW, 4}, Case{ScheduleKind::kZeroBubble, 4},
+                       Case{ScheduleKind::kInterleaved, 2}, Case{ScheduleKind::kZeroBubbleV, 2},
+                       Case{ScheduleKind::kDualPipeV, 2}}) {
+    const std::string name(schedule::ScheduleKindName(k.kind));
+    SCOPED_TRACE(name);
+    const fs::path dir = TempDir("math_" + name);
+    JobConfig plain = Gpt(k.kind, dir.string());
+    plain.stages = k.stages;
+    plain.virtual_stages = schedule::HoldsChunks(k.kind) && k.stages == 2 ? 2 : 0;
+    plain.steps = 8;
+    plain.checkpoint.every = 0;
+    const JobReport without = MustRun(plain);
+    JobConfig every3 = plain;
+    every3.checkpoint.every = 3;
+    const JobReport with = MustRun(every3);
+    ExpectBitwiseEqual(with.final_parameters, without.final_parameters);
+    EXPECT_EQ(with.losses, without.losses);
+    for (int64_t n : {3, 6, 8}) EXPECT_TRUE(fs::exists(dir / checkpoint::StepDirName(n))) << n;
+    if (k.kind == ScheduleKind::kTwoBW) {
+      JobConfig resumed = every3;
+      resumed.checkpoint.every = 0;
+      resumed.resume_from = (dir / checkpoint::StepDirName(3)).string();
+      ExpectBitwiseEqual(MustRun(resumed).final_parameters, without.final_parameters);
+      JobConfig other = resumed;
+      other.stages = 2;
+      other.replicas = 2;
+      other.micro_batches = 2;
+      const JobReport moved = MustRun(other);
+      EXPECT_EQ(moved.first_step, 3);
+      EXPECT_LE(MaxRelativeDifference(moved.final_parameters, without.final_parameters), 1e-10);
+      absl::StatusOr<std::vector<at::Tensor>> switched = TrainReference(plain, {3});
+      ASSERT_TRUE(switched.ok()) << switched.status();
+      EXPECT_GT(MaxRelativeDifference(moved.final_parameters, *switched), 1e-6);
+    }
+    fs::remove_all(dir);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, ResumeTest,
