@@ -256,9 +256,9 @@ void AddStepCommands(CLI::App& app, const JobCommands& c) {
       {"switch", v1::STEP_COMMAND_SWITCH_VERSION,
        "Drain before a step and run it on the newest weights (2BW: restarts the 1-step delay)"},
       {"checkpoint", v1::STEP_COMMAND_CHECKPOINT,
-       "Switch before a step and write a checkpoint of every layer (weights and optimizer "
-       "state) to <checkpoint.dir>/step-N/ (the job's checkpoint.dir; by default "
-       "checkpoints/JOB-ID)"},
+       "Drain before a step and write a checkpoint of every layer (weights, optimizer state; "
+       "2BW also the older version the step runs on; weights unchanged) to "
+       "<checkpoint.dir>/step-N/ (the job's checkpoint.dir; by default checkpoints/JOB-ID)"},
       {"stop", v1::STEP_COMMAND_STOP,
        "End a running job cleanly before a step (it succeeds with the steps done)"},
   };

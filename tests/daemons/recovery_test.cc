@@ -128,6 +128,16 @@ TEST_F(RecoveryTest, AWorkerKilledUnderEveryOtherScheduleWithChunksTheJobFinishe
   }
 }
 
+// The same under PipeDream-2BW: its checkpoints hold W(N-1), which step N runs on, so the
+// restarted generation continues the 1-step-stale trajectory and the job ends within 1e-10 of
+// the uninterrupted job without any checkpoint (before, a checkpoint switched to W(N) and the
+// reference had to checkpoint at the same steps).
+TEST_F(RecoveryTest, AWorkerKilledUnderTwoBWTheJobFinishesAsIfItNeverCheckpointed) {
+  OneFaultTheJobFinishesByItself(
+      dir_, 5, "SIGKILL under 2bw", [](LocalCluster& c, int w) { c.KillWorker(w); },
+      [](LocalCluster&, int) {}, "2bw");
+}
+
 // The same under PipeDream's weight stashing (no flush but at the checkpoints: the restarted
 // generation resumes at one, the versions in flight rebuilt from the pipeline's start).
 TEST_F(RecoveryTest, AWorkerKilledUnderPipeDreamTheJobFinishesByItselfAsIfUninterrupted) {
