@@ -188,7 +188,17 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
       e.unwritten_steps.push_back(row);
     }
     const int64_t done = e.job.step();
-    if (e.reported_checkpoint.first > e.job.checkpoint_step() &&
+    // The final checkpoint (after the last step) is no restart point: a generation resumed
+    // there would have nothing left to run, so a rank failing while the job ends restarts
+    // from the policy's last one, as before (the final one is in the job's events).
+    const bool final_one = e.reported_checkpoint.first >= e.config.steps;
+    if (final_one && e.reported_checkpoint.first > e.job.checkpoint_step()) {
+      jobs_.Event(e.job.id(), absl::StrCat("final checkpoint (after step ",
+                                           e.reported_checkpoint.first - 1,
+                                           ") committed: ", e.reported_checkpoint.second));
+      e.reported_checkpoint = {};
+    }
+    if (!final_one && e.reported_checkpoint.first > e.job.checkpoint_step() &&
         done >= e.reported_checkpoint.first - 1) {
       // Written at once, with the rows of the steps before it (FlushWrites writes steps
       // first): a restart finds every step before the checkpoint it resumes from.

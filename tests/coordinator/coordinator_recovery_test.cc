@@ -239,6 +239,42 @@ TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
             1);
 }
 
+// The final checkpoint (after the last step) is said in the events but is no restart point:
+// a rank failing while the job ends restarts it from the policy's last checkpoint (a
+// generation resumed after the last step would have nothing to run).
+TEST_F(CoordinatorCoreTest, TheFinalCheckpointIsNoRestartPoint) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  v1::JobSpec spec = Spec(2);
+  spec.set_steps(4);
+  spec.set_max_restarts(1);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  for (int64_t t = 0; t < 4; ++t) {
+    v1::StepReport r0 = Report(w1, job.id(), 0, t);
+    if (t == 1) r0.set_checkpoint_committed("/ckpt/step-00000002");
+    if (t == 3) r0.set_checkpoint_committed("/ckpt/step-00000004");
+    ASSERT_TRUE(ReportSteps(sessions_[w1], {r0}).ok());
+    ASSERT_TRUE(ReportSteps(sessions_[w2], {Report(w2, job.id(), 1, t)}).ok());
+  }
+  EXPECT_EQ(Get(job.id()).step(), 3);
+  EXPECT_EQ(Get(job.id()).checkpoint_step(), 2);
+  EXPECT_EQ(Get(job.id()).checkpoint_path(), "/ckpt/step-00000002");
+  const std::vector<std::string> events = EventTexts(job.id());
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "final checkpoint (after step 3) committed: /ckpt/step-00000004"),
+            events.end());
+  // Rank 1 fails while the job ends: generation 2 resumes before step 2.
+  EndRank(w1, job.id(), 0, /*ok=*/true, "");
+  EndRank(w2, job.id(), 1, /*ok=*/false, "lost its connection while leaving");
+  clock_->Advance(absl::Seconds(2));
+  Heartbeat(w1);
+  Heartbeat(w3);
+  coordinator_->Tick();
+  const v1::Job recovering = Get(job.id());
+  ASSERT_EQ(recovering.recoveries_size(), 1) << recovering.DebugString();
+  EXPECT_EQ(recovering.recoveries(0).resumed_at_step(), 2);
+}
+
 // A coordinator that restarts resumes a running job that has restarts left.
 TEST_F(CoordinatorCoreTest, ARestartResumesARunningJobWithRestartsLeft) {
   const std::string w1 = Register(1);
