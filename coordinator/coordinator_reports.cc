@@ -141,16 +141,14 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     jobs_.Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "
                                    "not finite (weights and optimizer state unchanged)"));
   }
-  if (r.commands_after_size() > 0 &&
+  // After the last step only the policy's final checkpoint comes: its commit is its event.
+  if (r.commands_after_size() > 0 && r.step() + 1 < e.config.steps &&
       commands_.TookEffect(e.job.id(), r.step() + 1, e.job.stage_status_size())) {
     uint32_t bits = 0;
     for (int c : r.commands_after()) bits |= jobspec::StepCommandBit(static_cast<v1::StepCommand>(c));
-    const bool last = r.step() + 1 == e.config.steps;  // the policy's final checkpoint
-    jobs_.Event(e.job.id(),
-                absl::StrCat(control::StepCommandsName(bits), " took effect ",
-                             last ? "after the last step " : "before step ",
-                             last ? r.step() : r.step() + 1, " on all ",
-                             e.job.stage_status_size(), " ranks"));
+    jobs_.Event(e.job.id(), absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
+                                   r.step() + 1, " on all ", e.job.stage_status_size(),
+                                   " ranks"));
   }
   if (!recorded.committed.empty()) {
     // The loss of a step is known once every replica's last stage reported it. The step is

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -151,6 +152,7 @@ TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
 // itself resumes at step 7 and ends bitwise as the 10-step job that never stopped and within
 // 1e-10 of TrainReference (2BW: no switch anywhere; the final checkpoint holds W(6) for
 // mini-batch 7). Negative control: one update short (resumed at step 6, 9 steps) misses.
+// A job stopped early (a stop before step 5) writes none beyond its policy's.
 TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   const fs::path dir = TempDir("final");
   JobConfig first = Gpt(GetParam(), dir.string());
@@ -192,6 +194,22 @@ TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   short_by_one.steps = 9;
   const JobReport missed = MustRun(short_by_one);
   EXPECT_GT(MaxRelativeDifference(missed.final_parameters, *reference), 1e-6);
+  // A job stopped early by a stop command writes no final checkpoint: `latest` stays on the
+  // policy's last one.
+  const fs::path stopped_dir = TempDir("stopped");
+  JobConfig stopped = first;
+  stopped.checkpoint.dir = stopped_dir.string();
+  RunOptions options;
+  options.commands = std::make_shared<control::StepCommandQueue>(stopped.steps);
+  ASSERT_TRUE(options.commands->Schedule(control::kStop, 5).ok());
+  EXPECT_EQ(MustRun(stopped, options).losses.size(), 5u);
+  EXPECT_TRUE(fs::exists(stopped_dir / checkpoint::StepDirName(3)));
+  EXPECT_FALSE(fs::exists(stopped_dir / checkpoint::StepDirName(5)));
+  EXPECT_FALSE(fs::exists(stopped_dir / checkpoint::StepDirName(7)));
+  auto kept = checkpoint::FindCheckpoint(stopped_dir.string());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->manifest.step, 3);
+  fs::remove_all(stopped_dir);
   fs::remove_all(dir);
 }
 
