@@ -7,6 +7,7 @@
 // less than 50 MB.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -352,7 +353,7 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
 
   // Health, probed every 100 ms from another thread.
   std::atomic<bool> done{false};
-  std::atomic<int64_t> slowest_health_us{0};
+  std::vector<int64_t> health_us;  // the prober's alone until it is joined
   std::atomic<int> health_failures{0};
   std::thread prober([&] {
     // A connection of its own, as an outside prober (a kubelet) would have.
@@ -367,7 +368,7 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
                              std::chrono::steady_clock::now() - start)
                              .count();
       if (!serving) ++health_failures;
-      slowest_health_us = std::max<int64_t>(slowest_health_us.load(), us);
+      health_us.push_back(us);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
@@ -385,9 +386,14 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
   done = true;
   prober.join();
   const int64_t rss_after = ResidentBytes(cluster.coordinator_pid());
-  std::fprintf(stderr, "%d hostile calls in %.1f s; health slowest %.1f ms; coordinator RSS "
-                       "%.1f -> %.1f MB\n",
-               calls, seconds, slowest_health_us / 1e3, rss_before / 1e6, rss_after / 1e6);
+  ASSERT_FALSE(health_us.empty());
+  std::sort(health_us.begin(), health_us.end());
+  const int64_t median_health_us = health_us[health_us.size() / 2];
+  const int64_t slowest_health_us = health_us.back();
+  std::fprintf(stderr, "%d hostile calls in %.1f s; health over %zu probes: median %.1f ms, "
+                       "slowest %.1f ms; coordinator RSS %.1f -> %.1f MB\n",
+               calls, seconds, health_us.size(), median_health_us / 1e3,
+               slowest_health_us / 1e3, rss_before / 1e6, rss_after / 1e6);
 
   EXPECT_EQ(calls, 10000) << "only " << calls << " calls in 60 s";
   EXPECT_EQ(state, "JOB_STATE_SUCCEEDED");
@@ -396,7 +402,12 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
   EXPECT_EQ(kill(cluster.coordinator_pid(), 0), 0) << "the coordinator exited";
   for (int w = 0; w < 2; ++w) EXPECT_EQ(kill(cluster.worker_pid(w), 0), 0) << "worker " << w;
   EXPECT_EQ(health_failures.load(), 0);
-  EXPECT_LT(slowest_health_us.load(), 100000);
+  // Every answer within the kubelet's default probe timeout (1 s; deploy/ sets none of its
+  // own), and a typical one far inside it: the hostile calls do not queue the prober behind
+  // them. The slowest alone is not held tighter: on a loaded 2-core machine one scheduling
+  // stall of the prober's own thread reaches 100 ms.
+  EXPECT_LT(slowest_health_us, 1000000);
+  EXPECT_LT(median_health_us, 50000);
   EXPECT_LT(rss_after - rss_before, 50 << 20);
   // And the cluster still works: the real workers take a third run.
   Result third = cluster.Cli("submit " + job_file.string() + " --steps 3 --follow");
