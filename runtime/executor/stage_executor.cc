@@ -25,6 +25,7 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
       on_step_(std::move(on_step)),
       is_first_(config_.stage == 0),
       lazy_receives_(schedule::HoldsChunks(config_.schedule.kind)) {
+  commit_.next_step = config_.schedule.first_step;
   const std::vector<int> stages = layout_.StagesOf(config_.stage);
   const int last = layout_.stages() - 1;
   for (size_t c = 0; c < weights.size(); ++c) {
@@ -296,10 +297,15 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   if (config_.clip_grad_norm > 0) {
     PT_ASSIGN_OR_RETURN(step.grad_norm, ClipGradients(j, record));
   }
+  if (config_.commit_steps && config_.replicas > 1) {
+    commit_.held_step = j;  // until the commit ends, and after a fault that ends it
+    PT_RETURN_IF_ERROR(CommitStep(j, record));
+  }
   for (Chunk& chunk : chunks_) {
     PT_RETURN_IF_ERROR(chunk.weights->Update(j));
     step.skipped = step.skipped || chunk.weights->last_update_skipped();
   }
+  commit_ = {j + 1, -1};
   if (step.skipped) {
     ++stats_.skipped_steps;
     if (++consecutive_skips_ >= config_.nonfinite_limit) {
@@ -342,6 +348,45 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
     PT_RETURN_IF_ERROR(SealBoundary(j + SealLead()));
   }
   if (on_step_) on_step_(step);
+  return absl::OkStatus();
+}
+
+absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
+  const at::Tensor ready =
+      at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  // This rank holds t's final gradient: it tells every other rank of its pipeline (sends
+  // never block), then learns that each of them does too.
+  if (config_.num_stages > 1) {
+    const transport::TensorSpec spec = transport::SpecOf(ready);
+    for (int r = 0; r < config_.num_stages; ++r) {
+      if (r != config_.stage) {
+        PT_RETURN_IF_ERROR(transport_->Send(r, MessageKind::kStepCommit, t, ready));
+      }
+    }
+    for (int r = 0; r < config_.num_stages; ++r) {
+      if (r == config_.stage) continue;
+      PT_RETURN_IF_ERROR(Receive(r, MessageKind::kStepCommit, t, t, spec, record).status());
+    }
+  }
+  // Each replica of this rank joins only once its own pipeline holds t's gradient, so this
+  // ends only once every rank of the job does.
+  std::vector<at::Tensor> flag = {ready.clone()};
+  const double start = MonotonicSeconds();
+  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+  absl::Status s = transport_->AllReduceMean(flag, absl::Now() + config_.recv_timeout);
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+  record.wait_s += MonotonicSeconds() - start;
+  return s;
+}
+
+absl::Status StageExecutor::ApplyHeldUpdate() {
+  if (commit_.held_step < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", config_.stage, " holds no update (its weights are W(",
+                     commit_.next_step, "))"));
+  }
+  for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(chunk.weights->Update(commit_.held_step));
+  commit_ = {commit_.held_step + 1, -1};
   return absl::OkStatus();
 }
 

@@ -27,6 +27,12 @@
 // rank skip the step (the non-finite-step rule). Under schedules without flushes (2BW,
 // PipeDream) the exchange makes every stage's update wait for stage 0's, the last to finish
 // the step's backward.
+// Step commit (StageConfig::commit_steps, with replicas): once its gradient is final, a rank
+// tells every other rank of its pipeline (kStepCommit), learns the same of each, then joins a
+// one-element AllReduce with its replicas, and only then applies the update. So no rank has
+// applied update t unless every rank of the job holds t's final gradient: after a fault the
+// survivors agree on one step (commit_state(), ApplyHeldUpdate(),
+// runtime/recovery/survivor_step.h).
 // Evaluation (StageConfig::eval_every): at every boundary N that is a multiple of it, right
 // after its update of mini-batch N − 1, every rank runs the evaluated micro-batches
 // 0 .. eval_batches − 1 forward only (no autograd, nothing stashed, no version kept) through
@@ -80,6 +86,7 @@
 #include "absl/time/time.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/model/weight_gradients.h"
+#include "runtime/recovery/survivor_step.h"
 #include "runtime/schedule/chunked_schedule.h"
 #include "runtime/schedule/action.h"
 #include "runtime/schedule/schedule.h"
@@ -151,6 +158,15 @@ struct StageConfig {
   int64_t checkpoint_every = 0;
   // The pipeline's gradient is clipped to this 2-norm before each update (0: not clipped).
   double clip_grad_norm = 0;
+  // Step commit (with replicas > 1; nothing with one): the rank applies the update of
+  // mini-batch t only once every rank of every replica holds t's final gradient, so that the
+  // survivors of a lost rank can agree on one step and go on from it (commit_state(),
+  // runtime/recovery/survivor_step.h). After its gradient is final (averaged, tied copies
+  // summed, clipped) the rank sends a kStepCommit message to every other rank of its
+  // pipeline and receives theirs, then joins a one-element AllReduce with its replicas: that
+  // completes only once every replica's pipeline has exchanged its messages. Not with
+  // vertical sync (PipeDream), whose checkpoints are not exact either.
+  bool commit_steps = false;
   // Evaluate at every boundary that is a multiple of this (0: never), this many micro-batches
   // (keyed 0 .. eval_batches − 1) from eval_inputs and eval_targets.
   int64_t eval_every = 0;
@@ -266,6 +282,15 @@ class StageExecutor {
   // the transport is aborted too), also on a stage that never waits for a peer.
   void Stop(const absl::Status& reason);
 
+  // Where the rank's weights stand: the updates applied, and the final gradient of a step
+  // whose commit began and did not end (StageConfig::commit_steps). Read once Run() has
+  // returned, on the thread that ran it or after joining it.
+  recovery::CommitState commit_state() const { return commit_; }
+  // After Run() failed: applies the held update (commit_state().held_step), as every rank of
+  // the job did or will, so that the rank stands at W(held_step + 1). FailedPrecondition if
+  // none is held. Not thread-safe: once Run() has returned.
+  absl::Status ApplyHeldUpdate();
+
  private:
   struct Stashed {
     at::Tensor input;   // what F<j> consumed (a leaf requiring grad on stages s > 0)
@@ -335,6 +360,8 @@ class StageExecutor {
                                      int64_t j, const transport::TensorSpec& expected,
                                      ActionRecord& record);
   absl::Status Optimize(int64_t t, ActionRecord& record);
+  // The step commit of mini-batch t (StageConfig::commit_steps), once its gradient is final.
+  absl::Status CommitStep(int64_t t, ActionRecord& record);
   // The index of micro-batch j's tensor crossing the boundary after model stage `lower`.
   int64_t MessageKey(int lower, int64_t j) const;
   void NoteLiveVersions();
@@ -381,6 +408,7 @@ class StageExecutor {
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
   int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)
+  recovery::CommitState commit_;  // updates applied, a final gradient held
   double last_backward_end_s_ = 0;
   std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward
   // Gradient buckets (parameter indices, reverse order, about bucket_bytes each) and the

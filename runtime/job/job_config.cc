@@ -232,6 +232,14 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                      "other rank, which the NCCL transport does not link: on device cuda only "
                      "with one stage");
   }
+  if (c.commit_steps && c.schedule == schedule::ScheduleKind::kPipeDream) {
+    errors.push_back("commit_steps: pipedream's updates follow its micro-batches' weight "
+                     "versions, which no one step of the survivors holds");
+  }
+  if (c.device == "cuda" && c.commit_steps && c.stages > 1) {
+    errors.push_back("commit_steps: every rank tells every other rank of its pipeline, which "
+                     "the NCCL transport does not link: on device cuda only with one stage");
+  }
   if (c.device == "cuda" && (c.model.tie_embeddings || !c.model.tie.empty()) && c.stages > 1) {
     errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "
                      "last rank, which the NCCL transport does not link: on device cuda only "

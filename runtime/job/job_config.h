@@ -114,6 +114,11 @@ struct JobConfig {
   // Worker daemons: how often the coordinator restarts the job after a fault (a worker lost,
   // a rank failed) from its latest checkpoint on the workers that remain, before it fails.
   int max_restarts = 0;
+  // The step commit (executor::StageConfig::commit_steps): no rank applies an update before
+  // every rank of every replica holds its final gradient, so that the survivors of a lost
+  // rank hold one consistent step (runtime/recovery/survivor_step.h). Set by the host that
+  // recovers from survivors; not in the job spec.
+  bool commit_steps = false;
   // A step whose loss or gradients are not finite is skipped on every rank (weights and
   // optimizer state unchanged); this many in a row fail the job.
   int nonfinite_limit = 3;

@@ -443,6 +443,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.checkpoint_every = c.checkpoint.every;
   sc.nonfinite_limit = c.nonfinite_limit;
   sc.clip_grad_norm = c.optimizer.clip_grad_norm;
+  sc.commit_steps = c.commit_steps;
   sc.eval_every = c.eval.every;
   sc.eval_batches = c.eval.batches;
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));

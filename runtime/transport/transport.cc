@@ -65,6 +65,8 @@ const char* MessageKindName(MessageKind kind) {
       return "part of the gradient norm";
     case MessageKind::kEvalActivation:
       return "evaluated activation";
+    case MessageKind::kStepCommit:
+      return "step commit";
   }
   return "message";
 }

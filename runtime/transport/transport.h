@@ -37,6 +37,7 @@ enum class MessageKind {
   kWeightVersion,
   kGradientNorm,    // a rank's part of the pipeline's gradient norm (clipping), keyed by step
   kEvalActivation,  // an evaluated micro-batch's activation (evaluation on held-out data)
+  kStepCommit,      // a rank holds a step's final gradient (the step commit), keyed by step
 };
 
 // "activation" / "gradient" / "control".

@@ -101,7 +101,20 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   }
   std::vector<std::optional<schedule::Action>> stopped_at;
   for (const auto& e : executors) stopped_at.push_back(e->stopped_at());
-  PT_RETURN_IF_ERROR(StoppedStagesError(results, stopped_at));
+  absl::Status stopped = StoppedStagesError(results, stopped_at);
+  if (!stopped.ok() && options.on_failure) {
+    std::vector<StoppedRank> ranks;
+    for (int i = 0; i < n; ++i) {
+      StoppedRank& rank = ranks.emplace_back();
+      rank.executor = executors[i].get();
+      for (size_t k = 0; k < stages[i].weights.size(); ++k) {
+        rank.model_stages.emplace_back(stages[i].model_stages[k], stages[i].weights[k].get());
+      }
+      rank.apply_held_update = [e = executors[i].get()] { return e->ApplyHeldUpdate(); };
+    }
+    options.on_failure(ranks);
+  }
+  PT_RETURN_IF_ERROR(stopped);
 
   const int64_t peak_memory = PeakResidentMemoryBytes();  // one process: shared by stages
   // One process: its stages share the CPU counter, or the GPU they all run on.

@@ -17,11 +17,22 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/report/report.h"
 #include "runtime/transport/transport.h"
+#include "runtime/weights/weight_store.h"
 
 namespace pipetrain::job {
+
+// A rank of a run that failed, as it stands once every rank has stopped.
+struct StoppedRank {
+  const executor::StageExecutor* executor = nullptr;  // Run() has returned
+  // (model stage, its weights) for each model stage the rank holds, in model order.
+  std::vector<std::pair<int, weights::WeightStore*>> model_stages;
+  // Applies the update the rank holds (executor::StageExecutor::ApplyHeldUpdate).
+  std::function<absl::Status()> apply_held_update;
+};
 
 struct RunOptions {
   // Called from a stage thread after each finished step, in step order.
@@ -33,6 +44,10 @@ struct RunOptions {
   // Step commands for the run (runtime/control), read by stage 0 of replica 0; may be filled
   // before the run or while it runs.
   std::shared_ptr<control::StepCommandQueue> commands;
+  // Called when the run failed, before its ranks are destroyed, with each of them,
+  // replica-major (index replica * ranks + rank): what going on from the survivors of a
+  // fault takes (runtime/recovery; tests).
+  std::function<void(const std::vector<StoppedRank>&)> on_failure;
 };
 
 // Validates the job fully (including the partition against the model's layers) and runs it.
