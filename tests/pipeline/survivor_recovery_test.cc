@@ -5,15 +5,18 @@
 // those holding its update apply it, the lowest surviving replica of each stage writes the
 // state at that step, and the job goes on from it on 2 replicas with the global batch kept
 // (3 micro-batches each instead of 2). It ends within 1e-10 of the run that never failed,
-// with every step run exactly once, no step before the one in progress lost. The commit
-// changes no bit of a run that does not fail. Negative control: without the commit, a stage
-// updates a step its neighbour never will, and the plan is refused. Over Gloo (ranks as
-// threads through RunStage) the commit changes no bit either.
+// with every step run exactly once, no step before the one in progress lost. The same over
+// Gloo (ranks as threads through RunStage), where the lost rank's connections close. The
+// commit changes no bit of a run that does not fail, in process or over Gloo. Negative
+// control: without the commit, a stage updates a step its neighbour never will, and the plan
+// is refused.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -182,7 +185,7 @@ SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& los
   options.on_failure = [&](const std::vector<StoppedRank>& ranks) {
     for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
       if (i == lost) continue;
-      out.survivors.push_back({i % kStages, i / kStages, ranks[i].executor->commit_state()});
+      out.survivors.push_back({i % kStages, i / kStages, ranks[i].state});
     }
     out.plan = recovery::PlanSurvivorStep(out.survivors, kStages);
     if (!out.plan.ok()) return;
@@ -426,6 +429,114 @@ TEST(StepCommit, OverGlooChangesNoBit) {
           << "rank " << rank << " parameter " << k;
     }
   }
+}
+
+// Ranks through RunStage over Gloo, as threads: a rank of replica 1 dies at a point (a
+// forward, its gradient AllReduce, the commit, after it), and its connections close as its
+// RunStage returns. As the
+// coordinator does on a fault, the first survivor to stop stops the others. Each survivor
+// (StageRunHooks::on_stopped) reports its state and waits for the plan, applies its held
+// update if told to, and the sources write their layers through the store at the plan's
+// step; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
+void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fault) {
+  const fs::path dir = job.checkpoint.dir;
+  fs::remove_all(dir);
+  absl::StatusOr<JobPlan> job_plan = MakeJobPlan(job);
+  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
+  const int n = kStages * kReplicas, lost = 1 * kStages + fault.stage;
+  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
+  absl::Mutex mu;
+  std::vector<executor::StageExecutor*> running(n, nullptr);
+  std::vector<recovery::Survivor> survivors;
+  std::vector<int> survivor_ranks;
+  std::optional<absl::StatusOr<recovery::SurvivorPlan>> plan;
+  std::vector<absl::Status> carried_out(n);
+  std::string committed;
+  std::vector<absl::Status> ended(n);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      StageRunHooks hooks;
+      hooks.on_executor = [&, rank](executor::StageExecutor* e) {
+        absl::MutexLock lock(&mu);
+        running[rank] = e;
+      };
+      if (rank == lost) {
+        hooks.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
+          return std::unique_ptr<transport::Transport>(
+              new DyingTransport(std::move(t), fault, nullptr, nullptr));
+        };
+      }
+      hooks.on_stopped = [&, rank](const StoppedRank& stopped) {
+        if (rank == lost) return;  // it is gone
+        int me = -1;
+        {
+          absl::MutexLock lock(&mu);
+          for (executor::StageExecutor* e : running) {
+            if (e) e->Stop(absl::UnavailableError("a peer was lost"));
+          }
+          me = static_cast<int>(survivors.size());
+          survivors.push_back({rank % kStages, rank / kStages, stopped.state});
+          survivor_ranks.push_back(rank);
+          const auto all_reported = [&] { return survivors.size() == static_cast<size_t>(n - 1); };
+          if (!mu.AwaitWithTimeout(absl::Condition(&all_reported), absl::Seconds(60))) {
+            carried_out[rank] = absl::DeadlineExceededError("not every survivor reported");
+            return;
+          }
+          if (!plan) plan = recovery::PlanSurvivorStep(survivors, kStages);
+          if (!plan->ok()) return;
+        }
+        const recovery::SurvivorPlan& go = **plan;  // written once, read after
+        const auto& held = go.apply_held;
+        if (std::find(held.begin(), held.end(), me) != held.end()) {
+          carried_out[rank] = stopped.apply_held_update();
+          if (!carried_out[rank].ok()) return;
+        }
+        if (go.sources[static_cast<size_t>(rank % kStages)] != me) return;
+        for (const auto& [stage, weights] : stopped.model_stages) {
+          checkpoint::SharedCheckpointResult saved =
+              checkpoint::DeliverThroughStore(*store, job, *job_plan, go.step, stage, *weights);
+          if (carried_out[rank].ok()) carried_out[rank] = saved.status;
+          if (!saved.committed.empty()) {
+            absl::MutexLock lock(&mu);
+            committed = saved.committed;
+          }
+        }
+      };
+      ended[rank] = RunStage(job, rank, store, hooks).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  EXPECT_THAT(ended[lost].message(), HasSubstr("the rank was killed"));
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_FALSE(ended[rank].ok()) << rank;
+    EXPECT_TRUE(carried_out[rank].ok()) << "rank " << rank << ": " << carried_out[rank];
+  }
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_TRUE(plan->ok()) << plan->status();
+  EXPECT_EQ((*plan)->step, fault.expected_step);
+  EXPECT_EQ(fs::path(committed).filename(), checkpoint::StepDirName(fault.expected_step));
+  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, (*plan)->step));
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
+  EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole.final_parameters), 1e-10);
+}
+
+TEST(SurvivorRecovery, OverGlooTheSurvivorsOfARankWhoseConnectionsClosedLoseNoStep) {
+  const fs::path dir = TempDir("gloo_lost");
+  const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
+  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const Fault& fault : {Fault{Point::kForward, 2, 0, 2},
+                             Fault{Point::kGradientAllReduce, 3, 1, 3},
+                             Fault{Point::kCommitMessage, 3, 1, 3},
+                             Fault{Point::kAfterCommit, 3, 0, 4}}) {
+    SCOPED_TRACE(testing::Message() << "stage " << fault.stage << " of replica 1 lost at point "
+                                    << static_cast<int>(fault.point) << " of step " << fault.step);
+    LoseOverGloo(job, *whole, fault);
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
     std::vector<StoppedRank> ranks;
     for (int i = 0; i < n; ++i) {
       StoppedRank& rank = ranks.emplace_back();
-      rank.executor = executors[i].get();
+      rank.state = executors[i]->commit_state();
       for (size_t k = 0; k < stages[i].weights.size(); ++k) {
         rank.model_stages.emplace_back(stages[i].model_stages[k], stages[i].weights[k].get());
       }

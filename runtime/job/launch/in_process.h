@@ -17,22 +17,12 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"
-#include "runtime/executor/stage_executor.h"
 #include "runtime/job/job_config.h"
+#include "runtime/job/launch/stopped_rank.h"
 #include "runtime/job/report/report.h"
 #include "runtime/transport/transport.h"
-#include "runtime/weights/weight_store.h"
 
 namespace pipetrain::job {
-
-// A rank of a run that failed, as it stands once every rank has stopped.
-struct StoppedRank {
-  const executor::StageExecutor* executor = nullptr;  // Run() has returned
-  // (model stage, its weights) for each model stage the rank holds, in model order.
-  std::vector<std::pair<int, weights::WeightStore*>> model_stages;
-  // Applies the update the rank holds (executor::StageExecutor::ApplyHeldUpdate).
-  std::function<absl::Status()> apply_held_update;
-};
 
 struct RunOptions {
   // Called from a stage thread after each finished step, in step order.

@@ -172,6 +172,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   topts.key_stride = plan.layout.chunks_per_rank;  // the executor's message numbers
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
+  if (hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
   // The rest runs on the transport; a failure is published before the transport goes (its
   // peers then fail on their connections, and say which rank failed first and why).
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
@@ -210,6 +211,15 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     if (hooks.on_executor) hooks.on_executor(&executor);
     absl::Status ran = executor.Run();
     if (hooks.on_executor) hooks.on_executor(nullptr);
+    if (!ran.ok() && hooks.on_stopped) {
+      StoppedRank stopped;
+      stopped.state = executor.commit_state();
+      for (size_t k = 0; k < parts.weights.size(); ++k) {
+        stopped.model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
+      }
+      stopped.apply_held_update = [&executor] { return executor.ApplyHeldUpdate(); };
+      hooks.on_stopped(stopped);
+    }
     // Leave together: a rank whose last send has left may still close its connections before
     // the peer's transport has taken the message in (seen as "connection closed by peer"
     // at the last micro-batch). So every rank says it is done in the store, and one that

@@ -19,6 +19,7 @@
 #include "runtime/executor/stage_executor.h"
 #include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/job_config.h"
+#include "runtime/job/launch/stopped_rank.h"
 #include "runtime/job/report/report.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/transport.h"
@@ -42,6 +43,15 @@ struct StageRunHooks {
   // Called with the stage's executor once it exists (its Activity() and Stop() may then be
   // used from any thread), and with nullptr before it is destroyed.
   std::function<void(executor::StageExecutor*)> on_executor;
+  // Called on the stage's thread when its run failed, with the rank's state, before that
+  // is destroyed and before its transport goes (its peers see its connections close once
+  // the hook returns): a host going on from the survivors of a fault reports the state,
+  // waits for the plan, applies the held update and writes its layers (DeliverThroughStore).
+  // It should not wait without a deadline.
+  std::function<void(const StoppedRank&)> on_stopped;
+  // Wraps the stage's transport once it is up (tests: fault injection).
+  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
+      wrap_transport;
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
   // The GPU of a device: cuda job (job/device.h); -1: the rank's (round-robin).
   int device_index = -1;
