@@ -5,10 +5,13 @@
 // own gradient is final, so a fault can leave one stage updated and another not, and no
 // replica's weights form one consistent step. The executor's step commit
 // (executor::StageConfig::commit_steps) closes it: a rank applies update t only after every
-// rank of every replica holds t's final gradient (averaged, tied copies summed, clipped). So
-// after a fault, if any survivor applied update t, every survivor holds t's final gradient:
-// either applied (`next_step` past t) or held (`held_step` == t). The survivors go on from
-// the newest step any of them reached; those that hold it apply their held update first.
+// rank of every replica holds t's final gradient (averaged over all replicas, tied copies
+// summed, clipped). So after a fault, if any survivor applied update t, every survivor holds
+// t's final gradient: applied (`next_step` past t) or held (`held_step` == t).
+// The survivors go on from the newest step that every place in the pipeline has a survivor
+// standing at or holding the update to: the step in progress is completed rather than redone
+// whenever every place holds its final gradient, though no rank got to apply it. Those
+// holding its update apply it first; survivors that cannot reach it are passed over.
 // Pure functions: thread-compatible.
 #pragma once
 
@@ -42,15 +45,17 @@ struct SurvivorPlan {
   // Indices into the survivors that apply their held update of mini-batch step − 1 first.
   std::vector<int> apply_held;
   // For each place in the pipeline, the survivor (index) whose state the next layout's ranks
-  // of that place start from: the lowest surviving replica.
+  // of that place start from: the lowest replica among those that reach `step`.
   std::vector<int> sources;
 };
 
-// The plan for `survivors` of a job of `ranks` places per pipeline. Errors:
-// - FailedPrecondition naming every place of which no replica survived ("no replica of
-//   rank 1 survived"): the job can go on only from a checkpoint;
-// - FailedPrecondition naming every survivor that cannot reach the step (it neither applied
-//   nor holds the last update): its updates were not committed (the step commit was off).
+// The plan for `survivors` of a job of `ranks` places per pipeline. Errors
+// (FailedPrecondition, every reason):
+// - a place of which no replica survived ("no replica of rank 1 survived"): the job can go
+//   on only from a checkpoint;
+// - no step that every place's survivors can stand at (each place's steps named): their
+//   updates were not committed (the step commit was off);
+// - a survivor naming a rank outside the pipeline.
 absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survivors, int ranks);
 
 }  // namespace pipetrain::recovery

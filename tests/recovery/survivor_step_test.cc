@@ -1,7 +1,8 @@
-// PlanSurvivorStep by hand: the survivors go on from the newest step any of them applied,
-// those holding its update apply it, each place's lowest surviving replica supplies it; a
-// place with no survivor, and survivors whose updates were not committed (one stage ahead of
-// another), are refused with every reason.
+// PlanSurvivorStep by hand: the survivors go on from the newest step every place can stand at
+// (an update every place holds is applied, though no one got to), those holding its update
+// apply it, each place's lowest replica that reaches it supplies it; a place with no
+// survivor, and survivors whose updates were not committed (one stage ahead of another), are
+// refused with every reason.
 #include "runtime/recovery/survivor_step.h"
 
 #include <gmock/gmock.h>
@@ -47,31 +48,48 @@ TEST(PlanSurvivorStep, ThoseHoldingTheNewestUpdateApplyIt) {
   EXPECT_THAT(plan->apply_held, ElementsAre(0, 3));
 }
 
-TEST(PlanSurvivorStep, AnUpdateNobodyAppliedIsDropped) {
-  // The commit of step 4 began and no one finished it: every survivor drops what it holds.
-  std::vector<Survivor> s = All(2, 2, 4, 0, 1);
+TEST(PlanSurvivorStep, AnUpdateEveryPlaceHoldsIsAppliedThoughNoOneDid) {
+  // The commit of step 4 began everywhere and ended nowhere: place 0 of replica 0 and place
+  // 1 of replica 1 hold it (its other survivors do not), so the step is done.
+  std::vector<Survivor> s = All(2, 2, 4, 0, 1);  // (0,0) (1,0) (1,1)
+  s[0].state = {4, 4};
+  s[2].state = {4, 4};
+  auto plan = PlanSurvivorStep(s, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->step, 5);
+  EXPECT_THAT(plan->apply_held, ElementsAre(0, 2));
+  // Place 1's source is the replica that reaches step 5, not the lowest one.
+  EXPECT_THAT(plan->sources, ElementsAre(0, 2));
+}
+
+TEST(PlanSurvivorStep, AnUpdateSomePlaceLacksIsDropped) {
+  // Place 1's only survivor never entered the commit of step 4: every place goes on from 4.
+  std::vector<Survivor> s = All(2, 2, 4, 1, 1);  // (0,0) (1,0) (0,1)
   s[0].state = {4, 4};
   s[2].state = {4, 4};
   auto plan = PlanSurvivorStep(s, 2);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->step, 4);
   EXPECT_TRUE(plan->apply_held.empty());
+  EXPECT_THAT(plan->sources, ElementsAre(0, 1));
 }
 
-TEST(PlanSurvivorStep, APlaceWithNoSurvivorAndUncommittedUpdatesAreRefusedWithEveryReason) {
-  // Place 1 lost in both replicas; place 0 of replica 0 one step behind and holding nothing
-  // (without the commit, the other stage updated first).
-  std::vector<Survivor> s = {{0, 0, {3, -1}}, {0, 1, {4, -1}}, {2, 0, {4, -1}},
-                             {2, 1, {2, 2}}};
-  auto plan = PlanSurvivorStep(s, 3);
+TEST(PlanSurvivorStep, APlaceWithNoSurvivorIsRefused) {
+  auto plan = PlanSurvivorStep({{0, 0, {3, -1}}, {2, 1, {3, -1}}}, 3);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
-  const std::string message(plan.status().message());
-  EXPECT_THAT(message, HasSubstr("no replica of rank 1 survived"));
-  EXPECT_THAT(message, HasSubstr("rank 0 of replica 0 has applied the updates before step 3 "
-                                 "and holds none while another survivor applied step 3's"));
-  EXPECT_THAT(message, HasSubstr("rank 2 of replica 1 has applied the updates before step 2 "
-                                 "and holds step 2's"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("no replica of rank 1 survived"));
+}
+
+TEST(PlanSurvivorStep, UncommittedUpdatesAreRefusedNamingWhatEachPlaceReaches) {
+  // Without the commit: place 1 applied step 3 while place 0 neither did nor holds it.
+  std::vector<Survivor> s = {{0, 0, {3, -1}}, {1, 0, {4, -1}}, {0, 1, {3, -1}}};
+  auto plan = PlanSurvivorStep(s, 2);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("no step is one every rank's survivors can stand at (rank 0 at step 3; "
+                        "rank 1 at step 4): the updates were not committed"));
 }
 
 TEST(PlanSurvivorStep, ARankOutsideThePipelineIsRefused) {
