@@ -415,8 +415,9 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
   // Under I and W, the operations without a deferring kernel take the generic path.
   module->weight_gradients().set_splits(schedule::SplitsBackward(config_.schedule.kind));
   model::LayerContext ctx;
-  ctx.micro_batch = j;
-  ctx.mini_batch = j / config_.micro_batches;
+  const int64_t m = config_.micro_batches;
+  ctx.micro_batch = (j / m) * (config_.replicas * m) + config_.replica * m + j % m;
+  ctx.mini_batch = j / m;
   ctx.seed = config_.seed;
   at::Tensor out = module->Forward(stashed.input, ctx);
   const at::ScalarType compute = module->compute_dtype();

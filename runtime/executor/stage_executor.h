@@ -138,6 +138,10 @@ struct StageConfig {
   int num_stages = 1;  // p: the pipeline's ranks
   int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
   int replicas = 1;       // w: gradients are averaged across replicas before each update
+  // r: this rank's replica, 0 .. w − 1. Random layers draw for its micro-batch j = t·m + i
+  // by its place in the job's sequence, t·(w·m) + r·m + i (model::LayerContext), so a
+  // micro-batch's masks follow its samples onto any layout of the same global batch.
+  int replica = 0;
   // Hippie: stage 0 averages its gradients bucket by bucket during the final backward of
   // each step, as each bucket's gradients become final (other stages average theirs right
   // after their last backward, which precedes stage 0's). Off: stage 0 waits for the end.

@@ -433,6 +433,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.num_stages = p;
   sc.micro_batches = c.micro_batches;
   sc.replicas = c.replicas;
+  sc.replica = reader.replica();
   sc.overlap_allreduce = c.overlap_allreduce;
   sc.bucket_bytes = c.bucket_kib * 1024;
   sc.vertical_sync = c.vertical_sync;

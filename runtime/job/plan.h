@@ -83,6 +83,7 @@ class MicroBatchReader {
   // order (wrapping around the held-out part). REQUIRES: plan.held_out.count > 0.
   at::Tensor EvalInputs(int64_t k) const;
   at::Tensor EvalTargets(int64_t k) const;
+  int replica() const { return replica_; }
 
  private:
   data::MicroBatch Read(int64_t j) const;

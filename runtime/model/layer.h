@@ -24,7 +24,10 @@ namespace pipetrain::model {
 class WeightGradientDeferral;  // weight_gradients.h
 
 struct LayerContext {
-  int64_t micro_batch = 0;   // global micro-batch number j
+  // The micro-batch's place in the job's sequence of them, whatever the layout: replica r's
+  // micro-batch j = t·m + i is number t·(w·m) + r·m + i (RandomSeedFor's key; the samples
+  // it holds are those of that place).
+  int64_t micro_batch = 0;
   int64_t mini_batch = 0;    // step t = j / m
   bool recomputing = false;  // true for the second forward of a re-materialized segment
   uint64_t seed = 0;         // the job's seed

@@ -1,7 +1,8 @@
 // Checkpoints keyed by layer, taken by the policy, and jobs resumed from them in this process
 // (stages as threads): a job that dies after its checkpoint at step 10 and is resumed ends
 // bitwise equal to the job that never died, its losses too; a checkpoint of 4 stages resumes
-// as 2 stages x 2 replicas and as 1 stage within 1e-10 (float64), for 1F1B and 2BW; a job
+// as 2 stages x 2 replicas and as 1 stage within 1e-10 (float64, dropout masks following
+// their samples), for 1F1B and 2BW; a job
 // that ends writes its final checkpoint, which a longer job resumes from (named by the
 // `latest` pointer file itself) and continues as the uninterrupted reference.
 #include <unistd.h>
@@ -28,13 +29,15 @@ using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
 // 6 layers (embedding, 3 blocks, final norm, head), float64, AdamW (state that must move
-// with its layer), 4 stages.
+// with its layer), dropout (masks that must follow their samples onto another layout), 4
+// stages.
 JobConfig Gpt(ScheduleKind kind, const std::string& dir) {
   JobConfig c;
   c.model.name = "gpt";
   c.model.d_model = 16;
   c.model.n_heads = 2;
   c.model.n_layers = 3;
+  c.model.dropout = 0.1;
   c.data.vocab = 16;
   c.data.seq_len = 8;
   c.data.num_tokens = 1 << 14;

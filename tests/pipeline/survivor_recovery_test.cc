@@ -1,5 +1,5 @@
 // Going on from the survivors of a lost rank, with the step commit (StageConfig::commit_steps),
-// stages as threads: a job of 2 stages x 3 replicas (float64, AdamW) loses one rank of
+// stages as threads: a job of 2 stages x 3 replicas (float64, AdamW, dropout) loses one rank of
 // replica 1 at a point of its schedule (a forward, a backward, the gradient AllReduce, the
 // commit itself, just after it); the survivors agree on a step (recovery::PlanSurvivorStep),
 // those holding its update apply it, the lowest surviving replica of each stage writes the
@@ -61,6 +61,7 @@ JobConfig Job(ScheduleKind kind, const fs::path& dir) {
   c.micro_batch_size = 2;
   c.steps = kSteps;
   c.optimizer = {"adamw", 1e-2};
+  c.model.dropout = 0.1;  // masks follow their samples onto the survivors' layout
   c.precision = Precision::kFloat64;
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;

@@ -221,11 +221,12 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
   };
   try {
     for (int64_t t = 0; t < c.steps; ++t) {
-      for (const auto& reader : readers) {
+      for (size_t r = 0; r < readers.size(); ++r) {
+        const auto& reader = readers[r];
         for (int i = 0; i < c.micro_batches; ++i) {
           const int64_t j = t * m + i;
           model::LayerContext ctx;
-          ctx.micro_batch = j;
+          ctx.micro_batch = (t * c.replicas + static_cast<int64_t>(r)) * m + i;  // its place
           ctx.mini_batch = t;
           ctx.seed = c.seed;
           at::Tensor x = reader->Inputs(j);
@@ -371,11 +372,13 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
         previous->CopyWeightsFrom(current);  // mini-batch t runs on W(t), not W(t-1)
       }
       // The whole global batch: every replica's shard, micro-batch by micro-batch.
-      for (const auto& reader : readers) {
+      for (size_t r = 0; r < readers.size(); ++r) {
+        const auto& reader = readers[r];
         for (int i = 0; i < c.micro_batches; ++i) {
           const int64_t j = t * c.micro_batches + i;
           model::LayerContext ctx;
-          ctx.micro_batch = j;
+          // Its place in the job's sequence of micro-batches (model::LayerContext).
+          ctx.micro_batch = (t * c.replicas + static_cast<int64_t>(r)) * c.micro_batches + i;
           ctx.mini_batch = t;
           ctx.seed = c.seed;
           at::Tensor logits = grad_module.Forward(reader->Inputs(j), ctx);
