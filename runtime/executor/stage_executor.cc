@@ -351,45 +351,6 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   return absl::OkStatus();
 }
 
-absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
-  const at::Tensor ready =
-      at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  // This rank holds t's final gradient: it tells every other rank of its pipeline (sends
-  // never block), then learns that each of them does too.
-  if (config_.num_stages > 1) {
-    const transport::TensorSpec spec = transport::SpecOf(ready);
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r != config_.stage) {
-        PT_RETURN_IF_ERROR(transport_->Send(r, MessageKind::kStepCommit, t, ready));
-      }
-    }
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r == config_.stage) continue;
-      PT_RETURN_IF_ERROR(Receive(r, MessageKind::kStepCommit, t, t, spec, record).status());
-    }
-  }
-  // Each replica of this rank joins only once its own pipeline holds t's gradient, so this
-  // ends only once every rank of the job does.
-  std::vector<at::Tensor> flag = {ready.clone()};
-  const double start = MonotonicSeconds();
-  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
-  absl::Status s = transport_->AllReduceMean(flag, absl::Now() + config_.recv_timeout);
-  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
-  record.wait_s += MonotonicSeconds() - start;
-  return s;
-}
-
-absl::Status StageExecutor::ApplyHeldUpdate() {
-  if (commit_.held_step < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", config_.stage, " holds no update (its weights are W(",
-                     commit_.next_step, "))"));
-  }
-  for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(chunk.weights->Update(commit_.held_step));
-  commit_ = {commit_.held_step + 1, -1};
-  return absl::OkStatus();
-}
-
 absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& record) {
   Stashed stashed;
   if (chunk.first) {

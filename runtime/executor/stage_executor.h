@@ -62,8 +62,8 @@
 // that learns of commands rebuilds the rest of its action list from `schedule` (drain before
 // the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
 // Defined in stage_executor.cc (the actions), gradient_averaging.cc (the replicas' AllReduce,
-// tied copies' sums, clipping), step_boundaries.cc (sealing and applying step commands) and
-// evaluation.cc.
+// tied copies' sums, clipping), step_boundaries.cc (sealing and applying step commands),
+// evaluation.cc and step_commit.cc.
 // Not thread-safe: one thread per StageExecutor.
 #pragma once
 

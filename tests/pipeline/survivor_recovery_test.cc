@@ -6,18 +6,13 @@
 // state at that step, and the job goes on from it on 2 replicas with the global batch kept
 // (3 micro-batches each instead of 2). It ends within 1e-10 of the run that never failed,
 // with every step run exactly once, no step before the one in progress lost; also under ZB-V
-// (two model stages a rank), lost at the commit. The same over
-// Gloo (ranks as threads through RunStage), where the lost rank's connections close. The
-// commit changes no bit of a run that does not fail, in process or over Gloo. Negative
-// control: without the commit, a stage updates a step its neighbour never will, and the plan
-// is refused.
-#include <unistd.h>
-
-#include <algorithm>
+// (two model stages a rank), lost at the commit. The commit changes no bit of a run that does
+// not fail. Negative control: without the commit, a stage updates a step its neighbour never
+// will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -29,130 +24,16 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/launch/in_process.h"
-#include "runtime/job/launch/stage_run.h"
 #include "runtime/job/plan.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/recovery/survivor_step.h"
-#include "runtime/rendezvous/key_value_store.h"
 #include "tests/pipeline/forwarding_transport.h"
+#include "tests/pipeline/survivor_fixture.h"
 
-namespace pipetrain::job {
+namespace pipetrain::job::survivor_test {
 namespace {
 
-namespace fs = std::filesystem;
-using schedule::ScheduleKind;
 using ::testing::HasSubstr;
-using transport::MessageKind;
-
-constexpr int kStages = 2, kReplicas = 3, kMicroBatches = 2, kSteps = 6;
-
-JobConfig Job(ScheduleKind kind, const fs::path& dir) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 2;
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = kStages;
-  c.replicas = kReplicas;
-  c.micro_batches = kMicroBatches;
-  c.micro_batch_size = 2;
-  c.steps = kSteps;
-  c.optimizer = {"adamw", 1e-2};
-  c.model.dropout = 0.1;  // masks follow their samples onto the survivors' layout
-  c.precision = Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
-  c.commit_steps = true;
-  c.checkpoint.dir = dir.string();  // where the survivors' state goes; no policy
-  return c;
-}
-
-fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("pipetrain_survivors_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(dir);
-  return dir;
-}
-
-// Where the lost rank dies, in step `step` (m = 2 micro-batches a step).
-enum class Point {
-  kForward,            // stage 0 sending the activation of the step's second micro-batch
-  kBackward,           // stage 1 sending the gradient of the step's second micro-batch
-  kGradientAllReduce,  // stage 1 entering the step's gradient AllReduce
-  kCommitMessage,      // stage 0 telling stage 1 it holds the step's final gradient
-  kAfterCommit,        // stage 0 sending the next step's second activation (the step applied)
-};
-
-struct Fault {
-  Point point;
-  int64_t step;
-  int stage;
-  // The step the survivors go on from is one of these: the step in progress when a place has
-  // no survivor holding its final gradient, the next when every place does (a race at the
-  // commit's end decides between them where both are listed).
-  int64_t first_expected, last_expected;
-};
-
-// The rank's transport until it dies at its fault's point: from then on every call fails, as
-// a dead process's peers see. `before_dying` and `after_dying` (optional) run on the dying
-// thread before and after its peers learn of it.
-class DyingTransport : public ForwardingTransport {
- public:
-  DyingTransport(std::unique_ptr<transport::Transport> inner, Fault fault,
-                 std::function<void()> before_dying, std::function<void()> after_dying)
-      : ForwardingTransport(std::move(inner)), fault_(fault),
-        before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
-
-  absl::Status SendMessage(int peer, MessageKind kind, int64_t j, const at::Tensor& t) override {
-    const int64_t second = fault_.step * kMicroBatches + 1;
-    if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
-                  j == second) ||
-        (fault_.point == Point::kBackward && kind == MessageKind::kGradient && j == second) ||
-        (fault_.point == Point::kCommitMessage && kind == MessageKind::kStepCommit &&
-         j == fault_.step) ||
-        (fault_.point == Point::kAfterCommit && kind == MessageKind::kActivation &&
-         j == second + kMicroBatches)) {
-      return Die();
-    }
-    return inner_->Send(peer, kind, j, t);
-  }
-  absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t j,
-                                  absl::Time deadline) override {
-    if (dead_) return Die();
-    return inner_->Recv(peer, kind, j, deadline);
-  }
-  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    // The job is float64: the commit's flag is one double, stage 0's sealed boundaries are
-    // four floats, and every gradient (one bucket: the model is small) is the rest.
-    const bool gradient = !tensors.empty() && tensors[0].scalar_type() == at::kDouble &&
-                          !(tensors.size() == 1 && tensors[0].numel() == 1);
-    if (dead_ || (fault_.point == Point::kGradientAllReduce && gradient &&
-                  gradient_reductions_++ == fault_.step)) {
-      return Die();
-    }
-    return inner_->AllReduceMean(tensors, deadline);
-  }
-
- private:
-  // Every peer learns of it at once (as the executor would make them), then `after_dying`.
-  absl::Status Die() {
-    const absl::Status killed = absl::UnavailableError("the rank was killed");
-    if (!dead_.exchange(true)) {
-      if (before_dying_) before_dying_();
-      inner_->Abort(killed);
-      if (after_dying_) after_dying_();
-    }
-    return killed;
-  }
-  Fault fault_;
-  std::function<void()> before_dying_, after_dying_;
-  std::atomic<bool> dead_{false};
-  int64_t gradient_reductions_ = 0;
-};
 
 struct SurvivorRun {
   absl::Status failure;             // the run's
@@ -221,14 +102,6 @@ SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& los
   return out;
 }
 
-// The job on the survivors: 2 replicas of 3 micro-batches (the global batch of 3 x 2), from
-// the survivors' state.
-JobConfig OnTheSurvivors(JobConfig c, int64_t step) {
-  c.replicas = kReplicas - 1;
-  c.micro_batches = kMicroBatches * kReplicas / (kReplicas - 1);
-  c.resume_from = (fs::path(c.checkpoint.dir) / checkpoint::StepDirName(step)).string();
-  return c;
-}
 
 class SurvivorRecoveryTest : public ::testing::TestWithParam<ScheduleKind> {};
 
@@ -469,153 +342,5 @@ TEST(SurvivorRecovery, WithoutTheCommitTheSurvivorsHoldNoOneStep) {
                         "rank 1 at step 4)"));
   fs::remove_all(dir);
 }
-
-// Every rank of `c` through RunStage (the Gloo transport, as stage processes and workers run
-// them), as threads meeting in one memory store: each rank's outcome, replica-major.
-std::vector<StageOutcome> RunOverGloo(const JobConfig& c) {
-  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
-  const int n = c.stages * c.replicas;
-  std::vector<absl::StatusOr<StageOutcome>> outcomes(n, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] { outcomes[rank] = RunStage(c, rank, store); });
-  }
-  for (std::thread& t : threads) t.join();
-  std::vector<StageOutcome> out;
-  for (int rank = 0; rank < n; ++rank) {
-    EXPECT_TRUE(outcomes[rank].ok()) << "rank " << rank << ": " << outcomes[rank].status();
-    if (outcomes[rank].ok()) out.push_back(*std::move(outcomes[rank]));
-  }
-  return out;
-}
-
-// The commit's messages and AllReduce over Gloo: every rank of 2 stages x 3 replicas ends with
-// the same parameters, bit for bit, as without the commit.
-TEST(StepCommit, OverGlooChangesNoBit) {
-  JobConfig job = Job(ScheduleKind::kOneFOneB, TempDir("gloo"));
-  job.checkpoint.dir.clear();
-  job.steps = 3;
-  const std::vector<StageOutcome> committed = RunOverGloo(job);
-  job.commit_steps = false;
-  const std::vector<StageOutcome> plain = RunOverGloo(job);
-  ASSERT_EQ(committed.size(), static_cast<size_t>(kStages * kReplicas));
-  ASSERT_EQ(plain.size(), committed.size());
-  for (size_t rank = 0; rank < plain.size(); ++rank) {
-    ASSERT_EQ(committed[rank].parameters.size(), plain[rank].parameters.size());
-    for (size_t k = 0; k < plain[rank].parameters.size(); ++k) {
-      EXPECT_TRUE(at::equal(committed[rank].parameters[k], plain[rank].parameters[k]))
-          << "rank " << rank << " parameter " << k;
-    }
-  }
-}
-
-// Ranks through RunStage over Gloo, as threads: a rank of replica 1 dies at a point (a
-// forward, its gradient AllReduce, the commit, after it), and its connections close as its
-// RunStage returns. As the
-// coordinator does on a fault, the first survivor to stop stops the others. Each survivor
-// (StageRunHooks::on_stopped) reports its state and waits for the plan, applies its held
-// update if told to, and the sources write their layers through the store at the plan's
-// step; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
-void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fault) {
-  const fs::path dir = job.checkpoint.dir;
-  fs::remove_all(dir);
-  absl::StatusOr<JobPlan> job_plan = MakeJobPlan(job);
-  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
-  const int n = kStages * kReplicas, lost = 1 * kStages + fault.stage;
-  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
-  absl::Mutex mu;
-  std::vector<executor::StageExecutor*> running(n, nullptr);
-  std::vector<recovery::Survivor> survivors;
-  std::vector<int> survivor_ranks;
-  std::optional<absl::StatusOr<recovery::SurvivorPlan>> plan;
-  std::vector<absl::Status> carried_out(n);
-  std::string committed;
-  std::vector<absl::Status> ended(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      StageRunHooks hooks;
-      hooks.on_executor = [&, rank](executor::StageExecutor* e) {
-        absl::MutexLock lock(&mu);
-        running[rank] = e;
-      };
-      if (rank == lost) {
-        hooks.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
-          return std::unique_ptr<transport::Transport>(
-              new DyingTransport(std::move(t), fault, nullptr, nullptr));
-        };
-      }
-      hooks.on_stopped = [&, rank](const StoppedRank& stopped) {
-        if (rank == lost) return;  // it is gone
-        int me = -1;
-        {
-          absl::MutexLock lock(&mu);
-          for (executor::StageExecutor* e : running) {
-            if (e) e->Stop(absl::UnavailableError("a peer was lost"));
-          }
-          me = static_cast<int>(survivors.size());
-          survivors.push_back({rank % kStages, rank / kStages, stopped.state});
-          survivor_ranks.push_back(rank);
-          const auto all_reported = [&] { return survivors.size() == static_cast<size_t>(n - 1); };
-          if (!mu.AwaitWithTimeout(absl::Condition(&all_reported), absl::Seconds(60))) {
-            carried_out[rank] = absl::DeadlineExceededError("not every survivor reported");
-            return;
-          }
-          if (!plan) plan = recovery::PlanSurvivorStep(survivors, kStages);
-          if (!plan->ok()) return;
-        }
-        const recovery::SurvivorPlan& go = **plan;  // written once, read after
-        const auto& held = go.apply_held;
-        if (std::find(held.begin(), held.end(), me) != held.end()) {
-          carried_out[rank] = stopped.apply_held_update();
-          if (!carried_out[rank].ok()) return;
-        }
-        if (go.sources[static_cast<size_t>(rank % kStages)] != me) return;
-        for (const auto& [stage, weights] : stopped.model_stages) {
-          checkpoint::SharedCheckpointResult saved =
-              checkpoint::DeliverThroughStore(*store, job, *job_plan, go.step, stage, *weights);
-          if (carried_out[rank].ok()) carried_out[rank] = saved.status;
-          if (!saved.committed.empty()) {
-            absl::MutexLock lock(&mu);
-            committed = saved.committed;
-          }
-        }
-      };
-      ended[rank] = RunStage(job, rank, store, hooks).status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-
-  EXPECT_THAT(ended[lost].message(), HasSubstr("the rank was killed"));
-  for (int rank = 0; rank < n; ++rank) {
-    EXPECT_FALSE(ended[rank].ok()) << rank;
-    EXPECT_TRUE(carried_out[rank].ok()) << "rank " << rank << ": " << carried_out[rank];
-  }
-  ASSERT_TRUE(plan.has_value());
-  ASSERT_TRUE(plan->ok()) << plan->status();
-  EXPECT_GE((*plan)->step, fault.first_expected);
-  EXPECT_LE((*plan)->step, fault.last_expected);
-  EXPECT_EQ(fs::path(committed).filename(), checkpoint::StepDirName((*plan)->step));
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, (*plan)->step));
-  ASSERT_TRUE(finished.ok()) << finished.status();
-  EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
-  EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole.final_parameters), 1e-10);
-}
-
-TEST(SurvivorRecovery, OverGlooTheSurvivorsOfARankWhoseConnectionsClosedLoseNoStep) {
-  const fs::path dir = TempDir("gloo_lost");
-  const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  for (const Fault& fault :
-       {Fault{Point::kForward, 2, 0, 2, 2}, Fault{Point::kGradientAllReduce, 3, 1, 3, 3},
-        Fault{Point::kCommitMessage, 3, 1, 3, 4}, Fault{Point::kAfterCommit, 3, 0, 4, 4}}) {
-    SCOPED_TRACE(testing::Message() << "stage " << fault.stage << " of replica 1 lost at point "
-                                    << static_cast<int>(fault.point) << " of step " << fault.step);
-    LoseOverGloo(job, *whole, fault);
-  }
-  fs::remove_all(dir);
-}
-
 }  // namespace
-}  // namespace pipetrain::job
+}  // namespace pipetrain::job::survivor_test

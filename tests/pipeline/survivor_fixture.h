@@ -1,0 +1,149 @@
+// The survivor-recovery tests' shared parts: the job (2 stages x 3 replicas, float64, AdamW,
+// dropout, the step commit on), where its lost rank dies (DyingTransport: a fault point of a
+// step, after which every call fails as a dead process's peers see), and the job on the
+// survivors (2 replicas, the global batch kept). Each call runs on the calling thread.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "runtime/checkpoint/checkpoint_dir.h"
+#include "runtime/job/job_config.h"
+#include "tests/pipeline/forwarding_transport.h"
+
+namespace pipetrain::job::survivor_test {
+
+namespace fs = std::filesystem;
+using schedule::ScheduleKind;
+using transport::MessageKind;
+
+inline constexpr int kStages = 2, kReplicas = 3, kMicroBatches = 2, kSteps = 6;
+
+inline JobConfig Job(ScheduleKind kind, const fs::path& dir) {
+  JobConfig c;
+  c.model.name = "gpt";
+  c.model.d_model = 16;
+  c.model.n_heads = 2;
+  c.model.n_layers = 2;
+  c.data.vocab = 16;
+  c.data.seq_len = 8;
+  c.data.num_tokens = 1 << 14;
+  c.schedule = kind;
+  c.stages = kStages;
+  c.replicas = kReplicas;
+  c.micro_batches = kMicroBatches;
+  c.micro_batch_size = 2;
+  c.steps = kSteps;
+  c.optimizer = {"adamw", 1e-2};
+  c.model.dropout = 0.1;  // masks follow their samples onto the survivors' layout
+  c.precision = Precision::kFloat64;
+  c.threads_per_stage = 1;
+  c.recv_timeout_s = 60;
+  c.commit_steps = true;
+  c.checkpoint.dir = dir.string();  // where the survivors' state goes; no policy
+  return c;
+}
+
+inline fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("pipetrain_survivors_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Where the lost rank dies, in step `step` (m = 2 micro-batches a step).
+enum class Point {
+  kForward,            // stage 0 sending the activation of the step's second micro-batch
+  kBackward,           // stage 1 sending the gradient of the step's second micro-batch
+  kGradientAllReduce,  // stage 1 entering the step's gradient AllReduce
+  kCommitMessage,      // stage 0 telling stage 1 it holds the step's final gradient
+  kAfterCommit,        // stage 0 sending the next step's second activation (the step applied)
+};
+
+struct Fault {
+  Point point;
+  int64_t step;
+  int stage;
+  // The step the survivors go on from is one of these: the step in progress when a place has
+  // no survivor holding its final gradient, the next when every place does (a race at the
+  // commit's end decides between them where both are listed).
+  int64_t first_expected, last_expected;
+};
+
+// The rank's transport until it dies at its fault's point: from then on every call fails, as
+// a dead process's peers see. `before_dying` and `after_dying` (optional) run on the dying
+// thread before and after its peers learn of it.
+class DyingTransport : public ForwardingTransport {
+ public:
+  DyingTransport(std::unique_ptr<transport::Transport> inner, Fault fault,
+                 std::function<void()> before_dying, std::function<void()> after_dying)
+      : ForwardingTransport(std::move(inner)), fault_(fault),
+        before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
+
+  absl::Status SendMessage(int peer, MessageKind kind, int64_t j, const at::Tensor& t) override {
+    const int64_t second = fault_.step * kMicroBatches + 1;
+    if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
+                  j == second) ||
+        (fault_.point == Point::kBackward && kind == MessageKind::kGradient && j == second) ||
+        (fault_.point == Point::kCommitMessage && kind == MessageKind::kStepCommit &&
+         j == fault_.step) ||
+        (fault_.point == Point::kAfterCommit && kind == MessageKind::kActivation &&
+         j == second + kMicroBatches)) {
+      return Die();
+    }
+    return inner_->Send(peer, kind, j, t);
+  }
+  absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t j,
+                                  absl::Time deadline) override {
+    if (dead_) return Die();
+    return inner_->Recv(peer, kind, j, deadline);
+  }
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    // The job is float64: the commit's flag is one double, stage 0's sealed boundaries are
+    // four floats, and every gradient (one bucket: the model is small) is the rest.
+    const bool gradient = !tensors.empty() && tensors[0].scalar_type() == at::kDouble &&
+                          !(tensors.size() == 1 && tensors[0].numel() == 1);
+    if (dead_ || (fault_.point == Point::kGradientAllReduce && gradient &&
+                  gradient_reductions_++ == fault_.step)) {
+      return Die();
+    }
+    return inner_->AllReduceMean(tensors, deadline);
+  }
+
+ private:
+  // Every peer learns of it at once (as the executor would make them), then `after_dying`.
+  absl::Status Die() {
+    const absl::Status killed = absl::UnavailableError("the rank was killed");
+    if (!dead_.exchange(true)) {
+      if (before_dying_) before_dying_();
+      inner_->Abort(killed);
+      if (after_dying_) after_dying_();
+    }
+    return killed;
+  }
+  Fault fault_;
+  std::function<void()> before_dying_, after_dying_;
+  std::atomic<bool> dead_{false};
+  int64_t gradient_reductions_ = 0;
+};
+
+
+// The job on the survivors: 2 replicas of 3 micro-batches (the global batch of 3 x 2), from
+// the survivors' state.
+inline JobConfig OnTheSurvivors(JobConfig c, int64_t step) {
+  c.replicas = kReplicas - 1;
+  c.micro_batches = kMicroBatches * kReplicas / (kReplicas - 1);
+  c.resume_from = (fs::path(c.checkpoint.dir) / checkpoint::StepDirName(step)).string();
+  return c;
+}
+
+}  // namespace pipetrain::job::survivor_test
