@@ -6,7 +6,8 @@
 // state at that step, and the job goes on from it on 2 replicas with the global batch kept
 // (3 micro-batches each instead of 2). It ends within 1e-10 of the run that never failed,
 // with every step run exactly once, no step before the one in progress lost; also under ZB-V
-// (two model stages a rank), lost at the commit. The commit changes no bit of a run that does
+// (two model stages a rank), lost at the commit, and with tied weights and clipping. The
+// commit changes no bit of a run that does
 // not fail. Negative control: without the commit, a stage updates a step its neighbour never
 // will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
 #include <atomic>
@@ -290,6 +291,38 @@ TEST(SurvivorRecovery, UnderZeroBubbleVTheSurvivorsLoseNoStep) {
   ASSERT_TRUE(finished.ok()) << finished.status();
   EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
   EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole->final_parameters), 1e-10);
+  fs::remove_all(dir);
+}
+
+// With the whole recipe that runs before the commit: the LM head tied to the embedding (their
+// gradients summed across the ranks) and the pipeline's gradient clipped to a norm the steps
+// exceed. A rank lost in a backward, in its gradient AllReduce and after its commit: the
+// survivors end within 1e-10 of the run without a fault.
+TEST(SurvivorRecovery, WithTiedWeightsAndClippingTheSurvivorsLoseNoStep) {
+  const fs::path dir = TempDir("recipe");
+  JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
+  job.model.tie_embeddings = true;
+  job.optimizer.clip_grad_norm = 0.05;
+  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_FALSE(whole->grad_norms.empty());
+  EXPECT_GT(whole->grad_norms.front(), job.optimizer.clip_grad_norm);  // clipping acts
+  for (const Fault& fault : {Fault{Point::kBackward, 2, 1, 2, 2},
+                             Fault{Point::kGradientAllReduce, 3, 1, 3, 3},
+                             Fault{Point::kAfterCommit, 3, 0, 4, 4}}) {
+    SCOPED_TRACE(testing::Message() << "stage " << fault.stage << " of replica 1 lost at point "
+                                    << static_cast<int>(fault.point) << " of step " << fault.step);
+    fs::remove_all(dir);
+    SurvivorRun lost = RunAndLose(job, fault);
+    ASSERT_FALSE(lost.failure.ok());
+    ASSERT_TRUE(lost.plan.ok()) << lost.plan.status();
+    ASSERT_TRUE(lost.saved.ok()) << lost.saved;
+    EXPECT_GE(lost.plan->step, fault.first_expected);
+    EXPECT_LE(lost.plan->step, fault.last_expected);
+    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step));
+    ASSERT_TRUE(finished.ok()) << finished.status();
+    EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole->final_parameters), 1e-10);
+  }
   fs::remove_all(dir);
 }
 
