@@ -23,6 +23,7 @@ using transport::MessageKind;
 absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
   if (config_.replicas == 1) return absl::OkStatus();
   if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
+  PT_RETURN_IF_ERROR(ReduceStepLoss(chunk, t));  // (if not done when it started)
   const double start = MonotonicSeconds();
   waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
   absl::Status s;
@@ -160,6 +161,8 @@ void StageExecutor::GradientDone(Chunk& chunk, int64_t j) {
 
 void StageExecutor::StartReduction(Chunk& chunk, int64_t t) {
   chunk.gradients_done = 0;
+  // A failure here leaves the loss to ReduceGradients, which then fails the same way.
+  if (!ReduceStepLoss(chunk, t).ok()) return;
   absl::StatusOr<std::vector<at::Tensor>> grads = chunk.weights->Gradients(t);
   if (!grads.ok()) return;  // the update reduces them (and fails the same way)
   chunk.reduction_record = {t, -1, MonotonicSeconds(), 0};

@@ -297,15 +297,21 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   if (config_.clip_grad_norm > 0) {
     PT_ASSIGN_OR_RETURN(step.grad_norm, ClipGradients(j, record));
   }
+  if (auto loss = job_losses_.find(j); loss != job_losses_.end()) {
+    step.job_loss = loss->second;
+    job_losses_.erase(loss);
+  }
   if (config_.commit_steps && config_.replicas > 1) {
-    commit_.held_step = j;  // until the commit ends, and after a fault that ends it
+    // Held until the commit ends, and after a fault that ends it.
+    commit_.held_step = j;
+    commit_.held_loss = step.job_loss;
     PT_RETURN_IF_ERROR(CommitStep(j, record));
   }
   for (Chunk& chunk : chunks_) {
     PT_RETURN_IF_ERROR(chunk.weights->Update(j));
     step.skipped = step.skipped || chunk.weights->last_update_skipped();
   }
-  commit_ = {j + 1, -1};
+  commit_ = {j + 1, -1, std::nullopt};
   if (step.skipped) {
     ++stats_.skipped_steps;
     if (++consecutive_skips_ >= config_.nonfinite_limit) {
@@ -446,6 +452,7 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions, nor a
     // shared parameter's, whose gradient is folded into its owner's after the backward).
     PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));
+    PT_RETURN_IF_ERROR(ReduceStepLoss(chunk, j / config_.micro_batches));  // one stage: last
     PT_RETURN_IF_ERROR(BackwardWithBucketedAllReduce(j, *module, backward));
   } else {
     backward();

@@ -236,6 +236,10 @@ struct StepRecord {
   // With clipping (StageConfig::clip_grad_norm): the 2-norm of the whole model's gradient
   // before clipping, the same on every rank; absent without clipping.
   std::optional<double> grad_norm;
+  // With the step commit (StageConfig::commit_steps), on a rank of the last model stage: the
+  // step's loss as the job reports it, the mean over the replicas of their mean_loss (they
+  // average it right before the step's gradient); absent elsewhere.
+  std::optional<double> job_loss;
   // The evaluation at the boundary right after this step (on W(step + 1)), on the rank of
   // the last model stage; absent elsewhere and at other boundaries.
   std::optional<EvalRecord> eval;
@@ -366,6 +370,11 @@ class StageExecutor {
   absl::Status Optimize(int64_t t, ActionRecord& record);
   // The step commit of mini-batch t (StageConfig::commit_steps), once its gradient is final.
   absl::Status CommitStep(int64_t t, ActionRecord& record);
+  // With the step commit, on a rank of the last model stage (`chunk.last`), before the
+  // replicas' AllReduce of mini-batch t's gradient starts: the step's loss averaged over the
+  // replicas in an AllReduce of its own (not inside the gradient's: that would change how
+  // Gloo's ring splits it), kept in job_losses_. Nothing elsewhere, or when already done.
+  absl::Status ReduceStepLoss(const Chunk& chunk, int64_t t);
   // The index of micro-batch j's tensor crossing the boundary after model stage `lower`.
   int64_t MessageKey(int lower, int64_t j) const;
   void NoteLiveVersions();
@@ -413,6 +422,7 @@ class StageExecutor {
   double step_allreduce_s_ = 0;
   int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)
   recovery::CommitState commit_;  // updates applied, a final gradient held
+  std::map<int64_t, double> job_losses_;  // ReduceStepLoss's, until the step's update
   double last_backward_end_s_ = 0;
   std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward
   // Gradient buckets (parameter indices, reverse order, about bucket_bytes each) and the

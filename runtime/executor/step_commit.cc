@@ -42,6 +42,20 @@ absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
   return s;
 }
 
+absl::Status StageExecutor::ReduceStepLoss(const Chunk& chunk, int64_t t) {
+  if (!config_.commit_steps || config_.replicas == 1 || !chunk.last || job_losses_.count(t)) {
+    return absl::OkStatus();
+  }
+  std::vector<at::Tensor> loss = {at::full({1}, step_loss_sum_[t] / config_.micro_batches,
+                                           at::TensorOptions().dtype(at::kDouble).device(device_))};
+  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
+  absl::Status s = transport_->AllReduceMean(loss, absl::Now() + config_.recv_timeout);
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+  PT_RETURN_IF_ERROR(s);
+  job_losses_[t] = loss[0].item<double>();
+  return absl::OkStatus();
+}
+
 absl::Status StageExecutor::ApplyHeldUpdate() {
   if (commit_.held_step < 0) {
     return absl::FailedPreconditionError(
@@ -49,7 +63,7 @@ absl::Status StageExecutor::ApplyHeldUpdate() {
                      commit_.next_step, "))"));
   }
   for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(chunk.weights->Update(commit_.held_step));
-  commit_ = {commit_.held_step + 1, -1};
+  commit_ = {commit_.held_step + 1, -1, std::nullopt};
   return absl::OkStatus();
 }
 

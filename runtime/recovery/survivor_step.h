@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,9 @@ struct CommitState {
   // A mini-batch whose final gradient the rank holds without having applied it (its commit
   // began and did not end); -1: none.
   int64_t held_step = -1;
+  // On a rank of the last model stage holding one: that mini-batch's loss as the job reports
+  // it (the mean over the replicas), which it learned before its gradient was final.
+  std::optional<double> held_loss;
 };
 
 // A rank that survived: its place in its pipeline (0 .. ranks − 1), its replica, its state.

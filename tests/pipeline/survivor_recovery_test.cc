@@ -120,6 +120,20 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
   for (size_t k = 0; k < whole->final_parameters.size(); ++k) {
     EXPECT_TRUE(at::equal(whole->final_parameters[k], plain->final_parameters[k])) << k;
   }
+  // Every rank of the last stage knows each step's loss as the job reports it (the replicas'
+  // mean: summed in the order their reports arrive, hence not bitwise).
+  for (int r = 0; r < kReplicas; ++r) {
+    for (int s = 0; s < kStages; ++s) {
+      for (const executor::StepRecord& step : whole->stage_stats[r * kStages + s].steps) {
+        if (s != kStages - 1) {
+          EXPECT_FALSE(step.job_loss.has_value());
+          continue;
+        }
+        ASSERT_TRUE(step.job_loss.has_value()) << "replica " << r << " step " << step.step;
+        EXPECT_NEAR(*step.job_loss, whole->losses[step.step], 1e-12);
+      }
+    }
+  }
   // (The reported loss is the replicas' mean, summed as their reports arrive.)
   ASSERT_EQ(whole->losses.size(), plain->losses.size());
   for (size_t t = 0; t < whole->losses.size(); ++t) {
@@ -174,8 +188,13 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
    public:
     Sluggish(std::unique_ptr<transport::Transport> inner, std::shared_ptr<absl::Notification> died)
         : ForwardingTransport(std::move(inner)), died_(std::move(died)) {}
+    // A step's AllReduces on this last stage: its loss and its gradient (one element, then
+    // several), then the commit's one element.
     absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-      if (tensors.size() == 1 && tensors[0].numel() == 1 && commits_++ == 3) {
+      const bool one = tensors.size() == 1 && tensors[0].numel() == 1;
+      const bool commit = one && after_gradient_;
+      after_gradient_ = !one;
+      if (commit && commits_++ == 3) {
         auto pending = inner_->StartAllReduceMean(tensors, deadline);
         died_->WaitForNotificationWithTimeout(absl::Seconds(30));
         return pending->Wait(deadline);
@@ -185,6 +204,7 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
 
    private:
     std::shared_ptr<absl::Notification> died_;
+    bool after_gradient_ = false;
     int64_t commits_ = 0;
   };
   for (bool apply : {true, false}) {
@@ -224,7 +244,8 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
 
 // Stage 1 of replica 1 dies sending its commit message of step 3 once every other rank has
 // sent its own: every survivor holds step 3's final gradient and none has applied it. The
-// step is completed, not run again: every survivor applies its held update.
+// step is completed, not run again: every survivor applies its held update. The last stage's
+// survivors hold the step's loss as the job reports it too.
 TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   const fs::path dir = TempDir("all_hold");
   const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
@@ -257,9 +278,16 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   };
   SurvivorRun lost = RunAndLose(job, {Point::kCommitMessage, 3, 1, 4, 4}, losing);
   ASSERT_EQ(sent->load(), kStages * kReplicas - 1);
+  // The last stage's survivors know the completed step's loss, though its reports never came.
   for (const recovery::Survivor& s : lost.survivors) {
     EXPECT_EQ(s.state.next_step, 3);
     EXPECT_EQ(s.state.held_step, 3);
+    if (s.rank == kStages - 1) {
+      ASSERT_TRUE(s.state.held_loss.has_value()) << "replica " << s.replica;
+      EXPECT_NEAR(*s.state.held_loss, whole->losses[3], 1e-12);
+    } else {
+      EXPECT_FALSE(s.state.held_loss.has_value());
+    }
   }
   ASSERT_TRUE(lost.plan.ok()) << lost.plan.status();
   ASSERT_TRUE(lost.saved.ok()) << lost.saved;
