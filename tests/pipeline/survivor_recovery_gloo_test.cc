@@ -15,6 +15,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/cord.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/job_checkpoints.h"
@@ -76,12 +77,11 @@ TEST(StepCommit, OverGlooChangesNoBit) {
 // coordinator does on a fault, the first survivor to stop stops the others. Each survivor
 // (StageRunHooks::on_stopped) reports its state and waits for the plan, applies its held
 // update if told to, and the sources write their layers through the store at the plan's
-// step; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
+// step (DeliverStoppedRank); each hook sees the error RunStage returns, attributed to the
+// lost rank; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
 void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fault) {
   const fs::path dir = job.checkpoint.dir;
   fs::remove_all(dir);
-  absl::StatusOr<JobPlan> job_plan = MakeJobPlan(job);
-  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
   const int n = kStages * kReplicas, lost = 1 * kStages + fault.stage;
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
   absl::Mutex mu;
@@ -92,6 +92,7 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   std::vector<absl::Status> carried_out(n);
   std::string committed;
   std::vector<absl::Status> ended(n);
+  std::vector<absl::Status> errors(n, absl::UnknownError("no hook"));  // StoppedRank::error
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
@@ -107,6 +108,7 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
         };
       }
       hooks.on_stopped = [&, rank](const StoppedRank& stopped) {
+        errors[rank] = stopped.error;
         if (rank == lost) return;  // it is gone
         int me = -1;
         {
@@ -132,14 +134,12 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
           if (!carried_out[rank].ok()) return;
         }
         if (go.sources[static_cast<size_t>(rank % kStages)] != me) return;
-        for (const auto& [stage, weights] : stopped.model_stages) {
-          checkpoint::SharedCheckpointResult saved =
-              checkpoint::DeliverThroughStore(*store, job, *job_plan, go.step, stage, *weights);
-          if (carried_out[rank].ok()) carried_out[rank] = saved.status;
-          if (!saved.committed.empty()) {
-            absl::MutexLock lock(&mu);
-            committed = saved.committed;
-          }
+        checkpoint::SharedCheckpointResult saved =
+            DeliverStoppedRank(*store, job, stopped, go.step);
+        if (carried_out[rank].ok()) carried_out[rank] = saved.status;
+        if (!saved.committed.empty()) {
+          absl::MutexLock lock(&mu);
+          committed = saved.committed;
         }
       };
       ended[rank] = RunStage(job, rank, store, hooks).status();
@@ -151,6 +151,13 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   for (int rank = 0; rank < n; ++rank) {
     EXPECT_FALSE(ended[rank].ok()) << rank;
     EXPECT_TRUE(carried_out[rank].ok()) << "rank " << rank << ": " << carried_out[rank];
+    // The hook saw the error RunStage returns: the lost rank failed first, the others say so.
+    EXPECT_EQ(errors[rank], ended[rank]) << rank;
+    if (rank != lost) {
+      EXPECT_EQ(errors[rank].GetPayload(kFailedAfterPeerPayload),
+                absl::Cord(std::to_string(lost)))
+          << "rank " << rank << ": " << errors[rank];
+    }
   }
   ASSERT_TRUE(plan.has_value());
   ASSERT_TRUE(plan->ok()) << plan->status();

@@ -88,7 +88,9 @@ TEST(PipeDream, EachMicroBatchRunsOnTheVersionItsForwardFoundAndStageSHoldsPMinu
         ++checked;
       }
       EXPECT_EQ(checked, 2 * c.steps * m);
-      if (m == 1) EXPECT_EQ(stats.peak_weight_versions, p - s);
+      if (m == 1) {
+        EXPECT_EQ(stats.peak_weight_versions, p - s);
+      }
     }
   }
 }

@@ -175,6 +175,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   if (hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
   // The rest runs on the transport; a failure is published before the transport goes (its
   // peers then fail on their connections, and say which rank failed first and why).
+  bool attributed = false;  // the run's failure, before on_stopped
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
     MicroBatchReader reader(plan, c.micro_batches, replica);
     PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, stage));
@@ -212,7 +213,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     absl::Status ran = executor.Run();
     if (hooks.on_executor) hooks.on_executor(nullptr);
     if (!ran.ok() && hooks.on_stopped) {
+      ran = AttributeFailure(*store, rank, p, ran);
+      attributed = true;
       StoppedRank stopped;
+      stopped.error = ran;
       stopped.state = executor.commit_state();
       for (size_t k = 0; k < parts.weights.size(); ++k) {
         stopped.model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
@@ -251,8 +255,26 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     outcome.bytes_sent = transport->bytes_sent();
     return outcome;
   }();
-  if (!outcome.ok()) return AttributeFailure(*store, rank, p, outcome.status());
+  if (!outcome.ok() && !attributed) return AttributeFailure(*store, rank, p, outcome.status());
   return outcome;
+}
+
+checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
+                                                      const JobConfig& c,
+                                                      const StoppedRank& rank, int64_t step) {
+  checkpoint::SharedCheckpointResult result;
+  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+  if (!plan.ok()) {
+    result.status = plan.status();
+    return result;
+  }
+  for (const auto& [stage, weights] : rank.model_stages) {
+    checkpoint::SharedCheckpointResult saved =
+        checkpoint::DeliverThroughStore(store, c, *plan, step, stage, *weights);
+    if (result.status.ok()) result.status = saved.status;
+    if (!saved.committed.empty()) result.committed = saved.committed;
+  }
+  return result;
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {

@@ -80,6 +80,15 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunHooks& hooks = {});
 
+// A stopped rank's layers (StoppedRank::model_stages, as they stand) written as those of the
+// job's checkpoint before mini-batch `step` through `store`
+// (checkpoint::DeliverThroughStore for each model stage it holds): what a survivor that
+// supplies its place does. The first error, and the step-N directory if this rank committed
+// it. Call it from StageRunHooks::on_stopped (the state is valid only there).
+checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
+                                                      const JobConfig& config,
+                                                      const StoppedRank& rank, int64_t step);
+
 // <dir>/stage<rank>.pt (parameters then buffers, torch::save of a tensor list) and
 // <dir>/stage<rank>.json (measurements and the parameter count).
 absl::Status WriteStageOutcome(const std::string& dir, int rank, const StageOutcome& outcome);

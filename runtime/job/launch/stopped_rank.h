@@ -16,6 +16,9 @@
 namespace pipetrain::job {
 
 struct StoppedRank {
+  // Why its run failed. One rank through RunStage: attributed as RunStage returns it (a rank
+  // that failed after another leads with the first's error, kFailedAfterPeerPayload).
+  absl::Status error;
   recovery::CommitState state;  // executor::StageExecutor::commit_state()
   // (model stage, its weights) for each model stage the rank holds, in model order.
   std::vector<std::pair<int, weights::WeightStore*>> model_stages;
