@@ -19,10 +19,12 @@ namespace {
 
 // A planned job stays within the memory it was planned for: run as processes under two caps,
 // every stage's measured peak of tensor bytes (counted at the allocator) is at most the cap
-// and within 15% of the plan's prediction for it.
+// and within 15% of the plan's prediction for it. The tighter cap leaves room for the plan to
+// move: the layers are split by the times a fresh profile measures, which swing under load
+// (at a cap of 3.5 MB a loaded run once found no layout: 3.49 MB needed, 3.15 MB plannable).
 TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
   setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
-  for (const int64_t cap : {4'500'000, 3'500'000}) {
+  for (const int64_t cap : {4'500'000, 4'000'000}) {
     SCOPED_TRACE("cap " + std::to_string(cap));
     const std::string job = " --planner hippie --steps 10 --memory-per-worker " + std::to_string(cap);
     Result planned = Run("plan --workers 2 -o json -q" + job);
