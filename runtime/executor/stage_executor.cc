@@ -297,15 +297,10 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   if (config_.clip_grad_norm > 0) {
     PT_ASSIGN_OR_RETURN(step.grad_norm, ClipGradients(j, record));
   }
+  if (config_.commit_steps && config_.replicas > 1) PT_RETURN_IF_ERROR(CommitStep(j, record));
   if (auto loss = job_losses_.find(j); loss != job_losses_.end()) {
     step.job_loss = loss->second;
     job_losses_.erase(loss);
-  }
-  if (config_.commit_steps && config_.replicas > 1) {
-    // Held until the commit ends, and after a fault that ends it.
-    commit_.held_step = j;
-    commit_.held_loss = step.job_loss;
-    PT_RETURN_IF_ERROR(CommitStep(j, record));
   }
   for (Chunk& chunk : chunks_) {
     PT_RETURN_IF_ERROR(chunk.weights->Update(j));

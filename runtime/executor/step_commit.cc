@@ -3,6 +3,7 @@
 // applies the update it holds when the survivors' plan says so (runtime/recovery).
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,11 @@ namespace pipetrain::executor {
 using transport::MessageKind;
 
 absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
+  // Held until the commit ends, and after a fault that ends it (with the loss, if known).
+  commit_.held_step = t;
+  const auto loss = job_losses_.find(t);
+  commit_.held_loss =
+      loss != job_losses_.end() ? std::optional<double>(loss->second) : std::nullopt;
   const at::Tensor ready =
       at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
   // This rank holds t's final gradient: it tells every other rank of its pipeline (sends

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -103,6 +104,18 @@ SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& los
   return out;
 }
 
+
+// The job continued on the survivors from `step`: it runs every step after it once; returns
+// the largest relative difference of its final parameters from `whole`'s (infinite if it
+// failed).
+double ContinueOnTheSurvivors(const JobConfig& job, const JobReport& whole, int64_t step) {
+  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, step));
+  EXPECT_TRUE(finished.ok()) << finished.status();
+  if (!finished.ok()) return std::numeric_limits<double>::infinity();
+  EXPECT_EQ(finished->first_step, step);
+  EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
+  return MaxRelativeDifference(finished->final_parameters, whole.final_parameters);
+}
 
 class SurvivorRecoveryTest : public ::testing::TestWithParam<ScheduleKind> {};
 
@@ -229,10 +242,7 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
     EXPECT_EQ(lost.survivors[1].state.held_step, 3);
     EXPECT_THAT(lost.plan->apply_held, ::testing::Contains(1));
     EXPECT_EQ(lost.plan->sources[1], 1);
-    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, 4));
-    ASSERT_TRUE(finished.ok()) << finished.status();
-    const double difference =
-        MaxRelativeDifference(finished->final_parameters, whole->final_parameters);
+    const double difference = ContinueOnTheSurvivors(job, *whole, 4);
     if (apply) {
       EXPECT_LE(difference, 1e-10);
     } else {
@@ -293,9 +303,7 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   ASSERT_TRUE(lost.saved.ok()) << lost.saved;
   EXPECT_EQ(lost.plan->step, 4);
   EXPECT_EQ(lost.plan->apply_held.size(), lost.survivors.size());
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, 4));
-  ASSERT_TRUE(finished.ok()) << finished.status();
-  EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole->final_parameters), 1e-10);
+  EXPECT_LE(ContinueOnTheSurvivors(job, *whole, 4), 1e-10);
   fs::remove_all(dir);
 }
 
@@ -315,10 +323,7 @@ TEST(SurvivorRecovery, UnderZeroBubbleVTheSurvivorsLoseNoStep) {
   ASSERT_TRUE(lost.saved.ok()) << lost.saved;
   EXPECT_GE(lost.plan->step, 3);
   EXPECT_LE(lost.plan->step, 4);
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step));
-  ASSERT_TRUE(finished.ok()) << finished.status();
-  EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
-  EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole->final_parameters), 1e-10);
+  EXPECT_LE(ContinueOnTheSurvivors(job, *whole, lost.plan->step), 1e-10);
   fs::remove_all(dir);
 }
 
@@ -347,9 +352,7 @@ TEST(SurvivorRecovery, WithTiedWeightsAndClippingTheSurvivorsLoseNoStep) {
     ASSERT_TRUE(lost.saved.ok()) << lost.saved;
     EXPECT_GE(lost.plan->step, fault.first_expected);
     EXPECT_LE(lost.plan->step, fault.last_expected);
-    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step));
-    ASSERT_TRUE(finished.ok()) << finished.status();
-    EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole->final_parameters), 1e-10);
+    EXPECT_LE(ContinueOnTheSurvivors(job, *whole, lost.plan->step), 1e-10);
   }
   fs::remove_all(dir);
 }
