@@ -129,6 +129,18 @@ std::string EffectiveDataKind(const JobConfig& config) {
   return (m == "mlp" || m == "cnn" || m == "vgg") ? "classification" : "synthetic";
 }
 
+std::string CommitStepsRefusal(const JobConfig& c) {
+  if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+    return "pipedream's updates follow its micro-batches' weight versions, which no one step "
+           "of the survivors holds";
+  }
+  if (c.device == "cuda" && c.stages > 1) {
+    return "every rank tells every other rank of its pipeline, which the NCCL transport does "
+           "not link: on device cuda only with one stage";
+  }
+  return "";
+}
+
 absl::Status ValidateJobConfig(const JobConfig& c) {
   std::vector<std::string> errors;
   model::ModelConfig model = c.model;  // sizes that come from the data are not checked here
@@ -232,13 +244,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                      "other rank, which the NCCL transport does not link: on device cuda only "
                      "with one stage");
   }
-  if (c.commit_steps && c.schedule == schedule::ScheduleKind::kPipeDream) {
-    errors.push_back("commit_steps: pipedream's updates follow its micro-batches' weight "
-                     "versions, which no one step of the survivors holds");
-  }
-  if (c.device == "cuda" && c.commit_steps && c.stages > 1) {
-    errors.push_back("commit_steps: every rank tells every other rank of its pipeline, which "
-                     "the NCCL transport does not link: on device cuda only with one stage");
+  if (c.commit_steps) {
+    if (std::string why = CommitStepsRefusal(c); !why.empty()) {
+      errors.push_back(absl::StrCat("commit_steps: ", why));
+    }
   }
   if (c.device == "cuda" && (c.model.tie_embeddings || !c.model.tie.empty()) && c.stages > 1) {
     errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "

@@ -135,6 +135,9 @@ struct JobConfig {
 // an empty stage, more stages than layers) and recompute's layer indices, the layers named;
 // for a TorchScript model the runner checks them once it is loaded (ValidatePartition).
 absl::Status ValidateJobConfig(const JobConfig& config);
+// Why the step commit (JobConfig::commit_steps) cannot run for `config` as it stands (its
+// schedule, device and stages), or "" when it can; ValidateJobConfig refuses the first.
+std::string CommitStepsRefusal(const JobConfig& config);
 
 
 // The pipeline depth p (ranks per replica): the number of explicit stage ranges divided by
