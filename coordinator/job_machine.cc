@@ -41,8 +41,9 @@ void End(Transition& t, Phase final, std::string message) {
 }
 
 // A fault (`cause`) ended the generation: the job restarts if it has restarts left, else
-// fails with `cause`.
-void FailOrRestart(Transition& t, std::string cause, const RestartPolicy& policy) {
+// fails with `cause`. `survivors`: BeginRecovery's.
+void FailOrRestart(Transition& t, std::string cause, const RestartPolicy& policy,
+                   bool survivors = true) {
   const int restarts = t.run.restarts;
   if (restarts >= policy.max_restarts) {
     End(t, Phase::kFailed,
@@ -56,7 +57,7 @@ void FailOrRestart(Transition& t, std::string cause, const RestartPolicy& policy
   t.run.phase = Phase::kRecovering;
   ClearHeld(t.run);
   t.run.restarts = restarts + 1;
-  t.commands.push_back(BeginRecovery{std::move(cause)});
+  t.commands.push_back(BeginRecovery{std::move(cause), survivors});
 }
 
 struct Visitor {
@@ -119,7 +120,7 @@ struct Visitor {
   void operator()(const Fault& e) {
     if (!running()) return;
     if (InRange(t.run, e.rank)) t.run.rank_ended[e.rank] = true;
-    FailOrRestart(t, e.cause, policy);
+    FailOrRestart(t, e.cause, policy, /*survivors=*/false);
   }
 
   void operator()(const Unplaceable& e) {

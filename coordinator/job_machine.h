@@ -113,6 +113,10 @@ struct Announce {  // an event of the job
 };
 struct BeginRecovery {  // restart number run.restarts: record it, run again from the checkpoint
   std::string cause;
+  // A rank failed or was lost: the ranks that survived may go on from their newest common
+  // step (coordinator/survivor_round.h). Not after a Fault: a drain's checkpoint, a
+  // coordinator restart, a refused assignment name their own restart point.
+  bool survivors = true;
 };
 struct EndJob {  // the job ended in run.phase (a final one) with this message
   std::string message;

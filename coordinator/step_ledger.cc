@@ -72,6 +72,7 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
   }
   if (r.has_loss()) losses_[r.step()].push_back(r.loss());
   if (rank == 0 && r.has_grad_norm()) grad_norms_[r.step()] = r.grad_norm();
+  if (r.has_job_loss()) job_losses_[r.step()] = r.job_loss();
   if (r.has_eval()) evals_[r.step()].push_back({r.eval_loss(), r.eval_accuracy()});
   if (rank == 0) {
     // Throughput from this generation's first step on (its worker's clock).
@@ -90,31 +91,55 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
   }
   const int64_t done = ranks_at_step_.begin()->first;
   for (int64_t t = committed_ + 1; t <= done; ++t) {
-    CommittedStep step;
-    step.step = t;
-    auto losses = losses_.find(t);
-    if (losses != losses_.end() && !losses->second.empty()) {
-      step.loss = std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
-                  losses->second.size();
-    }
-    if (losses != losses_.end()) losses_.erase(losses);
-    if (auto norm = grad_norms_.find(t); norm != grad_norms_.end()) {
-      step.grad_norm = norm->second;
-      grad_norms_.erase(norm);
-    }
-    if (auto evals = evals_.find(t); evals != evals_.end()) {
-      double loss = 0, accuracy = 0;
-      for (const auto& [l, a] : evals->second) {
-        loss += l;
-        accuracy += a;
-      }
-      step.eval_loss = loss / static_cast<double>(evals->second.size());
-      step.eval_accuracy = accuracy / static_cast<double>(evals->second.size());
-      evals_.erase(evals);
-    }
-    out.committed.push_back(step);
+    out.committed.push_back(Commit(t, std::nullopt, /*loss_from_replicas_only=*/true));
   }
   committed_ = std::max(committed_, done);
+  return out;
+}
+
+StepLedger::CommittedStep StepLedger::Commit(int64_t t, std::optional<double> held_loss,
+                                             bool loss_from_replicas_only) {
+  CommittedStep step;
+  step.step = t;
+  const size_t replicas = last_step_.size() / static_cast<size_t>(stages_);
+  auto losses = losses_.find(t);
+  auto job_loss = job_losses_.find(t);
+  if (losses != losses_.end() && !losses->second.empty() &&
+      (loss_from_replicas_only || losses->second.size() >= replicas)) {
+    step.loss = std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
+                losses->second.size();
+  } else if (!loss_from_replicas_only && job_loss != job_losses_.end()) {
+    step.loss = job_loss->second;
+  } else if (!loss_from_replicas_only) {
+    step.loss = held_loss;
+  }
+  if (losses != losses_.end()) losses_.erase(losses);
+  if (job_loss != job_losses_.end()) job_losses_.erase(job_loss);
+  if (auto norm = grad_norms_.find(t); norm != grad_norms_.end()) {
+    step.grad_norm = norm->second;
+    grad_norms_.erase(norm);
+  }
+  if (auto evals = evals_.find(t); evals != evals_.end()) {
+    double loss = 0, accuracy = 0;
+    for (const auto& [l, a] : evals->second) {
+      loss += l;
+      accuracy += a;
+    }
+    step.eval_loss = loss / static_cast<double>(evals->second.size());
+    step.eval_accuracy = accuracy / static_cast<double>(evals->second.size());
+    evals_.erase(evals);
+  }
+  return step;
+}
+
+std::vector<StepLedger::CommittedStep> StepLedger::CommitThrough(int64_t last,
+                                                                 std::optional<double> held_loss) {
+  std::vector<CommittedStep> out;
+  for (int64_t t = committed_ + 1; t <= last; ++t) {
+    out.push_back(Commit(t, t == last ? held_loss : std::nullopt,
+                         /*loss_from_replicas_only=*/false));
+  }
+  committed_ = std::max(committed_, last);
   return out;
 }
 

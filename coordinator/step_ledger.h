@@ -68,6 +68,13 @@ class StepLedger {
   // the rank's next step).
   Recorded Record(const v1::StepReport& report);
 
+  // The steps up to `last` not committed yet, committed now: the survivors of a fault go on
+  // from last + 1 (every place of the pipeline finished them or holds their updates; a lost
+  // rank's reports will not come). Each step's loss: the replicas' mean when every replica's
+  // last stage reported it (as Record), else the job loss one reported (StepReport.job_loss),
+  // else `held_loss` for `last` (a last stage that held its update), else none.
+  std::vector<CommittedStep> CommitThrough(int64_t last, std::optional<double> held_loss);
+
   // Each rank's compute seconds per step (a moving average; 0 before its second step).
   const std::vector<double>& step_compute_s() const { return step_compute_s_; }
 
@@ -84,12 +91,17 @@ class StepLedger {
   std::vector<double> step_compute_s_;  // each rank's compute seconds per step (EMA)
   std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed
   std::map<int64_t, double> grad_norms_;           // rank 0's gradient norms, likewise
+  std::map<int64_t, double> job_losses_;           // last stages' job losses, likewise
   // The replicas' evaluations (loss, accuracy) per step, likewise.
   std::map<int64_t, std::vector<std::pair<double, double>>> evals_;
   double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
   int64_t first_report_step_ = 0;
   double last_end_s_ = -1;  // rank 0's end_s of its last reported step
   RunningMedian step_times_s_;  // rank 0's step-to-step times
+
+  // Step t's record, taking what is kept of it out of the maps; `loss_from_replicas_only`:
+  // Record's rule (the mean of the replicas' losses), else CommitThrough's.
+  CommittedStep Commit(int64_t t, std::optional<double> held_loss, bool loss_from_replicas_only);
 };
 
 }  // namespace pipetrain::coordinator

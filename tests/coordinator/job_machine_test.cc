@@ -28,7 +28,9 @@ std::string Describe(const JobCommand& command) {
     return absl::StrCat("mark ", c->rank, " ", mark);
   }
   if (const auto* c = std::get_if<Announce>(&command)) return "say: " + c->text;
-  if (const auto* c = std::get_if<BeginRecovery>(&command)) return "recover: " + c->cause;
+  if (const auto* c = std::get_if<BeginRecovery>(&command)) {
+    return absl::StrCat("recover", c->survivors ? " (survivors may go on)" : "", ": ", c->cause);
+  }
   if (const auto* c = std::get_if<EndJob>(&command)) return "end: " + c->message;
   if (const auto* c = std::get_if<Requeue>(&command)) return "requeue: " + c->why;
   return "?";
@@ -130,13 +132,25 @@ TEST(JobMachine, TheRealCauseReplacesAFailureThatFollowedIt) {
   EXPECT_EQ(t.run.held_since, absl::FromUnixSeconds(100));
 }
 
+// A rank lost or failed: the survivors may go on from their newest common step (the
+// coordinator's round decides); a Fault (above) names its own restart point.
+TEST(JobMachine, ARankLostOrFailedLetsTheSurvivorsGoOn) {
+  Transition t = Apply(Running(2), RankLost{1, "worker-2 lost"}, kTwoRestarts);
+  EXPECT_THAT(Describe(t), ElementsAre("mark 1 lost", "stop [0]: generation 1 ended: worker-2 lost",
+                                       "recover (survivors may go on): worker-2 lost"));
+  t = Apply(Running(2), Failed(0, "bad"), kTwoRestarts);
+  t = Apply(t.run, PeersAlive{}, kTwoRestarts);
+  EXPECT_THAT(Describe(t), ElementsAre("stop [1]: generation 1 ended: stage 0 failed: bad",
+                                       "recover (survivors may go on): stage 0 failed: bad"));
+}
+
 TEST(JobMachine, AFaultWithRestartsLeftRecoversAndThenFailsWhenNoneAreLeft) {
   Transition t = Apply(Running(2), Fault{"the coordinator restarted"}, kTwoRestarts);
   EXPECT_EQ(t.run.phase, Phase::kRecovering);
   EXPECT_EQ(t.run.restarts, 1);
   EXPECT_THAT(Describe(t),
               ElementsAre("stop [0,1]: generation 1 ended: the coordinator restarted",
-                          "recover: the coordinator restarted"));
+                          "recover: the coordinator restarted"));  // no survivors after a Fault
   // Reports, losses and ends of the ended generation change nothing while it recovers.
   for (const JobEvent& stale :
        std::vector<JobEvent>{Ok(0), RankLost{1, "x"}, PeersAlive{}, Fault{"y"},

@@ -60,6 +60,35 @@ TEST(StepLedger, AStepIsCommittedWhenEveryRankFinishedItWithTheReplicasMeanLoss)
   EXPECT_EQ(ledger.committed(), 1);
 }
 
+// The survivors go on from step 3 after rank 3 was lost: steps 1 and 2, which not every rank
+// reported, are committed now; step 1's loss is the job loss a last stage reported (the other
+// replica's report never came), step 2's the loss a survivor held with its update; a step
+// whose replicas all reported keeps their mean.
+TEST(StepLedger, CommitThroughCommitsTheStepsTheSurvivorsStandPast) {
+  StepLedger ledger(4, 2, 0, -1, 1000);
+  for (int rank = 0; rank < 4; ++rank) {
+    ledger.Record(Report(rank, 0, 0, rank % 2 ? std::optional<double>(rank) : std::nullopt));
+  }
+  ASSERT_EQ(ledger.committed(), 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::StepReport r = Report(rank, 1, 0, rank == 1 ? std::optional<double>(5.0) : std::nullopt);
+    if (rank == 1) {
+      r.set_has_job_loss(true);
+      r.set_job_loss(4.5);
+    }
+    ledger.Record(r);
+  }
+  ASSERT_EQ(ledger.committed(), 0);
+  const std::vector<StepLedger::CommittedStep> steps = ledger.CommitThrough(2, 3.25);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 1);
+  EXPECT_EQ(steps[0].loss, 4.5);
+  EXPECT_EQ(steps[1].step, 2);
+  EXPECT_EQ(steps[1].loss, 3.25);
+  EXPECT_EQ(ledger.committed(), 2);
+  EXPECT_TRUE(ledger.CommitThrough(2, std::nullopt).empty());
+}
+
 // Ranks running ahead of each other at random (16 ranks, 2,000 reports, also for a
 // generation resumed by its first report): after every report, what is committed is the
 // slowest rank's last step, each step committed once and in order.

@@ -1,0 +1,91 @@
+#include "coordinator/survivor_round.h"
+
+#include <algorithm>
+
+namespace pipetrain::coordinator {
+
+SurvivorRound::SurvivorRound(int ranks, int stages)
+    : stages_(std::max(1, stages)),
+      reports_(static_cast<size_t>(std::max(0, ranks))),
+      gone_(static_cast<size_t>(std::max(0, ranks)), false) {}
+
+void SurvivorRound::Report(int rank, const recovery::CommitState& state) {
+  if (rank < 0 || rank >= static_cast<int>(reports_.size()) || gone_[rank] || decided_ ||
+      reports_[rank]) {
+    return;
+  }
+  reports_[rank] = state;
+}
+
+void SurvivorRound::Gone(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(gone_.size()) || reports_[rank] || decided_) return;
+  gone_[rank] = true;
+}
+
+bool SurvivorRound::reported(int rank) const {
+  return rank >= 0 && rank < static_cast<int>(reports_.size()) && reports_[rank].has_value();
+}
+
+bool SurvivorRound::AllAccounted() const {
+  for (size_t r = 0; r < reports_.size(); ++r) {
+    if (!reports_[r] && !gone_[r]) return false;
+  }
+  return true;
+}
+
+void SurvivorRound::Decide() {
+  if (decided_) return;
+  decided_ = true;
+  std::vector<recovery::Survivor> survivors;
+  std::vector<int> rank_of;  // survivor index -> rank
+  for (size_t r = 0; r < reports_.size(); ++r) {
+    if (!reports_[r]) continue;
+    const int rank = static_cast<int>(r);
+    survivors.push_back({rank % stages_, rank / stages_, *reports_[r]});
+    rank_of.push_back(rank);
+  }
+  absl::StatusOr<recovery::SurvivorPlan> plan = recovery::PlanSurvivorStep(survivors, stages_);
+  if (!plan.ok()) {
+    why_not_ = std::string(plan.status().message());
+    return;
+  }
+  applies_held_.assign(reports_.size(), false);
+  writes_.assign(reports_.size(), false);
+  for (int i : plan->apply_held) applies_held_[rank_of[i]] = true;
+  for (int i : plan->sources) writes_[rank_of[i]] = true;
+  plan_ = *std::move(plan);
+}
+
+void SurvivorRound::Abandon(const std::string& why) {
+  if (decided_) return;
+  decided_ = true;
+  why_not_ = why;
+}
+
+std::optional<double> SurvivorRound::held_loss() const {
+  if (!plan_) return std::nullopt;
+  for (const std::optional<recovery::CommitState>& s : reports_) {
+    if (s && s->held_step == plan_->step - 1 && s->held_loss) return s->held_loss;
+  }
+  return std::nullopt;
+}
+
+v1::SurvivorInstruction SurvivorRound::InstructionFor(int rank) const {
+  v1::SurvivorInstruction out;
+  if (!decided_) {
+    out.set_action(v1::SurvivorInstruction::WAIT);
+    return out;
+  }
+  if (!plan_ || !reported(rank)) {
+    out.set_action(v1::SurvivorInstruction::ABANDON);
+    out.set_reason(plan_ ? "this rank's report came after the survivors' plan" : why_not_);
+    return out;
+  }
+  out.set_action(v1::SurvivorInstruction::GO_ON);
+  out.set_step(plan_->step);
+  out.set_apply_held_update(applies_held_[rank]);
+  out.set_write_state(writes_[rank]);
+  return out;
+}
+
+}  // namespace pipetrain::coordinator
