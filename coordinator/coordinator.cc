@@ -186,7 +186,7 @@ void Coordinator::ApplyEvent(JobEntry& e, const JobEvent& event) {
     } else if (const auto* say = std::get_if<Announce>(&command)) {
       jobs_.Event(e.job.id(), say->text);
     } else if (const auto* recover = std::get_if<BeginRecovery>(&command)) {
-      RecordRecovery(e, recover->cause);
+      RecordRecovery(e, *recover);
     } else if (const auto* end = std::get_if<EndJob>(&command)) {
       RecordEnd(e, end->message);
     } else if (const auto* requeue = std::get_if<Requeue>(&command)) {
@@ -234,10 +234,19 @@ void Coordinator::SendStops(JobEntry& e, const std::vector<int>& ranks,
   }
 }
 
-void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
+void Coordinator::RecordRecovery(JobEntry& e, const BeginRecovery& recovery) {
+  const std::string& cause = recovery.cause;
   e.recovering_since = deps_.clock->Now();
-  rendezvous_.Close(e.job.id());
   commands_.Forget(e.job.id());
+  // The survivors of a failed or lost rank may go on from their newest common step: the
+  // generation's store stays for their round (coordinator_survivors.cc).
+  // A Fault names its own restart point: its round, begun or not, is over.
+  SurvivorRound* survivors = SurvivorsOf(e);
+  if (survivors != nullptr && !recovery.survivors) {
+    survivors->Abandon(absl::StrCat("the generation ended: ", cause));
+    survivors = nullptr;
+  }
+  if (survivors == nullptr) rendezvous_.Close(e.job.id());
   for (auto& st : *e.job.mutable_stage_status()) {
     if (st.state() != v1::STAGE_STATE_DONE && st.state() != v1::STAGE_STATE_FAILED &&
         st.state() != v1::STAGE_STATE_LOST) {
@@ -254,14 +263,21 @@ void Coordinator::RecordRecovery(JobEntry& e, const std::string& cause) {
   const int64_t again = std::max<int64_t>(0, e.job.step() + 1 - resume_at);
   e.job.set_message(absl::StrCat("recovering (restart ", e.job.restarts(), " of ",
                                  e.config.max_restarts, "): ", cause));
+  const std::string checkpoint =
+      absl::StrCat(resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
+                                 : std::string("the start"),
+                   " (", again, " step", again == 1 ? "" : "s", " to run again)");
   jobs_.Event(e.job.id(),
-        absl::StrCat("generation ", e.job.generation(), " ended: ", cause, "; restart ",
-                     e.job.restarts(), " of ", e.config.max_restarts, " from ",
-                     resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
-                                   : std::string("the start"),
-                     " (", again, " step", again == 1 ? "" : "s", " to run again)"));
-  // Steps after the checkpoint are run again, and committed again, by the next generation.
+              absl::StrCat("generation ", e.job.generation(), " ended: ", cause, "; restart ",
+                           e.job.restarts(), " of ", e.config.max_restarts, " from ",
+                           survivors != nullptr
+                               ? absl::StrCat("the survivors' newest common step, or else from ",
+                                              checkpoint)
+                               : checkpoint));
+  // Steps after the checkpoint are run again, and committed again, by the next generation
+  // (unless the survivors' checkpoint, newer, takes its place: SurvivorStageEnd).
   e.job.set_step(resume_at - 1);
+  if (survivors != nullptr) MaybeDecideSurvivors(e);
 }
 
 void Coordinator::ReturnToQueue(JobEntry& e, const std::string& why) {
@@ -297,6 +313,8 @@ void Coordinator::TickLocked() {
     }
     if (alive) ApplyEvent(e, PeersAlive{});
   }
+  // Survivors' rounds past their deadline decide without the ranks that did not report.
+  for (auto& [id, e] : jobs_) MaybeDecideSurvivors(e);
   Schedule();
 }
 

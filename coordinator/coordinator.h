@@ -25,6 +25,12 @@
 // steps table); a step run again after a restart replaces its row, so every step of the job
 // has exactly one. A job that finds no layout within its timeout_s fails.
 //
+// Survivors: a generation with replicas and restarts left runs with the step commit; when a
+// rank of it fails or is lost, the ranks whose runs stopped report where they stand
+// (ReportStopped), the generation's round decides the newest step they all reach, and the
+// checkpoint its survivors write there becomes the restart point, every step before it
+// committed: a lost replica costs no step (coordinator_survivors.cc, docs/design.md 4.8).
+//
 // Step commands (flush, weight-version switch, checkpoint, stop at a named step) go to the
 // worker of rank 0 only; the data plane carries them to every stage, and each rank's step
 // report says when they took effect there (an event once every rank has).
@@ -45,7 +51,8 @@
 // (job_table.h), the durable store (job_store.h) and its write-behind (write_behind.h), time
 // (runtime/base/clock.h). This class is the shell that owns the one lock and the monitor;
 // its handlers are defined by concern in coordinator.cc (the shell), coordinator_jobs.cc,
-// coordinator_workers.cc, coordinator_reports.cc and coordinator_scheduling.cc. Everything it depends on is
+// coordinator_workers.cc, coordinator_reports.cc, coordinator_scheduling.cc and
+// coordinator_survivors.cc. Everything it depends on is
 // injected (CoordinatorDeps), so its rules are unit-tested with a fake clock, fake workers
 // and a store that fails (tests/coordinator), no sockets and no sleeps.
 //
@@ -221,6 +228,14 @@ class Coordinator {
                                                  const v1::StepReports& reports);
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const std::string& session,
                                                     const v1::StageEnd& end);
+  // A rank of a generation with the step commit whose run failed says where its weights
+  // stand (coordinator_survivors.cc): the first report of a rank ends it for the job machine
+  // (as a failed StageEnd would; its worker stays busy until its StageEnd), and the
+  // generation's SurvivorRound (survivor_round.h) answers: WAIT until every rank is accounted
+  // for (or three heartbeat intervals after the generation ended), then GO_ON or ABANDON.
+  // A job not running, another generation's rank, or a job without the commit: ABANDON.
+  absl::StatusOr<v1::SurvivorInstruction> ReportStopped(const std::string& session,
+                                                        const v1::StoppedRank& stopped);
   // The key-value store the ranks of running job `job_id` meet in (the KV RPCs): only for a
   // worker that runs one of its ranks, of the job's current `generation` (a rank of an ended
   // one is refused: FailedPrecondition). Bounded as rendezvous_stores.h says.
@@ -304,7 +319,8 @@ class Coordinator {
   // REQUIRES: mu_ held. The commands of ApplyEvent, on the job's record: a restart (its
   // Recovery entry, the stages stopping, the step it runs again from), the job's end, its
   // return to the queue.
-  void RecordRecovery(JobEntry& entry, const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordRecovery(JobEntry& entry, const BeginRecovery& recovery)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordEnd(JobEntry& entry, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReturnToQueue(JobEntry& entry, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. A job's checkpoints never share a directory with another's: without
@@ -313,6 +329,25 @@ class Coordinator {
   // resume_from: latest without a directory (InvalidArgument: nothing is in a new one).
   absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
                                         job::JobConfig& config) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- The survivors of a fault (coordinator_survivors.cc). REQUIRES: mu_ held.
+  // The generation's round, begun if it has none and the job commits its steps; null if not.
+  SurvivorRound* SurvivorsOf(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank `rank` of the generation will not report (lost, or ended without a report).
+  void SurvivorGone(JobEntry& entry, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides the round of a recovering job once every rank is accounted for or its deadline
+  // passed: with a plan, the job's store starts afresh for the survivors' writes.
+  void MaybeDecideSurvivors(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A survivor's StageEnd: the survivors' checkpoint its writer committed becomes the job's
+  // restart point (the steps before it committed), or its failure is said.
+  void SurvivorStageEnd(JobEntry& entry, const v1::StageEnd& end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step report of the generation that ended, while its survivors decide: counted (its
+  // loss, its commit), nothing else.
+  void RecordLateStep(JobEntry& entry, const v1::StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: mu_ held. Rows for steps every rank finished (the job's store, its status).
+  void CommitSteps(JobEntry& entry, const std::vector<StepLedger::CommittedStep>& steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Tells the workers of `ranks` of the generation to stop.
   void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

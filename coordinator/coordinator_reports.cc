@@ -23,7 +23,7 @@ namespace pipetrain::coordinator {
 
 absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLocked(
     const std::string& session, const v1::StepReports& reports) {
-  std::vector<const v1::StepReport*> apply;
+  std::vector<const v1::StepReport*> apply, late;
   std::map<std::pair<std::string, int>, int64_t> last;  // (job, rank) -> last step so far
   for (const v1::StepReport& r : reports.reports()) {
     PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, r.worker_id()));
@@ -36,7 +36,15 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
     }
     if (e.run.phase == Phase::kRecovering ||
         (r.generation() != 0 && r.generation() != e.job.generation())) {
-      continue;  // an earlier generation's: its stage is being stopped
+      // An earlier generation's: its stage is being stopped. While the one that ended decides
+      // where its survivors go on, its reports still count (RecordLateStep).
+      if (e.run.phase == Phase::kRecovering && r.generation() == e.job.generation() &&
+          e.survivors && !e.survivors->decided() && r.rank() >= 0 &&
+          r.rank() < static_cast<int>(e.rank_worker.size()) &&
+          e.rank_worker[r.rank()] == caller->info.id()) {
+        late.push_back(&r);
+      }
+      continue;
     }
     const std::string where = absl::StrCat("job ", r.job_id(), " rank ", r.rank());
     if (r.rank() < 0 || r.rank() >= static_cast<int>(e.rank_worker.size())) {
@@ -59,6 +67,7 @@ absl::StatusOr<std::vector<const v1::StepReport*>> Coordinator::CheckReportsLock
     seen->second = r.step();
     apply.push_back(&r);
   }
+  for (const v1::StepReport* r : late) RecordLateStep(jobs_.at(r->job_id()), *r);
   return apply;
 }
 
@@ -151,40 +160,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                    " ranks"));
   }
   if (!recorded.committed.empty()) {
-    // The loss of a step is known once every replica's last stage reported it. The step is
-    // committed: its row (replacing one an earlier generation wrote) goes to the store.
-    for (const StepLedger::CommittedStep& step : recorded.committed) {
-      StoredStep row;
-      row.step = step.step;
-      row.generation = e.job.generation();
-      row.unix_ms = NowMs();
-      if (step.loss) {
-        e.job.set_loss(*step.loss);
-        row.has_loss = true;
-        row.loss = *step.loss;
-      }
-      e.job.set_learning_rate(
-          weights::LearningRateAt(e.config.optimizer, step.step, e.config.steps));
-      e.job.set_has_grad_norm(step.grad_norm.has_value());
-      if (step.grad_norm) {
-        e.job.set_grad_norm(*step.grad_norm);
-        row.has_grad_norm = true;
-        row.grad_norm = *step.grad_norm;
-      }
-      if (step.eval_loss && step.eval_accuracy) {
-        e.job.set_eval_step(step.step + 1);
-        e.job.set_eval_loss(*step.eval_loss);
-        e.job.set_eval_accuracy(*step.eval_accuracy);
-        row.has_eval = true;
-        row.eval_loss = *step.eval_loss;
-        row.eval_accuracy = *step.eval_accuracy;
-        jobs_.Event(e.job.id(), absl::StrFormat("held-out data before step %d: loss %.4f "
-                                                "accuracy %.4f",
-                                                step.step + 1, *step.eval_loss,
-                                                *step.eval_accuracy));
-      }
-      e.unwritten_steps.push_back(row);
-    }
+    CommitSteps(e, recorded.committed);
     const int64_t done = e.job.step();
     // The final checkpoint (after the last step) is no restart point: a generation resumed
     // there would have nothing left to run, so a rank failing while the job ends restarts
@@ -243,6 +219,44 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   return response;
 }
 
+void Coordinator::CommitSteps(JobEntry& e,
+                              const std::vector<StepLedger::CommittedStep>& steps) {
+  // The loss of a step is known once every replica's last stage reported it. The step is
+  // committed: its row (replacing one an earlier generation wrote) goes to the store.
+  for (const StepLedger::CommittedStep& step : steps) {
+    StoredStep row;
+    row.step = step.step;
+    row.generation = e.job.generation();
+    row.unix_ms = NowMs();
+    if (step.loss) {
+      e.job.set_loss(*step.loss);
+      row.has_loss = true;
+      row.loss = *step.loss;
+    }
+    e.job.set_learning_rate(
+        weights::LearningRateAt(e.config.optimizer, step.step, e.config.steps));
+    e.job.set_has_grad_norm(step.grad_norm.has_value());
+    if (step.grad_norm) {
+      e.job.set_grad_norm(*step.grad_norm);
+      row.has_grad_norm = true;
+      row.grad_norm = *step.grad_norm;
+    }
+    if (step.eval_loss && step.eval_accuracy) {
+      e.job.set_eval_step(step.step + 1);
+      e.job.set_eval_loss(*step.eval_loss);
+      e.job.set_eval_accuracy(*step.eval_accuracy);
+      row.has_eval = true;
+      row.eval_loss = *step.eval_loss;
+      row.eval_accuracy = *step.eval_accuracy;
+      jobs_.Event(e.job.id(), absl::StrFormat("held-out data before step %d: loss %.4f "
+                                              "accuracy %.4f",
+                                              step.step + 1, *step.eval_loss,
+                                              *step.eval_accuracy));
+    }
+    e.unwritten_steps.push_back(row);
+  }
+}
+
 absl::StatusOr<v1::ReportResponse> Coordinator::ReportStageEnd(const std::string& session,
                                                                const v1::StageEnd& end) {
   return LockedThenFlush(
@@ -282,6 +296,7 @@ absl::StatusOr<v1::ReportResponse> Coordinator::StageEndLocked(const v1::StageEn
   }
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", end.job_id()));
   JobEntry& e = it->second;
+  if (e.survivors && end.generation() == e.job.generation()) SurvivorStageEnd(e, end);
   StageEnded ended;
   ended.rank = end.rank();
   ended.ok = end.ok();

@@ -48,6 +48,14 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& ran
   e.reported_checkpoint = {0, ""};
   e.draining_worker.clear();
   e.drain_step = 0;
+  // The step commit, so that a fault costs no step, where the survivors could go on: with
+  // replicas, restarts left, and a schedule and device the commit runs under.
+  job::JobConfig layout = e.config;
+  layout.stages = e.job.stages();
+  layout.replicas = e.job.replicas();
+  e.commit_steps = e.job.replicas() > 1 && e.job.restarts() < e.config.max_restarts &&
+                   job::CommitStepsRefusal(layout).empty();
+  e.survivors.reset();
   std::vector<std::string> placed;
   for (int r = 0; r < ranks; ++r) {
     pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.job.generation());
@@ -155,6 +163,7 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   *assignment.mutable_spec() = e.run_spec;
   assignment.set_rank(rank);
   assignment.set_generation(e.job.generation());
+  assignment.set_commit_steps(e.commit_steps);
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;

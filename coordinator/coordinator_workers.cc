@@ -345,6 +345,10 @@ void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {
         std::max(e.lost_ranks_stop_by, deps_.clock->Now() - lost.silent + lease +
                                            options_.heartbeat_interval);
   }
+  // Its rank will not say where it stands.
+  if (e.survivors && (lost.generation == 0 || lost.generation == e.job.generation())) {
+    SurvivorGone(e, lost.rank);
+  }
   // A worker of an earlier generation, still ending its stage: nothing more to fail (the
   // recovering job no longer waits for it).
   if (e.run.phase == Phase::kRecovering ||

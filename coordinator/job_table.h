@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
 #include "coordinator/step_ledger.h"
+#include "coordinator/survivor_round.h"
 #include "coordinator/write_behind.h"
 #include "pipetrain/v1/job.pb.h"
 #include "runtime/base/clock.h"
@@ -59,6 +61,10 @@ struct JobEntry {
   // job restarts once that checkpoint is its restart point.
   std::string draining_worker;
   int64_t drain_step = 0;
+  // The generation runs with the step commit (StageAssignment.commit_steps): after a rank
+  // failed or was lost, its survivors report, and the round decides where the job goes on.
+  bool commit_steps = false;
+  std::optional<SurvivorRound> survivors;  // this generation's round, once one began
 };
 
 class JobTable {

@@ -189,6 +189,10 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::ReportResponse* response) override {
     return Reply(c_->ReportStageEnd(rpc::SessionOf(*ctx), *request), response);
   }
+  grpc::Status ReportStopped(grpc::ServerContext* ctx, const v1::StoppedRank* request,
+                             v1::SurvivorInstruction* response) override {
+    return Reply(c_->ReportStopped(rpc::SessionOf(*ctx), *request), response);
+  }
 
   // The rendezvous key-value store of a running job.
   grpc::Status KvSet(grpc::ServerContext* ctx, const v1::KvRequest* request,

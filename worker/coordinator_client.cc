@@ -44,6 +44,11 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                 v1::DeregisterWorkerResponse(), absl::Seconds(1))
         .status();
   }
+  absl::StatusOr<v1::SurvivorInstruction> ReportStopped(const v1::StoppedRank& stopped,
+                                                        absl::Duration deadline) override {
+    return Call(&v1::CoordinatorService::Stub::ReportStopped, stopped,
+                v1::SurvivorInstruction(), deadline);
+  }
   std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
                                                       int generation) override {
     return MakeCoordinatorStore(stub_, job_id, generation);

@@ -26,9 +26,11 @@ StageHost::StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient
       metrics_(metrics),
       slot_(slot) {}
 
-absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string& worker_id) {
+absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string& worker_id,
+                                 SurvivorOutcome& survivor) {
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
   if (!config.ok()) return config.status();
+  config->commit_steps = a.commit_steps();
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
                                         "data.path", &config->data.path},
                                     {"model.path", &config->model.torchscript_path}}) {
@@ -142,6 +144,13 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
                                   absl::FormatDuration(report_patience)));
     }
   };
+  if (a.commit_steps()) {
+    // Its state is handed off before it is gone: the survivors of a fault may go on from it.
+    hooks.on_stopped = [&](const job::StoppedRank& stopped) {
+      survivor = HandOffSurvivor(*coordinator_, a, worker_id, *config, stopped,
+                                 [this] { return slot_->closed(); });
+    };
+  }
   absl::StatusOr<job::StageOutcome> outcome =
       job::RunStage(*config, a.rank(), shared_store, hooks);
   slot_->SetCommandQueue(nullptr);
@@ -157,8 +166,9 @@ void StageHost::Run(const v1::StageAssignment& a, const std::string& worker_id) 
   std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
                a.rank(), a.job_id().c_str());
   absl::Status result;
+  SurvivorOutcome survivor;
   try {
-    result = RunStage(a, worker_id);
+    result = RunStage(a, worker_id, survivor);
   } catch (const std::exception& e) {  // out of memory, a LibTorch error: this job's, not ours
     result = absl::InternalError(absl::StrCat("rank ", a.rank(), ": ", e.what()));
   }
@@ -175,6 +185,9 @@ void StageHost::Run(const v1::StageAssignment& a, const std::string& worker_id) 
   end.set_ok(result.ok());
   end.set_error(error);
   end.set_failed_after_peer(result.GetPayload(job::kFailedAfterPeerPayload).has_value());
+  end.set_survivor_checkpoint(survivor.checkpoint);
+  end.set_survivor_step(survivor.step);
+  end.set_survivor_failed(survivor.failed);
   for (int attempt = 0; attempt < kStageEndAttempts; ++attempt) {
     if (coordinator_->ReportStageEnd(end, absl::Seconds(5)).ok()) break;
   }

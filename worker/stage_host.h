@@ -9,7 +9,9 @@
 //
 // A failure inside the stage (an error, a LibTorch exception such as out of memory) fails
 // the rank with its cause, reported in its stage end; never the worker. A rank told to stop
-// reports the reason it was given.
+// reports the reason it was given. With the step commit (assignment.commit_steps) a rank
+// whose run failed first hands its state off as a survivor (survivor_handoff.h); its stage
+// end says what came of it.
 //
 // Thread-compatible: Run is called on one stage's thread at a time (the slot's).
 #pragma once
@@ -23,6 +25,7 @@
 #include "pipetrain/v1/worker_service.pb.h"
 #include "worker/coordinator_client.h"
 #include "worker/stage_slot.h"
+#include "worker/survivor_handoff.h"
 
 namespace pipetrain::worker {
 
@@ -46,8 +49,10 @@ class StageHost {
   static constexpr int kStageEndAttempts = 3;
 
  private:
-  // Builds and runs the rank until it ends; its outcome (a failure names its cause).
-  absl::Status RunStage(const v1::StageAssignment& assignment, const std::string& worker_id);
+  // Builds and runs the rank until it ends; its outcome (a failure names its cause). With
+  // the step commit, what the rank did as a survivor goes to `survivor`.
+  absl::Status RunStage(const v1::StageAssignment& assignment, const std::string& worker_id,
+                        SurvivorOutcome& survivor);
 
   const StageHostOptions options_;
   const std::shared_ptr<CoordinatorClient> coordinator_;

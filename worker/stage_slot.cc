@@ -126,6 +126,11 @@ StageSlot::Occupant StageSlot::occupant() const {
   return occupant_;
 }
 
+bool StageSlot::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
 StageSlot::Activity StageSlot::activity() const {
   absl::MutexLock lock(&mu_);
   return activity_ ? activity_() : Activity{};

@@ -85,6 +85,8 @@ class StageSlot {
 
   // ---- Anyone.
   Occupant occupant() const;
+  // Close was called: no rank starts any more (the worker drains or stops).
+  bool closed() const;
   Activity activity() const;
   // The command queue of rank 0 of `job_id`, if that runs here and was not told to stop.
   std::shared_ptr<control::StepCommandQueue> CommandQueueOf(const std::string& job_id) const;

@@ -29,6 +29,10 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
     report.set_has_loss(true);
     report.set_loss(*step.mean_loss);
   }
+  if (step.job_loss) {
+    report.set_has_job_loss(true);
+    report.set_job_loss(*step.job_loss);
+  }
   if (step.grad_norm) {
     report.set_has_grad_norm(true);
     report.set_grad_norm(*step.grad_norm);
