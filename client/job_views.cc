@@ -63,12 +63,14 @@ void PrintJobTable(const v1::Job& job) {
   }
   // Each restart: what ended the generation before it, where it went on, how fast.
   for (const v1::Recovery& r : job.recoveries()) {
-    std::printf("restart to generation %d: %s\n  after step %lld, from step %lld on %d stages x "
-                "%d replicas x %d micro-batches",
+    std::printf("restart to generation %d: %s\n  after step %lld, from step %lld (%s) on %d "
+                "stages x %d replicas x %d micro-batches",
                 r.generation(), Printable(r.cause()).c_str(),
                 static_cast<long long>(r.failed_after_step() + 1),
-                static_cast<long long>(r.resumed_at_step()), r.stages(), r.replicas(),
-                r.microbatches());
+                static_cast<long long>(r.resumed_at_step()),
+                r.from_survivors() ? "the survivors' state: no step run again"
+                : r.resumed_at_step() > 0 ? "its checkpoint" : "the start",
+                r.stages(), r.replicas(), r.microbatches());
     if (r.first_step_unix_ms() > 0) {
       std::printf("; first good step %.2f s after the fault was seen",
                   (r.first_step_unix_ms() - r.detected_unix_ms()) / 1e3);

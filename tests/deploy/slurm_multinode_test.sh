@@ -520,13 +520,13 @@ check "b: jobcomp.txt records COMPLETED with ExitCode=0:0" \
 check "b: the output shows the pipetrain job succeeded" \
   contains "$dir/b.out" "^job job-[0-9]+ succeeded"
 check "b: the output names the dead node and its worker as the cause of the restart" \
-  contains "$dir/b.out" "^pipetrain\.sbatch: job job-[0-9]+ restarted from its checkpoint \(restart 1\): worker-[0-9]+ \($(re "$(host_addr "$victim")"):[0-9]+\) running stage [01] .*stopped sending heartbeats.* \(node n$victim\)\$"
+  contains "$dir/b.out" "^pipetrain\.sbatch: job job-[0-9]+ restarted \(restart 1\): worker-[0-9]+ \($(re "$(host_addr "$victim")"):[0-9]+\) running stage [01] .*stopped sending heartbeats.* \(node n$victim\)\$"
 check "b: the output has the restart's layout and timing (pipetrain status)" \
-  contains "$dir/b.out" "^pipetrain\.sbatch: \|   after step [0-9]+, from step [0-9]+ on [12] stages x [12] replicas .*first good step [0-9.]+ s after the fault was seen"
+  contains "$dir/b.out" "^pipetrain\.sbatch: \|   after step [0-9]+, from step [0-9]+ \([^)]*\) on [12] stages x [12] replicas .*first good step [0-9.]+ s after the fault was seen"
 check "b: Slurm marks n$victim DOWN" contains <(node_state "n$victim") "^DOWN"
 check "b: no process of the job is left" no_job_processes "$id_b" "$dir/b-state"
 check "b: nothing but its slurmd runs on n1, n2, n4" only_slurmd_on 1 2 4
-recovered=$(sed -n 's/^pipetrain\.sbatch: |   after step \([0-9]*\), from step \([0-9]*\) on \(.*\); first good step \([0-9.]*\) s after.*/after step \1, from step \2 on \3; first good step \4 s after the loss was seen/p' "$dir/b.out")
+recovered=$(sed -n 's/^pipetrain\.sbatch: |   after step \([0-9]*\), from step \([0-9]*\) ([^)]*) on \(.*\); first good step \([0-9.]*\) s after.*/after step \1, from step \2 on \3; first good step \4 s after the loss was seen/p' "$dir/b.out")
 say "b: restart: ${recovered:-none}"
 
 # --- c. no restarts allowed: the Slurm job fails naming the node -----------------------------

@@ -6,7 +6,10 @@
 //     its workers' leases run out and the coordinator takes them for lost;
 //   - the coordinator's host is cut off for 4 s and comes back.
 // Each time the coordinator notices within two heartbeats (500 ms each) and the job resumes
-// from its last checkpoint on the hosts that remain (or that come back), every step is
+// on the hosts that remain (or that come back) from its survivors' state where every place of
+// the pipeline kept a replica that could report (a link down, a host cut off from the
+// coordinator), else from its last checkpoint (a host that dies with both replicas of a
+// place, the coordinator cut off from every worker), every step is
 // committed exactly once by generations that only increase (nothing a rank of an ended
 // generation did after its end is committed), and the run ends within 1e-10 of the
 // un-pipelined reference.
@@ -96,10 +99,11 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   const int64_t detected_ms = IntField(recovery, "detected_unix_ms");
   std::printf(
       "%s: detected %lld ms after the fault, the next generation placed %lld ms later (a lost "
-      "worker's lease first); resumed at step %lld; cause: %s\n",
+      "worker's lease first); resumed at step %lld from %s; cause: %s\n",
       FaultName(fault).c_str(), static_cast<long long>(detected_ms - fault_ms),
       static_cast<long long>(IntField(recovery, "placed_unix_ms") - detected_ms),
       static_cast<long long>(IntField(recovery, "resumed_at_step")),
+      recovery.value("from_survivors", false) ? "the survivors' state" : "the checkpoint",
       recovery.value("cause", "").c_str());
   if (fault != HostFault::kCoordinatorCutOff) {
     EXPECT_LE(detected_ms - fault_ms, 2000);
