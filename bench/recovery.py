@@ -12,16 +12,18 @@ For each: detection (the fault -> the coordinator ends the generation; for "coor
 the kill -> the restarted coordinator loaded the job), re-plan (-> the next generation's
 ranks assigned), first good step (-> every rank finished its first step after the
 checkpoint: rendezvous, checkpoint read and that step), total (the fault -> first good
-step), and the steps lost (run by the failed generation after the checkpoint it resumed
-from). Times come from the job's recovery record (coordinator wall clock, ms) against this
-script's time.time() at the fault.
+step), where it restarted from (the survivors' newest common step, or the last checkpoint),
+and the steps lost (run by the failed generation after the checkpoint it resumed from; 0
+when its survivors went on). Times come from the job's recovery record (coordinator wall
+clock, ms) against this script's time.time() at the fault.
 
 Part 2, goodput: the same job for --minutes with a fault every --fault-every seconds (the
 kinds in turn). Goodput = steps committed / (the run's own fault-free rate x the time): the
 fault-free rate is the median rate of committed steps over the minute before each fault
 (minus 5 s), measured in the same run, so the machine's drift between runs does not enter.
-For reference, a separate fault-free run of the same length is also reported (runs minutes
-apart on this machine differ by several percent).
+For reference, a separate fault-free run of the same length is also reported, without
+restarts (so without the step commit a job with restarts and replicas runs with: its cost is
+in the ratio; runs minutes apart on this machine differ by several percent).
 
 Markdown on stdout, progress on stderr; standard library only. Needs root for `ss -K`
 (the transport fault; skipped without it).
@@ -52,7 +54,7 @@ steps: 1000000
 threads_per_stage: 1
 optimizer: {{name: adamw, lr: 3.0e-3}}
 timeout_s: 60
-max_restarts: 100
+max_restarts: {restarts}
 checkpoint: {{dir: {ckpt}, every: {every}, keep: 3}}
 """
 KINDS = ["kill", "hang", "transport", "coordinator"]
@@ -143,10 +145,11 @@ def heal(cluster, spare_names):
             cluster.start_worker(name + "r")
 
 
-def submit(cluster, every):
+def submit(cluster, every, restarts=100):
     path = os.path.join(cluster.dir, "job.yaml")
     with open(path, "w") as f:
-        f.write(SPEC.format(ckpt=os.path.join(cluster.dir, "ckpt"), every=every))
+        f.write(SPEC.format(ckpt=os.path.join(cluster.dir, "ckpt"), every=every,
+                            restarts=restarts))
     out = cluster.cli(["submit", path]).stdout
     return re.search(r"job-\d+", out).group(0)
 
@@ -173,9 +176,12 @@ def one_fault(build, kind, every):
                                    ("detected_unix_ms", "placed_unix_ms", "first_step_unix_ms"))
         heal(cluster, spare)
         cluster.cli(["cancel", job], check=False)
+        survivors = bool(r.get("from_survivors", False))
         return {"kind": kind, "detect": detected - fault, "replan": placed - detected,
                 "first_step": first - placed, "total": first - fault,
-                "lost": i64(r, "failed_after_step", -1) + 1 - i64(r, "resumed_at_step"),
+                "from": "survivors" if survivors else "checkpoint",
+                "lost": 0 if survivors else
+                i64(r, "failed_after_step", -1) + 1 - i64(r, "resumed_at_step"),
                 "layout": f'{r.get("stages")}x{r.get("replicas")}x{r.get("microbatches")}'}
 
 
@@ -185,7 +191,7 @@ def goodput_run(build, minutes, fault_every, every, kinds):
     fault."""
     with LocalCluster(build, workers=5) as cluster:
         cluster.wait_for_idle_workers(5)
-        job = submit(cluster, every)
+        job = submit(cluster, every, restarts=100 if kinds else 0)
         wait_for(cluster, job, lambda j: i64(j, "step", -1) >= 0)
         start = time.monotonic()
         end = start + minutes * 60
@@ -246,14 +252,15 @@ def main():
               f"{args.every} steps, heartbeat 1 s, 5 workers (one spare); median of "
               f"{args.repeats} per kind (seconds):\n")
         print("| fault | detection | re-plan | rendezvous + restore + first step | fault -> first "
-              "good step | steps lost | layout after |")
-        print("|---|---|---|---|---|---|---|")
+              "good step | restarted from | steps lost | layout after |")
+        print("|---|---|---|---|---|---|---|---|")
         for kind in kinds:
             rs = [r for r in rows if r["kind"] == kind]
             med = {k: statistics.median(r[k] for r in rs) for k in
                    ("detect", "replan", "first_step", "total", "lost")}
+            origin = "/".join(sorted({r["from"] for r in rs}))
             print(f"| {kind} | {med['detect']:.2f} | {med['replan']:.2f} | {med['first_step']:.2f} "
-                  f"| {med['total']:.2f} | {med['lost']:.0f} | {rs[-1]['layout']} |")
+                  f"| {med['total']:.2f} | {origin} | {med['lost']:.0f} | {rs[-1]['layout']} |")
 
     if args.minutes > 0 and args.part != "faults":
         log(f"goodput: {args.minutes} min with a fault every {args.fault_every} s")
@@ -270,8 +277,8 @@ def main():
               f"**{faulty / (rate * seconds):.3f}** against its own clean rate "
               f"({rate:.2f} steps/s) |" if rate else f"| with faults | {faults} | {restarts} | "
               f"{faulty} | {faulty / seconds:.2f} | (no clean window) |")
-        print(f"| fault-free, a separate run | 0 | 0 | {free} | {free / seconds:.2f} | "
-              f"{faulty / free:.3f} (faulty / fault-free) |")
+        print(f"| fault-free, a separate run without restarts (no step commit) | 0 | 0 | {free} | "
+              f"{free / seconds:.2f} | {faulty / free:.3f} (faulty / fault-free) |")
 
 
 if __name__ == "__main__":
