@@ -239,8 +239,8 @@ void Coordinator::RecordRecovery(JobEntry& e, const BeginRecovery& recovery) {
   e.recovering_since = deps_.clock->Now();
   commands_.Forget(e.job.id());
   // The survivors of a failed or lost rank may go on from their newest common step: the
-  // generation's store stays for their round (coordinator_survivors.cc).
-  // A Fault names its own restart point: its round, begun or not, is over.
+  // generation's store stays for their round (coordinator_survivors.cc). A Fault names its
+  // own restart point: its round, begun or not, is over.
   SurvivorRound* survivors = SurvivorsOf(e);
   if (survivors != nullptr && !recovery.survivors) {
     survivors->Abandon(absl::StrCat("the generation ended: ", cause));

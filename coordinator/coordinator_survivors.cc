@@ -120,6 +120,19 @@ absl::StatusOr<v1::SurvivorInstruction> Coordinator::ReportStopped(const std::st
                                      " failed: ", s.error().substr(0, kMaxErrorBytes));
         ended.at = deps_.clock->Now();
         ApplyEvent(e, ended);
+        // The generation is over: the ranks still running are stopped now, so that they
+        // report too (one waiting on this rank would otherwise wait until the job machine
+        // decides, as this rank keeps its connections open while it waits for the plan).
+        if (round->reports() == 1 && IsRunning(e.run.phase) &&
+            e.run.phase != Phase::kRecovering) {
+          std::vector<int> running;
+          for (size_t r = 0; r < e.run.rank_ended.size(); ++r) {
+            if (!e.run.rank_ended[r]) running.push_back(static_cast<int>(r));
+          }
+          SendStops(e, running,
+                    absl::StrCat(RankName(e.job, s.rank()), " stopped (", s.error().substr(0, 200),
+                                 "): the survivors report where they stand"));
+        }
       }
     }
     MaybeDecideSurvivors(e);
@@ -165,6 +178,12 @@ void Coordinator::SurvivorStageEnd(JobEntry& e, const v1::StageEnd& end) {
     rec->set_resumed_at_step(plan->step);
     rec->set_from_survivors(true);
   }
+  // The next generation need not wait for a lost worker's lease: a rank it may still run
+  // (cut off from here) has no peer left to go on with (every other rank of its generation
+  // has stopped), any layer file it could still write holds the bytes its surviving replicas
+  // hold for that step (replicas are bitwise equal), and its calls on the job's store are
+  // refused once the next generation runs.
+  e.lost_ranks_stop_by = absl::InfinitePast();
   jobs_.Event(e.job.id(), absl::StrCat("the survivors' state before step ", plan->step,
                                        " committed: ", e.job.checkpoint_path(),
                                        " (no step to run again)"));

@@ -26,6 +26,12 @@ bool SurvivorRound::reported(int rank) const {
   return rank >= 0 && rank < static_cast<int>(reports_.size()) && reports_[rank].has_value();
 }
 
+int SurvivorRound::reports() const {
+  int n = 0;
+  for (const auto& report : reports_) n += report.has_value() ? 1 : 0;
+  return n;
+}
+
 bool SurvivorRound::AllAccounted() const {
   for (size_t r = 0; r < reports_.size(); ++r) {
     if (!reports_[r] && !gone_[r]) return false;

@@ -37,6 +37,8 @@ class SurvivorRound {
   // Rank `rank` will not report: its worker was lost, or its stage ended without a report.
   void Gone(int rank);
   bool reported(int rank) const;
+  // How many ranks have reported.
+  int reports() const;
   // Every rank reported or is gone.
   bool AllAccounted() const;
 

@@ -54,7 +54,8 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
       break;
     } else {
       failed_calls = 0;
-      deadline = std::min(absl::Now() + kLongestWait,
+      // The coordinator's deadline is absolute: a later answer never moves it further away.
+      deadline = std::min(deadline,
                           absl::Now() + absl::Milliseconds(std::max<int64_t>(0, r->wait_ms())));
     }
     if (closing()) {

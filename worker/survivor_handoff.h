@@ -1,7 +1,8 @@
 // What a rank of a job with the step commit (StageAssignment.commit_steps) does once its run
 // failed, before its state is gone (job::StageRunHooks::on_stopped): it tells the
 // coordinator where its weights stand (CoordinatorService.ReportStopped), asks again while
-// the answer is WAIT (every kPoll, within the wait the coordinator names), and carries out
+// the answer is WAIT (every kSurvivorPoll, until the earliest deadline any WAIT named, and 5
+// minutes at most), and carries out
 // its answer: GO_ON applies the held update if told and, if told, writes the rank's state as
 // the checkpoint before the survivors' step through the job's store
 // (job::DeliverStoppedRank); ABANDON does nothing. Never waits without a deadline: the

@@ -115,13 +115,21 @@ class SurvivorsTest : public CoordinatorCoreTest {
 };
 
 // Rank 3 lost during step 5: ranks 0..2 hold step 5's final gradient (their commit began and
-// did not end), so every place can stand at step 6. The job goes on from there: ranks 0 and 1
-// (replica 0) write their state, rank 2 only applies its update; steps 0..5 are committed
-// (step 5 with the loss rank 1 held), and generation 2 resumes from the survivors' checkpoint.
+// did not end), so every place can stand at step 6. The first report stops the other ranks;
+// the job goes on from step 6: ranks 0 and 1 (replica 0) write their state, rank 2 only
+// applies its update; steps 0..5 are committed (step 5 with the loss rank 1 held), and
+// generation 2 resumes from the survivors' checkpoint at once (no lease to wait for).
 TEST_F(SurvivorsTest, ALostRankCostsNoStepWhenEveryPlaceHasASurvivor) {
   StartJob();
   EXPECT_TRUE(Worker(1).assigned[0].commit_steps());
   EXPECT_EQ(Stopped(0, 5, 5).action(), v1::SurvivorInstruction::WAIT);
+  // The generation is over: the ranks still running are told to stop at once, to report too.
+  RunLater();
+  for (int n : {2, 3, 4}) {
+    ASSERT_EQ(Worker(n).stopped.size(), 1u) << n;
+    EXPECT_EQ(Worker(n).stopped[0].generation(), 1);
+    EXPECT_THAT(Worker(n).stopped[0].reason(), HasSubstr("the survivors report"));
+  }
   LoseRankThree();
   ASSERT_EQ(Get(job_).restarts(), 1);
   EXPECT_THAT(EventTexts(job_),
@@ -155,7 +163,8 @@ TEST_F(SurvivorsTest, ALostRankCostsNoStepWhenEveryPlaceHasASurvivor) {
   EXPECT_EQ(job.recoveries(0).resumed_at_step(), 6);
   EXPECT_EQ(job.recoveries(0).failed_after_step(), 4);
   EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("no step to run again")));
-  PastTheLease();
+  // Placed at once, without waiting for the lost worker's lease (it has no peer left).
+  RunLater();
   const std::vector<v1::StageAssignment> next = Generation2();
   ASSERT_EQ(next.size(), 4u);
   for (const v1::StageAssignment& a : next) {
@@ -184,6 +193,8 @@ TEST_F(SurvivorsTest, SurvivorsThatCannotAgreeRestartFromTheLastCheckpoint) {
   EXPECT_EQ(Stopped(0, 6, -1).action(), v1::SurvivorInstruction::ABANDON);
   for (int rank : {0, 1, 2}) End(rank);
   EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("the survivors cannot go on")));
+  RunLater();
+  EXPECT_TRUE(Generation2().empty()) << "a restart from the checkpoint waits for the lease";
   PastTheLease();
   const std::vector<v1::StageAssignment> next = Generation2();
   ASSERT_EQ(next.size(), 4u);
