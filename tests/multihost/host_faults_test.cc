@@ -98,8 +98,8 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   // Noticed within two heartbeat intervals (1 s), and a second for this loaded machine.
   const int64_t detected_ms = IntField(recovery, "detected_unix_ms");
   std::printf(
-      "%s: detected %lld ms after the fault, the next generation placed %lld ms later (a lost "
-      "worker's lease first); resumed at step %lld from %s; cause: %s\n",
+      "%s: detected %lld ms after the fault, the next generation placed %lld ms later (after a lost "
+      "worker's lease unless the survivors went on); resumed at step %lld from %s; cause: %s\n",
       FaultName(fault).c_str(), static_cast<long long>(detected_ms - fault_ms),
       static_cast<long long>(IntField(recovery, "placed_unix_ms") - detected_ms),
       static_cast<long long>(IntField(recovery, "resumed_at_step")),
