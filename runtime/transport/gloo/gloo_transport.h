@@ -54,7 +54,9 @@ int64_t GlooPostedReceiveBytes();
 int64_t GlooInlinePayloadBytes();
 
 // Connects to every other process of the job through `store` (c10d TCP store). Blocks until
-// all have arrived or the timeout passes (naming who did not).
+// all have arrived or the timeout passes (naming who did not). The first call makes the
+// process ignore SIGPIPE (unless it has a handler of its own): a write to a peer that died
+// is an error of the transport, not the end of the process.
 absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options);
 
