@@ -37,14 +37,9 @@ class CoordinatorClient {
   virtual absl::StatusOr<v1::DrainWorkerResponse> Drain(const v1::DrainWorkerRequest& request) = 0;
   // 1 s.
   virtual absl::Status Deregister(const v1::DeregisterWorkerRequest& request) = 0;
-  // A stopped rank's state (survivor_handoff.h); waits at most `deadline`. Unimplemented
-  // unless overridden (a client that keeps no survivors).
+  // A stopped rank's state (survivor_handoff.h); waits at most `deadline`.
   virtual absl::StatusOr<v1::SurvivorInstruction> ReportStopped(const v1::StoppedRank& stopped,
-                                                                absl::Duration deadline) {
-    (void)stopped;
-    (void)deadline;
-    return absl::UnimplementedError("ReportStopped");
-  }
+                                                                absl::Duration deadline) = 0;
   // The rendezvous store of job `job_id`'s ranks of `generation`, kept by the coordinator
   // (its KV RPCs; refused once that generation has ended).
   virtual std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,

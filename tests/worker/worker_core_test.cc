@@ -142,6 +142,14 @@ class FakeCoordinator : public CoordinatorClient {
     changed_.notify_all();
     return absl::OkStatus();
   }
+  // Its jobs keep no survivors (no commit): a stopped rank is told so.
+  absl::StatusOr<v1::SurvivorInstruction> ReportStopped(const v1::StoppedRank&,
+                                                        absl::Duration) override {
+    v1::SurvivorInstruction abandon;
+    abandon.set_action(v1::SurvivorInstruction::ABANDON);
+    abandon.set_reason("the job commits no steps");
+    return abandon;
+  }
   std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
                                                       int /*generation*/) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,7 +1,5 @@
 #include "runtime/transport/gloo/gloo_transport.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/signals.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
 #include "runtime/transport/wire_header.h"
@@ -464,16 +463,7 @@ int64_t GlooInlinePayloadBytes() { return kInlinePayloadBytes; }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const GlooTransportOptions& options) {
-  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer whose connection closed (it died)
-  // would end this process with SIGPIPE instead of failing the write. Ignored, unless the
-  // program handles it itself.
-  static std::once_flag sigpipe_ignored;
-  std::call_once(sigpipe_ignored, [] {
-    struct sigaction current {};
-    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-      signal(SIGPIPE, SIG_IGN);
-    }
-  });
+  IgnoreSigpipe();  // a peer that died fails a write, not this process
   c10::intrusive_ptr<c10d::Store> c10d_store =
       rendezvous::AsC10dStore(store, options.connect_timeout);
   const int world = options.stages * options.replicas;
