@@ -20,11 +20,14 @@ class GrpcCoordinatorClient : public CoordinatorClient {
     return Call(&v1::CoordinatorService::Stub::RegisterWorker, request,
                 v1::RegisterWorkerResponse(), absl::Seconds(5));
   }
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request,
-                         absl::Duration deadline) override {
-    return Call(&v1::CoordinatorService::Stub::Heartbeat, request, v1::HeartbeatResponse(),
-                deadline)
-        .status();
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration deadline,
+                         v1::HeartbeatResponse* response) override {
+    absl::StatusOr<v1::HeartbeatResponse> r =
+        Call(&v1::CoordinatorService::Stub::Heartbeat, request, v1::HeartbeatResponse(),
+             deadline);
+    if (!r.ok()) return r.status();
+    *response = *std::move(r);
+    return absl::OkStatus();
   }
   absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) override {
     return Call(&v1::CoordinatorService::Stub::ReportSteps, reports, v1::ReportResponse(),

@@ -27,9 +27,9 @@ class CoordinatorClient {
   // 5 s.
   virtual absl::StatusOr<v1::RegisterWorkerResponse> Register(
       const v1::RegisterWorkerRequest& request) = 0;
-  // Waits at most `deadline` for the answer.
-  virtual absl::Status Heartbeat(const v1::HeartbeatRequest& request,
-                                 absl::Duration deadline) = 0;
+  // Waits at most `deadline` for the answer, which goes to `response` (not null).
+  virtual absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration deadline,
+                                 v1::HeartbeatResponse* response) = 0;
   // 5 s.
   virtual absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) = 0;
   virtual absl::Status ReportStageEnd(const v1::StageEnd& end, absl::Duration deadline) = 0;

@@ -14,17 +14,19 @@
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/data_roots.h"
+#include "worker/replica_state_fetch.h"
 #include "worker/stage_metrics.h"
 #include "worker/step_reporter.h"
 
 namespace pipetrain::worker {
 
 StageHost::StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient> coordinator,
-                     metrics::Registry* metrics, StageSlot* slot)
+                     metrics::Registry* metrics, StageSlot* slot, HeldStates* held)
     : options_(std::move(options)),
       coordinator_(std::move(coordinator)),
       metrics_(metrics),
-      slot_(slot) {}
+      slot_(slot),
+      held_(held) {}
 
 absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string& worker_id,
                                  SurvivorOutcome& survivor) {
@@ -78,6 +80,26 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     news.resumed_from = dir;
     news.passed_over = skipped;
   };
+  if (a.has_replica_state() && a.replica_state().layers_size() > 0) {
+    ReplicaStateSource source;
+    source.job_id = a.job_id();
+    source.own_address = options_.address;
+    source.local = held_;
+    source.security = options_.security;
+    source.spread = layout.ReplicaOf(a.rank());
+    source.timeout = absl::Seconds(config->recv_timeout_s);
+    hooks.replica_state_step = a.replica_state().step();
+    hooks.replica_state = [&a, &news, source](const std::vector<model::LayerRange>& layers) {
+      ReplicaStateFetch fetch;
+      absl::StatusOr<std::vector<checkpoint::LayerState>> states =
+          FetchReplicaState(a.replica_state(), layers, source, &fetch);
+      if (states.ok()) {
+        news.state_from_replicas = absl::StrCat("its state at step ", a.replica_state().step(),
+                                                " from the survivors: ", fetch.Describe());
+      }
+      return states;
+    };
+  }
   hooks.on_checkpoint = [&news](int64_t, const checkpoint::SharedCheckpointResult& result) {
     if (!result.committed.empty()) news.committed_checkpoint = result.committed;
     if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
@@ -148,7 +170,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     // Its state is handed off before it is gone: the survivors of a fault may go on from it.
     hooks.on_stopped = [&](const job::StoppedRank& stopped) {
       survivor = HandOffSurvivor(*coordinator_, a, worker_id, *config, stopped,
-                                 [this] { return slot_->closed(); });
+                                 [this] { return slot_->closed(); }, held_);
     };
   }
   absl::StatusOr<job::StageOutcome> outcome =

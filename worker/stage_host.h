@@ -11,7 +11,9 @@
 // the rank with its cause, reported in its stage end; never the worker. A rank told to stop
 // reports the reason it was given. With the step commit (assignment.commit_steps) a rank
 // whose run failed first hands its state off as a survivor (survivor_handoff.h); its stage
-// end says what came of it.
+// end says what came of it. A rank whose assignment names the survivors' state
+// (replica_state) starts from it, taken from this worker's hold or the holders', and reads
+// no checkpoint unless that fails; its first step report says how.
 //
 // Thread-compatible: Run is called on one stage's thread at a time (the slot's).
 #pragma once
@@ -23,7 +25,9 @@
 #include "absl/status/status.h"
 #include "metrics/metrics.h"
 #include "pipetrain/v1/worker_service.pb.h"
+#include "rpc/security.h"
 #include "worker/coordinator_client.h"
+#include "worker/held_state.h"
 #include "worker/stage_slot.h"
 #include "worker/survivor_handoff.h"
 
@@ -33,13 +37,18 @@ struct StageHostOptions {
   std::string device = "cpu";           // this worker's: cpu, cuda or cuda:N
   std::string data_host = "127.0.0.1";  // the address its stage listens on for peers
   std::vector<std::string> data_roots;  // what a job may read (data_roots.h)
+  std::string address;                  // its WorkerService's (the survivors' state: below)
+  rpc::SecurityOptions security;        // for its calls to other workers
 };
 
 class StageHost {
  public:
-  // Not owned, outliving the host: `metrics` and `slot`.
+  // Not owned, outliving the host: `metrics`, `slot` and `held` (the survivors' state this
+  // worker holds: a survivor keeps its state there, and a rank of the next generation takes
+  // its layers from there or from the other holders the assignment names,
+  // replica_state_fetch.h).
   StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient> coordinator,
-            metrics::Registry* metrics, StageSlot* slot);
+            metrics::Registry* metrics, StageSlot* slot, HeldStates* held);
 
   // Runs `assignment`'s rank to its end as `worker_id` and reports the end; the slot is free
   // when it returns.
@@ -58,6 +67,7 @@ class StageHost {
   const std::shared_ptr<CoordinatorClient> coordinator_;
   metrics::Registry* const metrics_;
   StageSlot* const slot_;
+  HeldStates* const held_;
   std::string metrics_job_;  // whose series are in metrics_ (the stage's thread only)
 };
 

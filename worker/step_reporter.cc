@@ -19,6 +19,7 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
   report.set_step(step.step);
   report.set_checkpoint_committed(news.committed_checkpoint);
   report.set_checkpoint_failed(news.failed_checkpoint.substr(0, 1024));
+  report.set_state_from_replicas(news.state_from_replicas.substr(0, 1024));
   if (!news.resumed_from.empty()) {
     report.set_resumed_from(news.resumed_from.substr(0, 4096));
     for (size_t i = 0; i < news.passed_over.size() && i < 16; ++i) {

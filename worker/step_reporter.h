@@ -33,13 +33,15 @@ struct StepNews {
   std::string failed_checkpoint;     // why its part of a checkpoint failed
   std::string resumed_from;          // rank 0: where the job resumed from ...
   std::vector<std::string> passed_over;  // ... and the newer checkpoints it passed over
+  // How its state came from the survivors' workers (ReplicaStateFetch::Describe), if it did.
+  std::string state_from_replicas;
 };
 
 // The report of `step` of `assignment` run by `worker_id`: its times, loss and commands, the
 // stage's parameter bytes and layers, the device's tensor peak since the rank began
 // (`peak_tensor_bytes`, read at the step; negative: not known, sent as 0), its time
 // breakdown so far, and `news` (cut to what the coordinator takes: 1 KiB per failure or
-// checkpoint passed over, 16 of those, 4 KiB for a path).
+// checkpoint passed over or state taken from replicas, 16 of those, 4 KiB for a path).
 v1::StepReport MakeStepReport(const v1::StageAssignment& assignment, const std::string& worker_id,
                               const executor::StepRecord& step, int64_t parameter_bytes,
                               int64_t peak_tensor_bytes, model::LayerRange layers,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,7 +20,7 @@ constexpr absl::Duration kLongestWait = absl::Minutes(5);
 SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
                                 const v1::StageAssignment& a, const std::string& worker_id,
                                 const job::JobConfig& config, const job::StoppedRank& stopped,
-                                const std::function<bool()>& closing) {
+                                const std::function<bool()>& closing, HeldStates* held) {
   SurvivorOutcome out;
   const std::string who = absl::StrCat("pipetrain-worker: ", worker_id, ": rank ", a.rank(),
                                        " of ", a.job_id(), ": ");
@@ -37,6 +38,9 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
   report.set_error(std::string(stopped.error.message()));
   report.set_failed_after_peer(
       stopped.error.GetPayload(job::kFailedAfterPeerPayload).has_value());
+  for (const model::LayerRange& range : stopped.layers) {
+    for (int layer = range.begin; layer < range.end; ++layer) report.add_layers(layer);
+  }
   absl::Time deadline = absl::Now() + kLongestWait;
   int failed_calls = 0;
   v1::SurvivorInstruction answer;
@@ -80,6 +84,18 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
       std::fprintf(stderr, "%s%s\n", who.c_str(), out.failed.c_str());
       return out;
     }
+  }
+  if (answer.hold_state() && held != nullptr) {
+    // Its layers as they now stand (W(step)), kept for the next generation's ranks.
+    std::map<int, std::string> layers = job::StoppedRankLayerBytes(stopped);
+    int64_t bytes = 0;
+    for (const auto& [layer, b] : layers) bytes += static_cast<int64_t>(b.size());
+    held->Hold(a.job_id(), answer.step(), answer.state_key(),
+               absl::Milliseconds(std::max<int64_t>(0, answer.hold_ms())),
+               std::move(layers));
+    std::fprintf(stderr, "%sholding its state at step %lld for the next generation (%lld "
+                 "bytes)\n", who.c_str(), static_cast<long long>(answer.step()),
+                 static_cast<long long>(bytes));
   }
   if (!answer.write_state()) {
     std::fprintf(stderr, "%sthe survivors go on from step %lld (another replica writes this "

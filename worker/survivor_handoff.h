@@ -3,8 +3,9 @@
 // coordinator where its weights stand (CoordinatorService.ReportStopped), asks again while
 // the answer is WAIT (every kSurvivorPoll, until the earliest deadline any WAIT named, and 5
 // minutes at most), and carries out
-// its answer: GO_ON applies the held update if told and, if told, writes the rank's state as
-// the checkpoint before the survivors' step through the job's store
+// its answer: GO_ON applies the held update if told; if told, keeps the rank's layers in
+// `held` for the next generation's ranks to take (held_state.h); and, if told, writes the
+// rank's state as the checkpoint before the survivors' step through the job's store
 // (job::DeliverStoppedRank); ABANDON does nothing. Never waits without a deadline: the
 // coordinator out of reach (kAttempts calls without an answer) or the worker closing gives
 // up, and the job restarts from its last checkpoint as it would have without the commit.
@@ -21,6 +22,7 @@
 #include "runtime/job/job_config.h"
 #include "runtime/job/launch/stopped_rank.h"
 #include "worker/coordinator_client.h"
+#include "worker/held_state.h"
 
 namespace pipetrain::worker {
 
@@ -38,6 +40,7 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
                                 const v1::StageAssignment& assignment,
                                 const std::string& worker_id, const job::JobConfig& config,
                                 const job::StoppedRank& stopped,
-                                const std::function<bool()>& closing);
+                                const std::function<bool()>& closing,
+                                HeldStates* held = nullptr);
 
 }  // namespace pipetrain::worker

@@ -42,7 +42,7 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 }  // namespace
 
 Worker::Worker(WorkerOptions options, std::shared_ptr<const Clock> clock)
-    : options_(std::move(options)), clock_(std::move(clock)), slot_(clock_) {}
+    : options_(std::move(options)), clock_(std::move(clock)), slot_(clock_), held_(clock_) {}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options, absl::Duration register_timeout,
@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   int port = 0;
   const std::string listen = ListenAddressFor(options.listen, *advertised);
   builder.AddListeningPort(listen, *credentials, &port);
-  w->service_ = std::make_unique<WorkerServiceAdapter>(w.get(), w->command_key_);
+  w->service_ = std::make_unique<WorkerServiceAdapter>(w.get(), w->command_key_, &w->held_);
   builder.RegisterService(w->service_.get());
   w->server_ = builder.BuildAndStart();
   if (!w->server_ || port == 0) {
@@ -85,11 +85,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
       "pipetrain_worker_memory_bytes",
       "This worker process's resident memory now (resident) and its high-water mark (peak); "
       "the tensor storage on its device (CPU or GPU) counted at the allocator now (tensors) "
-      "and the most since its current or last rank was assigned (tensors_peak).",
-      {"kind"}, [tensors_on = job::TensorDeviceOf(options.device)] {
+      "and the most since its current or last rank was assigned (tensors_peak); the survivors' "
+      "state it holds for a job's next generation (held_state).",
+      {"kind"}, [tensors_on = job::TensorDeviceOf(options.device), held = &w->held_] {
         std::vector<metrics::CollectedSample> samples = {
             {{"resident"}, static_cast<double>(ResidentMemoryBytes())},
-            {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())}};
+            {{"peak"}, static_cast<double>(PeakResidentMemoryBytes())},
+            {{"held_state"}, static_cast<double>(held->bytes())}};
         const int64_t now = memory::TensorBytesInUseOn(tensors_on);
         const int64_t peak = memory::PeakTensorBytesOn(tensors_on);
         // Known on the CPU once the counter is installed; on a GPU where LibTorch has CUDA.
@@ -105,8 +107,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
                         ? std::move(coordinator)
                         : MakeGrpcCoordinatorClient(v1::CoordinatorService::NewStub(*channel));
   w->host_ = std::make_unique<StageHost>(
-      StageHostOptions{options.device, advertised->host, options.data_roots}, w->coordinator_,
-      &w->metrics_, &w->slot_);
+      StageHostOptions{options.device, advertised->host, options.data_roots, w->address_,
+                       options.security},
+      w->coordinator_, &w->metrics_, &w->slot_, &w->held_);
   if (absl::Status s = w->Register(w->clock_->Now() + register_timeout); !s.ok()) return s;
   w->heartbeat_thread_ = std::thread([raw = w.get()] { raw->HeartbeatLoop(); });
   // Ready last: a readiness probe that passes means /metrics answers and the coordinator
@@ -201,7 +204,12 @@ void Worker::HeartbeatLoop() {
                                         ? std::max(heard_at_ + lease_ - sent, heartbeat_interval_)
                                         : absl::Seconds(2);
     lock.unlock();
-    const absl::Status s = coordinator_->Heartbeat(request, deadline);
+    v1::HeartbeatResponse response;
+    const absl::Status s = coordinator_->Heartbeat(request, deadline, &response);
+    if (s.ok()) {
+      held_.KeepOnly({response.held_state_jobs().begin(), response.held_state_jobs().end()},
+                     sent);
+    }
     lock.lock();
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) {
       heard_at_ = sent;  // the coordinator answered (whatever it said)

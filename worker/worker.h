@@ -26,6 +26,11 @@
 // layers to the job's checkpoint.dir (a directory every worker of the job must share) and one
 // of them commits it (runtime/checkpoint/job_checkpoints.h); that rank's next step report names it.
 //
+// After a fault, a survivor may be told to hold its state for the job's next generation
+// (held_state.h): it serves those layers to the next generation's ranks (FetchLayerState,
+// with the hold's key) until a heartbeat's answer no longer names the job, and counts their
+// bytes in pipetrain_worker_memory_bytes{kind="held_state"}.
+//
 // Every assignment names the job's generation; the worker's heartbeats, step reports and
 // stage end carry it, and a stop for another generation of the job leaves its stage alone.
 //
@@ -64,6 +69,7 @@
 #include "rpc/security.h"
 #include "runtime/base/clock.h"
 #include "worker/coordinator_client.h"
+#include "worker/held_state.h"
 #include "worker/stage_host.h"
 #include "worker/stage_slot.h"
 #include "worker/worker_service.h"
@@ -150,6 +156,9 @@ class Worker {
   // The rank it runs (thread-safe); before the host and the server that use it, so that it
   // is destroyed after them: its Shutdown in Stop() has ended the stage's thread by then.
   StageSlot slot_;
+  // The survivors' state it holds for a job's next generation (thread-safe); before the host
+  // and the server that use it. Heartbeat answers say which jobs' to keep.
+  HeldStates held_;
   std::unique_ptr<StageHost> host_;
   std::unique_ptr<WorkerServiceAdapter> service_;  // before the server that calls it
   std::unique_ptr<grpc::Server> server_;

@@ -1,5 +1,7 @@
 #include "worker/worker_service.h"
 
+#include <algorithm>
+
 #include "rpc/security.h"
 #include "rpc/status.h"
 #include "worker/worker.h"
@@ -41,6 +43,27 @@ grpc::Status WorkerServiceAdapter::ScheduleCommand(grpc::ServerContext* context,
   absl::StatusOr<int64_t> step = worker_->ScheduleCommand(*request);
   if (!step.ok()) return rpc::ToGrpcStatus(step.status());
   response->set_step(*step);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceAdapter::FetchLayerState(
+    grpc::ServerContext*, const v1::FetchLayerStateRequest* request,
+    grpc::ServerWriter<v1::LayerStateChunk>* writer) {
+  absl::StatusOr<std::shared_ptr<const std::string>> bytes =
+      held_->Layer(request->job_id(), request->step(), request->layer(), request->state_key());
+  if (!bytes.ok()) return rpc::ToGrpcStatus(bytes.status());
+  const std::string& all = **bytes;
+  size_t offset = 0;
+  do {
+    v1::LayerStateChunk chunk;
+    chunk.set_total_bytes(static_cast<int64_t>(all.size()));
+    const size_t n = std::min(kLayerChunkBytes, all.size() - offset);
+    chunk.set_data(all.substr(offset, n));
+    offset += n;
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+    }
+  } while (offset < all.size());
   return grpc::Status::OK;
 }
 

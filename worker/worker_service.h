@@ -1,7 +1,9 @@
-// The worker's gRPC face: WorkerService's four methods, each refused (UNAUTHENTICATED, doing
+// The worker's gRPC face: WorkerService's commands, each refused (UNAUTHENTICATED, doing
 // nothing) without the command key the worker registered with (only the coordinator has it),
-// then handed to the worker's plain handlers (worker.h: Assign, StopRank, ScheduleCommand).
-// No state of its own; thread-safe as the worker is. The worker outlives it.
+// then handed to the worker's plain handlers (worker.h: Assign, StopRank, ScheduleCommand);
+// and FetchLayerState, served from the survivors' state the worker holds (held_state.h) to
+// calls that carry that hold's key. No state of its own; thread-safe as the worker is. The
+// worker and the held states outlive it.
 #pragma once
 
 #include <string>
@@ -9,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "pipetrain/v1/worker_service.grpc.pb.h"
+#include "worker/held_state.h"
 
 namespace pipetrain::worker {
 
@@ -16,8 +19,8 @@ class Worker;
 
 class WorkerServiceAdapter final : public v1::WorkerService::Service {
  public:
-  WorkerServiceAdapter(Worker* worker, std::string command_key)
-      : worker_(worker), command_key_(std::move(command_key)) {}
+  WorkerServiceAdapter(Worker* worker, std::string command_key, const HeldStates* held)
+      : worker_(worker), command_key_(std::move(command_key)), held_(held) {}
 
   grpc::Status AssignStage(grpc::ServerContext* context, const v1::StageAssignment* request,
                            v1::AssignResponse*) override;
@@ -29,6 +32,11 @@ class WorkerServiceAdapter final : public v1::WorkerService::Service {
   // OK to the coordinator (it asks before another registration takes this address over).
   grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,
                     v1::PingResponse* response) override;
+  // The layer's bytes in chunks of kLayerChunkBytes.
+  grpc::Status FetchLayerState(grpc::ServerContext* context,
+                               const v1::FetchLayerStateRequest* request,
+                               grpc::ServerWriter<v1::LayerStateChunk>* writer) override;
+  static constexpr size_t kLayerChunkBytes = 1 << 20;
 
  private:
   // OK if the call carries the command key, else UNAUTHENTICATED.
@@ -36,6 +44,7 @@ class WorkerServiceAdapter final : public v1::WorkerService::Service {
 
   Worker* const worker_;
   const std::string command_key_;
+  const HeldStates* const held_;
 };
 
 }  // namespace pipetrain::worker

@@ -144,9 +144,29 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   }
   const RankLayout layout{p, c.replicas};
   const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
-  PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume,
-                      checkpoint::FindResumePointShared(*store, c, plan, rank,
-                                            absl::Seconds(c.recv_timeout_s)));
+  // The survivors' state, held by their workers, if the host has it: no checkpoint read.
+  std::optional<StageStart> from_replicas;
+  if (hooks.replica_state) {
+    absl::StatusOr<std::vector<checkpoint::LayerState>> layers =
+        hooks.replica_state(RankLayers(plan, stage));
+    if (layers.ok()) {
+      from_replicas.emplace();
+      from_replicas->first_step = hooks.replica_state_step;
+      from_replicas->layers = *std::move(layers);
+    } else {
+      std::fprintf(stderr, "pipetrain: rank %d: its state from the survivors' workers: %s; "
+                   "reading the checkpoint instead\n", rank,
+                   std::string(layers.status().message()).c_str());
+    }
+  }
+  // Alone when the other ranks may not read it (they took the survivors' state).
+  std::optional<checkpoint::FoundCheckpoint> resume;
+  if (!from_replicas) {
+    PT_ASSIGN_OR_RETURN(resume, hooks.replica_state
+                                    ? checkpoint::FindResumePoint(c, plan)
+                                    : checkpoint::FindResumePointShared(
+                                          *store, c, plan, rank, absl::Seconds(c.recv_timeout_s)));
+  }
   if (resume && rank == 0) {
     for (const std::string& why : resume->skipped) {
       std::fprintf(stderr, "pipetrain: resume_from: passed over %s\n", why.c_str());
@@ -155,7 +175,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                  static_cast<long long>(resume->manifest.step), resume->dir.c_str());
     if (hooks.on_resume) hooks.on_resume(resume->dir, resume->skipped);
   }
-  const int64_t first_step = resume ? resume->manifest.step : 0;
+  const int64_t first_step =
+      from_replicas ? from_replicas->first_step : resume ? resume->manifest.step : 0;
   if (hooks.on_start) hooks.on_start(first_step);
   if (rank == 0 && hooks.commands) hooks.commands->StartAt(first_step);
   SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
@@ -178,7 +199,12 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   bool attributed = false;  // the run's failure, before on_stopped
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
     MicroBatchReader reader(plan, c.micro_batches, replica);
-    PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, stage));
+    StageStart start;
+    if (from_replicas) {
+      start = *std::move(from_replicas);
+    } else {
+      PT_ASSIGN_OR_RETURN(start, checkpoint::StageStartFrom(resume, plan, stage));
+    }
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
     if (hooks.on_built) hooks.on_built(parts.parameter_bytes, RankLayers(plan, stage));
@@ -221,6 +247,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
       for (size_t k = 0; k < parts.weights.size(); ++k) {
         stopped.model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
       }
+      stopped.layers = RankLayers(plan, stage);
       stopped.apply_held_update = [&executor] { return executor.ApplyHeldUpdate(); };
       hooks.on_stopped(stopped);
     }
@@ -275,6 +302,19 @@ checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore&
     if (!saved.committed.empty()) result.committed = saved.committed;
   }
   return result;
+}
+
+std::map<int, std::string> StoppedRankLayerBytes(const StoppedRank& rank) {
+  std::map<int, std::string> bytes;
+  for (size_t k = 0; k < rank.model_stages.size() && k < rank.layers.size(); ++k) {
+    const std::vector<checkpoint::LayerState> states =
+        checkpoint::StageLayerStates(*rank.model_stages[k].second);
+    for (size_t i = 0; i < states.size(); ++i) {
+      bytes[rank.layers[k].begin + static_cast<int>(i)] =
+          checkpoint::SerializeLayerState(states[i]);
+    }
+  }
+  return bytes;
 }
 
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {

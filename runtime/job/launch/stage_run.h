@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,15 @@ struct StageRunHooks {
   // passed over to get there, with why (before its first step).
   std::function<void(const std::string& dir, const std::vector<std::string>& passed_over)>
       on_resume;
+  // Where the survivors of a fault hold the state the job goes on from, in memory: given the
+  // layers the rank holds (RankLayers), their state at step `replica_state_step`, in order.
+  // When set, the rank starts from what it returns without reading a checkpoint (on_resume
+  // is not called); if it fails, the rank reads its layers from the checkpoint resume_from
+  // names (on its own: the other ranks may not read it) and says why on stderr.
+  std::function<absl::StatusOr<std::vector<checkpoint::LayerState>>(
+      const std::vector<model::LayerRange>& layers)>
+      replica_state;
+  int64_t replica_state_step = -1;
 };
 
 // The payload RunStage's error carries when another rank of the job failed before it (its
@@ -88,6 +98,11 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
                                                       const JobConfig& config,
                                                       const StoppedRank& rank, int64_t step);
+
+// A stopped rank's layers as they stand, each as the bytes of its checkpoint file
+// (checkpoint::SerializeLayerState), by global layer index: what a survivor holds for the
+// next generation. Call it from StageRunHooks::on_stopped.
+std::map<int, std::string> StoppedRankLayerBytes(const StoppedRank& rank);
 
 // <dir>/stage<rank>.pt (parameters then buffers, torch::save of a tensor list) and
 // <dir>/stage<rank>.json (measurements and the parameter count).

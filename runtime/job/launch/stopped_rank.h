@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "runtime/model/stage_module.h"
 #include "runtime/recovery/survivor_step.h"
 #include "runtime/weights/weight_store.h"
 
@@ -22,6 +23,8 @@ struct StoppedRank {
   recovery::CommitState state;  // executor::StageExecutor::commit_state()
   // (model stage, its weights) for each model stage the rank holds, in model order.
   std::vector<std::pair<int, weights::WeightStore*>> model_stages;
+  // The model's layers each of those holds (global indices), in the same order.
+  std::vector<model::LayerRange> layers;
   // Applies the update the rank holds (executor::StageExecutor::ApplyHeldUpdate).
   std::function<absl::Status()> apply_held_update;
 };
