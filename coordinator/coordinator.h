@@ -75,6 +75,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,7 +208,9 @@ class Coordinator {
                                                       const std::string& peer = "");
   // A worker stopping on purpose leaves the pool (a rank it still ran is lost).
   absl::Status Deregister(const std::string& session, const v1::DeregisterWorkerRequest& request);
-  absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request);
+  // The answer names the jobs whose survivors' state the worker should keep holding.
+  absl::Status Heartbeat(const std::string& session, const v1::HeartbeatRequest& request,
+                         v1::HeartbeatResponse* response = nullptr);
   // The worker is draining (CoordinatorService.DrainWorker): no rank is given to it any more;
   // if it runs a rank of a running job with restarts left, a checkpoint is scheduled at the
   // job's earliest boundary N (through rank 0's worker, as SendCommand does), and once the
@@ -338,6 +341,16 @@ class Coordinator {
   // Decides the round of a recovering job once every rank is accounted for or its deadline
   // passed: with a plan, the job's store starts afresh for the survivors' writes.
   void MaybeDecideSurvivors(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The replica state a generation of `entry` starting at `start_step` takes (its
+  // assignments' replica_state): the held state at that step, each layer's holders that are
+  // not lost; empty if there is none or some layer has no holder left (it then reads the
+  // checkpoint).
+  v1::ReplicaState ReplicaStateFor(JobEntry& entry, int64_t start_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs whose held state `worker_id` holds and should keep (HeartbeatResponse); drops
+  // held states no longer needed (the job committed their step, or ended).
+  std::vector<std::string> HeldStateJobsOf(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A survivor's StageEnd: the survivors' checkpoint its writer committed becomes the job's
   // restart point (the steps before it committed), or its failure is said.
   void SurvivorStageEnd(JobEntry& entry, const v1::StageEnd& end)
@@ -390,6 +403,8 @@ class Coordinator {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);  // the jobs; their changes queued into writes_
+  // The jobs with a JobEntry::held_state (a heartbeat looks only at these).
+  std::set<std::string> holding_jobs_ ABSL_GUARDED_BY(mu_);
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);
   RendezvousStores rendezvous_ ABSL_GUARDED_BY(mu_);  // of the running generations
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;

@@ -138,6 +138,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                                       " newer checkpoint(s) passed over)")
                                        : std::string()));
   }
+  if (!r.state_from_replicas().empty() && r.rank() == 0) {
+    // This generation read no checkpoint.
+    e.job.clear_resumed_from();
+    e.job.clear_checkpoints_passed_over();
+  }
+  if (!r.state_from_replicas().empty() && r.rank() < kRanksNamed) {
+    jobs_.Event(e.job.id(), absl::StrCat(RankName(e.job, r.rank()), " took ",
+                                         r.state_from_replicas().substr(0, kMaxErrorBytes)));
+  }
   if (!r.checkpoint_failed().empty()) {
     jobs_.Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
                                    RankName(e.job, r.rank()), ": ",

@@ -5,6 +5,9 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <climits>
+#include <map>
+#include <set>
 #include <variant>
 
 #include "absl/strings/ascii.h"
@@ -31,9 +34,28 @@ std::string WithoutCounts(const std::string& text) {
 
 }  // namespace
 
-void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& rank_workers,
+void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& placed_workers,
                                 v1::JobSpec run_spec, int64_t start_step) {
-  const int ranks = static_cast<int>(rank_workers.size());
+  const int ranks = static_cast<int>(placed_workers.size());
+  std::vector<std::string> rank_workers = placed_workers;
+  if (e.held_state && e.held_state->step == start_step &&
+      e.held_state->stages == e.job.stages()) {
+    // The survivors run their own stages again where they can (within their hosts): the
+    // state they hold is then theirs already.
+    const JobEntry::HeldState& held = *e.held_state;
+    std::map<std::string, std::string> hosts;
+    for (const std::string& id : placed_workers) {
+      const WorkerPool::Worker* w = pool_.Find(id);
+      hosts[id] = w == nullptr ? std::string() : w->info.host();
+    }
+    rank_workers = KeepStagesOnTheirHolders(
+        placed_workers, e.job.stages(),
+        [&held](const std::string& id) {
+          auto it = held.worker_stages.find(id);
+          return it == held.worker_stages.end() ? -1 : it->second;
+        },
+        [&hosts](const std::string& id) { return hosts.at(id); });
+  }
   ApplyEvent(e, GenerationStarted{ranks});
   e.run_spec = std::move(run_spec);
   rendezvous_.Open(e.job.id());
@@ -56,6 +78,16 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& ran
   e.commit_steps = e.job.replicas() > 1 && e.job.restarts() < e.config.max_restarts &&
                    job::CommitStepsRefusal(layout).empty();
   e.survivors.reset();
+  e.replica_state = ReplicaStateFor(e, start_step);
+  if (e.replica_state.layers_size() > 0) {
+    std::set<std::string> holders;
+    for (const auto& layer : e.replica_state.layers()) {
+      holders.insert(layer.addresses().begin(), layer.addresses().end());
+    }
+    jobs_.Event(e.job.id(), absl::StrCat("the ranks take the survivors' state at step ",
+                                         start_step, " from the ", holders.size(),
+                                         " workers holding it (no checkpoint read)"));
+  }
   std::vector<std::string> placed;
   for (int r = 0; r < ranks; ++r) {
     pool_.Assign(*pool_.Find(rank_workers[r]), e.job.id(), r, e.job.generation());
@@ -87,9 +119,24 @@ bool Coordinator::PlaceRecovering() {
       jobs_.InOrder([](const JobEntry& e) { return e.run.phase == Phase::kRecovering; });
   const absl::Time now = deps_.clock->Now();
   for (JobEntry* e : recovering) {
+    std::vector<v1::WorkerInfo> workers = pool_.Infos();
+    if (e->held_state && e->held_state->step == e->job.checkpoint_step()) {
+      // The survivors first, each stage's in turn (a smaller layout then keeps as many
+      // holders of each stage as it can: RunGeneration puts them on their stages).
+      std::map<std::string, int> turn;  // a holder's place among its stage's holders
+      std::map<int, int> holders_of;    // per stage, so far
+      for (const auto& [id, stage] : e->held_state->worker_stages) turn[id] = holders_of[stage]++;
+      std::stable_sort(workers.begin(), workers.end(),
+                       [&turn](const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+                         auto ta = turn.find(a.id()), tb = turn.find(b.id());
+                         const int ka = ta == turn.end() ? INT_MAX : ta->second;
+                         const int kb = tb == turn.end() ? INT_MAX : tb->second;
+                         return ka < kb;
+                       });
+    }
     const RecoveryPlan plan =
         scheduler_.PlanRecovery({&e->job, &e->config, e->recovering_since, e->lost_ranks_stop_by},
-                                pool_.Infos(), now);
+                                workers, now);
     if (const auto* give_up = std::get_if<GiveUp>(&plan)) {
       ApplyEvent(*e, RecoveryTimedOut{give_up->message});
       continue;
@@ -164,6 +211,7 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   assignment.set_rank(rank);
   assignment.set_generation(e.job.generation());
   assignment.set_commit_steps(e.commit_steps);
+  if (e.replica_state.layers_size() > 0) *assignment.mutable_replica_state() = e.replica_state;
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);
     if (s.ok()) return;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/report_checks.h"
+#include "rpc/security.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/job_config.h"
 
@@ -22,6 +23,13 @@ namespace {
 // The round decides once this many heartbeat intervals passed since the generation ended,
 // whatever has not reported by then (a hung rank) passed over.
 constexpr int kRoundIntervals = 3;
+
+// The longest a survivor holds its state for the next generation when no heartbeat answer
+// lets it go first (the coordinator out of reach).
+constexpr absl::Duration kLongestHold = absl::Minutes(10);
+
+// The most layers a survivor may say it holds.
+constexpr int kMaxReportedLayers = 1 << 16;
 
 }  // namespace
 
@@ -61,6 +69,21 @@ void Coordinator::MaybeDecideSurvivors(JobEntry& e) {
   // The survivors meet in a store of their own: nothing the generation left there (a
   // checkpoint it had begun) counts towards theirs.
   rendezvous_.Open(e.job.id());
+  // What they hold in memory for the next generation, and where.
+  JobEntry::HeldState held;
+  held.step = plan->step;
+  held.key = rpc::RandomKey();
+  for (const auto& [layer, ranks] : e.survivors->Holders()) {
+    for (int rank : ranks) held.layer_workers[layer].push_back(e.rank_worker[rank]);
+  }
+  held.stages = e.job.stages();
+  for (size_t r = 0; r < e.rank_worker.size(); ++r) {
+    if (e.survivors->holds(static_cast<int>(r))) {
+      held.worker_stages[e.rank_worker[r]] = static_cast<int>(r) % held.stages;
+    }
+  }
+  e.held_state = std::move(held);
+  holding_jobs_.insert(e.job.id());
   jobs_.Event(e.job.id(),
               absl::StrCat("the survivors go on from step ", plan->step, " (",
                            plan->apply_held.size(), " apply their held update first; ",
@@ -103,12 +126,17 @@ absl::StatusOr<v1::SurvivorInstruction> Coordinator::ReportStopped(const std::st
       return absl::InvalidArgumentError(absl::StrCat(where, ": next step ", s.next_step(),
                                                      ", held step ", s.held_step()));
     }
+    if (s.layers_size() > kMaxReportedLayers ||
+        std::any_of(s.layers().begin(), s.layers().end(), [](int l) { return l < 0; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", s.layers_size(), " layers, or a negative one"));
+    }
     if (!round->reported(s.rank()) && !round->decided()) {
       recovery::CommitState state;
       state.next_step = s.next_step();
       state.held_step = s.held_step();
       if (s.has_held_loss()) state.held_loss = s.held_loss();
-      round->Report(s.rank(), state);
+      round->Report(s.rank(), state, {s.layers().begin(), s.layers().end()});
       // For the job machine the rank has ended (failed); its worker stays busy until its
       // StageEnd.
       if (e.run.phase != Phase::kRecovering) {
@@ -137,6 +165,12 @@ absl::StatusOr<v1::SurvivorInstruction> Coordinator::ReportStopped(const std::st
     }
     MaybeDecideSurvivors(e);
     v1::SurvivorInstruction answer = e.survivors->InstructionFor(s.rank());
+    if (answer.hold_state() && e.held_state && e.held_state->step == answer.step()) {
+      answer.set_state_key(e.held_state->key);
+      answer.set_hold_ms(absl::ToInt64Milliseconds(kLongestHold));
+    } else {
+      answer.set_hold_state(false);
+    }
     if (answer.action() == v1::SurvivorInstruction::WAIT) {
       // Decided within three intervals of the generation's end, which is at most two
       // intervals away (a lost worker's) or, for a held failure, one and a half.
@@ -188,6 +222,53 @@ void Coordinator::SurvivorStageEnd(JobEntry& e, const v1::StageEnd& end) {
                                        " committed: ", e.job.checkpoint_path(),
                                        " (no step to run again)"));
   jobs_.Changed(e);
+}
+
+v1::ReplicaState Coordinator::ReplicaStateFor(JobEntry& e, int64_t start_step) {
+  v1::ReplicaState state;
+  if (!e.held_state || e.held_state->step != start_step) return state;
+  state.set_step(start_step);
+  state.set_state_key(e.held_state->key);
+  for (const auto& [layer, workers] : e.held_state->layer_workers) {
+    v1::ReplicaState::LayerHolders* holders = state.add_layers();
+    holders->set_layer(layer);
+    for (const std::string& id : workers) {
+      const WorkerPool::Worker* w = pool_.Find(id);
+      if (w != nullptr && w->info.state() != v1::WORKER_STATE_LOST) {
+        holders->add_addresses(w->info.address());
+      }
+    }
+    if (holders->addresses_size() == 0) {
+      jobs_.Event(e.job.id(), absl::StrCat("no worker holding layer ", layer, " of the "
+                                           "survivors' state is left: the next generation "
+                                           "reads the checkpoint before step ", start_step));
+      return v1::ReplicaState();
+    }
+  }
+  return state;
+}
+
+std::vector<std::string> Coordinator::HeldStateJobsOf(const std::string& worker_id) {
+  std::vector<std::string> out;
+  for (auto it = holding_jobs_.begin(); it != holding_jobs_.end();) {
+    auto j = jobs_.find(*it);
+    // Needed until the job has committed the step again (the next generation then holds it)
+    // or has ended.
+    if (j == jobs_.end() || !j->second.held_state || IsFinal(j->second.run.phase) ||
+        j->second.job.step() >= j->second.held_state->step) {
+      if (j != jobs_.end()) j->second.held_state.reset();
+      it = holding_jobs_.erase(it);
+      continue;
+    }
+    for (const auto& [layer, workers] : j->second.held_state->layer_workers) {
+      if (std::find(workers.begin(), workers.end(), worker_id) != workers.end()) {
+        out.push_back(*it);
+        break;
+      }
+    }
+    ++it;
+  }
+  return out;
 }
 
 void Coordinator::RecordLateStep(JobEntry& e, const v1::StepReport& r) {

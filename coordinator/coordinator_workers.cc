@@ -205,7 +205,8 @@ absl::Status Coordinator::Deregister(const std::string& session,
 }
 
 absl::Status Coordinator::Heartbeat(const std::string& session,
-                                    const v1::HeartbeatRequest& request) {
+                                    const v1::HeartbeatRequest& request,
+                                    v1::HeartbeatResponse* response) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
   if (!caller.ok()) return caller.status();
@@ -215,6 +216,11 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   absl::StatusOr<WorkerPool::Worker*> worker =
       pool_.Heartbeat((*caller)->info.id(), deps_.clock->Now());
   if (!worker.ok()) return worker.status();
+  if (response != nullptr) {
+    for (std::string& job : HeldStateJobsOf((*worker)->info.id())) {
+      response->add_held_state_jobs(std::move(job));
+    }
+  }
   if (request.job_id().empty()) return absl::OkStatus();
   auto j = jobs_.find(request.job_id());
   const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&

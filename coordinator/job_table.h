@@ -25,6 +25,7 @@
 #include "coordinator/survivor_round.h"
 #include "coordinator/write_behind.h"
 #include "pipetrain/v1/job.pb.h"
+#include "pipetrain/v1/worker_service.pb.h"
 #include "runtime/base/clock.h"
 #include "runtime/job/job_config.h"
 
@@ -65,6 +66,19 @@ struct JobEntry {
   // failed or was lost, its survivors report, and the round decides where the job goes on.
   bool commit_steps = false;
   std::optional<SurvivorRound> survivors;  // this generation's round, once one began
+  // The state the survivors of its last round hold in their workers' memory (from the
+  // round's decision until the job has committed that step again, or the job ended), which
+  // a generation starting at `step` takes instead of reading the checkpoint.
+  struct HeldState {
+    int64_t step = 0;
+    std::string key;  // the holds' (rpc::RandomKey)
+    std::map<int, std::vector<std::string>> layer_workers;  // each layer's holders
+    int stages = 0;                             // of the generation the survivors ran
+    std::map<std::string, int> worker_stages;   // the stage each holder ran
+  };
+  std::optional<HeldState> held_state;
+  // What the running generation's assignments say of it (empty: nothing held for it).
+  v1::ReplicaState replica_state;
 };
 
 class JobTable {

@@ -127,4 +127,39 @@ std::vector<model::PipelineLayout> RecoveryLayouts(const model::PipelineLayout& 
   return out;
 }
 
+std::vector<std::string> KeepStagesOnTheirHolders(
+    const std::vector<std::string>& rank_workers, int stages,
+    const std::function<int(const std::string&)>& held_stage,
+    const std::function<std::string(const std::string&)>& host_of) {
+  const int ranks = static_cast<int>(rank_workers.size());
+  stages = std::max(1, stages);
+  std::map<std::string, std::vector<int>> ranks_on;  // host -> its ranks, ascending
+  for (int r = 0; r < ranks; ++r) ranks_on[host_of(rank_workers[r])].push_back(r);
+  std::vector<std::string> out(rank_workers.size());
+  for (const auto& [host, on_host] : ranks_on) {
+    std::vector<bool> used(on_host.size(), false);  // the host's workers, as on_host's
+    std::vector<bool> placed(on_host.size(), false);
+    // Each rank takes the first worker of its host holding its stage, if one is left.
+    for (size_t i = 0; i < on_host.size(); ++i) {
+      const int stage = on_host[i] % stages;
+      for (size_t k = 0; k < on_host.size(); ++k) {
+        if (!used[k] && held_stage(rank_workers[on_host[k]]) == stage) {
+          out[on_host[i]] = rank_workers[on_host[k]];
+          used[k] = placed[i] = true;
+          break;
+        }
+      }
+    }
+    // The others take the workers left, in their order.
+    size_t next = 0;
+    for (size_t i = 0; i < on_host.size(); ++i) {
+      if (placed[i]) continue;
+      while (used[next]) ++next;
+      out[on_host[i]] = rank_workers[on_host[next]];
+      used[next] = true;
+    }
+  }
+  return out;
+}
+
 }  // namespace pipetrain::coordinator

@@ -79,6 +79,16 @@ std::vector<size_t> RankWorkers(int ranks, const HostPlacer& place_on_hosts,
                                 const std::vector<PoolWorker>& pool,
                                 const std::vector<size_t>& free);
 
+// `rank_workers` (a worker per rank, rank = replica x stages + stage) reordered so that as
+// many ranks as can run on a worker that holds their stage's state already
+// (`held_stage(worker)`: the stage, or -1), each rank keeping a worker of the host it had
+// (`host_of(worker)`), so that a host placement stands; the others in the order they had.
+// A survivor placed on its own stage again then copies nothing (replica_state_fetch.h).
+std::vector<std::string> KeepStagesOnTheirHolders(
+    const std::vector<std::string>& rank_workers, int stages,
+    const std::function<int(const std::string&)>& held_stage,
+    const std::function<std::string(const std::string&)>& host_of);
+
 // `pool`: every worker that can run a stage (idle or busy; lost ones left out), in the order
 // idle ones are to be used.
 PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued_in_order,

@@ -45,6 +45,12 @@ absl::Status CheckStepReportFields(const v1::StepReport& r, int stages, const st
         "bytes and at most 16 checkpoints passed over, 1 KiB each, without control "
         "characters"));
   }
+  if (r.state_from_replicas().size() > 1024 ||
+      !WithoutControlCharacters(r.state_from_replicas())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": how a rank's state came from the survivors is at most 1 KiB without control "
+        "characters"));
+  }
   const v1::StageBreakdown& b = r.breakdown();
   for (double v : {b.forward_s(), b.backward_s(), b.optimizer_s(), b.receive_forward_s(),
                    b.receive_backward_s(), b.send_forward_s(), b.send_backward_s(),

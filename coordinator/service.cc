@@ -172,8 +172,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   // Every other call names the worker's session (rpc::WorkerSession): the core checks that
   // it speaks only for that worker and its ranks.
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse*) override {
-    return ToGrpcStatus(c_->Heartbeat(rpc::SessionOf(*ctx), *request));
+                         v1::HeartbeatResponse* response) override {
+    return ToGrpcStatus(c_->Heartbeat(rpc::SessionOf(*ctx), *request, response));
   }
   grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::StepReport* request,
                           v1::ReportResponse* response) override {

@@ -7,14 +7,17 @@ namespace pipetrain::coordinator {
 SurvivorRound::SurvivorRound(int ranks, int stages)
     : stages_(std::max(1, stages)),
       reports_(static_cast<size_t>(std::max(0, ranks))),
+      layers_(static_cast<size_t>(std::max(0, ranks))),
       gone_(static_cast<size_t>(std::max(0, ranks)), false) {}
 
-void SurvivorRound::Report(int rank, const recovery::CommitState& state) {
+void SurvivorRound::Report(int rank, const recovery::CommitState& state,
+                           std::vector<int> layers) {
   if (rank < 0 || rank >= static_cast<int>(reports_.size()) || gone_[rank] || decided_ ||
       reports_[rank]) {
     return;
   }
   reports_[rank] = state;
+  layers_[rank] = std::move(layers);
 }
 
 void SurvivorRound::Gone(int rank) {
@@ -59,6 +62,10 @@ void SurvivorRound::Decide() {
   writes_.assign(reports_.size(), false);
   for (int i : plan->apply_held) applies_held_[rank_of[i]] = true;
   for (int i : plan->sources) writes_[rank_of[i]] = true;
+  holds_.assign(reports_.size(), false);
+  for (size_t r = 0; r < reports_.size(); ++r) {
+    holds_[r] = reports_[r] && (reports_[r]->next_step == plan->step || applies_held_[r]);
+  }
   plan_ = *std::move(plan);
 }
 
@@ -76,6 +83,19 @@ std::optional<double> SurvivorRound::held_loss() const {
   return std::nullopt;
 }
 
+bool SurvivorRound::holds(int rank) const {
+  return plan_ && rank >= 0 && rank < static_cast<int>(holds_.size()) && holds_[rank];
+}
+
+std::map<int, std::vector<int>> SurvivorRound::Holders() const {
+  std::map<int, std::vector<int>> out;
+  for (size_t r = 0; r < reports_.size(); ++r) {
+    if (!holds(static_cast<int>(r))) continue;
+    for (int layer : layers_[r]) out[layer].push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
 v1::SurvivorInstruction SurvivorRound::InstructionFor(int rank) const {
   v1::SurvivorInstruction out;
   if (!decided_) {
@@ -91,6 +111,7 @@ v1::SurvivorInstruction SurvivorRound::InstructionFor(int rank) const {
   out.set_step(plan_->step);
   out.set_apply_held_update(applies_held_[rank]);
   out.set_write_state(writes_[rank]);
+  out.set_hold_state(holds(rank) && !layers_[rank].empty());
   return out;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,9 +32,10 @@ class SurvivorRound {
   // stage).
   SurvivorRound(int ranks, int stages);
 
-  // Rank `rank` stopped with its weights at `state` (the first report counts; one for a rank
-  // already gone, or out of range, changes nothing).
-  void Report(int rank, const recovery::CommitState& state);
+  // Rank `rank` stopped with its weights at `state`, holding the model's `layers` (global
+  // indices). The first report counts; one for a rank already gone, or out of range, changes
+  // nothing.
+  void Report(int rank, const recovery::CommitState& state, std::vector<int> layers = {});
   // Rank `rank` will not report: its worker was lost, or its stage ended without a report.
   void Gone(int rank);
   bool reported(int rank) const;
@@ -53,21 +55,28 @@ class SurvivorRound {
   // With a plan: the loss of mini-batch plan()->step − 1 as a survivor of a last stage held it
   // with its update (its commit began and did not end), if one did.
   std::optional<double> held_loss() const;
+  // With a plan: whether rank `rank` stands at the plan's step once it applied its held
+  // update, if told (so holds the state the next generation starts from).
+  bool holds(int rank) const;
+  // With a plan: each layer, by the ranks that hold it (ascending) among those that do.
+  std::map<int, std::vector<int>> Holders() const;
 
   // What rank `rank` is told: WAIT before the decision; then GO_ON (the plan's step, and
   // whether this rank applies its held update and writes its state) for a survivor that
-  // reported, or ABANDON with why.
+  // reported, or ABANDON with why. A survivor that holds() its layers is told to hold them
+  // for the next generation (hold_state; the key and for how long are the caller's).
   v1::SurvivorInstruction InstructionFor(int rank) const;
 
  private:
   int stages_;
   std::vector<std::optional<recovery::CommitState>> reports_;  // per rank
+  std::vector<std::vector<int>> layers_;                       // per rank, as reported
   std::vector<bool> gone_;
   bool decided_ = false;
   std::optional<recovery::SurvivorPlan> plan_;
   std::string why_not_;
   // With a plan: per rank, whether it applies its held update / writes its state.
-  std::vector<bool> applies_held_, writes_;
+  std::vector<bool> applies_held_, writes_, holds_;
 };
 
 }  // namespace pipetrain::coordinator
