@@ -45,8 +45,10 @@ class SurvivorsTest : public CoordinatorCoreTest {
   }
 
   v1::SurvivorInstruction Stopped(int rank, int64_t next_step, int64_t held_step,
-                                  std::optional<double> held_loss = std::nullopt) {
+                                  std::optional<double> held_loss = std::nullopt,
+                                  std::vector<int> layers = {}) {
     v1::StoppedRank s;
+    for (int layer : layers) s.add_layers(layer);
     s.set_worker_id(w_[rank]);
     s.set_job_id(job_);
     s.set_rank(rank);
@@ -179,6 +181,89 @@ TEST_F(SurvivorsTest, ALostRankCostsNoStepWhenEveryPlaceHasASurvivor) {
   EXPECT_EQ(rows.at(4).loss, (7.0 + 9.0) / 2);
 }
 
+// The survivors hold their layers in memory for the next generation: each survivor standing
+// at step 6 is told to hold them under one key; generation 2's assignments name, for every
+// layer, the workers holding it (not the lost one), so its ranks read no checkpoint; a
+// heartbeat's answer tells a holder to keep holding until the job has committed step 6 again,
+// and never names the job to a worker that holds nothing.
+TEST_F(SurvivorsTest, TheNextGenerationTakesTheSurvivorsStateFromTheWorkersHoldingIt) {
+  StartJob();
+  // Stage 0 holds layers 0-1, stage 1 layers 2-3.
+  const auto layers_of = [](int rank) {
+    return rank % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  };
+  Stopped(0, 5, 5, std::nullopt, layers_of(0));
+  LoseRankThree();
+  Stopped(1, 5, 5, 7.25, layers_of(1));
+  Stopped(2, 5, 5, std::nullopt, layers_of(2));
+  std::string key;
+  for (int rank : {0, 1, 2}) {
+    const v1::SurvivorInstruction go = Stopped(rank, 5, 5, std::nullopt, layers_of(rank));
+    ASSERT_EQ(go.action(), v1::SurvivorInstruction::GO_ON) << rank;
+    EXPECT_TRUE(go.hold_state()) << rank;
+    EXPECT_EQ(go.state_key().size(), 32u);
+    EXPECT_GT(go.hold_ms(), 0);
+    if (key.empty()) key = go.state_key();
+    EXPECT_EQ(go.state_key(), key) << "one key for the round";
+  }
+  const auto held_jobs = [&](int worker) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id(w_[worker]);
+    v1::HeartbeatResponse response;
+    EXPECT_TRUE(coordinator_->Heartbeat(sessions_[w_[worker]], h, &response).ok());
+    return std::vector<std::string>(response.held_state_jobs().begin(),
+                                    response.held_state_jobs().end());
+  };
+  EXPECT_THAT(held_jobs(0), ::testing::ElementsAre(job_));
+  EXPECT_TRUE(held_jobs(4).empty()) << "the spare holds nothing";
+  End(2);
+  End(0);
+  End(1, "/ckpt/step-00000006", 6);
+  RunLater();
+  int assigned = 0;
+  for (int n = 1; n <= 5; ++n) {
+    for (const v1::StageAssignment& a : Worker(n).assigned) {
+      if (a.generation() != 2) continue;
+      ++assigned;
+      const v1::ReplicaState& state = a.replica_state();
+      EXPECT_EQ(state.step(), 6);
+      EXPECT_EQ(state.state_key(), key);
+      ASSERT_EQ(state.layers_size(), 4) << state.DebugString();
+      for (const auto& layer : state.layers()) {
+        const std::vector<std::string> holders(layer.addresses().begin(),
+                                               layer.addresses().end());
+        if (layer.layer() < 2) {
+          EXPECT_THAT(holders, ::testing::ElementsAre("host-1:7000", "host-3:7000"));
+        } else {  // rank 3's worker (host-4) was lost
+          EXPECT_THAT(holders, ::testing::ElementsAre("host-2:7000"));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(assigned, 4);
+  EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("the ranks take the survivors' state at step "
+                                                   "6 from the 3 workers holding it")));
+  EXPECT_THAT(held_jobs(0), ::testing::ElementsAre(job_)) << "step 6 is not committed yet";
+  // Generation 2 commits step 6: the holds are let go.
+  for (int n = 1; n <= 5; ++n) {
+    for (const v1::StageAssignment& a : Worker(n).assigned) {
+      if (a.generation() != 2) continue;
+      v1::StepReport report = Report(w_[n - 1], job_, a.rank(), 6);
+      report.set_generation(2);
+      if (a.rank() == 0) report.set_state_from_replicas("its state at step 6 from the survivors");
+      if (a.rank() % 2 == 1) {
+        report.set_has_loss(true);
+        report.set_loss(1.0);
+      }
+      ASSERT_TRUE(ReportSteps(sessions_[w_[n - 1]], {report}).ok());
+    }
+  }
+  ASSERT_EQ(Get(job_).step(), 6);
+  EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("took its state at step 6 from the survivors")));
+  EXPECT_TRUE(held_jobs(0).empty());
+  EXPECT_TRUE(held_jobs(2).empty());
+}
+
 // The negative control: rank 0 applied step 5's update while rank 1 neither did nor holds
 // it (no commit): no step every place stands at. The survivors are told to abandon, and the
 // job restarts from the checkpoint before step 3, steps 3 and 4 to run again.
@@ -200,6 +285,7 @@ TEST_F(SurvivorsTest, SurvivorsThatCannotAgreeRestartFromTheLastCheckpoint) {
   ASSERT_EQ(next.size(), 4u);
   for (const v1::StageAssignment& a : next) {
     EXPECT_EQ(a.spec().resume_from(), "/ckpt/step-00000003");
+    EXPECT_EQ(a.replica_state().layers_size(), 0) << "nothing held: it reads the checkpoint";
   }
   EXPECT_FALSE(Get(job_).recoveries(0).from_survivors());
   EXPECT_EQ(Get(job_).recoveries(0).resumed_at_step(), 3);

@@ -1,4 +1,5 @@
-// Placement as pure functions: FIFO with backfill, cores, devices; the layouts a recovering job may restart with.
+// Placement as pure functions: FIFO with backfill, cores, devices; the layouts a recovering
+// job may restart with; survivors kept on the stages whose state they hold.
 // The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
 // daemon tests (tests/daemons) check the same rules end to end over gRPC.
 #include "tests/coordinator/coordinator_fixture.h"
@@ -104,6 +105,31 @@ TEST(RecoveryLayoutsTest, TheSameLayoutElseTheMostRanksWithTheSameGlobalBatch) {
     EXPECT_EQ(l.micro_batch_size, 8);
     EXPECT_EQ(l.global_batch(), fixed.global_batch());
   }
+}
+
+// 2 stages x 3 replicas placed on w0..w5: w1 and w4 held stage 0, w0 and w3 stage 1, w2 and w5
+// nothing (a spare, a returning worker). Each survivor gets a rank of its own stage, the
+// others the ranks left in their order; and no rank leaves its host.
+TEST(Placement, SurvivorsKeepTheStagesTheyHoldWithinTheirHosts) {
+  const std::vector<std::string> placed = {"w0", "w1", "w2", "w3", "w4", "w5"};
+  const std::map<std::string, int> held = {{"w0", 1}, {"w1", 0}, {"w3", 1}, {"w4", 0}};
+  const auto held_stage = [&](const std::string& id) {
+    auto it = held.find(id);
+    return it == held.end() ? -1 : it->second;
+  };
+  const auto one_host = [](const std::string&) { return std::string("h"); };
+  EXPECT_EQ(KeepStagesOnTheirHolders(placed, 2, held_stage, one_host),
+            (std::vector<std::string>{"w1", "w0", "w4", "w3", "w2", "w5"}));
+  // Two hosts: ranks 0..2 on host a (w0..w2), 3..5 on host b (w3..w5): a survivor moves only
+  // within its host, so rank 2 (stage 0) takes a's spare rather than b's stage-0 holder w4.
+  const auto two_hosts = [](const std::string& id) {
+    return std::string(id < "w3" ? "a" : "b");
+  };
+  EXPECT_EQ(KeepStagesOnTheirHolders(placed, 2, held_stage, two_hosts),
+            (std::vector<std::string>{"w1", "w0", "w2", "w3", "w4", "w5"}));
+  // Negative control: nothing held, nothing moves.
+  EXPECT_EQ(KeepStagesOnTheirHolders(placed, 2, [](const std::string&) { return -1; }, one_host),
+            placed);
 }
 
 }  // namespace

@@ -54,6 +54,40 @@ TEST(SurvivorRound, DecidesOnceEveryRankIsAccountedFor) {
   EXPECT_FALSE(round.reported(4));
 }
 
+// The survivors that stand at the plan's step (after their held update) hold their layers
+// for the next generation; one that cannot reach it (rank 4, behind without the update) is
+// passed over, and a rank gone holds nothing.
+TEST(SurvivorRound, TheSurvivorsAtThePlansStepHoldTheirLayers) {
+  SurvivorRound round(6, 2);
+  round.Report(0, At(7, 7), {0, 1});
+  round.Report(1, At(8), {2});
+  round.Report(2, At(8), {0, 1});
+  round.Report(3, At(8), {2});
+  round.Report(4, At(7), {0, 1});
+  round.Gone(5);
+  round.Decide();
+  ASSERT_TRUE(round.plan().has_value());
+  ASSERT_EQ(round.plan()->step, 8);
+  EXPECT_TRUE(round.holds(0));
+  EXPECT_TRUE(round.holds(3));
+  EXPECT_FALSE(round.holds(4));
+  EXPECT_FALSE(round.holds(5));
+  const std::map<int, std::vector<int>> holders = round.Holders();
+  EXPECT_EQ(holders, (std::map<int, std::vector<int>>{{0, {0, 2}}, {1, {0, 2}}, {2, {1, 3}}}));
+  EXPECT_TRUE(round.InstructionFor(0).hold_state());
+  EXPECT_FALSE(round.InstructionFor(4).hold_state());
+  // Negative control: a round without a plan holds nothing.
+  SurvivorRound none(4, 2);
+  none.Report(0, At(3), {0});
+  none.Gone(1);
+  none.Gone(3);
+  none.Report(2, At(3), {0});
+  none.Decide();
+  ASSERT_FALSE(none.plan().has_value());
+  EXPECT_TRUE(none.Holders().empty());
+  EXPECT_FALSE(none.holds(0));
+}
+
 // No replica of stage 1 survived: abandon, saying so (the negative control of the plan).
 TEST(SurvivorRound, APlaceWithoutSurvivorsAbandons) {
   SurvivorRound round(4, 2);

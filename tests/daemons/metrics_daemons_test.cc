@@ -154,6 +154,8 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
     EXPECT_EQ(Value(w, "pipetrain_stage_step_duration_seconds_count", job_label), kSteps - 1);
     EXPECT_GT(Value(w, "pipetrain_stage_compute_seconds_total", {"phase=\"forward\""}), 0);
     EXPECT_GT(Value(w, "pipetrain_worker_memory_bytes", {"kind=\"peak\""}), 0);
+    // No fault: no survivors' state held.
+    EXPECT_EQ(Value(w, "pipetrain_worker_memory_bytes", {"kind=\"held_state\""}), 0) << text;
     // The rank's tensors, counted at the allocator: its weights at least, and at its peak
     // more than it holds between jobs.
     const double tensors_peak = Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors_peak\""});

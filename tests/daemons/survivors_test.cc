@@ -4,7 +4,9 @@
 // newest common step (the two lowest surviving replicas write their stages' state as the
 // checkpoint before it), and the job runs on the five workers left with the global batch
 // kept. Every step is committed exactly once, none is run again, and the final
-// parameters equal a run without faults (float64, 1e-10). The fixture is recovery_fixture.h.
+// parameters equal a run without faults (float64, 1e-10). The next generation's ranks read
+// no checkpoint: each takes its layers from the survivors' workers, which hold them in
+// memory (a spare worker fetches them). The fixture is recovery_fixture.h.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,10 +28,14 @@ std::string ThreeReplicas(int steps, const std::string& schedule) {
   return job;
 }
 
-void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule) {
-  LocalCluster cluster(dir, 6);
+// With `spare`, a seventh worker waits idle: after the kill the job runs its own layout
+// again, the spare taking the lost rank's place with the state it fetched from a survivor.
+void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
+                               bool spare = false) {
+  const int workers = spare ? 7 : 6;
+  LocalCluster cluster(dir, workers);
   ASSERT_FALSE(cluster.address().empty());
-  ASSERT_TRUE(cluster.WaitForIdleWorkers(6));
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(workers));
   const std::string body = ThreeReplicas(160, schedule);
   const fs::path weights = dir / "weights";
   std::ofstream(dir / "job.yaml") << WithRecovery(body, dir / "ckpt", 50, 1)
@@ -60,7 +66,11 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule)
   // checkpoint before step 50 is not where it restarted.
   EXPECT_GT(r.resumed_at_step(), r.failed_after_step());
   EXPECT_GT(r.resumed_at_step(), 60);
-  EXPECT_LE(r.stages() * r.replicas(), 5);
+  if (spare) {
+    EXPECT_EQ(r.stages() * r.replicas(), 6) << "the spare takes the lost rank's place";
+  } else {
+    EXPECT_LE(r.stages() * r.replicas(), 5);
+  }
   std::printf("%s: the survivors went on from step %lld (%lld committed when the fault was "
               "seen); detected after %lld ms, placed after %lld ms more, first good step "
               "%lld ms after detection; layout %d x %d x %d\n",
@@ -76,6 +86,26 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule)
   EXPECT_THAT(logs.out, HasSubstr("the survivors go on from step " +
                                   std::to_string(r.resumed_at_step())));
   EXPECT_THAT(logs.out, HasSubstr("(no step to run again)"));
+  // No rank of the next generation read the checkpoint: each took its layers from its own
+  // worker's hold or fetched them from a survivor's worker.
+  const std::string step = std::to_string(r.resumed_at_step());
+  EXPECT_THAT(logs.out, HasSubstr("the ranks take the survivors' state at step " + step))
+      << logs.out;
+  const int ranks = r.stages() * r.replicas();
+  int took = 0, fetched = 0;
+  for (size_t at = 0; (at = logs.out.find("took its state at step " + step, at)) !=
+                      std::string::npos;
+       ++at) {
+    ++took;
+    const std::string line = logs.out.substr(at, logs.out.find('\n', at) - at);
+    if (line.find("fetched from") != std::string::npos) ++fetched;
+    std::printf("%s\n", line.c_str());
+  }
+  EXPECT_EQ(took, ranks) << logs.out;
+  // The survivors run their own stages again (3 of stage 0, 2 of stage 1 survived): only the
+  // spare, taking the lost rank's stage, fetches.
+  EXPECT_EQ(fetched, spare ? 1 : 0) << logs.out;
+  EXPECT_THAT(logs.out, ::testing::Not(HasSubstr("resumed from"))) << "no rank read a checkpoint";
 }
 
 TEST_F(RecoveryTest, AWorkerKilledMidStepUnderOneFOneBCostsNoStep) {
@@ -86,6 +116,12 @@ TEST_F(RecoveryTest, AWorkerKilledMidStepUnderOneFOneBCostsNoStep) {
 // so the 1-step-stale trajectory goes on where it was.
 TEST_F(RecoveryTest, AWorkerKilledMidStepUnderTwoBWCostsNoStep) {
   KilledMidStepNoStepIsLost(dir_, "2bw");
+}
+
+// A spare worker is brought in by copying a survivor's state (weights, optimizer state)
+// over gRPC: no checkpoint read, no step lost, the result the run without faults'.
+TEST_F(RecoveryTest, ASpareTakesALostRanksPlaceWithTheStateOfASurvivingReplica) {
+  KilledMidStepNoStepIsLost(dir_, "1f1b", /*spare=*/true);
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ class ScriptedCoordinator : public CoordinatorClient {
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest&) override {
     return v1::RegisterWorkerResponse();
   }
-  absl::Status Heartbeat(const v1::HeartbeatRequest&, absl::Duration) override {
+  absl::Status Heartbeat(const v1::HeartbeatRequest&, absl::Duration,
+                         v1::HeartbeatResponse*) override {
     return absl::OkStatus();
   }
   absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports&) override {

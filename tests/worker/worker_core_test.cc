@@ -95,7 +95,8 @@ class FakeCoordinator : public CoordinatorClient {
     if (Lost(lose_reply_, Call::kRegister)) return absl::DeadlineExceededError("reply lost");
     return response;
   }
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration) override {
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration,
+                         v1::HeartbeatResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++attempts_[Call::kHeartbeat];
     if (Lost(lose_request_, Call::kHeartbeat)) return absl::UnavailableError("lost on the way");
