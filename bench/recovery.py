@@ -11,8 +11,10 @@ replicas (1f1b, m = 4, b = 8, AdamW) with a checkpoint every --every steps:
 For each: detection (the fault -> the coordinator ends the generation; for "coordinator":
 the kill -> the restarted coordinator loaded the job), re-plan (-> the next generation's
 ranks assigned), first good step (-> every rank finished its first step after the
-checkpoint: rendezvous, checkpoint read and that step), total (the fault -> first good
-step), where it restarted from (the survivors' newest common step, or the last checkpoint),
+restart point: rendezvous, the state taken from the survivors' workers or read from the
+checkpoint, and that step), total (the fault -> first good step), where it restarted from
+(the survivors' newest common step, their state taken from memory or read from their
+checkpoint, or the last checkpoint),
 and the steps lost (run by the failed generation after the checkpoint it resumed from; 0
 when its survivors went on). Times come from the job's recovery record (coordinator wall
 clock, ms) against this script's time.time() at the fault.
@@ -175,11 +177,16 @@ def one_fault(build, kind, every):
         detected, placed, first = (i64(r, k) / 1e3 for k in
                                    ("detected_unix_ms", "placed_unix_ms", "first_step_unix_ms"))
         heal(cluster, spare)
+        # Where the next generation's state came from: the survivors' workers' memory (each
+        # rank's first report says so in the events), or a checkpoint read.
+        events = cluster.cli(["logs", job], check=False).stdout
+        in_memory = "the ranks take the survivors' state at step" in events
         cluster.cli(["cancel", job], check=False)
         survivors = bool(r.get("from_survivors", False))
         return {"kind": kind, "detect": detected - fault, "replan": placed - detected,
                 "first_step": first - placed, "total": first - fault,
-                "from": "survivors" if survivors else "checkpoint",
+                "from": ("survivors (memory)" if in_memory else "survivors (checkpoint read)")
+                if survivors else "checkpoint",
                 "lost": 0 if survivors else
                 i64(r, "failed_after_step", -1) + 1 - i64(r, "resumed_at_step"),
                 "layout": f'{r.get("stages")}x{r.get("replicas")}x{r.get("microbatches")}'}

@@ -104,7 +104,7 @@ TEST_F(AuthTest, TheJoinTokenCannotCommandAWorkerNorTakeItsAddress) {
   const auto workers = cluster.Workers();
   ASSERT_EQ(workers.size(), 2u);
   std::vector<std::string> paths = MethodPaths<v1::WorkerService>();
-  EXPECT_EQ(paths.size(), 4u) << "a WorkerService method was added: call it below too";
+  EXPECT_EQ(paths.size(), 5u) << "a WorkerService method was added: call it below too";
   const auto refused = [](const grpc::Status& s) {
     return s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
            s.error_message().find("command key") != std::string::npos;
@@ -151,6 +151,23 @@ TEST_F(AuthTest, TheJoinTokenCannotCommandAWorkerNorTakeItsAddress) {
         context(ctx, wrong_key);
         v1::PingResponse out;
         EXPECT_TRUE(refused(stub->Ping(&ctx, v1::PingRequest(), &out)));
+      }
+      {
+        // The survivors' state is served only with its hold's key (and nothing is held
+        // while the job runs): no chunk, whatever key is guessed.
+        grpc::ClientContext ctx;
+        context(ctx, wrong_key);
+        v1::FetchLayerStateRequest fetch;
+        fetch.set_job_id("job-0001");
+        fetch.set_layer(0);
+        fetch.set_state_key(rpc::RandomKey());
+        auto reader = stub->FetchLayerState(&ctx, fetch);
+        v1::LayerStateChunk chunk;
+        EXPECT_FALSE(reader->Read(&chunk));
+        const grpc::Status s = reader->Finish();
+        EXPECT_TRUE(s.error_code() == grpc::StatusCode::NOT_FOUND ||
+                    s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
+            << s.error_message();
       }
     }
     // Registering at this busy worker's address with the join token.

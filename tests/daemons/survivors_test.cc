@@ -1,12 +1,14 @@
 // A lost replica costs no step (coordinator_survivors.cc, worker/survivor_handoff.h), with
 // real daemons on loopback: a job of 2 stages x 3 replicas on six workers commits its steps;
-// a worker is SIGKILLed mid-step; the survivors report where they stand, go on from their
+// a worker is SIGKILLed (or SIGSTOPped: hung) mid-step; the survivors report where they stand, go on from their
 // newest common step (the two lowest surviving replicas write their stages' state as the
 // checkpoint before it), and the job runs on the five workers left with the global batch
 // kept. Every step is committed exactly once, none is run again, and the final
 // parameters equal a run without faults (float64, 1e-10). The next generation's ranks read
 // no checkpoint: each takes its layers from the survivors' workers, which hold them in
 // memory (a spare worker fetches them). The fixture is recovery_fixture.h.
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -28,10 +30,12 @@ std::string ThreeReplicas(int steps, const std::string& schedule) {
   return job;
 }
 
-// With `spare`, a seventh worker waits idle: after the kill the job runs its own layout
+// With `spare`, a seventh worker waits idle: after the fault the job runs its own layout
 // again, the spare taking the lost rank's place with the state it fetched from a survivor.
+// With `hang`, the worker is SIGSTOPped instead of killed (no heartbeat, no progress, its
+// connections open): the round passes it over at its deadline; it is continued at the end.
 void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
-                               bool spare = false) {
+                               bool spare = false, bool hang = false) {
   const int workers = spare ? 7 : 6;
   LocalCluster cluster(dir, workers);
   ASSERT_FALSE(cluster.address().empty());
@@ -53,8 +57,13 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
   const int64_t hit_unix_ms = std::chrono::duration_cast<milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
-  cluster.KillWorker(index);
+  if (hang) {
+    kill(cluster.worker_pid(index), SIGSTOP);
+  } else {
+    cluster.KillWorker(index);
+  }
   v1::Job done = PollJob(*stub, id, Ended, milliseconds(240000));
+  if (hang) kill(cluster.worker_pid(index), SIGCONT);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED)
       << done.DebugString() << ReadFile(cluster.coordinator_log());
   EXPECT_EQ(done.restarts(), 1);
@@ -116,6 +125,12 @@ TEST_F(RecoveryTest, AWorkerKilledMidStepUnderOneFOneBCostsNoStep) {
 // so the 1-step-stale trajectory goes on where it was.
 TEST_F(RecoveryTest, AWorkerKilledMidStepUnderTwoBWCostsNoStep) {
   KilledMidStepNoStepIsLost(dir_, "2bw");
+}
+
+// A worker hung mid-step (SIGSTOP) in a 2 x 3 job with a spare: the same, the hung rank passed
+// over at the round's deadline.
+TEST_F(RecoveryTest, AWorkerHungMidStepCostsNoStepAndASpareTakesItsPlace) {
+  KilledMidStepNoStepIsLost(dir_, "1f1b", /*spare=*/true, /*hang=*/true);
 }
 
 // A spare worker is brought in by copying a survivor's state (weights, optimizer state)
