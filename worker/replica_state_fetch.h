@@ -37,7 +37,7 @@ struct ReplicaStateFetch {
 struct ReplicaStateSource {
   std::string job_id;
   std::string own_address;         // this worker's WorkerService address (never called)
-  const HeldStates* local = nullptr;
+  const HeldStates* local = nullptr;  // this worker's holds (not owned; outlives the call)
   rpc::SecurityOptions security;   // as this worker's calls to its coordinator
   // Which of a layer's holders is asked first (the rank's replica): the ranks of a place
   // spread over them.
