@@ -44,11 +44,6 @@ absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(
   return layer_it->second;
 }
 
-bool HeldStates::Has(const std::string& job_id, int64_t step, int layer,
-                     const std::string& key) const {
-  return Layer(job_id, step, layer, key).ok();
-}
-
 void HeldStates::KeepOnly(const std::vector<std::string>& jobs, absl::Time sent) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = holds_.begin(); it != holds_.end();) {

@@ -39,10 +39,6 @@ class HeldStates {
   absl::StatusOr<std::shared_ptr<const std::string>> Layer(const std::string& job_id,
                                                            int64_t step, int layer,
                                                            const std::string& key) const;
-  // Whether this worker holds `layer` of `job_id` at `step` under `key` (a rank of the next
-  // generation on this worker takes it from here).
-  bool Has(const std::string& job_id, int64_t step, int layer, const std::string& key) const;
-
   // The coordinator's answer to a heartbeat sent at `sent`: the holds of jobs not in `jobs`
   // taken before then end (one taken after may be newer than what the answer knew).
   void KeepOnly(const std::vector<std::string>& jobs, absl::Time sent);

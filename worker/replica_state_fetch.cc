@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include <grpcpp/grpcpp.h>
 
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "rpc/status.h"
+#include "runtime/base/byte_size.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -39,17 +41,13 @@ absl::StatusOr<std::string> FetchLayer(v1::WorkerService::Stub& stub,
   return bytes;
 }
 
-std::string Megabytes(int64_t bytes) {
-  return absl::StrCat(absl::SixDigits(static_cast<double>(bytes) / 1e6), " MB");
-}
-
 }  // namespace
 
 std::string ReplicaStateFetch::Describe() const {
   std::string out = absl::StrCat(held_here, held_here == 1 ? " layer" : " layers", " held here");
   if (fetched > 0) {
     absl::StrAppend(&out, ", ", fetched, " fetched from ", absl::StrJoin(sources, ", "), " (",
-                    Megabytes(bytes_fetched), ")");
+                    ByteSize(bytes_fetched), ")");
   }
   absl::StrAppend(&out, " in ", absl::ToInt64Milliseconds(took), " ms");
   return out;
@@ -63,68 +61,65 @@ absl::StatusOr<std::vector<checkpoint::LayerState>> FetchReplicaState(
   std::map<int, const v1::ReplicaState::LayerHolders*> holders;
   for (const v1::ReplicaState::LayerHolders& h : state.layers()) holders[h.layer()] = &h;
   std::map<std::string, std::unique_ptr<v1::WorkerService::Stub>> stubs;  // by address
+  // Layer `layer`'s bytes from one of its holders other than this worker, asked in turn from
+  // the one `source.spread` names; its address, or each holder's answer.
+  const auto fetch = [&](int layer) -> absl::StatusOr<std::pair<std::string, std::string>> {
+    auto it = holders.find(layer);
+    if (it == holders.end() || it->second->addresses().empty()) {
+      return absl::NotFoundError(absl::StrCat("no worker holds layer ", layer));
+    }
+    const auto& addresses = it->second->addresses();
+    std::vector<std::string> answers;
+    for (int k = 0; k < addresses.size(); ++k) {
+      const std::string& address = addresses[(source.spread + k) % addresses.size()];
+      if (address == source.own_address) continue;  // its own hold was asked first
+      std::unique_ptr<v1::WorkerService::Stub>& stub = stubs[address];
+      if (!stub) {
+        absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+            rpc::MakeChannel(address, source.security);
+        if (!channel.ok()) {
+          answers.push_back(absl::StrCat(address, ": ", channel.status().message()));
+          continue;
+        }
+        stub = v1::WorkerService::NewStub(*channel);
+      }
+      v1::FetchLayerStateRequest request;
+      request.set_job_id(source.job_id);
+      request.set_step(state.step());
+      request.set_layer(layer);
+      request.set_state_key(state.state_key());
+      absl::StatusOr<std::string> bytes = FetchLayer(*stub, request, deadline);
+      if (bytes.ok()) return std::make_pair(address, *std::move(bytes));
+      answers.push_back(absl::StrCat(address, ": ", bytes.status().ToString()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "layer ", layer, ": ", answers.empty() ? "no other holder" : absl::StrJoin(answers, "; ")));
+  };
   ReplicaStateFetch done;
   std::vector<checkpoint::LayerState> out;
   for (const model::LayerRange& range : layers) {
     for (int layer = range.begin; layer < range.end; ++layer) {
-      std::string bytes;
-      bool have = false;
+      std::shared_ptr<const std::string> bytes;  // this worker's hold's, shared, or fetched
       if (source.local != nullptr) {
         absl::StatusOr<std::shared_ptr<const std::string>> here =
             source.local->Layer(source.job_id, state.step(), layer, state.state_key());
         if (here.ok()) {
-          bytes = **here;
-          have = true;
+          bytes = *std::move(here);
           ++done.held_here;
         }
       }
-      if (!have) {
-        auto it = holders.find(layer);
-        if (it == holders.end() || it->second->addresses().empty()) {
-          return absl::NotFoundError(absl::StrCat("no worker holds layer ", layer));
+      if (bytes == nullptr) {
+        absl::StatusOr<std::pair<std::string, std::string>> fetched = fetch(layer);
+        if (!fetched.ok()) return fetched.status();
+        const std::string& address = fetched->first;
+        ++done.fetched;
+        done.bytes_fetched += static_cast<int64_t>(fetched->second.size());
+        if (std::find(done.sources.begin(), done.sources.end(), address) == done.sources.end()) {
+          done.sources.push_back(address);
         }
-        const auto& addresses = it->second->addresses();
-        std::vector<std::string> answers;
-        for (int k = 0; k < addresses.size() && !have; ++k) {
-          const std::string& address =
-              addresses[(source.spread + k) % addresses.size()];
-          if (address == source.own_address) continue;  // its hold was asked above
-          std::unique_ptr<v1::WorkerService::Stub>& stub = stubs[address];
-          if (!stub) {
-            absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-                rpc::MakeChannel(address, source.security);
-            if (!channel.ok()) {
-              answers.push_back(absl::StrCat(address, ": ", channel.status().message()));
-              continue;
-            }
-            stub = v1::WorkerService::NewStub(*channel);
-          }
-          v1::FetchLayerStateRequest request;
-          request.set_job_id(source.job_id);
-          request.set_step(state.step());
-          request.set_layer(layer);
-          request.set_state_key(state.state_key());
-          absl::StatusOr<std::string> fetched = FetchLayer(*stub, request, deadline);
-          if (!fetched.ok()) {
-            answers.push_back(absl::StrCat(address, ": ", fetched.status().ToString()));
-            continue;
-          }
-          bytes = *std::move(fetched);
-          have = true;
-          ++done.fetched;
-          done.bytes_fetched += static_cast<int64_t>(bytes.size());
-          if (std::find(done.sources.begin(), done.sources.end(), address) ==
-              done.sources.end()) {
-            done.sources.push_back(address);
-          }
-        }
-        if (!have) {
-          return absl::UnavailableError(absl::StrCat("layer ", layer, ": ",
-                                                     answers.empty() ? "no other holder"
-                                                                     : absl::StrJoin(answers, "; ")));
-        }
+        bytes = std::make_shared<const std::string>(std::move(fetched->second));
       }
-      absl::StatusOr<checkpoint::LayerState> parsed = checkpoint::ParseLayerState(bytes);
+      absl::StatusOr<checkpoint::LayerState> parsed = checkpoint::ParseLayerState(*bytes);
       if (!parsed.ok()) {
         return absl::DataLossError(
             absl::StrCat("layer ", layer, ": ", parsed.status().message()));

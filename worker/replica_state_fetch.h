@@ -30,7 +30,7 @@ struct ReplicaStateFetch {
   std::vector<std::string> sources;  // ... and the workers they came from (each once)
   absl::Duration took;
 
-  // "2 layers held here, 2 fetched from 10.0.0.2:4711 (1.2 MB in 14 ms)".
+  // "2 layers held here, 2 fetched from 10.0.0.2:4711 (1.2 MiB) in 14 ms".
   std::string Describe() const;
 };
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/base/byte_size.h"
 #include "runtime/job/launch/stage_run.h"
 
 namespace pipetrain::worker {
@@ -93,9 +94,8 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
     held->Hold(a.job_id(), answer.step(), answer.state_key(),
                absl::Milliseconds(std::max<int64_t>(0, answer.hold_ms())),
                std::move(layers));
-    std::fprintf(stderr, "%sholding its state at step %lld for the next generation (%lld "
-                 "bytes)\n", who.c_str(), static_cast<long long>(answer.step()),
-                 static_cast<long long>(bytes));
+    std::fprintf(stderr, "%sholding its state at step %lld for the next generation (%s)\n",
+                 who.c_str(), static_cast<long long>(answer.step()), ByteSize(bytes).c_str());
   }
   if (!answer.write_state()) {
     std::fprintf(stderr, "%sthe survivors go on from step %lld (another replica writes this "

@@ -53,8 +53,8 @@ TEST(HeldStates, ServesALayerOnlyWithItsKeyAtItsStep) {
   EXPECT_TRUE(absl::IsNotFound(held.Layer("job-1", 62, 4, "key").status()));
   EXPECT_TRUE(absl::IsNotFound(held.Layer("job-1", 63, 6, "key").status()));
   EXPECT_TRUE(absl::IsNotFound(held.Layer("job-2", 63, 4, "key").status()));
-  EXPECT_TRUE(held.Has("job-1", 63, 4, "key"));
-  EXPECT_FALSE(held.Has("job-1", 63, 4, "other"));
+  EXPECT_TRUE(held.Layer("job-1", 63, 4, "key").ok());
+  EXPECT_FALSE(held.Layer("job-1", 63, 4, "other").ok());
 }
 
 TEST(HeldStates, ANewerHoldOfTheJobReplacesItsOlderOne) {
@@ -62,7 +62,7 @@ TEST(HeldStates, ANewerHoldOfTheJobReplacesItsOlderOne) {
   HeldStates held(clock);
   held.Hold("job-1", 63, "k1", absl::Minutes(1), {{0, "old"}});
   held.Hold("job-1", 90, "k2", absl::Minutes(1), {{0, "newer"}});
-  EXPECT_FALSE(held.Has("job-1", 63, 0, "k1"));
+  EXPECT_FALSE(held.Layer("job-1", 63, 0, "k1").ok());
   EXPECT_EQ(**held.Layer("job-1", 90, 0, "k2"), "newer");
   EXPECT_EQ(held.bytes(), 5);
 }
@@ -72,9 +72,9 @@ TEST(HeldStates, EndsWhenItsTimeIsUp) {
   HeldStates held(clock);
   held.Hold("job-1", 63, "key", absl::Seconds(10), {{0, "state"}});
   clock->Advance(absl::Seconds(9));
-  EXPECT_TRUE(held.Has("job-1", 63, 0, "key"));
+  EXPECT_TRUE(held.Layer("job-1", 63, 0, "key").ok());
   clock->Advance(absl::Seconds(1));
-  EXPECT_FALSE(held.Has("job-1", 63, 0, "key"));
+  EXPECT_FALSE(held.Layer("job-1", 63, 0, "key").ok());
   EXPECT_EQ(held.jobs(), 0);
   EXPECT_EQ(held.bytes(), 0);
 }
@@ -91,9 +91,9 @@ TEST(HeldStates, AHeartbeatAnswerLetsGoOfTheJobsItNoLongerNames) {
   clock->Advance(absl::Seconds(1));
   held.Hold("newer", 10, "k", absl::Minutes(5), {{0, "c"}});
   held.KeepOnly({"kept"}, sent);
-  EXPECT_TRUE(held.Has("kept", 10, 0, "k"));
-  EXPECT_FALSE(held.Has("let-go", 10, 0, "k"));
-  EXPECT_TRUE(held.Has("newer", 10, 0, "k"));  // taken after the heartbeat was sent
+  EXPECT_TRUE(held.Layer("kept", 10, 0, "k").ok());
+  EXPECT_FALSE(held.Layer("let-go", 10, 0, "k").ok());
+  EXPECT_TRUE(held.Layer("newer", 10, 0, "k").ok());  // taken after the heartbeat was sent
   held.KeepOnly({}, clock->Now() + absl::Seconds(1));
   EXPECT_EQ(held.jobs(), 0);
 }
@@ -187,6 +187,29 @@ TEST_F(ReplicaStateFetchTest, AHolderOutOfReachIsPassedForTheNext) {
   EXPECT_TRUE(Equal(got->front(), states_[2]));
   EXPECT_EQ(report.held_here, 0);
   EXPECT_EQ(report.fetched, 1);
+}
+
+// The ranks of a place start at different holders (their replica, modulo the holders): with
+// two holders of a layer, spread 0 fetches from the first and spread 1 from the second.
+TEST_F(ReplicaStateFetchTest, TheRanksOfAPlaceStartAtDifferentHolders) {
+  HeldStates second(clock_);
+  second.Hold("job-1", 63, "key", absl::Minutes(1),
+              {{2, checkpoint::SerializeLayerState(states_[2])}});
+  Holder other(&second);
+  source_.local = nullptr;
+  const v1::ReplicaState state =
+      StateAt(63, "key", {{2, {holder_.address(), other.address()}}});
+  for (int spread : {0, 1, 2}) {
+    source_.spread = spread;
+    ReplicaStateFetch report;
+    absl::StatusOr<std::vector<checkpoint::LayerState>> got =
+        FetchReplicaState(state, {{2, 3}}, source_, &report);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(Equal(got->front(), states_[2]));
+    EXPECT_THAT(report.sources, ::testing::ElementsAre(spread % 2 == 0 ? holder_.address()
+                                                                      : other.address()))
+        << spread;
+  }
 }
 
 TEST_F(ReplicaStateFetchTest, AWrongKeyALayerNobodyHoldsOrAHoldLetGoIsAnErrorNamingTheLayer) {

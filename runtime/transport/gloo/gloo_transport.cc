@@ -19,10 +19,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "runtime/base/signals.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
+#include "runtime/transport/gloo/peer_addresses.h"
 #include "runtime/transport/wire_header.h"
 
 namespace pipetrain::transport {
@@ -426,36 +426,6 @@ class GlooTransport : public Transport {
   std::thread reaper_;  // ReapSends(); last, so that it starts after everything it uses
 };
 
-// What a failure of rank `rank` to connect says of its peers: the one it could not reach, at
-// its address, when the error names that address or there is only one peer; else every
-// peer's address. They were published before the rendezvous, so reading them does not wait.
-std::string PeersNamed(rendezvous::KeyValueStore& store, const std::string& error, int rank,
-                       int world, const std::function<std::string(int)>& describe) {
-  std::vector<std::pair<int, std::string>> peers;
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) continue;
-    absl::StatusOr<std::string> address =
-        store.Get(absl::StrCat("gloo/address/", r), absl::Milliseconds(100));
-    if (address.ok()) peers.push_back({r, *address});
-  }
-  auto unreached = [&](int r, const std::string& address) {
-    return absl::StrCat("; it could not reach ", describe(r), " at ", address,
-                        " (the address that rank's worker advertises: --advertise-address or "
-                        "--iface; is it one this host reaches?)");
-  };
-  for (const auto& [r, address] : peers) {
-    if (error.find(absl::StrCat("[", address, "]")) != std::string::npos ||
-        error.find(absl::StrCat(address, ":")) != std::string::npos) {
-      return unreached(r, address);
-    }
-  }
-  if (peers.size() == 1 && world == 2) return unreached(peers[0].first, peers[0].second);
-  std::vector<std::string> all;
-  for (const auto& [r, address] : peers) all.push_back(absl::StrCat(describe(r), " at ", address));
-  if (all.empty()) return "";
-  return absl::StrCat("; its peers listen at: ", absl::StrJoin(all, ", "));
-}
-
 }  // namespace
 
 int64_t GlooPostedReceiveBytes() { return kPostedAhead * (kHeaderBytes + kInlinePayloadBytes); }
@@ -473,9 +443,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
                         r / options.stages, ")");
   };
   // Where each rank listens, so that a failure to connect can name the peer and its address.
-  if (absl::Status s = store->Set(absl::StrCat("gloo/address/", rank), options.host); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = PublishListenAddress(*store, rank, options.host); !s.ok()) return s;
   absl::Status arrived =
       rendezvous::Rendezvous(*store, "gloo", rank, world, options.connect_timeout, describe);
   if (!arrived.ok()) return arrived;
