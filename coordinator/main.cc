@@ -26,6 +26,7 @@
 #include "rpc/protobuf_logs.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/planner/profile_json.h"
 
@@ -102,15 +103,15 @@ int main(int argc, char** argv) {
         text.ok() ? pipetrain::planner::HostLinksFromJson(*text)
                   : absl::StatusOr<pipetrain::planner::HostLinks>(text.status());
     if (!links.ok()) {
-      std::fprintf(stderr, "pipetrain-coordinator: --host-links %s: %s\n", host_links_file.c_str(),
-                   std::string(links.status().message()).c_str());
+      std::fprintf(stderr, "pipetrain-coordinator: --host-links %s: %s\n", pipetrain::Printable(host_links_file).c_str(),
+                   pipetrain::Printable(std::string(links.status().message())).c_str());
       return exit_code::kUsage;
     }
     options.host_links = *links;
   }
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n", std::string(token.status().message()).c_str());
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n", pipetrain::Printable(std::string(token.status().message())).c_str());
     return exit_code::kUsage;
   }
   security.token = *std::move(token);
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
     auto worker_token = pipetrain::rpc::LoadToken(worker_token_file);
     if (!worker_token.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: --worker-token-file: %s\n",
-                   std::string(worker_token.status().message()).c_str());
+                   pipetrain::Printable(std::string(worker_token.status().message())).c_str());
       return exit_code::kUsage;
     }
     security.worker_token = *std::move(worker_token);
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
   if (!security.worker_token.empty()) options.security.token = security.worker_token;
   if (const std::string warning = pipetrain::rpc::ListenWarning(server_options.listen, security);
       !warning.empty()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n", warning.c_str());
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n", pipetrain::Printable(warning).c_str());
   }
 
   sigset_t signals;
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
   auto coordinator = Coordinator::Open(options);
   if (!coordinator.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                 std::string(coordinator.status().message()).c_str());
+                 pipetrain::Printable(std::string(coordinator.status().message())).c_str());
     return exit_code::kUnavailable;
   }
   RegisterCoordinatorMetrics(&registry, coordinator->get());
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
     auto started = pipetrain::metrics::MetricsEndpoint::Start(metrics_listen, &registry);
     if (!started.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                   std::string(started.status().message()).c_str());
+                   pipetrain::Printable(std::string(started.status().message())).c_str());
       return absl::IsInvalidArgument(started.status()) ? exit_code::kUsage
                                                         : exit_code::kUnavailable;
     }
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   auto server = CoordinatorServer::Start(coordinator->get(), server_options);
   if (!server.ok()) {
     std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                 std::string(server.status().message()).c_str());
+                 pipetrain::Printable(std::string(server.status().message())).c_str());
     return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
       std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
-                   std::string(s.message()).c_str());
+                   pipetrain::Printable(std::string(s.message())).c_str());
       return exit_code::kUnavailable;
     }
   }

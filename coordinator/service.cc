@@ -1,4 +1,3 @@
-#include "rpc/metrics_interceptor.h"
 #include "coordinator/service.h"
 
 #include <algorithm>
@@ -13,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "rpc/listen.h"
+#include "rpc/metrics_interceptor.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
 
@@ -273,7 +274,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->job_service_ = std::make_unique<JobServiceImpl>(coordinator, &server->streams_stop_);
   server->coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(coordinator);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *credentials, &server->port_);
+  rpc::ListenExclusively(builder, options.listen, *credentials, &server->port_);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->coordinator_service_.get());
   // No request needs more than a rendezvous value (1 MiB) and a little: a larger one is
@@ -286,7 +287,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return rpc::CannotListen("--listen", options.listen);
   }
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("pipetrain.v1.JobService", true);

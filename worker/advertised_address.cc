@@ -12,6 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "runtime/base/printable.h"
 
 namespace pipetrain::worker {
 namespace {
@@ -56,6 +58,30 @@ void ForEachInterfaceAddress(Visit visit) {
     if (visit(std::string(a->ifa_name), family, std::string(text))) break;
   }
   freeifaddrs(list);
+}
+
+// Whether `host` (brackets removed) is an IPv4 or IPv6 address or a DNS name: labels of 1 to
+// 63 letters, digits and '-' (not first or last) joined by dots, at most 253 bytes. A name of
+// digits and dots only must be an IPv4 address ("300.1.2.3" is neither).
+bool IsHost(const std::string& host) {
+  in6_addr v6;
+  in_addr v4;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return true;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return true;
+  if (host.empty() || host.size() > 253) return false;
+  bool all_digits = true;
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (const char c : label) {
+      const bool digit = c >= '0' && c <= '9';
+      const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+      if (!digit && !letter && c != '-') return false;
+      all_digits = all_digits && digit;
+    }
+  }
+  return !all_digits;
 }
 
 }  // namespace
@@ -110,6 +136,12 @@ absl::StatusOr<AdvertisedAddress> ChooseAdvertisedAddress(const std::string& lis
   AdvertisedAddress chosen;
   if (!advertise.empty()) {
     chosen.host = WithoutBrackets(advertise);
+    if (!IsHost(chosen.host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise-address '", Printable(advertise), "' is not a host: give an address or "
+          "a name without a port (10.0.0.2, fd00::2, node-3); the port is the one --listen "
+          "binds"));
+    }
     if (IsWildcardHost(chosen.host)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--advertise-address ", advertise, " is a wildcard: give the address its peers and "

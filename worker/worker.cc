@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
+#include "rpc/listen.h"
 #include "rpc/status.h"
 #include "runtime/base/process_memory.h"
 #include "runtime/base/rank_layout.h"
@@ -66,12 +67,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = ListenAddressFor(options.listen, *advertised);
-  builder.AddListeningPort(listen, *credentials, &port);
+  rpc::ListenExclusively(builder, listen, *credentials, &port);
   w->service_ = std::make_unique<WorkerServiceAdapter>(w.get(), w->command_key_, &w->held_);
   builder.RegisterService(w->service_.get());
   w->server_ = builder.BuildAndStart();
   if (!w->server_ || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+    return rpc::CannotListen("--listen", listen);
   }
   w->address_ = JoinHostPort(advertised->host, port);
   if (!options.metrics_listen.empty()) {

@@ -384,6 +384,49 @@ TEST_F(LifecycleTest, AWorkerStoppedWithSigtermLeavesThePoolAtOnce) {
   }
 }
 
+// A daemon started on the address a live one serves is refused at start, naming the
+// address; the live one keeps it: it registers again after a coordinator restart and runs
+// the next job. (gRPC's SO_REUSEPORT once let the second bind too, take most new
+// connections, and own the address after a restart: tests/rpc/listen_test.cc shows that
+// default.)
+TEST_F(LifecycleTest, ADaemonStartedOnAnAddressInUseIsRefusedAndTheOneThereServesOn) {
+  LocalCluster cluster(dir_, Options(2));
+  ASSERT_FALSE(cluster.address().empty());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  const std::string worker_address = cluster.Workers().at(0).at("address");
+  const std::string second_worker =
+      std::string(LocalCluster::worker_path()) + " --coordinator " + cluster.address() +
+      " --listen " + worker_address + " --metrics-listen '' --register-timeout 5";
+  Result refused = cluster.Shell(second_worker);
+  EXPECT_EQ(refused.exit_code, 5) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("--listen " + worker_address +
+                                     ": cannot listen there (the port is in use"));
+  const std::string second_coordinator =
+      std::string(LocalCluster::coordinator_path()) + " --listen " + cluster.address() +
+      " --metrics-listen '' --db " + (dir_ / "other.db").string();
+  refused = cluster.Shell(second_coordinator);
+  EXPECT_EQ(refused.exit_code, 5) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("--listen " + cluster.address() +
+                                     ": cannot listen there (the port is in use"));
+  // An advertised address with a port in it is no host: exit 2, the text escaped.
+  refused = cluster.Shell(std::string(LocalCluster::worker_path()) + " --coordinator " +
+                          cluster.address() + " --advertise-address '\x1b[31m127.0.0.1:5' " +
+                          "--metrics-listen '' --register-timeout 5");
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err,
+              HasSubstr("--advertise-address '\\x1b[31m127.0.0.1:5' is not a host"));
+  EXPECT_THAT(refused.err, ::testing::Not(HasSubstr("\x1b")));
+  // The coordinator restarts on its address; both workers (the first at its own address)
+  // register again and take a job.
+  ASSERT_TRUE(cluster.RestartCoordinator()) << ReadFile(cluster.coordinator_log());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2, milliseconds(20000)));
+  std::set<std::string> addresses;
+  for (const auto& w : cluster.Workers()) addresses.insert(w.at("address"));
+  EXPECT_EQ(addresses.count(worker_address), 1u);
+  Result job = cluster.Cli("submit " + Write("job.yaml", TwoStageJob(3)).string() + " --follow");
+  EXPECT_EQ(job.exit_code, 0) << job.out << job.err;
+}
+
 }  // namespace
 
 namespace {

@@ -53,6 +53,28 @@ TEST(AdvertisedAddress, AWildcardOrAnUnknownInterfaceIsRefusedNamingTheFlags) {
   EXPECT_FALSE(IsWildcardHost("10.0.0.1"));
 }
 
+// --advertise-address is a host without a port: an address with a port in it (it was once
+// taken, and the worker registered at "127.0.0.1:5:PORT"), a malformed name or address, and
+// control characters are refused, the text shown escaped; addresses and names are taken.
+TEST(AdvertisedAddress, AnAdvertisedAddressMustBeAHostWithoutAPort) {
+  for (const char* bad : {"127.0.0.1:5", "[fd00::2]:7071", "node-3:80", "300.1.2.3", "a..b",
+                          "-", "node_3", "10.0.0.2 ", "\x1b[31mevil"}) {
+    absl::StatusOr<AdvertisedAddress> a = ChooseAdvertisedAddress("0.0.0.0:7071", bad, "");
+    ASSERT_FALSE(a.ok()) << bad;
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(a.status().message(), HasSubstr("is not a host")) << bad;
+    EXPECT_THAT(a.status().message(), HasSubstr("the port is the one --listen binds"));
+    EXPECT_THAT(std::string(a.status().message()), ::testing::Not(HasSubstr("\x1b"))) << bad;
+  }
+  EXPECT_THAT(ChooseAdvertisedAddress("0.0.0.0:0", "\x1b[31mevil", "").status().message(),
+              HasSubstr("'\\x1b[31mevil'"));
+  // Negative control: hosts are taken.
+  for (const char* good : {"10.0.0.2", "fd00::2", "[fd00::2]", "node-3", "node-3.cluster.local",
+                           "::1"}) {
+    EXPECT_TRUE(ChooseAdvertisedAddress("0.0.0.0:7071", good, "").ok()) << good;
+  }
+}
+
 // The host a worker registers: Slurm's node name under Slurm (several nodes may share one
 // hostname there), else the hostname.
 TEST(AdvertisedAddress, TheHostIsSlurmsNodeNameElseTheHostname) {
