@@ -27,14 +27,35 @@ std::string Json(const google::protobuf::Message& m) {
 }
 
 int JobClient::Fail(const grpc::Status& s, const std::string& what) const {
-  if (ExitFor(s) != exit_code::kDenied) return client::Fail(s, what);
-  std::fprintf(stderr, "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
-               Printable(what).c_str(), options_.coordinator.c_str(),
-               Printable(s.error_message()).c_str(),
-               options_.security.token.empty()
-                   ? "--token-file or PIPETRAIN_TOKEN"
-                   : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
-  return exit_code::kDenied;
+  const std::string where = Printable(options_.coordinator);
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      std::fprintf(stderr, "pipetrain: %s: the coordinator at %s refused the call: %s (give %s)\n",
+                   Printable(what).c_str(), where.c_str(), Printable(s.error_message()).c_str(),
+                   options_.security.token.empty()
+                       ? "--token-file or PIPETRAIN_TOKEN"
+                       : "the coordinator's token with --token-file or PIPETRAIN_TOKEN");
+      return exit_code::kDenied;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      // Nothing answers there, or what answers does not speak gRPC (or not in time).
+      std::fprintf(stderr, "pipetrain: %s: no coordinator answered at %s (%s: %s)\n",
+                   Printable(what).c_str(), where.c_str(),
+                   s.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable"
+                                                                    : "deadline exceeded",
+                   Printable(s.error_message()).c_str());
+      return exit_code::kUnavailable;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      // A gRPC server of another kind (a worker's, say).
+      std::fprintf(stderr,
+                   "pipetrain: %s: %s serves gRPC but is not a pipetrain coordinator (it does "
+                   "not know the call: %s)\n",
+                   Printable(what).c_str(), where.c_str(), Printable(s.error_message()).c_str());
+      return exit_code::kUnavailable;
+    default:
+      return client::Fail(s, what);
+  }
 }
 
 ClientOptions LocalClusterOptions(const std::string& address) {

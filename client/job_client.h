@@ -54,6 +54,16 @@ class JobClient {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
   }
+  // OK once the channel to the coordinator is ready, within the --timeout; else
+  // DEADLINE_EXCEEDED (nothing that speaks gRPC answered). For streaming calls, which have no
+  // deadline of their own.
+  grpc::Status WaitForCoordinator() const {
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
+    if (options_.channel->WaitForConnected(deadline)) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "no connection within the --timeout");
+  }
   // For streaming calls (no deadline: they last as long as what they follow).
   v1::JobService::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return options_.channel; }

@@ -13,6 +13,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -270,7 +271,14 @@ void AddStepCommands(CLI::App& app, const JobCommands& c) {
     cmd->add_option("--at-step", *step,
                     "the step it takes effect before (default: the earliest possible, about "
                     "two steps ahead; stage 0 fixes each boundary two steps early)")
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Validator(
+            [](std::string& text) -> std::string {
+              int64_t step = 0;
+              return absl::SimpleAtoi(text, &step) && step >= 0
+                         ? std::string()
+                         : "must be a step number, 0 or more (0: the earliest possible)";
+            },
+            "STEP"));
     c.AddCommonOptions(cmd);
     const v1::StepCommand command = verb.command;
     const std::string name = verb.name;
@@ -311,7 +319,12 @@ void AddLogs(CLI::App& app, const JobCommands& c) {
     *chosen = [=]() -> int {
       JobClient client(*common);
       grpc::ClientContext ctx;
-      if (!*logs_follow) client.SetDeadline(&ctx);
+      if (!*logs_follow) {
+        client.SetDeadline(&ctx);
+      } else if (grpc::Status reached = client.WaitForCoordinator(); !reached.ok()) {
+        // The stream has no deadline (it lasts as long as the job); reaching it does.
+        return client.Fail(reached, "logs");
+      }
       v1::StreamEventsRequest request;
       request.set_job_id(*logs_id);
       request.set_follow(*logs_follow);
@@ -385,8 +398,14 @@ void AddHealth(CLI::App& app, const JobCommands& c) {
       grpc::ClientContext ctx;
       client.SetDeadline(&ctx);
       bool serving = false;
-      const grpc::Status status = rpc::CheckServing(client.channel(), &ctx, &serving);
-      if (!status.ok()) return client.Fail(status, absl::StrCat("health of ", common->coordinator));
+      // The coordinator's own service, not the server's: a worker's port serves health too.
+      grpc::Status status =
+          rpc::CheckServing(client.channel(), &ctx, &serving, "pipetrain.v1.JobService");
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                              "its health service knows no pipetrain.v1.JobService");
+      }
+      if (!status.ok()) return client.Fail(status, "health");
       if (common->output == "json") {
         std::printf("{\"coordinator\":\"%s\",\"serving\":%s}\n", common->coordinator.c_str(),
                     serving ? "true" : "false");

@@ -22,9 +22,12 @@
 #include "client/jobs.h"
 #include "client/run_command.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
+#include "runtime/base/uncaught_exceptions.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
+  ReportUncaughtExceptions("pipetrain");
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
   CLI::App app{"pipetrain: pipeline-parallel training with exact semantics (GPipe, "
                "1F1B-Flush, PipeDream-2BW and PipeDream's weight stashing, interleaved 1F1B, "
@@ -39,7 +42,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // One line, as every other error of the CLI: "pipetrain: WHY".
+    std::fprintf(stderr, "pipetrain: %s (--help says what each command takes)\n",
+                 Printable(e.what()).c_str());
+    return exit_code::kUsage;
   }
   if (app.got_subcommand("run")) return run_command();
   if (app.got_subcommand("plan") || app.got_subcommand("profile")) return plan_command();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/profiler/machine_profiling.h"
@@ -16,7 +17,7 @@ namespace pipetrain::run {
 namespace {
 
 int Fail(const std::string& message, int code) {
-  std::fprintf(stderr, "pipetrain: profile-link: %s\n", message.c_str());
+  std::fprintf(stderr, "pipetrain: profile-link: %s\n", Printable(message).c_str());
   return code;
 }
 
@@ -64,7 +65,13 @@ int RunLinkCommand(const LinkFlags& flags) {
     }
     const absl::Status s = profiler::RunHostLinkPeer(leader->address, leader->p2p_port,
                                                      leader->replica_port, flags.address);
-    if (!s.ok()) return Fail(std::string(s.message()), exit_code::kJobFailed);
+    if (absl::IsFailedPrecondition(s)) {
+      // Something else listens there: the address is wrong.
+      return Fail(absl::StrCat(s.message(), "; --connect takes what `pipetrain profile-link "
+                               "--listen ADDRESS` printed on the other host"),
+                  exit_code::kUsage);
+    }
+    if (!s.ok()) return Fail(std::string(s.message()), exit_code::For(s));
     return exit_code::kOk;
   }
   profiler::HostLinkLeader leader;

@@ -10,6 +10,7 @@
 // failed, 2 bad usage or invalid job, 3 a file it names is not found, 130 interrupted.
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <optional>
@@ -31,8 +32,10 @@
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
 #include "runtime/base/progress_line.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/uncaught_exceptions.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/job/launch/stage_processes.h"
 #include "runtime/job/launch/stage_run.h"
@@ -138,11 +141,19 @@ void PrintSummary(const job::JobReport& r) {
                   ? ""
                   : absl::StrCat(" as ", model_stages, " model stages").c_str(),
               r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
-  std::printf("loss %.4f -> %.4f", r.losses.front(), r.losses.back());
+  // The final loss is the last finite one: the last steps may have been skipped (NaN).
+  size_t last = r.losses.size() - 1;
+  while (last > 0 && !std::isfinite(r.losses[last])) --last;
+  const double final_loss = r.losses[last];
+  std::printf("loss %.4f -> %.4f", r.losses.front(), final_loss);
+  if (last + 1 < r.losses.size()) {
+    std::printf(" (the last %zu steps were skipped, their loss or gradients not finite)",
+                r.losses.size() - 1 - last);
+  }
   if (r.data_entropy) {
     const double gap = r.losses.front() - *r.data_entropy;
     std::printf("   (entropy %.4f: %.1f%% of the gap closed)", *r.data_entropy,
-                gap > 0 ? 100.0 * (r.losses.front() - r.losses.back()) / gap : 0.0);
+                gap > 0 ? 100.0 * (r.losses.front() - final_loss) / gap : 0.0);
   }
   if (!r.evals.empty()) {
     const job::EvalPoint& e = r.evals.back();
@@ -356,6 +367,7 @@ void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
+  ReportUncaughtExceptions("pipetrain-run");
   TuneAllocatorForTraining();
   memory::CountTensorMemory();  // the summary's peak_tensor_bytes, compared with plans
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
@@ -366,7 +378,10 @@ int main(int argc, char** argv) {
     try {
       link.parse(argc - 1, argv + 1);
     } catch (const CLI::ParseError& e) {
-      return link.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
+      if (e.get_exit_code() == 0) return link.exit(e);  // --help
+      std::fprintf(stderr, "pipetrain: profile-link: %s (see --help)\n",
+                   Printable(e.what()).c_str());
+      return exit_code::kUsage;
     }
     return run::RunLinkCommand(flags);
   }
@@ -381,7 +396,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? exit_code::kOk : exit_code::kUsage;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "pipetrain: %s (see --help)\n", Printable(e.what()).c_str());
+    return exit_code::kUsage;
   }
   return run_main::Run(flags, spec_flags, argv[0]);
 }

@@ -48,7 +48,10 @@ struct MemoryStoreLimits {
 // A store in this process's memory (no c10d store of its own; see c10d_store.h). Add that
 // would overflow int64 is OutOfRange and changes nothing.
 std::unique_ptr<KeyValueStore> MakeMemoryStore(MemoryStoreLimits limits = {});
-// Connects to a served store, retrying until `timeout`.
+// Connects to a served store, retrying until `timeout`. First it asks the address a store's
+// query, so that a server of another kind there fails at once: FailedPrecondition naming the
+// address and what answered ("it speaks HTTP/2 (a gRPC server ...)"), or that it answered
+// nothing within 5 s; Unavailable if nothing accepts connections there by the deadline.
 absl::StatusOr<std::unique_ptr<KeyValueStore>> ConnectTcpStore(const std::string& host, int port,
                                                                absl::Duration timeout);
 // The port a store made by ServeTcpStore listens on; -1 for other stores.
