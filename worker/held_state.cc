@@ -1,11 +1,32 @@
 // The survivors' state a worker holds. See held_state.h.
 #include "worker/held_state.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain::worker {
+
+namespace {
+
+// Whether `a` equals `b`, in time that depends on their lengths only.
+bool SameKey(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return differ == 0;
+}
+
+}  // namespace
+
+HeldStates::Bytes::~Bytes() {
+  layers.clear();
+  // Blocks below 32 MiB come from the heap, which keeps up to 64 MiB free (allocator.h):
+  // without this, a hold's memory stayed with the process after it ended.
+  malloc_trim(0);
+}
 
 void HeldStates::Hold(const std::string& job_id, int64_t step, const std::string& key,
                       absl::Duration hold_for, std::map<int, std::string> layers) {
@@ -14,13 +35,17 @@ void HeldStates::Hold(const std::string& job_id, int64_t step, const std::string
   entry.key = key;
   entry.taken = clock_->Now();
   entry.until = entry.taken + hold_for;
-  for (auto& [layer, bytes] : layers) {
-    entry.bytes += static_cast<int64_t>(bytes.size());
-    entry.layers[layer] = std::make_shared<const std::string>(std::move(bytes));
+  auto bytes = std::make_shared<Bytes>();
+  for (const auto& [layer, state] : layers) entry.size += static_cast<int64_t>(state.size());
+  bytes->layers = std::move(layers);
+  entry.bytes = std::move(bytes);
+  std::shared_ptr<const Bytes> replaced;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = holds_.find(job_id); it != holds_.end()) replaced = it->second.bytes;
+    holds_[job_id] = std::move(entry);
+    DropExpired();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  holds_[job_id] = std::move(entry);
-  DropExpired();
 }
 
 absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(
@@ -28,20 +53,22 @@ absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(
   std::lock_guard<std::mutex> lock(mu_);
   DropExpired();
   auto it = holds_.find(job_id);
-  if (it == holds_.end() || it->second.step != step) {
-    return absl::NotFoundError(
-        absl::StrCat("this worker holds no state of ", job_id, " at step ", step));
+  // The key first, the same answer for a job without a hold: nothing is learnt without it.
+  if (key.empty() || it == holds_.end() || !SameKey(key, it->second.key)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "no state of ", job_id, " is held for this key (a wrong key, or the hold ended)"));
   }
-  // The key is checked before saying whether the layer is here.
-  if (key.empty() || key != it->second.key) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the state of ", job_id, " is served only with its key"));
+  if (it->second.step != step) {
+    return absl::NotFoundError(absl::StrCat("this worker holds the state of ", job_id,
+                                            " at step ", it->second.step, ", not ", step));
   }
-  auto layer_it = it->second.layers.find(layer);
-  if (layer_it == it->second.layers.end()) {
+  const std::shared_ptr<const Bytes>& bytes = it->second.bytes;
+  auto layer_it = bytes->layers.find(layer);
+  if (layer_it == bytes->layers.end()) {
     return absl::NotFoundError(absl::StrCat("this worker holds no layer ", layer, " of ", job_id));
   }
-  return layer_it->second;
+  // Shares the hold's ownership: the bytes outlive the hold while a fetch serves them.
+  return std::shared_ptr<const std::string>(bytes, &layer_it->second);
 }
 
 void HeldStates::KeepOnly(const std::vector<std::string>& jobs, absl::Time sent) {
@@ -56,7 +83,7 @@ void HeldStates::KeepOnly(const std::vector<std::string>& jobs, absl::Time sent)
 int64_t HeldStates::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
-  for (const auto& [job, entry] : holds_) total += entry.bytes;
+  for (const auto& [job, entry] : holds_) total += entry.size;
   return total;
 }
 

@@ -7,7 +7,9 @@
 // coordinator's answer to a heartbeat sent after it was taken no longer names its job
 // (HeartbeatResponse.held_state_jobs: the next generation has committed its first step, or
 // the job went on otherwise). Its bytes are this worker's memory besides the rank it runs,
-// and are counted (bytes()) for its metrics.
+// and are counted (bytes()) for its metrics. When a hold's bytes are freed (its end, and
+// the last fetch still serving them done), the process gives the freed memory back to the
+// system (malloc_trim): a training process keeps free heap otherwise (allocator.h).
 //
 // Thread-safe. Time comes from the clock given (it outlives this).
 #pragma once
@@ -34,8 +36,12 @@ class HeldStates {
   void Hold(const std::string& job_id, int64_t step, const std::string& key,
             absl::Duration hold_for, std::map<int, std::string> layers);
 
-  // Layer `layer` of `job_id`'s hold at `step`. NotFound (no such hold, step or layer, or
-  // its time is up), PermissionDenied (another key).
+  // Layer `layer` of `job_id`'s hold at `step`. The key is checked first, in time that does
+  // not depend on where it differs: PermissionDenied, the same answer whether or not the job
+  // has a hold, when `key` does not open one (empty, wrong, or its hold ended or was
+  // replaced), so a caller without the key learns nothing of what is held; with the key,
+  // NotFound for another step or a layer it does not hold. The bytes stay valid while the
+  // caller keeps the pointer, after the hold ends too.
   absl::StatusOr<std::shared_ptr<const std::string>> Layer(const std::string& job_id,
                                                            int64_t step, int layer,
                                                            const std::string& key) const;
@@ -49,12 +55,18 @@ class HeldStates {
   int jobs() const;
 
  private:
+  // A hold's layers, freed together (and the memory given back) when the last pointer to
+  // any of them goes.
+  struct Bytes {
+    std::map<int, std::string> layers;
+    ~Bytes();
+  };
   struct Entry {
     int64_t step = 0;
     std::string key;
     absl::Time taken, until;
-    std::map<int, std::shared_ptr<const std::string>> layers;
-    int64_t bytes = 0;
+    std::shared_ptr<const Bytes> bytes;
+    int64_t size = 0;
   };
   // REQUIRES: mu_ held.
   void DropExpired() const;

@@ -70,27 +70,37 @@ absl::StatusOr<std::vector<checkpoint::LayerState>> FetchReplicaState(
     }
     const auto& addresses = it->second->addresses();
     std::vector<std::string> answers;
-    for (int k = 0; k < addresses.size(); ++k) {
-      const std::string& address = addresses[(source.spread + k) % addresses.size()];
-      if (address == source.own_address) continue;  // its own hold was asked first
-      std::unique_ptr<v1::WorkerService::Stub>& stub = stubs[address];
-      if (!stub) {
-        absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-            rpc::MakeChannel(address, source.security);
-        if (!channel.ok()) {
-          answers.push_back(absl::StrCat(address, ": ", channel.status().message()));
-          continue;
+    // A holder busy with other fetches (RESOURCE_EXHAUSTED: it serves a few at once) makes
+    // the round of holders start again after a growing pause, until the deadline.
+    for (absl::Duration pause = absl::Milliseconds(20);;
+         pause = std::min(pause * 2, absl::Milliseconds(500))) {
+      answers.clear();
+      bool busy = false;
+      for (int k = 0; k < addresses.size(); ++k) {
+        const std::string& address = addresses[(source.spread + k) % addresses.size()];
+        if (address == source.own_address) continue;  // its own hold was asked first
+        std::unique_ptr<v1::WorkerService::Stub>& stub = stubs[address];
+        if (!stub) {
+          absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+              rpc::MakeChannel(address, source.security);
+          if (!channel.ok()) {
+            answers.push_back(absl::StrCat(address, ": ", channel.status().message()));
+            continue;
+          }
+          stub = v1::WorkerService::NewStub(*channel);
         }
-        stub = v1::WorkerService::NewStub(*channel);
+        v1::FetchLayerStateRequest request;
+        request.set_job_id(source.job_id);
+        request.set_step(state.step());
+        request.set_layer(layer);
+        request.set_state_key(state.state_key());
+        absl::StatusOr<std::string> bytes = FetchLayer(*stub, request, deadline);
+        if (bytes.ok()) return std::make_pair(address, *std::move(bytes));
+        answers.push_back(absl::StrCat(address, ": ", bytes.status().ToString()));
+        busy = busy || absl::IsResourceExhausted(bytes.status());
       }
-      v1::FetchLayerStateRequest request;
-      request.set_job_id(source.job_id);
-      request.set_step(state.step());
-      request.set_layer(layer);
-      request.set_state_key(state.state_key());
-      absl::StatusOr<std::string> bytes = FetchLayer(*stub, request, deadline);
-      if (bytes.ok()) return std::make_pair(address, *std::move(bytes));
-      answers.push_back(absl::StrCat(address, ": ", bytes.status().ToString()));
+      if (!busy || absl::Now() + pause >= deadline) break;
+      absl::SleepFor(pause);
     }
     return absl::UnavailableError(absl::StrCat(
         "layer ", layer, ": ", answers.empty() ? "no other holder" : absl::StrJoin(answers, "; ")));

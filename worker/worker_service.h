@@ -2,10 +2,20 @@
 // nothing) without the command key the worker registered with (only the coordinator has it),
 // then handed to the worker's plain handlers (worker.h: Assign, StopRank, ScheduleCommand);
 // and FetchLayerState, served from the survivors' state the worker holds (held_state.h) to
-// calls that carry that hold's key. No state of its own; thread-safe as the worker is. The
-// worker and the held states outlive it.
+// calls that carry that hold's key.
+//
+// FetchLayerState is served with gRPC's callback API on raw bytes: no thread per call, the
+// key checked before anything else is looked at, each chunk a slice of the held bytes
+// themselves (no copy; the slice keeps them alive until gRPC has sent it), and at most
+// kMaxFetches served at once (more: RESOURCE_EXHAUSTED at once, the fetcher tries another
+// holder or again). So a flood of fetches, with or without the key, costs the worker neither
+// threads nor memory beyond that bound.
+//
+// No state but the count of fetches in flight; thread-safe as the worker is. The worker and
+// the held states outlive it.
 #pragma once
 
+#include <atomic>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -17,7 +27,9 @@ namespace pipetrain::worker {
 
 class Worker;
 
-class WorkerServiceAdapter final : public v1::WorkerService::Service {
+class WorkerServiceAdapter final
+    : public v1::WorkerService::WithRawCallbackMethod_FetchLayerState<
+          v1::WorkerService::Service> {
  public:
   WorkerServiceAdapter(Worker* worker, std::string command_key, const HeldStates* held)
       : worker_(worker), command_key_(std::move(command_key)), held_(held) {}
@@ -32,11 +44,14 @@ class WorkerServiceAdapter final : public v1::WorkerService::Service {
   // OK to the coordinator (it asks before another registration takes this address over).
   grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,
                     v1::PingResponse* response) override;
-  // The layer's bytes in chunks of kLayerChunkBytes.
-  grpc::Status FetchLayerState(grpc::ServerContext* context,
-                               const v1::FetchLayerStateRequest* request,
-                               grpc::ServerWriter<v1::LayerStateChunk>* writer) override;
+  // The layer's bytes as LayerStateChunk messages of kLayerChunkBytes (the request and the
+  // chunks as their protobuf wire bytes).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchLayerState(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   static constexpr size_t kLayerChunkBytes = 1 << 20;
+  static constexpr int kMaxFetches = 4;
+  // Fetches being served now.
+  int fetches_in_flight() const { return fetches_.load(); }
 
  private:
   // OK if the call carries the command key, else UNAUTHENTICATED.
@@ -45,6 +60,7 @@ class WorkerServiceAdapter final : public v1::WorkerService::Service {
   Worker* const worker_;
   const std::string command_key_;
   const HeldStates* const held_;
+  std::atomic<int> fetches_{0};
 };
 
 }  // namespace pipetrain::worker

@@ -52,7 +52,10 @@ TEST(HeldStates, ServesALayerOnlyWithItsKeyAtItsStep) {
   EXPECT_TRUE(absl::IsPermissionDenied(held.Layer("job-1", 63, 4, "").status()));
   EXPECT_TRUE(absl::IsNotFound(held.Layer("job-1", 62, 4, "key").status()));
   EXPECT_TRUE(absl::IsNotFound(held.Layer("job-1", 63, 6, "key").status()));
-  EXPECT_TRUE(absl::IsNotFound(held.Layer("job-2", 63, 4, "key").status()));
+  // A job without a hold answers as a wrong key does: nothing is learnt without the key.
+  EXPECT_TRUE(absl::IsPermissionDenied(held.Layer("job-2", 63, 4, "key").status()));
+  EXPECT_EQ(held.Layer("job-2", 63, 4, "key").status().message(),
+            "no state of job-2 is held for this key (a wrong key, or the hold ended)");
   EXPECT_TRUE(held.Layer("job-1", 63, 4, "key").ok());
   EXPECT_FALSE(held.Layer("job-1", 63, 4, "other").ok());
 }
@@ -231,7 +234,8 @@ TEST_F(ReplicaStateFetchTest, AWrongKeyALayerNobodyHoldsOrAHoldLetGoIsAnErrorNam
       FetchReplicaState(StateAt(63, "key", {{2, {holder_.address()}}}), {{2, 3}}, source_,
                         nullptr);
   ASSERT_FALSE(let_go.ok());
-  EXPECT_THAT(let_go.status().message(), HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(let_go.status().message(), HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(let_go.status().message(), HasSubstr("the hold ended"));
 }
 
 }  // namespace
