@@ -103,8 +103,11 @@ class LocalCluster:
         self.start_coordinator(self.address)
 
     def start_worker(self, name):
-        """Starts a worker named `name` (its log and port file are named after it)."""
+        """Starts a worker named `name` (its log and port file are named after it). Its jobs
+        may name any file this user can read (`--data-root /`, as `pipetrain run`'s local
+        cluster does): the benchmarks' checkpoints live in their own folders."""
         return self._spawn(name, [self.worker_path, "--coordinator", self.address,
+                                  "--data-root", "/",
                                   "--port-file", os.path.join(self.dir, f"{name}.port")])
 
     def worker_ports(self, name):

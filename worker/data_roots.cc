@@ -34,7 +34,6 @@ absl::Status CheckUnderDataRoots(const std::string& field, const std::string& pa
 }
 
 std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots) {
-  if (data_roots.empty()) return {};
   std::vector<std::string> roots = data_roots;
   std::error_code ec;
   roots.push_back((std::filesystem::current_path(ec) / "checkpoints").string());
@@ -43,7 +42,7 @@ std::vector<std::string> WritableRoots(const std::vector<std::string>& data_root
 
 absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
                                       const std::vector<std::string>& roots) {
-  if (roots.empty() || dir.empty()) return absl::OkStatus();
+  if (dir.empty()) return absl::OkStatus();
   std::error_code ec;
   const std::filesystem::path target = std::filesystem::absolute(dir, ec).lexically_normal();
   std::filesystem::path existing = target;

@@ -18,13 +18,16 @@ absl::Status CheckUnderDataRoots(const std::string& field, const std::string& pa
                                  const std::vector<std::string>& roots);
 
 // The directories a job may write to and resume from (checkpoint.dir, weights_dir,
-// resume_from) when the worker has data roots: those roots and the worker's own checkpoints/
-// (the coordinator's default checkpoint.dir is checkpoints/JOB-ID, relative to the worker's
-// working directory); empty (no confinement) without data roots.
+// resume_from), and every file a job makes the worker read lies under: the data roots and
+// the worker's own checkpoints/ (the coordinator's default checkpoint.dir is
+// checkpoints/JOB-ID, relative to the worker's working directory). A worker without data
+// roots confines its jobs to checkpoints/ alone: it was once unconfined, and a job's
+// resume_from could read any file of the machine (the size of /etc/shadow, say).
 std::vector<std::string> WritableRoots(const std::vector<std::string>& data_roots);
 
 // Whether directory `dir` (the job field `field`; it need not exist yet: its nearest existing
-// ancestor is checked, links resolved) lies under one of `roots`; OK when `roots` is empty.
+// ancestor is checked, links resolved) lies under one of `roots` (WritableRoots); OK for an
+// empty `dir` (the field not set).
 absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::string& dir,
                                       const std::vector<std::string>& roots);
 

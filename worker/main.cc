@@ -21,6 +21,7 @@
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/printable.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/job/device.h"
@@ -82,8 +83,9 @@ int main(int argc, char** argv) {
                  "a directory jobs may read their files from (data.path, model.path) and write "
                  "to or resume from (checkpoint.dir, weights_dir, resume_from; also this "
                  "worker's checkpoints/); repeatable; symlinks are resolved and every file is "
-                 "checked as opened, only regular files are read (default: none, so a job may "
-                 "name no file)");
+                 "checked as opened, only regular files are read (default: none: a job may "
+                 "name no data or model file, and writes and resumes only under this worker's "
+                 "checkpoints/)");
   app.add_option("--register-timeout", register_timeout_s,
                  "seconds to keep trying to reach the coordinator at start")
       ->capture_default_str();
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
   pipetrain::SetReadRoots(pipetrain::worker::WritableRoots(options.data_roots));
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(token.status().message()).c_str());
+    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(std::string(token.status().message())).c_str());
     return exit_code::kUsage;
   }
   options.security.token = *std::move(token);
@@ -114,10 +116,10 @@ int main(int argc, char** argv) {
       advertised.ok() ? ListenAddressFor(options.listen, *advertised) : options.listen;
   if (const std::string warning = pipetrain::rpc::ListenWarning(listen, options.security);
       !warning.empty()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", warning.c_str());
+    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(warning).c_str());
   }
   if (const std::string why = pipetrain::job::CheckDeviceVisible(options.device); !why.empty()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", why.c_str());
+    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(why).c_str());
     return exit_code::kUsage;
   }
   sigset_t signals;
@@ -127,7 +129,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto worker = Worker::Start(options, absl::Seconds(register_timeout_s));
   if (!worker.ok()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(worker.status().message()).c_str());
+    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(std::string(worker.status().message())).c_str());
     // Start fails with InvalidArgument (2), Unauthenticated (4) or Unavailable (5).
     return exit_code::For(worker.status());
   }
@@ -138,7 +140,7 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, lines);
         !s.ok()) {
-      std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", pipetrain::Printable(std::string(s.message())).c_str());
       (*worker)->Stop();
       return exit_code::kUnavailable;
     }

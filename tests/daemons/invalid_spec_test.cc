@@ -37,6 +37,7 @@ using ::pipetrain::test::LocalCluster;
 using ::pipetrain::test::ReadFile;
 using ::pipetrain::test::Result;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A valid spec (a GPT of 5 layers: embedding, block0, block1, final_norm, lm_head), one
 // top-level key per entry; each case overrides some keys ("" removes one) or adds others.
@@ -427,6 +428,60 @@ TEST_F(InvalidSpecTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
                       .string() + " --follow");
   EXPECT_EQ(in_root.exit_code, 0) << in_root.out << in_root.err;
   EXPECT_TRUE(fs::exists(root / "ckpt" / "latest"));
+}
+
+// A worker started without --data-root lets a job name no file but under its own
+// checkpoints/ (what its help says): a resume_from, weights_dir or checkpoint.dir elsewhere,
+// and any data file, fail the job naming the field, before anything is opened (a job could
+// once learn the size of /etc/shadow through resume_from); a checkpoint policy with the
+// coordinator's default directory (checkpoints/JOB-ID) runs. The negative control: the same
+// resume_from on a worker with `--data-root /` gets past the check and fails on what it
+// finds there instead.
+TEST_F(InvalidSpecTest, AWorkerWithoutDataRootsLetsAJobNameNoFileButUnderItsCheckpoints) {
+  pipetrain::test::ClusterOptions options;
+  options.workers = 2;
+  options.workers_read_anywhere = false;
+  LocalCluster cluster(dir_, options);
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
+  const std::string model = "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
+                            "stages: 2\nsteps: 2\n";
+  const fs::path elsewhere = dir_ / "elsewhere";
+  const struct {
+    std::string line, says;
+  } refused[] = {
+      {"resume_from: /etc", "resume_from: /etc is outside the directories this worker lets "
+                            "jobs write to and resume from ("},
+      {"weights_dir: " + elsewhere.string(), "weights_dir: " + elsewhere.string()},
+      {"checkpoint: {dir: " + elsewhere.string() + ", every: 1}",
+       "checkpoint.dir: " + elsewhere.string()},
+      {"data: {kind: bytes, path: /etc/hostname, seq_len: 8}",
+       "data.path: /etc/hostname is outside the directories this worker reads jobs' files "
+       "from (none: it was started without --data-root)"},
+  };
+  int n = 0;
+  for (const auto& r : refused) {
+    SCOPED_TRACE(r.line);
+    Result result = cluster.Cli(
+        "submit " + Write("refused" + std::to_string(n++) + ".yaml", model + r.line + "\n")
+                        .string() + " --follow");
+    EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+    EXPECT_THAT(result.out + result.err, HasSubstr(r.says));
+    EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
+  }
+  EXPECT_FALSE(fs::exists(elsewhere));
+  Result own = cluster.Cli("submit " + Write("own.yaml", model + "checkpoint: {every: 1}\n")
+                                           .string() + " --follow");
+  EXPECT_EQ(own.exit_code, 0) << own.out << own.err;
+  // Negative control: a worker reading anywhere takes /etc as a checkpoint to resume from.
+  pipetrain::test::ClusterOptions anywhere;
+  anywhere.workers = 2;
+  fs::create_directories(dir_ / "anywhere");
+  LocalCluster open_cluster(dir_ / "anywhere", anywhere);
+  ASSERT_TRUE(open_cluster.WaitForIdleWorkers(2));
+  Result opened = open_cluster.Cli(
+      "submit " + Write("opened.yaml", model + "resume_from: /etc\n").string() + " --follow");
+  EXPECT_EQ(opened.exit_code, 1) << opened.out << opened.err;
+  EXPECT_THAT(opened.out + opened.err, Not(HasSubstr("is outside the directories")));
 }
 
 }  // namespace

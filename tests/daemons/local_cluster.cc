@@ -181,7 +181,8 @@ int LocalCluster::StartWorker(const std::vector<std::string>& extra_args) {
   args.insert(args.end(), options_.worker_args.begin(), options_.worker_args.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   // Files anywhere (as the user running the tests can read them), unless a test says where.
-  if (std::find(args.begin(), args.end(), "--data-root") == args.end()) {
+  if (options_.workers_read_anywhere &&
+      std::find(args.begin(), args.end(), "--data-root") == args.end()) {
     args.insert(args.end(), {"--data-root", "/"});
   }
   if (std::find(args.begin(), args.end(), "--port-file") == args.end()) {

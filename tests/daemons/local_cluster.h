@@ -54,6 +54,10 @@ struct ClusterOptions {
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
   std::vector<std::string> cli_args;
+  // Workers are started with `--data-root /` (jobs may name any file the test's user can
+  // read) unless their arguments name a data root or this is false (the worker's default:
+  // no file but its own checkpoints/).
+  bool workers_read_anywhere = true;
 };
 
 class LocalCluster {
@@ -90,7 +94,7 @@ class LocalCluster {
 
   // --- Workers, numbered from 0 in start order; the log of worker N is worker<N>.log.
   // Starts one more (with options().worker_args and `extra_args`, and `--data-root /` unless
-  // they give one); returns its number.
+  // they give one or options().workers_read_anywhere is false); returns its number.
   int StartWorker(const std::vector<std::string>& extra_args = {});
   void KillWorker(int index);  // SIGKILL, reaped
   int StopWorker(int index);   // SIGTERM; its exit code once reaped (it drains first)

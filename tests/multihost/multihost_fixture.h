@@ -68,10 +68,12 @@ class MultihostTest : public ::testing::Test {
   }
   pid_t StartWorker(int host, const std::vector<std::string>& address_flags,
                     const std::string& coordinator, const std::string& name) {
-    // Named after its host, as a worker on a machine of its own would be by its hostname.
+    // Named after its host, as a worker on a machine of its own would be by its hostname;
+    // its jobs write their weights and checkpoints under the test's directory.
     std::vector<std::string> argv = {PIPETRAIN_WORKER, "--coordinator", coordinator,
                                      "--metrics-listen", "", "--register-timeout", "30",
-                                     "--host-name", "host" + std::to_string(host)};
+                                     "--host-name", "host" + std::to_string(host),
+                                     "--data-root", dir_.string()};
     argv.insert(argv.end(), address_flags.begin(), address_flags.end());
     absl::StatusOr<pid_t> pid = hosts_->Start(host, argv, dir_ / (name + ".log"));
     EXPECT_TRUE(pid.ok()) << pid.status();
