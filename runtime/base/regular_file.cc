@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <climits>
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -33,57 +35,76 @@ std::string OpenedPath(int fd) {
   return std::string(target, static_cast<size_t>(n));
 }
 
-template <typename Bytes>
-absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view what,
-                      Bytes* out) {
+// Opens `path` without blocking and checks, on the descriptor, that it lies under the read
+// roots and is a regular file of at most `limit` bytes; the descriptor and its size.
+absl::Status OpenChecked(const std::string& path, int64_t limit, absl::string_view what, int* fd,
+                         int64_t* size) {
   // O_NONBLOCK: opening a FIFO with no writer, or a device, returns at once.
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
+  *fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (*fd < 0) {
     return absl::NotFoundError(
         absl::StrCat("cannot open ", what, " '", path, "': ", std::strerror(errno)));
   }
-  if (!Roots().empty() && !IsUnderRoots(OpenedPath(fd), Roots())) {
-    close(fd);
-    return absl::PermissionDeniedError(absl::StrCat(
+  absl::Status refused;
+  struct stat st {};
+  if (!Roots().empty() && !IsUnderRoots(OpenedPath(*fd), Roots())) {
+    refused = absl::PermissionDeniedError(absl::StrCat(
         what, " '", path, "' is outside the directories this process reads jobs' files from (",
         absl::StrJoin(Roots(), ", "), ")"));
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::FailedPreconditionError(
+  } else if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    refused = absl::FailedPreconditionError(
         absl::StrCat(what, " '", path, "' is not a regular file"));
-  }
-  if (st.st_size > limit) {
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
+  } else if (st.st_size > limit) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
         what, " '", path, "' is ", ByteSize(st.st_size), ", over the bound of ", ByteSize(limit),
         " for one file"));
   }
+  if (!refused.ok()) {
+    close(*fd);
+    *fd = -1;
+    return refused;
+  }
+  *size = st.st_size;
+  return absl::OkStatus();
+}
+
+// Reads `n` bytes from `fd` into `into`; how many it got (fewer: the file ended).
+absl::StatusOr<size_t> ReadUpTo(int fd, char* into, size_t n, const std::string& path,
+                                absl::string_view what) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = read(fd, into + done, n - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot read ", what, " '", path, "': ", std::strerror(errno)));
+    }
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
+template <typename Bytes>
+absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view what,
+                      Bytes* out) {
+  int fd = -1;
+  int64_t size = 0;
+  if (absl::Status s = OpenChecked(path, limit, what, &fd, &size); !s.ok()) return s;
   Bytes& bytes = *out;
   try {
-    bytes.resize(static_cast<size_t>(st.st_size));
+    bytes.resize(static_cast<size_t>(size));
   } catch (const std::bad_alloc&) {
     close(fd);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", ByteSize(st.st_size), " to read ", what, " '", path, "'"));
+        "cannot allocate ", ByteSize(size), " to read ", what, " '", path, "'"));
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = read(fd, reinterpret_cast<char*>(bytes.data()) + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return absl::NotFoundError(
-          absl::StrCat("cannot read ", what, " '", path, "': ", std::strerror(error)));
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
+  absl::StatusOr<size_t> done =
+      ReadUpTo(fd, reinterpret_cast<char*>(bytes.data()), bytes.size(), path, what);
   close(fd);
-  if (done != bytes.size()) {
-    return absl::DataLossError(absl::StrCat(what, " '", path, "': short read (", done, " of ",
+  if (!done.ok()) return done.status();
+  if (*done != bytes.size()) {
+    return absl::DataLossError(absl::StrCat(what, " '", path, "': short read (", *done, " of ",
                                             bytes.size(), " bytes; it shrank while read)"));
   }
   return absl::OkStatus();
@@ -127,6 +148,43 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t lim
 absl::Status ReadRegularFile(const std::string& path, int64_t limit, absl::string_view what,
                              std::vector<uint8_t>* bytes) {
   return ReadInto(path, limit, what, bytes);
+}
+
+absl::Status StreamRegularFile(const std::string& path, int64_t size, absl::string_view what,
+                               const std::function<void(absl::string_view piece)>& consume) {
+  int fd = -1;
+  int64_t found = 0;
+  // Any size opens; one other than `size` is refused before a byte is read.
+  if (absl::Status s = OpenChecked(path, INT64_MAX, what, &fd, &found); !s.ok()) return s;
+  if (found != size) {
+    close(fd);
+    return absl::DataLossError(
+        absl::StrCat(what, " '", path, "' is ", found, " bytes where ", size, " are expected"));
+  }
+  constexpr size_t kPiece = 1 << 20;
+  std::unique_ptr<char[]> buffer(new (std::nothrow) char[kPiece]);
+  if (buffer == nullptr) {
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate 1 MiB to read ", what));
+  }
+  int64_t done = 0;
+  while (done < size) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(kPiece, size - done));
+    absl::StatusOr<size_t> got = ReadUpTo(fd, buffer.get(), want, path, what);
+    if (!got.ok()) {
+      close(fd);
+      return got.status();
+    }
+    if (*got == 0) break;
+    consume(absl::string_view(buffer.get(), *got));
+    done += static_cast<int64_t>(*got);
+  }
+  close(fd);
+  if (done != size) {
+    return absl::DataLossError(absl::StrCat(what, " '", path, "': short read (", done, " of ",
+                                            size, " bytes; it shrank while read)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pipetrain

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,18 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t lim
 absl::Status ReadRegularFile(const std::string& path, int64_t limit, absl::string_view what,
                              std::vector<uint8_t>* bytes);
 
-// Confines every ReadRegularFile of this process to files under `roots` (directories;
-// symlinks in them resolved now), checked on the file as opened (its /proc/self/fd link), so
-// that a path whose links change between a check and the read cannot lead outside. Empty:
-// no confinement (the default). Call once at start, before any read (a worker daemon: its
-// --data-root directories and its own checkpoints/).
+// Opens `path` as ReadRegularFile does and checks that it is exactly `size` bytes before a
+// byte is read (DataLoss "... is N bytes where M are expected"), then hands its bytes to
+// `consume` in order, in pieces of at most 1 MiB: a file is checked (hashed, say) without
+// being held whole. Errors as ReadRegularFile's; DataLoss if it shrinks while read.
+absl::Status StreamRegularFile(const std::string& path, int64_t size, absl::string_view what,
+                               const std::function<void(absl::string_view piece)>& consume);
+
+// Confines every ReadRegularFile and StreamRegularFile of this process to files under
+// `roots` (directories; symlinks in them resolved now), checked on the file as opened (its
+// /proc/self/fd link), so that a path whose links change between a check and the read
+// cannot lead outside. Empty: no confinement (the default). Call once at start, before any
+// read (a worker daemon: its --data-root directories and its own checkpoints/).
 void SetReadRoots(const std::vector<std::string>& roots);
 // The roots set (resolved), in order; empty when reads are not confined.
 std::vector<std::string> ReadRoots();

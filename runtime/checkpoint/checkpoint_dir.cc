@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -18,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "runtime/base/regular_file.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/checkpoint/sha256.h"
 
 namespace pipetrain::checkpoint {
@@ -121,8 +124,7 @@ absl::StatusOr<Manifest> Check(const std::string& dir) {
   }
   FoundCheckpoint found{dir, *manifest, {}};
   for (int layer = 0; layer < manifest->num_layers; ++layer) {
-    auto bytes = ReadLayer(found, layer);
-    if (!bytes.ok()) return bytes.status();
+    PT_RETURN_IF_ERROR(VerifyLayer(found, layer));
   }
   return manifest;
 }
@@ -243,22 +245,55 @@ void CheckpointWriter::Abort() {
   fs::remove_all(tmp_, ec);
 }
 
-absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
+namespace {
+
+// The layer's file, streamed to `consume` and hashed as it goes: its size against the
+// manifest's before any byte is read, its SHA-256 once every byte was.
+absl::Status StreamLayer(const FoundCheckpoint& found, int layer,
+                         const std::function<void(absl::string_view)>& consume) {
   if (layer < 0 || layer >= static_cast<int>(found.manifest.files.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no layer ", layer, " in ", found.dir));
   }
   const LayerFile& f = found.manifest.files[layer];
   const std::string path = (fs::path(found.dir) / f.name).string();
-  auto bytes = ReadAll(path, f.bytes, "checkpoint layer");
-  if (!bytes.ok()) return bytes.status();
-  if (static_cast<int64_t>(bytes->size()) != f.bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes->size(), " bytes where the manifest says ",
-                                            f.bytes));
+  Sha256 hash;
+  absl::Status read = StreamRegularFile(path, f.bytes, "checkpoint layer",
+                                        [&](absl::string_view piece) {
+                                          hash.Add(std::string_view(piece.data(), piece.size()));
+                                          consume(piece);
+                                        });
+  if (!read.ok()) {
+    // A file of another size, or not a regular one: the checkpoint is damaged.
+    return absl::IsFailedPrecondition(read) || absl::IsDataLoss(read)
+               ? absl::DataLossError(read.message())
+               : read;
   }
-  if (Sha256Hex(*bytes) != f.sha256) {
+  if (hash.Hex() != f.sha256) {
     return absl::DataLossError(absl::StrCat(path, ": its SHA-256 is not the manifest's"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
+  std::string bytes;
+  if (layer >= 0 && layer < static_cast<int>(found.manifest.files.size())) {
+    try {
+      bytes.reserve(static_cast<size_t>(found.manifest.files[layer].bytes));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", found.manifest.files[layer].bytes, " bytes for layer ", layer));
+    }
+  }
+  PT_RETURN_IF_ERROR(StreamLayer(found, layer, [&](absl::string_view piece) {
+    bytes.append(piece.data(), piece.size());
+  }));
   return bytes;
+}
+
+absl::Status VerifyLayer(const FoundCheckpoint& found, int layer) {
+  return StreamLayer(found, layer, [](absl::string_view) {});
 }
 
 absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir) {

@@ -83,7 +83,13 @@ absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path);
 absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir);
 
 // The bytes of one layer's file of a found checkpoint, checked against the manifest again
-// (the file may have changed since FindCheckpoint).
+// (the file may have changed since FindCheckpoint): its size before a byte is read, its
+// SHA-256 as it is read (one pass). DataLoss naming the file for either.
 absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer);
+
+// The same checks without keeping the bytes: the file is streamed through its hash, so
+// verifying a layer holds 1 MiB of it at a time, whatever its size (FindCheckpoint checks
+// every layer this way).
+absl::Status VerifyLayer(const FoundCheckpoint& found, int layer);
 
 }  // namespace pipetrain::checkpoint

@@ -97,6 +97,59 @@ TEST_F(CheckpointDirTest, ACommittedCheckpointIsFoundWithEveryFileChecked) {
   EXPECT_TRUE(FindCheckpoint((root_ / "step-00000010").string()).ok());
 }
 
+// The process's resident high-water mark, reset first by ResetPeakResident (Linux 4.0 on:
+// "5" written to /proc/self/clear_refs).
+int64_t PeakResidentBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+bool ResetPeakResident() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5"); }
+
+// A layer whose manifest says 512 MiB and whose bytes are not the ones hashed there (a 3 GiB
+// one was once read whole before its SHA-256 check failed: +3.1 GB): a file of another size
+// is refused before a byte is read, and one of the right size is hashed as it streams,
+// never held whole. The negative control: ReadLayer, which returns the bytes, holds them.
+TEST_F(CheckpointDirTest, ALayerIsCheckedBySizeFirstAndHashedAsItStreams) {
+  ASSERT_TRUE(Write(10).ok());
+  const fs::path dir = root_ / "step-00000010";
+  const fs::path layer = dir / LayerFileName(1);
+  constexpr int64_t kBig = int64_t{512} << 20;
+  absl::StatusOr<Manifest> m = ParseManifest(Slurp(dir / "manifest.json"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->files[1].bytes = kBig;  // the bytes below hash to something else
+  std::ofstream(dir / "manifest.json", std::ios::trunc) << ManifestToJson(*m);
+  // Another size: refused at once, naming both sizes.
+  absl::StatusOr<FoundCheckpoint> small = OpenCheckpoint(dir.string());
+  ASSERT_TRUE(small.ok()) << small.status();
+  absl::Status wrong_size = VerifyLayer(*small, 1);
+  EXPECT_TRUE(absl::IsDataLoss(wrong_size)) << wrong_size;
+  EXPECT_THAT(wrong_size.message(), HasSubstr("is 100 bytes where 536870912 are expected"));
+  // The right size (a sparse file), the wrong bytes: streamed through the hash.
+  fs::resize_file(layer, kBig);
+  ASSERT_TRUE(ResetPeakResident());
+  const int64_t before = PeakResidentBytes();
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<FoundCheckpoint> found = FindCheckpoint(dir.string());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(found.ok());
+  EXPECT_THAT(found.status().message(), HasSubstr("its SHA-256 is not the manifest's"));
+  const int64_t grew = PeakResidentBytes() - before;
+  std::printf("a 512 MiB layer checked in %.2f s; the peak resident memory grew %.1f MB\n",
+              seconds, grew / 1e6);
+  EXPECT_LT(grew, int64_t{16} << 20) << "the layer was held whole to be checked";
+  // Negative control: reading the layer's bytes holds them, and the measure shows it.
+  ASSERT_TRUE(ResetPeakResident());
+  const int64_t reading = PeakResidentBytes();
+  absl::StatusOr<std::string> bytes = ReadLayer(*small, 1);
+  EXPECT_FALSE(bytes.ok());
+  EXPECT_GT(PeakResidentBytes() - reading, kBig / 2);
+}
+
 TEST_F(CheckpointDirTest, TheLastKAreKeptAndLatestIsTheNewest) {
   for (int64_t step : {10, 20, 30, 40}) ASSERT_TRUE(Write(step, 3, /*keep=*/2).ok());
   EXPECT_FALSE(fs::exists(root_ / "step-00000010"));
@@ -128,7 +181,7 @@ TEST_F(CheckpointDirTest, AFlippedByteFallsBackToThePreviousCheckpointAndSaysSo)
   fs::resize_file(root_ / "step-00000010" / LayerFileName(0), 10);
   auto none = FindCheckpoint(root_.string());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(none.status().message(), HasSubstr("10 bytes where the manifest says 100"));
+  EXPECT_THAT(none.status().message(), HasSubstr("is 10 bytes where 100 are expected"));
 }
 
 // A write that fails (here: the file-size limit, the error a full disk gives as ENOSPC)
