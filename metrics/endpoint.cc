@@ -1,167 +1,609 @@
 #include "metrics/endpoint.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
-#include <CivetServer.h>  // CivetCallbacks
-#include <civetweb.h>
-#include <prometheus/exposer.h>
-
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-
-// civetweb 1.15 as Debian builds it starts its threads with a fixed stack of about 100 KiB,
-// and a thread's stack must also hold the static thread-local storage of every library in
-// the process: in a worker (OpenBLAS alone has 60 KiB of it, glog, NCCL and LibTorch more)
-// that is larger, pthread_create fails with EINVAL and civetweb cannot start ("Cannot create
-// threads"). The process's own definition of pthread_attr_setstacksize comes before libc's
-// for every library, so a stack asked below kMinThreadStackBytes is given that much instead
-// (address space only; pages are touched as used). Every other call is passed on unchanged.
-namespace {
-constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
-}  // namespace
-
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
-  using SetStackSize = int (*)(pthread_attr_t*, size_t);
-  static const SetStackSize libc_set_stack_size =
-      reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  if (libc_set_stack_size == nullptr) return ENOSYS;
-  return libc_set_stack_size(attr, std::max(size, kMinThreadStackBytes));
-}
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace pipetrain::metrics {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Answers a request without a body itself, closing the connection; returns `status` (what
-// civetweb logs for a request its begin_request callback handled).
-int Reply(mg_connection* conn, int status, const std::string& body,
-          const char* allow = nullptr) {
-  mg_response_header_start(conn, status);
-  mg_response_header_add(conn, "Content-Type", "text/plain; charset=utf-8", -1);
-  mg_response_header_add(conn, "Content-Length", std::to_string(body.size()).c_str(), -1);
-  mg_response_header_add(conn, "Connection", "close", -1);
-  if (allow != nullptr) mg_response_header_add(conn, "Allow", allow, -1);
-  mg_response_header_send(conn);
-  mg_write(conn, body.data(), body.size());
-  return status;
-}
-
-// What civetweb last complained of (its log_message callback), for the error of a failed
-// start.
-std::mutex civetweb_log_mu;
-std::string civetweb_last_error;
-
-int KeepCivetwebMessage(const mg_connection*, const char* message) {
-  std::lock_guard<std::mutex> lock(civetweb_log_mu);
-  civetweb_last_error = message != nullptr ? message : "";
-  return 1;  // handled: civetweb prints nothing itself
-}
+using std::chrono::milliseconds;
 
 // The process's scrape schedule: the time the next scrape may start. Shared by every
 // endpoint of the process (a daemon has one), since the bound is on the process's work.
 std::mutex schedule_mu;
 Clock::time_point next_scrape_start;
 
-// Waits for this scrape's turn: at most kThreads - 1 others are ahead of it, so at most
-// kThreads x kScrapeSpacingMs.
-void WaitForScrapeTurn() {
-  Clock::time_point turn;
-  {
-    std::lock_guard<std::mutex> lock(schedule_mu);
-    turn = std::max(Clock::now(), next_scrape_start);
-    next_scrape_start = turn + std::chrono::milliseconds(MetricsEndpoint::kScrapeSpacingMs);
-  }
-  std::this_thread::sleep_until(turn);
+// Takes the next scrape slot of the process and returns its time (now, if none is taken).
+Clock::time_point ReserveScrapeTurn() {
+  std::lock_guard<std::mutex> lock(schedule_mu);
+  const Clock::time_point turn = std::max(Clock::now(), next_scrape_start);
+  next_scrape_start = turn + milliseconds(MetricsEndpoint::kScrapeSpacingMs);
+  return turn;
 }
 
-// civetweb's begin_request: every request passes here first; only a scrape of /metrics
-// whose turn has come goes on to prometheus-cpp's handler (returning 0).
-int AdmitRequest(mg_connection* conn) {
-  const mg_request_info* request = mg_get_request_info(conn);
-  // A body is refused first, whatever the method or path, through civetweb's own error reply:
-  // it marks the connection to be closed, so that the body is never read (a reply of our
-  // own would have civetweb read and discard it first, however large).
-  if (request->content_length > 0 || mg_get_header(conn, "Transfer-Encoding") != nullptr) {
-    mg_send_http_error(conn, 413, "%s", "this endpoint reads no request body\n");
-    return 413;
+std::string ErrnoText(int error) { return std::strerror(error); }
+
+// A whole response: status line, the headers every response has, `extra_headers` (each
+// ending in CRLF), the body.
+std::string Response(int status, absl::string_view reason, absl::string_view content_type,
+                     absl::string_view body, absl::string_view extra_headers = "") {
+  return absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: ", content_type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n",
+                      extra_headers, "\r\n", body);
+}
+
+std::string TextResponse(int status, absl::string_view reason, absl::string_view body,
+                         absl::string_view extra_headers = "") {
+  return Response(status, reason, "text/plain; charset=utf-8", body, extra_headers);
+}
+
+// A request path as a 404 shows it: its first 200 bytes, every byte that is not printable
+// ASCII written as \xNN (the body must not carry a client's control characters to a
+// terminal or a log).
+std::string ShownPath(absl::string_view path) {
+  path = path.substr(0, 200);
+  std::string shown;
+  for (const char c : path) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      shown.push_back(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      shown += "\\x";
+      shown.push_back(kHex[u >> 4]);
+      shown.push_back(kHex[u & 0xf]);
+    }
   }
-  const char* path = request->local_uri != nullptr ? request->local_uri : "";
-  if (std::strcmp(path, "/metrics") != 0) {
-    std::string shown(path, std::min<size_t>(std::strlen(path), 200));
-    return Reply(conn, 404, absl::StrCat("no such path: ", shown, " (metrics are at /metrics)\n"));
+  return shown;
+}
+
+// Whether an Accept-Encoding value accepts gzip: a coding "gzip" (or its old name "x-gzip")
+// whose q-value is not 0.
+bool AcceptsGzip(absl::string_view accept_encoding) {
+  for (absl::string_view item : absl::StrSplit(accept_encoding, ',')) {
+    std::vector<absl::string_view> parts = absl::StrSplit(item, ';');
+    const absl::string_view coding = absl::StripAsciiWhitespace(parts[0]);
+    if (!absl::EqualsIgnoreCase(coding, "gzip") && !absl::EqualsIgnoreCase(coding, "x-gzip")) {
+      continue;
+    }
+    bool refused = false;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const absl::string_view param = absl::StripAsciiWhitespace(parts[i]);
+      double q = 1;
+      if (absl::StartsWithIgnoreCase(param, "q=") && absl::SimpleAtod(param.substr(2), &q) &&
+          q <= 0) {
+        refused = true;
+      }
+    }
+    if (!refused) return true;
   }
-  if (std::strcmp(request->request_method, "GET") != 0) {
-    return Reply(conn, 405, "only GET /metrics is served\n", "GET");
+  return false;
+}
+
+// `text` in the gzip format; false if zlib failed (the caller sends it uncompressed).
+bool Gzip(const std::string& text, std::string* out) {
+  if (text.size() > std::numeric_limits<uInt>::max() / 2) return false;
+  z_stream z{};
+  // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
+      Z_OK) {
+    return false;
   }
-  WaitForScrapeTurn();
-  return 0;
+  out->resize(deflateBound(&z, static_cast<uLong>(text.size())));
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out->data());
+  z.avail_out = static_cast<uInt>(out->size());
+  const int result = deflate(&z, Z_FINISH);
+  out->resize(z.total_out);
+  deflateEnd(&z);
+  return result == Z_STREAM_END;
+}
+
+// What a complete request head (request line and headers) asks for: a scrape (status 0),
+// or the whole response refusing it.
+struct Verdict {
+  int status = 0;
+  bool gzip = false;  // a scrape's: the scraper accepts gzip
+  std::string response;
+};
+
+Verdict BadRequest(absl::string_view why) {
+  return {400, false, TextResponse(400, "Bad Request", absl::StrCat(why, "\n"))};
+}
+
+// `head`: the request line and headers, lines ending in CRLF (or LF), up to the empty line.
+Verdict Judge(absl::string_view head) {
+  std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
+  for (absl::string_view& line : lines) absl::ConsumeSuffix(&line, "\r");
+  const absl::string_view request_line = lines[0];
+  const size_t first_space = request_line.find(' ');
+  const size_t last_space = request_line.rfind(' ');
+  if (first_space == absl::string_view::npos || first_space == 0 ||
+      last_space == first_space || last_space + 1 == request_line.size()) {
+    return BadRequest("expected METHOD TARGET HTTP/1.x");
+  }
+  const absl::string_view method = request_line.substr(0, first_space);
+  absl::string_view target = request_line.substr(first_space + 1, last_space - first_space - 1);
+  if (!absl::StartsWith(request_line.substr(last_space + 1), "HTTP/1.")) {
+    return BadRequest("only HTTP/1.x is served");
+  }
+  // A refusal of HEAD has no body (its Content-Length still says how long it would be).
+  const auto refuse = [head_request = method == "HEAD"](int status, absl::string_view reason,
+                                                        absl::string_view body,
+                                                        absl::string_view extra_headers = "") {
+    std::string response = TextResponse(status, reason, body, extra_headers);
+    if (head_request) response.resize(response.size() - body.size());
+    return Verdict{status, false, std::move(response)};
+  };
+  bool announces_body = false, gzip = false;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const absl::string_view line = lines[i];
+    if (line.empty()) break;  // the end of the head
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos || colon == 0 || line[0] == ' ' || line[0] == '\t') {
+      return BadRequest("malformed header line");
+    }
+    const absl::string_view name = line.substr(0, colon);
+    const absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+    if (absl::EqualsIgnoreCase(name, "Content-Length")) {
+      uint64_t length = 0;
+      if (!absl::SimpleAtoi(value, &length)) return BadRequest("malformed Content-Length");
+      announces_body = announces_body || length > 0;
+    } else if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
+      announces_body = true;
+    } else if (absl::EqualsIgnoreCase(name, "Accept-Encoding")) {
+      gzip = gzip || AcceptsGzip(value);
+    }
+  }
+  // A body is refused first, whatever the method or path; its connection is closed unread.
+  if (announces_body) {
+    return refuse(413, "Content Too Large", "this endpoint reads no request body\n");
+  }
+  // The absolute form (a proxy's "http://host:port/metrics") names the same path.
+  if (absl::StartsWithIgnoreCase(target, "http://")) {
+    target.remove_prefix(7);
+    const size_t slash = target.find('/');
+    target = slash == absl::string_view::npos ? "/" : target.substr(slash);
+  }
+  const absl::string_view path = target.substr(0, target.find('?'));
+  if (path != "/metrics") {
+    return refuse(404, "Not Found",
+                  absl::StrCat("no such path: ", ShownPath(path), " (metrics are at /metrics)\n"));
+  }
+  if (method != "GET") {
+    return refuse(405, "Method Not Allowed", "only GET /metrics is served\n", "Allow: GET\r\n");
+  }
+  return {0, gzip, ""};
+}
+
+// The end of the request head in `data` (the offset after its empty line), or npos.
+size_t HeadEnd(absl::string_view data, size_t from) {
+  for (size_t i = data.find('\n', from); i != absl::string_view::npos;
+       i = data.find('\n', i + 1)) {
+    if (i + 1 < data.size() && data[i + 1] == '\n') return i + 2;
+    if (i + 2 < data.size() && data[i + 1] == '\r' && data[i + 2] == '\n') return i + 3;
+  }
+  return absl::string_view::npos;
 }
 
 }  // namespace
 
-MetricsEndpoint::MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
-                                 std::string address)
-    : exposer_(std::move(exposer)), address_(std::move(address)) {}
+// The event loop (one thread: accepts, reads request heads, writes responses, enforces every
+// deadline and bound) and the rendering thread (takes complete scrape requests in turn,
+// waits for the process's scrape slot, renders and hands the response back to the loop
+// through `done_` and the eventfd).
+class MetricsEndpoint::Server {
+ public:
+  Server(int listen_fd, int epoll_fd, int wake_fd, const Registry* registry)
+      : listen_fd_(listen_fd), epoll_fd_(epoll_fd), wake_fd_(wake_fd), registry_(registry) {}
 
-MetricsEndpoint::~MetricsEndpoint() {
-  // civetweb's listening thread notices that it is stopped only when its poll() returns,
-  // which without a connection takes up to 2 s: connections to the port, until it has
-  // stopped, wake it at once (the daemons exit within a fraction of a second).
-  const size_t colon = address_.rfind(':');
-  std::string host = address_.substr(0, colon);
-  const int port = std::atoi(address_.c_str() + colon + 1);
-  if (host == "0.0.0.0") host = "127.0.0.1";
-  if (host == "[::]") host = "[::1]";
-  const bool ipv6 = !host.empty() && host.front() == '[';
-  if (ipv6) host = host.substr(1, host.size() - 2);
-  std::atomic<bool> stopped{false};
-  std::thread waker([&] {
-    while (!stopped.load()) {
-      const int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0) {
-        sockaddr_storage addr{};
-        socklen_t len = 0;
-        if (ipv6) {
-          auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-          a6->sin6_family = AF_INET6;
-          a6->sin6_port = htons(static_cast<uint16_t>(port));
-          inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr);
-          len = sizeof(sockaddr_in6);
-        } else {
-          auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
-          a4->sin_family = AF_INET;
-          a4->sin_port = htons(static_cast<uint16_t>(port));
-          inet_pton(AF_INET, host.c_str(), &a4->sin_addr);
-          len = sizeof(sockaddr_in);
-        }
-        (void)connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
-        close(fd);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ~Server() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
     }
-  });
-  exposer_.reset();  // civetweb stops and joins its threads
-  stopped = true;
-  waker.join();
-}
+    cv_.notify_all();
+    stop_loop_ = true;
+    Wake();  // the loop checks stop_loop_ after every wait: it is written first
+    if (renderer_.joinable()) renderer_.join();
+    if (loop_.joinable()) loop_.join();
+    for (const auto& [id, conn] : conns_) close(conn.fd);
+    close(wake_fd_);
+    close(epoll_fd_);
+    close(listen_fd_);
+  }
+
+  // Starts both threads; false (with `error` set) if either cannot be made.
+  bool Run(std::string* error) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenerId;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
+      *error = absl::StrCat("epoll_ctl: ", ErrnoText(errno));
+      return false;
+    }
+    ev.data.u64 = kWakeId;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+      *error = absl::StrCat("epoll_ctl: ", ErrnoText(errno));
+      return false;
+    }
+    try {
+      loop_ = std::thread([this] { Loop(); });
+      renderer_ = std::thread([this] { ServeScrapes(); });
+    } catch (const std::exception& e) {
+      *error = absl::StrCat("cannot start its threads: ", e.what());
+      return false;  // the destructor stops and joins whichever started
+    }
+    pthread_setname_np(loop_.native_handle(), "metrics-http");
+    pthread_setname_np(renderer_.native_handle(), "metrics-render");
+    return true;
+  }
+
+ private:
+  static constexpr uint64_t kListenerId = 0, kWakeId = 1;
+  // After accept fails for want of descriptors, accepting waits this long (the loop would
+  // otherwise spin on a listener that stays readable).
+  static constexpr int kAcceptPauseMs = 100;
+  static constexpr int kAcceptsPerRound = 256;
+  static constexpr size_t kMaxHead = kMaxRequestBytes;
+
+  enum class State {
+    kReading,  // the request head is not complete yet
+    kQueued,   // a scrape waiting in line or being rendered
+    kWriting,  // its response is being written
+  };
+  struct Connection {
+    int fd = -1;
+    State state = State::kReading;
+    Clock::time_point deadline;  // reading: of the head (from its accept); writing: of the response
+    std::string in;              // at most kMaxRequestBytes
+    std::string out;
+    size_t written = 0;
+  };
+  struct Rendered {
+    uint64_t id;
+    std::string response;
+  };
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
+  void Watch(uint64_t id, const Connection& conn, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, conn.fd, &ev);
+  }
+
+  void Close(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    if (it->second.state == State::kQueued) {
+      // Out of the line, so that no scrape is rendered for it (if it is being rendered, the
+      // response is dropped when it comes back).
+      std::lock_guard<std::mutex> lock(mu_);
+      auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                 [&](const auto& q) { return q.first == id; });
+      if (queued != queue_.end()) queue_.erase(queued);
+    }
+    close(it->second.fd);  // also removes it from the epoll set
+    conns_.erase(it);
+  }
+
+  // Starts writing `response` on `id`, which is then closed once it is written (or when
+  // kWriteTimeoutMs have passed).
+  void Respond(uint64_t id, std::string response) {
+    Connection& conn = conns_.at(id);
+    conn.state = State::kWriting;
+    conn.out = std::move(response);
+    conn.written = 0;
+    conn.in = std::string();  // its buffer is not needed any more
+    conn.deadline = Clock::now() + milliseconds(kWriteTimeoutMs);
+    OnWritable(id);
+  }
+
+  void OnWritable(uint64_t id) {
+    Connection& conn = conns_.at(id);
+    while (conn.written < conn.out.size()) {
+      const ssize_t n = send(conn.fd, conn.out.data() + conn.written,
+                             conn.out.size() - conn.written, MSG_NOSIGNAL);
+      if (n > 0) {
+        conn.written += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        Watch(id, conn, EPOLLOUT);
+        return;
+      } else {
+        break;  // the peer is gone
+      }
+    }
+    Close(id);  // written whole (no keep-alive), or the peer is gone
+  }
+
+  void OnReadable(uint64_t id) {
+    Connection& conn = conns_.at(id);
+    char buf[4096];
+    size_t head_end = std::string::npos;
+    while (head_end == std::string::npos && conn.in.size() < kMaxHead) {
+      const size_t room = std::min(sizeof(buf), kMaxHead - conn.in.size());
+      const ssize_t n = recv(conn.fd, buf, room, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // more later
+      if (n <= 0) {
+        Close(id);  // closed (or reset) before its request was complete
+        return;
+      }
+      const size_t scanned = conn.in.size();
+      conn.in.append(buf, static_cast<size_t>(n));
+      head_end = HeadEnd(conn.in, scanned > 2 ? scanned - 2 : 0);
+    }
+    if (head_end == std::string::npos) {
+      // kMaxRequestBytes without the end of the head: refused; the rest is never read.
+      Respond(id, TextResponse(431, "Request Header Fields Too Large",
+                               absl::StrCat("the request line and headers are limited to ",
+                                            kMaxRequestBytes, " bytes\n")));
+      return;
+    }
+    Verdict verdict = Judge(absl::string_view(conn.in).substr(0, head_end));
+    if (verdict.status != 0) {
+      Respond(id, std::move(verdict.response));
+      return;
+    }
+    conn.state = State::kQueued;
+    conn.in = std::string();
+    Watch(id, conn, 0);  // nothing more is read from it; errors are still reported
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.emplace_back(id, verdict.gzip);
+    }
+    cv_.notify_one();
+  }
+
+  // The connection that has waited longest without a complete request (0 if none): ids
+  // grow in the order of accept.
+  uint64_t OldestReading() const {
+    uint64_t oldest = 0;
+    for (const auto& [id, conn] : conns_) {
+      if (conn.state == State::kReading && (oldest == 0 || id < oldest)) oldest = id;
+    }
+    return oldest;
+  }
+
+  // Below kMaxConnections by closing the connections that have waited longest without a
+  // complete request; false if every connection has one. Each is read once more first: in a
+  // flood, a request may have arrived since the loop last looked (it then stays).
+  bool MakeRoom() {
+    while (conns_.size() >= static_cast<size_t>(kMaxConnections)) {
+      const uint64_t oldest = OldestReading();
+      if (oldest == 0) return false;
+      OnReadable(oldest);
+      auto it = conns_.find(oldest);
+      if (it != conns_.end() && it->second.state == State::kReading) Close(oldest);
+    }
+    return true;
+  }
+
+  void AcceptAll() {
+    // At most kAcceptsPerRound at a time, so that a flood of connections does not keep the
+    // loop from the requests of those it accepted (the listener stays readable: the rest are
+    // taken next round).
+    for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors (or memory): the process's other work comes first; connections
+          // wait in the backlog meanwhile.
+          accept_paused_until_ = Clock::now() + milliseconds(kAcceptPauseMs);
+          epoll_event ev{};
+          ev.data.u64 = kListenerId;
+          epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+        }
+        return;  // EAGAIN: all accepted
+      }
+      if (!MakeRoom()) {
+        // Every connection has a request in line or a response being written: this one is
+        // refused at once (a fresh socket's buffer takes the few bytes).
+        const std::string busy =
+            TextResponse(503, "Service Unavailable", "too many connections; retry later\n",
+                         "Retry-After: 1\r\n");
+        (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
+        close(fd);
+        continue;
+      }
+      const uint64_t id = next_id_++;
+      Connection& conn = conns_[id];
+      conn.fd = fd;
+      conn.deadline = Clock::now() + milliseconds(kRequestTimeoutMs);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = id;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        Close(id);
+        continue;
+      }
+      OnReadable(id);  // its request has often arrived with the handshake already
+    }
+  }
+
+  // Takes the rendered responses from the rendering thread and starts writing them.
+  void TakeRendered() {
+    uint64_t count;
+    (void)!read(wake_fd_, &count, sizeof(count));
+    std::vector<Rendered> rendered;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      rendered.swap(done_);
+    }
+    for (Rendered& r : rendered) {
+      auto it = conns_.find(r.id);
+      if (it == conns_.end()) continue;  // closed meanwhile
+      Respond(r.id, std::move(r.response));
+    }
+  }
+
+  // Closes every connection past its deadline; returns the time until the next deadline
+  // (for epoll_wait: -1 for none).
+  int ExpireAndTimeout() {
+    const Clock::time_point now = Clock::now();
+    std::vector<uint64_t> expired;
+    Clock::time_point next = Clock::time_point::max();
+    for (const auto& [id, conn] : conns_) {
+      if (conn.state == State::kQueued) continue;  // the line is bounded, not timed
+      if (conn.deadline <= now) {
+        expired.push_back(id);
+      } else {
+        next = std::min(next, conn.deadline);
+      }
+    }
+    for (const uint64_t id : expired) Close(id);
+    if (accept_paused_until_ != Clock::time_point()) {
+      if (accept_paused_until_ <= now) {
+        accept_paused_until_ = Clock::time_point();
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = kListenerId;
+        epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+      } else {
+        next = std::min(next, accept_paused_until_);
+      }
+    }
+    if (next == Clock::time_point::max()) return -1;
+    // Rounded up, so that the loop does not wake just before a deadline and spin.
+    return static_cast<int>(std::chrono::ceil<milliseconds>(next - now).count());
+  }
+
+  void Loop() {
+    epoll_event events[64];
+    while (!stop_loop_.load()) {
+      const int timeout = ExpireAndTimeout();
+      const int n = epoll_wait(epoll_fd_, events, 64, timeout);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;  // cannot happen with a valid epoll descriptor
+      }
+      if (stop_loop_.load()) break;
+      for (int i = 0; i < n; ++i) {
+        const uint64_t id = events[i].data.u64;
+        if (id == kListenerId) {
+          AcceptAll();
+          continue;
+        }
+        if (id == kWakeId) {
+          TakeRendered();
+          continue;
+        }
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;  // closed earlier in this round
+        const uint32_t what = events[i].events;
+        switch (it->second.state) {
+          case State::kReading:
+            if (what & (EPOLLIN | EPOLLERR | EPOLLHUP)) OnReadable(id);
+            break;
+          case State::kQueued:
+            if (what & (EPOLLERR | EPOLLHUP)) Close(id);  // reset: no scrape for it
+            break;
+          case State::kWriting:
+            if (what & (EPOLLOUT | EPOLLERR | EPOLLHUP)) OnWritable(id);
+            break;
+        }
+      }
+    }
+    // Stopping: every connection is closed here, on the loop's thread (its own state).
+    while (!conns_.empty()) Close(conns_.begin()->first);
+  }
+
+  // The rendering thread: one scrape at a time, each in the process's next scrape slot.
+  void ServeScrapes() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      const Clock::time_point turn = ReserveScrapeTurn();
+      if (cv_.wait_until(lock, turn, [&] { return stopping_; })) return;
+      if (queue_.empty()) continue;  // its connection went while it waited (the slot unused)
+      const auto [id, gzip] = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      std::string response;
+      try {
+        const std::string text = registry_->Render();
+        std::string compressed;
+        if (gzip && Gzip(text, &compressed)) {
+          response = Response(200, "OK", kContentType, compressed, "Content-Encoding: gzip\r\n");
+        } else {
+          response = Response(200, "OK", kContentType, text);
+        }
+      } catch (const std::exception& e) {
+        response = TextResponse(500, "Internal Server Error",
+                                absl::StrCat("cannot render the metrics: ", e.what(), "\n"));
+      }
+      lock.lock();
+      done_.push_back({id, std::move(response)});
+      Wake();
+    }
+  }
+
+  static constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+  const int listen_fd_, epoll_fd_, wake_fd_;
+  const Registry* const registry_;
+  std::thread loop_, renderer_;
+
+  // The loop's own state (only its thread touches it, then the destructor after the join).
+  std::unordered_map<uint64_t, Connection> conns_;
+  uint64_t next_id_ = 2;  // after kListenerId and kWakeId
+  Clock::time_point accept_paused_until_;
+  std::atomic<bool> stop_loop_{false};
+
+  // Shared by the loop and the rendering thread.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::deque<std::pair<uint64_t, bool>> queue_;  // scrapes in line: connection, gzip
+  std::vector<Rendered> done_;                   // rendered, for the loop to write
+};
+
+MetricsEndpoint::MetricsEndpoint(std::unique_ptr<Server> server, std::string address)
+    : server_(std::move(server)), address_(std::move(address)) {}
+
+MetricsEndpoint::~MetricsEndpoint() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& host_port, const Registry* registry) {
@@ -176,41 +618,86 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
   if (bracketed) host = host.substr(1, host.size() - 2);
   const bool ipv6 = host.find(':') != std::string::npos;
-  if (host.empty() || host.find_first_of("[], ") != std::string::npos || (ipv6 && !bracketed)) {
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  bool parsed = false;
+  if (ipv6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    parsed = inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1;
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<uint16_t>(port));
+    parsed = inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1;
+    addr_len = sizeof(sockaddr_in);
+  }
+  if (!parsed || bracketed == !ipv6) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics-listen: expected HOST:PORT with an IP address as host ([::1] for IPv6), "
         "got '", host_port, "'"));
   }
   const std::string shown_host = ipv6 ? "[" + host + "]" : host;
-  CivetCallbacks callbacks;  // every callback unset
-  callbacks.begin_request = AdmitRequest;
-  callbacks.log_message = KeepCivetwebMessage;
-  std::vector<std::string> options = {
-      "listening_ports", absl::StrCat(shown_host, ":", port),
-      "num_threads", std::to_string(kThreads),
-      "connection_queue", std::to_string(kQueuedConnections),
-      "listen_backlog", "128",
-      "max_request_size", std::to_string(kMaxRequestBytes),
-      "request_timeout_ms", std::to_string(kRequestTimeoutMs),
-      "enable_keep_alive", "no",
-  };
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(options, &callbacks);
-  } catch (const std::exception&) {
-    std::lock_guard<std::mutex> lock(civetweb_log_mu);
+  const auto cannot_listen = [&](const char* what, int error) {
     return absl::UnavailableError(absl::StrCat("--metrics-listen ", host_port,
-                                               ": cannot listen there (", civetweb_last_error,
-                                               "; is the port in use?)"));
+                                               ": cannot listen there (", what, ": ",
+                                               ErrnoText(error), "; is the port in use?)"));
+  };
+
+  const int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return cannot_listen("socket", errno);
+  // SO_REUSEADDR only lets a restarted daemon bind past its predecessor's TIME_WAIT
+  // connections; without SO_REUSEPORT a port another socket listens on stays refused.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (ipv6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+  // A full backlog would drop new handshakes (the client retries a second later); the loop
+  // empties it as fast as connections come, so a large one costs nothing.
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0 ||
+      listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    close(fd);
+    return cannot_listen("bind", error);
   }
-  exposer->RegisterCollectable(registry->collectable());
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-listen ", host_port, ": cannot listen there (is the port in use?)"));
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) {
+    const int error = errno;
+    close(fd);
+    return cannot_listen("getsockname", error);
+  }
+  const int bound_port =
+      ntohs(ipv6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                 : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd < 0 || wake_fd < 0) {
+    const int error = errno;
+    if (epoll_fd >= 0) close(epoll_fd);
+    if (wake_fd >= 0) close(wake_fd);
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--metrics-listen ", host_port, ": ", ErrnoText(error)));
+  }
+  std::unique_ptr<Server> server;
+  try {
+    server = std::make_unique<Server>(fd, epoll_fd, wake_fd, registry);
+  } catch (const std::exception& e) {
+    close(wake_fd);
+    close(epoll_fd);
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--metrics-listen ", host_port, ": ", e.what()));
+  }
+  std::string error;
+  if (!server->Run(&error)) {
+    return absl::ResourceExhaustedError(absl::StrCat("--metrics-listen ", host_port, ": ", error));
   }
   return std::unique_ptr<MetricsEndpoint>(
-      new MetricsEndpoint(std::move(exposer), absl::StrCat(shown_host, ":", ports.front())));
+      new MetricsEndpoint(std::move(server), absl::StrCat(shown_host, ":", bound_port)));
 }
 
 }  // namespace pipetrain::metrics

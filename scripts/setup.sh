@@ -17,9 +17,10 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libsqlite3-dev
   # checkpoints: SHA-256 of every file (OpenSSL's libcrypto)
   libssl-dev
-  # metrics: the daemons' registry and /metrics endpoint (prometheus-cpp: core, pull and its
-  # civetweb); the tests' HTTP client (cpp-httplib, found with pkg-config)
-  libcpp-httplib-dev pkgconf prometheus-cpp-dev libcivetweb-dev
+  # metrics: the daemons' registry (prometheus-cpp's core; its CMake files need the pull
+  # library's civetweb, which nothing links) and the /metrics endpoint's gzip (zlib); the
+  # tests' HTTP client (cpp-httplib, found with pkg-config)
+  libcpp-httplib-dev pkgconf prometheus-cpp-dev libcivetweb-dev zlib1g-dev
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
   libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
