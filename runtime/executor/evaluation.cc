@@ -1,8 +1,11 @@
 // StageExecutor's evaluation on held-out data (stage_executor.h): forward-only passes of the
 // evaluated micro-batches through the rank's model stages at a boundary.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/executor/stage_executor.h"
 
@@ -34,6 +37,27 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
     }
   } restore{modules, schedule::SplitsBackward(config_.schedule.kind)};
 
+  // The flow control (the file comment of stage_executor.h): the rank that sent a chunk its
+  // input hears when the chunk has run it; one that sends across a boundary waits for the
+  // other side to have run all but the last kEvalWindow it sent.
+  const at::Tensor ran = at::ones({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+  const transport::TensorSpec ran_spec = transport::SpecOf(ran);
+  const auto await_progress = [&](const Chunk& chunk, int64_t k) -> absl::Status {
+    const int next = chunk.stage + 1;
+    const int64_t e = round * config_.eval_batches + k;
+    absl::Status s = Receive(layout_.RankOf(next), MessageKind::kEvalProgress,
+                             MessageKey(next, e), e, ran_spec, record)
+                         .status();
+    if (s.ok()) return s;
+    return absl::Status(
+        s.code(), absl::StrCat("evaluation before step ", n, ": model stage ", next, " (rank ",
+                               layout_.RankOf(next), ") did not run held-out micro-batch ", k,
+                               " of ", config_.eval_batches, " within timeout_s (",
+                               absl::FormatDuration(config_.recv_timeout), "): ", s.message()));
+  };
+  const auto sends_on = [&](const Chunk& chunk) {
+    return !chunk.last && layout_.RankOf(chunk.stage + 1) != config_.stage;
+  };
   double loss_sum = 0, correct = 0, targets_seen = 0;
   bool last = false;
   for (int64_t k = 0; k < config_.eval_batches; ++k) {
@@ -52,6 +76,7 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
                        MessageKey(chunk.stage - 1, e), e,
                        config_.boundaries.at(static_cast<size_t>(chunk.stage)), record));
       }
+      const bool received = !chunk.first && layout_.RankOf(chunk.stage - 1) != config_.stage;
       model::LayerContext ctx;
       ctx.micro_batch = e;
       ctx.mini_batch = n;
@@ -69,6 +94,11 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
         correct += logits.argmax(-1).eq(flat).sum().item<double>();
         targets_seen += static_cast<double>(flat.numel());
         last = true;
+        if (received) {
+          PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
+                                              MessageKind::kEvalProgress,
+                                              MessageKey(chunk.stage, e), ran));
+        }
         continue;
       }
       if (out.is_floating_point() && out.scalar_type() != compute && compute == at::kBFloat16) {
@@ -77,10 +107,24 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
       if (layout_.RankOf(chunk.stage + 1) == config_.stage) {
         handed = out;
       } else {
+        if (k >= kEvalWindow) PT_RETURN_IF_ERROR(await_progress(chunk, k - kEvalWindow));
         PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage + 1),
                                             MessageKind::kEvalActivation,
                                             MessageKey(chunk.stage, e), out));
       }
+      if (received) {
+        PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
+                                            MessageKind::kEvalProgress,
+                                            MessageKey(chunk.stage, e), ran));
+      }
+    }
+  }
+  // Every micro-batch sent on has been run on the other side before this rank goes on.
+  for (const Chunk& chunk : chunks_) {
+    if (!sends_on(chunk)) continue;
+    for (int64_t k = std::max<int64_t>(0, config_.eval_batches - kEvalWindow);
+         k < config_.eval_batches; ++k) {
+      PT_RETURN_IF_ERROR(await_progress(chunk, k));
     }
   }
   if (!last) return std::optional<EvalRecord>();

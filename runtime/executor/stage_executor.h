@@ -41,7 +41,15 @@
 // kEvalActivation messages; the last model stage reports their mean loss and accuracy. No
 // drain is needed: a rank's evaluation waits only on what other ranks do before their own
 // update of mini-batch N − 1, and it changes no weight, statistic, random stream or message
-// of training.
+// of training. The evaluation is flow-controlled so that no rank runs ahead of the ranks it
+// feeds: each rank that took an evaluated micro-batch from another tells it so once it has
+// run it (kEvalProgress), and a rank sends micro-batch k across a boundary only once the
+// other side ran micro-batch k − kEvalWindow, and leaves the evaluation once it ran them
+// all. So every wait of (and right after) an evaluation is for one or two micro-batches of
+// a neighbour, however many are evaluated: an evaluation longer than timeout_s no longer
+// makes the ranks upstream time out waiting for the next step's messages (they would have
+// gone on to it while the last stage still evaluated). A wait that does time out says it
+// waited for the evaluation.
 // Messages between two ranks that exchange several stages' tensors are told apart by their
 // index: micro-batch j across the boundary after model stage s travels as j·v + ⌊s/p⌋ (v
 // chunks a rank; just j with one).
@@ -176,8 +184,11 @@ struct StageConfig {
   int64_t eval_every = 0;
   int eval_batches = 1;
   // Steps with a non-finite loss or gradient are skipped (WeightStore::Update); this many in
-  // a row fail the stage.
+  // a row fail the stage, counting `skipped_in_a_row` steps right before the first (a run
+  // that goes on after a restart). The step that reaches the limit is reported (on_step)
+  // before the stage fails, so the steps the failure names are the steps reported skipped.
   int nonfinite_limit = 3;
+  int skipped_in_a_row = 0;
   absl::Duration recv_timeout = absl::Seconds(120);
   MicroBatchTensorSource inputs;   // required on the rank of model stage 0
   MicroBatchTensorSource targets;  // required on the rank of the last model stage
@@ -357,6 +368,9 @@ class StageExecutor {
   // The evaluation at boundary n (the file comment): its result on the rank of the last model
   // stage, nullopt on the others.
   absl::StatusOr<std::optional<EvalRecord>> Evaluate(int64_t n, ActionRecord& record);
+  // How many evaluated micro-batches a rank may send across a boundary ahead of the rank
+  // that runs them (the evaluation's flow control, above).
+  static constexpr int64_t kEvalWindow = 2;
   // The final backward of a step on stage 0 with overlapped, bucketed AllReduce.
   absl::Status BackwardWithBucketedAllReduce(int64_t j, model::StageModule& module,
                                              const std::function<void()>& backward);

@@ -67,6 +67,8 @@ const char* MessageKindName(MessageKind kind) {
       return "evaluated activation";
     case MessageKind::kStepCommit:
       return "step commit";
+    case MessageKind::kEvalProgress:
+      return "evaluation's progress";
   }
   return "message";
 }

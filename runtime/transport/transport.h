@@ -38,6 +38,7 @@ enum class MessageKind {
   kGradientNorm,    // a rank's part of the pipeline's gradient norm (clipping), keyed by step
   kEvalActivation,  // an evaluated micro-batch's activation (evaluation on held-out data)
   kStepCommit,      // a rank holds a step's final gradient (the step commit), keyed by step
+  kEvalProgress,    // a rank has evaluated a micro-batch (to the rank that sent it its input)
 };
 
 // "activation" / "gradient" / "control".

@@ -4,7 +4,8 @@
 //
 // Layout: kWireHeaderWords little-endian int64 words
 //   [0] message kind (MessageKind: 0 activation, 1 gradient, 2 control, 3 tied gradient,
-//       4 weight version, 5 part of the gradient norm, 6 evaluated activation, 7 step commit)
+//       4 weight version, 5 part of the gradient norm, 6 evaluated activation, 7 step commit,
+//       8 evaluation's progress)
 //   [1] micro-batch (or step, for control messages), >= 0
 //   [2] dtype (at::ScalarType's number)
 //   [3] ndim, 0 .. kWireMaxDims
@@ -26,7 +27,7 @@ namespace pipetrain::transport {
 inline constexpr int kWireHeaderWords = 16;
 inline constexpr int kWireMaxDims = 8;
 inline constexpr int64_t kWireMaxElements = int64_t{1} << 40;
-inline constexpr int64_t kWireMessageKinds = 8;
+inline constexpr int64_t kWireMessageKinds = 9;
 
 struct WireHeader {
   int64_t kind = 0;

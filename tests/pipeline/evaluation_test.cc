@@ -9,11 +9,15 @@
 //   statistics, every step's loss;
 // - the held-out samples are never trained on (token data: one window between the two);
 // - a split that leaves nothing to train on, or evaluation without a split, is refused.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/pipeline/forwarding_transport.h"
 #include "tests/pipeline/pipeline_fixture.h"
 
 namespace pipetrain::job::pipeline_test {
@@ -87,6 +91,67 @@ TEST(Evaluation, EqualsTheReferenceModelOnTheHeldOutBatches) {
       EXPECT_GT(std::abs(e.loss - earlier.loss), 1e-6 * same.loss);
     }
   }
+}
+
+// Stage 1's evaluation made slow: each evaluated activation it receives comes `delay` late.
+class SlowEvaluation : public ForwardingTransport {
+ public:
+  SlowEvaluation(std::unique_ptr<transport::Transport> inner, absl::Duration delay)
+      : ForwardingTransport(std::move(inner)), delay_(delay) {}
+  absl::StatusOr<at::Tensor> Recv(int peer, transport::MessageKind kind, int64_t j,
+                                  absl::Time deadline) override {
+    absl::StatusOr<at::Tensor> got = inner_->Recv(peer, kind, j, deadline);
+    if (kind == transport::MessageKind::kEvalActivation) absl::SleepFor(delay_);
+    return got;
+  }
+
+ private:
+  absl::Duration delay_;
+};
+
+RunOptions SlowLastStage(absl::Duration delay) {
+  RunOptions options;
+  options.wrap_transport = [delay](std::unique_ptr<transport::Transport> t, int stage) {
+    if (stage != 1) return t;
+    return std::unique_ptr<transport::Transport>(new SlowEvaluation(std::move(t), delay));
+  };
+  return options;
+}
+
+// An evaluation that takes longer than timeout_s (40 micro-batches of 100 ms on the last
+// stage, 4 s, against 1.5 s): the ranks upstream wait for it (the evaluation's flow control)
+// and the job succeeds with the same results as a fast one; it once failed blaming the last
+// stage's lost connection, with the real cause (the first stage timed out) in parentheses.
+// A single micro-batch longer than timeout_s still fails, and the error leads with what was
+// waited for: the evaluation (the negative control: the slowness above is real).
+TEST(Evaluation, LongerThanTimeoutIsWaitedForAndATimeoutNamesTheEvaluation) {
+  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 2, 4);
+  c.steps = 4;
+  c.eval = {/*every=*/2, /*batches=*/40, /*split=*/0.25};
+  c.recv_timeout_s = 1.5;
+  const JobReport fast = MustRun(c);
+  const auto start = absl::Now();
+  absl::StatusOr<JobReport> slow = RunInProcess(c, SlowLastStage(absl::Milliseconds(100)));
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_GT(absl::Now() - start, absl::Seconds(2 * 4)) << "the evaluations were slow";
+  ASSERT_EQ(slow->evals.size(), 2u);
+  ASSERT_EQ(fast.evals.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(slow->evals[i].loss, fast.evals[i].loss);
+    EXPECT_EQ(slow->evals[i].accuracy, fast.evals[i].accuracy);
+  }
+  EXPECT_EQ(slow->losses, fast.losses);
+  // One micro-batch over timeout_s.
+  c.eval.batches = 3;
+  absl::StatusOr<JobReport> failed = RunInProcess(c, SlowLastStage(absl::Seconds(2)));
+  ASSERT_FALSE(failed.ok());
+  const std::string message(failed.status().message());
+  EXPECT_THAT(message, ::testing::HasSubstr("evaluation before step 2: model stage 1 (rank 1) "
+                                            "did not run held-out micro-batch 0 of 3 within "
+                                            "timeout_s (1.5s)"));
+  const size_t lost = message.find(" lost ");
+  EXPECT_TRUE(lost == std::string::npos || lost > message.find("evaluation before step"))
+      << message;
 }
 
 TEST(Evaluation, LeavesTrainingBitwiseUnchanged) {

@@ -149,7 +149,9 @@ absl::Status NcclTransport::Flush(absl::Time deadline) {
 }
 
 Channel* NcclTransport::Link(int peer, MessageKind kind, bool sending) const {
-  const bool downstream = kind != MessageKind::kGradient;
+  // Upstream: gradients, and an evaluated micro-batch's progress (to the rank that sent it).
+  const bool downstream =
+      kind != MessageKind::kGradient && kind != MessageKind::kEvalProgress;
   const int toward = downstream == sending ? 1 : -1;
   if (peer != (options_.loopback ? options_.stage : options_.stage + toward)) return nullptr;
   if (downstream) return sending ? activations_out_ : activations_in_;
