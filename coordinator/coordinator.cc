@@ -208,9 +208,18 @@ void Coordinator::RecordEnd(JobEntry& e, const std::string& message) {
   e.job.set_message(message);
   e.job.set_finished_unix_ms(NowMs());
   if (e.run.phase == Phase::kSucceeded) {
-    jobs_.Event(e.job.id(), absl::StrFormat("succeeded: %d steps, final loss %.4f, %.1f s",
-                                      e.job.steps(), e.job.loss(),
-                                      (e.job.finished_unix_ms() - e.job.started_unix_ms()) / 1e3));
+    // The loss is the last finite one: say so when the last steps were skipped.
+    const int skipped_last = SkippedInARowBefore(e.skipped_steps, e.job.steps());
+    jobs_.Event(e.job.id(),
+                absl::StrCat(absl::StrFormat("succeeded: %d steps, final loss %.4f", e.job.steps(),
+                                             e.job.loss()),
+                             skipped_last > 0
+                                 ? absl::StrCat(" (step ", e.job.steps() - skipped_last - 1,
+                                                "'s: the last ", skipped_last, " skipped, their "
+                                                "loss or gradients not finite)")
+                                 : std::string(),
+                             absl::StrFormat(", %.1f s", (e.job.finished_unix_ms() -
+                                                          e.job.started_unix_ms()) / 1e3)));
   } else {
     jobs_.Event(e.job.id(), absl::StrCat(e.run.phase == Phase::kCancelled ? "cancelled" : "failed",
                                    ": ", message));

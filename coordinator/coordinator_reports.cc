@@ -5,6 +5,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -154,11 +155,6 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
                                    " (the job goes on; its restart point stays at step ",
                                    e.job.checkpoint_step(), ")"));
   }
-  if (r.skipped() && r.rank() == 0) {  // every rank skips it; rank 0 counts it
-    e.job.set_skipped_steps(e.job.skipped_steps() + 1);
-    jobs_.Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients were "
-                                   "not finite (weights and optimizer state unchanged)"));
-  }
   // After the last step only the policy's final checkpoint comes: its commit is its event.
   if (r.commands_after_size() > 0 && r.step() + 1 < e.config.steps &&
       commands_.TookEffect(e.job.id(), r.step() + 1, e.job.stage_status_size())) {
@@ -238,9 +234,19 @@ void Coordinator::CommitSteps(JobEntry& e,
     row.generation = e.job.generation();
     row.unix_ms = NowMs();
     if (step.loss) {
-      e.job.set_loss(*step.loss);
+      // The job's loss is its last finite one: a skipped step's may be NaN.
+      if (std::isfinite(*step.loss)) e.job.set_loss(*step.loss);
       row.has_loss = true;
       row.loss = *step.loss;
+    }
+    // Every rank skips the same steps; a step run again after a restart counts once.
+    if (step.skipped && e.skipped_steps.insert(step.step).second) {
+      e.job.set_skipped_steps(e.job.skipped_steps() + 1);
+      jobs_.Event(e.job.id(), absl::StrCat("step ", step.step, " skipped: its loss or gradients "
+                                           "were not finite (weights and optimizer state "
+                                           "unchanged)"));
+    } else if (!step.skipped && e.skipped_steps.erase(step.step) > 0) {
+      e.job.set_skipped_steps(std::max<int64_t>(0, e.job.skipped_steps() - 1));
     }
     e.job.set_learning_rate(
         weights::LearningRateAt(e.config.optimizer, step.step, e.config.steps));

@@ -77,6 +77,13 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& pla
   layout.replicas = e.job.replicas();
   e.commit_steps = e.job.replicas() > 1 && e.job.restarts() < e.config.max_restarts &&
                    job::CommitStepsRefusal(layout).empty();
+  if (e.survivors && e.survivors->plan() && e.survivors->plan()->step != start_step) {
+    // Their plan was announced; say that it was not carried out, and where the job goes on.
+    jobs_.Event(e.job.id(),
+                absl::StrCat("the survivors did not go on from step ", e.survivors->plan()->step,
+                             " (their state was not committed): generation ",
+                             e.job.generation(), " starts at step ", start_step));
+  }
   e.survivors.reset();
   e.replica_state = ReplicaStateFor(e, start_step);
   if (e.replica_state.layers_size() > 0) {
@@ -211,6 +218,7 @@ void Coordinator::AssignRank(const std::string& job_id, int rank) {
   assignment.set_rank(rank);
   assignment.set_generation(e.job.generation());
   assignment.set_commit_steps(e.commit_steps);
+  assignment.set_skipped_in_a_row(SkippedInARowBefore(e.skipped_steps, e.ledger.start_step()));
   if (e.replica_state.layers_size() > 0) *assignment.mutable_replica_state() = e.replica_state;
   Later([this, client, assignment, worker_id] {
     absl::Status s = client->AssignStage(assignment);

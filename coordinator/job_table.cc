@@ -6,6 +6,12 @@
 
 namespace pipetrain::coordinator {
 
+int SkippedInARowBefore(const std::set<int64_t>& skipped, int64_t step) {
+  int n = 0;
+  while (skipped.count(step - 1 - n) > 0) ++n;
+  return n;
+}
+
 JobEntry& JobTable::Add(const std::string& id, JobEntry entry) {
   entry.order = next_order_++;
   return jobs_.emplace(id, std::move(entry)).first->second;

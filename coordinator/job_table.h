@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,7 +80,15 @@ struct JobEntry {
   std::optional<HeldState> held_state;
   // What the running generation's assignments say of it (empty: nothing held for it).
   v1::ReplicaState replica_state;
+  // The committed steps whose update was skipped (a non-finite loss or gradient), as this
+  // coordinator process committed them: a step run again after a restart counts once, and
+  // the steps skipped in a row before a generation's first count toward its
+  // nonfinite_limit (StageAssignment.skipped_in_a_row).
+  std::set<int64_t> skipped_steps;
 };
+
+// How many of the steps right before `step` are in `skipped`, in a row.
+int SkippedInARowBefore(const std::set<int64_t>& skipped, int64_t step);
 
 class JobTable {
  public:

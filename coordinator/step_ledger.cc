@@ -1,7 +1,6 @@
 #include "coordinator/step_ledger.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "runtime/base/rank_layout.h"
 namespace pipetrain::coordinator {
@@ -70,10 +69,12 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
         step_compute_s_.begin() + out.replica_first_rank,
         step_compute_s_.begin() + out.replica_first_rank + stages_));
   }
-  if (r.has_loss()) losses_[r.step()].push_back(r.loss());
+  const int replica = RankLayout{stages_, 1}.ReplicaOf(rank);
+  if (r.has_loss()) losses_[r.step()][replica] = r.loss();
   if (rank == 0 && r.has_grad_norm()) grad_norms_[r.step()] = r.grad_norm();
+  if (rank == 0 && r.skipped()) skipped_.insert(r.step());
   if (r.has_job_loss()) job_losses_[r.step()] = r.job_loss();
-  if (r.has_eval()) evals_[r.step()].push_back({r.eval_loss(), r.eval_accuracy()});
+  if (r.has_eval()) evals_[r.step()][replica] = {r.eval_loss(), r.eval_accuracy()};
   if (rank == 0) {
     // Throughput from this generation's first step on (its worker's clock).
     if (first_end_s_ < 0) {
@@ -106,8 +107,9 @@ StepLedger::CommittedStep StepLedger::Commit(int64_t t, std::optional<double> he
   auto job_loss = job_losses_.find(t);
   if (losses != losses_.end() && !losses->second.empty() &&
       (loss_from_replicas_only || losses->second.size() >= replicas)) {
-    step.loss = std::accumulate(losses->second.begin(), losses->second.end(), 0.0) /
-                losses->second.size();
+    double sum = 0;
+    for (const auto& [replica, loss] : losses->second) sum += loss;  // in replica order
+    step.loss = sum / static_cast<double>(losses->second.size());
   } else if (!loss_from_replicas_only && job_loss != job_losses_.end()) {
     step.loss = job_loss->second;
   } else if (!loss_from_replicas_only) {
@@ -115,15 +117,16 @@ StepLedger::CommittedStep StepLedger::Commit(int64_t t, std::optional<double> he
   }
   if (losses != losses_.end()) losses_.erase(losses);
   if (job_loss != job_losses_.end()) job_losses_.erase(job_loss);
+  step.skipped = skipped_.erase(t) > 0;
   if (auto norm = grad_norms_.find(t); norm != grad_norms_.end()) {
     step.grad_norm = norm->second;
     grad_norms_.erase(norm);
   }
   if (auto evals = evals_.find(t); evals != evals_.end()) {
     double loss = 0, accuracy = 0;
-    for (const auto& [l, a] : evals->second) {
-      loss += l;
-      accuracy += a;
+    for (const auto& [replica, eval] : evals->second) {
+      loss += eval.first;
+      accuracy += eval.second;
     }
     step.eval_loss = loss / static_cast<double>(evals->second.size());
     step.eval_accuracy = accuracy / static_cast<double>(evals->second.size());

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "pipetrain/v1/coordinator_service.pb.h"
@@ -47,8 +48,12 @@ class StepLedger {
 
   struct CommittedStep {
     int64_t step = 0;
-    std::optional<double> loss;  // mean of the replicas' losses, when any reported one
+    // Mean of the replicas' losses (summed in replica order), when any reported one.
+    std::optional<double> loss;
     std::optional<double> grad_norm;  // with clipping: rank 0's (every rank's is the same)
+    // Its update was skipped (a non-finite loss or gradient), as rank 0 reported (every rank
+    // skips the same steps).
+    bool skipped = false;
     // With evaluation: the mean over the replicas' last stages of their held-out loss and
     // accuracy right after the step.
     std::optional<double> eval_loss, eval_accuracy;
@@ -89,11 +94,14 @@ class StepLedger {
   std::map<int64_t, int> ranks_at_step_;
   std::vector<double> compute_s_;       // each rank's compute_s total at its last report
   std::vector<double> step_compute_s_;  // each rank's compute seconds per step (EMA)
-  std::map<int64_t, std::vector<double>> losses_;  // last-stage losses per step, until committed
+  // Last-stage losses per step and replica, until committed: summed in replica order, so a
+  // step's loss is the same to the bit whatever order the reports arrived in.
+  std::map<int64_t, std::map<int, double>> losses_;
   std::map<int64_t, double> grad_norms_;           // rank 0's gradient norms, likewise
+  std::set<int64_t> skipped_;                      // steps rank 0 skipped, likewise
   std::map<int64_t, double> job_losses_;           // last stages' job losses, likewise
-  // The replicas' evaluations (loss, accuracy) per step, likewise.
-  std::map<int64_t, std::vector<std::pair<double, double>>> evals_;
+  // The replicas' evaluations (loss, accuracy) per step and replica, likewise.
+  std::map<int64_t, std::map<int, std::pair<double, double>>> evals_;
   double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
   int64_t first_report_step_ = 0;
   double last_end_s_ = -1;  // rank 0's end_s of its last reported step

@@ -33,6 +33,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
   if (!config.ok()) return config.status();
   config->commit_steps = a.commit_steps();
+  config->skipped_in_a_row = a.skipped_in_a_row();
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
                                         "data.path", &config->data.path},
                                     {"model.path", &config->model.torchscript_path}}) {

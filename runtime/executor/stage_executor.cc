@@ -26,6 +26,7 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
       is_first_(config_.stage == 0),
       lazy_receives_(schedule::HoldsChunks(config_.schedule.kind)) {
   commit_.next_step = config_.schedule.first_step;
+  consecutive_skips_ = std::max(0, config_.skipped_in_a_row);
   const std::vector<int> stages = layout_.StagesOf(config_.stage);
   const int last = layout_.stages() - 1;
   for (size_t c = 0; c < weights.size(); ++c) {
@@ -309,13 +310,7 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   commit_ = {j + 1, -1, std::nullopt};
   if (step.skipped) {
     ++stats_.skipped_steps;
-    if (++consecutive_skips_ >= config_.nonfinite_limit) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the loss or the gradients were not finite in ", consecutive_skips_,
-          " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
-          "; each was skipped): the job stops here (nonfinite_limit ", config_.nonfinite_limit,
-          ")"));
-    }
+    ++consecutive_skips_;
   } else {
     consecutive_skips_ = 0;
   }
@@ -349,6 +344,14 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
     PT_RETURN_IF_ERROR(SealBoundary(j + SealLead()));
   }
   if (on_step_) on_step_(step);
+  // After its report: the step that reaches the limit is one of the steps reported skipped.
+  if (step.skipped && consecutive_skips_ >= config_.nonfinite_limit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the loss or the gradients were not finite in ", consecutive_skips_,
+        " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
+        "; each was skipped): the job stops here (nonfinite_limit ", config_.nonfinite_limit,
+        ")"));
+  }
   return absl::OkStatus();
 }
 

@@ -122,6 +122,9 @@ struct JobConfig {
   // A step whose loss or gradients are not finite is skipped on every rank (weights and
   // optimizer state unchanged); this many in a row fail the job.
   int nonfinite_limit = 3;
+  // Steps skipped in a row right before the first this run takes (a generation that goes on
+  // after a restart: they count toward nonfinite_limit). Set by the host; not in the spec.
+  int skipped_in_a_row = 0;
   // `stages: auto`: schedule, stages, replicas, micro-batch size and count and recomputation
   // are chosen by `planner` (runtime/planner) for the workers there are, keeping the global
   // batch replicas x micro_batches x micro_batch_size. A job runs only once planned.

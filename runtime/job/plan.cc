@@ -443,6 +443,7 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   sc.schedule.first_step = start.first_step;
   sc.checkpoint_every = c.checkpoint.every;
   sc.nonfinite_limit = c.nonfinite_limit;
+  sc.skipped_in_a_row = c.skipped_in_a_row;
   sc.clip_grad_norm = c.optimizer.clip_grad_norm;
   sc.commit_steps = c.commit_steps;
   sc.eval_every = c.eval.every;

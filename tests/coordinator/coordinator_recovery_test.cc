@@ -6,6 +6,7 @@
 namespace pipetrain::coordinator::core_test {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
 
 // Recovery (coordinator.h): a fault ends generation 1; once its survivors have ended, the
@@ -237,6 +238,85 @@ TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
                                           "finite") != std::string::npos;
                           }),
             1);
+}
+
+// Skipped steps across a restart: they are counted as they are committed, a step run again
+// counts once (and not at all if it is not skipped the second time); the next generation is
+// told how many steps right before its first were skipped in a row (toward its
+// nonfinite_limit: 7 skipped in a row across restarts once went uncounted); and a job whose
+// last steps were skipped ends with its last finite loss, saying so, never a NaN.
+TEST_F(CoordinatorCoreTest, SkippedStepsCountOnceAcrossARestartAndTheNextGenerationKnowsTheStreak) {
+  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
+  v1::JobSpec spec = Spec(2);
+  spec.set_steps(10);
+  spec.set_max_restarts(1);
+  const v1::Job job = Submit(spec);
+  RunLater();
+  EXPECT_EQ(Worker(1).assigned[0].skipped_in_a_row(), 0);
+  // Generation 1: steps 1, 2 and 4 skipped; the checkpoint before step 3 committed.
+  const auto report = [&](const std::string& worker, int rank, int64_t t, bool skipped,
+                          int generation) {
+    v1::StepReport r = Report(worker, job.id(), rank, t);
+    r.set_generation(generation);
+    r.set_skipped(skipped);
+    if (rank == 1) {
+      r.set_has_loss(true);
+      r.set_loss(skipped ? std::nan("") : 10.0 - t);
+    }
+    if (rank == 0 && t == 2 && generation == 1) r.set_checkpoint_committed("/ckpt/step-00000003");
+    ASSERT_TRUE(ReportSteps(sessions_[worker], {r}).ok());
+  };
+  for (int64_t t = 0; t < 5; ++t) {
+    const bool skipped = t == 1 || t == 2 || t == 4;
+    report(w1, 0, t, skipped, 1);
+    report(w2, 1, t, skipped, 1);
+  }
+  EXPECT_EQ(Get(job.id()).skipped_steps(), 3);
+  EXPECT_EQ(Get(job.id()).loss(), 10.0 - 3) << "the last finite loss";
+  // worker-2 goes silent; generation 2 resumes from the checkpoint before step 3.
+  clock_->Advance(absl::Milliseconds(1500));
+  Heartbeat(w1, job.id(), 0);
+  Heartbeat(w3);
+  clock_->Advance(absl::Milliseconds(600));
+  coordinator_->Tick();
+  RunLater();
+  EndRank(w1, job.id(), 0, /*ok=*/false, "stopped", /*generation=*/1);
+  for (int beat = 0; beat < 2; ++beat) {
+    clock_->Advance(absl::Milliseconds(1000));
+    Heartbeat(w1);
+    Heartbeat(w3);
+    coordinator_->Tick();
+    RunLater();
+  }
+  ASSERT_EQ(Worker(3).assigned.size(), 1u);
+  // Steps 1 and 2, right before step 3, were skipped in a row.
+  EXPECT_EQ(Worker(3).assigned[0].skipped_in_a_row(), 2);
+  EXPECT_EQ(Worker(1).assigned.back().skipped_in_a_row(), 2);
+  const std::string r0_worker = Worker(1).assigned.back().rank() == 0 ? w1 : w3;
+  const std::string r1_worker = r0_worker == w1 ? w3 : w1;
+  // Generation 2: step 4 is not skipped this time, steps 8 and 9 are.
+  for (int64_t t = 3; t < 10; ++t) {
+    const bool skipped = t >= 8;
+    report(r0_worker, 0, t, skipped, 2);
+    report(r1_worker, 1, t, skipped, 2);
+  }
+  EndRank(r0_worker, job.id(), 0, true, "", 2);
+  EndRank(r1_worker, job.id(), 1, true, "", 2);
+  const v1::Job done = Get(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.skipped_steps(), 4) << "steps 1, 2, 8 and 9";
+  EXPECT_EQ(done.loss(), 10.0 - 7);
+  const std::vector<std::string> events = EventTexts(job.id());
+  EXPECT_THAT(events, Contains(HasSubstr("succeeded: 10 steps, final loss 3.0000 (step 7's: the "
+                                         "last 2 skipped, their loss or gradients not finite)")));
+  for (int t : {1, 2, 4, 8, 9}) {
+    EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                            [t](const std::string& e) {
+                              return e.rfind("step " + std::to_string(t) + " skipped", 0) == 0;
+                            }),
+              1)
+        << t;
+  }
 }
 
 // The final checkpoint (after the last step) is said in the events but is no restart point:

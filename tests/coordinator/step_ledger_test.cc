@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -58,6 +59,34 @@ TEST(StepLedger, AStepIsCommittedWhenEveryRankFinishedItWithTheReplicasMeanLoss)
   ledger.Record(Report(2, 1));
   EXPECT_THAT(Steps(ledger.Record(Report(3, 1))), ElementsAre(1));
   EXPECT_EQ(ledger.committed(), 1);
+}
+
+// A step's loss is summed in replica order, whatever order the last stages' reports came
+// in, so two runs that computed the same losses report the same mean to the bit. The losses
+// are chosen so that float addition in another order gives another sum (the negative
+// control below checks that it does).
+TEST(StepLedger, TheLossIsSummedInReplicaOrderWhateverTheOrderOfTheReports) {
+  const std::vector<double> losses = {1e16, 1.0, -1e16, 3.0};  // replicas 0..3
+  const double in_replica_order = (((losses[0] + losses[1]) + losses[2]) + losses[3]) / 4;
+  std::vector<int> order = {0, 1, 2, 3};
+  std::set<double> arrival_sums;
+  int orders = 0;
+  do {
+    StepLedger ledger(/*ranks=*/4, /*stages=*/1, 0, -1, 1000);
+    StepLedger::Recorded last;
+    double arrival_sum = 0;
+    for (int replica : order) {
+      last = ledger.Record(Report(replica, 0, 0, losses[replica]));
+      arrival_sum += losses[replica];
+    }
+    arrival_sums.insert(arrival_sum / 4);
+    ASSERT_THAT(Steps(last), ElementsAre(0));
+    EXPECT_EQ(*last.committed[0].loss, in_replica_order) << "reports in another order";
+    ++orders;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(orders, 24);
+  // Negative control: summed in the order they arrived, the orders give different means.
+  EXPECT_GT(arrival_sums.size(), 1u);
 }
 
 // The survivors go on from step 3 after rank 3 was lost: steps 1 and 2, which not every rank

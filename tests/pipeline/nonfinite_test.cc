@@ -10,6 +10,8 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -18,6 +20,8 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/job/launch/in_process.h"
+#include "runtime/job/plan.h"
+#include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/weights/weight_store.h"
 #include "tests/pipeline/forwarding_transport.h"
 
@@ -194,6 +198,75 @@ TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
   absl::StatusOr<JobReport> ok = RunInProcess(c, Poison(c, {2, 3, 5}));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->stage_stats[0].skipped_steps, 3);
+}
+
+// A run that goes on after a restart counts the steps skipped in a row right before its
+// first (JobConfig::skipped_in_a_row, from the coordinator): resumed at step 4 after steps 2
+// and 3 were skipped, one more skip reaches nonfinite_limit 3 and names steps 2 to 4. The
+// step that reaches the limit is reported before the run fails, so the steps reported
+// skipped are the steps the failure names (a coordinator once counted 2 where 3 were named).
+// Negative control: without the count, the same run goes on.
+TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReported) {
+  const fs::path ckpt = TempDir("streak");
+  JobConfig first = Gpt(ScheduleKind::kOneFOneB, 4);
+  first.checkpoint.dir = ckpt.string();
+  first.checkpoint.every = 4;
+  ASSERT_TRUE(RunInProcess(first).ok());
+  JobConfig resumed = Gpt(ScheduleKind::kOneFOneB, 8);
+  resumed.checkpoint.dir = ckpt.string();
+  resumed.resume_from = "latest";
+  resumed.nonfinite_limit = 3;
+  resumed.skipped_in_a_row = 2;
+  absl::StatusOr<JobReport> failed = RunInProcess(resumed, Poison(resumed, {4}));
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("not finite in 3 consecutive steps (2 to 4; each was skipped)"));
+  resumed.skipped_in_a_row = 0;
+  absl::StatusOr<JobReport> goes_on = RunInProcess(resumed, Poison(resumed, {4}));
+  EXPECT_TRUE(goes_on.ok()) << goes_on.status();
+  fs::remove_all(ckpt);
+
+  // Each rank reports the step that reaches the limit (its on_step, which feeds the
+  // coordinator's step reports) before its Run() fails: 2 stages as threads, step 0 poisoned
+  // after 2 skipped in a row.
+  JobConfig c = Gpt(ScheduleKind::kOneFOneB, 3);
+  c.replicas = 1;
+  c.nonfinite_limit = 3;
+  c.skipped_in_a_row = 2;
+  absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  MicroBatchReader reader(*plan, c.micro_batches);
+  auto hub = transport::MakeInProcessHub();
+  std::vector<StageParts> parts;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  std::vector<std::unique_ptr<executor::StageExecutor>> executors;
+  std::vector<std::vector<int64_t>> skipped_reported(2);
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<StageParts> built = BuildStage(c, *plan, reader, s);
+    ASSERT_TRUE(built.ok()) << built.status();
+    parts.push_back(*std::move(built));
+    transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
+    if (s == 0) {
+      transports.back() = std::make_unique<PoisoningTransport>(std::move(transports.back()),
+                                                               c.micro_batches,
+                                                               std::set<int64_t>{0});
+    }
+    executors.push_back(std::make_unique<executor::StageExecutor>(
+        parts.back().config, parts.back().weight_stores(), transports.back().get(),
+        [&skipped_reported, s](const executor::StepRecord& step) {
+          if (step.skipped) skipped_reported[s].push_back(step.step);
+        }));
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] { results[s] = executors[s]->Run(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_THAT(results[s].message(), HasSubstr("not finite in 3 consecutive steps")) << s;
+    EXPECT_THAT(skipped_reported[s], ::testing::ElementsAre(0)) << "stage " << s;
+  }
 }
 
 }  // namespace
