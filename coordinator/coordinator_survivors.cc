@@ -84,12 +84,14 @@ void Coordinator::MaybeDecideSurvivors(JobEntry& e) {
   }
   e.held_state = std::move(held);
   holding_jobs_.insert(e.job.id());
+  // An intention until their state is committed (SurvivorStageEnd); RunGeneration says so
+  // if the next generation starts elsewhere.
   jobs_.Event(e.job.id(),
-              absl::StrCat("the survivors go on from step ", plan->step, " (",
-                           plan->apply_held.size(), " apply their held update first; ",
-                           plan->sources.size(), " write their stage's state)",
+              absl::StrCat("the survivors' plan: go on from step ", plan->step, " once ",
+                           plan->sources.size(), " of them wrote their stage's state (",
+                           plan->apply_held.size(), " apply their held update first)",
                            late && !e.survivors->AllAccounted()
-                               ? " without the ranks that did not report in time"
+                               ? ", without the ranks that did not report in time"
                                : ""));
 }
 
@@ -220,6 +222,7 @@ void Coordinator::SurvivorStageEnd(JobEntry& e, const v1::StageEnd& end) {
   e.lost_ranks_stop_by = absl::InfinitePast();
   jobs_.Event(e.job.id(), absl::StrCat("the survivors' state before step ", plan->step,
                                        " committed: ", e.job.checkpoint_path(),
+                                       ": the survivors go on from step ", plan->step,
                                        " (no step to run again)"));
   jobs_.Changed(e);
 }

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace pipetrain::coordinator {
 
 SurvivorRound::SurvivorRound(int ranks, int stages)
@@ -52,6 +55,35 @@ void SurvivorRound::Decide() {
     const int rank = static_cast<int>(r);
     survivors.push_back({rank % stages_, rank / stages_, *reports_[r]});
     rank_of.push_back(rank);
+  }
+  // A stage none of whose replicas reported: say what became of each, rather than that
+  // none survived (a rank that did not report in time may be alive).
+  std::vector<std::string> unreported;
+  for (int stage = 0; stage < stages_; ++stage) {
+    std::vector<int> gone, silent;
+    bool any = false;
+    for (size_t r = static_cast<size_t>(stage); r < reports_.size(); r += stages_) {
+      if (reports_[r]) any = true;
+      (gone_[r] ? gone : silent).push_back(static_cast<int>(r));
+    }
+    if (any) continue;
+    std::vector<std::string> what;
+    if (!gone.empty()) {
+      what.push_back(absl::StrCat(gone.size() == 1 ? "rank " : "ranks ",
+                                  absl::StrJoin(gone, ", "), gone.size() == 1 ? " was" : " were",
+                                  " lost or ended without a report"));
+    }
+    if (!silent.empty()) {
+      what.push_back(absl::StrCat(silent.size() == 1 ? "rank " : "ranks ",
+                                  absl::StrJoin(silent, ", "), " did not report in time"));
+    }
+    unreported.push_back(absl::StrCat("no replica of stage ", stage, " reported (",
+                                      absl::StrJoin(what, "; "), ")"));
+  }
+  if (!unreported.empty()) {
+    why_not_ = absl::StrCat(absl::StrJoin(unreported, "; "), "; ", reports(), " of ",
+                            reports_.size(), " ranks reported");
+    return;
   }
   absl::StatusOr<recovery::SurvivorPlan> plan = recovery::PlanSurvivorStep(survivors, stages_);
   if (!plan.ok()) {

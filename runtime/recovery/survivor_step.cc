@@ -38,7 +38,7 @@ absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survi
   }
   for (int r = 0; r < ranks; ++r) {
     if (reachable[static_cast<size_t>(r)].empty()) {
-      violations.push_back(absl::StrCat("no replica of rank ", r, " survived"));
+      violations.push_back(absl::StrCat("no replica of stage ", r, " survived"));
     }
   }
   // The newest step every place can stand at.
@@ -53,11 +53,11 @@ absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survi
     if (!step) {
       std::vector<std::string> places;
       for (int r = 0; r < ranks; ++r) {
-        places.push_back(absl::StrCat("rank ", r, " at step ",
+        places.push_back(absl::StrCat("stage ", r, " at step ",
                                       absl::StrJoin(reachable[static_cast<size_t>(r)], " or ")));
       }
       violations.push_back(absl::StrCat(
-          "no step is one every rank's survivors can stand at (",
+          "no step is one every stage's survivors can stand at (",
           absl::StrJoin(places, "; "), "): the updates were not committed"));
     }
   }

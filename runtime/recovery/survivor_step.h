@@ -55,7 +55,7 @@ struct SurvivorPlan {
 
 // The plan for `survivors` of a job of `ranks` places per pipeline. Errors
 // (FailedPrecondition, every reason):
-// - a place of which no replica survived ("no replica of rank 1 survived"): the job can go
+// - a place of which no replica survived ("no replica of stage 1 survived"): the job can go
 //   on only from a checkpoint;
 // - no step that every place's survivors can stand at (each place's steps named): their
 //   updates were not committed (the step commit was off);

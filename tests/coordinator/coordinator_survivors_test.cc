@@ -11,6 +11,7 @@ namespace {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class SurvivorsTest : public CoordinatorCoreTest {
  protected:
@@ -152,7 +153,11 @@ TEST_F(SurvivorsTest, ALostRankCostsNoStepWhenEveryPlaceHasASurvivor) {
     EXPECT_TRUE(go.apply_held_update());
     EXPECT_TRUE(go.write_state());
   }
-  EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("the survivors go on from step 6")));
+  // An intention, until their state is committed.
+  EXPECT_THAT(EventTexts(job_),
+              Contains(HasSubstr("the survivors' plan: go on from step 6 once 2 of them wrote "
+                                 "their stage's state (3 apply their held update first)")));
+  EXPECT_THAT(EventTexts(job_), Not(Contains(HasSubstr("the survivors go on from step 6"))));
   End(2);
   End(0);
   End(1, "/ckpt/step-00000006", 6);
@@ -164,7 +169,8 @@ TEST_F(SurvivorsTest, ALostRankCostsNoStepWhenEveryPlaceHasASurvivor) {
   EXPECT_TRUE(job.recoveries(0).from_survivors());
   EXPECT_EQ(job.recoveries(0).resumed_at_step(), 6);
   EXPECT_EQ(job.recoveries(0).failed_after_step(), 4);
-  EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("no step to run again")));
+  EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("the survivors go on from step 6 (no step "
+                                                   "to run again)")));
   // Placed at once, without waiting for the lost worker's lease (it has no peer left).
   RunLater();
   const std::vector<v1::StageAssignment> next = Generation2();
@@ -274,7 +280,7 @@ TEST_F(SurvivorsTest, SurvivorsThatCannotAgreeRestartFromTheLastCheckpoint) {
   Stopped(1, 5, -1);
   const v1::SurvivorInstruction two = Stopped(2, 6, -1);
   ASSERT_EQ(two.action(), v1::SurvivorInstruction::ABANDON);
-  EXPECT_THAT(two.reason(), HasSubstr("no step is one every rank's survivors can stand at"));
+  EXPECT_THAT(two.reason(), HasSubstr("no step is one every stage's survivors can stand at"));
   EXPECT_EQ(Stopped(0, 6, -1).action(), v1::SurvivorInstruction::ABANDON);
   for (int rank : {0, 1, 2}) End(rank);
   EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("the survivors cannot go on")));
@@ -304,6 +310,14 @@ TEST_F(SurvivorsTest, ASurvivorsWriteThatFailedLeavesTheRestartPoint) {
   EXPECT_THAT(EventTexts(job_), Contains(HasSubstr("was not written: stage 0 replica 0")));
   EXPECT_EQ(Get(job_).checkpoint_step(), 3);
   EXPECT_FALSE(Get(job_).recoveries(0).from_survivors());
+  // The plan was announced and not carried out: the next generation's start says so, and
+  // nothing says the survivors went on.
+  PastTheLease();
+  ASSERT_FALSE(Generation2().empty());
+  EXPECT_THAT(EventTexts(job_),
+              Contains(HasSubstr("the survivors did not go on from step 5 (their state was not "
+                                 "committed): generation 2 starts at step 3")));
+  EXPECT_THAT(EventTexts(job_), Not(Contains(HasSubstr("the survivors go on from"))));
 }
 
 // A rank that never reports (hung): the round decides three heartbeat intervals after the

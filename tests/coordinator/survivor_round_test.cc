@@ -99,7 +99,33 @@ TEST(SurvivorRound, APlaceWithoutSurvivorsAbandons) {
   EXPECT_FALSE(round.plan().has_value());
   const v1::SurvivorInstruction zero = round.InstructionFor(0);
   EXPECT_EQ(zero.action(), v1::SurvivorInstruction::ABANDON);
-  EXPECT_THAT(zero.reason(), HasSubstr("no replica of rank 1 survived"));
+  EXPECT_THAT(zero.reason(),
+              HasSubstr("no replica of stage 1 reported (ranks 1, 3 were lost or ended without "
+                        "a report); 2 of 4 ranks reported"));
+}
+
+// 2 stages x 3 replicas, 4 ranks reported but none of stage 1: ranks 1 and 3 lost, rank 5
+// alive but late. The reason says what became of each rank of stage 1, and that 4 of 6
+// reported (it once said "no replica survived" when 4 of 6 had).
+TEST(SurvivorRound, AStageWithoutReportsSaysWhatBecameOfEachOfItsRanks) {
+  SurvivorRound round(6, 2);
+  round.Report(0, At(3));
+  round.Report(2, At(3));
+  round.Report(4, At(3));
+  round.Gone(1);
+  round.Gone(3);
+  round.Decide();  // the deadline passed without rank 5's report
+  ASSERT_FALSE(round.plan().has_value());
+  EXPECT_EQ(round.why_not(),
+            "no replica of stage 1 reported (ranks 1, 3 were lost or ended without a report; "
+            "rank 5 did not report in time); 3 of 6 ranks reported");
+  // Negative control: with rank 5's report the round has a plan.
+  SurvivorRound late(6, 2);
+  for (int r : {0, 2, 4, 5}) late.Report(r, At(3));
+  late.Gone(1);
+  late.Gone(3);
+  late.Decide();
+  EXPECT_TRUE(late.plan().has_value()) << late.why_not();
 }
 
 TEST(SurvivorRound, AbandonedRoundsTellWhy) {

@@ -402,8 +402,8 @@ TEST(SurvivorRecovery, WithoutTheCommitTheSurvivorsHoldNoOneStep) {
   }
   ASSERT_FALSE(lost.plan.ok());
   EXPECT_THAT(lost.plan.status().message(),
-              HasSubstr("no step is one every rank's survivors can stand at (rank 0 at step 3; "
-                        "rank 1 at step 4)"));
+              HasSubstr("no step is one every stage's survivors can stand at (stage 0 at step 3; "
+                        "stage 1 at step 4)"));
   fs::remove_all(dir);
 }
 }  // namespace

@@ -78,7 +78,7 @@ TEST(PlanSurvivorStep, APlaceWithNoSurvivorIsRefused) {
   auto plan = PlanSurvivorStep({{0, 0, {3, -1}}, {2, 1, {3, -1}}}, 3);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(plan.status().message(), HasSubstr("no replica of rank 1 survived"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("no replica of stage 1 survived"));
 }
 
 TEST(PlanSurvivorStep, UncommittedUpdatesAreRefusedNamingWhatEachPlaceReaches) {
@@ -88,8 +88,8 @@ TEST(PlanSurvivorStep, UncommittedUpdatesAreRefusedNamingWhatEachPlaceReaches) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(plan.status().message(),
-              HasSubstr("no step is one every rank's survivors can stand at (rank 0 at step 3; "
-                        "rank 1 at step 4): the updates were not committed"));
+              HasSubstr("no step is one every stage's survivors can stand at (stage 0 at step 3; "
+                        "stage 1 at step 4): the updates were not committed"));
 }
 
 TEST(PlanSurvivorStep, ARankOutsideThePipelineIsRefused) {
