@@ -131,11 +131,16 @@ const std::vector<SpecFlag>& SpecFlagTable() {
       {"--beta2", "optimizer.beta2", "training", "adamw: decay of the second moment"},
       {"--eps", "optimizer.eps", "training", "adamw: added to the denominator"},
       {"--warmup-steps", "optimizer.schedule.warmup_steps", "training",
-       "learning-rate warm-up: update t < N uses lr (t + 1) / N"},
+       "learning-rate warm-up: update t < N uses lr (t + 1) / N, so lr is reached at t = N - 1 "
+       "and the decay starts from lr at t = N (lr is used twice). E.g. --lr 0.003 "
+       "--warmup-steps 5 --lr-decay cosine --steps 20: 0.0006 0.0012 0.0018 0.0024 0.003 0.003 "
+       "0.002967 ... (Megatron's --lr-warmup-iters W --lr-decay-iters D: --warmup-steps W "
+       "--lr-decay-steps D-W, the same rates from t = W on; docs/design.md 4.7a)"},
       {"--lr-decay", "optimizer.schedule.decay", "training",
        "after the warm-up: constant | linear | cosine, from lr down to --min-lr"},
       {"--lr-decay-steps", "optimizer.schedule.decay_steps", "training",
-       "the decay's length in steps (0: the steps after the warm-up)"},
+       "the decay's length in steps, counted from the end of the warm-up (not from step 0); 0: "
+       "the steps after the warm-up"},
       {"--min-lr", "optimizer.schedule.min_lr", "training",
        "the learning rate the decay ends at (and keeps)"},
       {"--eval-every", "eval.every", "training",

@@ -11,6 +11,7 @@
 //   momentum and weight decay, AdamW with weight decay; negative control: 1e-6 moves them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -58,6 +59,53 @@ TEST(LearningRateSchedule, TheRatesAreTheFormulasWorkedOutByHand) {
   for (int t : {2, 7, 100}) EXPECT_EQ(weights::LearningRateAt(o, t, 8), 0.1);
   // No schedule: lr at every step.
   EXPECT_EQ(weights::LearningRateAt(weights::OptimizerConfig{"sgd", 0.3}, 0, 8), 0.3);
+}
+
+// The worked example of docs/design.md 4.7a and `run --help` (the peak used twice; the
+// decay counted after the warm-up), and how Megatron-LM's and torchtitan's schedules are
+// written in pipetrain's terms: each written here as its peer computes it, equal from the
+// end of the warm-up on, and (the negative control) different during it.
+TEST(LearningRateSchedule, TheWorkedExampleAndThePeersSchedulesInPipetrainsTerms) {
+  weights::OptimizerConfig o;
+  o.lr = 0.003;
+  o.schedule = {/*warmup_steps=*/5, LrDecay::kCosine, /*decay_steps=*/0, /*min_lr=*/0};
+  const double example[] = {0.0006, 0.0012, 0.0018, 0.0024, 0.003, 0.003, 0.002967, 0.00287,
+                            0.002714};
+  for (int t = 0; t < 9; ++t) {
+    EXPECT_NEAR(weights::LearningRateAt(o, t, 20), example[t], 5e-7) << "step " << t;
+  }
+  // Megatron-LM (lr_warmup_iters W, lr_decay_iters D from step 0): update t uses
+  // lr * t / W up to W, then the decay ratio (t - W) / (D - W).
+  constexpr int kW = 5, kD = 20;
+  const auto megatron = [&](int t) {
+    if (t <= kW) return o.lr * t / kW;
+    const double ratio = std::min(1.0, static_cast<double>(t - kW) / (kD - kW));
+    return o.lr * 0.5 * (1 + std::cos(M_PI * ratio));
+  };
+  weights::OptimizerConfig as_megatron = o;
+  as_megatron.schedule.decay_steps = kD - kW;
+  for (int t = kW; t < 30; ++t) {
+    EXPECT_NEAR(weights::LearningRateAt(as_megatron, t, 100), megatron(t), 1e-15) << t;
+  }
+  for (int t = 0; t < kW; ++t) {
+    EXPECT_NE(weights::LearningRateAt(as_megatron, t, 100), megatron(t)) << t;
+    EXPECT_NEAR(weights::LearningRateAt(as_megatron, t, 100), megatron(t + 1), 1e-15) << t;
+  }
+  // torchtitan (warmup_steps W, then linear to 0 over the steps after it): (t + 1) / (W + 1)
+  // for t < W, then 1 - (t - W) / (steps - W).
+  constexpr int kSteps = 20;
+  const auto torchtitan = [&](int t) {
+    if (t < kW) return o.lr * (t + 1) / (kW + 1);
+    return o.lr * (1 - static_cast<double>(t - kW) / (kSteps - kW));
+  };
+  weights::OptimizerConfig as_torchtitan = o;
+  as_torchtitan.schedule.decay = LrDecay::kLinear;
+  for (int t = kW; t < kSteps; ++t) {
+    EXPECT_NEAR(weights::LearningRateAt(as_torchtitan, t, kSteps), torchtitan(t), 1e-15) << t;
+  }
+  for (int t = 0; t < kW; ++t) {
+    EXPECT_GT(weights::LearningRateAt(as_torchtitan, t, kSteps), torchtitan(t)) << t;
+  }
 }
 
 TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
