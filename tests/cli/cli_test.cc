@@ -484,6 +484,10 @@ TEST_F(CliTest, HelpAndUsageErrors) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_THAT(help.out, HasSubstr("--schedule"));
   EXPECT_THAT(help.out, HasSubstr("--recompute"));
+  // The learning-rate schedule's worked example (LearningRateSchedule.TheWorkedExample... checks
+  // its numbers) and what decay_steps counts from.
+  EXPECT_THAT(help.out, HasSubstr("0.0006 0.0012 0.0018 0.0024 0.003 0.003 0.002967"));
+  EXPECT_THAT(help.out, HasSubstr("counted from the end of the warm-up (not from step 0)"));
   // `checkpoint` says where the checkpoint goes as it is written now (it once named the
   // weights_dir format that is gone).
   Result checkpoint = Run("checkpoint --help");
