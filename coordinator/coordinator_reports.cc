@@ -148,6 +148,15 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
     jobs_.Event(e.job.id(), absl::StrCat(RankName(e.job, r.rank()), " took ",
                                          r.state_from_replicas().substr(0, kMaxErrorBytes)));
   }
+  // Every rank skips the same steps: the first report of a skip counts it (the step that
+  // fails a job by its nonfinite_limit may be reported by one rank only before the others
+  // stop), a step run again after a restart once.
+  if (r.skipped() && e.skipped_steps.insert(r.step()).second) {
+    e.job.set_skipped_steps(e.job.skipped_steps() + 1);
+    jobs_.Event(e.job.id(), absl::StrCat("step ", r.step(), " skipped: its loss or gradients "
+                                         "were not finite (weights and optimizer state "
+                                         "unchanged)"));
+  }
   if (!r.checkpoint_failed().empty()) {
     jobs_.Event(e.job.id(), absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
                                    RankName(e.job, r.rank()), ": ",
@@ -239,13 +248,9 @@ void Coordinator::CommitSteps(JobEntry& e,
       row.has_loss = true;
       row.loss = *step.loss;
     }
-    // Every rank skips the same steps; a step run again after a restart counts once.
-    if (step.skipped && e.skipped_steps.insert(step.step).second) {
-      e.job.set_skipped_steps(e.job.skipped_steps() + 1);
-      jobs_.Event(e.job.id(), absl::StrCat("step ", step.step, " skipped: its loss or gradients "
-                                           "were not finite (weights and optimizer state "
-                                           "unchanged)"));
-    } else if (!step.skipped && e.skipped_steps.erase(step.step) > 0) {
+    // A step skipped in a generation that did not get past it, and not skipped when run
+    // again, no longer counts (its skip is counted when reported: ReportStepLocked).
+    if (!step.skipped && e.skipped_steps.erase(step.step) > 0) {
       e.job.set_skipped_steps(std::max<int64_t>(0, e.job.skipped_steps() - 1));
     }
     e.job.set_learning_rate(

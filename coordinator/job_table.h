@@ -80,10 +80,11 @@ struct JobEntry {
   std::optional<HeldState> held_state;
   // What the running generation's assignments say of it (empty: nothing held for it).
   v1::ReplicaState replica_state;
-  // The committed steps whose update was skipped (a non-finite loss or gradient), as this
-  // coordinator process committed them: a step run again after a restart counts once, and
-  // the steps skipped in a row before a generation's first count toward its
-  // nonfinite_limit (StageAssignment.skipped_in_a_row).
+  // The steps whose update was skipped (a non-finite loss or gradient), as this coordinator
+  // process learnt of them (a rank's report; a step run again and committed without a skip
+  // leaves): a step run again after a restart counts once, and the steps skipped in a row
+  // before a generation's first count toward its nonfinite_limit
+  // (StageAssignment.skipped_in_a_row).
   std::set<int64_t> skipped_steps;
 };
 

@@ -72,7 +72,7 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
   const int replica = RankLayout{stages_, 1}.ReplicaOf(rank);
   if (r.has_loss()) losses_[r.step()][replica] = r.loss();
   if (rank == 0 && r.has_grad_norm()) grad_norms_[r.step()] = r.grad_norm();
-  if (rank == 0 && r.skipped()) skipped_.insert(r.step());
+  if (r.skipped()) skipped_.insert(r.step());
   if (r.has_job_loss()) job_losses_[r.step()] = r.job_loss();
   if (r.has_eval()) evals_[r.step()][replica] = {r.eval_loss(), r.eval_accuracy()};
   if (rank == 0) {

@@ -51,7 +51,7 @@ class StepLedger {
     // Mean of the replicas' losses (summed in replica order), when any reported one.
     std::optional<double> loss;
     std::optional<double> grad_norm;  // with clipping: rank 0's (every rank's is the same)
-    // Its update was skipped (a non-finite loss or gradient), as rank 0 reported (every rank
+    // Its update was skipped (a non-finite loss or gradient), as a rank reported (every rank
     // skips the same steps).
     bool skipped = false;
     // With evaluation: the mean over the replicas' last stages of their held-out loss and
@@ -98,7 +98,7 @@ class StepLedger {
   // step's loss is the same to the bit whatever order the reports arrived in.
   std::map<int64_t, std::map<int, double>> losses_;
   std::map<int64_t, double> grad_norms_;           // rank 0's gradient norms, likewise
-  std::set<int64_t> skipped_;                      // steps rank 0 skipped, likewise
+  std::set<int64_t> skipped_;                      // steps a rank skipped, likewise
   std::map<int64_t, double> job_losses_;           // last stages' job losses, likewise
   // The replicas' evaluations (loss, accuracy) per step and replica, likewise.
   std::map<int64_t, std::map<int, std::pair<double, double>>> evals_;

@@ -119,6 +119,17 @@ class CoordinatorCoreTest : public ::testing::Test {
     EXPECT_TRUE(coordinator_->Heartbeat(sessions_[worker], h).ok());
   }
 
+  // `intervals` seconds pass, each with a heartbeat from every worker of `alive` (idle), the
+  // coordinator's tick and the calls it made: a silent worker's lease runs out meanwhile.
+  void PassSeconds(int intervals, const std::vector<std::string>& alive) {
+    for (int beat = 0; beat < intervals; ++beat) {
+      clock_->Advance(absl::Milliseconds(1000));
+      for (const std::string& w : alive) Heartbeat(w);
+      coordinator_->Tick();
+      RunLater();
+    }
+  }
+
   void EndRank(const std::string& worker, const std::string& job, int rank, bool ok = true,
                const std::string& error = "", int generation = 0) {
     v1::StageEnd end;

@@ -64,13 +64,7 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   // lease is three intervals from its last heartbeat, and an interval to stop.
   EXPECT_TRUE(Worker(3).assigned.empty());
   EXPECT_THAT(Get(job.id()).message(), HasSubstr("a lost worker's lease first"));
-  for (int beat = 0; beat < 2; ++beat) {
-    clock_->Advance(absl::Milliseconds(1000));
-    Heartbeat(w1);
-    Heartbeat(w3);
-    coordinator_->Tick();
-    RunLater();
-  }
+  PassSeconds(2, {w1, w3});
   // Generation 2 on worker-1 and worker-3 (both idle), resuming from the checkpoint.
   ASSERT_EQ(Worker(1).assigned.size(), 2u);
   ASSERT_EQ(Worker(3).assigned.size(), 1u);
@@ -281,13 +275,7 @@ TEST_F(CoordinatorCoreTest, SkippedStepsCountOnceAcrossARestartAndTheNextGenerat
   coordinator_->Tick();
   RunLater();
   EndRank(w1, job.id(), 0, /*ok=*/false, "stopped", /*generation=*/1);
-  for (int beat = 0; beat < 2; ++beat) {
-    clock_->Advance(absl::Milliseconds(1000));
-    Heartbeat(w1);
-    Heartbeat(w3);
-    coordinator_->Tick();
-    RunLater();
-  }
+  PassSeconds(2, {w1, w3});
   ASSERT_EQ(Worker(3).assigned.size(), 1u);
   // Steps 1 and 2, right before step 3, were skipped in a row.
   EXPECT_EQ(Worker(3).assigned[0].skipped_in_a_row(), 2);

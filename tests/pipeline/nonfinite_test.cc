@@ -80,6 +80,23 @@ class PoisoningTransport : public ForwardingTransport {
   std::set<int64_t> steps_;
 };
 
+// Replica 0's first gradient AllReduce of the run made NaN before it is summed: every
+// replica's averaged gradient of step 0 is NaN.
+class PoisonedGradient : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
+    if (!poisoned_) {
+      poisoned_ = true;
+      for (at::Tensor& t : tensors) t.fill_(std::nan(""));
+    }
+    return inner_->AllReduceMean(tensors, deadline);
+  }
+
+ private:
+  bool poisoned_ = false;
+};
+
 RunOptions Poison(const JobConfig& c, std::set<int64_t> steps) {
   RunOptions options;
   auto stage0_calls = std::make_shared<int>(0);
@@ -227,45 +244,46 @@ TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReporte
   fs::remove_all(ckpt);
 
   // Each rank reports the step that reaches the limit (its on_step, which feeds the
-  // coordinator's step reports) before its Run() fails: 2 stages as threads, step 0 poisoned
-  // after 2 skipped in a row.
+  // coordinator's step reports) before its Run() fails: 1 stage x 2 replicas as threads (no
+  // message between the update and the report, so neither is stopped by the other's failure
+  // first), step 0's gradient made NaN on replica 0 before its AllReduce, after 2 skipped in
+  // a row.
   JobConfig c = Gpt(ScheduleKind::kOneFOneB, 3);
-  c.replicas = 1;
+  c.stages = 1;
   c.nonfinite_limit = 3;
   c.skipped_in_a_row = 2;
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  MicroBatchReader reader(*plan, c.micro_batches);
   auto hub = transport::MakeInProcessHub();
+  std::vector<std::unique_ptr<MicroBatchReader>> readers;
   std::vector<StageParts> parts;
   std::vector<std::unique_ptr<transport::Transport>> transports;
   std::vector<std::unique_ptr<executor::StageExecutor>> executors;
   std::vector<std::vector<int64_t>> skipped_reported(2);
-  for (int s = 0; s < 2; ++s) {
-    absl::StatusOr<StageParts> built = BuildStage(c, *plan, reader, s);
+  for (int r = 0; r < 2; ++r) {
+    readers.push_back(std::make_unique<MicroBatchReader>(*plan, c.micro_batches, r));
+    absl::StatusOr<StageParts> built = BuildStage(c, *plan, *readers.back(), 0);
     ASSERT_TRUE(built.ok()) << built.status();
     parts.push_back(*std::move(built));
-    transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
-    if (s == 0) {
-      transports.back() = std::make_unique<PoisoningTransport>(std::move(transports.back()),
-                                                               c.micro_batches,
-                                                               std::set<int64_t>{0});
+    transports.push_back(transport::MakeInProcessTransport(hub, 0, r, 2));
+    if (r == 0) {
+      transports.back() = std::make_unique<PoisonedGradient>(std::move(transports.back()));
     }
     executors.push_back(std::make_unique<executor::StageExecutor>(
         parts.back().config, parts.back().weight_stores(), transports.back().get(),
-        [&skipped_reported, s](const executor::StepRecord& step) {
-          if (step.skipped) skipped_reported[s].push_back(step.step);
+        [&skipped_reported, r](const executor::StepRecord& step) {
+          if (step.skipped) skipped_reported[r].push_back(step.step);
         }));
   }
   std::vector<absl::Status> results(2);
   std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) {
-    threads.emplace_back([&, s] { results[s] = executors[s]->Run(); });
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { results[r] = executors[r]->Run(); });
   }
   for (std::thread& t : threads) t.join();
-  for (int s = 0; s < 2; ++s) {
-    EXPECT_THAT(results[s].message(), HasSubstr("not finite in 3 consecutive steps")) << s;
-    EXPECT_THAT(skipped_reported[s], ::testing::ElementsAre(0)) << "stage " << s;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(results[r].message(), HasSubstr("not finite in 3 consecutive steps")) << r;
+    EXPECT_THAT(skipped_reported[r], ::testing::ElementsAre(0)) << "replica " << r;
   }
 }
 
