@@ -21,8 +21,9 @@ debs=(
   # the daemons: gRPC and what its CMake files look for (c-ares, re2, OpenSSL, zlib)
   libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 protobuf-compiler-grpc
   libc-ares-dev libc-ares2 libre2-dev libre2-9 libssl-dev libssl3 zlib1g-dev zlib1g
-  # the daemons' metrics (prometheus-cpp: core and pull, its civetweb; its CMake files also
-  # look for push's libcurl), the tests' HTTP client (cpp-httplib, through pkg-config) and
+  # the daemons' metrics (prometheus-cpp's core; its CMake files look for pull, civetweb and
+  # push's libcurl, none of them linked), the tests' HTTP client (cpp-httplib, through
+  # pkg-config) and
   # the coordinator's store
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
   libprometheus-cpp-push1.0 libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev libcurl4

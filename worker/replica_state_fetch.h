@@ -1,7 +1,9 @@
 // A rank's state taken from the survivors of a fault, as their workers hold it
 // (StageAssignment.replica_state, held_state.h): each of its layers from its own worker's hold
 // if that has it, else fetched from one of the layer's holders (WorkerService.FetchLayerState
-// over gRPC, with the hold's key). No checkpoint is read. A rank that cannot get every layer
+// over gRPC, with the hold's key; a holder serves a few fetches at once and refuses more,
+// RESOURCE_EXHAUSTED: then the holders are asked again after a growing pause, until the
+// deadline). No checkpoint is read. A rank that cannot get every layer
 // gets an error naming the first layer no holder gave, with each holder's answer (the host
 // then reads the checkpoint instead: job::StageRunHooks::replica_state).
 //

@@ -97,13 +97,18 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   const nlohmann::json& recovery = done.at("recoveries")[0];
   // Noticed within two heartbeat intervals (1 s), and a second for this loaded machine.
   const int64_t detected_ms = IntField(recovery, "detected_unix_ms");
+  const int64_t resumed_at = IntField(recovery, "resumed_at_step");
   std::printf(
       "%s: detected %lld ms after the fault, the next generation placed %lld ms later (after a lost "
-      "worker's lease unless the survivors went on); resumed at step %lld from %s; cause: %s\n",
+      "worker's lease unless the survivors went on), its first good step %lld ms after the "
+      "fault; resumed at step %lld from %s, %lld steps run again; cause: %s\n",
       FaultName(fault).c_str(), static_cast<long long>(detected_ms - fault_ms),
       static_cast<long long>(IntField(recovery, "placed_unix_ms") - detected_ms),
-      static_cast<long long>(IntField(recovery, "resumed_at_step")),
+      static_cast<long long>(IntField(recovery, "first_step_unix_ms") - fault_ms),
+      static_cast<long long>(resumed_at),
       recovery.value("from_survivors", false) ? "the survivors' state" : "the checkpoint",
+      static_cast<long long>(
+          std::max<int64_t>(0, IntField(recovery, "failed_after_step") + 1 - resumed_at)),
       recovery.value("cause", "").c_str());
   if (fault != HostFault::kCoordinatorCutOff) {
     EXPECT_LE(detected_ms - fault_ms, 2000);
