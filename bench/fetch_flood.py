@@ -13,7 +13,9 @@ with a 3 s rest between windows, --repeats times each, which side goes first alt
 Steps per window come from the job's committed step (`pipetrain status`). "ratio" is the
 median over repeats of flooded / quiet steps, each flooded window against the quiet one next
 to it. The flood shares this machine's cores with the job, so the ratio holds the flooder's
-own CPU too: it is an upper bound on what the worker's refusals cost.
+own CPU too: it is an upper bound on what the worker's refusals cost; the flooded worker's
+own CPU seconds per window (/proc) say what they cost it, and --nice 19 runs the flooder on
+what the job leaves.
 Markdown on stdout, progress on stderr. Standard library only.
 
 Run:  /usr/bin/python3 bench/fetch_flood.py [--build build] [--repeats 3] [--window 10]
@@ -45,20 +47,30 @@ def committed_step(cluster, job):
     return int(json.loads(cluster.cli(["status", job, "-o", "json"]).stdout).get("step", -1))
 
 
-def window(cluster, job, seconds, flood=None):
-    """Steps committed during `seconds`, with `flood` (argv) running meanwhile if given."""
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def window(cluster, job, seconds, worker_pid, flood=None):
+    """(steps committed during `seconds`, the flooded worker's CPU seconds meanwhile, the
+    flooder's line), with `flood` (argv) running meanwhile if given."""
     proc = None
     if flood is not None:
         proc = subprocess.Popen(flood, stdout=subprocess.PIPE, text=True)
     start = committed_step(cluster, job)
+    cpu0 = cpu_seconds(worker_pid)
     t0 = time.monotonic()
     time.sleep(seconds)
     steps = committed_step(cluster, job) - start
+    cpu = cpu_seconds(worker_pid) - cpu0
     elapsed = time.monotonic() - t0
     line = ""
     if proc is not None:
         line = proc.communicate(timeout=seconds + 30)[0].strip()
-    return steps * seconds / elapsed, line
+    return steps * seconds / elapsed, cpu * seconds / elapsed, line
 
 
 def main():
@@ -67,6 +79,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window", type=float, default=10)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--nice", type=int, default=0,
+                    help="the flooder's niceness (19: it takes only what the job leaves)")
     args = ap.parse_args()
     flood_bin = os.path.join(args.build, "bench", "fetch_flood")
     if not os.access(flood_bin, os.X_OK):
@@ -80,27 +94,32 @@ def main():
         while committed_step(cluster, job) < 20:
             time.sleep(0.5)
         service, _ = cluster.worker_ports("worker0")
-        flood = [flood_bin, f"127.0.0.1:{service}", str(args.window), str(args.threads)]
+        worker_pid = cluster.named["worker0"].pid
+        flood = ["nice", "-n", str(args.nice), flood_bin, f"127.0.0.1:{service}",
+                 str(args.window), str(args.threads)]
         rows, ratios = [], []
         for r in range(args.repeats):
             order = ["quiet", "flooded"] if r % 2 == 0 else ["flooded", "quiet"]
             got = {}
             for side in order:
                 time.sleep(3)
-                steps, line = window(cluster, job, args.window,
-                                     flood if side == "flooded" else None)
-                got[side] = (steps, line)
-                print(f"repeat {r}: {side}: {steps:.0f} steps in {args.window:.0f} s {line}",
-                      file=sys.stderr)
+                got[side] = window(cluster, job, args.window, worker_pid,
+                                   flood if side == "flooded" else None)
+                steps, cpu, line = got[side]
+                print(f"repeat {r}: {side}: {steps:.0f} steps, worker0 {cpu:.2f} CPU-s in "
+                      f"{args.window:.0f} s {line}", file=sys.stderr)
             ratios.append(got["flooded"][0] / got["quiet"][0])
-            rows.append((r, got["quiet"][0], got["flooded"][0], got["flooded"][1]))
+            rows.append((r, got["quiet"], got["flooded"]))
         cluster.cli(["cancel", job])
-    print(f"| repeat | quiet steps / {args.window:.0f} s | flooded steps / {args.window:.0f} s "
-          f"| flood |")
-    print("|---|---|---|---|")
-    for r, quiet, flooded, line in rows:
-        print(f"| {r} | {quiet:.0f} | {flooded:.0f} | {line} |")
-    print(f"\nflooded / quiet, median of {args.repeats}: {statistics.median(ratios):.3f} "
+    w = f"{args.window:.0f}"
+    print(f"flooder: {args.threads} threads at nice {args.nice}\n")
+    print(f"| repeat | quiet: steps / {w} s | worker0 CPU-s | flooded: steps / {w} s "
+          f"| worker0 CPU-s | flood |")
+    print("|---|---|---|---|---|---|")
+    for r, quiet, flooded in rows:
+        print(f"| {r} | {quiet[0]:.0f} | {quiet[1]:.2f} | {flooded[0]:.0f} | {flooded[1]:.2f} "
+              f"| {flooded[2]} |")
+    print(f"\nflooded / quiet steps, median of {args.repeats}: {statistics.median(ratios):.3f} "
           f"(range {min(ratios):.3f}-{max(ratios):.3f})")
 
 

@@ -17,7 +17,8 @@
 #   6. control_plane_overhead.py  step time under the daemons vs. `pipetrain run --launch processes`
 #   7. submit_to_first_step.py    `pipetrain submit` -> first finished step, 4 stages, broken down
 #   8. coordinator_capacity.sh    Heartbeat / ReportStep calls/s and latency of a coordinator
-#   9. scrape_overhead.py         step time with /metrics scraped every second vs. unscraped
+#   9. scrape_overhead.py         step time with /metrics scraped every second vs. unscraped;
+#      fetch_flood.py             a worker's step rate under a flood of keyless FetchLayerState
 #  10. checkpoint_cost.sh         checkpoint write time, size, and step-time overhead
 #  11. recovery.py                fault -> first good step per fault kind; goodput under faults
 #                                 (its goodput part runs two 10-minute jobs: RECOVERY_MINUTES)
@@ -153,6 +154,12 @@ if [[ ${DAEMONS} == 1 ]]; then
   start=${SECONDS}
   "${PY}" bench/scrape_overhead.py --build "${BUILD_DIR}" --repeats 8 --steps 200
   echo >&2 "scrape_overhead: $((SECONDS - start)) s"
+
+  section "Control plane: a flood of keyless FetchLayerState calls (bench/fetch_flood.py)"
+  start=${SECONDS}
+  "${PY}" bench/fetch_flood.py --build "${BUILD_DIR}" --repeats 3 --window 10
+  "${PY}" bench/fetch_flood.py --build "${BUILD_DIR}" --repeats 3 --window 10 --nice 19
+  echo >&2 "fetch_flood: $((SECONDS - start)) s"
 
   section "Reliability: recovery and goodput (bench/recovery.py)"
   start=${SECONDS}
