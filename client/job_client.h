@@ -58,8 +58,9 @@ class JobClient {
   // DEADLINE_EXCEEDED (nothing that speaks gRPC answered). For streaming calls, which have no
   // deadline of their own.
   grpc::Status WaitForCoordinator() const {
-    const auto deadline = std::chrono::system_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
+    const auto deadline =
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
     if (options_.channel->WaitForConnected(deadline)) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         "no connection within the --timeout");

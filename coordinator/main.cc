@@ -13,6 +13,7 @@
 // 2 bad usage (an unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,15 @@
 #include "runtime/base/printable.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/planner/profile_json.h"
+
+namespace {
+
+// One line on stderr, "pipetrain-coordinator: TEXT", TEXT escaped (it may hold what a flag said).
+void Say(const std::string& text) {
+  std::fprintf(stderr, "pipetrain-coordinator: %s\n", pipetrain::Printable(text).c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // absl's lock-order checking (on in this build of absl) is a debugging aid: it records
@@ -103,23 +113,21 @@ int main(int argc, char** argv) {
         text.ok() ? pipetrain::planner::HostLinksFromJson(*text)
                   : absl::StatusOr<pipetrain::planner::HostLinks>(text.status());
     if (!links.ok()) {
-      std::fprintf(stderr, "pipetrain-coordinator: --host-links %s: %s\n", pipetrain::Printable(host_links_file).c_str(),
-                   pipetrain::Printable(std::string(links.status().message())).c_str());
+      Say(absl::StrCat("--host-links ", host_links_file, ": ", links.status().message()));
       return exit_code::kUsage;
     }
     options.host_links = *links;
   }
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n", pipetrain::Printable(std::string(token.status().message())).c_str());
+    Say(std::string(token.status().message()));
     return exit_code::kUsage;
   }
   security.token = *std::move(token);
   if (!worker_token_file.empty()) {
     auto worker_token = pipetrain::rpc::LoadToken(worker_token_file);
     if (!worker_token.ok()) {
-      std::fprintf(stderr, "pipetrain-coordinator: --worker-token-file: %s\n",
-                   pipetrain::Printable(std::string(worker_token.status().message())).c_str());
+      Say(absl::StrCat("--worker-token-file: ", worker_token.status().message()));
       return exit_code::kUsage;
     }
     security.worker_token = *std::move(worker_token);
@@ -128,7 +136,7 @@ int main(int argc, char** argv) {
   if (!security.worker_token.empty()) options.security.token = security.worker_token;
   if (const std::string warning = pipetrain::rpc::ListenWarning(server_options.listen, security);
       !warning.empty()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n", pipetrain::Printable(warning).c_str());
+    Say(warning);
   }
 
   sigset_t signals;
@@ -141,8 +149,7 @@ int main(int argc, char** argv) {
   server_options.metrics = &registry;
   auto coordinator = Coordinator::Open(options);
   if (!coordinator.ok()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                 pipetrain::Printable(std::string(coordinator.status().message())).c_str());
+    Say(std::string(coordinator.status().message()));
     return exit_code::kUnavailable;
   }
   RegisterCoordinatorMetrics(&registry, coordinator->get());
@@ -150,8 +157,7 @@ int main(int argc, char** argv) {
   if (!metrics_listen.empty()) {
     auto started = pipetrain::metrics::MetricsEndpoint::Start(metrics_listen, &registry);
     if (!started.ok()) {
-      std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                   pipetrain::Printable(std::string(started.status().message())).c_str());
+      Say(std::string(started.status().message()));
       return absl::IsInvalidArgument(started.status()) ? exit_code::kUsage
                                                         : exit_code::kUnavailable;
     }
@@ -161,8 +167,7 @@ int main(int argc, char** argv) {
   // passes means /metrics answers too.
   auto server = CoordinatorServer::Start(coordinator->get(), server_options);
   if (!server.ok()) {
-    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
-                 pipetrain::Printable(std::string(server.status().message())).c_str());
+    Say(std::string(server.status().message()));
     return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
   const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
@@ -178,8 +183,7 @@ int main(int argc, char** argv) {
       absl::StrAppend(&address, "metrics ", metrics_endpoint->address(), "\n");
     }
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, address); !s.ok()) {
-      std::fprintf(stderr, "pipetrain-coordinator: --port-file: %s\n",
-                   pipetrain::Printable(std::string(s.message())).c_str());
+      Say(absl::StrCat("--port-file: ", s.message()));
       return exit_code::kUnavailable;
     }
   }

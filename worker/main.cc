@@ -13,9 +13,11 @@
 // serve or register.
 #include <csignal>
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "rpc/protobuf_logs.h"
 #include "runtime/base/allocator.h"
@@ -28,6 +30,15 @@
 #include "worker/advertised_address.h"
 #include "worker/data_roots.h"
 #include "worker/worker.h"
+
+namespace {
+
+// One line on stderr, "pipetrain-worker: TEXT", TEXT escaped (it may hold what a flag said).
+void Say(const std::string& text) {
+  std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(text).c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // absl's lock-order checking (on in this build of absl) is a debugging aid: it records
@@ -105,7 +116,7 @@ int main(int argc, char** argv) {
   pipetrain::SetReadRoots(pipetrain::worker::WritableRoots(options.data_roots));
   auto token = pipetrain::rpc::LoadToken(token_file);
   if (!token.ok()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(std::string(token.status().message())).c_str());
+    Say(std::string(token.status().message()));
     return exit_code::kUsage;
   }
   options.security.token = *std::move(token);
@@ -116,10 +127,10 @@ int main(int argc, char** argv) {
       advertised.ok() ? ListenAddressFor(options.listen, *advertised) : options.listen;
   if (const std::string warning = pipetrain::rpc::ListenWarning(listen, options.security);
       !warning.empty()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(warning).c_str());
+    Say(warning);
   }
   if (const std::string why = pipetrain::job::CheckDeviceVisible(options.device); !why.empty()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(why).c_str());
+    Say(why);
     return exit_code::kUsage;
   }
   sigset_t signals;
@@ -129,7 +140,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto worker = Worker::Start(options, absl::Seconds(register_timeout_s));
   if (!worker.ok()) {
-    std::fprintf(stderr, "pipetrain-worker: %s\n", pipetrain::Printable(std::string(worker.status().message())).c_str());
+    Say(std::string(worker.status().message()));
     // Start fails with InvalidArgument (2), Unauthenticated (4) or Unavailable (5).
     return exit_code::For(worker.status());
   }
@@ -140,7 +151,7 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = pipetrain::WriteFileAtomically(port_file, lines);
         !s.ok()) {
-      std::fprintf(stderr, "pipetrain-worker: --port-file: %s\n", pipetrain::Printable(std::string(s.message())).c_str());
+      Say(absl::StrCat("--port-file: ", s.message()));
       (*worker)->Stop();
       return exit_code::kUnavailable;
     }
