@@ -507,12 +507,16 @@ constexpr int kIdleAtOnce = 1000;
 constexpr int kFloodScrapes = 7;
 constexpr double kScrapeDeadlineSeconds = 1.5;
 
-// Raises this process's soft descriptor limit to `wanted` (at most the hard limit); false if
-// the hard limit is lower.
+// Raises this process's soft descriptor limit to `wanted`, and its hard limit too where it
+// is lower and the process may (root, as CI runs); false if it stays below.
 bool RaiseDescriptorLimit(rlim_t wanted) {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
   if (limit.rlim_cur >= wanted) return true;
+  if (limit.rlim_max < wanted) {
+    rlimit raised{wanted, wanted};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return true;
+  }
   limit.rlim_cur = std::min(wanted, limit.rlim_max);
   return setrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur >= wanted;
 }
