@@ -7,7 +7,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +17,6 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,13 +24,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "metrics/http_messages.h"
 
 namespace pipetrain::metrics {
 namespace {
@@ -54,170 +49,6 @@ Clock::time_point ReserveScrapeTurn() {
 }
 
 std::string ErrnoText(int error) { return std::strerror(error); }
-
-// A whole response: status line, the headers every response has, `extra_headers` (each
-// ending in CRLF), the body.
-std::string Response(int status, absl::string_view reason, absl::string_view content_type,
-                     absl::string_view body, absl::string_view extra_headers = "") {
-  return absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: ", content_type,
-                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n",
-                      extra_headers, "\r\n", body);
-}
-
-std::string TextResponse(int status, absl::string_view reason, absl::string_view body,
-                         absl::string_view extra_headers = "") {
-  return Response(status, reason, "text/plain; charset=utf-8", body, extra_headers);
-}
-
-// A request path as a 404 shows it: its first 200 bytes, every byte that is not printable
-// ASCII written as \xNN (the body must not carry a client's control characters to a
-// terminal or a log).
-std::string ShownPath(absl::string_view path) {
-  path = path.substr(0, 200);
-  std::string shown;
-  for (const char c : path) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      shown.push_back(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      shown += "\\x";
-      shown.push_back(kHex[u >> 4]);
-      shown.push_back(kHex[u & 0xf]);
-    }
-  }
-  return shown;
-}
-
-// Whether an Accept-Encoding value accepts gzip: a coding "gzip" (or its old name "x-gzip")
-// whose q-value is not 0.
-bool AcceptsGzip(absl::string_view accept_encoding) {
-  for (absl::string_view item : absl::StrSplit(accept_encoding, ',')) {
-    std::vector<absl::string_view> parts = absl::StrSplit(item, ';');
-    const absl::string_view coding = absl::StripAsciiWhitespace(parts[0]);
-    if (!absl::EqualsIgnoreCase(coding, "gzip") && !absl::EqualsIgnoreCase(coding, "x-gzip")) {
-      continue;
-    }
-    bool refused = false;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      const absl::string_view param = absl::StripAsciiWhitespace(parts[i]);
-      double q = 1;
-      if (absl::StartsWithIgnoreCase(param, "q=") && absl::SimpleAtod(param.substr(2), &q) &&
-          q <= 0) {
-        refused = true;
-      }
-    }
-    if (!refused) return true;
-  }
-  return false;
-}
-
-// `text` in the gzip format; false if zlib failed (the caller sends it uncompressed).
-bool Gzip(const std::string& text, std::string* out) {
-  if (text.size() > std::numeric_limits<uInt>::max() / 2) return false;
-  z_stream z{};
-  // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
-  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
-      Z_OK) {
-    return false;
-  }
-  out->resize(deflateBound(&z, static_cast<uLong>(text.size())));
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size());
-  z.next_out = reinterpret_cast<Bytef*>(out->data());
-  z.avail_out = static_cast<uInt>(out->size());
-  const int result = deflate(&z, Z_FINISH);
-  out->resize(z.total_out);
-  deflateEnd(&z);
-  return result == Z_STREAM_END;
-}
-
-// What a complete request head (request line and headers) asks for: a scrape (status 0),
-// or the whole response refusing it.
-struct Verdict {
-  int status = 0;
-  bool gzip = false;  // a scrape's: the scraper accepts gzip
-  std::string response;
-};
-
-Verdict BadRequest(absl::string_view why) {
-  return {400, false, TextResponse(400, "Bad Request", absl::StrCat(why, "\n"))};
-}
-
-// `head`: the request line and headers, lines ending in CRLF (or LF), up to the empty line.
-Verdict Judge(absl::string_view head) {
-  std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
-  for (absl::string_view& line : lines) absl::ConsumeSuffix(&line, "\r");
-  const absl::string_view request_line = lines[0];
-  const size_t first_space = request_line.find(' ');
-  const size_t last_space = request_line.rfind(' ');
-  if (first_space == absl::string_view::npos || first_space == 0 ||
-      last_space == first_space || last_space + 1 == request_line.size()) {
-    return BadRequest("expected METHOD TARGET HTTP/1.x");
-  }
-  const absl::string_view method = request_line.substr(0, first_space);
-  absl::string_view target = request_line.substr(first_space + 1, last_space - first_space - 1);
-  if (!absl::StartsWith(request_line.substr(last_space + 1), "HTTP/1.")) {
-    return BadRequest("only HTTP/1.x is served");
-  }
-  // A refusal of HEAD has no body (its Content-Length still says how long it would be).
-  const auto refuse = [head_request = method == "HEAD"](int status, absl::string_view reason,
-                                                        absl::string_view body,
-                                                        absl::string_view extra_headers = "") {
-    std::string response = TextResponse(status, reason, body, extra_headers);
-    if (head_request) response.resize(response.size() - body.size());
-    return Verdict{status, false, std::move(response)};
-  };
-  bool announces_body = false, gzip = false;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    const absl::string_view line = lines[i];
-    if (line.empty()) break;  // the end of the head
-    const size_t colon = line.find(':');
-    if (colon == absl::string_view::npos || colon == 0 || line[0] == ' ' || line[0] == '\t') {
-      return BadRequest("malformed header line");
-    }
-    const absl::string_view name = line.substr(0, colon);
-    const absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
-    if (absl::EqualsIgnoreCase(name, "Content-Length")) {
-      uint64_t length = 0;
-      if (!absl::SimpleAtoi(value, &length)) return BadRequest("malformed Content-Length");
-      announces_body = announces_body || length > 0;
-    } else if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
-      announces_body = true;
-    } else if (absl::EqualsIgnoreCase(name, "Accept-Encoding")) {
-      gzip = gzip || AcceptsGzip(value);
-    }
-  }
-  // A body is refused first, whatever the method or path; its connection is closed unread.
-  if (announces_body) {
-    return refuse(413, "Content Too Large", "this endpoint reads no request body\n");
-  }
-  // The absolute form (a proxy's "http://host:port/metrics") names the same path.
-  if (absl::StartsWithIgnoreCase(target, "http://")) {
-    target.remove_prefix(7);
-    const size_t slash = target.find('/');
-    target = slash == absl::string_view::npos ? "/" : target.substr(slash);
-  }
-  const absl::string_view path = target.substr(0, target.find('?'));
-  if (path != "/metrics") {
-    return refuse(404, "Not Found",
-                  absl::StrCat("no such path: ", ShownPath(path), " (metrics are at /metrics)\n"));
-  }
-  if (method != "GET") {
-    return refuse(405, "Method Not Allowed", "only GET /metrics is served\n", "Allow: GET\r\n");
-  }
-  return {0, gzip, ""};
-}
-
-// The end of the request head in `data` (the offset after its empty line), or npos.
-size_t HeadEnd(absl::string_view data, size_t from) {
-  for (size_t i = data.find('\n', from); i != absl::string_view::npos;
-       i = data.find('\n', i + 1)) {
-    if (i + 1 < data.size() && data[i + 1] == '\n') return i + 2;
-    if (i + 2 < data.size() && data[i + 1] == '\r' && data[i + 2] == '\n') return i + 3;
-  }
-  return absl::string_view::npos;
-}
 
 }  // namespace
 
@@ -371,16 +202,16 @@ class MetricsEndpoint::Server {
       }
       const size_t scanned = conn.in.size();
       conn.in.append(buf, static_cast<size_t>(n));
-      head_end = HeadEnd(conn.in, scanned > 2 ? scanned - 2 : 0);
+      head_end = http::HeadEnd(conn.in, scanned > 2 ? scanned - 2 : 0);
     }
     if (head_end == std::string::npos) {
       // kMaxRequestBytes without the end of the head: refused; the rest is never read.
-      Respond(id, TextResponse(431, "Request Header Fields Too Large",
-                               absl::StrCat("the request line and headers are limited to ",
-                                            kMaxRequestBytes, " bytes\n")));
+      Respond(id, http::TextResponse(431, "Request Header Fields Too Large",
+                                     absl::StrCat("the request line and headers are limited to ",
+                                                  kMaxRequestBytes, " bytes\n")));
       return;
     }
-    Verdict verdict = Judge(absl::string_view(conn.in).substr(0, head_end));
+    http::Verdict verdict = http::JudgeRequest(absl::string_view(conn.in).substr(0, head_end));
     if (verdict.status != 0) {
       Respond(id, std::move(verdict.response));
       return;
@@ -441,8 +272,8 @@ class MetricsEndpoint::Server {
         // Every connection has a request in line or a response being written: this one is
         // refused at once (a fresh socket's buffer takes the few bytes).
         const std::string busy =
-            TextResponse(503, "Service Unavailable", "too many connections; retry later\n",
-                         "Retry-After: 1\r\n");
+            http::TextResponse(503, "Service Unavailable",
+                               "too many connections; retry later\n", "Retry-After: 1\r\n");
         (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
         close(fd);
         continue;
@@ -565,14 +396,15 @@ class MetricsEndpoint::Server {
       try {
         const std::string text = registry_->Render();
         std::string compressed;
-        if (gzip && Gzip(text, &compressed)) {
-          response = Response(200, "OK", kContentType, compressed, "Content-Encoding: gzip\r\n");
+        if (gzip && http::Gzip(text, &compressed)) {
+          response = http::Response(200, "OK", kContentType, compressed,
+                                    "Content-Encoding: gzip\r\n");
         } else {
-          response = Response(200, "OK", kContentType, text);
+          response = http::Response(200, "OK", kContentType, text);
         }
       } catch (const std::exception& e) {
-        response = TextResponse(500, "Internal Server Error",
-                                absl::StrCat("cannot render the metrics: ", e.what(), "\n"));
+        response = http::TextResponse(500, "Internal Server Error",
+                                      absl::StrCat("cannot render the metrics: ", e.what(), "\n"));
       }
       lock.lock();
       done_.push_back({id, std::move(response)});

@@ -20,13 +20,14 @@
 //    line or a response being written, is itself answered 503 and closed. A flood of idle
 //    connections thus holds at most kMaxConnections descriptors (each with a buffer of at most
 //    kMaxRequestBytes), and it crowds a scrape out only if kMaxConnections newer connections
-//    arrive before the scrape's request does (on loopback, 14,000 new connections a second
-//    crowded out none of 20 scrapes);
+//    arrive before the scrape's request does;
 //  - scrape work is spaced: each process starts at most one scrape (a collection and
 //    serialization of the registry) per kScrapeSpacingMs, whatever number of scrapers or
 //    endpoints there are. Complete scrape requests wait in line (at most kMaxConnections of
 //    them, so at most kMaxConnections x kScrapeSpacingMs) and are rendered one at a time by
 //    the rendering thread; the event loop never waits for a scrape.
+//
+// What a request head asks for, the responses and gzip: http_messages.h.
 //
 // Thread-safe: Start and the destructor may run on any thread, address() is constant. The
 // endpoint's rendering thread only calls registry->Render(); the event loop never touches
