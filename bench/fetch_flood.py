@@ -13,9 +13,9 @@ with a 3 s rest between windows, --repeats times each, which side goes first alt
 Steps per window come from the job's committed step (`pipetrain status`). "ratio" is the
 median over repeats of flooded / quiet steps, each flooded window against the quiet one next
 to it. The flood shares this machine's cores with the job, so the ratio holds the flooder's
-own CPU too: it is an upper bound on what the worker's refusals cost; the flooded worker's
-own CPU seconds per window (/proc) say what they cost it, and --nice 19 runs the flooder on
-what the job leaves.
+own CPU too: it is an upper bound on what the worker's refusals cost. What they cost the
+worker alone is measured first, with a flood at it while it runs nothing (its CPU seconds
+from /proc over the refused calls); --nice 19 runs the flooder on what the job leaves.
 Markdown on stdout, progress on stderr. Standard library only.
 
 Run:  /usr/bin/python3 bench/fetch_flood.py [--build build] [--repeats 3] [--window 10]
@@ -87,16 +87,23 @@ def main():
         raise SystemExit(f"{flood_bin} is not built (ninja -C {args.build} fetch_flood)")
     with LocalCluster(args.build, workers=2) as cluster, tempfile.TemporaryDirectory() as tmp:
         cluster.wait_for_idle_workers(2)
+        service, _ = cluster.worker_ports("worker0")
+        worker_pid = cluster.named["worker0"].pid
+        flood = ["nice", "-n", str(args.nice), flood_bin, f"127.0.0.1:{service}",
+                 str(args.window), str(args.threads)]
+        # What a refused call costs the worker alone: a flood at it while it runs nothing.
+        cpu0 = cpu_seconds(worker_pid)
+        idle_line = subprocess.run(flood, stdout=subprocess.PIPE, text=True,
+                                   check=True).stdout.strip()
+        idle_cpu = cpu_seconds(worker_pid) - cpu0
+        idle_calls = int(idle_line.split()[1])
+        print(f"idle worker0: {idle_cpu:.2f} CPU-s for {idle_line}", file=sys.stderr)
         spec = os.path.join(tmp, "job.yaml")
         with open(spec, "w") as f:
             f.write(SPEC)
         job = cluster.cli(["submit", spec]).stdout.strip()
         while committed_step(cluster, job) < 20:
             time.sleep(0.5)
-        service, _ = cluster.worker_ports("worker0")
-        worker_pid = cluster.named["worker0"].pid
-        flood = ["nice", "-n", str(args.nice), flood_bin, f"127.0.0.1:{service}",
-                 str(args.window), str(args.threads)]
         rows, ratios = [], []
         for r in range(args.repeats):
             order = ["quiet", "flooded"] if r % 2 == 0 else ["flooded", "quiet"]
@@ -113,6 +120,8 @@ def main():
         cluster.cli(["cancel", job])
     w = f"{args.window:.0f}"
     print(f"flooder: {args.threads} threads at nice {args.nice}\n")
+    print(f"idle worker0 (no job): {idle_cpu:.2f} CPU-s for {idle_calls} refused calls, "
+          f"{idle_cpu / max(1, idle_calls) * 1e6:.0f} us each\n")
     print(f"| repeat | quiet: steps / {w} s | worker0 CPU-s | flooded: steps / {w} s "
           f"| worker0 CPU-s | flood |")
     print("|---|---|---|---|---|---|")

@@ -5,7 +5,11 @@
 #include <memory>
 #include <vector>
 
+#include <grpcpp/alarm.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "rpc/security.h"
 #include "rpc/status.h"
@@ -58,6 +62,26 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit Refusal(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
+};
+
+// A refused fetch answered after `delay` (an alarm, no thread held), so that a client looping
+// over refused calls makes a few a second rather than thousands; `on_done` runs once the call
+// is over.
+class DelayedRefusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  DelayedRefusal(grpc::Status status, absl::Duration delay, std::function<void()> on_done)
+      : status_(std::move(status)), on_done_(std::move(on_done)) {
+    alarm_.Set(absl::ToChronoTime(absl::Now() + delay), [this](bool) { Finish(status_); });
+  }
+  void OnDone() override {
+    on_done_();
+    delete this;
+  }
+
+ private:
+  const grpc::Status status_;
+  const std::function<void()> on_done_;
+  grpc::Alarm alarm_;
 };
 
 // Appends `value` as a protobuf varint.
@@ -142,6 +166,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* WorkerServiceAdapter::FetchLayerStat
   // only this.
   absl::StatusOr<std::shared_ptr<const std::string>> bytes =
       held_->Layer(request.job_id(), request.step(), request.layer(), request.state_key());
+  if (absl::IsPermissionDenied(bytes.status()) &&
+      delayed_refusals_.fetch_add(1) < kMaxDelayedRefusals) {
+    return new DelayedRefusal(rpc::ToGrpcStatus(bytes.status()), kRefusalDelay,
+                              [this] { delayed_refusals_.fetch_sub(1); });
+  }
+  if (absl::IsPermissionDenied(bytes.status())) delayed_refusals_.fetch_sub(1);
   if (!bytes.ok()) return new Refusal(rpc::ToGrpcStatus(bytes.status()));
   if (fetches_.fetch_add(1) >= kMaxFetches) {
     fetches_.fetch_sub(1);

@@ -8,10 +8,14 @@
 // key checked before anything else is looked at, each chunk a slice of the held bytes
 // themselves (no copy; the slice keeps them alive until gRPC has sent it), and at most
 // kMaxFetches served at once (more: RESOURCE_EXHAUSTED at once, the fetcher tries another
-// holder or again). So a flood of fetches, with or without the key, costs the worker neither
-// threads nor memory beyond that bound.
+// holder or again). A refusal for the key (PERMISSION_DENIED) is answered kRefusalDelay
+// late, on an alarm (at most kMaxDelayedRefusals at once; beyond, at once): a client that
+// calls without the key in a loop makes a few calls a second per stream, where gRPC's own
+// cost of a call (50-70 µs of CPU, bench/fetch_flood.py) let a few clients take most of a
+// core with thousands a second. So a flood of fetches, with or without the key, costs the
+// worker neither threads nor memory beyond these bounds.
 //
-// No state but the count of fetches in flight; thread-safe as the worker is. The worker and
+// No state but the counts of fetches and delayed refusals in flight; thread-safe as the worker is. The worker and
 // the held states outlive it.
 #pragma once
 
@@ -19,6 +23,8 @@
 #include <string>
 
 #include <grpcpp/grpcpp.h>
+
+#include "absl/time/time.h"
 
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "worker/held_state.h"
@@ -50,6 +56,8 @@ class WorkerServiceAdapter final
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   static constexpr size_t kLayerChunkBytes = 1 << 20;
   static constexpr int kMaxFetches = 4;
+  static constexpr absl::Duration kRefusalDelay = absl::Milliseconds(250);
+  static constexpr int kMaxDelayedRefusals = 256;
   // Fetches being served now.
   int fetches_in_flight() const { return fetches_.load(); }
 
@@ -61,6 +69,7 @@ class WorkerServiceAdapter final
   const std::string command_key_;
   const HeldStates* const held_;
   std::atomic<int> fetches_{0};
+  std::atomic<int> delayed_refusals_{0};
 };
 
 }  // namespace pipetrain::worker

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -204,6 +205,47 @@ TEST(HeldStateMemoryTest, WithoutTheKeyTheAnswerSaysNothingOfWhatIsHeld) {
   EXPECT_EQ(unheld.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   // With the key it is served (the refusals above were not of everything).
   EXPECT_EQ(Fetch(*stub, "the-key").bytes, 1000);
+}
+
+double SecondsOf(const std::function<void()>& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A refusal for the key comes kRefusalDelay late (a client looping over refused calls makes
+// a few a second, not thousands), at most kMaxDelayedRefusals at once: of 300 refused at once
+// the rest are answered without the delay. The negative control: a fetch with the key is not
+// delayed.
+TEST(HeldStateMemoryTest, RefusalsForTheKeyAreAnsweredLateAndBoundedInNumber) {
+  HeldStateServer server;
+  server.Ask("hold 1000 the-key");
+  auto stub = v1::WorkerService::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  const double delay = absl::ToDoubleSeconds(WorkerServiceAdapter::kRefusalDelay);
+  EXPECT_EQ(Fetch(*stub, "the-key").bytes, 1000);  // the connection made
+  EXPECT_GE(SecondsOf([&] { Fetch(*stub, "guess"); }), delay * 0.9);
+  EXPECT_LT(SecondsOf([&] { EXPECT_EQ(Fetch(*stub, "the-key").bytes, 1000); }), delay);
+  constexpr int kAtOnce = 300;
+  std::vector<double> seconds(kAtOnce);
+  std::vector<std::thread> callers;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < kAtOnce; ++i) {
+    callers.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kAtOnce) std::this_thread::yield();
+      seconds[i] = SecondsOf([&] {
+        EXPECT_EQ(Fetch(*stub, "guess").code, grpc::StatusCode::PERMISSION_DENIED);
+      });
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  const int late = static_cast<int>(
+      std::count_if(seconds.begin(), seconds.end(), [&](double s) { return s >= delay * 0.9; }));
+  std::printf("%d refusals at once: %d answered %.0f ms late, %d at once\n", kAtOnce, late,
+              delay * 1e3, kAtOnce - late);
+  EXPECT_LE(late, WorkerServiceAdapter::kMaxDelayedRefusals);
+  EXPECT_GE(late, kAtOnce / 2);
 }
 
 }  // namespace
