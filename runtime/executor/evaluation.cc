@@ -76,12 +76,17 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
                        MessageKey(chunk.stage - 1, e), e,
                        config_.boundaries.at(static_cast<size_t>(chunk.stage)), record));
       }
-      const bool received = !chunk.first && layout_.RankOf(chunk.stage - 1) != config_.stage;
       model::LayerContext ctx;
       ctx.micro_batch = e;
       ctx.mini_batch = n;
       ctx.seed = config_.seed;
       at::Tensor out = modules[c]->Forward(x, ctx);
+      if (!chunk.first && layout_.RankOf(chunk.stage - 1) != config_.stage) {
+        // Run: the rank it came from may send one more.
+        PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
+                                            MessageKind::kEvalProgress,
+                                            MessageKey(chunk.stage, e), ran));
+      }
       const at::ScalarType compute = modules[c]->compute_dtype();
       if (chunk.last) {
         PT_ASSIGN_OR_RETURN(at::Tensor targets, config_.eval_targets(k));
@@ -94,11 +99,6 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
         correct += logits.argmax(-1).eq(flat).sum().item<double>();
         targets_seen += static_cast<double>(flat.numel());
         last = true;
-        if (received) {
-          PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
-                                              MessageKind::kEvalProgress,
-                                              MessageKey(chunk.stage, e), ran));
-        }
         continue;
       }
       if (out.is_floating_point() && out.scalar_type() != compute && compute == at::kBFloat16) {
@@ -111,11 +111,6 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
         PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage + 1),
                                             MessageKind::kEvalActivation,
                                             MessageKey(chunk.stage, e), out));
-      }
-      if (received) {
-        PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
-                                            MessageKind::kEvalProgress,
-                                            MessageKey(chunk.stage, e), ran));
       }
     }
   }
