@@ -119,6 +119,31 @@ class CoordinatorCoreTest : public ::testing::Test {
     EXPECT_TRUE(coordinator_->Heartbeat(sessions_[worker], h).ok());
   }
 
+  // Workers 1, 2 and 3 and a job of 2 stages and `steps` steps with one restart, its first
+  // generation assigned (ranks 0 and 1 on worker-1 and worker-2).
+  struct RecoverableJob {
+    std::string w1, w2, w3;
+    v1::Job job;
+  };
+  RecoverableJob StartRecoverableJob(int steps) {
+    RecoverableJob r{Register(1), Register(2), Register(3), {}};
+    v1::JobSpec spec = Spec(2);
+    spec.set_steps(steps);
+    spec.set_max_restarts(1);
+    r.job = Submit(spec);
+    RunLater();
+    return r;
+  }
+  // Worker-2 of `r` falls silent (worker-1, running rank 0, and worker-3 heartbeat on) until
+  // the coordinator takes it for lost and the job's generation ends.
+  void SilenceWorkerTwo(const RecoverableJob& r) {
+    clock_->Advance(absl::Milliseconds(1500));
+    Heartbeat(r.w1, r.job.id(), 0);
+    Heartbeat(r.w3);
+    clock_->Advance(absl::Milliseconds(600));
+    coordinator_->Tick();
+  }
+
   // `intervals` seconds pass, each with a heartbeat from every worker of `alive` (idle), the
   // coordinator's tick and the calls it made: a silent worker's lease runs out meanwhile.
   void PassSeconds(int intervals, const std::vector<std::string>& alive) {

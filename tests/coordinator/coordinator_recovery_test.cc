@@ -13,12 +13,9 @@ using ::testing::HasSubstr;
 // job runs generation 2 from the newest checkpoint committed with every step before it;
 // the earlier generation's reports change nothing; each step is committed once.
 TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGeneration) {
-  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
-  v1::JobSpec spec = Spec(2);
-  spec.set_steps(10);
-  spec.set_max_restarts(1);
-  const v1::Job job = Submit(spec);
-  RunLater();
+  const RecoverableJob started = StartRecoverableJob(10);
+  const std::string &w1 = started.w1, &w2 = started.w2, &w3 = started.w3;
+  const v1::Job& job = started.job;
   ASSERT_EQ(Worker(1).assigned.size(), 1u);
   EXPECT_EQ(Worker(1).assigned[0].generation(), 1);
   EXPECT_EQ(Get(job.id()).generation(), 1);
@@ -35,11 +32,7 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   EXPECT_EQ(Get(job.id()).checkpoint_step(), 3);
   EXPECT_EQ(Get(job.id()).checkpoint_path(), "/ckpt/step-00000003");
   // worker-2 goes silent: the job is not failed, it recovers.
-  clock_->Advance(absl::Milliseconds(1500));
-  Heartbeat(w1, job.id(), 0);
-  Heartbeat(w3);
-  clock_->Advance(absl::Milliseconds(600));
-  coordinator_->Tick();
+  SilenceWorkerTwo(started);
   v1::Job recovering = Get(job.id());
   EXPECT_EQ(recovering.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(recovering.restarts(), 1);
@@ -240,12 +233,9 @@ TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
 // nonfinite_limit: 7 skipped in a row across restarts once went uncounted); and a job whose
 // last steps were skipped ends with its last finite loss, saying so, never a NaN.
 TEST_F(CoordinatorCoreTest, SkippedStepsCountOnceAcrossARestartAndTheNextGenerationKnowsTheStreak) {
-  const std::string w1 = Register(1), w2 = Register(2), w3 = Register(3);
-  v1::JobSpec spec = Spec(2);
-  spec.set_steps(10);
-  spec.set_max_restarts(1);
-  const v1::Job job = Submit(spec);
-  RunLater();
+  const RecoverableJob started = StartRecoverableJob(10);
+  const std::string &w1 = started.w1, &w2 = started.w2, &w3 = started.w3;
+  const v1::Job& job = started.job;
   EXPECT_EQ(Worker(1).assigned[0].skipped_in_a_row(), 0);
   // Generation 1: steps 1, 2 and 4 skipped; the checkpoint before step 3 committed.
   const auto report = [&](const std::string& worker, int rank, int64_t t, bool skipped,
@@ -268,11 +258,7 @@ TEST_F(CoordinatorCoreTest, SkippedStepsCountOnceAcrossARestartAndTheNextGenerat
   EXPECT_EQ(Get(job.id()).skipped_steps(), 3);
   EXPECT_EQ(Get(job.id()).loss(), 10.0 - 3) << "the last finite loss";
   // worker-2 goes silent; generation 2 resumes from the checkpoint before step 3.
-  clock_->Advance(absl::Milliseconds(1500));
-  Heartbeat(w1, job.id(), 0);
-  Heartbeat(w3);
-  clock_->Advance(absl::Milliseconds(600));
-  coordinator_->Tick();
+  SilenceWorkerTwo(started);
   RunLater();
   EndRank(w1, job.id(), 0, /*ok=*/false, "stopped", /*generation=*/1);
   PassSeconds(2, {w1, w3});
