@@ -3,5 +3,5 @@
 # it trains the built-in GPT on the built-in corpus with 4 pipeline stages (PipeDream-2BW).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh >&2
+scripts/build.sh --main >&2
 exec build/client/pipetrain run "$@"

@@ -2,10 +2,15 @@
 # Installs exactly the Debian 12 packages pipetrain needs to build and test. Idempotent:
 # when everything is present it returns at once without touching apt.
 #   scripts/setup.sh            build + test dependencies
-#   scripts/setup.sh --bench    the same (bench/ compares against Debian's python3-torch,
-#                               which the tests use too)
+#   scripts/setup.sh --main     only what building the main job needs (scripts/run.sh): no
+#                               clang, promtool, Slurm, python3-torch, iproute2
+#   scripts/setup.sh --bench    the same as no flag (bench/ compares against Debian's
+#                               python3-torch, which the tests use too)
 set -euo pipefail
+main_only=0
+if [[ "${1:-}" == "--main" ]]; then main_only=1; fi
 
+# What building the CLI, the runner and the daemons needs.
 packages=(
   # toolchain
   g++ cmake ninja-build ccache git ca-certificates
@@ -18,12 +23,17 @@ packages=(
   # checkpoints: SHA-256 of every file (OpenSSL's libcrypto)
   libssl-dev
   # metrics: the daemons' registry (prometheus-cpp's core; its CMake files need the pull
-  # library's civetweb, which nothing links) and the /metrics endpoint's gzip (zlib); the
-  # tests' HTTP client (cpp-httplib, found with pkg-config)
-  libcpp-httplib-dev pkgconf prometheus-cpp-dev libcivetweb-dev zlib1g-dev
+  # library's civetweb, which nothing links) and the /metrics endpoint's gzip (zlib)
+  pkgconf prometheus-cpp-dev libcivetweb-dev zlib1g-dev
+  # the tests' framework and HTTP client (cpp-httplib, found with pkg-config): CMake's
+  # configure step needs them, since the tests are declared beside the code (headers only)
+  libgtest-dev libgmock-dev libcpp-httplib-dev
+)
+# What the tests, the fuzz targets and the benchmarks need besides.
+test_packages=(
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
   # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
-  libgtest-dev libgmock-dev procps openssl clang-14 libclang-rt-14-dev
+  procps openssl clang-14 libclang-rt-14-dev
   # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
   prometheus
   # iproute2: hosts as network namespaces, veth links and bridges (tests/multihost)
@@ -37,6 +47,11 @@ packages=(
 # bare root, a container): if they still cannot be configured, they are removed again, setup
 # goes on, and that test skips saying slurmctld is missing.
 optional=(slurm-wlm munge)
+if [[ $main_only -eq 1 ]]; then
+  optional=()
+else
+  packages+=("${test_packages[@]}")
+fi
 
 missing_of() {  # the packages of "$@" not installed
   local p
