@@ -46,7 +46,7 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
     const int next = chunk.stage + 1;
     const int64_t e = round * config_.eval_batches + k;
     absl::Status s = Receive(layout_.RankOf(next), MessageKind::kEvalProgress,
-                             MessageKey(next, e), e, ran_spec, record)
+                             MessageKey(chunk.stage, e), e, ran_spec, record)
                          .status();
     if (s.ok()) return s;
     return absl::Status(
@@ -85,7 +85,7 @@ absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
         // Run: the rank it came from may send one more.
         PT_RETURN_IF_ERROR(transport_->Send(layout_.RankOf(chunk.stage - 1),
                                             MessageKind::kEvalProgress,
-                                            MessageKey(chunk.stage, e), ran));
+                                            MessageKey(chunk.stage - 1, e), ran));
       }
       const at::ScalarType compute = modules[c]->compute_dtype();
       if (chunk.last) {

@@ -18,8 +18,6 @@
 
 namespace pipetrain::executor {
 
-using transport::MessageKind;
-
 absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
   if (config_.replicas == 1) return absl::OkStatus();
   if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
@@ -45,44 +43,23 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
 }
 
 absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
-  const int64_t groups = static_cast<int64_t>(config_.tied.size());
-  int64_t most_copies = 1;
   for (const TiedParameter& tie : config_.tied) {
-    most_copies = std::max<int64_t>(most_copies, static_cast<int64_t>(tie.copies.size()));
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    const std::vector<TiedParameter::Copy>& copies = config_.tied[g].copies;
-    if (copies.size() < 2) continue;  // one rank: one parameter
-    const auto mine = std::find_if(copies.begin(), copies.end(), [&](const auto& c) {
+    if (tie.copies.size() < 2) continue;  // one rank: one parameter
+    const auto mine = std::find_if(tie.copies.begin(), tie.copies.end(), [&](const auto& c) {
       return c.rank == config_.stage;
     });
-    if (mine == copies.end()) continue;
-    const auto key = [&](size_t k) {
-      return (t * groups + g) * most_copies + static_cast<int64_t>(k);
-    };
+    if (mine == tie.copies.end()) continue;
+    std::vector<int> holders;
+    for (const TiedParameter::Copy& copy : tie.copies) holders.push_back(copy.rank);
+    std::sort(holders.begin(), holders.end());
     PT_ASSIGN_OR_RETURN(std::vector<at::Tensor> stage_grads,
                         ChunkOf(mine->stage).weights->Gradients(t));
-    const size_t own = static_cast<size_t>(mine - copies.begin());
-    std::vector<at::Tensor> grads(copies.size());
-    grads[own] = stage_grads.at(static_cast<size_t>(mine->parameter));
-    // This copy's gradient to every other rank holding one (sends never block), then theirs.
-    // A copy is sent: the gradient is overwritten with the sum below, and a transport within
-    // one process hands over the tensor itself.
-    const at::Tensor sent = grads[own].clone();
-    const transport::TensorSpec spec = transport::SpecOf(sent);
-    for (const TiedParameter::Copy& other : copies) {
-      if (other.rank == config_.stage) continue;
-      PT_RETURN_IF_ERROR(transport_->Send(other.rank, MessageKind::kTiedGradient, key(own), sent));
-    }
-    for (size_t k = 0; k < copies.size(); ++k) {
-      if (k == own) continue;
-      PT_ASSIGN_OR_RETURN(grads[k], Receive(copies[k].rank, MessageKind::kTiedGradient, key(k),
-                                            t, spec, record));
-    }
-    // The one parameter's gradient, summed in copy order on every rank alike.
-    at::Tensor sum = grads[0].clone();
-    for (size_t k = 1; k < copies.size(); ++k) sum.add_(grads[k]);
-    grads[own].copy_(sum);
+    // The one parameter's gradient: the copies' sum (in rank order, alike on every holder).
+    std::vector<at::Tensor> grad = {stage_grads.at(static_cast<size_t>(mine->parameter))};
+    const transport::Group group = transport::Group::PipelineStages(std::move(holders));
+    PT_RETURN_IF_ERROR(AwaitCollective(group, record, [&](absl::Time deadline) {
+      return transport_->AllReduce(group, grad, transport::ReduceOp::kSum, deadline);
+    }));
   }
   return absl::OkStatus();
 }
@@ -99,29 +76,18 @@ absl::StatusOr<double> StageExecutor::ClipGradients(int64_t t, ActionRecord& rec
       mine += n * n;
     }
   }
-  // Every part to every other rank of the pipeline (sends never block), then theirs; summed
-  // in rank order, so every rank has the same norm to the bit.
-  std::vector<double> parts(static_cast<size_t>(config_.num_stages), 0.0);
-  parts[static_cast<size_t>(config_.stage)] = mine;
+  // The parts of every rank of the pipeline, summed in rank order: every rank has the same
+  // norm to the bit.
+  std::vector<at::Tensor> squares = {
+      at::full({1}, mine, at::TensorOptions().dtype(at::kDouble).device(device_))};
   if (config_.num_stages > 1) {
-    const at::Tensor sent =
-        at::full({1}, mine, at::TensorOptions().dtype(at::kDouble).device(device_));
-    const transport::TensorSpec spec = transport::SpecOf(sent);
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r != config_.stage) {
-        PT_RETURN_IF_ERROR(transport_->Send(r, MessageKind::kGradientNorm, t, sent));
-      }
-    }
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r == config_.stage) continue;
-      PT_ASSIGN_OR_RETURN(at::Tensor part,
-                          Receive(r, MessageKind::kGradientNorm, t, t, spec, record));
-      parts[static_cast<size_t>(r)] = part.item<double>();
-    }
+    PT_RETURN_IF_ERROR(AwaitCollective(
+        transport::Group::Pipeline(), record, [&](absl::Time deadline) {
+          return transport_->AllReduce(transport::Group::Pipeline(), squares,
+                                       transport::ReduceOp::kSum, deadline);
+        }));
   }
-  double squares = 0;
-  for (double part : parts) squares += part;
-  const double norm = std::sqrt(squares);
+  const double norm = std::sqrt(squares[0].item<double>());
   // clip_grad_norm_'s coefficient; a non-finite norm poisons every gradient instead, so that
   // every stage of every replica skips this step alike (WeightStore::Update).
   const double scale = std::isfinite(norm)

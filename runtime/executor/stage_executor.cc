@@ -65,6 +65,8 @@ StageActivity StageExecutor::Activity() const {
   const int waiting = waiting_for_.load(std::memory_order_relaxed);
   if (waiting == kWaitingForReplicas) {
     activity.waiting_for = "replicas";
+  } else if (waiting == kWaitingForPipeline) {
+    activity.waiting_for = "pipeline";
   } else if (waiting >= 0) {
     activity.waiting_for = absl::StrCat("stage ", waiting);
   }
@@ -229,7 +231,7 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       const at::Tensor commands =
           at::full({1}, static_cast<int64_t>(boundary_commands_[t + 1]),
                    at::TensorOptions().dtype(at::kLong).device(it->second.output.device()));
-      return transport_->Send(to, MessageKind::kControl, t, commands);
+      return transport_->Send(to, MessageKind::kControl, MessageKey(s, t), commands);
     }
     case ActionKind::kSendGradient: {
       auto it = chunk.input_grads.find(j);
@@ -263,7 +265,8 @@ absl::Status StageExecutor::ReceiveActivation(Chunk& chunk, int64_t j, ActionRec
   if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
   const int64_t t = j / config_.micro_batches;
   PT_ASSIGN_OR_RETURN(at::Tensor c,
-                      Receive(from, MessageKind::kControl, t, t, {{1}, at::kLong}, record));
+                      Receive(from, MessageKind::kControl, MessageKey(s - 1, t), t,
+                              {{1}, at::kLong}, record));
   return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
 }
 
@@ -478,6 +481,18 @@ absl::Status StageExecutor::WeightGradient(Chunk& chunk, int64_t j) {
   last_backward_end_s_ = MonotonicSeconds();
   chunk.owed_w.erase(owed);
   return absl::OkStatus();
+}
+
+absl::Status StageExecutor::AwaitCollective(
+    const transport::Group& group, ActionRecord& record,
+    absl::FunctionRef<absl::Status(absl::Time deadline)> collective) {
+  const double start = MonotonicSeconds();
+  waiting_for_.store(group.replicas() ? kWaitingForReplicas : kWaitingForPipeline,
+                     std::memory_order_relaxed);
+  absl::Status s = collective(absl::Now() + config_.recv_timeout);
+  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
+  record.wait_s += MonotonicSeconds() - start;
+  return s;
 }
 
 absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, int64_t key,

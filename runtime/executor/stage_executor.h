@@ -18,18 +18,19 @@
 // data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
 // those of the global mini-batch mean.
 // Tied weights (StageConfig::tied): before every update, after the replicas' averaging, the
-// copies' gradients are summed on the ranks holding them (any two ranks may exchange them).
-// Gradient clipping (StageConfig::clip_grad_norm): then every rank of the pipeline sends the
-// sum of squares of its part of the gradient (a tie group counted on its first copy's rank
-// only) to every other, each sums the p parts in rank order (the same norm on every rank,
-// bitwise) and scales its gradient by min(1, C / (norm + 1e-6)), as
+// copies' gradients are summed on the ranks holding them, in an AllReduce among those ranks
+// (Group::PipelineStages; in rank order, the same sum on each).
+// Gradient clipping (StageConfig::clip_grad_norm): then the ranks of the pipeline sum the
+// sums of squares of their parts of the gradient (a tie group counted on its first copy's
+// rank only) in an AllReduce among the pipeline (in rank order: the same norm on every rank,
+// bitwise), and each scales its gradient by min(1, C / (norm + 1e-6)), as
 // torch.nn.utils.clip_grad_norm_ does for the whole model. A non-finite norm makes every
 // rank skip the step (the non-finite-step rule). Under schedules without flushes (2BW,
 // PipeDream) the exchange makes every stage's update wait for stage 0's, the last to finish
 // the step's backward.
 // Step commit (StageConfig::commit_steps, with replicas): once its gradient is final, a rank
-// tells every other rank of its pipeline (kStepCommit), learns the same of each, then joins a
-// one-element AllReduce with its replicas, and only then applies the update. So no rank has
+// joins a barrier of its pipeline, then one of its replicas, and only then applies the
+// update. So no rank has
 // applied update t unless every rank of the job holds t's final gradient: after a fault the
 // survivors agree on one step (commit_state(), ApplyHeldUpdate(),
 // runtime/recovery/survivor_step.h).
@@ -52,7 +53,7 @@
 // waited for the evaluation.
 // Messages between two ranks that exchange several stages' tensors are told apart by their
 // index: micro-batch j across the boundary after model stage s travels as j·v + ⌊s/p⌋ (v
-// chunks a rank; just j with one).
+// chunks a rank; just j with one), the control message of step t as t·v (transport.h).
 // Every received tensor is checked against the expected shape and dtype; a mismatch fails
 // the stage with stage, micro-batch, expected and actual. Every receive has a deadline. On
 // any error the transport is aborted so that all stages stop with the first error.
@@ -88,6 +89,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -174,9 +176,8 @@ struct StageConfig {
   // mini-batch t only once every rank of every replica holds t's final gradient, so that the
   // survivors of a lost rank can agree on one step and go on from it (commit_state(),
   // runtime/recovery/survivor_step.h). After its gradient is final (averaged, tied copies
-  // summed, clipped) the rank sends a kStepCommit message to every other rank of its
-  // pipeline and receives theirs, then joins a one-element AllReduce with its replicas: that
-  // completes only once every replica's pipeline has exchanged its messages. Not with
+  // summed, clipped) the rank joins a barrier of its pipeline, then one of its replicas: that
+  // completes only once every replica's pipeline has passed its own. Not with
   // vertical sync (PipeDream), whose checkpoints are not exact either.
   bool commit_steps = false;
   // Evaluate at every boundary that is a multiple of this (0: never), this many micro-batches
@@ -381,6 +382,10 @@ class StageExecutor {
   absl::StatusOr<at::Tensor> Receive(int peer_stage, transport::MessageKind kind, int64_t key,
                                      int64_t j, const transport::TensorSpec& expected,
                                      ActionRecord& record);
+  // Runs `collective` (given a receive's deadline) among `group` as a wait: its time counts
+  // in `record`, and Activity() names the group while it runs.
+  absl::Status AwaitCollective(const transport::Group& group, ActionRecord& record,
+                               absl::FunctionRef<absl::Status(absl::Time deadline)> collective);
   absl::Status Optimize(int64_t t, ActionRecord& record);
   // The step commit of mini-batch t (StageConfig::commit_steps), once its gradient is final.
   absl::Status CommitStep(int64_t t, ActionRecord& record);
@@ -447,7 +452,7 @@ class StageExecutor {
   std::optional<schedule::Action> stopped_at_;
   // Activity(): the running action as index * 8 + kind (-1: none), and what it waits for
   // (kNotWaiting, kWaitingForReplicas, or a peer stage).
-  static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2;
+  static constexpr int kNotWaiting = -1, kWaitingForReplicas = -2, kWaitingForPipeline = -3;
   std::atomic<int64_t> running_action_{-1};
   std::atomic<int> running_stage_{schedule::kOwnStage};
   std::atomic<bool> stop_requested_{false};

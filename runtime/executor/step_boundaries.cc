@@ -32,20 +32,22 @@ uint32_t StageExecutor::PolicyCommands(int64_t n) const {
 absl::Status StageExecutor::SealBoundary(int64_t n) {
   uint32_t commands = (config_.commands ? config_.commands->Seal(n) : 0) | PolicyCommands(n);
   if (config_.replicas > 1) {
-    // OR across the stage-0 ranks: a bit set anywhere has a mean above 0.
+    // OR across the stage-0 ranks: the maximum of each bit.
     std::vector<at::Tensor> bits = {
-        at::zeros({4}, at::TensorOptions().dtype(at::kFloat).device(device_))};
+        at::zeros({4}, at::TensorOptions().dtype(at::kLong).device(device_))};
     for (int b = 0; b < 4; ++b) {
-      if (commands & (1u << b)) bits[0][b] = 1.0;
+      if (commands & (1u << b)) bits[0][b] = 1;
     }
     waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
-    absl::Status reduced = transport_->AllReduceMean(bits, absl::Now() + config_.recv_timeout);
+    absl::Status reduced =
+        transport_->AllReduce(transport::Group::Replicas(), bits, transport::ReduceOp::kMax,
+                              absl::Now() + config_.recv_timeout);
     waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
     PT_RETURN_IF_ERROR(reduced);
-    const at::Tensor mean = bits[0].cpu();
+    const at::Tensor any = bits[0].cpu();
     commands = 0;
     for (int b = 0; b < 4; ++b) {
-      if (mean[b].item<float>() > 0) commands |= 1u << b;
+      if (any[b].item<int64_t>() > 0) commands |= 1u << b;
     }
   }
   return ApplyBoundary(n, commands);

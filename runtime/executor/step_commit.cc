@@ -13,39 +13,26 @@
 
 namespace pipetrain::executor {
 
-using transport::MessageKind;
-
 absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
   // Held until the commit ends, and after a fault that ends it (with the loss, if known).
   commit_.held_step = t;
   const auto loss = job_losses_.find(t);
   commit_.held_loss =
       loss != job_losses_.end() ? std::optional<double>(loss->second) : std::nullopt;
-  const at::Tensor ready =
-      at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  // This rank holds t's final gradient: it tells every other rank of its pipeline (sends
-  // never block), then learns that each of them does too.
+  // This rank holds t's final gradient: it waits until every other rank of its pipeline does,
+  // then until every replica of it does (each joins only once its own pipeline holds t's
+  // gradient), so this ends only once every rank of the job does.
   if (config_.num_stages > 1) {
-    const transport::TensorSpec spec = transport::SpecOf(ready);
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r != config_.stage) {
-        PT_RETURN_IF_ERROR(transport_->Send(r, MessageKind::kStepCommit, t, ready));
-      }
-    }
-    for (int r = 0; r < config_.num_stages; ++r) {
-      if (r == config_.stage) continue;
-      PT_RETURN_IF_ERROR(Receive(r, MessageKind::kStepCommit, t, t, spec, record).status());
-    }
+    PT_RETURN_IF_ERROR(AwaitCollective(transport::Group::Pipeline(), record,
+                                       [&](absl::Time deadline) {
+                                         return transport_->Barrier(transport::Group::Pipeline(),
+                                                                    deadline);
+                                       }));
   }
-  // Each replica of this rank joins only once its own pipeline holds t's gradient, so this
-  // ends only once every rank of the job does.
-  std::vector<at::Tensor> flag = {ready.clone()};
-  const double start = MonotonicSeconds();
-  waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
-  absl::Status s = transport_->AllReduceMean(flag, absl::Now() + config_.recv_timeout);
-  waiting_for_.store(kNotWaiting, std::memory_order_relaxed);
-  record.wait_s += MonotonicSeconds() - start;
-  return s;
+  if (config_.replicas == 1) return absl::OkStatus();
+  return AwaitCollective(transport::Group::Replicas(), record, [&](absl::Time deadline) {
+    return transport_->Barrier(transport::Group::Replicas(), deadline);
+  });
 }
 
 absl::Status StageExecutor::ReduceStepLoss(const Chunk& chunk, int64_t t) {

@@ -134,10 +134,6 @@ std::string CommitStepsRefusal(const JobConfig& c) {
     return "pipedream's updates follow its micro-batches' weight versions, which no one step "
            "of the survivors holds";
   }
-  if (c.device == "cuda" && c.stages > 1) {
-    return "every rank tells every other rank of its pipeline, which the NCCL transport does "
-           "not link: on device cuda only with one stage";
-  }
   return "";
 }
 
@@ -219,40 +215,15 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                    " model stages (virtual_stages): ",
                               model_stages, " are needed"));
   }
-  if (c.device == "cuda" && schedule::HoldsChunks(c.schedule)) {
-    errors.push_back(absl::StrCat(
-        "schedule: ", std::string(schedule::ScheduleKindName(c.schedule)),
-        " sends between ranks that are not neighbours, which the NCCL transport does not link: "
-        "on device cuda use gpipe, 1f1b or 2bw"));
-  }
   // (its range is job_limits.cc's)
   if (c.eval.every > 0 && c.eval.split == 0) {
     errors.push_back("eval.split: must be > 0 when eval.every is set (the samples evaluated "
                      "are held out of training)");
   }
-  if (c.device == "cuda" && c.eval.every > 0 && c.stages > 1 &&
-      (c.schedule == schedule::ScheduleKind::kTwoBW ||
-       c.schedule == schedule::ScheduleKind::kPipeDream)) {
-    errors.push_back(absl::StrCat(
-        "eval.every: under ", std::string(schedule::ScheduleKindName(c.schedule)),
-        " a stage sends the next step's activations before its evaluation's, an order the "
-        "NCCL transport's one link a direction cannot deliver out of: on device cuda evaluate "
-        "under gpipe or 1f1b"));
-  }
-  if (c.device == "cuda" && c.optimizer.clip_grad_norm > 0 && c.stages > 1) {
-    errors.push_back("optimizer.clip_grad_norm: every rank's part of the norm goes to every "
-                     "other rank, which the NCCL transport does not link: on device cuda only "
-                     "with one stage");
-  }
   if (c.commit_steps) {
     if (std::string why = CommitStepsRefusal(c); !why.empty()) {
       errors.push_back(absl::StrCat("commit_steps: ", why));
     }
-  }
-  if (c.device == "cuda" && (c.model.tie_embeddings || !c.model.tie.empty()) && c.stages > 1) {
-    errors.push_back("model.tie_embeddings: the copies' gradients go between the first and the "
-                     "last rank, which the NCCL transport does not link: on device cuda only "
-                     "with one stage");
   }
   if (c.auto_stages &&
       (schedule::HoldsChunks(c.schedule) || c.schedule == schedule::ScheduleKind::kPipeDream)) {

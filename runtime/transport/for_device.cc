@@ -12,12 +12,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
   if (options.device.is_cuda()) {
 #if defined(PIPETRAIN_HAVE_NCCL)
     NcclTransportOptions nccl;
-    nccl.stage = options.stage;
-    nccl.stages = options.stages;
-    nccl.replica = options.replica;
-    nccl.replicas = options.replicas;
+    static_cast<TransportOptions&>(nccl) = options;
     nccl.device = options.device.index() < 0 ? 0 : options.device.index();
-    nccl.connect_timeout = options.connect_timeout;
+    nccl.evaluation_links = options.evaluates;
     return MakeNcclTransport(std::move(store), nccl);
 #else
     return absl::FailedPreconditionError(
@@ -26,13 +23,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeStageTransport(
 #endif
   }
   GlooTransportOptions gloo;
-  gloo.stage = options.stage;
-  gloo.stages = options.stages;
-  gloo.replica = options.replica;
-  gloo.replicas = options.replicas;
+  static_cast<TransportOptions&>(gloo) = options;
   gloo.host = options.host;
-  gloo.connect_timeout = options.connect_timeout;
-  gloo.key_stride = options.key_stride;
   return MakeGlooTransport(std::move(store), gloo);
 }
 

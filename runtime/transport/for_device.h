@@ -15,19 +15,10 @@
 
 namespace pipetrain::transport {
 
-struct StageTransportOptions {
-  int stage = 0;
-  int stages = 1;
-  int replica = 0;
-  int replicas = 1;
+struct StageTransportOptions : TransportOptions {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   std::string host = "127.0.0.1";  // where this process listens for Gloo peers
-  absl::Duration connect_timeout = absl::Seconds(60);
-  // The numbers a peer's messages of one kind go by follow each other this far apart: the
-  // receives posted ahead are for micro_batch + k x key_stride (k = 1 ..). 1, or v for the
-  // schedules with chunks, whose messages between two ranks are numbered j x v + floor(s/p)
-  // (StageExecutor::MessageKey); posted for numbers that never come they would stay.
-  int key_stride = 1;
+  bool evaluates = false;  // the job evaluates on held-out data (NCCL: links of its own)
 };
 
 // Gloo for a CPU device, NCCL for a CUDA one. FailedPrecondition for a CUDA device in a

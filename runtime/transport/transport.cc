@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -57,20 +59,133 @@ const char* MessageKindName(MessageKind kind) {
       return "gradient";
     case MessageKind::kControl:
       return "control message";
-    case MessageKind::kTiedGradient:
-      return "tied parameter's gradient";
     case MessageKind::kWeightVersion:
       return "weight version";
-    case MessageKind::kGradientNorm:
-      return "part of the gradient norm";
     case MessageKind::kEvalActivation:
       return "evaluated activation";
-    case MessageKind::kStepCommit:
-      return "step commit";
     case MessageKind::kEvalProgress:
       return "evaluation's progress";
   }
   return "message";
+}
+
+bool FlowsForward(MessageKind kind) {
+  return kind != MessageKind::kGradient && kind != MessageKind::kEvalProgress;
+}
+
+bool IsEvaluation(MessageKind kind) {
+  return kind == MessageKind::kEvalActivation || kind == MessageKind::kEvalProgress;
+}
+
+std::string Group::ToString() const {
+  if (replicas_) return "the replicas";
+  if (stages_.empty()) return "the pipeline";
+  return absl::StrCat("stages ", absl::StrJoin(stages_, ", "), " of the pipeline");
+}
+
+int TransportOptions::chunks_per_rank() const {
+  return model_stage_holders.empty() ? 1
+                                     : static_cast<int>(model_stage_holders.size()) /
+                                           std::max(1, stages);
+}
+
+std::string TransportOptions::Describe(int pipeline_stage) const {
+  return absl::StrCat("stage ", pipeline_stage, " (rank ", layout().RankOf(pipeline_stage, replica),
+                      ")");
+}
+
+absl::Status TransportOptions::Validate() const {
+  std::vector<std::string> errors;
+  if (stages < 1 || replicas < 1 || stage < 0 || stage >= stages || replica < 0 ||
+      replica >= replicas) {
+    errors.push_back(absl::StrCat("no stage ", stage, " of replica ", replica, " in a job of ",
+                                  stages, " stages and ", replicas, " replicas"));
+  }
+  if (!model_stage_holders.empty()) {
+    if (model_stage_holders.size() % static_cast<size_t>(std::max(1, stages)) != 0) {
+      errors.push_back(absl::StrCat(model_stage_holders.size(),
+                                    " model stages do not fill ", stages, " stages alike"));
+    }
+    for (int holder : model_stage_holders) {
+      if (holder < 0 || holder >= stages) {
+        errors.push_back(absl::StrCat("a model stage held by stage ", holder, " of ", stages));
+        break;
+      }
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
+namespace {
+
+// Where `member` (a stage, or a replica index) sits in the group's member order.
+int MemberIndex(const Group& group, int member) {
+  if (group.stages().empty()) return member;
+  const auto it = std::find(group.stages().begin(), group.stages().end(), member);
+  return it == group.stages().end() ? -1 : static_cast<int>(it - group.stages().begin());
+}
+
+}  // namespace
+
+absl::Status Transport::AllReduce(const Group& group, std::vector<at::Tensor>& tensors,
+                                  ReduceOp op, absl::Time deadline) {
+  if (tensors.empty()) return absl::OkStatus();
+  std::vector<at::Tensor> flat_parts;
+  for (const at::Tensor& t : tensors) {
+    if (t.scalar_type() != tensors[0].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage ", stage(), ": an AllReduce among ", group.ToString(), " takes tensors of one "
+          "dtype, given ", c10::toString(tensors[0].scalar_type()), " and ",
+          c10::toString(t.scalar_type())));
+    }
+    flat_parts.push_back(t.reshape({-1}));
+  }
+  absl::StatusOr<std::vector<at::Tensor>> parts =
+      AllGather(group, at::cat(flat_parts), deadline);
+  if (!parts.ok()) return parts.status();
+  at::NoGradGuard no_grad;
+  at::Tensor combined = (*parts)[0].clone();
+  for (size_t k = 1; k < parts->size(); ++k) {
+    if (op == ReduceOp::kSum) {
+      combined.add_((*parts)[k]);
+    } else {
+      combined = at::maximum(combined, (*parts)[k]);
+    }
+  }
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    t.copy_(combined.narrow(0, offset, t.numel()).view_as(t));
+    offset += t.numel();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transport::Broadcast(const Group& group, std::vector<at::Tensor>& tensors, int root,
+                                  absl::Time deadline) {
+  const int index = MemberIndex(group, root);
+  if (index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage(), ": no member ", root, " in ", group.ToString()));
+  }
+  // Gathered whole (each member's tensors to every other), then the root's kept: the
+  // collectives carry small tensors.
+  for (at::Tensor& t : tensors) {
+    absl::StatusOr<std::vector<at::Tensor>> parts = AllGather(group, t.contiguous(), deadline);
+    if (!parts.ok()) return parts.status();
+    if (index >= static_cast<int>(parts->size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", stage(), ": no member ", root, " in ", group.ToString()));
+    }
+    at::NoGradGuard no_grad;
+    t.copy_((*parts)[static_cast<size_t>(index)].view_as(t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transport::Barrier(const Group& group, absl::Time deadline) {
+  const at::Tensor here = at::ones({1}, at::TensorOptions().dtype(at::kLong).device(device()));
+  return AllGather(group, here, deadline).status();
 }
 
 std::string TensorSpec::ToString() const {

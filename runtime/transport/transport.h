@@ -1,14 +1,25 @@
 // The data plane seen by one pipeline stage of one data-parallel replica: point-to-point
-// tensors to and from the neighbouring stages of its pipeline, and the gradient AllReduce
-// among the replicas of the stage.
+// tensors to and from the neighbouring model stages of its pipeline, and collectives among a
+// group of ranks (its pipeline, some of its pipeline's stages, or its stage's replicas).
 //
-// Messages are addressed by (peer stage, kind, micro-batch), so the order in which a peer
+// Messages are addressed by (peer stage, kind, number), so the order in which a peer
 // sends does not matter. Send never blocks on the receiver. Recv blocks until the message
 // arrives, the deadline passes (DeadlineExceeded naming what waited for whom) or the
 // transport is aborted (the abort reason, so every stage of a failing job stops with the
-// first error). Implementations: in_process/ (stages as threads of one process), gloo/
-// (stages as processes, over TCP).
-// Thread-safe: Abort() may be called from any thread while Send/Recv run.
+// first error). A message travels across one pipeline boundary (between model stages m and
+// m + 1, on different ranks), and its number says which: it is n x v + c, where v is the
+// number of model stages a rank holds and c = floor(m / p) (StageExecutor::MessageKey; with
+// one model stage a rank, just n). Implementations: in_process/ (stages as threads of one
+// process), gloo/ (stages as processes, over TCP), nccl/ (stages as processes on GPUs).
+//
+// Collectives (AllGather, AllReduce, Broadcast, Barrier) run among the members of a Group;
+// every member calls the same collectives on that group in the same order, with tensors of the
+// same shapes and dtype. Their results are the same on every member to the bit and do not
+// depend on the implementation: members' tensors are combined in member order (ascending
+// stage or replica). Each has a deadline and ends like a Recv: DeadlineExceeded naming the
+// group, the abort reason once aborted, Unavailable when a member is lost.
+// Thread-safe: Abort() may be called from any thread while Send/Recv/collectives run; each
+// implementation says which calls may overlap.
 #pragma once
 
 #include <atomic>
@@ -18,36 +29,94 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/base/rank_layout.h"
 
 namespace pipetrain::transport {
 
-// Activations flow to the next stage, gradients to the previous one; control messages (the
-// step commands of a boundary, runtime/control) flow like activations, indexed by step; a
-// tied parameter's gradient goes between the ranks holding its copies (any two); under
-// vertical sync a micro-batch's weight version follows its activation, indexed by micro-batch.
+// What travels between neighbouring model stages. Towards the later model stage: activations,
+// control messages (the step commands of a boundary, runtime/control, numbered by step), a
+// micro-batch's weight version under vertical sync, and evaluated activations. Towards the
+// earlier one: gradients, and the evaluation's progress (a rank has evaluated a micro-batch:
+// to the rank that sent it its input).
 enum class MessageKind {
   kActivation,
   kGradient,
   kControl,
-  kTiedGradient,
   kWeightVersion,
-  kGradientNorm,    // a rank's part of the pipeline's gradient norm (clipping), keyed by step
-  kEvalActivation,  // an evaluated micro-batch's activation (evaluation on held-out data)
-  kStepCommit,      // a rank holds a step's final gradient (the step commit), keyed by step
-  kEvalProgress,    // a rank has evaluated a micro-batch (to the rank that sent it its input)
+  kEvalActivation,
+  kEvalProgress,
+};
+inline constexpr MessageKind kMessageKinds[] = {
+    MessageKind::kActivation,     MessageKind::kGradient,       MessageKind::kControl,
+    MessageKind::kWeightVersion,  MessageKind::kEvalActivation, MessageKind::kEvalProgress};
+
+// True for the kinds that travel towards the later model stage.
+bool FlowsForward(MessageKind kind);
+// True for the kinds of the evaluation on held-out data.
+bool IsEvaluation(MessageKind kind);
+
+// "activation" / "gradient" / "control message" ...
+const char* MessageKindName(MessageKind kind);
+
+// The ranks a collective runs among, numbered in ascending order.
+class Group {
+ public:
+  // Every stage of this replica's pipeline.
+  static Group Pipeline() { return Group(false, {}); }
+  // The given stages of this replica's pipeline (ascending and distinct; the caller's own
+  // among them).
+  static Group PipelineStages(std::vector<int> stages) { return Group(false, std::move(stages)); }
+  // The data-parallel replicas of this stage.
+  static Group Replicas() { return Group(true, {}); }
+
+  bool replicas() const { return replicas_; }
+  // The pipeline's stages in the group; empty for Pipeline() and Replicas().
+  const std::vector<int>& stages() const { return stages_; }
+  // "the pipeline", "stages 0, 3 of the pipeline", "the replicas".
+  std::string ToString() const;
+
+ private:
+  Group(bool replicas, std::vector<int> stages) : replicas_(replicas), stages_(std::move(stages)) {}
+  bool replicas_;
+  std::vector<int> stages_;
 };
 
-// "activation" / "gradient" / "control".
-const char* MessageKindName(MessageKind kind);
+enum class ReduceOp { kSum, kMax };
+
+// Where a stage process's transport sits in its job: what every transport between processes
+// is told. Process (stage s, replica r) of a p-stage pipeline is rank r x p + s (RankLayout).
+struct TransportOptions {
+  int stage = 0;
+  int stages = 1;
+  int replica = 0;
+  int replicas = 1;
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // The stage of the pipeline that holds each model stage, in model order (runtime/schedule's
+  // ChunkLayout::RankOf); empty: model stage s on stage s. With v model stages a rank, two
+  // ranks may share several boundaries (see the file comment's message numbers).
+  std::vector<int> model_stage_holders;
+
+  RankLayout layout() const { return {stages, replicas}; }
+  int rank() const { return layout().RankOf(stage, replica); }
+  // v: model stages a rank holds.
+  int chunks_per_rank() const;
+  // "stage 1 (rank 5)": a stage of this process's replica.
+  std::string Describe(int pipeline_stage) const;
+  // InvalidArgument unless stage, replica and model_stage_holders fit the layout.
+  absl::Status Validate() const;
+};
 
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual int stage() const = 0;
+  // Where the tensors it carries live: the CPU, or the CUDA device of the NCCL transport.
+  virtual c10::Device device() const { return c10::Device(c10::DeviceType::CPU); }
   // Sends `tensor` (see the file comment) and, once it is on its way, counts its payload.
   absl::Status Send(int peer_stage, MessageKind kind, int64_t micro_batch,
                     const at::Tensor& tensor);
@@ -71,6 +140,21 @@ class Transport {
   };
   virtual std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
                                                                absl::Time deadline);
+  // Every member's `mine` (same shape and dtype on all), in member order.
+  virtual absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group,
+                                                             const at::Tensor& mine,
+                                                             absl::Time deadline) = 0;
+  // Combines `tensors` in place across the members (all of one dtype): their sum or elementwise
+  // maximum, taken in member order, so the same on every member to the bit.
+  absl::Status AllReduce(const Group& group, std::vector<at::Tensor>& tensors, ReduceOp op,
+                         absl::Time deadline);
+  // Every member's `tensors` become member `root`'s (its stage, or its replica index). Made of
+  // AllGathers (every member's tensors reach every other): for small tensors.
+  absl::Status Broadcast(const Group& group, std::vector<at::Tensor>& tensors, int root,
+                         absl::Time deadline);
+  // Returns once every member has called it.
+  absl::Status Barrier(const Group& group, absl::Time deadline);
+
   // Waits until every message sent so far has left this process (before exiting).
   virtual absl::Status Flush(absl::Time /*deadline*/) { return absl::OkStatus(); }
 

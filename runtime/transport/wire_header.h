@@ -3,10 +3,9 @@
 // (fuzz/wire_header_fuzzer.cc).
 //
 // Layout: kWireHeaderWords little-endian int64 words
-//   [0] message kind (MessageKind: 0 activation, 1 gradient, 2 control, 3 tied gradient,
-//       4 weight version, 5 part of the gradient norm, 6 evaluated activation, 7 step commit,
-//       8 evaluation's progress)
-//   [1] micro-batch (or step, for control messages), >= 0
+//   [0] message kind (MessageKind: 0 activation, 1 gradient, 2 control, 3 weight version,
+//       4 evaluated activation, 5 evaluation's progress)
+//   [1] the message's number (transport.h), >= 0
 //   [2] dtype (at::ScalarType's number)
 //   [3] ndim, 0 .. kWireMaxDims
 //   [4] 1 if the payload follows inline in the same message (Gloo, small payloads), else 0
@@ -27,7 +26,7 @@ namespace pipetrain::transport {
 inline constexpr int kWireHeaderWords = 16;
 inline constexpr int kWireMaxDims = 8;
 inline constexpr int64_t kWireMaxElements = int64_t{1} << 40;
-inline constexpr int64_t kWireMessageKinds = 9;
+inline constexpr int64_t kWireMessageKinds = 6;
 
 struct WireHeader {
   int64_t kind = 0;

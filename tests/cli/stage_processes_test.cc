@@ -106,6 +106,48 @@ TEST_F(CliTest, TiedEmbeddingsAcrossProcessesMatchTheReference) {
   EXPECT_EQ(j["config"]["model"]["tie_embeddings"], true);
 }
 
+// The group collectives as stage processes over Gloo (the pipeline's group, some of its stages,
+// the replicas): clipping by the pipeline's norm, tied embeddings whose copies sit on the first
+// and last of 4 ranks, the schedules with chunks with both, and 2BW evaluating. Float64: the
+// parameters within 1e-10 of the un-pipelined reference (clip_grad_norm_ over the whole model,
+// a tie once; tests/pipeline/clip_grad_norm_test has the negative controls), the norms and
+// the evaluation's figures those of the same job with its stages as threads (the in-process
+// transport's collectives).
+TEST_F(CliTest, GroupCollectivesAcrossProcessesMatchTheReference) {
+  const std::string model =
+      " --microbatches 4 --steps 4 --d-model 16 --n-heads 2 --n-layers 3 --seq-len 8 --vocab 16"
+      " --dtype float64 --clip-grad-norm 0.5";
+  for (const std::string job :
+       {"--schedule 1f1b --stages 4 --replicas 2 --tie-embeddings true",
+        "--schedule interleaved --stages 2 --tie-embeddings true",
+        "--schedule zbv --stages 2 --replicas 2 --tie-embeddings true",
+        "--schedule dualpipev --stages 2 --tie-embeddings true",
+        "--schedule 2bw --stages 4 --eval-every 2 --eval-split 0.25"}) {
+    SCOPED_TRACE(job);
+    const fs::path processes = dir_ / "processes.json", threads = dir_ / "threads.json";
+    Result r = Run("run -q --launch processes --reference " + job + model + " --summary " +
+                   processes.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    Result t = Run("run -q --launch threads " + job + model + " --summary " + threads.string());
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    auto p = nlohmann::json::parse(ReadFile(processes));
+    auto q = nlohmann::json::parse(ReadFile(threads));
+    EXPECT_LE(p["max_param_rel_diff"].get<double>(), 1e-10);
+    ASSERT_EQ(p["grad_norms"].size(), 4u);
+    ASSERT_EQ(p["grad_norms"].size(), q["grad_norms"].size());
+    for (size_t k = 0; k < p["grad_norms"].size(); ++k) {
+      const double a = p["grad_norms"][k].get<double>(), b = q["grad_norms"][k].get<double>();
+      EXPECT_NEAR(a, b, 1e-12 * b) << "step " << k;
+    }
+    ASSERT_EQ(p["evals"].size(), q["evals"].size());
+    for (size_t k = 0; k < p["evals"].size(); ++k) {
+      EXPECT_NEAR(p["evals"][k]["loss"].get<double>(), q["evals"][k]["loss"].get<double>(), 1e-12)
+          << "evaluation " << k;
+    }
+    if (job.find("eval") != std::string::npos) EXPECT_EQ(p["evals"].size(), 2u);
+  }
+}
+
 // Stage processes write a checkpoint (each its layers, one commits through the launcher's
 // store): a 3-step job with a checkpoint policy writes its final one, after its last step
 // (the policy's every 3 has no boundary in 3 steps), and a 6-step job resumes from it,

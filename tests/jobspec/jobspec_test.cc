@@ -23,6 +23,7 @@
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_config.h"
 #include "runtime/job/job_limits.h"
 
 namespace pipetrain::jobspec {
@@ -464,6 +465,48 @@ TEST(JobSpecYaml, DuplicateKeysEmptyDocumentsAndNonFiniteNumbersNameTheLine) {
   absl::StatusOr<v1::JobSpec> inf = JobSpecFromYaml("steps: 3\noptimizer:\n  lr: .inf\n");
   ASSERT_FALSE(inf.ok());
   EXPECT_THAT(inf.status().message(), HasSubstr("optimizer.lr (line 3): expected a finite number"));
+}
+
+}  // namespace
+}  // namespace pipetrain::jobspec
+
+namespace pipetrain::jobspec {
+namespace {
+
+// On GPUs (device: cuda) a pipeline runs what it runs on CPUs: clipping, tied embeddings
+// across ranks, the schedules with chunks, evaluation under 2BW and PipeDream and the step
+// commit all go over the transport's group collectives and per-boundary links, so none is
+// refused (the refusal texts named the NCCL transport's links). The negative control: the
+// same checks still refuse what is wrong on cuda as on cpu.
+TEST(JobSpec, DeviceCudaRefusesNothingThePipelineRunsOnCpus) {
+  const std::vector<std::string> cases = {
+      "stages: 4\noptimizer: {clip_grad_norm: 1}\n",
+      "stages: 4\nmodel: {tie_embeddings: true}\n",
+      "stages: 4\nreplicas: 2\n",  // with the step commit (below)
+      "stages: 2\nschedule: interleaved\nvirtual_stages: 2\nmicrobatches: 4\n",
+      "stages: 2\nschedule: zbv\nmicrobatches: 4\n",
+      "stages: 2\nschedule: dualpipev\nmicrobatches: 4\n",
+      "stages: 4\nschedule: 2bw\neval: {every: 2, split: 0.1}\n",
+      "stages: 4\nschedule: pipedream\neval: {every: 2, split: 0.1}\n",
+  };
+  for (const std::string& yaml : cases) {
+    for (const char* device : {"cpu", "cuda"}) {
+      SCOPED_TRACE(yaml + "device: " + device);
+      absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml + "device: " + device + "\n");
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      absl::StatusOr<job::JobConfig> c = JobConfigFromSpec(*spec);
+      ASSERT_TRUE(c.ok()) << c.status();
+      c->commit_steps = c->replicas > 1;
+      const absl::Status valid = job::ValidateJobConfig(*c);
+      EXPECT_TRUE(valid.ok()) << valid;
+    }
+  }
+  absl::StatusOr<v1::JobSpec> wrong =
+      JobSpecFromYaml("stages: 4\nschedule: 1f1b\nvertical_sync: true\ndevice: cuda\n");
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  absl::StatusOr<job::JobConfig> c = JobConfigFromSpec(*wrong);  // validated on the way
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("vertical_sync"));
 }
 
 }  // namespace

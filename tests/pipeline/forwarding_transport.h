@@ -26,6 +26,12 @@ class ForwardingTransport : public transport::Transport {
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
     return inner_->AllReduceMean(tensors, deadline);
   }
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
+                                                     const at::Tensor& mine,
+                                                     absl::Time deadline) override {
+    return inner_->AllGather(group, mine, deadline);
+  }
+  c10::Device device() const override { return inner_->device(); }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 
  protected:

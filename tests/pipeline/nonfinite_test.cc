@@ -256,7 +256,7 @@ TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReporte
   };
   auto hub = transport::MakeInProcessHub();
   std::unique_ptr<transport::Transport> transport =
-      transport::MakeInProcessTransport(hub, 0, 0, 1);
+      transport::MakeInProcessTransport(hub, 0, 1, 0, 1);
   std::vector<int64_t> skipped_reported;
   executor::StageExecutor executor(parts->config, parts->weight_stores(), transport.get(),
                                    [&](const executor::StepRecord& step) {

@@ -107,7 +107,7 @@ TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
   absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
   ASSERT_TRUE(parts.ok()) << parts.status();
   auto hub = transport::MakeInProcessHub();
-  std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 0, 1);
+  std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 1, 0, 1);
   std::atomic<int64_t> steps_done{0};
   executor::StageExecutor executor(parts->config, parts->weight_stores(), transport.get(),
                                    [&](const executor::StepRecord&) { ++steps_done; });

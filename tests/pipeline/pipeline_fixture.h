@@ -105,7 +105,7 @@ inline void RunStages(const JobConfig& c, const std::function<void(StageParts&)>
     ASSERT_TRUE(built.ok()) << built.status();
     run.parts.push_back(std::move(*built));
     adjust(run.parts.back());
-    run.transports.push_back(transport::MakeInProcessTransport(hub, s, 0, 1));
+    run.transports.push_back(transport::MakeInProcessTransport(hub, s, p, 0, 1));
     run.executors.push_back(std::make_unique<executor::StageExecutor>(
         run.parts.back().config, run.parts.back().weight_stores(), run.transports.back().get()));
   }

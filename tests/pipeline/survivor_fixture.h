@@ -65,7 +65,7 @@ enum class Point {
   kForward,            // stage 0 sending the activation of the step's second micro-batch
   kBackward,           // stage 1 sending the gradient of the step's second micro-batch
   kGradientAllReduce,  // stage 1 entering the step's gradient AllReduce
-  kCommitMessage,      // stage 0 telling stage 1 it holds the step's final gradient
+  kCommitMessage,      // entering the step commit's barrier of its pipeline
   kAfterCommit,        // stage 0 sending the next step's second activation (the step applied)
 };
 
@@ -94,8 +94,6 @@ class DyingTransport : public ForwardingTransport {
     if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
                   j == second) ||
         (fault_.point == Point::kBackward && kind == MessageKind::kGradient && j == second) ||
-        (fault_.point == Point::kCommitMessage && kind == MessageKind::kStepCommit &&
-         j == fault_.step) ||
         (fault_.point == Point::kAfterCommit && kind == MessageKind::kActivation &&
          j == second + kMicroBatches)) {
       return Die();
@@ -108,8 +106,8 @@ class DyingTransport : public ForwardingTransport {
     return inner_->Recv(peer, kind, j, deadline);
   }
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    // The job is float64: the commit's flag is one double, stage 0's sealed boundaries are
-    // four floats, and every gradient (one bucket: the model is small) is the rest.
+    // The job is float64: the step's loss is one double, and every gradient (one bucket: the
+    // model is small) is the rest.
     const bool gradient = !tensors.empty() && tensors[0].scalar_type() == at::kDouble &&
                           !(tensors.size() == 1 && tensors[0].numel() == 1);
     if (dead_ || (fault_.point == Point::kGradientAllReduce && gradient &&
@@ -117,6 +115,18 @@ class DyingTransport : public ForwardingTransport {
       return Die();
     }
     return inner_->AllReduceMean(tensors, deadline);
+  }
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
+                                                     const at::Tensor& mine,
+                                                     absl::Time deadline) override {
+    // The step commit's barrier of the pipeline: one int64 a rank, one a step.
+    const bool commit = !group.replicas() && group.stages().empty() &&
+                        mine.scalar_type() == at::kLong && mine.numel() == 1;
+    if (dead_ || (fault_.point == Point::kCommitMessage && commit &&
+                  commit_barriers_++ == fault_.step)) {
+      return Die();
+    }
+    return inner_->AllGather(group, mine, deadline);
   }
 
  private:
@@ -134,6 +144,7 @@ class DyingTransport : public ForwardingTransport {
   std::function<void()> before_dying_, after_dying_;
   std::atomic<bool> dead_{false};
   int64_t gradient_reductions_ = 0;
+  int64_t commit_barriers_ = 0;
 };
 
 

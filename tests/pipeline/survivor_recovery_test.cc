@@ -252,8 +252,7 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
   fs::remove_all(dir);
 }
 
-// Stage 1 of replica 1 dies sending its commit message of step 3 once every other rank has
-// sent its own: every survivor holds step 3's final gradient and none has applied it. The
+// Stage 1 of replica 1 dies entering step 3's commit once every other rank has entered it: every survivor holds step 3's final gradient and none has applied it. The
 // step is completed, not run again: every survivor applies its held update. The last stage's
 // survivors hold the step's loss as the job reports it too.
 TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
@@ -261,25 +260,31 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
   absl::StatusOr<JobReport> whole = RunInProcess(job);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  auto sent = std::make_shared<std::atomic<int>>(0);  // commit messages of step 3
+  auto sent = std::make_shared<std::atomic<int>>(0);  // ranks in step 3's commit barrier
   class Counting : public ForwardingTransport {
    public:
     Counting(std::unique_ptr<transport::Transport> inner, std::shared_ptr<std::atomic<int>> n)
         : ForwardingTransport(std::move(inner)), n_(std::move(n)) {}
-    absl::Status SendMessage(int peer, MessageKind kind, int64_t j, const at::Tensor& t) override {
-      absl::Status s = inner_->Send(peer, kind, j, t);
-      if (kind == MessageKind::kStepCommit && j == 3) ++*n_;
-      return s;
+    absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
+                                                       const at::Tensor& mine,
+                                                       absl::Time deadline) override {
+      // The commit's barrier of the pipeline (one int64, once a step): counted on the way in.
+      if (!group.replicas() && group.stages().empty() && mine.scalar_type() == at::kLong &&
+          barriers_++ == 3) {
+        ++*n_;
+      }
+      return inner_->AllGather(group, mine, deadline);
     }
 
    private:
     std::shared_ptr<std::atomic<int>> n_;
+    int64_t barriers_ = 0;
   };
   Losing losing;
   losing.wrap_survivor = [sent](std::unique_ptr<transport::Transport> t, int) {
     return std::unique_ptr<transport::Transport>(new Counting(std::move(t), sent));
   };
-  // Each of the 5 others sends one (p = 2).
+  // Each of the 5 others enters it.
   losing.before_dying = [sent] {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (sent->load() < kStages * kReplicas - 1 && absl::Now() < deadline) {
@@ -308,7 +313,7 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
 }
 
 // Ranks holding two model stages each (ZB-V: I and W, chunks' AllReduces started during the
-// step): stage 1 of replica 1 dies sending its commit message of step 3; the survivors go on
+// step): stage 1 of replica 1 dies entering step 3's commit; the survivors go on
 // from step 3 or 4 and end within 1e-10 of the run without a fault.
 TEST(SurvivorRecovery, UnderZeroBubbleVTheSurvivorsLoseNoStep) {
   const fs::path dir = TempDir("zbv");

@@ -124,6 +124,32 @@ TEST(NcclTransport, AllReduceMeanOverOneReplicaLeavesValuesUnchanged) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The collectives over the loopback's 1-rank replicas' communicator (a real ncclAllGather)
+// and over a one-stage pipeline (nothing to gather): every value comes back as it went,
+// AllReduce of the one member is the member's own, a barrier passes; a CPU tensor is refused.
+TEST(NcclTransport, CollectivesOverOneMemberGiveTheMembersOwn) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  auto made = MakeLoopback();
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<Transport>& transport = *made;
+  EXPECT_EQ(transport->device(), kGpu);
+  const at::Tensor a = torch::randn({3, 4}, torch::kDouble);
+  for (const Group& group : {Group::Replicas(), Group::Pipeline(), Group::PipelineStages({0})}) {
+    SCOPED_TRACE(group.ToString());
+    auto gathered = transport->AllGather(group, a.to(kGpu), In(absl::Seconds(10)));
+    ASSERT_TRUE(gathered.ok()) << gathered.status();
+    ASSERT_EQ(gathered->size(), 1u);
+    EXPECT_EQ((*gathered)[0].device(), kGpu);
+    EXPECT_TRUE(at::equal((*gathered)[0].cpu(), a));
+    std::vector<at::Tensor> v = {a.to(kGpu)};
+    ASSERT_TRUE(transport->AllReduce(group, v, ReduceOp::kSum, In(absl::Seconds(10))).ok());
+    EXPECT_TRUE(at::equal(v[0].cpu(), a));
+    EXPECT_TRUE(transport->Barrier(group, In(absl::Seconds(10))).ok());
+  }
+  EXPECT_EQ(transport->AllGather(Group::Replicas(), a, In(absl::Seconds(10))).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(NcclTransport, ReceiveHasADeadlineNamingWhatAndWhom) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   auto made = MakeLoopback();

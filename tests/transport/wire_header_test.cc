@@ -48,7 +48,7 @@ TEST(WireHeader, EveryFieldOutOfRangeIsRefusedNamingIt) {
     const char* named;
   };
   const int64_t kMax = std::numeric_limits<int64_t>::max();
-  for (const Case& c : {Case{0, 9, "kind 9"}, Case{0, -1, "kind -1"},
+  for (const Case& c : {Case{0, 6, "kind 6"}, Case{0, -1, "kind -1"},
                         Case{1, -5, "micro-batch -5"}, Case{2, 4, "dtype 4"},
                         Case{2, -1, "dtype -1"}, Case{3, 9, "ndim 9"}, Case{3, -1, "ndim -1"},
                         Case{4, 2, "inline flag 2"}, Case{5, -3, "dim 0 is -3"},

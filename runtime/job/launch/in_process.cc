@@ -57,7 +57,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
       PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, s));
       PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s, start, device));
       if (s == 0 && r == 0) parts.config.commands = options.commands.get();
-      transports.push_back(transport::MakeInProcessTransport(hub, s, r, w));
+      transports.push_back(transport::MakeInProcessTransport(hub, s, p, r, w));
       if (options.wrap_transport) {
         transports.back() = options.wrap_transport(std::move(transports.back()), s);
       }

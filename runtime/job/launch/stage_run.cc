@@ -190,7 +190,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   topts.device = device;
   topts.host = hooks.host;
   topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
-  topts.key_stride = plan.layout.chunks_per_rank;  // the executor's message numbers
+  for (int m = 0; m < plan.layout.stages(); ++m) {  // the executor's message numbers
+    topts.model_stage_holders.push_back(plan.layout.RankOf(m));
+  }
+  topts.evaluates = c.eval.every > 0;
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
   if (hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));

@@ -55,10 +55,12 @@ class GlooTransport : public Transport {
   GlooTransport(std::shared_ptr<rendezvous::KeyValueStore> store,
                 c10::intrusive_ptr<c10d::ProcessGroupGloo> group,
                 c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group,
+                c10::intrusive_ptr<c10d::ProcessGroupGloo> pipeline_group,
                 GlooTransportOptions options)
       : store_(std::move(store)),
         group_(std::move(group)),
         replica_group_(std::move(replica_group)),
+        pipeline_group_(std::move(pipeline_group)),
         options_(std::move(options)),
         reaper_([this] { ReapSends(); }) {}
 
@@ -117,7 +119,7 @@ class GlooTransport : public Transport {
     absl::StatusOr<PostedRecv> header = TakeHeaderRecv(peer, kind, micro_batch);
     if (!header.ok()) return Lost(peer, what, header.status().message());
     for (int64_t ahead = 1; ahead <= kPostedAhead; ++ahead) {
-      const int64_t later = micro_batch + ahead * std::max(1, options_.key_stride);
+      const int64_t later = micro_batch + ahead * options_.chunks_per_rank();
       if (absl::Status s = PostHeaderRecv(peer, kind, later); !s.ok()) {
         return Lost(peer, what, s.message());
       }
@@ -180,7 +182,9 @@ class GlooTransport : public Transport {
     // waits out Gloo's timeout. The groups are let go on a thread of their own instead, so
     // the stage ends (and its host can run the next one) at once.
     if (!aborted().ok()) {
-      std::thread([group = std::move(group_), replicas = std::move(replica_group_)]() mutable {
+      std::thread([group = std::move(group_), replicas = std::move(replica_group_),
+                   pipeline = std::move(pipeline_group_)]() mutable {
+        pipeline.reset();
         replicas.reset();
         group.reset();
       }).detach();
@@ -210,6 +214,32 @@ class GlooTransport : public Transport {
       pending->error = ReductionError(FirstLine(e));
     }
     return pending;
+  }
+
+  // Gloo's allgather on the group's process group; among some stages, each member's tensor
+  // to every other member over the pipeline's group (tagged by the calls between the pair).
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
+                                                     absl::Time deadline) override {
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const std::string what = absl::StrCat("gathering among ", group.ToString());
+    const at::Tensor input = mine.detach().contiguous();
+    c10d::ProcessGroupGloo* pg = group.replicas() ? replica_group_.get() : pipeline_group_.get();
+    if (!group.replicas() && !group.stages().empty()) {
+      return GatherAmongStages(group.stages(), input, deadline, what);
+    }
+    const int members = group.replicas() ? options_.replicas : options_.stages;
+    if (members == 1 || pg == nullptr) return std::vector<at::Tensor>{input.clone()};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int k = 0; k < members; ++k) outputs[0].push_back(at::empty_like(input));
+    std::vector<at::Tensor> inputs = {input};
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = pg->allgather(outputs, inputs);
+    } catch (const std::exception& e) {
+      return CollectiveError(what, FirstLine(e));
+    }
+    PT_RETURN_IF_ERROR(WaitCollective(*work, deadline, what));
+    return std::move(outputs[0]);
   }
 
   void Abort(const absl::Status& reason) override {
@@ -245,29 +275,7 @@ class GlooTransport : public Transport {
         : owner(owner), tensors(std::move(tensors)) {}
     absl::Status Wait(absl::Time deadline) override {
       if (!error.ok() || !work) return error;
-      // In slices, so that an Abort() ends the wait (a collective's work cannot be aborted);
-      // a slice that runs out leaves the work as it was.
-      while (true) {
-        if (absl::Status s = owner->aborted(); !s.ok()) return s;
-        const absl::Duration left = deadline - absl::Now();
-        try {
-          work->wait(TimeLeft(absl::Now() +
-                              std::min(left, owner->options_.reduction_wait_slice)));
-          break;
-        } catch (const std::exception& e) {
-          // A slice that ran out throws "Operation timed out!" even when the work completes
-          // an instant later: a completed work's own wait says whether it succeeded.
-          if (work->isCompleted()) {
-            try {
-              work->wait();
-              break;
-            } catch (const std::exception& failed) {
-              return owner->ReductionError(FirstLine(failed));
-            }
-          }
-          if (absl::Now() >= deadline) return owner->ReductionError("timed out");
-        }
-      }
+      PT_RETURN_IF_ERROR(owner->WaitCollective(*work, deadline, ""));
       // The mean lands in each tensor in one pass (no division of the flat buffer first).
       const at::Tensor replicas = at::scalar_tensor(owner->options_.replicas, flat[0].options());
       int64_t offset = 0;
@@ -284,6 +292,96 @@ class GlooTransport : public Transport {
     absl::Status error;
   };
 
+  // Waits for a collective's `work` in slices, so that an Abort() ends the wait (a
+  // collective's work cannot be aborted); a slice that runs out leaves the work as it was.
+  // `what` names the collective in errors ("" for the gradient AllReduce).
+  absl::Status WaitCollective(c10d::Work& work, absl::Time deadline, const std::string& what) {
+    const auto failed = [&](const std::string& why) {
+      return what.empty() ? ReductionError(why) : CollectiveError(what, why);
+    };
+    while (true) {
+      if (absl::Status s = aborted(); !s.ok()) return s;
+      const absl::Duration left = deadline - absl::Now();
+      try {
+        work.wait(TimeLeft(absl::Now() + std::min(left, options_.reduction_wait_slice)));
+        return absl::OkStatus();
+      } catch (const std::exception& e) {
+        // A slice that ran out throws "Operation timed out!" even when the work completes
+        // an instant later: a completed work's own wait says whether it succeeded.
+        if (work.isCompleted()) {
+          try {
+            work.wait();
+            return absl::OkStatus();
+          } catch (const std::exception& error) {
+            return failed(FirstLine(error));
+          }
+        }
+        if (absl::Now() >= deadline) {
+          return what.empty() ? ReductionError("timed out")
+                              : absl::DeadlineExceededError(absl::StrCat(
+                                    "stage ", options_.stage, " replica ", options_.replica,
+                                    " timed out ", what));
+        }
+      }
+    }
+  }
+
+  absl::Status CollectiveError(const std::string& what, const std::string& why) const {
+    return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " replica ",
+                                               options_.replica, ": ", what, " failed: ", why));
+  }
+
+  // Each member's tensor to every other over the pipeline's group, then theirs received; the
+  // tag of a pair's exchange is the number of exchanges between the two so far.
+  absl::StatusOr<std::vector<at::Tensor>> GatherAmongStages(const std::vector<int>& stages,
+                                                            const at::Tensor& input,
+                                                            absl::Time deadline,
+                                                            const std::string& what) {
+    if (std::find(stages.begin(), stages.end(), options_.stage) == stages.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", options_.stage, " is not one of the members ", what));
+    }
+    std::vector<at::Tensor> parts(stages.size());
+    if (stages.size() == 1) {
+      parts[0] = input.clone();
+      return parts;
+    }
+    if (!pipeline_group_) {
+      return absl::InvalidArgumentError(absl::StrCat("stage ", options_.stage, ": ", what,
+                                                     " in a pipeline of one stage"));
+    }
+    std::vector<std::pair<size_t, c10::intrusive_ptr<c10d::Work>>> sends, receives;
+    try {
+      for (size_t k = 0; k < stages.size(); ++k) {
+        if (stages[k] == options_.stage) {
+          parts[k] = input.clone();
+          continue;
+        }
+        const int tag = pair_exchanges_[stages[k]]++;
+        std::vector<at::Tensor> out = {input};
+        sends.emplace_back(k, pipeline_group_->send(out, stages[k], tag));
+        parts[k] = at::empty_like(input);
+        std::vector<at::Tensor> in = {parts[k]};
+        receives.emplace_back(k, pipeline_group_->recv(in, stages[k], tag));
+      }
+    } catch (const std::exception& e) {
+      return CollectiveError(what, FirstLine(e));
+    }
+    for (auto& [k, work] : receives) {
+      PostedRecv posted{{parts[k]}, work};
+      PT_RETURN_IF_ERROR(Wait(posted, stages[k], deadline,
+                              absl::StrCat("the part of ", what, " from ",
+                                           options_.Describe(stages[k]))));
+    }
+    for (auto& [k, work] : sends) {
+      PostedRecv posted{{input}, work};
+      PT_RETURN_IF_ERROR(Wait(posted, stages[k], deadline,
+                              absl::StrCat("the delivery of this stage's part of ", what,
+                                           " from ", options_.Describe(stages[k]))));
+    }
+    return parts;
+  }
+
   absl::Status ReductionError(const std::string& why) const {
     return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " replica ",
                                                options_.replica, ": gradient AllReduce among ",
@@ -295,10 +393,8 @@ class GlooTransport : public Transport {
     at::Tensor keep_alive;
   };
 
-  int RankOf(int stage) const { return options_.replica * options_.stages + stage; }
-  std::string Describe(int stage) const {
-    return absl::StrCat("stage ", stage, " (rank ", RankOf(stage), ")");
-  }
+  int RankOf(int stage) const { return options_.layout().RankOf(stage, options_.replica); }
+  std::string Describe(int stage) const { return options_.Describe(stage); }
   // Distinct tags for the header and payload of every (kind, micro-batch).
   static int Tag(MessageKind kind, int64_t micro_batch, bool payload) {
     return static_cast<int>(micro_batch * (2 * kWireMessageKinds) + static_cast<int>(kind) * 2 +
@@ -412,7 +508,9 @@ class GlooTransport : public Transport {
 
   std::shared_ptr<rendezvous::KeyValueStore> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group_;  // null with one replica
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group_;   // null with one replica
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pipeline_group_;  // null with one stage
+  std::map<int, int> pair_exchanges_;  // GatherAmongStages' tags, by peer stage
   GlooTransportOptions options_;
   std::mutex send_mu_;
   std::condition_variable send_cv_;  // a send queued, or one delivered
@@ -436,8 +534,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
   IgnoreSigpipe();  // a peer that died fails a write, not this process
   c10::intrusive_ptr<c10d::Store> c10d_store =
       rendezvous::AsC10dStore(store, options.connect_timeout);
-  const int world = options.stages * options.replicas;
-  const int rank = options.replica * options.stages + options.stage;
+  PT_RETURN_IF_ERROR(options.Validate());
+  const int world = options.layout().ranks();
+  const int rank = options.rank();
   auto describe = [&options](int r) {
     return absl::StrCat("rank ", r, " (stage ", r % options.stages, ", replica ",
                         r / options.stages, ")");
@@ -461,8 +560,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
       replica_group = c10::make_intrusive<c10d::ProcessGroupGloo>(stage_store, options.replica,
                                                                   options.replicas, opts);
     }
-    return std::unique_ptr<Transport>(
-        new GlooTransport(std::move(store), group, replica_group, options));
+    // The stages of this replica's pipeline: the group of its collectives.
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> pipeline_group;
+    if (options.stages > 1) {
+      auto pipeline_store = c10::make_intrusive<c10d::PrefixStore>(
+          absl::StrCat("replica", options.replica, "/pipeline"), c10d_store);
+      pipeline_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          pipeline_store, options.stage, options.stages, opts);
+    }
+    return std::unique_ptr<Transport>(new GlooTransport(std::move(store), group, replica_group,
+                                                        pipeline_group, options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         describe(rank), " at ", options.host, ": connecting the Gloo data plane within ",

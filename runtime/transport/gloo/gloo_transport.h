@@ -5,7 +5,10 @@
 // the ring AllReduce that data-parallel replicas need, all maintained with LibTorch and the
 // same shape as the NCCL process group used on GPUs.
 //
-// Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Every message is a
+// Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Collectives: Gloo's
+// allgather on a process group of this replica's pipeline (made when p > 1) or of this
+// stage's replicas (w > 1); among some stages of the pipeline, each member's tensor sent to
+// every other on the pipeline's group. Every message is a
 // small header (kind, micro-batch, dtype, shape) with the payload, so the receiver learns
 // the real shape and dtype of what arrived and the executor can reject a mismatch with
 // both in the error. The receives of each peer's next few headers are posted ahead;
@@ -14,8 +17,8 @@
 // each to be delivered and then drops it, so a sent tensor is held only until its peer has
 // it; Flush() waits for all of them.
 // Receives wait until their deadline; a peer that exits makes them fail at once
-// (Unavailable naming the peer's stage and rank). Thread-safe for one sending and one
-// receiving thread.
+// (Unavailable naming the peer's stage and rank). Thread-safe for one sending, one receiving
+// and one thread calling collectives.
 #pragma once
 
 #include <memory>
@@ -28,21 +31,14 @@
 
 namespace pipetrain::transport {
 
-struct GlooTransportOptions {
-  int stage = 0;
-  int stages = 1;
-  int replica = 0;
-  int replicas = 1;
+// The receives posted ahead for a peer's messages of one kind are for the numbers n + k x v
+// (k = 1 ..; v = chunks_per_rank(), transport.h's message numbers): posted for numbers that
+// never come they would stay.
+struct GlooTransportOptions : TransportOptions {
   std::string host = "127.0.0.1";  // address this process listens on for its peers
-  absl::Duration connect_timeout = absl::Seconds(60);
-  // An AllReduce is waited for in slices of this length, so that an Abort() ends the wait
+  // A collective is waited for in slices of this length, so that an Abort() ends the wait
   // (a collective's work cannot be aborted). Tests make it tiny to make races common.
   absl::Duration reduction_wait_slice = absl::Milliseconds(50);
-  // The numbers a peer's messages of one kind go by follow each other this far apart: the
-  // receives posted ahead are for micro_batch + k x key_stride (k = 1 ..). 1, or v for the
-  // schedules with chunks, whose messages between two ranks are numbered j x v + floor(s/p)
-  // (StageExecutor::MessageKey); posted for numbers that never come they would stay.
-  int key_stride = 1;
 };
 
 // Bytes of receive buffers the transport keeps posted for each peer and kind of message it

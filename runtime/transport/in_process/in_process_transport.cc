@@ -1,6 +1,8 @@
 #include "runtime/transport/in_process/in_process_transport.h"
 
+#include <algorithm>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -86,7 +88,40 @@ class InProcessHub {
     return absl::OkStatus();
   }
 
+  // Call number `call` of a collective among `members` threads, keyed by `group` (the group
+  // and whose it is): member `index` hands in `mine` and waits for every member's.
+  absl::StatusOr<std::vector<at::Tensor>> Gather(const std::string& group, int64_t call,
+                                                 int index, int members, at::Tensor mine,
+                                                 absl::Time deadline, const std::string& who) {
+    absl::MutexLock lock(&mu_);
+    if (!abort_reason_.ok()) return abort_reason_;
+    const std::pair<std::string, int64_t> key{group, call};
+    Gathering& g = gatherings_[key];
+    if (g.parts.empty()) g.parts.resize(static_cast<size_t>(members));
+    g.parts[static_cast<size_t>(index)] = std::move(mine);
+    ++g.arrived;
+    auto all_arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !abort_reason_.ok() || gatherings_[key].arrived >= members;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&all_arrived), deadline);
+    if (!abort_reason_.ok()) return abort_reason_;
+    Gathering& done = gatherings_[key];
+    if (done.arrived < members) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          who, " timed out in collective ", call, ": ", members - done.arrived, " of ",
+          members, " members did not arrive"));
+    }
+    std::vector<at::Tensor> parts = done.parts;
+    if (++done.left == members) gatherings_.erase(key);
+    return parts;
+  }
+
  private:
+  struct Gathering {
+    std::vector<at::Tensor> parts;
+    int arrived = 0;
+    int left = 0;
+  };
   struct Reduction {
     std::vector<std::vector<at::Tensor>> parts;
     std::vector<at::Tensor> mean;
@@ -96,6 +131,7 @@ class InProcessHub {
   absl::Mutex mu_;
   std::map<Key, at::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, int64_t>, Reduction> reductions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int64_t>, Gathering> gatherings_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -103,8 +139,13 @@ namespace {
 
 class InProcessTransport : public Transport {
  public:
-  InProcessTransport(std::shared_ptr<InProcessHub> hub, int stage, int replica, int replicas)
-      : hub_(std::move(hub)), stage_(stage), replica_(replica), replicas_(replicas) {}
+  InProcessTransport(std::shared_ptr<InProcessHub> hub, int stage, int stages, int replica,
+                     int replicas)
+      : hub_(std::move(hub)),
+        stage_(stage),
+        stages_(stages),
+        replica_(replica),
+        replicas_(replicas) {}
   int stage() const override { return stage_; }
   absl::Status SendMessage(int peer, MessageKind kind, int64_t micro_batch,
                            const at::Tensor& tensor) override {
@@ -126,6 +167,37 @@ class InProcessTransport : public Transport {
   }
   void Abort(const absl::Status& reason) override { hub_->Abort(reason); }
 
+  // The tensor itself is handed to the other members (no copy), so each gets a clone.
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
+                                                     absl::Time deadline) override {
+    int index = 0, members = 0;
+    std::string key;
+    if (group.replicas()) {
+      index = replica_;
+      members = replicas_;
+      key = absl::StrCat("replicas of stage ", stage_);
+    } else if (group.stages().empty()) {
+      index = stage_;
+      members = stages_;
+      key = absl::StrCat("pipeline of replica ", replica_);
+    } else {
+      const std::vector<int>& stages = group.stages();
+      const auto it = std::find(stages.begin(), stages.end(), stage_);
+      if (it == stages.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stage ", stage_, " is not one of ", group.ToString()));
+      }
+      index = static_cast<int>(it - stages.begin());
+      members = static_cast<int>(stages.size());
+      key = absl::StrCat(group.ToString(), " of replica ", replica_);
+    }
+    if (members == 1) return std::vector<at::Tensor>{mine.clone()};
+    const int64_t call = collectives_[key]++;
+    return hub_->Gather(key, call, index, members, mine.clone(), deadline,
+                        absl::StrCat("stage ", stage_, " replica ", replica_, " (", group.ToString(),
+                                     ")"));
+  }
+
  private:
   struct Pending : public PendingReduction {
     Pending(InProcessTransport* owner, int64_t call, std::vector<at::Tensor> tensors)
@@ -140,8 +212,9 @@ class InProcessTransport : public Transport {
   };
 
   std::shared_ptr<InProcessHub> hub_;
-  int stage_, replica_, replicas_;
+  int stage_, stages_, replica_, replicas_;
   int64_t reductions_ = 0;
+  std::map<std::string, int64_t> collectives_;  // calls so far, by group
 };
 
 }  // namespace
@@ -149,8 +222,8 @@ class InProcessTransport : public Transport {
 std::shared_ptr<InProcessHub> MakeInProcessHub() { return std::make_shared<InProcessHub>(); }
 
 std::unique_ptr<Transport> MakeInProcessTransport(std::shared_ptr<InProcessHub> hub, int stage,
-                                                  int replica, int replicas) {
-  return std::make_unique<InProcessTransport>(std::move(hub), stage, replica, replicas);
+                                                  int stages, int replica, int replicas) {
+  return std::make_unique<InProcessTransport>(std::move(hub), stage, stages, replica, replicas);
 }
 
 }  // namespace pipetrain::transport

@@ -15,7 +15,7 @@ absl::Status NcclTransport::SendMessage(int peer, MessageKind kind, int64_t micr
   if (absl::Status s = aborted(); !s.ok()) return s;
   const std::string message_name = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
                                                 micro_batch, " to ", Describe(peer));
-  Channel* channel = Link(peer, kind, /*sending=*/true);
+  Channel* channel = Link(peer, kind, micro_batch, /*sending=*/true);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(Self(), " has no link to send ", message_name));
@@ -72,7 +72,7 @@ absl::StatusOr<at::Tensor> NcclTransport::Recv(int peer, MessageKind kind, int64
   if (absl::Status s = aborted(); !s.ok()) return s;
   const std::string wanted = absl::StrCat("the ", MessageKindName(kind), " of micro-batch ",
                                           micro_batch, " from ", Describe(peer));
-  Channel* channel = Link(peer, kind, /*sending=*/false);
+  Channel* channel = Link(peer, kind, micro_batch, /*sending=*/false);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(Self(), " has no link to receive ", wanted));
   }
@@ -148,14 +148,15 @@ absl::Status NcclTransport::Flush(absl::Time deadline) {
   return aborted();
 }
 
-Channel* NcclTransport::Link(int peer, MessageKind kind, bool sending) const {
-  // Upstream: gradients, and an evaluated micro-batch's progress (to the rank that sent it).
-  const bool downstream =
-      kind != MessageKind::kGradient && kind != MessageKind::kEvalProgress;
-  const int toward = downstream == sending ? 1 : -1;
-  if (peer != (options_.loopback ? options_.stage : options_.stage + toward)) return nullptr;
-  if (downstream) return sending ? activations_out_ : activations_in_;
-  return sending ? gradients_out_ : gradients_in_;
+Channel* NcclTransport::Link(int peer, MessageKind kind, int64_t number, bool sending) const {
+  if (options_.loopback) {
+    if (peer != options_.stage) return nullptr;
+    return FlowsForward(kind) ? loopback_forward_ : loopback_backward_;
+  }
+  const int from = sending ? options_.stage : peer, to = sending ? peer : options_.stage;
+  const int index = LinkOf(links_, options_.chunks_per_rank(), from, to, kind, number);
+  const auto it = link_channels_.find(index);
+  return it == link_channels_.end() ? nullptr : it->second;
 }
 
 absl::Status NcclTransport::CheckTensor(const at::Tensor& tensor, const std::string& doing) const {

@@ -34,41 +34,28 @@ NcclTransport::~NcclTransport() {
 absl::Status NcclTransport::Connect() {
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   using Role = Channel::Role;
-  const int s = options_.stage;
   if (options_.loopback) {
-    activations_out_ = activations_in_ =
-        AddChannel(Role::kLoopback, "the loopback link for activations",
-                   "nccl/loopback/activations", 1, 0, 0);
-    gradients_out_ = gradients_in_ =
-        AddChannel(Role::kLoopback, "the loopback link for gradients",
-                   "nccl/loopback/gradients", 1, 0, 0);
-    replicas_ = AddChannel(Role::kReduce, "the loopback communicator for reductions",
+    loopback_forward_ = AddChannel(Role::kLoopback, "the loopback link for activations",
+                                   "nccl/loopback/activations", 1, 0, 0);
+    loopback_backward_ = AddChannel(Role::kLoopback, "the loopback link for gradients",
+                                    "nccl/loopback/gradients", 1, 0, 0);
+    replicas_ = AddChannel(Role::kCollective, "the loopback communicator for reductions",
                            "nccl/loopback/replicas", 1, 0, 0);
   } else {
-    // One communicator per direction of every link; in each, the lower stage is rank 0.
-    auto key = [this](const char* kind, int from, int to) {
-      return absl::StrCat("nccl/replica", options_.replica, "/", kind, from, "to", to);
-    };
-    if (s + 1 < options_.stages) {
-      const std::string next = Describe(s + 1);
-      activations_out_ = AddChannel(Role::kSend, "the link for activations to " + next,
-                                    key("activations", s, s + 1), 2, 0, 1);
-      gradients_in_ = AddChannel(Role::kReceive, "the link for gradients from " + next,
-                                 key("gradients", s + 1, s), 2, 0, 1);
-    }
-    if (s > 0) {
-      const std::string previous = Describe(s - 1);
-      activations_in_ = AddChannel(Role::kReceive, "the link for activations from " + previous,
-                                   key("activations", s - 1, s), 2, 1, 0);
-      gradients_out_ = AddChannel(Role::kSend, "the link for gradients to " + previous,
-                                  key("gradients", s, s - 1), 2, 1, 0);
+    AddLinks();
+    if (options_.stages > 1) {
+      pipeline_ = AddChannel(Role::kCollective,
+                             absl::StrCat("the communicator of the ", options_.stages,
+                                          " stages of replica ", options_.replica),
+                             absl::StrCat("nccl/replica", options_.replica, "/pipeline"),
+                             options_.stages, options_.stage, 0);
     }
     if (options_.replicas > 1) {
-      replicas_ = AddChannel(Role::kReduce,
+      replicas_ = AddChannel(Role::kCollective,
                              absl::StrCat("the communicator of the ", options_.replicas,
-                                          " replicas of stage ", s),
-                             absl::StrCat("nccl/stage", s, "/replicas"), options_.replicas,
-                             options_.replica, 0);
+                                          " replicas of stage ", options_.stage),
+                             absl::StrCat("nccl/stage", options_.stage, "/replicas"),
+                             options_.replicas, options_.replica, 0);
     }
   }
   for (auto& channel : channels_) {
@@ -101,6 +88,21 @@ absl::Status NcclTransport::Connect() {
     }
   }
   return WarmUpLinks(deadline);
+}
+
+void NcclTransport::AddLinks() {
+  links_ = PipelineLinks(options_, options_.evaluation_links);
+  const int self = options_.stage;
+  for (size_t i = 0; i < links_.size(); ++i) {
+    const BoundaryLink& link = links_[i];
+    if (link.from() != self && link.to() != self) continue;
+    // In each 2-rank communicator the sender is rank 0.
+    const bool sends = link.from() == self;
+    link_channels_[static_cast<int>(i)] =
+        AddChannel(sends ? Channel::Role::kSend : Channel::Role::kReceive,
+                   link.Name(options_, self), "nccl/" + link.Key(options_.replica), 2,
+                   sends ? 0 : 1, sends ? 1 : 0);
+  }
 }
 
 Channel* NcclTransport::AddChannel(Channel::Role role, std::string name, std::string key,
@@ -151,7 +153,7 @@ absl::Status NcclTransport::WarmUpLinks(absl::Time deadline) {
   std::vector<at::Tensor> received;
   const absl::Status warmed = [&]() -> absl::Status {
     for (auto& channel : channels_) {
-      if (channel->role == Channel::Role::kReduce) continue;
+      if (channel->role == Channel::Role::kCollective) continue;
       const std::string what = "connecting " + channel->name;
       links.push_back(channel.get());
       received.push_back(at::empty({1}, CudaOptions(at::kLong)));
@@ -231,14 +233,8 @@ bool CudaDeviceAvailable() {
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeNcclTransport(
     std::shared_ptr<rendezvous::KeyValueStore> store, const NcclTransportOptions& options) {
-  const int rank = options.replica * options.stages + options.stage;
-  if (options.stages < 1 || options.replicas < 1 || options.stage < 0 ||
-      options.stage >= options.stages || options.replica < 0 ||
-      options.replica >= options.replicas) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no stage ", options.stage, " of replica ", options.replica, " in a job of ",
-        options.stages, " stages and ", options.replicas, " replicas"));
-  }
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  const int rank = options.rank();
   if (options.loopback && (options.stages != 1 || options.replicas != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the NCCL loopback needs 1 stage and 1 replica, not ", options.stages, " and ",

@@ -9,12 +9,19 @@
 // ranks of one communicator on the same device).
 //
 // Communicators. NCCL point-to-point messages have no tags and a send waits for its matching
-// receive, so sharing one communicator between both directions of a link could deadlock. Each
-// link between adjacent stages therefore has two 2-rank communicators, one per direction
-// (activations s -> s+1, gradients s+1 -> s), each with its own stream, so every communicator
-// carries one-way traffic in schedule order. The w replicas of a stage share one more
-// communicator for the gradient AllReduce. The lowest rank of each communicator creates its
-// ncclUniqueId and publishes it in the store; the others wait for it at most
+// receive, so sharing one communicator between both directions of a link could deadlock, and
+// two boundaries between the same two ranks (schedules with chunks: interleaved's wrap from the
+// last rank to the first, ZB-V's and DualPipeV's way back) could not be told apart. Each
+// pipeline boundary (model stage m to m + 1 on different ranks: transport.h's message numbers
+// say which) therefore has two 2-rank communicators, one per direction (activations and control
+// messages forward, gradients back), each with its own stream, so every communicator carries
+// one-way traffic in schedule order; with `evaluation_links`, the evaluation's messages have
+// two more of their own per boundary, since under 2BW and PipeDream a rank sends the next
+// step's activations before its evaluation's and a shared link would deliver them out of the
+// receiver's order. The p stages of a replica's pipeline share one communicator for the
+// collectives among them, and the w replicas of a stage one more for the gradient AllReduce and
+// the collectives among them. The sending rank (the lowest rank of a group's communicator)
+// creates its ncclUniqueId and publishes it in the store; the others wait for it at most
 // `connect_timeout`. Every link exchanges one warm-up message while connecting, so NCCL's
 // lazily made peer connections exist before the first real Send.
 //
@@ -77,18 +84,21 @@
 //
 // AllReduceMean / StartAllReduceMean: one ncclAllReduce with ncclAvg per tensor, in place,
 // grouped, on the replicas' communicator; with one replica it only checks the tensors (except
-// in loopback, below).
+// in loopback, below). AllGather: one ncclAllGather on the pipeline's or the replicas'
+// communicator; among some stages of the pipeline, one grouped ncclSend and ncclRecv to and
+// from each other member on the pipeline's communicator (the other stages issue nothing). It
+// waits for its event before it returns, like Recv.
 //
 // Loopback (tests on one GPU): with `loopback`, a 1-stage, 1-replica transport is its own
 // neighbour: Send(own stage, ...) and Recv(own stage, ...) travel over 1-rank communicators,
-// and AllReduceMean really runs over a 1-rank communicator. NCCL requires a send to self to be
+// and AllReduceMean and AllGather among the replicas really run over a 1-rank communicator. NCCL requires a send to self to be
 // issued in the same group as its receive, so Send only stages the message (header and
 // payload kept alive) and the matching Recv copies the header to the GPU and issues each send
 // together with its receive (so Flush has nothing to wait for); everything else (headers, checks, allocation, streams, events,
 // deadlines, Abort) is the code multi-GPU jobs run.
 //
-// Thread-safe for one sending, one receiving and one reducing thread at a time; Abort() may be
-// called from any thread.
+// Thread-safe for one sending, one receiving and one reducing thread (the gradient AllReduce
+// and the collectives) at a time; Abort() may be called from any thread.
 #pragma once
 
 #include <memory>
@@ -100,14 +110,10 @@
 
 namespace pipetrain::transport {
 
-struct NcclTransportOptions {
-  int stage = 0;
-  int stages = 1;
-  int replica = 0;
-  int replicas = 1;
+struct NcclTransportOptions : TransportOptions {
   int device = 0;  // the CUDA device this process's tensors live on
-  absl::Duration connect_timeout = absl::Seconds(60);
   bool loopback = false;  // see "Loopback" above; needs stages == replicas == 1
+  bool evaluation_links = false;  // the job evaluates: links for its messages (above)
 };
 
 // True if the CUDA runtime sees at least one device.

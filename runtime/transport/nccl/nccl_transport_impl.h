@@ -1,5 +1,6 @@
 // The NCCL transport's class, shared by its source files: connecting and closing
-// (nccl_transport.cc), messages (nccl_messages.cc), reductions (nccl_reduction.cc), issuing
+// (nccl_transport.cc), messages (nccl_messages.cc), reductions and collectives
+// (nccl_reduction.cc), issuing
 // NCCL work and waiting for it (nccl_streams.cc), and aborting (nccl_failure.cc). Made only by
 // MakeNcclTransport; nccl_transport.h is its contract (threads, ordering, waiting, errors,
 // what a failed call keeps alive). Lock order: send_mu_ before nccl_mu_ before abort_mu_;
@@ -12,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/rendezvous/key_value_store.h"
+#include "runtime/transport/boundary_links.h"
 #include "runtime/transport/nccl/nccl_cuda.h"
 #include "runtime/transport/nccl/nccl_transport.h"
 #include "runtime/transport/transport.h"
@@ -49,7 +52,7 @@ struct Message {
 
 // One NCCL communicator with its own stream.
 struct Channel {
-  enum class Role { kSend, kReceive, kLoopback, kReduce };
+  enum class Role { kSend, kReceive, kLoopback, kCollective };
   Role role;
   std::string name;  // "the link for activations to stage 1 (rank 1)"
   std::string key;   // where its ncclUniqueId is published in the store
@@ -90,6 +93,11 @@ class NcclTransport : public Transport {
   std::unique_ptr<PendingReduction> StartAllReduceMean(std::vector<at::Tensor> tensors,
                                                        absl::Time deadline) override;
 
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
+                                                     absl::Time deadline) override;
+
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CUDA, options_.device); }
+
   void Abort(const absl::Status& reason) override;
 
   absl::Status Flush(absl::Time deadline) override;
@@ -114,10 +122,8 @@ class NcclTransport : public Transport {
     std::string what;  // "delivering the activation of micro-batch 3 to stage 1 (rank 1)"
   };
 
-  int RankOf(int stage) const { return options_.replica * options_.stages + stage; }
-  std::string Describe(int stage) const {
-    return absl::StrCat("stage ", stage, " (rank ", RankOf(stage), ")");
-  }
+  int RankOf(int stage) const { return options_.layout().RankOf(stage, options_.replica); }
+  std::string Describe(int stage) const { return options_.Describe(stage); }
   std::string Self() const { return Describe(options_.stage); }
   std::string ReductionWhat() const {
     return absl::StrCat("averaging gradients among the ", options_.replicas, " replicas of stage ",
@@ -131,6 +137,10 @@ class NcclTransport : public Transport {
 
   Channel* AddChannel(Channel::Role role, std::string name, std::string key, int ranks, int rank,
                       int peer);
+
+  // The links of every boundary this stage sends or receives across (both directions, and
+  // the evaluation's with evaluation_links).
+  void AddLinks();
 
   // Every creator publishes its ids before anyone waits, so no process waits for an id that
   // a waiting process has yet to publish.
@@ -147,10 +157,10 @@ class NcclTransport : public Transport {
 
   // --- Messages (nccl_messages.cc).
 
-  // The channel that carries `kind` to (sending) or from `peer`: activations and control
-  // messages flow to the next stage, gradients to the previous one; in loopback, all to this
-  // stage itself.
-  Channel* Link(int peer, MessageKind kind, bool sending) const;
+  // The channel that carries message `number` of `kind` to (sending) or from `peer`: the link
+  // of its boundary (the number's chunk, transport.h), direction and lane (training or
+  // evaluation); in loopback, each direction's one link to this stage itself.
+  Channel* Link(int peer, MessageKind kind, int64_t number, bool sending) const;
 
   absl::Status CheckTensor(const at::Tensor& tensor, const std::string& doing) const;
 
@@ -166,7 +176,7 @@ class NcclTransport : public Transport {
   // Drops the sends that have completed. REQUIRES: send_mu_ held.
   void Reap();
 
-  // --- Reductions (nccl_reduction.cc).
+  // --- Reductions and collectives (nccl_reduction.cc).
 
   absl::Status StartReduction(NcclReduction& reduction, absl::Time deadline);
 
@@ -230,12 +240,14 @@ class NcclTransport : public Transport {
   std::shared_ptr<rendezvous::KeyValueStore> store_;
   NcclTransportOptions options_;
   std::vector<std::unique_ptr<Channel>> channels_;
-  // Roles of channels_ (null where this stage has no such neighbour; in loopback, each kind's
-  // out and in are the same channel).
-  Channel* activations_out_ = nullptr;
-  Channel* activations_in_ = nullptr;
-  Channel* gradients_out_ = nullptr;
-  Channel* gradients_in_ = nullptr;
+  // Roles of channels_. The pipeline's links (boundary_links.h), and the channel of each one
+  // this stage sends or receives on, by its index there; in loopback, one link per direction,
+  // each its own out and in.
+  std::vector<BoundaryLink> links_;
+  std::map<int, Channel*> link_channels_;
+  Channel* loopback_forward_ = nullptr;
+  Channel* loopback_backward_ = nullptr;
+  Channel* pipeline_ = nullptr;  // null with one stage
   Channel* replicas_ = nullptr;  // null with one replica (outside loopback)
   std::mutex nccl_mu_;    // serializes NCCL calls against AbortCommunicators()
   std::mutex staged_mu_;  // guards Channel::staged
