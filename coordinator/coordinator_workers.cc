@@ -18,6 +18,7 @@
 #include "jobspec/step_commands.h"
 #include "proto/states.h"
 #include "rpc/security.h"
+#include "runtime/base/host_port.h"
 #include "runtime/base/status_macros.h"
 
 namespace pipetrain::coordinator {
@@ -27,16 +28,10 @@ namespace {
 // "host:port", "[v6]:port": a host of letters, digits, '.', '-', '_' (or an IPv6 address in
 // brackets) and a port in 1..65535. What a channel is made to, so nothing else is taken.
 bool IsServiceAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
-    return false;
-  }
-  std::string host = address.substr(0, colon);
-  if (host.front() == '[') {
-    if (host.back() != ']' || host.size() < 3) return false;
-    host = host.substr(1, host.size() - 2);
+  const absl::StatusOr<HostPort> parsed = ParseHostPort(address, 1);
+  if (!parsed.ok() || parsed->host.empty()) return false;
+  const std::string& host = parsed->host;
+  if (address.front() == '[') {
     return std::all_of(host.begin(), host.end(), [](char c) {
       return absl::ascii_isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
     });
@@ -46,22 +41,11 @@ bool IsServiceAddress(const std::string& address) {
   });
 }
 
-// The host of "host:port" or "[v6]:port", without brackets.
-std::string HostOfAddress(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
 // The host a call came from, as gRPC names its peer ("ipv4:10.0.0.2:5555",
 // "ipv6:[fd00::2]:5555"); "" for a local socket or an unknown peer.
 std::string PeerHost(const std::string& peer) {
   for (const char* scheme : {"ipv4:", "ipv6:"}) {
-    if (absl::StartsWith(peer, scheme)) return HostOfAddress(peer.substr(std::strlen(scheme)));
+    if (absl::StartsWith(peer, scheme)) return HostOf(peer.substr(std::strlen(scheme)));
   }
   return "";
 }
@@ -94,7 +78,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
         "[IPv6]) with a port in 1..65535");
   }
   // An address nobody else can reach is refused, naming the flag that fixes it.
-  const std::string host = HostOfAddress(request.address());
+  const std::string host = HostOf(request.address());
   if (host == "0.0.0.0" || host == "::") {
     return absl::InvalidArgumentError(absl::StrCat(
         "address ", request.address(), " is a wildcard, not an address the coordinator or "

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/coordinator_metrics.h"
 #include "metrics/endpoint.h"
+#include "runtime/base/host_port.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
@@ -170,15 +171,16 @@ int main(int argc, char** argv) {
     Say(std::string(server.status().message()));
     return absl::IsInvalidArgument(server.status()) ? exit_code::kUsage : exit_code::kUnavailable;
   }
-  const std::string host = server_options.listen.substr(0, server_options.listen.rfind(':'));
-  std::fprintf(stderr, "pipetrain-coordinator: listening on %s:%d (jobs in %s; %s, %s)\n",
-               host.c_str(), (*server)->port(), options.db_path.c_str(),
+  const std::string listening =
+      pipetrain::JoinHostPort(pipetrain::HostOf(server_options.listen), (*server)->port());
+  std::fprintf(stderr, "pipetrain-coordinator: listening on %s (jobs in %s; %s, %s)\n",
+               listening.c_str(), options.db_path.c_str(),
                !security.worker_token.empty() ? "user and worker tokens required"
                : security.token.empty()       ? "no token"
                                               : "token required",
                security.tls_ca.empty() ? (security.tls() ? "TLS" : "plaintext") : "mutual TLS");
   if (!port_file.empty()) {
-    std::string address = absl::StrCat(host, ":", (*server)->port(), "\n");
+    std::string address = absl::StrCat(listening, "\n");
     if (metrics_endpoint) {
       absl::StrAppend(&address, "metrics ", metrics_endpoint->address(), "\n");
     }

@@ -12,6 +12,7 @@
 #include "coordinator/job_traffic.h"
 #include "jobspec/job_config_from_spec.h"
 #include "jobspec/planned_layout.h"
+#include "runtime/base/host_port.h"
 #include "runtime/model/model_config.h"
 #include "runtime/planner/profile_json.h"
 
@@ -100,7 +101,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
         (cluster.memory_bytes == 0 || w.memory_bytes() < cluster.memory_bytes)) {
       cluster.memory_bytes = w.memory_bytes();
     }
-    ++on_host[w.host().empty() ? w.address().substr(0, w.address().rfind(':')) : w.host()];
+    ++on_host[w.host().empty() ? HostOf(w.address()) : w.host()];
     cores = std::max(cores, w.cores());
   }
   // Workers on one host share its cores (one intra-op thread each, as profiled).

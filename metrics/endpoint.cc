@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "metrics/http_messages.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::metrics {
 namespace {
@@ -439,16 +440,14 @@ MetricsEndpoint::~MetricsEndpoint() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& host_port, const Registry* registry) {
-  const size_t colon = host_port.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) ||
-      port < 0 || port > 65535 || colon == 0) {
+  const absl::StatusOr<HostPort> address = ParseHostPort(host_port);
+  if (!address.ok() || address->host.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics-listen: expected HOST:PORT (port 0: any free one), got '", host_port, "'"));
   }
-  std::string host = host_port.substr(0, colon);
-  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
-  if (bracketed) host = host.substr(1, host.size() - 2);
+  const std::string& host = address->host;
+  const int port = address->port;
+  const bool bracketed = host_port.front() == '[';
   const bool ipv6 = host.find(':') != std::string::npos;
   sockaddr_storage addr{};
   socklen_t addr_len = 0;

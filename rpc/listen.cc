@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::rpc {
 namespace {
@@ -17,17 +18,10 @@ namespace {
 // Why binding `address` fails now, as binding a socket there (exclusively, then closed at
 // once) says; "" when it binds (the server failed for another reason).
 std::string WhyNotBindable(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return "expected HOST:PORT";
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  int number = -1;
-  if (!absl::SimpleAtoi(port, &number) || number < 0 || number > 65535) {
-    return "the port is not a number from 0 to 65535";
-  }
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  if (!parsed.ok()) return std::string(parsed.status().message());
+  const std::string& host = parsed->host;
+  const std::string port = std::to_string(parsed->port);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;

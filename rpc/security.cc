@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::rpc {
 namespace {
@@ -333,16 +334,7 @@ bool IsLoopback(const std::string& listen) {
   if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) {
     return true;
   }
-  std::string host;
-  if (absl::StartsWith(listen, "[")) {
-    host = listen.substr(1, listen.find(']') == std::string::npos ? std::string::npos
-                                                                   : listen.find(']') - 1);
-  } else {
-    const size_t colon = listen.rfind(':');
-    host = colon == std::string::npos ? listen : listen.substr(0, colon);
-  }
-  host = absl::AsciiStrToLower(host);
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  return IsLoopbackHost(HostOf(listen));
 }
 
 std::string ListenWarning(const std::string& listen, const SecurityOptions& options) {

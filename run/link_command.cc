@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "runtime/base/host_port.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/printable.h"
 #include "runtime/base/atomic_file.h"
@@ -28,22 +29,21 @@ struct Leader {
 
 // ADDRESS:PORT (the stores at PORT and PORT + 1) or ADDRESS:PORT,PORT2.
 absl::StatusOr<Leader> ParseLeader(const std::string& text) {
-  const size_t colon = text.rfind(':');
   Leader leader;
   const auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
         "--connect ", text,
         ": expected ADDRESS:PORT or ADDRESS:PORT,PORT (what --listen printed)"));
   };
-  if (colon == std::string::npos || colon == 0) return bad();
-  leader.address = text.substr(0, colon);
-  const std::vector<std::string> ports = absl::StrSplit(text.substr(colon + 1), ',');
-  if (ports.size() > 2 || !absl::SimpleAtoi(ports[0], &leader.p2p_port)) return bad();
+  // The second port follows the first after a comma.
+  const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(',', 1));
+  const absl::StatusOr<HostPort> first = ParseHostPort(parts[0], 1);
+  if (!first.ok() || first->host.empty()) return bad();
+  leader.address = first->host;
+  leader.p2p_port = first->port;
   leader.replica_port = leader.p2p_port + 1;
-  if (ports.size() == 2 && !absl::SimpleAtoi(ports[1], &leader.replica_port)) return bad();
-  for (const int port : {leader.p2p_port, leader.replica_port}) {
-    if (port < 1 || port > 65535) return bad();
-  }
+  if (parts.size() == 2 && !absl::SimpleAtoi(parts[1], &leader.replica_port)) return bad();
+  if (leader.replica_port < 1 || leader.replica_port > 65535) return bad();
   return leader;
 }
 

@@ -18,25 +18,6 @@
 namespace pipetrain::worker {
 namespace {
 
-// "[v6]" -> "v6"; anything else as it is.
-std::string WithoutBrackets(const std::string& host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
-// The host of "host:port" or "[v6]:port", brackets removed.
-std::string HostOf(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  return WithoutBrackets(colon == std::string::npos ? listen : listen.substr(0, colon));
-}
-
-// "localhost", 127.0.0.0/8, "::1".
-bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 // Every address of this host's interfaces, with the interface's name.
 template <typename Visit>
 void ForEachInterfaceAddress(Visit visit) {
@@ -90,19 +71,11 @@ bool IsWildcardHost(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
-std::string JoinHostPort(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
-}
-
 std::string ListenAddressFor(const std::string& listen, const AdvertisedAddress& advertised) {
   if (!IsLoopbackHost(HostOf(listen)) || IsLoopbackHost(advertised.host)) return listen;
-  const size_t colon = listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) {
-    return listen;
-  }
-  return JoinHostPort(advertised.host, port);
+  const absl::StatusOr<HostPort> parsed = ParseHostPort(listen);
+  if (!parsed.ok()) return listen;
+  return JoinHostPort(advertised.host, parsed->port);
 }
 
 absl::StatusOr<std::string> AddressOfInterface(const std::string& name) {

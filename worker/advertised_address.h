@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::worker {
 
@@ -41,8 +42,7 @@ absl::StatusOr<std::string> AddressOfInterface(const std::string& name);
 std::string InterfaceHolding(const std::string& host);
 // "0.0.0.0", "::", "[::]", "": a wildcard (or no) host.
 bool IsWildcardHost(const std::string& host);
-// `host` with `port`, brackets around an IPv6 address: "10.0.0.2:7071", "[fd00::2]:7071".
-std::string JoinHostPort(const std::string& host, int port);
+// (Addresses are parsed and joined by runtime/base/host_port.h.)
 
 // The name of the machine a worker runs on, as it registers it (--host-name's default):
 // Slurm's node name ($SLURMD_NODENAME) under Slurm, where several nodes may share one

@@ -449,7 +449,7 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
   } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
              final_of_step && !shares_parameters_ &&
              !schedule::HoldsChunks(config_.schedule.kind) &&
-             config_.schedule.kind != schedule::ScheduleKind::kPipeDream) {
+             schedule::WeightsOf(config_.schedule.kind) != schedule::WeightPolicy::kStashed) {
     // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions, nor a
     // shared parameter's, whose gradient is folded into its owner's after the backward).
     PT_ASSIGN_OR_RETURN(model::StageModule * module, chunk.weights->ModuleFor(j));

@@ -130,7 +130,7 @@ std::string EffectiveDataKind(const JobConfig& config) {
 }
 
 std::string CommitStepsRefusal(const JobConfig& c) {
-  if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+  if (schedule::WeightsOf(c.schedule) == schedule::WeightPolicy::kStashed) {
     return "pipedream's updates follow its micro-batches' weight versions, which no one step "
            "of the survivors holds";
   }
@@ -196,7 +196,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     errors.push_back(absl::StrCat("planner: unknown '", c.planner,
                                   "' (one of: 2bw, pipedream, hippie)"));
   }
-  if (c.vertical_sync && c.schedule != schedule::ScheduleKind::kPipeDream) {
+  if (c.vertical_sync && schedule::WeightsOf(c.schedule) != schedule::WeightPolicy::kStashed) {
     errors.push_back(absl::StrCat(
         "vertical_sync: only pipedream runs micro-batches on weight versions of their own; "
         "schedule is ", std::string(schedule::ScheduleKindName(c.schedule))));
@@ -225,8 +225,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
       errors.push_back(absl::StrCat("commit_steps: ", why));
     }
   }
-  if (c.auto_stages &&
-      (schedule::HoldsChunks(c.schedule) || c.schedule == schedule::ScheduleKind::kPipeDream)) {
+  if (c.auto_stages && !schedule::TraitsOf(c.schedule).planned_by_auto) {
     errors.push_back(absl::StrCat(
         "stages: auto plans gpipe, 1f1b and 2bw layouts; schedule ",
         std::string(schedule::ScheduleKindName(c.schedule)), " needs its stages given"));

@@ -302,8 +302,8 @@ absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
         owner = params[static_cast<size_t>(index)];
         continue;
       }
-      if (k != owner_module && (c.schedule == schedule::ScheduleKind::kTwoBW ||
-                                c.schedule == schedule::ScheduleKind::kPipeDream)) {
+      if (k != owner_module &&
+          schedule::WeightsOf(c.schedule) != schedule::WeightPolicy::kFlush) {
         return absl::InternalError(absl::StrCat(
             "tied layers ", group.front().layer, " and ", ref.layer,
             " are in two model stages of one rank under a schedule of several weight versions"));
@@ -322,7 +322,7 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
   const model::LayerRange r = plan.partition[s];
   std::vector<weights::ParameterState> optimizer_state;
   const bool resumed = !start.layers.empty();
-  const bool two_bw = c.schedule == schedule::ScheduleKind::kTwoBW;
+  const schedule::WeightPolicy weights = schedule::WeightsOf(c.schedule);
   std::unique_ptr<model::StageModule> stale;  // 2BW resumed: W(N-1), where the checkpoint has it
   if (resumed) {
     const std::vector<checkpoint::LayerState> own(
@@ -334,7 +334,8 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
                           absl::StrCat("resume_from: ", loaded.status().message()));
     }
     optimizer_state = *std::move(loaded);
-    if (two_bw && checkpoint::HaveStaleVersion(own)) {
+    if (weights == schedule::WeightPolicy::kDoubleBuffered &&
+        checkpoint::HaveStaleVersion(own)) {
       stale = module->Clone();
       if (absl::Status st = checkpoint::LoadStaleLayerStates(own, stale.get()); !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("resume_from: ", st.message()));
@@ -343,11 +344,11 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
   }
   PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer, c.steps));
   std::unique_ptr<weights::WeightStore> store;
-  if (two_bw) {
+  if (weights == schedule::WeightPolicy::kDoubleBuffered) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(
                                    std::move(module), std::move(optimizer), c.micro_batches,
                                    start.first_step, std::move(stale)));
-  } else if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+  } else if (weights == schedule::WeightPolicy::kStashed) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(
                                    std::move(module), std::move(optimizer), c.micro_batches,
                                    start.first_step, c.vertical_sync && s > 0));

@@ -133,18 +133,19 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
 
 int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches,
                    bool vertical_sync) {
-  switch (schedule) {
-    case schedule::ScheduleKind::kTwoBW:
+  switch (schedule::WeightsOf(schedule)) {
+    case schedule::WeightPolicy::kDoubleBuffered:
       return 2;
-    case schedule::ScheduleKind::kPipeDream: {
+    case schedule::WeightPolicy::kStashed: {
       const int m = std::max(1, micro_batches);
       if (vertical_sync && stage > 0) return 2 + (std::max(0, stages - 1) + m - 1) / m;
       const int behind = std::max(0, stages - stage - 1);  // the stage's warm-up forwards
       return 1 + (behind + m - 1) / m;
     }
-    default:
+    case schedule::WeightPolicy::kFlush:
       return 1;
   }
+  return 1;
 }
 
 int64_t WeightBytes(int versions, int64_t parameter_bytes, int64_t optimizer_bytes) {
@@ -153,7 +154,7 @@ int64_t WeightBytes(int versions, int64_t parameter_bytes, int64_t optimizer_byt
 
 absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterProfile& cluster,
                                    const Layout& layout) {
-  const bool stashing = layout.schedule == schedule::ScheduleKind::kPipeDream;
+  const bool stashing = schedule::WeightsOf(layout.schedule) == schedule::WeightPolicy::kStashed;
   const std::vector<LayerProfile> layers =
       profile.sizes.empty() ? std::vector<LayerProfile>{}
                             : LayersAt(profile, layout.pipeline.micro_batch_size);

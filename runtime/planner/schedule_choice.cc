@@ -12,12 +12,6 @@ namespace {
 
 using schedule::ScheduleKind;
 
-// The updates a schedule computes: every flushing schedule the same (the un-pipelined
-// step's); 2bw and pipedream each their own stale ones.
-int Semantics(ScheduleKind kind) {
-  return kind == ScheduleKind::kTwoBW ? 1 : kind == ScheduleKind::kPipeDream ? 2 : 0;
-}
-
 // Parts of at most `limit` each, greedily from layer 0 (the fewest there can be); none when
 // a layer alone is above the limit.
 std::vector<std::pair<int, int>> GreedyRanges(const std::vector<double>& cost, double limit) {
@@ -77,13 +71,12 @@ std::vector<ScheduleOption> CompareSchedules(const ModelProfile& profile,
   const std::vector<LayerProfile> layers = LayersAt(profile, chosen.pipeline.micro_batch_size);
   const int p = chosen.stages();
   std::vector<ScheduleOption> options;
-  for (const ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW,
-        ScheduleKind::kPipeDream, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubble,
-        ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
     ScheduleOption option;
     option.schedule = kind;
-    option.same_semantics = Semantics(kind) == Semantics(chosen.schedule);
+    // The updates a schedule computes are its weight policy's: every flushing schedule the
+    // un-pipelined step's, 2bw and pipedream each their own stale ones.
+    option.same_semantics = schedule::WeightsOf(kind) == schedule::WeightsOf(chosen.schedule);
     Layout layout = chosen;
     layout.schedule = kind;
     const int v = schedule::DefaultVirtualStages(kind);
@@ -132,7 +125,7 @@ std::vector<ScheduleOption> CompareSchedules(const ModelProfile& profile,
                               o.candidate.prediction.peak_memory_bytes,
                               PlannableBytes(cluster.memory_bytes));
     } else if (!o.same_semantics) {
-      o.why = Semantics(o.schedule) == 0
+      o.why = schedule::WeightsOf(o.schedule) == schedule::WeightPolicy::kFlush
                   ? "flushes every step: other updates than the chosen schedule's"
                   : "its own stale weights: other updates than the chosen schedule's";
     } else if (best != nullptr) {

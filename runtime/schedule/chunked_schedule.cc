@@ -192,9 +192,8 @@ std::vector<int> ChunkLayout::StagesOf(int rank) const {
 ChunkLayout LayoutOf(const ScheduleParams& params) {
   ChunkLayout layout;
   layout.ranks = params.stages;
-  const bool v_shaped =
-      params.kind == ScheduleKind::kZeroBubbleV || params.kind == ScheduleKind::kDualPipeV;
-  layout.placement = v_shaped ? ChunkPlacement::kV : ChunkPlacement::kLoop;
+  layout.placement = TraitsOf(params.kind).placement;
+  const bool v_shaped = layout.placement == ChunkPlacement::kV;
   layout.chunks_per_rank = v_shaped ? 2 : std::max(1, params.virtual_stages);
   return layout;
 }
@@ -217,14 +216,13 @@ absl::Status ValidateChunkedParams(const ScheduleParams& params) {
           rounds, ": microbatches (", m, ") must be a multiple of it"));
     }
   }
-  if ((params.kind == ScheduleKind::kZeroBubbleV || params.kind == ScheduleKind::kDualPipeV) &&
-      v != 2) {
+  if (TraitsOf(params.kind).placement == ChunkPlacement::kV && v != 2) {
     errors.push_back(absl::StrCat(name, " places 2 chunks on each rank (a V): virtual_stages "
                                         "must be 2, got ", v));
   }
-  if (params.kind == ScheduleKind::kDualPipeV && p >= 1 && m < 2 * p) {
-    errors.push_back(absl::StrCat("dualpipev needs microbatches >= 2 x stages: got m=", m,
-                                  " < 2 x ", p));
+  if (const int k = TraitsOf(params.kind).micro_batches_per_rank; k > 0 && p >= 1 && m < k * p) {
+    errors.push_back(absl::StrCat(name, " needs microbatches >= ", k, " x stages: got m=", m,
+                                  " < ", k, " x ", p));
   }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));

@@ -21,12 +21,6 @@
 
 namespace pipetrain::schedule {
 
-// Where the chunks go:
-//   kLoop  stage s on rank s mod p (rank r holds r, r + p, r + 2p, ...);
-//   kV     two chunks a rank, rank r holds stages r and 2p−1−r: the first and the last
-//          stage share rank 0, and the middle two (p−1, p) rank p−1, handing over locally.
-enum class ChunkPlacement { kLoop, kV };
-
 struct ChunkLayout {
   ChunkPlacement placement = ChunkPlacement::kLoop;
   int ranks = 1;            // p
@@ -40,8 +34,8 @@ struct ChunkLayout {
 };
 
 // The chunk layout a schedule runs on (ScheduleParams: kind, stages = p ranks,
-// virtual_stages): V placement for kZeroBubbleV and kDualPipeV, loop placement otherwise
-// (one stage a rank for the kinds without chunks).
+// virtual_stages): the kind's placement (ScheduleTraits), 2 chunks a rank under V, one stage a
+// rank for the kinds without chunks.
 ChunkLayout LayoutOf(const ScheduleParams& params);
 
 // For a kind that HoldsChunks, the rules of its chunks (ValidateScheduleParams checks them

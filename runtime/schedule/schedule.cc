@@ -1,6 +1,7 @@
 #include "runtime/schedule/schedule.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cctype>
 #include <cstdint>
 #include <string>
@@ -46,10 +47,38 @@ constexpr KindAlias kKindAliases[] = {
     {"dualpipev", ScheduleKind::kDualPipeV},
 };
 
-bool IsKnownKind(ScheduleKind kind) {
-  return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB ||
-         RunsContinuously(kind) || HoldsChunks(kind);
+using Placement = ChunkPlacement;
+using Weights = WeightPolicy;
+
+// kind, name, chunks, splits B, continuous, default v, placement, weights, m per rank, auto
+constexpr ScheduleTraits kTraits[] = {
+    {ScheduleKind::kGPipe, "gpipe", false, false, false, 1, Placement::kLoop, Weights::kFlush, 0,
+     true},
+    {ScheduleKind::kOneFOneB, "1f1b", false, false, false, 1, Placement::kLoop, Weights::kFlush,
+     0, true},
+    {ScheduleKind::kTwoBW, "2bw", false, false, true, 1, Placement::kLoop,
+     Weights::kDoubleBuffered, 1, true},
+    {ScheduleKind::kPipeDream, "pipedream", false, false, true, 1, Placement::kLoop,
+     Weights::kStashed, 0, false},
+    {ScheduleKind::kInterleaved, "interleaved", true, false, false, 2, Placement::kLoop,
+     Weights::kFlush, 0, false},
+    {ScheduleKind::kZeroBubble, "zb1p", true, true, false, 1, Placement::kLoop, Weights::kFlush,
+     0, false},
+    {ScheduleKind::kZeroBubbleV, "zbv", true, true, false, 2, Placement::kV, Weights::kFlush, 0,
+     false},
+    {ScheduleKind::kDualPipeV, "dualpipev", true, true, false, 2, Placement::kV, Weights::kFlush,
+     2, false},
+};
+static_assert(std::size(kTraits) == std::size(kScheduleKinds));
+
+const ScheduleTraits* FindTraits(ScheduleKind kind) {
+  for (const ScheduleTraits& t : kTraits) {
+    if (t.kind == kind) return &t;
+  }
+  return nullptr;
 }
+
+bool IsKnownKind(ScheduleKind kind) { return FindTraits(kind) != nullptr; }
 
 // Rank `rank`'s list for one step of a schedule with chunks, its messages placed.
 absl::StatusOr<std::vector<Action>> ChunkedStepList(const ScheduleParams& params, int rank) {
@@ -96,48 +125,21 @@ void AppendOneFOneB(int p, int s, int m, int64_t first, int64_t count, std::vect
 
 }  // namespace
 
+const ScheduleTraits& TraitsOf(ScheduleKind kind) {
+  const ScheduleTraits* traits = FindTraits(kind);
+  return traits != nullptr ? *traits : kTraits[static_cast<size_t>(ScheduleKind::kOneFOneB)];
+}
+
 std::string_view ScheduleKindName(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return "gpipe";
-    case ScheduleKind::kOneFOneB:
-      return "1f1b";
-    case ScheduleKind::kTwoBW:
-      return "2bw";
-    case ScheduleKind::kPipeDream:
-      return "pipedream";
-    case ScheduleKind::kInterleaved:
-      return "interleaved";
-    case ScheduleKind::kZeroBubble:
-      return "zb1p";
-    case ScheduleKind::kZeroBubbleV:
-      return "zbv";
-    case ScheduleKind::kDualPipeV:
-      return "dualpipev";
-  }
-  return "unknown";
+  const ScheduleTraits* traits = FindTraits(kind);
+  return traits != nullptr ? traits->name : "unknown";
 }
 
-bool RunsContinuously(ScheduleKind kind) {
-  return kind == ScheduleKind::kTwoBW || kind == ScheduleKind::kPipeDream;
-}
-
-bool HoldsChunks(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubble ||
-         kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
-}
-
-bool SplitsBackward(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
-         kind == ScheduleKind::kDualPipeV;
-}
-
-int DefaultVirtualStages(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubbleV ||
-                 kind == ScheduleKind::kDualPipeV
-             ? 2
-             : 1;
-}
+bool RunsContinuously(ScheduleKind kind) { return TraitsOf(kind).runs_continuously; }
+bool HoldsChunks(ScheduleKind kind) { return TraitsOf(kind).holds_chunks; }
+bool SplitsBackward(ScheduleKind kind) { return TraitsOf(kind).splits_backward; }
+int DefaultVirtualStages(ScheduleKind kind) { return TraitsOf(kind).default_virtual_stages; }
+WeightPolicy WeightsOf(ScheduleKind kind) { return TraitsOf(kind).weights; }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name) {
   const std::string original(name);
@@ -177,9 +179,13 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
                                     params.first_step, " < N < steps=", params.steps));
     }
   }
-  if (params.kind == ScheduleKind::kTwoBW && params.micro_batches < params.stages) {
-    errors.push_back(absl::StrCat("2bw needs micro_batches >= stages: got m=", params.micro_batches,
-                                  " < p=", params.stages));
+  if (const int k = TraitsOf(params.kind).micro_batches_per_rank;
+      !HoldsChunks(params.kind) && k > 0 && params.micro_batches < k * params.stages) {
+    // (the kinds with chunks say it with their other rules, ValidateChunkedParams)
+    errors.push_back(absl::StrCat(std::string(ScheduleKindName(params.kind)),
+                                  " needs micro_batches >= ",
+                                  k == 1 ? std::string("stages") : absl::StrCat(k, " x stages"),
+                                  ": got m=", params.micro_batches, " < p=", params.stages));
   }
   if (HoldsChunks(params.kind)) {
     if (absl::Status s = ValidateChunkedParams(params); !s.ok()) {

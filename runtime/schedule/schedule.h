@@ -57,6 +57,46 @@ enum class ScheduleKind {
   kDualPipeV,    // DualPipeV: V placement
 };
 
+// Every kind, in the order above: what a sweep over all schedules iterates.
+inline constexpr ScheduleKind kScheduleKinds[] = {
+    ScheduleKind::kGPipe,       ScheduleKind::kOneFOneB,   ScheduleKind::kTwoBW,
+    ScheduleKind::kPipeDream,   ScheduleKind::kInterleaved, ScheduleKind::kZeroBubble,
+    ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV};
+
+// Which weights a schedule's updates are computed on (docs/design.md section 3):
+//   kFlush          one version: every micro-batch of step t runs on W(t), and the update
+//                   follows a flush (the un-pipelined step's semantics);
+//   kDoubleBuffered PipeDream-2BW: step t's micro-batches run on W(t − 1), and
+//                   W(t + 1) = W(t) − step(∇f(W(t − 1))) (two versions a stage);
+//   kStashed        PipeDream: each forward on the stage's newest version, its backward on
+//                   the same one (stashed until then).
+enum class WeightPolicy { kFlush, kDoubleBuffered, kStashed };
+
+// Where the model chunks of a kind go (chunked_schedule.h):
+//   kLoop  stage s on rank s mod p (rank r holds r, r + p, r + 2p, ...); one chunk a rank
+//          for the kinds without chunks;
+//   kV     two chunks a rank, rank r holds stages r and 2p−1−r: the first and the last
+//          stage share rank 0, and the middle two (p−1, p) rank p−1, handing over locally.
+enum class ChunkPlacement { kLoop, kV };
+
+// What a kind is, in one record: the one place a new kind declares itself.
+struct ScheduleTraits {
+  ScheduleKind kind;
+  std::string_view name;   // "gpipe", "1f1b", "2bw", "pipedream", "interleaved", "zb1p", ...
+  bool holds_chunks;       // ranks hold model chunks named by their actions
+  bool splits_backward;    // backwards split into I (input gradient) and W (weight gradient)
+  bool runs_continuously;  // one 1F1B over every step with no flush
+  int default_virtual_stages;  // chunks a rank when a job names none
+  ChunkPlacement placement;
+  WeightPolicy weights;
+  // m >= this x p (0: any m): 2bw's warm-up fits in a step, DualPipeV's two directions fill.
+  int micro_batches_per_rank;
+  bool planned_by_auto;  // `stages: auto` (and the planners' shapes) search its layouts
+};
+
+// The traits of `kind`. REQUIRES: `kind` is one of kScheduleKinds.
+const ScheduleTraits& TraitsOf(ScheduleKind kind);
+
 // "gpipe", "1f1b", "2bw", "pipedream", "interleaved", "zb1p", "zbv", "dualpipev".
 std::string_view ScheduleKindName(ScheduleKind kind);
 // Accepts the names above (case-insensitive) and the aliases "flush", "pipedream-flush",
@@ -64,15 +104,12 @@ std::string_view ScheduleKindName(ScheduleKind kind);
 // "zb-v". The error lists the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(std::string_view name);
 
-// Whether the kind's ranks hold model chunks named by their actions (interleaved, zb1p, zbv,
-// dualpipev).
+// Shorthands of TraitsOf(kind):
 bool HoldsChunks(ScheduleKind kind);
-// Whether the kind's lists split backwards into I and W (zb1p, zbv, dualpipev).
 bool SplitsBackward(ScheduleKind kind);
-// Whether the kind runs one 1F1B over all steps with no flush (2bw, pipedream).
 bool RunsContinuously(ScheduleKind kind);
-// Chunks per rank when a job names none: 2 for interleaved, zbv and dualpipev, 1 otherwise.
 int DefaultVirtualStages(ScheduleKind kind);
+WeightPolicy WeightsOf(ScheduleKind kind);
 
 struct ScheduleParams {
   ScheduleKind kind = ScheduleKind::kOneFOneB;

@@ -2,6 +2,7 @@
 
 #include "client/daemon_process.h"
 #include "runtime/base/subprocess.h"
+#include "runtime/base/host_port.h"
 
 #include <algorithm>
 #include <fcntl.h>
@@ -158,7 +159,7 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
     return false;
   }
   address_ = *address;
-  port_ = std::stoi(address_.substr(address_.rfind(':') + 1));
+  port_ = ParseHostPort(address_).value().port;
   return true;
 }
 

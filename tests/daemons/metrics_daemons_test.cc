@@ -16,6 +16,7 @@
 #include <httplib.h>
 
 #include "tests/daemons/local_cluster.h"
+#include "runtime/base/host_port.h"
 
 namespace {
 
@@ -37,8 +38,8 @@ std::string Job() {
 
 // GET http://ADDRESS/PATH: status and body (status -1 if no answer).
 std::pair<int, std::string> Get(const std::string& address, const std::string& path) {
-  const size_t colon = address.rfind(':');
-  httplib::Client client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  const pipetrain::HostPort host_port = pipetrain::ParseHostPort(address).value();
+  httplib::Client client(host_port.host, host_port.port);
   client.set_connection_timeout(2);
   auto res = client.Get(path.c_str());
   if (!res) return {-1, ""};

@@ -22,6 +22,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "tests/daemons/local_cluster.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::kubernetes_test {
 
@@ -120,8 +121,8 @@ inline std::string Flag(const YAML::Node& container, const std::string& name) {
 }
 
 inline int PortOf(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  return colon == std::string::npos ? -1 : std::atoi(host_port.c_str() + colon + 1);
+  const absl::StatusOr<HostPort> parsed = ParseHostPort(host_port);
+  return parsed.ok() ? parsed->port : -1;
 }
 
 // The containerPort a container declares under `name` (-1 if none).

@@ -28,6 +28,7 @@
 #include "metrics/endpoint.h"
 #include "metrics/metrics.h"
 #include "tests/metrics/promtool.h"
+#include "runtime/base/host_port.h"
 
 namespace pipetrain::metrics {
 namespace {
@@ -36,7 +37,7 @@ using ::testing::HasSubstr;
 
 // --- The endpoint (metrics/endpoint.h), spoken to over raw sockets as a hostile client would.
 
-int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+int PortOf(const std::string& address) { return ParseHostPort(address).value().port; }
 
 // A connected TCP socket to 127.0.0.1:`port` (-1 on failure), with 10 s send/receive timeouts.
 int Connect(int port) {

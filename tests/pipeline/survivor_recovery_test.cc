@@ -201,23 +201,22 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
    public:
     Sluggish(std::unique_ptr<transport::Transport> inner, std::shared_ptr<absl::Notification> died)
         : ForwardingTransport(std::move(inner)), died_(std::move(died)) {}
-    // A step's AllReduces on this last stage: its loss and its gradient (one element, then
-    // several), then the commit's one element.
-    absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-      const bool one = tensors.size() == 1 && tensors[0].numel() == 1;
-      const bool commit = one && after_gradient_;
-      after_gradient_ = !one;
-      if (commit && commits_++ == 3) {
-        auto pending = inner_->StartAllReduceMean(tensors, deadline);
-        died_->WaitForNotificationWithTimeout(absl::Seconds(30));
-        return pending->Wait(deadline);
-      }
-      return inner_->AllReduceMean(tensors, deadline);
+    // The commit's barrier among the replicas (one int64 a rank, once a step): step 3's
+    // completes with every replica in it (the lost rank then applies the step and dies), but
+    // its result is held back until the lost rank has died, and is then the failure the
+    // aborted transport gives (what a receive of nothing says now), as if the end came late.
+    absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
+                                                       const at::Tensor& mine,
+                                                       absl::Time deadline) override {
+      absl::StatusOr<std::vector<at::Tensor>> got = inner_->AllGather(group, mine, deadline);
+      const bool commit = group.replicas() && mine.scalar_type() == at::kLong && mine.numel() == 1;
+      if (!commit || commits_++ != 3) return got;
+      died_->WaitForNotificationWithTimeout(absl::Seconds(30));
+      return inner_->Recv(0, MessageKind::kActivation, -1, absl::InfinitePast()).status();
     }
 
    private:
     std::shared_ptr<absl::Notification> died_;
-    bool after_gradient_ = false;
     int64_t commits_ = 0;
   };
   for (bool apply : {true, false}) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/schedule/action.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/schedule/simulator.h"
 
 namespace pipetrain::schedule {
@@ -50,8 +52,7 @@ TEST(ScheduleKindTest, NamesAndAliases) {
     ASSERT_TRUE(parsed.ok()) << name;
     EXPECT_EQ(*parsed, kind) << name;
   }
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW,
-                            ScheduleKind::kPipeDream}) {
+  for (ScheduleKind kind : kScheduleKinds) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleKindName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);
@@ -365,6 +366,86 @@ TEST(ScheduleKindTest, PipeDreamRunsTwoBWsListsForAnyMicroBatchCount) {
       EXPECT_EQ(*BuildSchedule(pipedream), *BuildSchedule(two_bw)) << "p=" << p << " m=" << m;
     }
   }
+}
+
+// Every kind's traits say what its lists do, checked on the lists themselves: its record is
+// its own; it holds chunks iff its actions name stages, splits backwards iff they hold I and
+// W, runs continuously iff a later step's forward comes before an earlier step's update on
+// stage 0, places its chunks as LayoutOf does, takes its default v and no fewer micro-batches
+// than its rule (one fewer is refused), keeps stale weights iff it runs continuously. The
+// negative control: a record with any one field wrong fails (checked).
+TEST(ScheduleTraits, EveryKindsRecordSaysWhatItsListsDo) {
+  struct Seen {
+    bool chunks = false, splits = false, continuous = false;
+    ChunkPlacement placement = ChunkPlacement::kLoop;
+    int v = 1, fewest_m = 1;
+  };
+  std::map<ScheduleKind, Seen> seen;
+  std::set<std::string_view> names;
+  for (const ScheduleKind kind : kScheduleKinds) {
+    SCOPED_TRACE(std::string(ScheduleKindName(kind)));
+    const ScheduleTraits& t = TraitsOf(kind);
+    EXPECT_EQ(t.kind, kind);
+    EXPECT_TRUE(names.insert(t.name).second) << "a name of two kinds";
+    const int p = 2;
+    ScheduleParams params{kind, p, 4 * p, 2};
+    params.virtual_stages = t.default_virtual_stages;
+    ASSERT_TRUE(ValidateScheduleParams(params).ok()) << ValidateScheduleParams(params);
+    absl::StatusOr<std::vector<Action>> list = BuildStageSchedule(params, 0);
+    ASSERT_TRUE(list.ok()) << list.status();
+    Seen& s = seen[kind];
+    bool updated = false;
+    for (const Action& a : *list) {
+      if (a.stage != kOwnStage) s.chunks = true;
+      if (a.kind == ActionKind::kInputGradient || a.kind == ActionKind::kWeightGradient) {
+        s.splits = true;
+      }
+      if (a.kind == ActionKind::kOptimizerStep && a.index == 0) updated = true;
+      if (a.kind == ActionKind::kForward && a.index >= params.micro_batches && !updated) {
+        s.continuous = true;  // step 1's forward before step 0's update
+      }
+    }
+    s.placement = LayoutOf(params).placement;
+    s.v = LayoutOf(params).chunks_per_rank;
+    for (int m = 1; m <= 4 * p; ++m) {
+      ScheduleParams fewer = params;
+      fewer.micro_batches = m;
+      if (ValidateScheduleParams(fewer).ok()) {
+        s.fewest_m = m;
+        break;
+      }
+    }
+  }
+  auto agrees = [&](const ScheduleTraits& t, const Seen& s) {
+    return t.holds_chunks == s.chunks && t.splits_backward == s.splits &&
+           t.runs_continuously == s.continuous && t.placement == s.placement &&
+           t.default_virtual_stages == s.v &&
+           std::max(1, t.micro_batches_per_rank * 2) == s.fewest_m &&
+           // Only a flushing kind's updates are the un-pipelined step's: the continuous ones
+           // keep stale weights (2bw two buffers, pipedream a stash a micro-batch).
+           (t.weights == WeightPolicy::kFlush) == !s.continuous;
+  };
+  for (const ScheduleKind kind : kScheduleKinds) {
+    SCOPED_TRACE(std::string(ScheduleKindName(kind)));
+    EXPECT_TRUE(agrees(TraitsOf(kind), seen[kind]));
+    // The negative control: a record with any one field wrong disagrees with the lists.
+    const ScheduleTraits right = TraitsOf(kind);
+    std::vector<ScheduleTraits> wrong(7, right);
+    wrong[0].holds_chunks = !right.holds_chunks;
+    wrong[1].splits_backward = !right.splits_backward;
+    wrong[2].runs_continuously = !right.runs_continuously;
+    wrong[3].placement =
+        right.placement == ChunkPlacement::kV ? ChunkPlacement::kLoop : ChunkPlacement::kV;
+    wrong[4].default_virtual_stages = right.default_virtual_stages + 1;
+    wrong[5].micro_batches_per_rank = right.micro_batches_per_rank + 1;
+    wrong[6].weights =
+        right.weights == WeightPolicy::kFlush ? WeightPolicy::kStashed : WeightPolicy::kFlush;
+    for (size_t k = 0; k < wrong.size(); ++k) {
+      EXPECT_FALSE(agrees(wrong[k], seen[kind])) << "field " << k << " wrong went unseen";
+    }
+  }
+  EXPECT_EQ(TraitsOf(ScheduleKind::kPipeDream).weights, WeightPolicy::kStashed);
+  EXPECT_EQ(TraitsOf(ScheduleKind::kTwoBW).weights, WeightPolicy::kDoubleBuffered);
 }
 
 }  // namespace

@@ -27,15 +27,15 @@ std::vector<Action> Drained(StageActionStream stream) {
 }
 
 TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW,
-                            ScheduleKind::kPipeDream}) {
+  for (ScheduleKind kind : kScheduleKinds) {
     for (int p = 1; p <= 4; ++p) {
       for (int m = 1; m <= 5; ++m) {
-        if (kind == ScheduleKind::kTwoBW && m < p) continue;
         for (int steps = 1; steps <= 4; ++steps) {
           // Every set of drained boundaries (a bit each for 1 .. steps-1).
           for (int mask = 0; mask < (1 << (steps - 1)); ++mask) {
             ScheduleParams params{kind, p, m, steps};
+            params.virtual_stages = DefaultVirtualStages(kind);
+            if (!ValidateScheduleParams(params).ok()) continue;  // e.g. 2bw with m < p
             for (int n = 1; n < steps; ++n) {
               if (mask & (1 << (n - 1))) params.flush_before.push_back(n);
             }

@@ -313,13 +313,13 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
   for (int r = 0; r < c.replicas; ++r) {
     readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
   }
-  if (c.schedule == schedule::ScheduleKind::kPipeDream) {
+  if (schedule::WeightsOf(c.schedule) == schedule::WeightPolicy::kStashed) {
     return TrainPipeDream(c, plan, readers, switch_at, clipping, grad_norms, evals);
   }
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   model::StageModule current(0, std::move(layers));
   std::unique_ptr<model::StageModule> previous;  // W(t-1), 2BW only
-  const bool two_bw = c.schedule == schedule::ScheduleKind::kTwoBW;
+  const bool two_bw = schedule::WeightsOf(c.schedule) == schedule::WeightPolicy::kDoubleBuffered;
   if (two_bw) previous = current.Clone();
   model::StageModule& grad_module = two_bw ? *previous : current;
 

@@ -1,7 +1,7 @@
 // The NCCL transport's class, shared by its source files: connecting and closing
 // (nccl_transport.cc), messages (nccl_messages.cc), reductions and collectives
-// (nccl_reduction.cc), issuing
-// NCCL work and waiting for it (nccl_streams.cc), and aborting (nccl_failure.cc). Made only by
+// (nccl_reduction.cc), issuing NCCL work and waiting for it (nccl_streams.cc), and aborting
+// (nccl_failure.cc). Made only by
 // MakeNcclTransport; nccl_transport.h is its contract (threads, ordering, waiting, errors,
 // what a failed call keeps alive). Lock order: send_mu_ before nccl_mu_ before abort_mu_;
 // staged_mu_ and graveyard_mu_ are held only while their own fields are touched.
