@@ -5,10 +5,10 @@
 // the ring AllReduce that data-parallel replicas need, all maintained with LibTorch and the
 // same shape as the NCCL process group used on GPUs.
 //
-// Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Collectives: Gloo's
-// allgather on a process group of this replica's pipeline (made when p > 1) or of this
-// stage's replicas (w > 1); among some stages of the pipeline, each member's tensor sent to
-// every other on the pipeline's group. Every message is a
+// Process (stage s, replica r) of a p-stage pipeline is rank r*p + s. Collectives: among
+// the stages of this replica's pipeline (all or some), each member's tensor sent straight to
+// every other on a process group of the pipeline (made when p > 1); among this stage's
+// replicas, Gloo's allgather on their group (w > 1). Every message is a
 // small header (kind, micro-batch, dtype, shape) with the payload, so the receiver learns
 // the real shape and dtype of what arrived and the executor can reject a mismatch with
 // both in the error. The receives of each peer's next few headers are posted ahead;
