@@ -1,7 +1,8 @@
 // The links of a pipeline (boundary_links.h), for every way the schedules place their model
 // stages: every message the executor sends across a boundary (its numbers n x v + floor(m / p),
-// its kinds) is routed by the sender and by the receiver to the same link, and no two
-// boundaries, directions or lanes share one. Negative control: with one link a direction
+// its kinds) is routed to one link of that boundary and direction (the sender and the
+// receiver ask LinkOf the same question), and no two boundaries, directions or lanes share
+// one. Negative control: with one link a direction
 // between two ranks, as before, several boundaries would share one wherever a rank holds
 // several model stages (checked).
 #include <gtest/gtest.h>
