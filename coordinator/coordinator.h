@@ -43,7 +43,9 @@
 //
 // Parts, each with one concern: a job's lifecycle as a pure state machine (job_machine.h:
 // this class feeds it events and carries out its commands), a generation's step accounting
-// (step_ledger.h), the checks of a step report (report_checks.h), the worker pool and its
+// (step_ledger.h), where a job restarts from as its checkpoints commit and a drain waits
+// (restart_point.h), what a round's survivors hold for the next generation
+// (survivor_hold.h), the checks of a step report (report_checks.h), the worker pool and its
 // liveness (worker_pool.h), placement of queued jobs and recovery layouts (placement.h),
 // calls to workers (worker_client.h), planning at submission (submission_planner.h), the
 // scheduler's decisions (scheduler.h), the step-command relay (command_relay.h), the running

@@ -102,10 +102,8 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (r.rank() < 0 || r.rank() >= e.job.stage_status_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", r.rank(), " out of range"));
   }
-  if (!r.checkpoint_committed().empty() && r.step() + 1 > e.job.checkpoint_step()) {
-    // The job restarts from it once every step before it is committed here too (below).
-    e.reported_checkpoint = {r.step() + 1, r.checkpoint_committed()};
-  }
+  // The job restarts from it once every step before it is committed here too (below).
+  e.restart_point.Reported(r.step() + 1, r.checkpoint_committed(), e.job.checkpoint_step());
   v1::StageStatus* st = e.job.mutable_stage_status(r.rank());
   st->set_step(r.step());
   st->set_compute_s(r.compute_s());
@@ -176,33 +174,25 @@ absl::StatusOr<v1::ReportResponse> Coordinator::ReportStepLocked(const v1::StepR
   if (!recorded.committed.empty()) {
     CommitSteps(e, recorded.committed);
     const int64_t done = e.job.step();
-    // The final checkpoint (after the last step) is no restart point: a generation resumed
-    // there would have nothing left to run, so a rank failing while the job ends restarts
-    // from the policy's last one, as before (the final one is in the job's events).
-    const bool final_one = e.reported_checkpoint.first >= e.config.steps;
-    if (final_one && e.reported_checkpoint.first > e.job.checkpoint_step()) {
+    const RestartPoint::Decision moved =
+        e.restart_point.Committed(done, e.job.checkpoint_step(), e.config.steps);
+    if (moved.final_one) {
       jobs_.Event(e.job.id(), absl::StrCat("final checkpoint (after step ",
-                                           e.reported_checkpoint.first - 1,
-                                           ") committed: ", e.reported_checkpoint.second));
-      e.reported_checkpoint = {};
+                                           moved.final_one->step - 1,
+                                           ") committed: ", moved.final_one->dir));
     }
-    if (!final_one && e.reported_checkpoint.first > e.job.checkpoint_step() &&
-        done >= e.reported_checkpoint.first - 1) {
+    if (moved.restart_point) {
       // Written at once, with the rows of the steps before it (FlushWrites writes steps
       // first): a restart finds every step before the checkpoint it resumes from.
-      e.job.set_checkpoint_step(e.reported_checkpoint.first);
-      e.job.set_checkpoint_path(e.reported_checkpoint.second);
+      e.job.set_checkpoint_step(moved.restart_point->step);
+      e.job.set_checkpoint_path(moved.restart_point->dir);
       jobs_.Event(e.job.id(), absl::StrCat("checkpoint before step ", e.job.checkpoint_step(),
                                      " committed: ", e.job.checkpoint_path()));
       jobs_.Changed(e);
-      if (e.drain_step > 0 && e.job.checkpoint_step() >= e.drain_step) {
-        WorkerPool::Worker* w = pool_.Find(e.draining_worker);
-        ApplyEvent(e, Fault{absl::StrCat(e.draining_worker, " (",
-                                         w != nullptr ? w->info.address() : std::string("?"),
-                                         ") was stopped (drained) after the checkpoint before "
-                                         "step ", e.drain_step)});
-        return response;
-      }
+    }
+    if (moved.drained) {
+      ApplyEvent(e, Fault{*moved.drained});
+      return response;
     }
     if (e.job.recoveries_size() > 0 &&
         e.job.recoveries(e.job.recoveries_size() - 1).generation() == e.job.generation() &&

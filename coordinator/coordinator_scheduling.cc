@@ -42,7 +42,7 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& pla
       e.held_state->stages == e.job.stages()) {
     // The survivors run their own stages again where they can (within their hosts): the
     // state they hold is then theirs already.
-    const JobEntry::HeldState& held = *e.held_state;
+    const SurvivorHold& held = *e.held_state;
     std::map<std::string, std::string> hosts;
     for (const std::string& id : placed_workers) {
       const WorkerPool::Worker* w = pool_.Find(id);
@@ -67,9 +67,7 @@ void Coordinator::RunGeneration(JobEntry& e, const std::vector<std::string>& pla
   e.ledger = StepLedger(ranks, e.job.stages(), start_step, e.job.step(), e.tokens_per_step);
   e.assign_attempts.assign(ranks, 0);
   commands_.Forget(e.job.id());
-  e.reported_checkpoint = {0, ""};
-  e.draining_worker.clear();
-  e.drain_step = 0;
+  e.restart_point.Reset();
   // The step commit, so that a fault costs no step, where the survivors could go on: with
   // replicas, restarts left, and a schedule and device the commit runs under.
   job::JobConfig layout = e.config;
@@ -130,9 +128,7 @@ bool Coordinator::PlaceRecovering() {
     if (e->held_state && e->held_state->step == e->job.checkpoint_step()) {
       // The survivors first, each stage's in turn (a smaller layout then keeps as many
       // holders of each stage as it can: RunGeneration puts them on their stages).
-      std::map<std::string, int> turn;  // a holder's place among its stage's holders
-      std::map<int, int> holders_of;    // per stage, so far
-      for (const auto& [id, stage] : e->held_state->worker_stages) turn[id] = holders_of[stage]++;
+      const std::map<std::string, int> turn = e->held_state->HolderTurns();
       std::stable_sort(workers.begin(), workers.end(),
                        [&turn](const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
                          auto ta = turn.find(a.id()), tb = turn.find(b.id());

@@ -70,18 +70,8 @@ void Coordinator::MaybeDecideSurvivors(JobEntry& e) {
   // checkpoint it had begun) counts towards theirs.
   rendezvous_.Open(e.job.id());
   // What they hold in memory for the next generation, and where.
-  JobEntry::HeldState held;
-  held.step = plan->step;
-  held.key = rpc::RandomKey();
-  for (const auto& [layer, ranks] : e.survivors->Holders()) {
-    for (int rank : ranks) held.layer_workers[layer].push_back(e.rank_worker[rank]);
-  }
-  held.stages = e.job.stages();
-  for (size_t r = 0; r < e.rank_worker.size(); ++r) {
-    if (e.survivors->holds(static_cast<int>(r))) {
-      held.worker_stages[e.rank_worker[r]] = static_cast<int>(r) % held.stages;
-    }
-  }
+  SurvivorHold held =
+      SurvivorHold::FromRound(*e.survivors, e.rank_worker, e.job.stages(), rpc::RandomKey());
   e.held_state = std::move(held);
   holding_jobs_.insert(e.job.id());
   // An intention until their state is committed (SurvivorStageEnd); RunGeneration says so
@@ -228,27 +218,21 @@ void Coordinator::SurvivorStageEnd(JobEntry& e, const v1::StageEnd& end) {
 }
 
 v1::ReplicaState Coordinator::ReplicaStateFor(JobEntry& e, int64_t start_step) {
-  v1::ReplicaState state;
-  if (!e.held_state || e.held_state->step != start_step) return state;
-  state.set_step(start_step);
-  state.set_state_key(e.held_state->key);
-  for (const auto& [layer, workers] : e.held_state->layer_workers) {
-    v1::ReplicaState::LayerHolders* holders = state.add_layers();
-    holders->set_layer(layer);
-    for (const std::string& id : workers) {
-      const WorkerPool::Worker* w = pool_.Find(id);
-      if (w != nullptr && w->info.state() != v1::WORKER_STATE_LOST) {
-        holders->add_addresses(w->info.address());
-      }
-    }
-    if (holders->addresses_size() == 0) {
-      jobs_.Event(e.job.id(), absl::StrCat("no worker holding layer ", layer, " of the "
-                                           "survivors' state is left: the next generation "
-                                           "reads the checkpoint before step ", start_step));
-      return v1::ReplicaState();
-    }
+  if (!e.held_state) return v1::ReplicaState();
+  SurvivorHold::ForGeneration taken =
+      e.held_state->StateFor(start_step, [this](const std::string& id) {
+        mu_.AssertHeld();
+        const WorkerPool::Worker* w = pool_.Find(id);
+        return w != nullptr && w->info.state() != v1::WORKER_STATE_LOST ? w->info.address()
+                                                                          : std::string();
+      });
+  if (taken.missing_layer) {
+    jobs_.Event(e.job.id(), absl::StrCat("no worker holding layer ", *taken.missing_layer,
+                                         " of the survivors' state is left: the next "
+                                         "generation reads the checkpoint before step ",
+                                         start_step));
   }
-  return state;
+  return std::move(taken.state);
 }
 
 std::vector<std::string> Coordinator::HeldStateJobsOf(const std::string& worker_id) {
@@ -258,17 +242,12 @@ std::vector<std::string> Coordinator::HeldStateJobsOf(const std::string& worker_
     // Needed until the job has committed the step again (the next generation then holds it)
     // or has ended.
     if (j == jobs_.end() || !j->second.held_state || IsFinal(j->second.run.phase) ||
-        j->second.job.step() >= j->second.held_state->step) {
+        !j->second.held_state->NeededAfter(j->second.job.step())) {
       if (j != jobs_.end()) j->second.held_state.reset();
       it = holding_jobs_.erase(it);
       continue;
     }
-    for (const auto& [layer, workers] : j->second.held_state->layer_workers) {
-      if (std::find(workers.begin(), workers.end(), worker_id) != workers.end()) {
-        out.push_back(*it);
-        break;
-      }
-    }
+    if (j->second.held_state->HeldBy(worker_id)) out.push_back(*it);
     ++it;
   }
   return out;

@@ -260,8 +260,8 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     absl::StatusOr<std::shared_ptr<WorkerClient>> first =
         CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_);
     if (absl::IsFailedPrecondition(first.status())) return response;  // not running, recovering
-    if (e.drain_step > 0) {  // another worker's drain already asked for one
-      response.set_checkpoint_step(e.drain_step);
+    if (e.restart_point.drain_step() > 0) {  // another worker's drain already asked for one
+      response.set_checkpoint_step(e.restart_point.drain_step());
       return response;
     }
     if (!first.ok()) return response;  // rank 0's worker is gone: no checkpoint to wait for
@@ -275,9 +275,10 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     auto j = jobs_.find(response.job_id());
     if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
     JobEntry& e = j->second;
-    e.draining_worker = worker_id;
-    e.drain_step = *scheduled;
-    response.set_checkpoint_step(*scheduled);
+    WorkerPool::Worker* w = pool_.Find(worker_id);
+    e.restart_point.Drain(worker_id, w != nullptr ? w->info.address() : std::string("?"),
+                          *scheduled);
+    response.set_checkpoint_step(e.restart_point.drain_step());
     jobs_.Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
                                    "step ", *scheduled, "; the job restarts from it "
                                    "without this worker"));

@@ -22,7 +22,9 @@
 #include "absl/time/time.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
+#include "coordinator/restart_point.h"
 #include "coordinator/step_ledger.h"
+#include "coordinator/survivor_hold.h"
 #include "coordinator/survivor_round.h"
 #include "coordinator/write_behind.h"
 #include "pipetrain/v1/job.pb.h"
@@ -56,13 +58,9 @@ struct JobEntry {
   // Steps committed since its record was last queued for the store: written with it (at
   // most a second apart while it runs, at once on every state change).
   std::vector<StoredStep> unwritten_steps;
-  // The newest checkpoint a rank reported committing (step, directory), until every step
-  // before it is committed here; then it is the job's (checkpoint_step, checkpoint_path).
-  std::pair<int64_t, std::string> reported_checkpoint{0, ""};
-  // A draining worker of this generation and the checkpoint boundary scheduled for it: the
-  // job restarts once that checkpoint is its restart point.
-  std::string draining_worker;
-  int64_t drain_step = 0;
+  // Its restart point as this generation moves it: the checkpoint a rank reported committing
+  // and a drain waiting for its checkpoint (restart_point.h).
+  RestartPoint restart_point;
   // The generation runs with the step commit (StageAssignment.commit_steps): after a rank
   // failed or was lost, its survivors report, and the round decides where the job goes on.
   bool commit_steps = false;
@@ -70,14 +68,7 @@ struct JobEntry {
   // The state the survivors of its last round hold in their workers' memory (from the
   // round's decision until the job has committed that step again, or the job ended), which
   // a generation starting at `step` takes instead of reading the checkpoint.
-  struct HeldState {
-    int64_t step = 0;
-    std::string key;  // the holds' (rpc::RandomKey)
-    std::map<int, std::vector<std::string>> layer_workers;  // each layer's holders
-    int stages = 0;                             // of the generation the survivors ran
-    std::map<std::string, int> worker_stages;   // the stage each holder ran
-  };
-  std::optional<HeldState> held_state;
+  std::optional<SurvivorHold> held_state;
   // What the running generation's assignments say of it (empty: nothing held for it).
   v1::ReplicaState replica_state;
   // The steps whose update was skipped (a non-finite loss or gradient), as this coordinator
