@@ -280,8 +280,8 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
                           *scheduled);
     response.set_checkpoint_step(e.restart_point.drain_step());
     jobs_.Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
-                                   "step ", *scheduled, "; the job restarts from it "
-                                   "without this worker"));
+                                   "step ", e.restart_point.drain_step(), "; the job restarts "
+                                   "from it without this worker"));
     jobs_.Changed(e);
     return response;
   });
