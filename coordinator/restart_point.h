@@ -33,7 +33,8 @@ class RestartPoint {
   void Reset() { *this = RestartPoint(); }
 
   // A rank committed the checkpoint before `step` in `dir`. One not past `restart_point` (the
-  // job's now) changes nothing; a newer one replaces an older pending one.
+  // job's now) changes nothing; another replaces the pending one (ranks report
+  // their checkpoints in step order).
   void Reported(int64_t step, std::string dir, int64_t restart_point);
 
   struct Decision {

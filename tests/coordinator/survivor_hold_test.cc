@@ -4,38 +4,25 @@
 #include "coordinator/survivor_hold.h"
 
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/coordinator/survivor_scenarios.h"
+
 namespace pipetrain::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
 
-recovery::CommitState At(int64_t next_step, int64_t held_step = -1) {
-  recovery::CommitState s;
-  s.next_step = next_step;
-  s.held_step = held_step;
-  return s;
-}
-
 const std::vector<std::string> kWorkers = {"w0", "w1", "w2", "w3", "w4", "w5"};
 
-// 2 stages x 3 replicas: stage 0 holds layers 0 and 1, stage 1 layer 2. Rank 4 (stage 0 of
-// replica 2) is behind without its update, rank 5 is lost: the plan goes on from step 8 and
-// ranks 0 (after its held update), 1, 2 and 3 hold their layers.
+// scenarios::OneBehindOneGone, decided: it goes on from step 8 and ranks 0 (after its held
+// update), 1, 2 and 3 hold their layers.
 SurvivorRound DecidedRound() {
-  SurvivorRound round(6, 2);
-  round.Report(0, At(7, 7), {0, 1});
-  round.Report(1, At(8), {2});
-  round.Report(2, At(8), {0, 1});
-  round.Report(3, At(8), {2});
-  round.Report(4, At(7), {0, 1});
-  round.Gone(5);
+  SurvivorRound round = scenarios::OneBehindOneGone();
   round.Decide();
   return round;
 }

@@ -5,19 +5,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/coordinator/survivor_scenarios.h"
+
 namespace pipetrain::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
 
-recovery::CommitState At(int64_t next_step, int64_t held_step = -1,
-                         std::optional<double> held_loss = std::nullopt) {
-  recovery::CommitState s;
-  s.next_step = next_step;
-  s.held_step = held_step;
-  s.held_loss = held_loss;
-  return s;
-}
+using scenarios::At;
 
 // 2 stages x 3 replicas, rank 4 (stage 0 of replica 2) lost. Every place has survivors at
 // step 8 or holding its update: step 8; the lowest replica of each place writes, the
@@ -58,13 +53,7 @@ TEST(SurvivorRound, DecidesOnceEveryRankIsAccountedFor) {
 // for the next generation; one that cannot reach it (rank 4, behind without the update) is
 // passed over, and a rank gone holds nothing.
 TEST(SurvivorRound, TheSurvivorsAtThePlansStepHoldTheirLayers) {
-  SurvivorRound round(6, 2);
-  round.Report(0, At(7, 7), {0, 1});
-  round.Report(1, At(8), {2});
-  round.Report(2, At(8), {0, 1});
-  round.Report(3, At(8), {2});
-  round.Report(4, At(7), {0, 1});
-  round.Gone(5);
+  SurvivorRound round = scenarios::OneBehindOneGone();
   round.Decide();
   ASSERT_TRUE(round.plan().has_value());
   ASSERT_EQ(round.plan()->step, 8);

@@ -9,11 +9,11 @@
 // memory (a spare worker fetches them). The fixture is recovery_fixture.h.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -115,9 +115,9 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
   EXPECT_EQ(took, ranks) << logs.out;
   // The survivors run their own stages again. When all five hold the state (3 of stage 0, 2
   // of stage 1), only the spare, taking the lost rank's stage, fetches. The round may leave a
-  // survivor out of the hold (its step had not begun its commit when the fault came, while a
-  // replica of its stage held that step's update): then its stage's other ranks fetch too,
-  // and still at least one rank takes its own hold.
+  // survivor out of the hold (one behind the plan's step without its update, as the fault's
+  // timing allows; seen once in a full run): then more ranks fetch, and still every stage has
+  // a holder (the plan needs one per place), so some rank takes its own hold.
   const std::string holding = "the ranks take the survivors' state at step " + step + " from the ";
   const size_t at = logs.out.find(holding);
   ASSERT_NE(at, std::string::npos) << logs.out;
@@ -126,7 +126,7 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
     EXPECT_EQ(fetched, spare ? 1 : 0) << logs.out;
   } else {
     std::printf("the round left %d survivor(s) out of the hold\n", 5 - holders);
-    EXPECT_GE(holders, 3) << "every stage 0 survivor holds its update at least" << logs.out;
+    EXPECT_GE(holders, 2) << "a holder per stage" << logs.out;
     EXPECT_GE(fetched, std::max(0, ranks - holders)) << logs.out;
     EXPECT_LT(fetched, ranks) << logs.out;
   }
