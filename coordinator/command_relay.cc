@@ -49,8 +49,4 @@ void CommandRelay::Count(v1::StepCommand command, const absl::Status& outcome) {
              outcome.ok() ? std::string("scheduled") : absl::StatusCodeToString(outcome.code())}];
 }
 
-bool CommandRelay::TookEffect(const std::string& job_id, int64_t boundary, int ranks) {
-  return ++reported_[job_id][boundary] == ranks;
-}
-
 }  // namespace pipetrain::coordinator

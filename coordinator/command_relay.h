@@ -7,11 +7,11 @@
 //   Rank0      where a command for a job goes now, or why it cannot go (not running,
 //              recovering, rank 0's worker unknown or lost);
 //   Send       the call itself (off the coordinator's lock: it is an RPC);
-//   Count      each command asked for, by outcome, for /metrics;
-//   TookEffect the ranks' reports tallied per boundary: true once every rank has reported
-//              the commands before it (the job's event).
+//   Count      each command asked for, by outcome, for /metrics.
+// Each job's controller tallies its ranks' reports of the commands taking effect
+// (job_controller.h).
 //
-// Not thread-safe: the coordinator calls everything but Send under its lock.
+// Not thread-safe: the coordinator calls Rank0 and Count under its lock, Send outside it.
 #pragma once
 
 #include <cstdint>
@@ -52,15 +52,8 @@ class CommandRelay {
     return counts_;
   }
 
-  // A rank of `job_id`'s running generation reported commands taking effect before
-  // `boundary`; true when this is the last of its `ranks` ranks to say so.
-  bool TookEffect(const std::string& job_id, int64_t boundary, int ranks);
-  // The job's generation ended (or a new one starts): its tallies go.
-  void Forget(const std::string& job_id) { reported_.erase(job_id); }
-
  private:
   std::map<std::pair<std::string, std::string>, int64_t> counts_;
-  std::map<std::string, std::map<int64_t, int>> reported_;  // job -> boundary -> ranks
 };
 
 }  // namespace pipetrain::coordinator

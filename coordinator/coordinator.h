@@ -29,7 +29,7 @@
 // rank of it fails or is lost, the ranks whose runs stopped report where they stand
 // (ReportStopped), the generation's round decides the newest step they all reach, and the
 // checkpoint its survivors write there becomes the restart point, every step before it
-// committed: a lost replica costs no step (coordinator_survivors.cc, docs/design.md 4.8).
+// committed: a lost replica costs no step (job_controller.h, docs/design.md 4.8).
 //
 // Step commands (flush, weight-version switch, checkpoint, stop at a named step) go to the
 // worker of rank 0 only; the data plane carries them to every stage, and each rank's step
@@ -41,22 +41,22 @@
 // heartbeat is refused, and register again. Worker ids are numbered in the
 // store, so that none is handed out again after a restart.
 //
-// Parts, each with one concern: a job's lifecycle as a pure state machine (job_machine.h:
-// this class feeds it events and carries out its commands), a generation's step accounting
-// (step_ledger.h), where a job restarts from as its checkpoints commit and a drain waits
-// (restart_point.h), what a round's survivors hold for the next generation
-// (survivor_hold.h), the checks of a step report (report_checks.h), the worker pool and its
-// liveness (worker_pool.h), placement of queued jobs and recovery layouts (placement.h),
-// calls to workers (worker_client.h), planning at submission (submission_planner.h), the
-// scheduler's decisions (scheduler.h), the step-command relay (command_relay.h), the running
-// generations' rendezvous stores (rendezvous_stores.h), the jobs and their queued writes
-// (job_table.h), the durable store (job_store.h) and its write-behind (write_behind.h), time
-// (runtime/base/clock.h). This class is the shell that owns the one lock and the monitor;
-// its handlers are defined by concern in coordinator.cc (the shell), coordinator_jobs.cc,
+// Parts, each with one concern: everything about one job (job_controller.h: its record,
+// run, step ledger, restart point, survivors and what they hold; this class hands it each
+// event and carries out the effects it asks for, in Carry), a job's lifecycle as a pure
+// state machine (job_machine.h, inside the controller), the checks of a step report
+// (report_checks.h), the worker pool and its liveness (worker_pool.h), placement of queued
+// jobs and recovery layouts (placement.h), calls to workers (worker_client.h), planning at
+// submission (submission_planner.h), the scheduler's decisions (scheduler.h), the
+// step-command relay (command_relay.h), the running generations' rendezvous stores
+// (rendezvous_stores.h), the jobs and their queued writes (job_table.h), the durable store
+// (job_store.h) and its write-behind (write_behind.h), time (runtime/base/clock.h). This
+// class is the shell that owns the one lock, the worker pool and the monitor; its handlers
+// are defined by service in coordinator.cc (the shell), coordinator_jobs.cc,
 // coordinator_workers.cc, coordinator_reports.cc, coordinator_scheduling.cc and
-// coordinator_survivors.cc. Everything it depends on is
-// injected (CoordinatorDeps), so its rules are unit-tested with a fake clock, fake workers
-// and a store that fails (tests/coordinator), no sockets and no sleeps.
+// coordinator_survivors.cc. Everything it depends on is injected (CoordinatorDeps), so its
+// rules are unit-tested with a fake clock, fake workers and a store that fails
+// (tests/coordinator), no sockets and no sleeps.
 //
 // Persistence: store writes are made outside the lock that RPC handlers take. A change
 // queues the job's latest record (and its events) under the lock; the thread that made it
@@ -89,12 +89,12 @@
 #include "runtime/base/clock.h"
 #include "coordinator/call_pool.h"
 #include "coordinator/command_relay.h"
+#include "coordinator/job_controller.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_table.h"
 #include "coordinator/rendezvous_stores.h"
 #include "coordinator/scheduler.h"
-#include "coordinator/step_ledger.h"
 #include "coordinator/submission_planner.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_pool.h"
@@ -234,7 +234,7 @@ class Coordinator {
   absl::StatusOr<v1::ReportResponse> ReportStageEnd(const std::string& session,
                                                     const v1::StageEnd& end);
   // A rank of a generation with the step commit whose run failed says where its weights
-  // stand (coordinator_survivors.cc): the first report of a rank ends it for the job machine
+  // stand (job_controller.h Stopped): the first report of a rank ends it for the job machine
   // (as a failed StageEnd would; its worker stays busy until its StageEnd), and the
   // generation's SurvivorRound (survivor_round.h) answers: WAIT until every rank is accounted
   // for (or three heartbeat intervals after the generation ended), then GO_ON or ABANDON.
@@ -248,12 +248,9 @@ class Coordinator {
       const std::string& session, const std::string& job_id, int generation);
   static constexpr size_t kKvValueBytes = RendezvousStores::kValueBytes;
   static constexpr size_t kKvKeyBytes = RendezvousStores::kKeyBytes;
-  static constexpr size_t kMaxErrorBytes = 4096;  // of a stage's failure, as kept and shown
   static constexpr int kMaxWorkerCores = 65536;
   // Worker numbers are reserved from the store this many at a time (NextWorkerNumber).
   static constexpr int64_t kWorkerNumberBlock = 64;
-  // Ranks whose workers a job's "running: ..." event names (the rest are counted).
-  static constexpr int kRanksNamed = 16;
   // A worker's lease, in heartbeat intervals: one that has had no heartbeat answered for this
   // long stops its stage (it was taken for lost after two intervals without a heartbeat).
   static constexpr int kLeaseIntervals = 3;
@@ -291,8 +288,6 @@ class Coordinator {
   // List's page of jobs after submission order `after`, at most `limit`.
   v1::ListJobsResponse ListPage(int64_t after, int limit) ABSL_LOCKS_EXCLUDED(mu_);
   Coordinator(CoordinatorOptions options, CoordinatorDeps deps);
-  // "stage 1" or "stage 1 replica 0", for messages.
-  static std::string RankName(const v1::Job& job, int rank);
   absl::Status Load();
   // REQUIRES: mu_ NOT held. Writes what the job table queued (write_behind.h).
   absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
@@ -318,16 +313,13 @@ class Coordinator {
   void AssignmentFailed(const std::string& job_id, int rank, const std::string& worker_id,
                         const absl::Status& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowMs() const;
-  // REQUIRES: mu_ held. Applies `event` to the job's lifecycle (job_machine.h) and carries
-  // out what the machine commands; the job's record follows its run.
-  void ApplyEvent(JobEntry& entry, const JobEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. The commands of ApplyEvent, on the job's record: a restart (its
-  // Recovery entry, the stages stopping, the step it runs again from), the job's end, its
-  // return to the queue.
-  void RecordRecovery(JobEntry& entry, const BeginRecovery& recovery)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordEnd(JobEntry& entry, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReturnToQueue(JobEntry& entry, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What each job's controller is given (the clock, the heartbeat interval).
+  JobController::Settings JobSettings() const;
+  // REQUIRES: mu_ held. Carries out what the job's controller asked for since its last
+  // effects were taken (job_controller.h JobEffects): its rendezvous store, the survivors'
+  // state it holds, stops sent to workers off the lock, its events, steps and record queued
+  // for the store.
+  void Carry(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. A job's checkpoints never share a directory with another's: without
   // checkpoint.dir, job `id` gets checkpoints/<id> (set in `spec` and `config`); a directory
   // a queued or running job uses is refused (FailedPrecondition naming that job), and so is
@@ -335,42 +327,19 @@ class Coordinator {
   absl::Status PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
                                         job::JobConfig& config) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ---- The survivors of a fault (coordinator_survivors.cc). REQUIRES: mu_ held.
-  // The generation's round, begun if it has none and the job commits its steps; null if not.
-  SurvivorRound* SurvivorsOf(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rank `rank` of the generation will not report (lost, or ended without a report).
-  void SurvivorGone(JobEntry& entry, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decides the round of a recovering job once every rank is accounted for or its deadline
-  // passed: with a plan, the job's store starts afresh for the survivors' writes.
-  void MaybeDecideSurvivors(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The replica state a generation of `entry` starting at `start_step` takes (its
-  // assignments' replica_state): the held state at that step, each layer's holders that are
-  // not lost; empty if there is none or some layer has no holder left (it then reads the
-  // checkpoint).
-  v1::ReplicaState ReplicaStateFor(JobEntry& entry, int64_t start_step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The jobs whose held state `worker_id` holds and should keep (HeartbeatResponse); drops
-  // held states no longer needed (the job committed their step, or ended).
+  // REQUIRES: mu_ held. The jobs whose held state `worker_id` holds and should keep
+  // (HeartbeatResponse); forgets held states no longer needed (the job committed their step,
+  // or ended).
   std::vector<std::string> HeldStateJobsOf(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A survivor's StageEnd: the survivors' checkpoint its writer committed becomes the job's
-  // restart point (the steps before it committed), or its failure is said.
-  void SurvivorStageEnd(JobEntry& entry, const v1::StageEnd& end)
+  // REQUIRES: mu_ held. What a generation's placement asks of the pool: a worker's host, the
+  // address of a worker not lost ("" otherwise).
+  std::function<std::string(const std::string&)> WorkerHosts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::function<std::string(const std::string&)> LiveWorkerAddresses()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A step report of the generation that ended, while its survivors decide: counted (its
-  // loss, its commit), nothing else.
-  void RecordLateStep(JobEntry& entry, const v1::StepReport& report)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Rows for steps every rank finished (the job's store, its status).
-  void CommitSteps(JobEntry& entry, const std::vector<StepLedger::CommittedStep>& steps)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Tells the workers of `ranks` of the generation to stop.
-  void SendStops(JobEntry& entry, const std::vector<int>& ranks, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: mu_ held. Runs the job's next generation: rank r on rank_workers[r], running
-  // `run_spec`, starting at `start_step`.
-  void RunGeneration(JobEntry& entry, const std::vector<std::string>& rank_workers,
-                     v1::JobSpec run_spec, int64_t start_step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: mu_ held. The job's controller started its next generation: its effects
+  // carried out, each rank's worker taken from the pool and sent its assignment.
+  void AssignGeneration(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // REQUIRES: mu_ held. Carries out the scheduler's plan for each recovering job (see
   // Recovery above; scheduler.h PlanRecovery): its next generation started, its wait told in
   // its status, or its end; true while any holds the idle workers (queued jobs wait then).
@@ -405,7 +374,7 @@ class Coordinator {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);  // the jobs; their changes queued into writes_
-  // The jobs with a JobEntry::held_state (a heartbeat looks only at these).
+  // The jobs whose controller holds survivors' state (a heartbeat looks only at these).
   std::set<std::string> holding_jobs_ ABSL_GUARDED_BY(mu_);
   WorkerPool pool_ ABSL_GUARDED_BY(mu_);
   RendezvousStores rendezvous_ ABSL_GUARDED_BY(mu_);  // of the running generations

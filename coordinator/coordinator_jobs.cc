@@ -48,9 +48,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     absl::MutexLock lock(&mu_);
     const std::string own_id = absl::StrFormat("job-%04d", jobs_.next_order() + 1);
     if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
-    JobEntry entry;
-    entry.config = *config;
-    v1::Job& job = entry.job;
+    v1::Job job;
     job.set_id(own_id);
     *job.mutable_spec() = spec;
     job.set_state(v1::JOB_STATE_QUEUED);
@@ -62,11 +60,10 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     if (plan) *job.mutable_plan() = *plan;
     const bool tokens = job::EffectiveDataKind(*config) != "classification";
     job.set_data_unit(tokens ? "tok" : "samples");
-    entry.tokens_per_step = static_cast<int64_t>(config->replicas) * config->micro_batches *
-                            config->micro_batch_size * (tokens ? config->data.seq_len : 1);
     id = job.id();
-    JobEntry& added = jobs_.Add(id, std::move(entry));
-    const v1::Job& j = added.job;
+    JobEntry& added =
+        jobs_.Add(id, JobEntry(JobController(JobSettings(), std::move(job), *config)));
+    const v1::Job& j = added.controller.job();
     jobs_.Changed(added);
     jobs_.Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
                            ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
@@ -89,7 +86,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     }
     it->second.durable = true;
     Schedule();
-    job = it->second.job;
+    job = it->second.controller.job();
   }
   (void)FlushWrites();
   return job;
@@ -118,9 +115,9 @@ absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::Jo
   };
   const std::filesystem::path dir = normal(spec.checkpoint().dir());
   for (const auto& [other_id, other] : jobs_) {
-    const v1::JobState state = other.job.state();
+    const v1::JobState state = other.controller.job().state();
     if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
-    if (normal(other.config.checkpoint.dir) == dir) {
+    if (normal(other.controller.config().checkpoint.dir) == dir) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id,
           " (", state == v1::JOB_STATE_QUEUED ? "queued" : "running",
@@ -136,7 +133,7 @@ absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    return it->second.job;
+    return it->second.controller.job();
   }();
   (void)FlushWrites();  // what a caller sees is durable (coordinator.h, Persistence)
   return job;
@@ -166,8 +163,8 @@ v1::ListJobsResponse Coordinator::ListPage(int64_t after, int limit) {
       page.set_next_page_token(absl::StrCat(last_order));  // more after this page
       break;
     }
-    bytes += e->job.ByteSizeLong();
-    *page.add_jobs() = e->job;
+    bytes += e->controller.job().ByteSizeLong();
+    *page.add_jobs() = e->controller.job();
     last_order = e->order;
   }
   return page;
@@ -178,13 +175,15 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::Job> {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    if (JobEnded(it->second.job.state())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id, " already ended (", v1::JobState_Name(it->second.job.state()), ")"));
+    const v1::JobState state = it->second.controller.job().state();
+    if (JobEnded(state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " already ended (", v1::JobState_Name(state), ")"));
     }
-    ApplyEvent(it->second, CancelRequested{});
+    it->second.controller.Apply(CancelRequested{});
+    Carry(it->second);
     Schedule();
-    return it->second.job;
+    return it->second.controller.job();
   });
 }
 
@@ -208,23 +207,24 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
   }
   absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : jobs_) {
-    ++m.jobs_by_state[StateName(e.job.state())];
-    if (e.job.state() != v1::JOB_STATE_RUNNING) continue;
+    const v1::Job& job = e.controller.job();
+    ++m.jobs_by_state[StateName(job.state())];
+    if (job.state() != v1::JOB_STATE_RUNNING) continue;
     MetricsSnapshot::RunningJob j;
     j.id = id;
-    j.step = e.job.step();
-    j.tokens_per_s = e.job.tokens_per_s();
-    if (e.job.step() >= 0) {
-      j.loss = e.job.loss();
-      j.learning_rate = e.job.learning_rate();
-      if (e.job.has_grad_norm()) j.grad_norm = e.job.grad_norm();
+    j.step = job.step();
+    j.tokens_per_s = job.tokens_per_s();
+    if (job.step() >= 0) {
+      j.loss = job.loss();
+      j.learning_rate = job.learning_rate();
+      if (job.has_grad_norm()) j.grad_norm = job.grad_norm();
     }
-    if (e.job.eval_step() > 0) {
-      j.eval_loss = e.job.eval_loss();
-      j.eval_accuracy = e.job.eval_accuracy();
+    if (job.eval_step() > 0) {
+      j.eval_loss = job.eval_loss();
+      j.eval_accuracy = job.eval_accuracy();
     }
-    const int p = e.job.stages();
-    const std::vector<double>& per_step = e.ledger.step_compute_s();
+    const int p = job.stages();
+    const std::vector<double>& per_step = e.controller.ledger().step_compute_s();
     if (static_cast<int>(per_step.size()) >= p) {
       j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
     }
@@ -243,11 +243,11 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
-    const JobEntry& e = it->second;
+    const JobController& c = it->second.controller;
     if (jobspec::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
-    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_));
+    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_));
   }
   absl::StatusOr<int64_t> boundary =
       CommandRelay::Send(*client, request.job_id(), request.command(), request.step());
@@ -257,12 +257,9 @@ absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
   LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) return 0;
-    if (request.command() == v1::STEP_COMMAND_STOP) {
-      ApplyEvent(it->second, StopScheduled{*boundary});
-    }
-    jobs_.Event(request.job_id(), absl::StrCat(StepCommandName(request.command()),
-                                         " scheduled before step ", *boundary));
-    jobs_.Changed(it->second);
+    it->second.controller.CommandScheduled(request.command(), StepCommandName(request.command()),
+                                           *boundary);
+    Carry(it->second);
     return 0;
   });
   return response;
@@ -278,7 +275,7 @@ absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std
       auto it = jobs_.find(id);
       if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
       if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
-        return std::make_pair(it->second.job, it->second.version);
+        return std::make_pair(it->second.controller.job(), it->second.version);
       }
       changed_.WaitWithDeadline(&mu_, deadline);
     }
@@ -321,8 +318,8 @@ absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    optimizer = it->second.config.optimizer;
-    job_steps = it->second.config.steps;
+    optimizer = it->second.controller.config().optimizer;
+    job_steps = it->second.controller.config().steps;
   }
   (void)FlushWrites();  // what was committed so far
   PT_ASSIGN_OR_RETURN(std::vector<StoredStep> steps,
@@ -339,9 +336,10 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, e] : jobs_) {
-      if (e.job.restarts() >= e.config.max_restarts) continue;  // it could not resume
+      const JobController& c = e.controller;
+      if (c.job().restarts() >= c.config().max_restarts) continue;  // it could not resume
       absl::StatusOr<std::shared_ptr<WorkerClient>> rank0 =
-          CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_);
+          CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_);
       if (rank0.ok()) targets.push_back({id, *rank0});
     }
   }
@@ -365,8 +363,8 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
     while (true) {
       done = 0;
       for (const auto& [id, step] : wanted) {
-        const JobEntry& e = jobs_.at(id);
-        if (e.job.checkpoint_step() >= step || e.job.state() != v1::JOB_STATE_RUNNING) ++done;
+        const v1::Job& job = jobs_.at(id).controller.job();
+        if (job.checkpoint_step() >= step || job.state() != v1::JOB_STATE_RUNNING) ++done;
       }
       if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
       changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));

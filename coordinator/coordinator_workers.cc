@@ -207,13 +207,14 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
   }
   if (request.job_id().empty()) return absl::OkStatus();
   auto j = jobs_.find(request.job_id());
-  const bool rank_known = j != jobs_.end() && request.rank() >= 0 &&
-                          request.rank() < static_cast<int>(j->second.run.rank_ended.size());
-  const bool stale = j != jobs_.end() && request.generation() != 0 &&
-                     request.generation() != j->second.job.generation();
-  if (j == jobs_.end() || stale ||
-      (j->second.job.state() != v1::JOB_STATE_RUNNING &&
-       !(rank_known && j->second.run.rank_ended[request.rank()]))) {
+  JobController* c = j == jobs_.end() ? nullptr : &j->second.controller;
+  const bool rank_known = c != nullptr && request.rank() >= 0 &&
+                          request.rank() < static_cast<int>(c->run().rank_ended.size());
+  const bool stale = c != nullptr && request.generation() != 0 &&
+                     request.generation() != c->job().generation();
+  if (c == nullptr || stale ||
+      (c->job().state() != v1::JOB_STATE_RUNNING &&
+       !(rank_known && c->run().rank_ended[request.rank()]))) {
     // Its stage outlived its job (a stop that reached the worker before the assignment,
     // a job ended while it was unreachable): stop it again, or it would hold the worker.
     std::shared_ptr<WorkerClient> client = (*worker)->client;
@@ -226,16 +227,11 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
     Later([client, stop] { (void)client->StopStage(stop); });
   }
   // Its stage's activity, only for the rank it runs.
-  if (j != jobs_.end() && !stale && request.rank() >= 0 &&
-      request.rank() < j->second.job.stage_status_size() &&
-      j->second.rank_worker[request.rank()] == (*worker)->info.id()) {
-    v1::StageStatus* st = j->second.job.mutable_stage_status(request.rank());
-    if (st->action() != request.action() || st->waiting_for() != request.waiting_for()) {
-      st->set_action(request.action());
-      st->set_waiting_for(request.waiting_for());
-      ++j->second.version;
-      changed_.SignalAll();
-    }
+  if (c != nullptr && !stale &&
+      c->Activity(request.rank(), (*worker)->info.id(), request.action(),
+                  request.waiting_for())) {
+    ++j->second.version;
+    changed_.SignalAll();
   }
   return absl::OkStatus();
 }
@@ -252,16 +248,16 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
     worker_id = w->info.id();
     auto j = jobs_.find(w->info.job_id());
     if (j == jobs_.end()) return response;
-    JobEntry& e = j->second;
-    response.set_job_id(e.job.id());
-    if (e.job.restarts() >= e.config.max_restarts || w->generation != e.job.generation()) {
+    const JobController& c = j->second.controller;
+    response.set_job_id(c.id());
+    if (c.job().restarts() >= c.config().max_restarts || w->generation != c.job().generation()) {
       return response;  // nothing to restart: its rank ends with it
     }
     absl::StatusOr<std::shared_ptr<WorkerClient>> first =
-        CommandRelay::Rank0(e.job, e.run.phase, e.rank_worker, pool_);
+        CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_);
     if (absl::IsFailedPrecondition(first.status())) return response;  // not running, recovering
-    if (e.restart_point.drain_step() > 0) {  // another worker's drain already asked for one
-      response.set_checkpoint_step(e.restart_point.drain_step());
+    if (c.drain_step() > 0) {  // another worker's drain already asked for one
+      response.set_checkpoint_step(c.drain_step());
       return response;
     }
     if (!first.ok()) return response;  // rank 0's worker is gone: no checkpoint to wait for
@@ -273,16 +269,12 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
   return LockedThenFlush(
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::DrainWorkerResponse> {
     auto j = jobs_.find(response.job_id());
-    if (j == jobs_.end() || j->second.run.phase == Phase::kRecovering) return response;
-    JobEntry& e = j->second;
+    if (j == jobs_.end() || j->second.controller.phase() == Phase::kRecovering) return response;
     WorkerPool::Worker* w = pool_.Find(worker_id);
-    e.restart_point.Drain(worker_id, w != nullptr ? w->info.address() : std::string("?"),
-                          *scheduled);
-    response.set_checkpoint_step(e.restart_point.drain_step());
-    jobs_.Event(e.job.id(), absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before "
-                                   "step ", e.restart_point.drain_step(), "; the job restarts "
-                                   "from it without this worker"));
-    jobs_.Changed(e);
+    j->second.controller.Drain(worker_id, w != nullptr ? w->info.address() : std::string("?"),
+                               *scheduled);
+    Carry(j->second);
+    response.set_checkpoint_step(j->second.controller.drain_step());
     return response;
   });
 }
@@ -312,13 +304,14 @@ absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvo
   }
   auto it = jobs_.find(job_id);
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous_.Find(job_id);
-  if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING || !store) {
+  if (it == jobs_.end() || it->second.controller.job().state() != v1::JOB_STATE_RUNNING ||
+      !store) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
   }
-  if (generation != it->second.job.generation()) {
+  if (generation != it->second.controller.job().generation()) {
     return absl::FailedPreconditionError(
         absl::StrCat("generation ", generation, " of job ", job_id, " has ended (it runs ",
-                     it->second.job.generation(), "): its ranks meet no more"));
+                     it->second.controller.job().generation(), "): its ranks meet no more"));
   }
   return store;
 }
@@ -327,27 +320,11 @@ void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {
   std::fprintf(stderr, "coordinator: %s (%s) lost: %s\n", lost.id.c_str(), lost.address.c_str(),
                lost.why.c_str());
   auto j = jobs_.find(lost.job_id);
-  if (j == jobs_.end() || j->second.job.state() != v1::JOB_STATE_RUNNING) return;
-  JobEntry& e = j->second;
-  if (lost.generation == 0 || lost.generation == e.job.generation()) {
-    // Silent, it may still run its rank until its lease ends (then it stops it itself).
-    const absl::Duration lease = kLeaseIntervals * options_.heartbeat_interval;
-    e.lost_ranks_stop_by =
-        std::max(e.lost_ranks_stop_by, deps_.clock->Now() - lost.silent + lease +
-                                           options_.heartbeat_interval);
-  }
-  // Its rank will not say where it stands.
-  if (e.survivors && (lost.generation == 0 || lost.generation == e.job.generation())) {
-    SurvivorGone(e, lost.rank);
-  }
-  // A worker of an earlier generation, still ending its stage: nothing more to fail (the
-  // recovering job no longer waits for it).
-  if (e.run.phase == Phase::kRecovering ||
-      (lost.generation != 0 && lost.generation != e.job.generation())) {
-    return;
-  }
-  ApplyEvent(e, RankLost{lost.rank, absl::StrCat(lost.id, " (", lost.address, ") running ",
-                                                 RankName(e.job, lost.rank), " ", lost.why)});
+  if (j == jobs_.end()) return;
+  j->second.controller.WorkerLost(lost.rank, lost.generation, lost.silent,
+                                  absl::StrCat(lost.id, " (", lost.address, ")"), lost.why,
+                                  kLeaseIntervals * options_.heartbeat_interval);
+  Carry(j->second);
 }
 
 }  // namespace pipetrain::coordinator

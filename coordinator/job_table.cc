@@ -6,12 +6,6 @@
 
 namespace pipetrain::coordinator {
 
-int SkippedInARowBefore(const std::set<int64_t>& skipped, int64_t step) {
-  int n = 0;
-  while (skipped.count(step - 1 - n) > 0) ++n;
-  return n;
-}
-
 JobEntry& JobTable::Add(const std::string& id, JobEntry entry) {
   entry.order = next_order_++;
   return jobs_.emplace(id, std::move(entry)).first->second;
@@ -33,9 +27,18 @@ void JobTable::Changed(JobEntry& entry, bool progress_only) {
   const absl::Time now = clock_->Now();
   if (progress_only && now - entry.persisted_at < absl::Seconds(1)) return;
   entry.persisted_at = now;
-  writes_->QueueSteps(entry.job.id(), entry.unwritten_steps);
+  writes_->QueueSteps(entry.controller.id(), entry.unwritten_steps);
   entry.unwritten_steps.clear();
-  writes_->QueueJob(entry.job.id(), entry.order, entry.job.SerializeAsString());
+  writes_->QueueJob(entry.controller.id(), entry.order, entry.controller.job().SerializeAsString());
+}
+
+void JobTable::Record(JobEntry& entry, const JobEffects& effects) {
+  for (const std::string& text : effects.events) Event(entry.controller.id(), text);
+  entry.unwritten_steps.insert(entry.unwritten_steps.end(), effects.steps.begin(),
+                               effects.steps.end());
+  if (effects.write != JobEffects::Write::kNone) {
+    Changed(entry, effects.write == JobEffects::Write::kProgress);
+  }
 }
 
 void JobTable::Event(const std::string& job_id, const std::string& text) {

@@ -1,6 +1,6 @@
 // The step-command relay alone: where a command for a job goes (rank 0's worker) or why it
-// cannot go; the call it makes; the counts for /metrics; the tally of the ranks' reports that
-// makes the job's "took effect on all ranks" event, once per boundary. No coordinator.
+// cannot go; the call it makes; the counts for /metrics. No coordinator. (The tally of the
+// ranks' reports is the job controller's: job_controller_test.cc.)
 #include "coordinator/command_relay.h"
 
 #include <memory>
@@ -80,19 +80,6 @@ TEST(CommandRelay, CommandsGoToRank0sWorkerOrSayWhyNot) {
   pool.MarkLost(*pool.Find("worker-1"), t0, "stopped sending heartbeats");
   EXPECT_THAT(CommandRelay::Rank0(RunningJob(), Phase::kRunning, ranks, pool).status().message(),
               HasSubstr("the worker of rank 0 of job-0001 is lost"));
-}
-
-TEST(CommandRelay, EveryRankReportingABoundaryMakesOneEventPerBoundary) {
-  CommandRelay relay;
-  EXPECT_FALSE(relay.TookEffect("job-0001", 8, 3));
-  EXPECT_FALSE(relay.TookEffect("job-0001", 8, 3));
-  EXPECT_FALSE(relay.TookEffect("job-0002", 8, 3));  // another job's ranks count apart
-  EXPECT_TRUE(relay.TookEffect("job-0001", 8, 3));   // the third rank: the event
-  EXPECT_FALSE(relay.TookEffect("job-0001", 8, 3));  // a fourth report of it: no second
-  EXPECT_FALSE(relay.TookEffect("job-0001", 12, 3));
-  relay.Forget("job-0001");  // its generation ended: the next counts afresh
-  EXPECT_FALSE(relay.TookEffect("job-0001", 12, 2));
-  EXPECT_TRUE(relay.TookEffect("job-0001", 12, 2));
 }
 
 TEST(CommandRelay, CountsByCommandAndOutcome) {

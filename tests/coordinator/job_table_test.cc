@@ -18,6 +18,14 @@ namespace {
 using ::testing::ElementsAre;
 using testing_fakes::FakeStore;
 
+// A queued job's entry whose record says `id` and `step`.
+JobEntry Entry(const std::string& id, int64_t step = -1) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_step(step);
+  return JobEntry(JobController({std::make_shared<FakeClock>()}, job, job::JobConfig()));
+}
+
 v1::Job StoredRecord(const FakeStore::Data& data, const std::string& id) {
   v1::Job job;
   EXPECT_TRUE(job.ParseFromString(data.jobs.at(id).job));
@@ -30,14 +38,12 @@ TEST(JobTable, JobsComeInSubmissionOrderWhateverTheirIds) {
   WriteBehind writes(&store);
   JobTable jobs(&writes, std::make_shared<FakeClock>(), [] {});
   for (const char* id : {"job-b", "job-c", "job-a"}) {
-    JobEntry entry;
-    entry.job.set_id(id);
-    jobs.Add(id, std::move(entry));
+    jobs.Add(id, Entry(id));
   }
   EXPECT_EQ(jobs.next_order(), 3);
   std::vector<std::string> order;
   for (JobEntry* e : jobs.InOrder([](const JobEntry&) { return true; })) {
-    order.push_back(e->job.id());
+    order.push_back(e->controller.id());
   }
   EXPECT_THAT(order, ElementsAre("job-b", "job-c", "job-a"));
   EXPECT_EQ(jobs.InOrder([](const JobEntry& e) { return e.order > 0; }).size(), 2u);
@@ -52,22 +58,23 @@ TEST(JobTable, ProgressIsQueuedOnceASecondAndEveryOtherChangeAtOnce) {
   auto clock = std::make_shared<FakeClock>();
   int woken = 0;
   JobTable jobs(&writes, clock, [&] { ++woken; });
-  JobEntry& e = jobs.Add("job-0001", JobEntry());
-  e.job.set_id("job-0001");
-  e.job.set_step(0);
+  JobEntry& e = jobs.Add("job-0001", Entry("job-0001", 0));
   jobs.Changed(e);  // a state change: queued at once
   ASSERT_TRUE(writes.Flush().ok());
   EXPECT_EQ(StoredRecord(*data, "job-0001").step(), 0);
   EXPECT_EQ(e.version, 1);
 
-  // Steps committed within the second: not queued, but the watchers are woken.
+  // Steps committed within the second, as a controller's effects say: not queued, but the
+  // watchers are woken.
   for (int64_t step = 1; step <= 3; ++step) {
-    e.job.set_step(step);
+    e.controller = Entry("job-0001", step).controller;
+    JobEffects effects;
     StoredStep row;
     row.step = step;
-    e.unwritten_steps.push_back(row);
+    effects.steps.push_back(row);
+    effects.write = JobEffects::Write::kProgress;
     clock->Advance(absl::Milliseconds(300));
-    jobs.Changed(e, /*progress_only=*/true);
+    jobs.Record(e, effects);
   }
   ASSERT_TRUE(writes.Flush().ok());
   EXPECT_EQ(StoredRecord(*data, "job-0001").step(), 0);
