@@ -1,16 +1,10 @@
-// The coordinator's shell: opening (the store loaded back into jobs' controllers), the
-// write-behind of changes and events, calls to workers off the lock, a controller's effects
-// carried out (Carry), and the monitor (lost workers, held failures decided, survivors'
-// deadlines, scheduling). The handlers live by concern in
-// coordinator_jobs.cc, coordinator_workers.cc, coordinator_reports.cc and
-// coordinator_scheduling.cc. See coordinator.h.
+// The coordinator's wiring: the parts made and the store loaded (Open), the monitor, and the
+// metrics snapshot. See coordinator.h.
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "jobspec/job_config_from_spec.h"
 #include "proto/states.h"
 
 namespace pipetrain::coordinator {
@@ -30,7 +24,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   if (!deps.connect) deps.connect = GrpcWorkerConnector(options.security);
   const bool monitor = deps.start_monitor;
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(deps)));
-  if (absl::Status s = c->Load(); !s.ok()) return s;
+  if (absl::Status s = c->jobs_.Load(); !s.ok()) return s;
   if (monitor) {
     c->last_pass_ms_.store(absl::ToUnixMillis(c->deps_.clock->Now()));
     c->monitor_ = std::thread([raw = c.get()] { raw->Monitor(); });
@@ -41,27 +35,25 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
 Coordinator::Coordinator(CoordinatorOptions options, CoordinatorDeps deps)
     : options_(std::move(options)),
       deps_(std::move(deps)),
-      planner_({options_.planning_cpu_budget, options_.planning_time_limit,
-                options_.planning_wait, options_.host_links}),
-      scheduler_(SchedulerPolicy{options_.heartbeat_interval, options_.assign_attempts,
-                                 options_.host_policy, options_.host_links}),
-      writes_(deps_.store.get()),
-      jobs_(&writes_, deps_.clock, [this] { changed_.SignalAll(); }) {
-  absl::MutexLock lock(&mu_);
-  pool_.SetLostListener([this](const WorkerPool::Lost& lost) {
-    mu_.AssertHeld();  // the pool is only used under mu_
-    OnWorkerLost(lost);
-  });
-}
-
-int64_t Coordinator::NowMs() const { return absl::ToUnixMillis(deps_.clock->Now()); }
+      state_(options_, deps_.clock, deps_.store.get(),
+             [this](std::function<void()> call) {
+               if (deps_.run_later) {
+                 deps_.run_later(std::move(call));
+               } else {
+                 calls_.Run(std::move(call));
+               }
+             }),
+      dispatcher_(state_),
+      jobs_(state_, dispatcher_),
+      workers_(state_, dispatcher_, deps_.connect),
+      reports_(state_, dispatcher_) {}
 
 void Coordinator::StopMonitor() {
   {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    absl::MutexLock lock(&state_.mu);
+    state_.stopping = true;
   }
-  changed_.SignalAll();
+  state_.changed.SignalAll();
   if (monitor_.joinable()) monitor_.join();
 }
 
@@ -70,126 +62,32 @@ Coordinator::~Coordinator() {
   // calls_, declared last, is destroyed first: it runs what is queued, then joins.
 }
 
-absl::Status Coordinator::Load() {
-  auto stored = deps_.store->LoadJobs();
-  if (!stored.ok()) return stored.status();
-  {
-  absl::MutexLock lock(&mu_);
-  for (const StoredJob& s : *stored) {
-    v1::Job job;
-    if (!job.ParseFromString(s.job)) {
-      return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
-    }
-    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
-    JobEntry& e = jobs_.Add(
-        s.id, JobEntry(JobController::FromRecord(JobSettings(), std::move(job), config)));
-    e.durable = true;
-    Carry(e);
-  }
-  }
-  if (absl::Status s = FlushWrites(); !s.ok()) {
-    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Coordinator::FlushWrites() { return writes_.Flush(); }
-
-void Coordinator::Later(std::function<void()> call) {
-  if (deps_.run_later) {
-    deps_.run_later(std::move(call));
-    return;
-  }
-  calls_.Run(std::move(call));
-}
-
-JobController::Settings Coordinator::JobSettings() const {
-  return JobController::Settings{deps_.clock, options_.heartbeat_interval};
-}
-
-void Coordinator::Carry(JobEntry& entry) {
-  const JobEffects effects = entry.controller.TakeEffects();
-  const std::string& id = entry.controller.id();
-  switch (effects.rendezvous) {
-    case JobEffects::Store::kUnchanged: break;
-    case JobEffects::Store::kOpen: rendezvous_.Open(id); break;
-    case JobEffects::Store::kClose: rendezvous_.Close(id); break;
-  }
-  if (effects.began_holding) holding_jobs_.insert(id);
-  for (const JobEffects::Stop& stop : effects.stops) {
-    WorkerPool::Worker* w = pool_.Find(stop.worker_id);
-    if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) continue;
-    std::shared_ptr<WorkerClient> client = w->client;
-    v1::StopStageRequest request;
-    request.set_job_id(id);
-    request.set_generation(stop.generation);
-    request.set_reason(stop.reason);
-    Later([client, request] { (void)client->StopStage(request); });
-  }
-  jobs_.Record(entry, effects);
-}
-
-void Coordinator::TickLocked() {
-  const absl::Time now = deps_.clock->Now();
-  for (const std::string& id : pool_.RemoveLostFor(now, options_.lost_worker_ttl)) {
-    std::fprintf(stderr, "coordinator: %s forgotten (lost for over %s)\n", id.c_str(),
-                 absl::FormatDuration(options_.lost_worker_ttl).c_str());
-  }
-  workers_lost_silent_ += pool_.ExpireSilent(now, 2 * options_.heartbeat_interval);
-  // A held-back rank failure becomes the job's once every worker of a rank still running
-  // has heartbeated more than half an interval after it (so that a heartbeat sent before
-  // a peer died, still on its way, does not count); a lost one ended the job above.
-  for (auto& [id, e] : jobs_) {
-    const JobRun& run = e.controller.run();
-    if (run.phase != Phase::kHeldFailure) continue;
-    const std::vector<std::string>& rank_worker = e.controller.rank_worker();
-    bool alive = true;
-    for (size_t r = 0; r < rank_worker.size() && r < run.rank_ended.size(); ++r) {
-      const WorkerPool::Worker* w = pool_.Find(rank_worker[r]);
-      if (!run.rank_ended[r] && w != nullptr &&
-          w->last_heartbeat <= run.held_since + options_.heartbeat_interval / 2) {
-        alive = false;
-      }
-    }
-    if (alive) {
-      e.controller.Apply(PeersAlive{});
-      Carry(e);
-    }
-  }
-  // Survivors' rounds past their deadline decide without the ranks that did not report.
-  for (auto& [id, e] : jobs_) {
-    e.controller.Tick();
-    Carry(e);
-  }
-  Schedule();
-}
-
 void Coordinator::Tick() {
-  LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    TickLocked();
-    return 0;
-  });
+  StateLock lock(&state_);
+  workers_.Tick();
+  dispatcher_.Tick();
 }
 
 void Coordinator::Monitor() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
+  absl::MutexLock lock(&state_.mu);
+  while (!state_.stopping) {
     // Until the next worker is due to be lost (so that it is lost two intervals after its
     // last heartbeat, not up to a tick later), or a quarter interval at most.
     const absl::Duration wait = std::min(
         std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4),
-        pool_.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
+        state_.pool.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
             deps_.clock->Now());
     // Woken early only to stop (job changes do not count).
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+    if (state_.mu.AwaitWithTimeout(absl::Condition(&state_.stopping),
                              std::max(absl::Milliseconds(1), wait))) {
       break;
     }
-    TickLocked();
-    mu_.Unlock();
-    (void)FlushWrites();
+    workers_.Tick();
+    dispatcher_.Tick();
+    state_.mu.Unlock();
+    (void)state_.FlushWrites();
     last_pass_ms_.store(absl::ToUnixMillis(deps_.clock->Now()));
-    mu_.Lock();
+    state_.mu.Lock();
   }
 }
 
@@ -197,6 +95,47 @@ bool Coordinator::StateLoopLive() const {
   if (!monitor_.joinable()) return true;
   const absl::Time last = absl::FromUnixMillis(last_pass_ms_.load());
   return deps_.clock->Now() - last <= options_.stall_limit;
+}
+
+Coordinator::MetricsSnapshot Coordinator::Metrics() {
+  MetricsSnapshot m;
+  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+    m.jobs_by_state[StateName(s)] = 0;
+  }
+  for (v1::WorkerState s : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY,
+                            v1::WORKER_STATE_DRAINING, v1::WORKER_STATE_LOST}) {
+    m.workers_by_state[StateName(s)] = 0;
+  }
+  absl::MutexLock lock(&state_.mu);
+  for (const auto& [id, e] : state_.jobs) {
+    const v1::Job& job = e.controller.job();
+    ++m.jobs_by_state[StateName(job.state())];
+    if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    MetricsSnapshot::RunningJob j;
+    j.id = id;
+    j.step = job.step();
+    j.tokens_per_s = job.tokens_per_s();
+    if (job.step() >= 0) {
+      j.loss = job.loss();
+      j.learning_rate = job.learning_rate();
+      if (job.has_grad_norm()) j.grad_norm = job.grad_norm();
+    }
+    if (job.eval_step() > 0) {
+      j.eval_loss = job.eval_loss();
+      j.eval_accuracy = job.eval_accuracy();
+    }
+    const int p = job.stages();
+    const std::vector<double>& per_step = e.controller.ledger().step_compute_s();
+    if (static_cast<int>(per_step.size()) >= p) {
+      j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
+    }
+    m.running.push_back(std::move(j));
+  }
+  for (const v1::WorkerInfo& w : state_.pool.Infos()) ++m.workers_by_state[StateName(w.state())];
+  m.workers_lost_silent = workers_.lost_silent();
+  m.step_commands = jobs_.command_counts();
+  return m;
 }
 
 }  // namespace pipetrain::coordinator

@@ -12,8 +12,8 @@
 // state. The controller never calls a worker, the store or the pool: what it needs of them
 // comes in as arguments (a worker's address, its host), so each of its protocols is tested
 // with an event in and effects out (tests/coordinator/job_controller_test.cc), no sockets,
-// no sleeps. The coordinator (coordinator.h) owns the controllers (job_table.h), the lock
-// and the I/O.
+// no sleeps. The coordinator's shared state (coordinator_state.h) holds the controllers
+// (job_table.h) under its lock and carries out their effects (Carry).
 //
 // Not thread-safe: the coordinator calls it under its lock.
 #pragma once

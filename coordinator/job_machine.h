@@ -14,8 +14,8 @@
 // meanwhile (RankLost) is the cause instead, and so is a later failure that was not itself a
 // consequence of a peer's (failed_after_peer) when the held one was.
 //
-// The machine decides; the coordinator (the shell) carries out the commands in order: stop
-// the ranks still running, record a recovery, end the job, requeue it, say something in the
+// The machine decides; the job's controller (job_controller.h) carries out the commands in
+// order: stop the ranks still running, record a recovery, end the job, requeue it, say something in the
 // job's events, mark a rank's stage. Events that do not apply in the run's phase (a stage end
 // after the job ended, a report of an old generation) change nothing and command nothing.
 //

@@ -5,8 +5,9 @@
 // progress (a step report) is queued at most once a second, every other at once. Events are
 // queued there too, and printed on stderr.
 //
-// Not thread-safe: the coordinator's shell holds its lock around every call. The writer it
-// queues into is thread-safe and flushed by the shell outside that lock.
+// Not thread-safe: the coordinator's managers hold its lock around every call
+// (coordinator_state.h). The writer it queues into is thread-safe and flushed outside that
+// lock.
 #pragma once
 
 #include <cstdint>

@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
   // Jobs that may restart get a checkpoint first, so the next start resumes them from here
   // (at most 30 s; jobs without restarts left wait for nothing).
-  if (const int saved = (*coordinator)->CheckpointRunningJobs(absl::Seconds(30)); saved > 0) {
+  if (const int saved = (*coordinator)->jobs().CheckpointRunningJobs(absl::Seconds(30)); saved > 0) {
     std::fprintf(stderr, "pipetrain-coordinator: %d running job%s checkpointed\n", saved,
                  saved == 1 ? "" : "s");
   }

@@ -13,8 +13,8 @@
 //                  attempts are left and the first was unreachable, back to the queue (no
 //                  worker to take it: a placement failure, not the job's), or the job's fault.
 //
-// The coordinator's shell (coordinator_scheduling.cc) gathers the inputs under its lock,
-// asks, and applies the answer: starts generations, records events, feeds the job machine.
+// The coordinator's dispatcher (dispatcher.h) gathers the inputs under its lock, asks, and
+// applies the answer through the jobs' controllers and the worker pool.
 // Pure: no clock (the time comes in), no lock, no I/O; thread-compatible.
 #pragma once
 

@@ -42,26 +42,26 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
-    return Reply(c_->Submit(request->spec(), request->model_profile_json()), response);
+    return Reply(c_->jobs().Submit(request->spec(), request->model_profile_json()), response);
   }
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                       v1::Job* response) override {
-    return Reply(c_->Get(request->id()), response);
+    return Reply(c_->jobs().Get(request->id()), response);
   }
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override {
-    return Reply(c_->List(request->page_size(), request->page_token()), response);
+    return Reply(c_->jobs().List(request->page_size(), request->page_token()), response);
   }
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
-    return Reply(c_->Cancel(request->id()), response);
+    return Reply(c_->jobs().Cancel(request->id()), response);
   }
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                         grpc::ServerWriter<v1::Job>* writer) override {
     int64_t version = -1;
     while (!context->IsCancelled()) {
       if (stopping_->load()) return Stopping();
-      auto next = c_->WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
+      auto next = c_->jobs().WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
       if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
       version = next->second;
@@ -83,16 +83,16 @@ class JobServiceImpl final : public v1::JobService::Service {
     int64_t version = -1;
     while (!context->IsCancelled()) {
       if (stopping_->load()) return Stopping();
-      auto events = c_->Events(request->job_id(), after);
+      auto events = c_->jobs().Events(request->job_id(), after);
       if (!events.ok()) return ToGrpcStatus(events.status());
       for (const v1::JobEvent& e : *events) {
         if (!writer->Write(e)) return grpc::Status::OK;
         after = e.seq();
       }
       // A full page: there may be more at once.
-      if (static_cast<int64_t>(events->size()) == Coordinator::kEventsPerCall) continue;
+      if (static_cast<int64_t>(events->size()) == JobManager::kEventsPerCall) continue;
       if (!request->follow()) return grpc::Status::OK;
-      auto job = c_->WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(100));
+      auto job = c_->jobs().WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(100));
       if (!job.ok()) return ToGrpcStatus(job.status());
       version = job->second;
       const v1::JobState s = job->first.state();
@@ -100,13 +100,13 @@ class JobServiceImpl final : public v1::JobService::Service {
           s == v1::JOB_STATE_CANCELLED) {
         // Whatever was appended with the end, then stop.
         for (bool more = true; more;) {
-          auto last = c_->Events(request->job_id(), after);
+          auto last = c_->jobs().Events(request->job_id(), after);
           if (!last.ok()) break;
           for (const v1::JobEvent& e : *last) {
             if (!writer->Write(e)) return grpc::Status::OK;
             after = e.seq();
           }
-          more = static_cast<int64_t>(last->size()) == Coordinator::kEventsPerCall;
+          more = static_cast<int64_t>(last->size()) == JobManager::kEventsPerCall;
         }
         return grpc::Status::OK;
       }
@@ -115,16 +115,16 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse* response) override {
-    for (v1::WorkerInfo& w : c_->Workers()) *response->add_workers() = std::move(w);
+    for (v1::WorkerInfo& w : c_->workers().Workers()) *response->add_workers() = std::move(w);
     return grpc::Status::OK;
   }
   grpc::Status SendCommand(grpc::ServerContext*, const v1::SendCommandRequest* request,
                            v1::SendCommandResponse* response) override {
-    return Reply(c_->SendCommand(*request), response);
+    return Reply(c_->jobs().SendCommand(*request), response);
   }
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest* request,
                          v1::ListStepsResponse* response) override {
-    absl::StatusOr<std::vector<StoredStep>> steps = c_->Steps(request->job_id(), request->after_step());
+    absl::StatusOr<std::vector<StoredStep>> steps = c_->jobs().Steps(request->job_id(), request->after_step());
     if (!steps.ok()) return ToGrpcStatus(steps.status());
     for (const StoredStep& stored : *steps) {
       v1::CommittedStep* step = response->add_steps();
@@ -157,16 +157,16 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   explicit CoordinatorServiceImpl(Coordinator* c) : c_(c) {}
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
-    return Reply(c_->Register(*request, ctx->peer()), response);
+    return Reply(c_->workers().Register(*request, ctx->peer()), response);
   }
   grpc::Status DeregisterWorker(grpc::ServerContext* ctx,
                                 const v1::DeregisterWorkerRequest* request,
                                 v1::DeregisterWorkerResponse*) override {
-    return ToGrpcStatus(c_->Deregister(rpc::SessionOf(*ctx), *request));
+    return ToGrpcStatus(c_->workers().Deregister(rpc::SessionOf(*ctx), *request));
   }
   grpc::Status DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* request,
                            v1::DrainWorkerResponse* response) override {
-    absl::StatusOr<v1::DrainWorkerResponse> r = c_->DrainWorker(rpc::SessionOf(*ctx), *request);
+    absl::StatusOr<v1::DrainWorkerResponse> r = c_->workers().DrainWorker(rpc::SessionOf(*ctx), *request);
     if (r.ok()) *response = *r;
     return ToGrpcStatus(r.status());
   }
@@ -174,25 +174,25 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   // it speaks only for that worker and its ranks.
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
-    return ToGrpcStatus(c_->Heartbeat(rpc::SessionOf(*ctx), *request, response));
+    return ToGrpcStatus(c_->workers().Heartbeat(rpc::SessionOf(*ctx), *request, response));
   }
   grpc::Status ReportStep(grpc::ServerContext* ctx, const v1::StepReport* request,
                           v1::ReportResponse* response) override {
     v1::StepReports one;
     *one.add_reports() = *request;
-    return Reply(c_->ReportSteps(rpc::SessionOf(*ctx), one), response);
+    return Reply(c_->reports().ReportSteps(rpc::SessionOf(*ctx), one), response);
   }
   grpc::Status ReportSteps(grpc::ServerContext* ctx, const v1::StepReports* request,
                            v1::ReportResponse* response) override {
-    return Reply(c_->ReportSteps(rpc::SessionOf(*ctx), *request), response);
+    return Reply(c_->reports().ReportSteps(rpc::SessionOf(*ctx), *request), response);
   }
   grpc::Status ReportStageEnd(grpc::ServerContext* ctx, const v1::StageEnd* request,
                               v1::ReportResponse* response) override {
-    return Reply(c_->ReportStageEnd(rpc::SessionOf(*ctx), *request), response);
+    return Reply(c_->reports().ReportStageEnd(rpc::SessionOf(*ctx), *request), response);
   }
   grpc::Status ReportStopped(grpc::ServerContext* ctx, const v1::StoppedRank* request,
                              v1::SurvivorInstruction* response) override {
-    return Reply(c_->ReportStopped(rpc::SessionOf(*ctx), *request), response);
+    return Reply(c_->reports().ReportStopped(rpc::SessionOf(*ctx), *request), response);
   }
 
   // The rendezvous key-value store of a running job.
@@ -242,17 +242,17 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  private:
   grpc::Status WithStore(const grpc::ServerContext& ctx, const v1::KvRequest& request,
                          const std::function<absl::Status(rendezvous::KeyValueStore&)>& call) {
-    if (request.key().size() > Coordinator::kKvKeyBytes || request.keys_size() > 1024) {
+    if (request.key().size() > WorkerManager::kKvKeyBytes || request.keys_size() > 1024) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a rendezvous key is at most 1 KiB, a check at most 1024 keys");
     }
     for (const std::string& key : request.keys()) {
-      if (key.size() > Coordinator::kKvKeyBytes) {
+      if (key.size() > WorkerManager::kKvKeyBytes) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             "a rendezvous key is at most 1 KiB");
       }
     }
-    auto store = c_->Rendezvous(rpc::SessionOf(ctx), request.job_id(), request.generation());
+    auto store = c_->workers().Rendezvous(rpc::SessionOf(ctx), request.job_id(), request.generation());
     if (!store.ok()) return ToGrpcStatus(store.status());
     return ToGrpcStatus(call(**store));
   }
@@ -260,7 +260,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   Coordinator* c_;
 };
 
-constexpr int kMaxRequestBytes = static_cast<int>(Coordinator::kKvValueBytes) + (64 << 10);
+constexpr int kMaxRequestBytes = static_cast<int>(WorkerManager::kKvValueBytes) + (64 << 10);
 
 }  // namespace
 

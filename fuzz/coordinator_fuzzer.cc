@@ -60,12 +60,12 @@ class Harness {
       v1::RegisterWorkerRequest r;
       r.set_address("host-" + std::to_string(n) + ":7000");
       r.set_command_key(std::string(32, static_cast<char>('0' + n)));
-      auto response = coordinator_->Register(r);
+      auto response = coordinator_->workers().Register(r);
       if (!response.ok()) std::abort();
       worker_ids_.push_back(response->worker_id());
       sessions_.push_back(response->session());
     }
-    auto job = coordinator_->Submit(ValidSpec(2));
+    auto job = coordinator_->jobs().Submit(ValidSpec(2));
     if (!job.ok()) std::abort();
     job_ids_.push_back(job->id());
     RunLater();
@@ -74,7 +74,7 @@ class Harness {
   void Run() {
     while (in_.remaining_bytes() > 0) Step();
     // Everything that was accepted is still consistent.
-    auto list = coordinator_->List(500);
+    auto list = coordinator_->jobs().List(500);
     if (!list.ok()) std::abort();
     for (const v1::Job& job : list->jobs()) CheckJob(job);
   }
@@ -120,7 +120,7 @@ class Harness {
         v1::JobSpec spec = in_.ConsumeBool() ? Parsed<v1::JobSpec>() : ValidSpec(1 + in_.ConsumeIntegralInRange<int>(0, 2));
         if (in_.ConsumeBool()) spec.set_steps(static_cast<int32_t>(Number()));
         if (in_.ConsumeBool()) spec.set_max_restarts(static_cast<int32_t>(Number()));
-        auto job = coordinator_->Submit(spec);
+        auto job = coordinator_->jobs().Submit(spec);
         CheckRefusal(job.status());
         if (job.ok()) job_ids_.push_back(job->id());
         break;
@@ -130,7 +130,7 @@ class Harness {
                                                         : v1::RegisterWorkerRequest();
         if (r.address().empty()) r.set_address("host-" + std::to_string(Number()) + ":7000");
         if (r.command_key().empty() && in_.ConsumeBool()) r.set_command_key(std::string(32, 'f'));
-        auto response = coordinator_->Register(r);
+        auto response = coordinator_->workers().Register(r);
         CheckRefusal(response.status());
         if (response.ok()) {
           worker_ids_.push_back(response->worker_id());
@@ -146,7 +146,7 @@ class Harness {
           h.set_rank(static_cast<int32_t>(Number()));
           h.set_action(AnyString());
         }
-        CheckRefusal(coordinator_->Heartbeat(Session(), h));
+        CheckRefusal(coordinator_->workers().Heartbeat(Session(), h));
         break;
       }
       case 3: {  // a batch of step reports
@@ -169,12 +169,12 @@ class Harness {
           if (in_.ConsumeBool()) r->set_checkpoint_failed(AnyString());
           r->set_skipped(in_.ConsumeBool());
         }
-        auto response = coordinator_->ReportSteps(Session(), reports);
+        auto response = coordinator_->reports().ReportSteps(Session(), reports);
         CheckRefusal(response.status());
         break;
       }
       case 4: {
-        auto response = coordinator_->ReportSteps(Session(), Parsed<v1::StepReports>());
+        auto response = coordinator_->reports().ReportSteps(Session(), Parsed<v1::StepReports>());
         CheckRefusal(response.status());
         break;
       }
@@ -187,11 +187,11 @@ class Harness {
           end.set_ok(in_.ConsumeBool());
           end.set_error(AnyString(in_.ConsumeBool() ? 64 : 8192));
         }
-        CheckRefusal(coordinator_->ReportStageEnd(Session(), end).status());
+        CheckRefusal(coordinator_->reports().ReportStageEnd(Session(), end).status());
         break;
       }
       case 6: {  // the rendezvous store of a job, as its ranks use it
-        auto store = coordinator_->Rendezvous(Session(), JobId(),
+        auto store = coordinator_->workers().Rendezvous(Session(), JobId(),
                                               in_.ConsumeIntegralInRange<int>(0, 2));
         CheckRefusal(store.status());
         if (!store.ok()) break;
@@ -206,24 +206,24 @@ class Harness {
         break;
       }
       case 7: {
-        auto job = coordinator_->Get(JobId());
+        auto job = coordinator_->jobs().Get(JobId());
         CheckRefusal(job.status());
         if (job.ok()) CheckJob(*job);
         break;
       }
       case 8: {
-        auto page = coordinator_->List(static_cast<int>(Number()), in_.ConsumeBool() ? AnyString() : "");
+        auto page = coordinator_->jobs().List(static_cast<int>(Number()), in_.ConsumeBool() ? AnyString() : "");
         CheckRefusal(page.status());
-        if (page.ok() && page->ByteSizeLong() > 2 * pc::Coordinator::kListPageBytes) std::abort();
+        if (page.ok() && page->ByteSizeLong() > 2 * pc::JobManager::kListPageBytes) std::abort();
         break;
       }
       case 9:
-        CheckRefusal(coordinator_->Cancel(JobId()).status());
+        CheckRefusal(coordinator_->jobs().Cancel(JobId()).status());
         break;
       case 10: {
-        auto events = coordinator_->Events(JobId(), Number());
+        auto events = coordinator_->jobs().Events(JobId(), Number());
         CheckRefusal(events.status());
-        if (events.ok() && static_cast<int64_t>(events->size()) > pc::Coordinator::kEventsPerCall) {
+        if (events.ok() && static_cast<int64_t>(events->size()) > pc::JobManager::kEventsPerCall) {
           std::abort();
         }
         break;
@@ -235,17 +235,17 @@ class Harness {
           r.set_command(static_cast<v1::StepCommand>(in_.ConsumeIntegralInRange<int>(-1, 5)));
           r.set_step(Number());
         }
-        CheckRefusal(coordinator_->SendCommand(r).status());
+        CheckRefusal(coordinator_->jobs().SendCommand(r).status());
         break;
       }
       case 12: {
         v1::DeregisterWorkerRequest r;
         r.set_worker_id(WorkerId());
-        CheckRefusal(coordinator_->Deregister(Session(), r));
+        CheckRefusal(coordinator_->workers().Deregister(Session(), r));
         break;
       }
       case 13:
-        coordinator_->Workers();
+        coordinator_->workers().Workers();
         break;
       case 14:  // time passes (heartbeats missed, held-back failures decided, TTLs)
         clock_->Advance(absl::Milliseconds(in_.ConsumeIntegralInRange<int>(0, 120000)));
@@ -260,11 +260,11 @@ class Harness {
       case 17: {  // a worker that drains (SIGTERM)
         v1::DrainWorkerRequest r;
         r.set_worker_id(WorkerId());
-        CheckRefusal(coordinator_->DrainWorker(Session(), r).status());
+        CheckRefusal(coordinator_->workers().DrainWorker(Session(), r).status());
         break;
       }
       default: {
-        auto job = coordinator_->Submit(Parsed<v1::JobSpec>());
+        auto job = coordinator_->jobs().Submit(Parsed<v1::JobSpec>());
         CheckRefusal(job.status());
         if (job.ok()) job_ids_.push_back(job->id());
         break;

@@ -38,33 +38,33 @@ TEST_F(CoordinatorCoreTest, AWorkerSpeaksOnlyForItselfAndItsOwnRanks) {
   end.set_job_id(job.id());
   end.set_rank(1);
   end.set_ok(true);
-  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+  EXPECT_EQ(coordinator_->reports().ReportStageEnd(s1, end).status().code(),
             absl::StatusCode::kPermissionDenied);
   end.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->ReportStageEnd(s1, end).status().code(),
+  EXPECT_EQ(coordinator_->reports().ReportStageEnd(s1, end).status().code(),
             absl::StatusCode::kPermissionDenied);
   v1::HeartbeatRequest h;
   h.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->Heartbeat(s1, h).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(s1, h).code(), absl::StatusCode::kPermissionDenied);
   // A heartbeat about a rank the worker does not run does not touch that rank.
   h.set_worker_id(w1);
   h.set_job_id(job.id());
   h.set_rank(1);
   h.set_action("F9");
-  EXPECT_TRUE(coordinator_->Heartbeat(s1, h).ok());
+  EXPECT_TRUE(coordinator_->workers().Heartbeat(s1, h).ok());
   EXPECT_EQ(Get(job.id()).stage_status(1).action(), "");
   // The rendezvous: only the job's own workers, for its current generation.
-  EXPECT_TRUE(coordinator_->Rendezvous(s1, job.id(), 1).ok());
+  EXPECT_TRUE(coordinator_->workers().Rendezvous(s1, job.id(), 1).ok());
   for (int other : {0, 2}) {
-    const absl::Status s = coordinator_->Rendezvous(s1, job.id(), other).status();
+    const absl::Status s = coordinator_->workers().Rendezvous(s1, job.id(), other).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << other;
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("generation ", other, " of job ", job.id(),
                                                     " has ended (it runs 1)")));
   }
   const std::string w3 = Register(3);
-  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w3], job.id(), 1).status().code(),
+  EXPECT_EQ(coordinator_->workers().Rendezvous(sessions_[w3], job.id(), 1).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(coordinator_->Rendezvous("", job.id(), 1).status().code(),
+  EXPECT_EQ(coordinator_->workers().Rendezvous("", job.id(), 1).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
 }
@@ -126,11 +126,11 @@ TEST_F(CoordinatorCoreTest, TheRendezvousStoreIsBounded) {
   const std::string w1 = Register(1);
   const v1::Job job = Submit(Spec(1));
   RunLater();
-  auto store = coordinator_->Rendezvous(sessions_[w1], job.id(), 1);
+  auto store = coordinator_->workers().Rendezvous(sessions_[w1], job.id(), 1);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ((*store)->Set("big", std::string(Coordinator::kKvValueBytes + 1, 'x')).code(),
+  EXPECT_EQ((*store)->Set("big", std::string(WorkerManager::kKvValueBytes + 1, 'x')).code(),
             absl::StatusCode::kResourceExhausted);
-  const std::string mib(Coordinator::kKvValueBytes, 'x');
+  const std::string mib(WorkerManager::kKvValueBytes, 'x');
   int stored = 0;
   absl::Status s;
   while ((s = (*store)->Set("k" + std::to_string(stored), mib)).ok()) ++stored;
@@ -151,7 +151,7 @@ TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
   std::string token;
   int pages = 0;
   do {
-    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->List(100, token);
+    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->jobs().List(100, token);
     ASSERT_TRUE(page.ok()) << page.status();
     EXPECT_LE(page->jobs_size(), 100);
     for (const v1::Job& j : page->jobs()) ids.push_back(j.id());
@@ -163,8 +163,8 @@ TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
   EXPECT_EQ(ids.front(), "job-0001");
   EXPECT_EQ(ids.back(), "job-0230");
   EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
-  EXPECT_EQ(coordinator_->List(100000)->jobs_size(), 230);  // capped at 500 a page
-  EXPECT_EQ(coordinator_->List(0, "not-a-token").status().code(),
+  EXPECT_EQ(coordinator_->jobs().List(100000)->jobs_size(), 230);  // capped at 500 a page
+  EXPECT_EQ(coordinator_->jobs().List(0, "not-a-token").status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -184,7 +184,7 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   v1::HeartbeatRequest h;
   h.set_worker_id(w1);
   h.set_action(std::string(1000, 'F'));
-  EXPECT_EQ(coordinator_->Heartbeat(sessions_[w1], h).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w1], h).code(), absl::StatusCode::kInvalidArgument);
   EndRank(w1, job.id(), 0, false, std::string(1 << 20, 'e'));
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
@@ -208,7 +208,7 @@ TEST_F(CoordinatorCoreTest, ABlockedStateLoopIsNoticed) {
     data_->hang_puts = true;
   }
   // A submission whose write hangs holds the store; the monitor's own writes wait for it.
-  std::thread submit([&] { (void)(*c)->Submit(Spec(1)); });
+  std::thread submit([&] { (void)(*c)->jobs().Submit(Spec(1)); });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   auto hanging = [&] {
     std::lock_guard<std::mutex> lock(data_->mu);
@@ -246,21 +246,21 @@ TEST_F(CoordinatorCoreTest, AnAddressNobodyElseCanReachIsRefused) {
   };
   for (const char* wildcard : {"0.0.0.0:7000", "[::]:7000"}) {
     absl::StatusOr<v1::RegisterWorkerResponse> refused =
-        coordinator_->Register(request(wildcard), "ipv4:10.0.0.2:5555");
+        coordinator_->workers().Register(request(wildcard), "ipv4:10.0.0.2:5555");
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << wildcard;
     EXPECT_THAT(refused.status().message(), HasSubstr("--advertise-address ADDR or --iface"));
   }
   absl::StatusOr<v1::RegisterWorkerResponse> remote =
-      coordinator_->Register(request("127.0.0.1:7000"), "ipv4:10.0.0.2:5555");
+      coordinator_->workers().Register(request("127.0.0.1:7000"), "ipv4:10.0.0.2:5555");
   EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(remote.status().message(),
               HasSubstr("is a loopback address, but the worker registered from 10.0.0.2"));
-  EXPECT_EQ(coordinator_->Register(request("[::1]:7000"), "ipv6:[fd00::2]:5555").status().code(),
+  EXPECT_EQ(coordinator_->workers().Register(request("[::1]:7000"), "ipv6:[fd00::2]:5555").status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
-  EXPECT_TRUE(coordinator_->Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
-  EXPECT_TRUE(coordinator_->Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
-  EXPECT_EQ(coordinator_->Workers().size(), 3u);
+  EXPECT_TRUE(coordinator_->workers().Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
+  EXPECT_TRUE(coordinator_->workers().Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
+  EXPECT_TRUE(coordinator_->workers().Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
+  EXPECT_EQ(coordinator_->workers().Workers().size(), 3u);
 }
 
 // A worker names the machine it runs on (--host-name; Slurm's node name by default): kept and
@@ -273,21 +273,21 @@ TEST_F(CoordinatorCoreTest, AWorkersHostIsKeptAndListedAndABadOneRefused) {
     r.set_host(host);
     return r;
   };
-  ASSERT_TRUE(coordinator_->Register(request("10.0.0.2:7000", "node-3"), "").ok());
-  ASSERT_TRUE(coordinator_->Register(request("10.0.0.2:7001", "node-3"), "").ok());
-  ASSERT_TRUE(coordinator_->Register(request("10.0.0.3:7000", ""), "").ok());
+  ASSERT_TRUE(coordinator_->workers().Register(request("10.0.0.2:7000", "node-3"), "").ok());
+  ASSERT_TRUE(coordinator_->workers().Register(request("10.0.0.2:7001", "node-3"), "").ok());
+  ASSERT_TRUE(coordinator_->workers().Register(request("10.0.0.3:7000", ""), "").ok());
   std::map<std::string, std::string> host_of;
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) host_of[w.address()] = w.host();
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) host_of[w.address()] = w.host();
   EXPECT_EQ(host_of["10.0.0.2:7000"], "node-3");
   EXPECT_EQ(host_of["10.0.0.2:7001"], "node-3");
   EXPECT_EQ(host_of["10.0.0.3:7000"], "");
   for (const std::string& bad : {std::string("node 3"), std::string("node\x1b[2J"),
                                  std::string(256, 'n')}) {
-    const absl::Status refused = coordinator_->Register(request("10.0.0.4:7000", bad), "").status();
+    const absl::Status refused = coordinator_->workers().Register(request("10.0.0.4:7000", bad), "").status();
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(refused.message(), HasSubstr("--host-name"));
   }
-  EXPECT_EQ(coordinator_->Workers().size(), 3u);
+  EXPECT_EQ(coordinator_->workers().Workers().size(), 3u);
 }
 
 // A state a caller is shown is in the store before the answer leaves: while the write of a
@@ -297,12 +297,12 @@ TEST_F(CoordinatorCoreTest, AStateACallerSeesIsAlreadyInTheStore) {
   Register(1);
   const v1::Job job = Submit(Spec(1));
   RunLater();
-  ASSERT_EQ(coordinator_->Get(job.id())->state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(coordinator_->jobs().Get(job.id())->state(), v1::JOB_STATE_RUNNING);
   {
     std::lock_guard<std::mutex> lock(data_->mu);
     data_->hang_puts = true;
   }
-  std::thread cancel([&] { EXPECT_TRUE(coordinator_->Cancel(job.id()).ok()); });
+  std::thread cancel([&] { EXPECT_TRUE(coordinator_->jobs().Cancel(job.id()).ok()); });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   auto hanging = [&] {
     std::lock_guard<std::mutex> lock(data_->mu);
@@ -313,7 +313,7 @@ TEST_F(CoordinatorCoreTest, AStateACallerSeesIsAlreadyInTheStore) {
   std::atomic<bool> answered{false};
   v1::JobState shown = v1::JOB_STATE_UNSPECIFIED;
   std::thread get([&] {
-    shown = coordinator_->Get(job.id())->state();
+    shown = coordinator_->jobs().Get(job.id())->state();
     answered = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

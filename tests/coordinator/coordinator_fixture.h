@@ -82,7 +82,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     auto& w = workers_[r.address()];
     if (!w) w = std::make_shared<FakeWorker>();
     w->process_key = r.command_key();
-    return coordinator_->Register(r);
+    return coordinator_->workers().Register(r);
   }
 
   // Registers a worker at "host-N:7000"; returns its id (its session in sessions_).
@@ -104,19 +104,19 @@ class CoordinatorCoreTest : public ::testing::Test {
   }
 
   v1::Job Submit(const v1::JobSpec& spec, const std::string& profile = "") {
-    auto job = coordinator_->Submit(spec, profile);
+    auto job = coordinator_->jobs().Submit(spec, profile);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();
   }
 
-  v1::Job Get(const std::string& id) { return *coordinator_->Get(id); }
+  v1::Job Get(const std::string& id) { return *coordinator_->jobs().Get(id); }
 
   void Heartbeat(const std::string& worker, const std::string& job = "", int rank = -1) {
     v1::HeartbeatRequest h;
     h.set_worker_id(worker);
     h.set_job_id(job);
     h.set_rank(rank);
-    EXPECT_TRUE(coordinator_->Heartbeat(sessions_[worker], h).ok());
+    EXPECT_TRUE(coordinator_->workers().Heartbeat(sessions_[worker], h).ok());
   }
 
   // Workers 1, 2 and 3 and a job of 2 stages and `steps` steps with one restart, its first
@@ -164,7 +164,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     end.set_generation(generation);
     end.set_ok(ok);
     end.set_error(error);
-    EXPECT_TRUE(coordinator_->ReportStageEnd(sessions_[worker], end).ok());
+    EXPECT_TRUE(coordinator_->reports().ReportStageEnd(sessions_[worker], end).ok());
   }
 
   // A step report of `worker` for `rank` of `job` (times 1 s per step).
@@ -182,12 +182,12 @@ class CoordinatorCoreTest : public ::testing::Test {
   absl::Status ReportSteps(const std::string& session, std::vector<v1::StepReport> reports) {
     v1::StepReports batch;
     for (v1::StepReport& r : reports) *batch.add_reports() = std::move(r);
-    return coordinator_->ReportSteps(session, batch).status();
+    return coordinator_->reports().ReportSteps(session, batch).status();
   }
 
   std::vector<std::string> EventTexts(const std::string& job) {
     std::vector<std::string> texts;
-    absl::StatusOr<std::vector<v1::JobEvent>> events = coordinator_->Events(job, 0);
+    absl::StatusOr<std::vector<v1::JobEvent>> events = coordinator_->jobs().Events(job, 0);
     EXPECT_TRUE(events.ok()) << events.status();
     if (!events.ok()) return texts;
     for (const v1::JobEvent& e : *events) texts.push_back(e.text());

@@ -29,7 +29,7 @@ TEST_F(CoordinatorCoreTest, MetricsSnapshotCountsStatesAndFindsTheStraggler) {
   v1::SendCommandRequest command;
   command.set_job_id("job-9999");
   command.set_command(v1::STEP_COMMAND_FLUSH);
-  EXPECT_FALSE(coordinator_->SendCommand(command).ok());
+  EXPECT_FALSE(coordinator_->jobs().SendCommand(command).ok());
   const Coordinator::MetricsSnapshot m = coordinator_->Metrics();
   EXPECT_EQ(m.jobs_by_state.at("running"), 1);
   EXPECT_EQ(m.jobs_by_state.at("queued"), 0);
@@ -98,7 +98,7 @@ TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEn
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
   EndRank(w2, job.id(), 1);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
   // Durable: the stored record says so too.
   v1::Job stored;
   ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
@@ -123,12 +123,12 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   ASSERT_EQ(Worker(1).stopped.size(), 1u);  // the survivor is told to stop
   EXPECT_TRUE(Worker(2).stopped.empty());   // the lost one is not called
   std::map<std::string, v1::WorkerState> states;
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) states[w.id()] = w.state();
   EXPECT_EQ(states[w2], v1::WORKER_STATE_LOST);
   // A lost worker's heartbeat is refused: it must register again.
   v1::HeartbeatRequest h;
   h.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->Heartbeat(sessions_[w2], h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w2], h).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive) {
@@ -177,7 +177,7 @@ TEST_F(CoordinatorCoreTest, TheRealCauseWinsOverAFailureThatFollowedIt) {
   consequence.set_error("rank 0 (stage 0) failed first: layer 1 cannot be unpickled (here: "
                         "Connection closed by peer)");
   consequence.set_failed_after_peer(true);
-  ASSERT_TRUE(coordinator_->ReportStageEnd(sessions_[w2], consequence).ok());
+  ASSERT_TRUE(coordinator_->reports().ReportStageEnd(sessions_[w2], consequence).ok());
   EndRank(w1, job.id(), 0, /*ok=*/false, "layer 1 cannot be unpickled");
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
@@ -241,7 +241,7 @@ TEST_F(CoordinatorCoreTest, TwoJobsNeverShareACheckpointDirectory) {
   for (const char* same : {"/shared/ckpt", "/shared//ckpt/", "/shared/x/../ckpt"}) {
     v1::JobSpec again = Spec(2);
     again.mutable_checkpoint()->set_dir(same);
-    absl::StatusOr<v1::Job> refused = coordinator_->Submit(again, "");
+    absl::StatusOr<v1::Job> refused = coordinator_->jobs().Submit(again, "");
     ASSERT_FALSE(refused.ok()) << same;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(std::string(refused.status().message()),
@@ -249,16 +249,16 @@ TEST_F(CoordinatorCoreTest, TwoJobsNeverShareACheckpointDirectory) {
   }
   v1::JobSpec own_of_a = Spec(2);
   own_of_a.mutable_checkpoint()->set_dir("checkpoints/" + a.id());
-  EXPECT_FALSE(coordinator_->Submit(own_of_a, "").ok());  // a runs
+  EXPECT_FALSE(coordinator_->jobs().Submit(own_of_a, "").ok());  // a runs
   v1::JobSpec latest = Spec(2);
   latest.set_resume_from("latest");
-  absl::StatusOr<v1::Job> no_dir = coordinator_->Submit(latest, "");
+  absl::StatusOr<v1::Job> no_dir = coordinator_->jobs().Submit(latest, "");
   ASSERT_FALSE(no_dir.ok());
   EXPECT_THAT(std::string(no_dir.status().message()), HasSubstr("needs checkpoint.dir"));
   // Once c ended its directory may be resumed from (and written to) by another job.
-  ASSERT_TRUE(coordinator_->Cancel(c.id()).ok());
+  ASSERT_TRUE(coordinator_->jobs().Cancel(c.id()).ok());
   shared.set_resume_from("latest");
-  EXPECT_TRUE(coordinator_->Submit(shared, "").ok());
+  EXPECT_TRUE(coordinator_->jobs().Submit(shared, "").ok());
 }
 
 // A busy worker's address is not taken by another registration while that worker still
@@ -273,7 +273,7 @@ TEST_F(CoordinatorCoreTest, AnAddressIsTakenOverOnlyFromAWorkerThatNoLongerAnswe
   v1::RegisterWorkerRequest rogue;
   rogue.set_address("host-2:7000");
   rogue.set_command_key(std::string(32, 'a'));  // the process at host-2 still holds its own
-  absl::StatusOr<v1::RegisterWorkerResponse> refused = coordinator_->Register(rogue);
+  absl::StatusOr<v1::RegisterWorkerResponse> refused = coordinator_->workers().Register(rogue);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is held by " + w2));
@@ -281,7 +281,7 @@ TEST_F(CoordinatorCoreTest, AnAddressIsTakenOverOnlyFromAWorkerThatNoLongerAnswe
   EXPECT_EQ(Get(job.id()).restarts(), 0);
   v1::RegisterWorkerRequest keyless;
   keyless.set_address("host-7:7000");
-  EXPECT_EQ(coordinator_->Register(keyless).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->workers().Register(keyless).status().code(), absl::StatusCode::kInvalidArgument);
   // The worker at host-2 restarts: the new process there answers with another key.
   v1::RegisterWorkerRequest restarted;
   restarted.set_address("host-2:7000");
@@ -348,7 +348,7 @@ TEST_F(CoordinatorCoreTest, AnUnreachableWorkerRequeuesTheJobToWaitForAnother) {
   // The unreachable worker is lost (never chosen again until it registers again); the other
   // is free.
   std::map<std::string, v1::WorkerState> states;
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) states[w.id()] = w.state();
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) states[w.id()] = w.state();
   EXPECT_EQ(states["worker-1"], v1::WORKER_STATE_LOST);
   EXPECT_EQ(states[w2], v1::WORKER_STATE_IDLE);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
@@ -389,7 +389,7 @@ TEST_F(CoordinatorCoreTest, AFailedAssignmentIsRetriedOnAnotherIdleWorker) {
   EXPECT_EQ(Get(doomed.id()).state(), v1::JOB_STATE_QUEUED);
   EXPECT_THAT(Get(doomed.id()).message(), HasSubstr("requeued: assigning stage 0"));
   for (int n = 4; n <= 8; ++n) EXPECT_EQ(Worker(n).assigned.size(), 1u) << "worker " << n;
-  for (const v1::WorkerInfo& w : coordinator_->Workers()) {
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) {
     if (w.address() >= "host-4") {
       EXPECT_EQ(w.state(), v1::WORKER_STATE_LOST) << w.id();
     }
@@ -405,33 +405,33 @@ TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplac
   RunLater();
   v1::DeregisterWorkerRequest leave;
   leave.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->Deregister(sessions_[w1], leave).code(),
+  EXPECT_EQ(coordinator_->workers().Deregister(sessions_[w1], leave).code(),
             absl::StatusCode::kPermissionDenied);  // not for another worker
-  EXPECT_TRUE(coordinator_->Deregister(sessions_[w2], leave).ok());
+  EXPECT_TRUE(coordinator_->workers().Deregister(sessions_[w2], leave).ok());
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.message(), HasSubstr(w2 + " (host-2:7000) running stage 1 stopped (it was shut "
                                           "down)"));
-  EXPECT_EQ(coordinator_->Workers().size(), 1u);
+  EXPECT_EQ(coordinator_->workers().Workers().size(), 1u);
 
   // Lost, listed as lost, then forgotten (TTL 1 minute).
   clock_->Advance(absl::Seconds(3));
   coordinator_->Tick();
-  ASSERT_EQ(coordinator_->Workers().size(), 1u);
-  EXPECT_EQ(coordinator_->Workers()[0].state(), v1::WORKER_STATE_LOST);
+  ASSERT_EQ(coordinator_->workers().Workers().size(), 1u);
+  EXPECT_EQ(coordinator_->workers().Workers()[0].state(), v1::WORKER_STATE_LOST);
   clock_->Advance(absl::Seconds(61));
   coordinator_->Tick();
-  EXPECT_TRUE(coordinator_->Workers().empty());
+  EXPECT_TRUE(coordinator_->workers().Workers().empty());
 
   // Registering twice from one address: one entry, the newest.
   const std::string first = Register(5), second = Register(5);
   ASSERT_NE(first, second);
-  const std::vector<v1::WorkerInfo> workers = coordinator_->Workers();
+  const std::vector<v1::WorkerInfo> workers = coordinator_->workers().Workers();
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0].id(), second);
   v1::HeartbeatRequest h;
   h.set_worker_id(first);
-  EXPECT_EQ(coordinator_->Heartbeat(sessions_[first], h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[first], h).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {
@@ -443,7 +443,7 @@ TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {
   r.set_job_id(job.id());
   r.set_command(v1::STEP_COMMAND_FLUSH);
   r.set_step(3);
-  auto response = coordinator_->SendCommand(r);
+  auto response = coordinator_->jobs().SendCommand(r);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->step(), 3);
   EXPECT_EQ(Worker(1).commands.size(), 1u);
@@ -451,7 +451,7 @@ TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {
   EXPECT_THAT(EventTexts(job.id()), ::testing::Contains("flush scheduled before step 3"));
   // Refused for a job that does not run, and for an unknown one.
   r.set_job_id("job-0099");
-  EXPECT_EQ(coordinator_->SendCommand(r).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->jobs().SendCommand(r).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, ARestartFailsTheRunningJobsAndKeepsTheRest) {
@@ -470,7 +470,7 @@ TEST_F(CoordinatorCoreTest, ARestartFailsTheRunningJobsAndKeepsTheRest) {
   EXPECT_THAT(EventTexts(running.id()).back(), HasSubstr("interrupted by a coordinator restart"));
   // Ids are never handed out twice: the next worker and job get new ones (worker numbers
   // come in blocks of kWorkerNumberBlock: the restarted coordinator starts the next block).
-  EXPECT_EQ(Register(2), absl::StrCat("worker-", Coordinator::kWorkerNumberBlock + 1));
+  EXPECT_EQ(Register(2), absl::StrCat("worker-", WorkerManager::kWorkerNumberBlock + 1));
   EXPECT_EQ(Submit(Spec(1)).id(), "job-0003");
 }
 

@@ -18,11 +18,11 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   spec.set_auto_stages(true);
   const auto refused = [&](const std::string& profile, absl::StatusCode code,
                            const std::string& needle) {
-    absl::StatusOr<v1::Job> job = coordinator_->Submit(spec, profile);
+    absl::StatusOr<v1::Job> job = coordinator_->jobs().Submit(spec, profile);
     ASSERT_FALSE(job.ok());
     EXPECT_EQ(job.status().code(), code) << job.status();
     EXPECT_THAT(std::string(job.status().message()), HasSubstr(needle));
-    EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
+    EXPECT_EQ(coordinator_->jobs().List()->jobs_size(), 0);
   };
   // The spec's GPT has 2 blocks: 5 layers.
   const auto profile = [](int layers) {
@@ -69,7 +69,7 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   small.set_address("host-9:7000");
   small.set_memory_bytes(1 << 20);
   ASSERT_TRUE(RegisterAsNewProcess(small).ok());
-  absl::StatusOr<v1::Job> tight = coordinator_->Submit(spec, profile(5));
+  absl::StatusOr<v1::Job> tight = coordinator_->jobs().Submit(spec, profile(5));
   ASSERT_FALSE(tight.ok());
   EXPECT_EQ(tight.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(tight.status().message()), HasSubstr("does not fit: needs "));
@@ -120,7 +120,7 @@ TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
   EXPECT_LT(seconds, 20.0);
   std::printf("planned 256 layers x 8 sizes for 16 workers in %.2f s (%d layouts)\n", seconds,
               job.plan().layouts_considered());
-  absl::StatusOr<v1::Job> refused = coordinator_->Submit(spec, ProfileAtThePlanningLimits(9));
+  absl::StatusOr<v1::Job> refused = coordinator_->jobs().Submit(spec, ProfileAtThePlanningLimits(9));
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plans at most 256 layers at 8 sizes"));
 }
@@ -135,12 +135,12 @@ TEST_F(CoordinatorCoreTest, PlanningIsOneAtATimeWithinItsBudgetAndTheCoordinator
   std::vector<absl::Status> results(6);
   std::vector<std::thread> submitters;
   for (size_t i = 0; i < results.size(); ++i) {
-    submitters.emplace_back([&, i] { results[i] = coordinator_->Submit(spec, profile).status(); });
+    submitters.emplace_back([&, i] { results[i] = coordinator_->jobs().Submit(spec, profile).status(); });
   }
   double slowest_list_ms = 0;
   for (int i = 0; i < 20; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    (void)coordinator_->List(10);
+    (void)coordinator_->jobs().List(10);
     slowest_list_ms = std::max(
         slowest_list_ms, std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start).count());
@@ -189,14 +189,14 @@ TEST(CoordinatorPlanningBudget, APlanOverItsCpuBudgetIsRefusedNamingIt) {
     v1::RegisterWorkerRequest r;
     r.set_address("host-" + std::to_string(n) + ":7000");
     r.set_command_key(rpc::RandomKey());
-    ASSERT_TRUE((*coordinator)->Register(r).ok());
+    ASSERT_TRUE((*coordinator)->workers().Register(r).ok());
   }
   absl::StatusOr<v1::Job> over =
-      (*coordinator)->Submit(SpecAtThePlanningLimits(), ProfileAtThePlanningLimits(8));
+      (*coordinator)->jobs().Submit(SpecAtThePlanningLimits(), ProfileAtThePlanningLimits(8));
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(over.status().message()), HasSubstr("over its budget of 20ms of CPU"));
-  auto listed = (*coordinator)->List(10);
+  auto listed = (*coordinator)->jobs().List(10);
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->jobs_size(), 0);
 }

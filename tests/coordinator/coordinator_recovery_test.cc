@@ -69,9 +69,9 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   const std::string r1_worker = r0_worker == w1 ? w3 : w1;
   EXPECT_EQ(Get(job.id()).generation(), 2);
   // Generation 1's ranks meet no more: the store is generation 2's alone.
-  EXPECT_EQ(coordinator_->Rendezvous(sessions_[w1], job.id(), 1).status().code(),
+  EXPECT_EQ(coordinator_->workers().Rendezvous(sessions_[w1], job.id(), 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(coordinator_->Rendezvous(sessions_[w1], job.id(), 2).ok());
+  EXPECT_TRUE(coordinator_->workers().Rendezvous(sessions_[w1], job.id(), 2).ok());
   // Its ranks start at the checkpoint's step: an earlier one counts as resent (skipped), a
   // later one is refused.
   v1::StepReport early = Report(r0_worker, job.id(), 0, 2);
@@ -98,7 +98,7 @@ TEST_F(CoordinatorCoreTest, AFaultRestartsTheJobFromItsCheckpointAsTheNextGenera
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_GT(done.recoveries(0).first_step_unix_ms(), 0);
   // Every step once: 0..2 by generation 1, 3..9 (run again) by generation 2.
-  absl::StatusOr<std::vector<StoredStep>> steps = coordinator_->Steps(job.id(), -1);
+  absl::StatusOr<std::vector<StoredStep>> steps = coordinator_->jobs().Steps(job.id(), -1);
   ASSERT_TRUE(steps.ok()) << steps.status();
   ASSERT_EQ(steps->size(), 10u);
   for (int64_t t = 0; t < 10; ++t) {
@@ -127,7 +127,7 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobShrinksAfterTheGraceAndFailsOnceOutOfR
   EXPECT_EQ(Get(job.id()).restarts(), 1);
   RunLater();
   // worker-4 leaves; the others end their stages.
-  ASSERT_TRUE(coordinator_->Deregister(sessions_[w[3]], [&] {
+  ASSERT_TRUE(coordinator_->workers().Deregister(sessions_[w[3]], [&] {
     v1::DeregisterWorkerRequest r;
     r.set_worker_id(w[3]);
     return r;
@@ -193,7 +193,7 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobUsesOnlyWorkersWithMemoryForARank) {
   for (const std::string& w : {big, w1, w2}) {
     v1::DeregisterWorkerRequest leave;
     leave.set_worker_id(w);
-    ASSERT_TRUE(coordinator_->Deregister(sessions_[w], leave).ok());
+    ASSERT_TRUE(coordinator_->workers().Deregister(sessions_[w], leave).ok());
   }
   clock_->Advance(absl::Seconds(11));
   Heartbeat(small);
@@ -356,11 +356,11 @@ TEST_F(CoordinatorCoreTest, ARestartResumesARunningJobWithRestartsLeft) {
 TEST_F(CoordinatorCoreTest, ASubmissionWhoseWriteFailsIsRefusedAndLeavesNothing) {
   Register(1);
   data_->fail_puts = true;
-  auto refused = coordinator_->Submit(Spec(1));
+  auto refused = coordinator_->jobs().Submit(Spec(1));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("disk I/O error"));
-  EXPECT_EQ(coordinator_->List()->jobs_size(), 0);
+  EXPECT_EQ(coordinator_->jobs().List()->jobs_size(), 0);
   RunLater();
   EXPECT_TRUE(Worker(1).assigned.empty());  // never placed
   EXPECT_TRUE(data_->events.empty());

@@ -1,4 +1,4 @@
-// The survivors of a fault (coordinator_survivors.cc) without processes, sockets or sleeps
+// The survivors of a fault (job_controller.h, report_manager.h) without processes, sockets or sleeps
 // (coordinator_fixture.h): a generation with the step commit whose rank is lost goes on from
 // its survivors' newest common step, every step before it committed once; survivors that
 // cannot agree (negative control), a write that fails, a rank that never reports, and a job
@@ -63,7 +63,7 @@ class SurvivorsTest : public CoordinatorCoreTest {
     s.set_error("lost stage 1");
     s.set_failed_after_peer(true);
     absl::StatusOr<v1::SurvivorInstruction> answer =
-        coordinator_->ReportStopped(sessions_[w_[rank]], s);
+        coordinator_->reports().ReportStopped(sessions_[w_[rank]], s);
     EXPECT_TRUE(answer.ok()) << answer.status();
     return answer.ok() ? *answer : v1::SurvivorInstruction();
   }
@@ -89,7 +89,7 @@ class SurvivorsTest : public CoordinatorCoreTest {
     end.set_survivor_checkpoint(checkpoint);
     end.set_survivor_step(step);
     end.set_survivor_failed(failed);
-    EXPECT_TRUE(coordinator_->ReportStageEnd(sessions_[w_[rank]], end).ok());
+    EXPECT_TRUE(coordinator_->reports().ReportStageEnd(sessions_[w_[rank]], end).ok());
   }
 
   // Past the lost worker's lease: generation 2 is placed on the idle workers.
@@ -216,7 +216,7 @@ TEST_F(SurvivorsTest, TheNextGenerationTakesTheSurvivorsStateFromTheWorkersHoldi
     v1::HeartbeatRequest h;
     h.set_worker_id(w_[worker]);
     v1::HeartbeatResponse response;
-    EXPECT_TRUE(coordinator_->Heartbeat(sessions_[w_[worker]], h, &response).ok());
+    EXPECT_TRUE(coordinator_->workers().Heartbeat(sessions_[w_[worker]], h, &response).ok());
     return std::vector<std::string>(response.held_state_jobs().begin(),
                                     response.held_state_jobs().end());
   };

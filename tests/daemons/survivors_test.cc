@@ -1,4 +1,4 @@
-// A lost replica costs no step (coordinator_survivors.cc, worker/survivor_handoff.h), with
+// A lost replica costs no step (coordinator/job_controller.h, worker/survivor_handoff.h), with
 // real daemons on loopback: a job of 2 stages x 3 replicas on six workers commits its steps;
 // a worker is SIGKILLed (or SIGSTOPped: hung) mid-step; the survivors report where they stand, go on from their
 // newest common step (the two lowest surviving replicas write their stages' state as the

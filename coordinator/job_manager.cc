@@ -1,8 +1,5 @@
-// The coordinator's JobService side: submission (its checkpoint directory, durable before it
-// is acknowledged), queries and paging, waiting for a change, cancel, step commands relayed
-// to rank 0's worker (counted for /metrics), the metrics snapshot, and the checkpoint of
-// every running job before the coordinator stops. See coordinator.h.
-#include "coordinator/coordinator.h"
+// The coordinator's JobService. See job_manager.h.
+#include "coordinator/job_manager.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -21,8 +18,42 @@
 
 namespace pipetrain::coordinator {
 
-absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
-                                            const std::string& model_profile_json) {
+JobManager::JobManager(CoordinatorState& state, Dispatcher& dispatcher)
+    : state_(state),
+      dispatcher_(dispatcher),
+      planner_({state.options.planning_cpu_budget, state.options.planning_time_limit,
+                state.options.planning_wait, state.options.host_links}) {}
+
+const std::map<std::pair<std::string, std::string>, int64_t>& JobManager::command_counts() const {
+  state_.mu.AssertHeld();
+  return commands_.counts();
+}
+
+absl::Status JobManager::Load() {
+  auto stored = state_.store->LoadJobs();
+  if (!stored.ok()) return stored.status();
+  {
+    absl::MutexLock lock(&state_.mu);
+    for (const StoredJob& s : *stored) {
+      v1::Job job;
+      if (!job.ParseFromString(s.job)) {
+        return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
+      }
+      absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
+      JobEntry& e = state_.jobs.Add(
+          s.id, JobEntry(JobController::FromRecord(state_.JobSettings(), std::move(job), config)));
+      e.durable = true;
+      state_.Carry(e);
+    }
+  }
+  if (absl::Status s = state_.FlushWrites(); !s.ok()) {
+    std::fprintf(stderr, "coordinator: %s\n", std::string(s.message()).c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
+                                           const std::string& model_profile_json) {
   v1::JobSpec spec = submitted;
   absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
   if (!config.ok()) return config.status();
@@ -30,8 +61,8 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   if (config->auto_stages) {
     std::vector<v1::WorkerInfo> workers;
     {
-      absl::MutexLock lock(&mu_);
-      workers = pool_.Infos();
+      absl::MutexLock lock(&state_.mu);
+      workers = state_.pool.Infos();
     }
     absl::StatusOr<SubmissionPlanner::Planned> planned =
         planner_.Plan(spec, *config, model_profile_json, workers);
@@ -45,9 +76,9 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
   }
   std::string id;
   {
-    absl::MutexLock lock(&mu_);
-    const std::string own_id = absl::StrFormat("job-%04d", jobs_.next_order() + 1);
-    if (absl::Status s = PlaceCheckpointDirLocked(own_id, spec, *config); !s.ok()) return s;
+    absl::MutexLock lock(&state_.mu);
+    const std::string own_id = absl::StrFormat("job-%04d", state_.jobs.next_order() + 1);
+    if (absl::Status s = PlaceCheckpointDir(own_id, spec, *config); !s.ok()) return s;
     v1::Job job;
     job.set_id(own_id);
     *job.mutable_spec() = spec;
@@ -56,43 +87,43 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::JobSpec& submitted,
     job.set_replicas(config->replicas);
     job.set_steps(config->steps);
     job.set_step(-1);
-    job.set_submitted_unix_ms(NowMs());
+    job.set_submitted_unix_ms(state_.NowMs());
     if (plan) *job.mutable_plan() = *plan;
     const bool tokens = job::EffectiveDataKind(*config) != "classification";
     job.set_data_unit(tokens ? "tok" : "samples");
     id = job.id();
     JobEntry& added =
-        jobs_.Add(id, JobEntry(JobController(JobSettings(), std::move(job), *config)));
+        state_.jobs.Add(id, JobEntry(JobController(state_.JobSettings(), std::move(job), *config)));
     const v1::Job& j = added.controller.job();
-    jobs_.Changed(added);
-    jobs_.Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
+    state_.jobs.Changed(added);
+    state_.jobs.Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
                            ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
                            j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
     if (j.has_plan()) {
-      jobs_.Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
+      state_.jobs.Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
                                 j.plan().planner(), j.plan().workers(), j.plan().layout(),
                                 j.plan().predicted_step_time_s() * 1e3));
     }
   }
   // Acknowledged only once durable; until then it is not scheduled.
-  const absl::Status written = FlushWrites();
+  const absl::Status written = state_.FlushWrites();
   v1::Job job;
   {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(id);
-    if (!written.ok() && writes_.Discard(id)) {
-      jobs_.Remove(id);
+    absl::MutexLock lock(&state_.mu);
+    auto it = state_.jobs.find(id);
+    if (!written.ok() && state_.writes.Discard(id)) {
+      state_.jobs.Remove(id);
       return absl::UnavailableError(absl::StrCat("the job was not accepted: ", written.message()));
     }
     it->second.durable = true;
-    Schedule();
+    dispatcher_.Schedule();
     job = it->second.controller.job();
   }
-  (void)FlushWrites();
+  (void)state_.FlushWrites();
   return job;
 }
 
-absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::JobSpec& spec,
+absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& spec,
                                                    job::JobConfig& config) const {
   if (!spec.checkpoint().has_dir()) {
     if (spec.resume_from() == "latest") {
@@ -114,7 +145,7 @@ absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::Jo
     return p;
   };
   const std::filesystem::path dir = normal(spec.checkpoint().dir());
-  for (const auto& [other_id, other] : jobs_) {
+  for (const auto& [other_id, other] : state_.jobs) {
     const v1::JobState state = other.controller.job().state();
     if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
     if (normal(other.controller.config().checkpoint.dir) == dir) {
@@ -128,18 +159,18 @@ absl::Status Coordinator::PlaceCheckpointDirLocked(const std::string& id, v1::Jo
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Job> Coordinator::Get(const std::string& id) {
+absl::StatusOr<v1::Job> JobManager::Get(const std::string& id) {
   absl::StatusOr<v1::Job> job = [&]() -> absl::StatusOr<v1::Job> {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    absl::MutexLock lock(&state_.mu);
+    auto it = state_.jobs.find(id);
+    if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
     return it->second.controller.job();
   }();
-  (void)FlushWrites();  // what a caller sees is durable (coordinator.h, Persistence)
+  (void)state_.FlushWrites();  // what a caller sees is durable (coordinator.h, Persistence)
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
+absl::StatusOr<v1::ListJobsResponse> JobManager::List(int page_size,
                                                       const std::string& page_token) {
   int64_t after = -1;  // the order of the last job of the previous page
   if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
@@ -147,14 +178,14 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::List(int page_size,
   }
   const int limit = page_size <= 0 ? 100 : std::min(page_size, 500);
   v1::ListJobsResponse page = ListPage(after, limit);
-  (void)FlushWrites();  // what a caller sees is durable
+  (void)state_.FlushWrites();  // what a caller sees is durable
   return page;
 }
 
-v1::ListJobsResponse Coordinator::ListPage(int64_t after, int limit) {
-  absl::MutexLock lock(&mu_);
+v1::ListJobsResponse JobManager::ListPage(int64_t after, int limit) {
+  absl::MutexLock lock(&state_.mu);
   const std::vector<JobEntry*> entries =
-      jobs_.InOrder([after](const JobEntry& e) { return e.order > after; });
+      state_.jobs.InOrder([after](const JobEntry& e) { return e.order > after; });
   v1::ListJobsResponse page;
   size_t bytes = 0;
   int64_t last_order = after;
@@ -170,128 +201,83 @@ v1::ListJobsResponse Coordinator::ListPage(int64_t after, int limit) {
   return page;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id) {
-  return LockedThenFlush(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::Job> {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    const v1::JobState state = it->second.controller.job().state();
-    if (JobEnded(state)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " already ended (", v1::JobState_Name(state), ")"));
-    }
-    it->second.controller.Apply(CancelRequested{});
-    Carry(it->second);
-    Schedule();
-    return it->second.controller.job();
-  });
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
+  StateLock lock(&state_);
+  auto it = state_.jobs.find(id);
+  if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  const v1::JobState state = it->second.controller.job().state();
+  if (JobEnded(state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " already ended (", v1::JobState_Name(state), ")"));
+  }
+  it->second.controller.Apply(CancelRequested{});
+  state_.Carry(it->second);
+  dispatcher_.Schedule();
+  return it->second.controller.job();
 }
 
-absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommand(
+absl::StatusOr<v1::SendCommandResponse> JobManager::SendCommand(
     const v1::SendCommandRequest& request) {
   absl::StatusOr<v1::SendCommandResponse> response = SendCommandUncounted(request);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&state_.mu);
   commands_.Count(request.command(), response.status());
   return response;
 }
 
-Coordinator::MetricsSnapshot Coordinator::Metrics() {
-  MetricsSnapshot m;
-  for (v1::JobState s : {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    m.jobs_by_state[StateName(s)] = 0;
-  }
-  for (v1::WorkerState s : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY,
-                            v1::WORKER_STATE_DRAINING, v1::WORKER_STATE_LOST}) {
-    m.workers_by_state[StateName(s)] = 0;
-  }
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, e] : jobs_) {
-    const v1::Job& job = e.controller.job();
-    ++m.jobs_by_state[StateName(job.state())];
-    if (job.state() != v1::JOB_STATE_RUNNING) continue;
-    MetricsSnapshot::RunningJob j;
-    j.id = id;
-    j.step = job.step();
-    j.tokens_per_s = job.tokens_per_s();
-    if (job.step() >= 0) {
-      j.loss = job.loss();
-      j.learning_rate = job.learning_rate();
-      if (job.has_grad_norm()) j.grad_norm = job.grad_norm();
-    }
-    if (job.eval_step() > 0) {
-      j.eval_loss = job.eval_loss();
-      j.eval_accuracy = job.eval_accuracy();
-    }
-    const int p = job.stages();
-    const std::vector<double>& per_step = e.controller.ledger().step_compute_s();
-    if (static_cast<int>(per_step.size()) >= p) {
-      j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
-    }
-    m.running.push_back(std::move(j));
-  }
-  for (const v1::WorkerInfo& w : pool_.Infos()) ++m.workers_by_state[StateName(w.state())];
-  m.workers_lost_silent = workers_lost_silent_;
-  m.step_commands = commands_.counts();
-  return m;
-}
-
-absl::StatusOr<v1::SendCommandResponse> Coordinator::SendCommandUncounted(
+absl::StatusOr<v1::SendCommandResponse> JobManager::SendCommandUncounted(
     const v1::SendCommandRequest& request) {
   std::shared_ptr<WorkerClient> client;
   {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
+    absl::MutexLock lock(&state_.mu);
+    auto it = state_.jobs.find(request.job_id());
+    if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
     const JobController& c = it->second.controller;
     if (jobspec::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
-    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_));
+    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool));
   }
   absl::StatusOr<int64_t> boundary =
       CommandRelay::Send(*client, request.job_id(), request.command(), request.step());
   if (!boundary.ok()) return boundary.status();
   v1::SendCommandResponse response;
   response.set_step(*boundary);
-  LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) return 0;
-    it->second.controller.CommandScheduled(request.command(), StepCommandName(request.command()),
-                                           *boundary);
-    Carry(it->second);
-    return 0;
-  });
+  StateLock lock(&state_);
+  auto it = state_.jobs.find(request.job_id());
+  if (it == state_.jobs.end()) return response;
+  it->second.controller.CommandScheduled(request.command(), StepCommandName(request.command()),
+                                         *boundary);
+  state_.Carry(it->second);
   return response;
 }
 
-absl::StatusOr<std::pair<v1::Job, int64_t>> Coordinator::WaitForChange(const std::string& id,
+absl::StatusOr<std::pair<v1::Job, int64_t>> JobManager::WaitForChange(const std::string& id,
                                                                         int64_t version,
                                                                         absl::Time deadline) {
   absl::StatusOr<std::pair<v1::Job, int64_t>> changed =
       [&]() -> absl::StatusOr<std::pair<v1::Job, int64_t>> {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&state_.mu);
     while (true) {
-      auto it = jobs_.find(id);
-      if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-      if (it->second.version != version || stopping_ || absl::Now() >= deadline) {
+      auto it = state_.jobs.find(id);
+      if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+      if (it->second.version != version || state_.stopping || absl::Now() >= deadline) {
         return std::make_pair(it->second.controller.job(), it->second.version);
       }
-      changed_.WaitWithDeadline(&mu_, deadline);
+      state_.changed.WaitWithDeadline(&state_.mu, deadline);
     }
   }();
-  (void)FlushWrites();  // what a caller sees is durable
+  (void)state_.FlushWrites();  // what a caller sees is durable
   return changed;
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string& id,
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::Events(const std::string& id,
                                                               int64_t after_seq) {
   {
-    absl::MutexLock lock(&mu_);
-    if (!jobs_.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
+    absl::MutexLock lock(&state_.mu);
+    if (!state_.jobs.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
   }
-  (void)FlushWrites();  // what was said so far
-  auto stored = deps_.store->Events(id, after_seq, kEventsPerCall);
+  (void)state_.FlushWrites();  // what was said so far
+  auto stored = state_.store->Events(id, after_seq, kEventsPerCall);
   if (!stored.ok()) return stored.status();
   std::vector<v1::JobEvent> events;
   for (const StoredEvent& s : *stored) {
@@ -305,41 +291,36 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::Events(const std::string&
   return events;
 }
 
-std::vector<v1::WorkerInfo> Coordinator::Workers() {
-  absl::MutexLock lock(&mu_);
-  return pool_.Infos();
-}
-
-absl::StatusOr<std::vector<StoredStep>> Coordinator::Steps(const std::string& id,
+absl::StatusOr<std::vector<StoredStep>> JobManager::Steps(const std::string& id,
                                                            int64_t after_step) {
   weights::OptimizerConfig optimizer;
   int64_t job_steps = 0;
   {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+    absl::MutexLock lock(&state_.mu);
+    auto it = state_.jobs.find(id);
+    if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
     optimizer = it->second.controller.config().optimizer;
     job_steps = it->second.controller.config().steps;
   }
-  (void)FlushWrites();  // what was committed so far
+  (void)state_.FlushWrites();  // what was committed so far
   PT_ASSIGN_OR_RETURN(std::vector<StoredStep> steps,
-                      deps_.store->Steps(id, after_step, kStepsPerCall));
+                      state_.store->Steps(id, after_step, kStepsPerCall));
   for (StoredStep& step : steps) {
     step.learning_rate = weights::LearningRateAt(optimizer, step.step, job_steps);
   }
   return steps;
 }
 
-int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
+int JobManager::CheckpointRunningJobs(absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
   std::vector<std::pair<std::string, std::shared_ptr<WorkerClient>>> targets;
   {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, e] : jobs_) {
+    absl::MutexLock lock(&state_.mu);
+    for (auto& [id, e] : state_.jobs) {
       const JobController& c = e.controller;
       if (c.job().restarts() >= c.config().max_restarts) continue;  // it could not resume
       absl::StatusOr<std::shared_ptr<WorkerClient>> rank0 =
-          CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_);
+          CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool);
       if (rank0.ok()) targets.push_back({id, *rank0});
     }
   }
@@ -350,27 +331,25 @@ int Coordinator::CheckpointRunningJobs(absl::Duration limit) {
         CommandRelay::Send(*target.second, id, v1::STEP_COMMAND_CHECKPOINT);
     if (!scheduled.ok()) continue;
     wanted[id] = *scheduled;
-    LockedThenFlush([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      jobs_.Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled before step ",
-                             *scheduled, "; the job resumes from it when the "
-                             "coordinator starts again"));
-      return 0;
-    });
+    StateLock lock(&state_);
+    state_.jobs.Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled "
+                                       "before step ", *scheduled, "; the job resumes from it "
+                                       "when the coordinator starts again"));
   }
   int done = 0;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&state_.mu);
     while (true) {
       done = 0;
       for (const auto& [id, step] : wanted) {
-        const v1::Job& job = jobs_.at(id).controller.job();
+        const v1::Job& job = state_.jobs.at(id).controller.job();
         if (job.checkpoint_step() >= step || job.state() != v1::JOB_STATE_RUNNING) ++done;
       }
       if (done == static_cast<int>(wanted.size()) || absl::Now() >= deadline) break;
-      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      state_.changed.WaitWithTimeout(&state_.mu, absl::Milliseconds(50));
     }
   }
-  (void)FlushWrites();  // the records naming the checkpoints are durable before the exit
+  (void)state_.FlushWrites();  // the records naming the checkpoints are durable before the exit
   return done;
 }
 

@@ -1,8 +1,5 @@
-// The coordinator's side of its workers: registration (address and key checks, taking over
-// an address only from a worker that no longer answers), sessions, heartbeats (a stage that
-// outlived its job is stopped again), drain, the rendezvous store a running rank meets in,
-// and losing a worker (its rank's loss goes to the job machine). See coordinator.h.
-#include "coordinator/coordinator.h"
+// The coordinator's side of its workers. See worker_manager.h.
+#include "coordinator/worker_manager.h"
 
 #include <algorithm>
 #include <cstring>
@@ -52,7 +49,37 @@ std::string PeerHost(const std::string& peer) {
 
 }  // namespace
 
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
+WorkerManager::WorkerManager(CoordinatorState& state, Dispatcher& dispatcher,
+                             WorkerConnector connect)
+    : state_(state), dispatcher_(dispatcher), connect_(std::move(connect)) {
+  absl::MutexLock lock(&state_.mu);
+  state_.pool.SetLostListener([this](const WorkerPool::Lost& lost) {
+    state_.mu.AssertHeld();  // the pool is only used under the lock
+    OnWorkerLost(lost);
+  });
+}
+
+std::vector<v1::WorkerInfo> WorkerManager::Workers() {
+  absl::MutexLock lock(&state_.mu);
+  return state_.pool.Infos();
+}
+
+int64_t WorkerManager::lost_silent() const {
+  state_.mu.AssertHeld();
+  return workers_lost_silent_;
+}
+
+void WorkerManager::Tick() {
+  state_.mu.AssertHeld();
+  const absl::Time now = state_.clock->Now();
+  for (const std::string& id : state_.pool.RemoveLostFor(now, state_.options.lost_worker_ttl)) {
+    std::fprintf(stderr, "coordinator: %s forgotten (lost for over %s)\n", id.c_str(),
+                 absl::FormatDuration(state_.options.lost_worker_ttl).c_str());
+  }
+  workers_lost_silent_ += state_.pool.ExpireSilent(now, 2 * state_.options.heartbeat_interval);
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> WorkerManager::Register(
     const v1::RegisterWorkerRequest& request, const std::string& peer) {
   if (request.address().empty()) {
     return absl::InvalidArgumentError("address: the worker's service address is required");
@@ -104,8 +131,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   std::shared_ptr<WorkerClient> holder;
   std::string holder_id;
   {
-    absl::MutexLock lock(&mu_);
-    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address());
+    absl::MutexLock lock(&state_.mu);
+    if (WorkerPool::Worker* old = state_.pool.FindByAddress(request.address());
         old != nullptr && old->info.state() != v1::WORKER_STATE_LOST) {
       holder = old->client;
       holder_id = old->info.id();
@@ -118,7 +145,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
         "takes it over once the old one no longer answers (or is lost)"));
   }
   absl::StatusOr<std::shared_ptr<WorkerClient>> client =
-      deps_.connect(request.address(), request.command_key());
+      connect_(request.address(), request.command_key());
   if (!client.ok()) return client.status();
   // Numbered in the store: a worker still known by its id from before a restart must not
   // find that id given to another (its heartbeats would pass for the other's).
@@ -126,79 +153,75 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::Register(
   if (!number.ok()) {
     std::fprintf(stderr, "coordinator: %s\n", std::string(number.status().message()).c_str());
   }
-  return LockedThenFlush(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::RegisterWorkerResponse> {
-    if (WorkerPool::Worker* old = pool_.FindByAddress(request.address())) {
-      // The same service address again, where the old worker no longer answers: it restarted
-      // (on a fixed port). One that registered meanwhile and was not asked is refused.
-      const std::string old_id = old->info.id();
-      if (old->info.state() != v1::WORKER_STATE_LOST && old_id != holder_id) {
-        return absl::AbortedError(absl::StrCat("address ", request.address(),
-                                               " was just taken by ", old_id, "; try again"));
-      }
-      if (old->info.state() != v1::WORKER_STATE_LOST) {
-        pool_.MarkLost(*old, deps_.clock->Now(),
-                       "registered again: it restarted (the old process no longer answers)");
-      }
-      pool_.Remove(old_id);
+  StateLock lock(&state_);
+  if (WorkerPool::Worker* old = state_.pool.FindByAddress(request.address())) {
+    // The same service address again, where the old worker no longer answers: it restarted
+    // (on a fixed port). One that registered meanwhile and was not asked is refused.
+    const std::string old_id = old->info.id();
+    if (old->info.state() != v1::WORKER_STATE_LOST && old_id != holder_id) {
+      return absl::AbortedError(absl::StrCat("address ", request.address(),
+                                             " was just taken by ", old_id, "; try again"));
     }
-    next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
-    v1::WorkerInfo info;
-    info.set_id(absl::StrFormat("worker-%d", next_worker_));
-    info.set_address(request.address());
-    info.set_device(request.device().empty() ? "cpu" : request.device());
-    info.set_memory_bytes(request.memory_bytes());
-    info.set_cores(request.cores());
-    info.set_host(request.host());
-    const std::string session = rpc::RandomKey();
-    pool_.Add(info, *client, session, deps_.clock->Now());
-    v1::RegisterWorkerResponse response;
-    response.set_worker_id(info.id());
-    response.set_session(session);
-    response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-    response.set_lease_ms(absl::ToInt64Milliseconds(kLeaseIntervals * options_.heartbeat_interval));
-    std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
-                 request.address().c_str(), info.device().c_str(),
-                 request.name().empty() ? "" : ", ", request.name().c_str());
-    Schedule();
-    return response;
-  });
+    if (old->info.state() != v1::WORKER_STATE_LOST) {
+      state_.pool.MarkLost(*old, state_.clock->Now(),
+                     "registered again: it restarted (the old process no longer answers)");
+    }
+    state_.pool.Remove(old_id);
+  }
+  next_worker_ = std::max(next_worker_ + 1, number.ok() ? *number : int64_t{0});
+  v1::WorkerInfo info;
+  info.set_id(absl::StrFormat("worker-%d", next_worker_));
+  info.set_address(request.address());
+  info.set_device(request.device().empty() ? "cpu" : request.device());
+  info.set_memory_bytes(request.memory_bytes());
+  info.set_cores(request.cores());
+  info.set_host(request.host());
+  const std::string session = rpc::RandomKey();
+  state_.pool.Add(info, *client, session, state_.clock->Now());
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(info.id());
+  response.set_session(session);
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(state_.options.heartbeat_interval));
+  response.set_lease_ms(absl::ToInt64Milliseconds(kLeaseIntervals * state_.options.heartbeat_interval));
+  std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
+               request.address().c_str(), info.device().c_str(),
+               request.name().empty() ? "" : ", ", request.name().c_str());
+  dispatcher_.Schedule();
+  return response;
 }
 
-absl::StatusOr<int64_t> Coordinator::NextWorkerNumber() {
+absl::StatusOr<int64_t> WorkerManager::NextWorkerNumber() {
   absl::MutexLock lock(&numbers_mu_);
   if (number_next_ > number_end_) {
-    PT_ASSIGN_OR_RETURN(number_end_, deps_.store->Increment("worker", kWorkerNumberBlock));
+    PT_ASSIGN_OR_RETURN(number_end_, state_.store->Increment("worker", kWorkerNumberBlock));
     number_next_ = number_end_ - kWorkerNumberBlock + 1;
   }
   return number_next_++;
 }
 
-absl::Status Coordinator::Deregister(const std::string& session,
+absl::Status WorkerManager::Deregister(const std::string& session,
                                      const v1::DeregisterWorkerRequest& request) {
-  return LockedThenFlush(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
-    const std::string id = w->info.id();
-    if (!w->info.job_id().empty()) pool_.MarkLost(*w, deps_.clock->Now(), "stopped (it was shut down)");
-    std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
-    pool_.Remove(id);
-    Schedule();
-    return absl::OkStatus();
-  });
+  StateLock lock(&state_);
+  PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, state_.Caller(session, request.worker_id()));
+  const std::string id = w->info.id();
+  if (!w->info.job_id().empty()) state_.pool.MarkLost(*w, state_.clock->Now(), "stopped (it was shut down)");
+  std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
+  state_.pool.Remove(id);
+  dispatcher_.Schedule();
+  return absl::OkStatus();
 }
 
-absl::Status Coordinator::Heartbeat(const std::string& session,
+absl::Status WorkerManager::Heartbeat(const std::string& session,
                                     const v1::HeartbeatRequest& request,
                                     v1::HeartbeatResponse* response) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<WorkerPool::Worker*> caller = CallerLocked(session, request.worker_id());
+  absl::MutexLock lock(&state_.mu);
+  absl::StatusOr<WorkerPool::Worker*> caller = state_.Caller(session, request.worker_id());
   if (!caller.ok()) return caller.status();
   if (request.action().size() > 64 || request.waiting_for().size() > 64) {
     return absl::InvalidArgumentError("action and waiting_for are at most 64 bytes");
   }
   absl::StatusOr<WorkerPool::Worker*> worker =
-      pool_.Heartbeat((*caller)->info.id(), deps_.clock->Now());
+      state_.pool.Heartbeat((*caller)->info.id(), state_.clock->Now());
   if (!worker.ok()) return worker.status();
   if (response != nullptr) {
     for (std::string& job : HeldStateJobsOf((*worker)->info.id())) {
@@ -206,8 +229,8 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
     }
   }
   if (request.job_id().empty()) return absl::OkStatus();
-  auto j = jobs_.find(request.job_id());
-  JobController* c = j == jobs_.end() ? nullptr : &j->second.controller;
+  auto j = state_.jobs.find(request.job_id());
+  JobController* c = j == state_.jobs.end() ? nullptr : &j->second.controller;
   const bool rank_known = c != nullptr && request.rank() >= 0 &&
                           request.rank() < static_cast<int>(c->run().rank_ended.size());
   const bool stale = c != nullptr && request.generation() != 0 &&
@@ -224,37 +247,37 @@ absl::Status Coordinator::Heartbeat(const std::string& session,
     stop.set_reason(stale ? absl::StrCat("generation ", request.generation(), " of job ",
                                          request.job_id(), " has ended")
                           : absl::StrCat("job ", request.job_id(), " is no longer running"));
-    Later([client, stop] { (void)client->StopStage(stop); });
+    state_.Later([client, stop] { (void)client->StopStage(stop); });
   }
   // Its stage's activity, only for the rank it runs.
   if (c != nullptr && !stale &&
       c->Activity(request.rank(), (*worker)->info.id(), request.action(),
                   request.waiting_for())) {
     ++j->second.version;
-    changed_.SignalAll();
+    state_.changed.SignalAll();
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
+absl::StatusOr<v1::DrainWorkerResponse> WorkerManager::DrainWorker(
     const std::string& session, const v1::DrainWorkerRequest& request) {
   v1::DrainWorkerResponse response;
   std::shared_ptr<WorkerClient> rank0;
   std::string worker_id;
   {
-    absl::MutexLock lock(&mu_);
-    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, CallerLocked(session, request.worker_id()));
-    pool_.MarkDraining(*w);
+    absl::MutexLock lock(&state_.mu);
+    PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, state_.Caller(session, request.worker_id()));
+    state_.pool.MarkDraining(*w);
     worker_id = w->info.id();
-    auto j = jobs_.find(w->info.job_id());
-    if (j == jobs_.end()) return response;
+    auto j = state_.jobs.find(w->info.job_id());
+    if (j == state_.jobs.end()) return response;
     const JobController& c = j->second.controller;
     response.set_job_id(c.id());
     if (c.job().restarts() >= c.config().max_restarts || w->generation != c.job().generation()) {
       return response;  // nothing to restart: its rank ends with it
     }
     absl::StatusOr<std::shared_ptr<WorkerClient>> first =
-        CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), pool_);
+        CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool);
     if (absl::IsFailedPrecondition(first.status())) return response;  // not running, recovering
     if (c.drain_step() > 0) {  // another worker's drain already asked for one
       response.set_checkpoint_step(c.drain_step());
@@ -266,45 +289,28 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
   absl::StatusOr<int64_t> scheduled =
       CommandRelay::Send(*rank0, response.job_id(), v1::STEP_COMMAND_CHECKPOINT);
   if (!scheduled.ok()) return response;  // stops at once; the job restarts from an older one
-  return LockedThenFlush(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::DrainWorkerResponse> {
-    auto j = jobs_.find(response.job_id());
-    if (j == jobs_.end() || j->second.controller.phase() == Phase::kRecovering) return response;
-    WorkerPool::Worker* w = pool_.Find(worker_id);
-    j->second.controller.Drain(worker_id, w != nullptr ? w->info.address() : std::string("?"),
-                               *scheduled);
-    Carry(j->second);
-    response.set_checkpoint_step(j->second.controller.drain_step());
-    return response;
-  });
+  StateLock lock(&state_);
+  auto j = state_.jobs.find(response.job_id());
+  if (j == state_.jobs.end() || j->second.controller.phase() == Phase::kRecovering) return response;
+  WorkerPool::Worker* w = state_.pool.Find(worker_id);
+  j->second.controller.Drain(worker_id, w != nullptr ? w->info.address() : std::string("?"),
+                             *scheduled);
+  state_.Carry(j->second);
+  response.set_checkpoint_step(j->second.controller.drain_step());
+  return response;
 }
 
-absl::StatusOr<WorkerPool::Worker*> Coordinator::CallerLocked(const std::string& session,
-                                                              const std::string& worker_id) {
-  WorkerPool::Worker* w = pool_.FindBySession(session);
-  if (w == nullptr) {
-    return absl::NotFoundError(
-        session.empty() ? "no worker session: register first"
-                        : "unknown worker session (the coordinator restarted?): register again");
-  }
-  if (!worker_id.empty() && worker_id != w->info.id()) {
-    return absl::PermissionDeniedError(absl::StrCat("the session of ", w->info.id(),
-                                                    " cannot speak for ", worker_id));
-  }
-  return w;
-}
-
-absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvous(
+absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> WorkerManager::Rendezvous(
     const std::string& session, const std::string& job_id, int generation) {
-  absl::MutexLock lock(&mu_);
-  PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, CallerLocked(session, ""));
+  absl::MutexLock lock(&state_.mu);
+  PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, state_.Caller(session, ""));
   if (caller->info.job_id() != job_id) {
     return absl::PermissionDeniedError(
         absl::StrCat(caller->info.id(), " runs no rank of job ", job_id));
   }
-  auto it = jobs_.find(job_id);
-  std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous_.Find(job_id);
-  if (it == jobs_.end() || it->second.controller.job().state() != v1::JOB_STATE_RUNNING ||
+  auto it = state_.jobs.find(job_id);
+  std::shared_ptr<rendezvous::KeyValueStore> store = state_.rendezvous.Find(job_id);
+  if (it == state_.jobs.end() || it->second.controller.job().state() != v1::JOB_STATE_RUNNING ||
       !store) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running here"));
   }
@@ -316,15 +322,29 @@ absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Coordinator::Rendezvo
   return store;
 }
 
-void Coordinator::OnWorkerLost(const WorkerPool::Lost& lost) {
+void WorkerManager::OnWorkerLost(const WorkerPool::Lost& lost) {
   std::fprintf(stderr, "coordinator: %s (%s) lost: %s\n", lost.id.c_str(), lost.address.c_str(),
                lost.why.c_str());
-  auto j = jobs_.find(lost.job_id);
-  if (j == jobs_.end()) return;
+  auto j = state_.jobs.find(lost.job_id);
+  if (j == state_.jobs.end()) return;
   j->second.controller.WorkerLost(lost.rank, lost.generation, lost.silent,
                                   absl::StrCat(lost.id, " (", lost.address, ")"), lost.why,
-                                  kLeaseIntervals * options_.heartbeat_interval);
-  Carry(j->second);
+                                  kLeaseIntervals * state_.options.heartbeat_interval);
+  state_.Carry(j->second);
+}
+
+std::vector<std::string> WorkerManager::HeldStateJobsOf(const std::string& worker_id) {
+  std::vector<std::string> out;
+  for (auto it = state_.holding_jobs.begin(); it != state_.holding_jobs.end();) {
+    auto j = state_.jobs.find(*it);
+    if (j == state_.jobs.end() || !j->second.controller.KeepsHeldState()) {
+      it = state_.holding_jobs.erase(it);
+      continue;
+    }
+    if (j->second.controller.held_state()->HeldBy(worker_id)) out.push_back(*it);
+    ++it;
+  }
+  return out;
 }
 
 }  // namespace pipetrain::coordinator
