@@ -2,15 +2,15 @@
 // threads, float64:
 // - the final parameters equal the reference's (<= 1e-10: torch::nn::utils::clip_grad_norm_
 //   over the whole model's trained parameters, a tie once, before torch.optim's step) and the
-//   reported norm of every step is the reference's, under GPipe, 1F1B, 2BW (the norm of the
-//   gradient its update applies: mini-batch t's, taken on W(t-1)), PipeDream and the
-//   schedules with chunks, 4 stages x 2 replicas where the model allows, with a threshold
+//   reported norm of every step is the reference's, under every schedule kind (2BW: the norm
+//   of the gradient its update applies, mini-batch t's, taken on W(t-1)), 4 stages x 2
+//   replicas, 2 ranks of chunks for the kinds with chunks, with a threshold
 //   that some steps' norms pass and others do not, SGD and AdamW, tied embeddings across
 //   ranks and on one rank;
 // - negative controls: clipping each stage by its own norm (a pipeline without the reduction
 //   across stages) and not clipping both miss the run;
-// - a threshold above every norm changes nothing: bitwise the run without clipping, which
-//   reports no norm;
+// - a threshold above every norm changes nothing, under every kind: bitwise the run without
+//   clipping, which reports no norm;
 // - every rank of every replica computes the same norm, bitwise.
 #include <gtest/gtest.h>
 
@@ -23,10 +23,7 @@
 namespace pipetrain::job::pipeline_test {
 namespace {
 
-struct Case {
-  ScheduleKind kind;
-  int stages, virtual_stages;
-};
+using Case = ScheduleCase;
 
 std::string Name(const Case& k) {
   return absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=", k.stages,
@@ -34,8 +31,7 @@ std::string Name(const Case& k) {
 }
 
 JobConfig Clipped(const Case& k, const char* optimizer) {
-  JobConfig c = TinyGpt(k.kind, k.stages, 4);
-  c.virtual_stages = k.virtual_stages;
+  JobConfig c = TinyGpt(k, 4);
   c.replicas = 2;
   c.steps = 6;
   c.optimizer.name = optimizer;
@@ -57,10 +53,7 @@ double ThresholdBetweenTheNorms(JobConfig c) {
 }
 
 TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
-  for (const Case k : {Case{ScheduleKind::kGPipe, 4, 0}, Case{ScheduleKind::kOneFOneB, 4, 0},
-                       Case{ScheduleKind::kTwoBW, 4, 0}, Case{ScheduleKind::kPipeDream, 4, 0},
-                       Case{ScheduleKind::kInterleaved, 2, 2},
-                       Case{ScheduleKind::kZeroBubbleV, 2, 2}}) {
+  for (const Case& k : EveryScheduleKind(4)) {
     for (const char* optimizer : {"sgd", "adamw"}) {
       for (const bool tied : {false, true}) {
         SCOPED_TRACE(absl::StrCat(Name(k), " ", optimizer, tied ? " tied" : ""));
@@ -115,9 +108,9 @@ TEST(GradientClipping, EveryRankOfEveryReplicaHasTheSameNorm) {
 // A threshold no norm reaches scales by 1: bitwise the job without clipping (which reports
 // no norm), for the delayed update of 2BW too.
 TEST(GradientClipping, AThresholdAboveEveryNormChangesNothing) {
-  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
-    SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
-    JobConfig c = Clipped({kind, 4, 0}, "adamw");
+  for (const Case& k : EveryScheduleKind(4)) {
+    SCOPED_TRACE(Name(k));
+    JobConfig c = Clipped(k, "adamw");
     const JobReport plain = MustRun(c);
     EXPECT_TRUE(plain.grad_norms.empty());
     c.optimizer.clip_grad_norm = 1e6;

@@ -16,9 +16,10 @@ namespace {
 // Data-parallel replicas of the pipeline (stages and replicas as threads): the parameters
 // equal the un-pipelined run over the whole global batch, for every schedule.
 TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    const ScheduleKind kind = k.kind;
     for (int replicas : {2, 3}) {
-      JobConfig c = TinyGpt(kind, 3, 4);
+      JobConfig c = TinyGpt(k, 4);
       c.replicas = replicas;
       JobReport report = MustRun(c);
       SCOPED_TRACE(::testing::Message() << schedule::ScheduleKindName(kind) << " w=" << replicas);

@@ -44,10 +44,14 @@ TEST(Device, CudaWithoutAGpuIsOneClearErrorBeforeAnythingRuns) {
 
 TEST(Device, Float64OnOneGpuEverySchedulesFourStagesEqualTheCpuReference) {
   SKIP_WITHOUT_GPU();
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
     SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
-    JobConfig c;  // the default GPT, 4 stages
+    JobConfig c;  // the default GPT, 4 stages (2 ranks of chunks for the kinds with chunks)
     c.schedule = kind;
+    if (schedule::HoldsChunks(kind)) {
+      c.stages = 2;
+      c.virtual_stages = schedule::DefaultVirtualStages(kind);
+    }
     c.precision = Precision::kFloat64;
     c.steps = 10;
     c.threads_per_stage = 1;

@@ -27,8 +27,8 @@ namespace {
 
 using weights::LrDecay;
 
-JobConfig Scheduled(ScheduleKind kind, const char* optimizer, LrDecay decay) {
-  JobConfig c = TinyGpt(kind, 3, 4);
+JobConfig Scheduled(const ScheduleCase& k, const char* optimizer, LrDecay decay) {
+  JobConfig c = TinyGpt(k, 4);
   c.steps = 8;
   c.optimizer.name = optimizer;
   c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.1 : 0.01;
@@ -109,15 +109,15 @@ TEST(LearningRateSchedule, TheWorkedExampleAndThePeersSchedulesInPipetrainsTerms
 }
 
 TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
-  for (const ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    const ScheduleKind kind = k.kind;
     for (const char* optimizer : {"sgd", "adamw"}) {
       for (const LrDecay decay : {LrDecay::kCosine, LrDecay::kLinear}) {
         for (const int replicas : {1, 2}) {
           SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
                                     optimizer, " ", std::string(weights::LrDecayName(decay)),
                                     " replicas ", replicas));
-          JobConfig c = Scheduled(kind, optimizer, decay);
+          JobConfig c = Scheduled(k, optimizer, decay);
           c.replicas = replicas;
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
@@ -139,11 +139,11 @@ TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
 }
 
 TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
-  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
-    SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    SCOPED_TRACE(std::string(schedule::ScheduleKindName(k.kind)));
     const std::string dir = ::testing::TempDir() + "/lr_schedule_checkpoints";
     std::filesystem::remove_all(dir);
-    JobConfig c = Scheduled(kind, "adamw", LrDecay::kCosine);
+    JobConfig c = Scheduled(k, "adamw", LrDecay::kCosine);
     c.checkpoint.dir = dir;
     c.checkpoint.every = 3;
     const JobReport whole = MustRun(c);
@@ -161,11 +161,11 @@ TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
 // lr 0 (frozen weights, a speed measurement, torch.optim accepts it): valid, and every
 // update leaves every parameter as it was built, under decay and momentum too.
 TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
-  for (const ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    const ScheduleKind kind = k.kind;
     for (const char* optimizer : {"sgd", "adamw"}) {
       SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer));
-      JobConfig c = Scheduled(kind, optimizer, LrDecay::kCosine);
+      JobConfig c = Scheduled(k, optimizer, LrDecay::kCosine);
       c.optimizer.lr = 0;
       c.optimizer.schedule.min_lr = 0;
       c.optimizer.weight_decay = 0.1;
@@ -189,7 +189,7 @@ TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
 }
 
 TEST(LearningRateSchedule, EveryInvalidFieldIsNamedInOneError) {
-  JobConfig c = Scheduled(ScheduleKind::kOneFOneB, "sgd", LrDecay::kCosine);
+  JobConfig c = Scheduled({ScheduleKind::kOneFOneB, 3, 0}, "sgd", LrDecay::kCosine);
   c.optimizer.schedule = {-1, LrDecay::kCosine, -2, 0.5};
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());

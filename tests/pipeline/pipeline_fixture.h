@@ -66,6 +66,32 @@ inline JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {
   return c;
 }
 
+// A layout of the tiny GPT for each kind of the one list of schedules
+// (schedule::kScheduleKinds), so that a sweep over it meets every kind, one added later
+// too: `stages` ranks of one stage each for the kinds without chunks; 2 ranks of the kind's
+// default chunks for the kinds with chunks (the tiny GPT's 6 layers hold 2 x 2 chunks).
+struct ScheduleCase {
+  ScheduleKind kind;
+  int stages;
+  int virtual_stages;  // 0: the kind's default
+};
+inline std::vector<ScheduleCase> EveryScheduleKind(int stages) {
+  std::vector<ScheduleCase> cases;
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
+    cases.push_back(schedule::HoldsChunks(kind)
+                        ? ScheduleCase{kind, 2, schedule::DefaultVirtualStages(kind)}
+                        : ScheduleCase{kind, stages, 0});
+  }
+  return cases;
+}
+
+// TinyGpt under `k`, m micro-batches.
+inline JobConfig TinyGpt(const ScheduleCase& k, int m) {
+  JobConfig c = TinyGpt(k.kind, k.stages, m);
+  c.virtual_stages = k.virtual_stages;
+  return c;
+}
+
 // RunInProcess(c), failing the test (and returning an empty report) on an error.
 inline JobReport MustRun(const JobConfig& c) {
   auto report = RunInProcess(c);

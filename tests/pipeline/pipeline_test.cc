@@ -74,8 +74,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Recomputation on vs off gives bitwise identical parameters, with dropout active.
 TEST(Recompute, BitwiseEqualWithDropout) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
-    JobConfig c = TinyGpt(kind, 3, 4);
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    const ScheduleKind kind = k.kind;
+    JobConfig c = TinyGpt(k, 4);
     c.precision = pipetrain::job::Precision::kFloat32;
     c.model.dropout = 0.2;
     c.optimizer = {"adamw", 1e-2};

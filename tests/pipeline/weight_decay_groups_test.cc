@@ -95,8 +95,8 @@ TEST(ParameterKinds, ATorchScriptModelsByItsModulesClassesAndParameterNames) {
   EXPECT_EQ(KindsOfModel(script), expected);
 }
 
-JobConfig Decayed(ScheduleKind kind, const char* optimizer, ParameterKinds no_decay) {
-  JobConfig c = TinyGpt(kind, 3, 4);
+JobConfig Decayed(const ScheduleCase& k, const char* optimizer, ParameterKinds no_decay) {
+  JobConfig c = TinyGpt(k, 4);
   c.replicas = 2;
   c.steps = 5;
   c.optimizer.name = optimizer;
@@ -107,7 +107,8 @@ JobConfig Decayed(ScheduleKind kind, const char* optimizer, ParameterKinds no_de
 }
 
 TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
-  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+    const ScheduleKind kind = k.kind;
     for (const char* optimizer : {"sgd", "adamw"}) {
       for (const ParameterKinds no_decay :
            {kBias | kNorm, kEmbedding, kBias | kNorm | kEmbedding}) {
@@ -115,7 +116,7 @@ TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
           SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
                                     optimizer, " no_decay ", model::ParameterKindsName(no_decay),
                                     tied ? " tied" : ""));
-          JobConfig c = Decayed(kind, optimizer, no_decay);
+          JobConfig c = Decayed(k, optimizer, no_decay);
           c.model.tie_embeddings = tied;
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);

@@ -56,10 +56,15 @@ TEST(PipeDream, EqualsItsWeightStashingReference) {
       }
     }
   }
-  // Negative controls: the other rules' parameters are not these.
+  // Negative controls: the other weight policies' parameters are not these (every kind of
+  // another policy on this layout: those without chunks).
   const JobConfig c = PipeDreamGpt(4, 4, 1, "none");
   const std::vector<at::Tensor> pipedream = MustReference(c);
-  for (const ScheduleKind other : {ScheduleKind::kTwoBW, ScheduleKind::kOneFOneB}) {
+  for (const ScheduleKind other : schedule::kScheduleKinds) {
+    if (schedule::WeightsOf(other) == schedule::WeightPolicy::kStashed ||
+        schedule::HoldsChunks(other)) {
+      continue;
+    }
     JobConfig o = c;
     o.schedule = other;
     EXPECT_GT(MaxRelativeDifference(MustReference(o), pipedream), 1e-6)

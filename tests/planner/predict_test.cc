@@ -27,10 +27,18 @@ TEST(Predict, OneStageRunsItsMicroBatchesBackToBack) {
   EXPECT_NEAR(p->tokens_per_s, 30 / p->step_time_s, 1e-9);
 }
 
+// The kinds whose every step drains a pipeline of one stage a rank (GPipe, 1F1B): a step
+// pays the bubble of m + p - 1 micro-batch times.
+bool FlushedWithoutChunks(ScheduleKind kind) {
+  return schedule::WeightsOf(kind) == schedule::WeightPolicy::kFlush &&
+         !schedule::HoldsChunks(kind);
+}
+
 TEST(Predict, FlushedSchedulesPayTheBubbleAndTwoBWDoesNot) {
   const ModelProfile profile = Uniform(8, 0.01);
   const double per_stage = 2 * 0.03;  // 2 layers of f + 2f per micro-batch
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
+    if (!FlushedWithoutChunks(kind)) continue;
     absl::StatusOr<Prediction> p = Predict(profile, FreeLinks(), Even(kind, 8, 4, 6));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_NEAR(p->step_time_s, (6 + 4 - 1) * per_stage, 1e-9) << ScheduleKindName(kind);
@@ -45,7 +53,8 @@ TEST(Predict, RanksSharingOneCoreTakeTheSumOfTheirWork) {
   const ModelProfile profile = Uniform(4, 0.01, 0.002);
   ClusterProfile cluster = FreeLinks();
   cluster.shared_cores = 1;
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
+    if (!FlushedWithoutChunks(kind)) continue;
     absl::StatusOr<Prediction> p = Predict(profile, cluster, Even(kind, 4, 2, 4));
     ASSERT_TRUE(p.ok()) << p.status();
     // Some stage always computes, and one core does all of it: 4 micro-batches x 4 layers x

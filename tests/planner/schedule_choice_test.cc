@@ -70,8 +70,8 @@ TEST(PredictChunked, InterleavedStepIsTheComputeListsMakespanPlusTheUpdate) {
 
 TEST(PredictChunked, ARankHoldsTheWeightsOfItsModelStagesAndTheirMicroBatches) {
   const ModelProfile profile = Uniform(8, 0.01, 0, 1000);
-  for (const ScheduleKind kind : {ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV,
-                                  ScheduleKind::kDualPipeV, ScheduleKind::kZeroBubble}) {
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
+    if (!schedule::HoldsChunks(kind)) continue;
     SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
     const int v = schedule::DefaultVirtualStages(kind);
     absl::StatusOr<Prediction> p = Predict(profile, FreeLinks(), Chunked(kind, 8, 2, v, 4));

@@ -95,13 +95,13 @@ TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
   EXPECT_NEAR(1 - 32 * 3.0 / one_f_one_b(8, 32).makespan_s, 0.179, 0.0005);
 }
 
-// Calls `check` for every valid shape of every kind with p <= max_p, v <= max_v, m <= max_m
-// (under a trace naming it); returns how many.
+// Calls `check` for every valid shape of every kind with chunks (of the one list) with
+// p <= max_p, v <= max_v, m <= max_m (under a trace naming it); returns how many.
 int ForEachValidShape(int max_p, int max_v, int max_m,
                       const std::function<void(const ScheduleParams&)>& check) {
   int shapes = 0;
-  for (const ScheduleKind kind : {ScheduleKind::kInterleaved, ScheduleKind::kZeroBubble,
-                                 ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+  for (const ScheduleKind kind : kScheduleKinds) {
+    if (!HoldsChunks(kind)) continue;
     for (int p = 1; p <= max_p; ++p) {
       for (int v = 1; v <= max_v; ++v) {
         for (int m = 1; m <= max_m; ++m) {

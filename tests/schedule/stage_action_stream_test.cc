@@ -26,6 +26,13 @@ std::vector<Action> Drained(StageActionStream stream) {
   return out;
 }
 
+// `kind` on p ranks, m micro-batches, `steps` steps, with the kind's default chunks.
+ScheduleParams Params(ScheduleKind kind, int p, int m, int steps) {
+  ScheduleParams params{kind, p, m, steps};
+  params.virtual_stages = DefaultVirtualStages(kind);
+  return params;
+}
+
 TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
   for (ScheduleKind kind : kScheduleKinds) {
     for (int p = 1; p <= 4; ++p) {
@@ -61,15 +68,15 @@ TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
 // before N: the list from N is that list's actions of mini-batches >= N, which follow all of
 // the earlier ones on every stage; the stream generates the same.
 TEST(StageActionStreamTest, AResumedListIsTheDrainedListFromItsFirstStep) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (ScheduleKind kind : kScheduleKinds) {
     for (int p = 1; p <= 4; ++p) {
       for (int m = 1; m <= 5; ++m) {
-        if (kind == ScheduleKind::kTwoBW && m < p) continue;
+        if (!ValidateScheduleParams(Params(kind, p, m, 2)).ok()) continue;  // its shapes
         for (int steps = 2; steps <= 4; ++steps) {
           for (int first = 1; first < steps; ++first) {
-            ScheduleParams drained{kind, p, m, steps};
+            ScheduleParams drained = Params(kind, p, m, steps);
             drained.flush_before = {first};
-            ScheduleParams resumed{kind, p, m, steps};
+            ScheduleParams resumed = Params(kind, p, m, steps);
             resumed.first_step = first;
             if (first + 1 < steps) {  // a later drain, too
               drained.flush_before.push_back(first + 1);
@@ -113,10 +120,11 @@ TEST(StageActionStreamTest, AResumedListIsTheDrainedListFromItsFirstStep) {
 // the old one through the current action, and then goes on as the new list.
 TEST(StageActionStreamTest, RebaseFollowsTheNewListOrRefusesAChangedPast) {
   const int steps = 4;
-  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW}) {
+  for (ScheduleKind kind : kScheduleKinds) {
     for (int p = 1; p <= 3; ++p) {
       for (int m = p; m <= 4; ++m) {
-        const ScheduleParams plain{kind, p, m, steps};
+        const ScheduleParams plain = Params(kind, p, m, steps);
+        if (!ValidateScheduleParams(plain).ok()) continue;  // the kind's shapes
         for (int n = 1; n < steps; ++n) {
           for (bool stop : {false, true}) {
             ScheduleParams changed = plain;
