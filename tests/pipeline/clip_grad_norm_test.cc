@@ -53,9 +53,14 @@ double ThresholdBetweenTheNorms(JobConfig c) {
 }
 
 TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
-  for (const Case& k : EveryScheduleKind(4)) {
+  const std::vector<Case> kinds = EveryScheduleKind(4);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const Case& k = kinds[i];
     for (const char* optimizer : {"sgd", "adamw"}) {
       for (const bool tied : {false, true}) {
+        // Two of the four a kind: each kind meets both optimizers and both, the next kind
+        // the other two (so that the sweep's cost stays that of a few kinds).
+        if ((i + (std::string(optimizer) == "adamw") + tied) % 2 != 0) continue;
         SCOPED_TRACE(absl::StrCat(Name(k), " ", optimizer, tied ? " tied" : ""));
         JobConfig c = Clipped(k, optimizer);
         c.model.tie_embeddings = tied;

@@ -16,9 +16,12 @@ namespace {
 // Data-parallel replicas of the pipeline (stages and replicas as threads): the parameters
 // equal the un-pipelined run over the whole global batch, for every schedule.
 TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
-  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+  const std::vector<ScheduleCase> kinds = EveryScheduleKind(3);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const ScheduleCase& k = kinds[i];
     const ScheduleKind kind = k.kind;
     for (int replicas : {2, 3}) {
+      if (replicas != 2 + static_cast<int>(i % 2)) continue;  // 2 and 3 in turn
       JobConfig c = TinyGpt(k, 4);
       c.replicas = replicas;
       JobReport report = MustRun(c);

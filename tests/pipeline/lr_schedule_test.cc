@@ -2,13 +2,15 @@
 // - weights::LearningRateAt equals a table worked out by hand (warm-up, then cosine and
 //   linear decay to min_lr, constant), and the run's report holds those rates per step;
 // - float64 parameters equal the reference (<= 1e-10: torch.optim with each group's rate set
-//   by LambdaLR's factor, written apart from the runtime's) under GPipe, 1F1B and 2BW, SGD with
-//   momentum and AdamW, 1 and 2 replicas; negative control: the constant-rate reference
-//   differs;
-// - a job resumed from its checkpoint continues the schedule: bitwise the uninterrupted job;
+//   by LambdaLR's factor, written apart from the runtime's) under every schedule kind, each
+//   meeting SGD with momentum and AdamW, cosine and linear decay, 1 and 2 replicas; negative
+//   control: the constant-rate reference differs;
+// - a job resumed from its checkpoint continues the schedule, under every kind: bitwise the
+//   uninterrupted job;
 // - every invalid field of a schedule is named in one error;
-// - optimizer.lr 0 is a valid job whose weights stay bitwise the initial ones (SGD with
-//   momentum and weight decay, AdamW with weight decay; negative control: 1e-6 moves them).
+// - optimizer.lr 0 is a valid job whose weights stay bitwise the initial ones under every
+//   kind (SGD with momentum and weight decay, AdamW with weight decay, in turn; negative
+//   control: 1e-6 moves them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -109,11 +111,21 @@ TEST(LearningRateSchedule, TheWorkedExampleAndThePeersSchedulesInPipetrainsTerms
 }
 
 TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
-  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+  const std::vector<ScheduleCase> kinds = EveryScheduleKind(3);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const ScheduleCase& k = kinds[i];
     const ScheduleKind kind = k.kind;
     for (const char* optimizer : {"sgd", "adamw"}) {
       for (const LrDecay decay : {LrDecay::kCosine, LrDecay::kLinear}) {
         for (const int replicas : {1, 2}) {
+          // Two of the eight a kind: SGD on one replica and AdamW on two, under one decay
+          // and the other, the next kind with the decays swapped (every kind meets each
+          // optimizer, decay and replica count; the sweep costs what a few kinds would).
+          const bool adamw = std::string(optimizer) == "adamw";
+          if (replicas != (adamw ? 2 : 1) ||
+              (decay == LrDecay::kLinear) != ((i + adamw) % 2 == 1)) {
+            continue;
+          }
           SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
                                     optimizer, " ", std::string(weights::LrDecayName(decay)),
                                     " replicas ", replicas));
@@ -161,9 +173,12 @@ TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
 // lr 0 (frozen weights, a speed measurement, torch.optim accepts it): valid, and every
 // update leaves every parameter as it was built, under decay and momentum too.
 TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
-  for (const ScheduleCase& k : EveryScheduleKind(3)) {
+  const std::vector<ScheduleCase> kinds = EveryScheduleKind(3);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const ScheduleCase& k = kinds[i];
     const ScheduleKind kind = k.kind;
     for (const char* optimizer : {"sgd", "adamw"}) {
+      if ((std::string(optimizer) == "adamw") != (i % 2 == 1)) continue;  // in turn
       SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer));
       JobConfig c = Scheduled(k, optimizer, LrDecay::kCosine);
       c.optimizer.lr = 0;
