@@ -112,7 +112,7 @@ class JobController {
   const std::string& requeued_because() const { return requeued_because_; }
   int64_t drain_step() const { return restart_point_.drain_step(); }
   // Whether a report of the generation that ended, from `worker_id` running `rank`, still
-  // counts (RecordLateStep): its survivors have not decided yet.
+  // counts (ReportLateStep): its survivors have not decided yet.
   bool TakesLateReport(int rank, int64_t generation, const std::string& worker_id) const;
   // The assignment of `rank` of its current generation.
   v1::StageAssignment AssignmentFor(int rank) const;
