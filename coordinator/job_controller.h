@@ -108,8 +108,6 @@ class JobController {
   // Kept until a restart gives the job its next generation (phase kRecovering).
   absl::Time recovering_since() const { return recovering_since_; }
   absl::Time lost_ranks_stop_by() const { return lost_ranks_stop_by_; }
-  // Why a job that ran waits in the queue again ("" if it never ran or runs).
-  const std::string& requeued_because() const { return requeued_because_; }
   int64_t drain_step() const { return restart_point_.drain_step(); }
   // Whether a report of the generation that ended, from `worker_id` running `rank`, still
   // counts (ReportLateStep): its survivors have not decided yet.
@@ -160,8 +158,6 @@ class JobController {
   // A worker running a rank of it drains: the checkpoint at `boundary` is where the job
   // restarts from without it (restart_point.h Drain). `address` names it.
   void Drain(const std::string& worker_id, const std::string& address, int64_t boundary);
-  // An event the coordinator says of it (a checkpoint asked for before it stops).
-  void Say(const std::string& text);
   // The assignment of `rank` failed: the attempts so far for it, counting this one.
   int AssignmentAttempt(int rank) { return ++assign_attempts_[rank]; }
   // The rank moves to `worker_id` after `failed` (the failed assignment's words).
@@ -175,8 +171,10 @@ class JobController {
   bool KeepsHeldState();
 
  private:
-  JobController(Settings settings) : settings_(std::move(settings)) {}
+  explicit JobController(Settings settings) : settings_(std::move(settings)) {}
   int64_t NowMs() const;
+  // An event of the job.
+  void Say(const std::string& text);
   // Tokens (or samples) a step of it trains on, for its throughput.
   static int64_t TokensPerStep(const v1::Job& job, const job::JobConfig& config);
   void Changed(bool progress_only = false);
@@ -210,7 +208,7 @@ class JobController {
   StepLedger ledger_;  // the generation's steps: per rank, committed, losses, throughput
   std::vector<int> assign_attempts_;  // assignments tried per rank
   int64_t tokens_per_step_ = 0;
-  std::string requeued_because_;
+  std::string requeued_because_;  // why a job that ran waits in the queue again
   v1::JobSpec run_spec_;         // what its ranks run: the spec with the layout and resume point
   absl::Time recovering_since_;  // when its last generation ended (phase kRecovering)
   // Until when a rank of this generation on a worker taken for lost (silent, maybe only cut
