@@ -99,7 +99,7 @@ StageExecutor::Chunk& StageExecutor::ChunkOf(int stage) {
 }
 
 int64_t StageExecutor::MessageKey(int lower, int64_t j) const {
-  return j * layout_.chunks_per_rank + lower / layout_.ranks;
+  return layout_.MessageNumber(lower, j);
 }
 
 absl::Status StageExecutor::Run() {

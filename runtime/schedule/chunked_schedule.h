@@ -12,6 +12,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,14 @@ struct ChunkLayout {
   int RankOf(int stage) const;
   // The stages rank r holds, in model order.
   std::vector<int> StagesOf(int rank) const;
+  // The number of the message of micro-batch j across the boundary between model stages
+  // `lower` and lower + 1 (transport::Transport): j x v + floor(lower / p), so that two
+  // boundaries a pair of ranks shares never share a number; j itself with one stage a rank.
+  int64_t MessageNumber(int lower, int64_t j) const {
+    return j * chunks_per_rank + lower / ranks;
+  }
+  // The micro-batch the message numbered `number` carries.
+  int64_t MicroBatchOfMessage(int64_t number) const { return number / chunks_per_rank; }
 };
 
 // The chunk layout a schedule runs on (ScheduleParams: kind, stages = p ranks,

@@ -8,8 +8,8 @@
 // transport is aborted (the abort reason, so every stage of a failing job stops with the
 // first error). A message travels across one pipeline boundary (between model stages m and
 // m + 1, on different ranks), and its number says which: it is n x v + c, where v is the
-// number of model stages a rank holds and c = floor(m / p) (StageExecutor::MessageKey; with
-// one model stage a rank, just n). Implementations: in_process/ (stages as threads of one
+// number of model stages a rank holds and c = floor(m / p) (schedule::ChunkLayout's
+// MessageNumber and MicroBatchOfMessage; with one model stage a rank, just n). Implementations: in_process/ (stages as threads of one
 // process), gloo/ (stages as processes, over TCP), nccl/ (stages as processes on GPUs).
 //
 // Collectives (AllGather, AllReduce, Broadcast, Barrier) run among the members of a Group;

@@ -1,4 +1,5 @@
-// Non-finite steps (stages as threads, 2 stages x 2 replicas, float64, AdamW): a NaN put into
+// Non-finite steps (stages as threads, 2 ranks x 2 replicas, float64, AdamW; under every kind
+// of schedule, pipeline_test::EveryScheduleKind, m = 4 where a kind needs more than 2): a NaN put into
 // one replica's activations at step s makes its loss NaN; every rank of both replicas skips
 // step s together, so the weights, BatchNorm statistics and optimizer state after step s are
 // bitwise those before it (compared through the checkpoints of the two boundaries); the skip is
@@ -20,18 +21,23 @@
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/job/plan.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/transport/in_process/in_process_transport.h"
 #include "runtime/weights/weight_store.h"
 #include "tests/pipeline/forwarding_transport.h"
+#include "tests/pipeline/schedule_cases.h"
 
 namespace pipetrain::job {
 namespace {
 
 namespace fs = std::filesystem;
+using pipeline_test::ScheduleCase;
 using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
-JobConfig Gpt(ScheduleKind kind, int steps) {
+// 5 layers (embedding, 2 blocks, final norm, head) on k's 2 ranks (of 2 chunks under the
+// kinds with chunks), 2 micro-batches a step where k's kind takes them, else 4.
+JobConfig Gpt(const ScheduleCase& k, int steps) {
   JobConfig c;
   c.model.name = "gpt";
   c.model.d_model = 16;
@@ -40,10 +46,11 @@ JobConfig Gpt(ScheduleKind kind, int steps) {
   c.data.vocab = 16;
   c.data.seq_len = 8;
   c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = 2;
+  c.schedule = k.kind;
+  c.stages = k.stages;
+  c.virtual_stages = k.virtual_stages;
   c.replicas = 2;
-  c.micro_batches = 2;
+  c.micro_batches = pipeline_test::TakesLayout(k.kind, k.stages, k.virtual_stages, 2) ? 2 : 4;
   c.micro_batch_size = 2;
   c.steps = steps;
   c.optimizer = {"adamw", 1e-2};
@@ -53,6 +60,9 @@ JobConfig Gpt(ScheduleKind kind, int steps) {
   return c;
 }
 
+// 1F1B: the tests that are about the skip's accounting, not the schedule.
+JobConfig Gpt(int steps) { return Gpt({ScheduleKind::kOneFOneB, 2, 0}, steps); }
+
 fs::path TempDir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() /
                        ("pipetrain_nonfinite_" + std::to_string(getpid()) + "_" + name);
@@ -60,21 +70,24 @@ fs::path TempDir(const std::string& name) {
   return dir;
 }
 
-// Stage 0 of replica 0 sends NaN activations for the micro-batches of `steps`.
+// Rank 0 of replica 0 sends NaN activations for the micro-batches of `steps`.
 class PoisoningTransport : public ForwardingTransport {
  public:
-  PoisoningTransport(std::unique_ptr<transport::Transport> inner, int micro_batches,
-                     std::set<int64_t> steps)
-      : ForwardingTransport(std::move(inner)), m_(micro_batches), steps_(std::move(steps)) {}
-  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+  PoisoningTransport(std::unique_ptr<transport::Transport> inner, schedule::ChunkLayout layout,
+                     int micro_batches, std::set<int64_t> steps)
+      : ForwardingTransport(std::move(inner)), layout_(layout), m_(micro_batches),
+        steps_(std::move(steps)) {}
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t number,
                            const at::Tensor& t) override {
-    if (kind == transport::MessageKind::kActivation && steps_.count(j / m_)) {
-      return inner_->Send(peer, kind, j, at::full_like(t, std::nan("")));
+    if (kind == transport::MessageKind::kActivation &&
+        steps_.count(layout_.MicroBatchOfMessage(number) / m_)) {
+      return inner_->Send(peer, kind, number, at::full_like(t, std::nan("")));
     }
-    return inner_->Send(peer, kind, j, t);
+    return inner_->Send(peer, kind, number, t);
   }
 
  private:
+  schedule::ChunkLayout layout_;
   int m_;
   std::set<int64_t> steps_;
 };
@@ -82,11 +95,13 @@ class PoisoningTransport : public ForwardingTransport {
 RunOptions Poison(const JobConfig& c, std::set<int64_t> steps) {
   RunOptions options;
   auto stage0_calls = std::make_shared<int>(0);
-  options.wrap_transport = [m = c.micro_batches, steps, stage0_calls](
-                               std::unique_ptr<transport::Transport> t, int stage) {
+  options.wrap_transport = [m = c.micro_batches, layout = schedule::LayoutOf(ScheduleParamsOf(c, c.steps)),
+                            steps, stage0_calls](std::unique_ptr<transport::Transport> t,
+                                                 int stage) {
     // Stages are built replica by replica: the first stage 0 is replica 0's.
     if (stage != 0 || (*stage0_calls)++ != 0) return t;
-    return std::unique_ptr<transport::Transport>(new PoisoningTransport(std::move(t), m, steps));
+    return std::unique_ptr<transport::Transport>(
+        new PoisoningTransport(std::move(t), layout, m, steps));
   };
   return options;
 }
@@ -112,7 +127,7 @@ std::vector<at::Tensor> CheckpointTensors(const fs::path& root, int64_t step) {
   return out;
 }
 
-class NonFiniteTest : public ::testing::TestWithParam<ScheduleKind> {};
+class NonFiniteTest : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(NonFiniteTest, AStepWithANaNLossIsSkippedOnEveryRankAndLeavesEverythingUnchanged) {
   constexpr int64_t kPoisoned = 4;
@@ -155,10 +170,8 @@ TEST_P(NonFiniteTest, AStepWithANaNLossIsSkippedOnEveryRankAndLeavesEverythingUn
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, NonFiniteTest,
-                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW),
-                         [](const auto& info) {
-                           return info.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "TwoBW";
-                         });
+                         ::testing::ValuesIn(pipeline_test::EveryScheduleKind(2)),
+                         pipeline_test::CaseName);
 
 // The check every update makes, against ATen's isfinite: each of NaN, +inf and -inf anywhere
 // in a float32 or float64 gradient, contiguous or not, or in a dtype read through ATen.
@@ -185,7 +198,7 @@ TEST(NonFinite, AllFiniteFindsEveryKindOfNonFiniteValueAnywhere) {
 }
 
 TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
-  JobConfig c = Gpt(ScheduleKind::kOneFOneB, 8);
+  JobConfig c = Gpt(8);
   c.nonfinite_limit = 3;
   absl::StatusOr<JobReport> failed = RunInProcess(c, Poison(c, {2, 3, 4}));
   ASSERT_FALSE(failed.ok());
@@ -207,11 +220,11 @@ TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
 // Negative control: without the count, the same run goes on.
 TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReported) {
   const fs::path ckpt = TempDir("streak");
-  JobConfig first = Gpt(ScheduleKind::kOneFOneB, 4);
+  JobConfig first = Gpt(4);
   first.checkpoint.dir = ckpt.string();
   first.checkpoint.every = 4;
   ASSERT_TRUE(RunInProcess(first).ok());
-  JobConfig resumed = Gpt(ScheduleKind::kOneFOneB, 8);
+  JobConfig resumed = Gpt(8);
   resumed.checkpoint.dir = ckpt.string();
   resumed.resume_from = "latest";
   resumed.nonfinite_limit = 3;
@@ -229,7 +242,7 @@ TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReporte
   // coordinator's step reports) before its Run() fails: one rank alone (another could stop
   // it first by its own failure), a CNN whose inputs of step 0 are NaN, after 2 skipped in a
   // row.
-  JobConfig c = Gpt(ScheduleKind::kOneFOneB, 3);
+  JobConfig c = Gpt(3);
   c.model = {};
   c.model.name = "cnn";
   c.model.hidden = 4;

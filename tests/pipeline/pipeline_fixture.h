@@ -17,6 +17,7 @@
 #include "runtime/job/plan.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/schedule/schedule.h"
+#include "tests/pipeline/schedule_cases.h"
 #include "runtime/transport/in_process/in_process_transport.h"
 
 namespace pipetrain::job::pipeline_test {
@@ -64,25 +65,6 @@ inline JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {
   c.threads_per_stage = 1;
   c.recv_timeout_s = 60;
   return c;
-}
-
-// A layout of the tiny GPT for each kind of the one list of schedules
-// (schedule::kScheduleKinds), so that a sweep over it meets every kind, one added later
-// too: `stages` ranks of one stage each for the kinds without chunks; 2 ranks of the kind's
-// default chunks for the kinds with chunks (the tiny GPT's 6 layers hold 2 x 2 chunks).
-struct ScheduleCase {
-  ScheduleKind kind;
-  int stages;
-  int virtual_stages;  // 0: the kind's default
-};
-inline std::vector<ScheduleCase> EveryScheduleKind(int stages) {
-  std::vector<ScheduleCase> cases;
-  for (const ScheduleKind kind : schedule::kScheduleKinds) {
-    cases.push_back(schedule::HoldsChunks(kind)
-                        ? ScheduleCase{kind, 2, schedule::DefaultVirtualStages(kind)}
-                        : ScheduleCase{kind, stages, 0});
-  }
-  return cases;
 }
 
 // TinyGpt under `k`, m micro-batches.

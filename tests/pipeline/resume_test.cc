@@ -1,10 +1,10 @@
 // Checkpoints keyed by layer, taken by the policy, and jobs resumed from them in this process
-// (stages as threads): a job that dies after its checkpoint at step 10 and is resumed ends
-// bitwise equal to the job that never died, its losses too; a checkpoint of 4 stages resumes
-// as 2 stages x 2 replicas and as 1 stage within 1e-10 (float64, dropout masks following
-// their samples), for 1F1B and 2BW; a job
-// that ends writes its final checkpoint, which a longer job resumes from (named by the
-// `latest` pointer file itself) and continues as the uninterrupted reference.
+// (stages as threads), under every kind of schedule (pipeline_test::EveryScheduleKind): a job
+// that dies after its checkpoint at step 10 and is resumed ends bitwise equal to the job that
+// never died, its losses too; a checkpoint of 4 stages (2 ranks of 2 chunks) resumes on other
+// layouts (fewer stages, more replicas) within 1e-10 (float64, dropout masks following their
+// samples); a job that ends writes its final checkpoint, which a longer job resumes from
+// (named by the `latest` pointer file itself) and continues as the uninterrupted reference.
 #include <unistd.h>
 
 #include <filesystem>
@@ -19,19 +19,23 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/job/reference/reference_trainer.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "tests/pipeline/forwarding_transport.h"
+#include "tests/pipeline/schedule_cases.h"
 
 namespace pipetrain::job {
 namespace {
 
 namespace fs = std::filesystem;
+using pipeline_test::EveryScheduleKind;
+using pipeline_test::ScheduleCase;
 using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
 // 6 layers (embedding, 3 blocks, final norm, head), float64, AdamW (state that must move
-// with its layer), dropout (masks that must follow their samples onto another layout), 4
-// stages.
-JobConfig Gpt(ScheduleKind kind, const std::string& dir) {
+// with its layer), dropout (masks that must follow their samples onto another layout), on
+// k's layout (4 stages, or 2 ranks of 2 chunks).
+JobConfig Gpt(const ScheduleCase& k, const std::string& dir) {
   JobConfig c;
   c.model.name = "gpt";
   c.model.d_model = 16;
@@ -41,8 +45,9 @@ JobConfig Gpt(ScheduleKind kind, const std::string& dir) {
   c.data.vocab = 16;
   c.data.seq_len = 8;
   c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = 4;
+  c.schedule = k.kind;
+  c.stages = k.stages;
+  c.virtual_stages = k.virtual_stages;
   c.micro_batches = 4;
   c.micro_batch_size = 2;
   c.steps = 20;
@@ -55,6 +60,9 @@ JobConfig Gpt(ScheduleKind kind, const std::string& dir) {
   return c;
 }
 
+// 1F1B on 4 stages: the tests that are about the checkpoint, not the schedule.
+JobConfig Gpt(const std::string& dir) { return Gpt({ScheduleKind::kOneFOneB, 4, 0}, dir); }
+
 fs::path TempDir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() /
                        ("pipetrain_resume_" + std::to_string(getpid()) + "_" + name);
@@ -62,20 +70,23 @@ fs::path TempDir(const std::string& name) {
   return dir;
 }
 
-// Fails stage 1's send of one activation: the job dies there (every stage stops).
+// Fails rank 1's send of one micro-batch's activation: the job dies there (every stage stops).
 class CrashingTransport : public ForwardingTransport {
  public:
-  CrashingTransport(std::unique_ptr<transport::Transport> inner, int64_t micro_batch)
-      : ForwardingTransport(std::move(inner)), micro_batch_(micro_batch) {}
-  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t j,
+  CrashingTransport(std::unique_ptr<transport::Transport> inner, schedule::ChunkLayout layout,
+                    int64_t micro_batch)
+      : ForwardingTransport(std::move(inner)), layout_(layout), micro_batch_(micro_batch) {}
+  absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t number,
                            const at::Tensor& t) override {
-    if (kind == transport::MessageKind::kActivation && j == micro_batch_) {
+    if (kind == transport::MessageKind::kActivation &&
+        layout_.MicroBatchOfMessage(number) == micro_batch_) {
       return absl::UnavailableError("injected crash");
     }
-    return inner_->Send(peer, kind, j, t);
+    return inner_->Send(peer, kind, number, t);
   }
 
  private:
+  schedule::ChunkLayout layout_;
   int64_t micro_batch_;
 };
 
@@ -90,7 +101,7 @@ void ExpectBitwiseEqual(const std::vector<at::Tensor>& a, const std::vector<at::
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(at::equal(a[k], b[k])) << "tensor " << k;
 }
 
-class ResumeTest : public ::testing::TestWithParam<ScheduleKind> {};
+class ResumeTest : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   const fs::path whole_dir = TempDir("whole"), crash_dir = TempDir("crash");
@@ -101,10 +112,12 @@ TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   // The same job, dead in step 13 (after its checkpoint before step 10 was committed).
   JobConfig crashing = Gpt(GetParam(), crash_dir.string());
   RunOptions options;
-  options.wrap_transport = [m = crashing.micro_batches](std::unique_ptr<transport::Transport> t,
-                                                        int stage) {
-    if (stage != 1) return t;
-    return std::unique_ptr<transport::Transport>(new CrashingTransport(std::move(t), 13 * m + 1));
+  options.wrap_transport = [m = crashing.micro_batches,
+                            layout = schedule::LayoutOf(ScheduleParamsOf(crashing, crashing.steps))](
+                               std::unique_ptr<transport::Transport> t, int rank) {
+    if (rank != 1) return t;
+    return std::unique_ptr<transport::Transport>(
+        new CrashingTransport(std::move(t), layout, 13 * m + 1));
   };
   absl::StatusOr<JobReport> died = RunInProcess(crashing, options);
   ASSERT_FALSE(died.ok());
@@ -128,14 +141,34 @@ TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   fs::remove_all(crash_dir);
 }
 
-// The layers regroup: 4 stages x 1 replica (m = 4) resume as 2 stages x 2 replicas (m = 2,
-// the same global batch) and as 1 stage; the optimizer state moves with its layer.
-TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
+// Resumed elsewhere: on another layout, or as a longer job. Under every kind but those that
+// stash weights (pipedream: its updates depend on the pipeline's depth, and its drain at a
+// checkpoint starts every stage on its newest version, so no other layout and no longer job
+// without the drain computes what it does; docs/checkpoints.md).
+class ResumeElsewhereTest : public ResumeTest {};
+
+std::vector<ScheduleCase> KindsThatResumeElsewhere() {
+  std::vector<ScheduleCase> cases;
+  for (const ScheduleCase& k : EveryScheduleKind(4)) {
+    if (schedule::WeightsOf(k.kind) != schedule::WeightPolicy::kStashed) cases.push_back(k);
+  }
+  return cases;
+}
+
+// The layers regroup: 4 stages x 1 replica (m = 4; or 2 ranks of 2 chunks) resume as
+// 2 ranks x 2 replicas (m = 2, the same global batch), as 1 rank, and as 1 rank x 2 replicas,
+// each where the kind takes that layout (at least two of them); the optimizer state moves
+// with its layer.
+TEST_P(ResumeElsewhereTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
   const fs::path dir = TempDir("layouts");
   JobConfig whole = Gpt(GetParam(), dir.string());
   const JobReport uninterrupted = MustRun(whole);
-  for (auto [stages, replicas, m] : {std::tuple{2, 2, 2}, std::tuple{1, 1, 4}}) {
-    SCOPED_TRACE(testing::Message() << stages << " stages x " << replicas << " replicas");
+  int layouts = 0;
+  for (auto [stages, replicas, m] :
+       {std::tuple{2, 2, 2}, std::tuple{1, 1, 4}, std::tuple{1, 2, 2}}) {
+    if (!pipeline_test::TakesLayout(whole.schedule, stages, whole.virtual_stages, m)) continue;
+    ++layouts;
+    SCOPED_TRACE(testing::Message() << stages << " ranks x " << replicas << " replicas");
     JobConfig other = whole;
     other.stages = stages;
     other.replicas = replicas;
@@ -147,6 +180,7 @@ TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
     EXPECT_LE(MaxRelativeDifference(finished.final_parameters, uninterrupted.final_parameters),
               1e-10);
   }
+  EXPECT_GE(layouts, 2);
   fs::remove_all(dir);
 }
 
@@ -156,7 +190,7 @@ TEST_P(ResumeTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
 // 1e-10 of TrainReference (2BW: no switch anywhere; the final checkpoint holds W(6) for
 // mini-batch 7). Negative control: one update short (resumed at step 6, 9 steps) misses.
 // A job stopped early (a stop before step 5) writes none beyond its policy's.
-TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
+TEST_P(ResumeElsewhereTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   const fs::path dir = TempDir("final");
   JobConfig first = Gpt(GetParam(), dir.string());
   first.steps = 7;
@@ -218,26 +252,18 @@ TEST_P(ResumeTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
 
 // Checkpoints are invisible to the math: with a checkpoint every 3 steps (3, 6 and the final
 // 8) a job's parameters and losses are bitwise those of the job without, under every schedule
-// but pipedream (whose drain starts every stage on its newest version; docs/checkpoints.md).
-// 2BW's checkpoint carries W(N-1), which mini-batch N runs on: resumed from step 3 on the same
+// but those that stash weights (pipedream: its drain starts every stage on its newest version;
+// docs/checkpoints.md). A double-buffered (2BW) checkpoint carries W(N-1), which mini-batch N runs on: resumed from step 3 on the same
 // layout it ends bitwise as the job that never stopped, and on 2 stages x 2 replicas within
 // 1e-10. Negative control: the switch a 2BW checkpoint once was (mini-batch 3 on W(3)) moves
 // the reference by far more.
 TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
-  struct Case {
-    ScheduleKind kind;
-    int stages;
-  };
-  for (const Case k : {Case{ScheduleKind::kGPipe, 4}, Case{ScheduleKind::kOneFOneB, 4},
-                       Case{ScheduleKind::kTwoBW, 4}, Case{ScheduleKind::kZeroBubble, 4},
-                       Case{ScheduleKind::kInterleaved, 2}, Case{ScheduleKind::kZeroBubbleV, 2},
-                       Case{ScheduleKind::kDualPipeV, 2}}) {
+  for (const ScheduleCase& k : EveryScheduleKind(4)) {
+    if (schedule::WeightsOf(k.kind) == schedule::WeightPolicy::kStashed) continue;
     const std::string name(schedule::ScheduleKindName(k.kind));
     SCOPED_TRACE(name);
     const fs::path dir = TempDir("math_" + name);
-    JobConfig plain = Gpt(k.kind, dir.string());
-    plain.stages = k.stages;
-    plain.virtual_stages = schedule::HoldsChunks(k.kind) && k.stages == 2 ? 2 : 0;
+    JobConfig plain = Gpt(k, dir.string());
     plain.steps = 8;
     plain.checkpoint.every = 0;
     const JobReport without = MustRun(plain);
@@ -247,7 +273,7 @@ TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
     ExpectBitwiseEqual(with.final_parameters, without.final_parameters);
     EXPECT_EQ(with.losses, without.losses);
     for (int64_t n : {3, 6, 8}) EXPECT_TRUE(fs::exists(dir / checkpoint::StepDirName(n))) << n;
-    if (k.kind == ScheduleKind::kTwoBW) {
+    if (schedule::WeightsOf(k.kind) == schedule::WeightPolicy::kDoubleBuffered) {
       JobConfig resumed = every3;
       resumed.checkpoint.every = 0;
       resumed.resume_from = (dir / checkpoint::StepDirName(3)).string();
@@ -267,18 +293,15 @@ TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, ResumeTest,
-                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW),
-                         [](const auto& info) {
-                           return std::string(schedule::ScheduleKindName(info.param)) == "2bw"
-                                      ? std::string("TwoBW")
-                                      : std::string("OneFOneB");
-                         });
+INSTANTIATE_TEST_SUITE_P(Schedules, ResumeTest, ::testing::ValuesIn(EveryScheduleKind(4)),
+                         pipeline_test::CaseName);
+INSTANTIATE_TEST_SUITE_P(Schedules, ResumeElsewhereTest,
+                         ::testing::ValuesIn(KindsThatResumeElsewhere()), pipeline_test::CaseName);
 
 // What the job and the checkpoint disagree on is listed, and nothing runs.
 TEST(Resume, AnIncompatibleJobIsRefusedWithEveryReason) {
   const fs::path dir = TempDir("refused");
-  JobConfig c = Gpt(ScheduleKind::kOneFOneB, dir.string());
+  JobConfig c = Gpt(dir.string());
   MustRun(c);
   JobConfig other = c;
   other.resume_from = "latest";

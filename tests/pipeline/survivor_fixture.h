@@ -18,6 +18,7 @@
 
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/job_config.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "tests/pipeline/forwarding_transport.h"
 
 namespace pipetrain::job::survivor_test {
@@ -84,12 +85,15 @@ struct Fault {
 // thread before and after its peers learn of it.
 class DyingTransport : public ForwardingTransport {
  public:
-  DyingTransport(std::unique_ptr<transport::Transport> inner, Fault fault,
+  DyingTransport(std::unique_ptr<transport::Transport> inner, const JobConfig& job, Fault fault,
                  std::function<void()> before_dying, std::function<void()> after_dying)
-      : ForwardingTransport(std::move(inner)), fault_(fault),
+      : ForwardingTransport(std::move(inner)),
+        layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps))), fault_(fault),
         before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
 
-  absl::Status SendMessage(int peer, MessageKind kind, int64_t j, const at::Tensor& t) override {
+  absl::Status SendMessage(int peer, MessageKind kind, int64_t number,
+                           const at::Tensor& t) override {
+    const int64_t j = layout_.MicroBatchOfMessage(number);
     const int64_t second = fault_.step * kMicroBatches + 1;
     if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
                   j == second) ||
@@ -98,20 +102,20 @@ class DyingTransport : public ForwardingTransport {
          j == second + kMicroBatches)) {
       return Die();
     }
-    return inner_->Send(peer, kind, j, t);
+    return inner_->Send(peer, kind, number, t);
   }
-  absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t j,
+  absl::StatusOr<at::Tensor> Recv(int peer, MessageKind kind, int64_t number,
                                   absl::Time deadline) override {
     if (dead_) return Die();
-    return inner_->Recv(peer, kind, j, deadline);
+    return inner_->Recv(peer, kind, number, deadline);
   }
   absl::Status AllReduceMean(std::vector<at::Tensor>& tensors, absl::Time deadline) override {
-    // The job is float64: the step's loss is one double, and every gradient (one bucket: the
-    // model is small) is the rest.
+    // The job is float64: the step's loss is one double, and every gradient (one bucket a
+    // model stage: the model is small) is the rest; the step's first such reduction dies.
     const bool gradient = !tensors.empty() && tensors[0].scalar_type() == at::kDouble &&
                           !(tensors.size() == 1 && tensors[0].numel() == 1);
     if (dead_ || (fault_.point == Point::kGradientAllReduce && gradient &&
-                  gradient_reductions_++ == fault_.step)) {
+                  gradient_reductions_++ == fault_.step * layout_.chunks_per_rank)) {
       return Die();
     }
     return inner_->AllReduceMean(tensors, deadline);
@@ -140,6 +144,7 @@ class DyingTransport : public ForwardingTransport {
     }
     return killed;
   }
+  schedule::ChunkLayout layout_;
   Fault fault_;
   std::function<void()> before_dying_, after_dying_;
   std::atomic<bool> dead_{false};

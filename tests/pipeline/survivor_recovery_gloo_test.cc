@@ -104,7 +104,7 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
       if (rank == lost) {
         hooks.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
           return std::unique_ptr<transport::Transport>(
-              new DyingTransport(std::move(t), fault, nullptr, nullptr));
+              new DyingTransport(std::move(t), job, fault, nullptr, nullptr));
         };
       }
       hooks.on_stopped = [&, rank](const StoppedRank& stopped) {

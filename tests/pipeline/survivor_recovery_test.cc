@@ -5,10 +5,10 @@
 // those holding its update apply it, the lowest surviving replica of each stage writes the
 // state at that step, and the job goes on from it on 2 replicas with the global batch kept
 // (3 micro-batches each instead of 2). It ends within 1e-10 of the run that never failed,
-// with every step run exactly once, no step before the one in progress lost; also under ZB-V
-// (two model stages a rank), lost at the commit, and with tied weights and clipping. The
-// commit changes no bit of a run that does
-// not fail. Negative control: without the commit, a stage updates a step its neighbour never
+// with every step run exactly once, no step before the one in progress lost, under every kind
+// of schedule the commit runs under that takes both layouts (all but pipedream and DualPipeV);
+// also under ZB-V lost at the commit with tied weights and clipping. The commit changes no
+// bit of a run that does not fail. Negative control: without the commit, a stage updates a step its neighbour never
 // will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
 #include <atomic>
 #include <chrono>
@@ -30,6 +30,7 @@
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/recovery/survivor_step.h"
 #include "tests/pipeline/forwarding_transport.h"
+#include "tests/pipeline/schedule_cases.h"
 #include "tests/pipeline/survivor_fixture.h"
 
 namespace pipetrain::job::survivor_test {
@@ -68,7 +69,7 @@ SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& los
     const int index = (*built)++;
     if (index != lost) return losing.wrap_survivor ? losing.wrap_survivor(std::move(t), index) : std::move(t);
     return std::unique_ptr<transport::Transport>(
-        new DyingTransport(std::move(t), fault, losing.before_dying, losing.after_dying));
+        new DyingTransport(std::move(t), c, fault, losing.before_dying, losing.after_dying));
   };
   options.on_failure = [&](const std::vector<StoppedRank>& ranks) {
     for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
@@ -117,6 +118,22 @@ double ContinueOnTheSurvivors(const JobConfig& job, const JobReport& whole, int6
   return MaxRelativeDifference(finished->final_parameters, whole.final_parameters);
 }
 
+// Every kind the step commit runs under (CommitStepsRefusal) that takes both the job's layout
+// and the survivors' (m = 2 and 3 on 2 ranks: DualPipeV needs m >= 4 there).
+std::vector<ScheduleKind> KindsTheSurvivorsGoOnUnder() {
+  std::vector<ScheduleKind> kinds;
+  for (const ScheduleKind kind : schedule::kScheduleKinds) {
+    const JobConfig job = Job(kind, "");
+    const JobConfig survivors = OnTheSurvivors(job, 1);
+    if (CommitStepsRefusal(job).empty() &&
+        pipeline_test::TakesLayout(kind, job.stages, 0, job.micro_batches) &&
+        pipeline_test::TakesLayout(kind, survivors.stages, 0, survivors.micro_batches)) {
+      kinds.push_back(kind);
+    }
+  }
+  return kinds;
+}
+
 class SurvivorRecoveryTest : public ::testing::TestWithParam<ScheduleKind> {};
 
 TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
@@ -133,12 +150,15 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
   for (size_t k = 0; k < whole->final_parameters.size(); ++k) {
     EXPECT_TRUE(at::equal(whole->final_parameters[k], plain->final_parameters[k])) << k;
   }
-  // Every rank of the last stage knows each step's loss as the job reports it (the replicas'
-  // mean: summed in the order their reports arrive, hence not bitwise).
+  // Every rank of the last model stage (rank 0 under a V) knows each step's loss as the job
+  // reports it (the replicas' mean: summed in the order their reports arrive, hence not
+  // bitwise).
+  const schedule::ChunkLayout layout = schedule::LayoutOf(ScheduleParamsOf(job, job.steps));
+  const int last = layout.RankOf(layout.stages() - 1);
   for (int r = 0; r < kReplicas; ++r) {
     for (int s = 0; s < kStages; ++s) {
       for (const executor::StepRecord& step : whole->stage_stats[r * kStages + s].steps) {
-        if (s != kStages - 1) {
+        if (s != last) {
           EXPECT_FALSE(step.job_loss.has_value());
           continue;
         }
@@ -182,7 +202,7 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, SurvivorRecoveryTest,
-                         ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kTwoBW),
+                         ::testing::ValuesIn(KindsTheSurvivorsGoOnUnder()),
                          [](const auto& info) {
                            return std::string(schedule::ScheduleKindName(info.param));
                          });
