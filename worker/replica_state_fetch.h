@@ -5,7 +5,7 @@
 // RESOURCE_EXHAUSTED: then the holders are asked again after a growing pause, until the
 // deadline). No checkpoint is read. A rank that cannot get every layer
 // gets an error naming the first layer no holder gave, with each holder's answer (the host
-// then reads the checkpoint instead: job::StageRunHooks::replica_state).
+// then reads the checkpoint instead: job::StageRunOptions::replica_state).
 //
 // Thread-compatible: one call per rank, on the stage's thread.
 #pragma once

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,79 @@
 #include "worker/step_reporter.h"
 
 namespace pipetrain::worker {
+
+namespace {
+
+// What an assigned rank's run says, carried to the coordinator and the worker's metrics: every
+// action and step to the metrics, every step as a step report (with what the rank has to say
+// once: the checkpoint it committed or that failed, where rank 0 resumed from, where its state
+// came from), and a failed run's state to the survivors' handoff when the job commits its
+// steps. The stage's thread only, but news(), which the replica-state fetch on that thread
+// writes.
+class AssignedRankListener : public job::StageListener {
+ public:
+  AssignedRankListener(const v1::StageAssignment& assignment, const std::string& worker_id,
+                       StageMetrics& metrics, StepReporter& reporter, c10::Device device,
+                       absl::Duration report_patience,
+                       std::function<void(const std::string&)> stop_any)
+      : assignment_(assignment), worker_id_(worker_id), metrics_(metrics),
+        reporter_(reporter), device_(device), report_patience_(report_patience),
+        stop_any_(std::move(stop_any)) {}
+
+  // Called with the rank's state when its run fails (StageListener::Stopped).
+  void HandOffWhenStopped(std::function<void(const job::StoppedRank&)> hand_off) {
+    hand_off_ = std::move(hand_off);
+  }
+  // What goes with the next step report.
+  StepNews& news() { return news_; }
+
+  void Resumed(const std::string& dir, const std::vector<std::string>& passed_over) override {
+    news_.resumed_from = dir;
+    news_.passed_over = passed_over;
+  }
+  void Built(int64_t parameter_bytes, const std::vector<model::LayerRange>& layers) override {
+    parameter_bytes_ = parameter_bytes;
+    // A rank holding several model stages reports its first (the step report has one range).
+    if (!layers.empty()) layers_ = layers.front();
+  }
+  void ActionDone(const executor::ActionRecord& record) override { metrics_.OnAction(record); }
+  void Checkpointed(int64_t, const checkpoint::SharedCheckpointResult& result) override {
+    // The one of the step before the checkpoint's boundary: the coordinator restarts from it.
+    if (!result.committed.empty()) news_.committed_checkpoint = result.committed;
+    if (!result.status.ok()) news_.failed_checkpoint = std::string(result.status.message());
+  }
+  void StepDone(const executor::StepRecord& step) override {
+    metrics_.OnStep(step);
+    // The tensor peak read here, on the stage's thread: up to this step, whenever it is sent
+    // (-1, a GPU's without a CUDA LibTorch, goes as 0: not measured).
+    v1::StepReport report = MakeStepReport(assignment_, worker_id_, step, parameter_bytes_,
+                                           memory::PeakTensorBytesOn(device_), layers_,
+                                           ToBreakdown(metrics_.times()),
+                                           std::exchange(news_, StepNews()));
+    if (!reporter_.Add(std::move(report), report_patience_)) {
+      stop_any_(absl::StrCat("the coordinator took no step report for ",
+                             absl::FormatDuration(report_patience_)));
+    }
+  }
+  void Stopped(const job::StoppedRank& rank) override {
+    if (hand_off_) hand_off_(rank);
+  }
+
+ private:
+  const v1::StageAssignment& assignment_;
+  const std::string& worker_id_;
+  StageMetrics& metrics_;
+  StepReporter& reporter_;
+  const c10::Device device_;
+  const absl::Duration report_patience_;
+  const std::function<void(const std::string&)> stop_any_;
+  std::function<void(const job::StoppedRank&)> hand_off_;
+  StepNews news_;
+  int64_t parameter_bytes_ = 0;  // written before the first step
+  model::LayerRange layers_;
+};
+
+}  // namespace
 
 StageHost::StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient> coordinator,
                      metrics::Registry* metrics, StageSlot* slot, HeldStates* held)
@@ -54,33 +129,53 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     return absl::FailedPreconditionError(
         absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
   }
-  job::StageRunHooks hooks;
-  hooks.host = options_.data_host;
-  hooks.device_index = job::DeviceIndexOf(options_.device);
+  job::StageRunOptions run;
+  run.host = options_.data_host;
+  run.device_index = job::DeviceIndexOf(options_.device);
   // The previous rank's series (its final values) go now that another starts.
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(metrics_, metrics_job_);
   metrics_job_ = a.job_id();
   const RankLayout layout{std::max(1, job::PipelineStages(*config)), config->replicas};
   const int stage = layout.StageOf(a.rank());
   const bool tokens = job::EffectiveDataKind(*config) != "classification";
+  // A stop ends every wait of the stage on the job's store at once (the coordinator may be
+  // out of reach: its calls would otherwise run to their deadlines) and reaches the stage
+  // through its handle (its transport, then its executor; also a stage that never waits for
+  // a peer). Shared with the stopper: a stop that comes after the stage returned still finds
+  // both.
+  const std::shared_ptr<rendezvous::KeyValueStore> store = shared_store;
+  const auto handle = std::make_shared<job::StageHandle>();
+  run.handle = handle.get();
+  slot_->SetStopper([store, handle](const absl::Status& why) {
+    store->Abort(why);
+    handle->Stop(why);
+  });
+  slot_->SetActivitySource([handle] {
+    const std::optional<executor::StageActivity> activity = handle->Activity();
+    return activity ? StageSlot::Activity{activity->action, activity->waiting_for}
+                    : StageSlot::Activity{};
+  });
   StageMetrics stage_metrics(metrics_, {a.job_id(), stage, layout.ReplicaOf(a.rank()), worker_id},
                              int64_t{config->micro_batches} * config->micro_batch_size,
-                             tokens ? config->data.seq_len : 0, stage == layout.stages - 1);
-  hooks.on_action = [&stage_metrics](const executor::ActionRecord& r) {
-    stage_metrics.OnAction(r);
-  };
+                             tokens ? config->data.seq_len : 0, stage == layout.stages - 1,
+                             handle);
   if (a.rank() == 0) {
-    hooks.commands = std::make_shared<control::StepCommandQueue>(config->steps);
-    slot_->SetCommandQueue(hooks.commands);
+    run.commands = std::make_shared<control::StepCommandQueue>(config->steps);
+    slot_->SetCommandQueue(run.commands);
   }
-  // What the rank has to say once goes with its next step report: the checkpoint it
-  // committed (the one of the step before the checkpoint's boundary: the coordinator restarts
-  // from it), a checkpoint that failed, where rank 0 resumed from. The stage's thread only.
-  StepNews news;
-  hooks.on_resume = [&news](const std::string& dir, const std::vector<std::string>& skipped) {
-    news.resumed_from = dir;
-    news.passed_over = skipped;
-  };
+  StepReporter reporter(coordinator_,
+                        [this] { slot_->StopAny("the coordinator ended the job"); });
+  AssignedRankListener listener(
+      a, worker_id, stage_metrics, reporter, device, absl::Seconds(config->recv_timeout_s),
+      [this](const std::string& why) { slot_->StopAny(why); });
+  if (a.commit_steps()) {
+    // Its state is handed off before it is gone: the survivors of a fault may go on from it.
+    listener.HandOffWhenStopped([&](const job::StoppedRank& stopped) {
+      survivor = HandOffSurvivor(*coordinator_, a, worker_id, *config, stopped,
+                                 [this] { return slot_->closed(); }, held_);
+    });
+  }
+  run.listener = &listener;
   if (a.has_replica_state() && a.replica_state().layers_size() > 0) {
     ReplicaStateSource source;
     source.job_id = a.job_id();
@@ -89,93 +184,21 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     source.security = options_.security;
     source.spread = layout.ReplicaOf(a.rank());
     source.timeout = absl::Seconds(config->recv_timeout_s);
-    hooks.replica_state_step = a.replica_state().step();
-    hooks.replica_state = [&a, &news, source](const std::vector<model::LayerRange>& layers) {
+    run.replica_state_step = a.replica_state().step();
+    run.replica_state = [&a, &listener, source](const std::vector<model::LayerRange>& layers) {
       ReplicaStateFetch fetch;
       absl::StatusOr<std::vector<checkpoint::LayerState>> states =
           FetchReplicaState(a.replica_state(), layers, source, &fetch);
       if (states.ok()) {
-        news.state_from_replicas = absl::StrCat("its state at step ", a.replica_state().step(),
-                                                " from the survivors: ", fetch.Describe());
+        listener.news().state_from_replicas = absl::StrCat(
+            "its state at step ", a.replica_state().step(), " from the survivors: ",
+            fetch.Describe());
       }
       return states;
     };
   }
-  hooks.on_checkpoint = [&news](int64_t, const checkpoint::SharedCheckpointResult& result) {
-    if (!result.committed.empty()) news.committed_checkpoint = result.committed;
-    if (!result.status.ok()) news.failed_checkpoint = std::string(result.status.message());
-  };
-  // A stop ends every wait of the stage on the job's store at once (the coordinator may be
-  // out of reach: its calls would otherwise run to their deadlines), and reaches the stage
-  // itself through its transport until its executor exists (which also stops a stage that
-  // never waits for a peer), then through the executor.
-  // (Shared with the stoppers: a stop that comes after the stage returned still finds it.)
-  const std::shared_ptr<rendezvous::KeyValueStore> store = shared_store;
-  slot_->SetStopper([store](const absl::Status& why) { store->Abort(why); });
-  transport::Transport* transport = nullptr;
-  hooks.on_transport = [this, store, &transport](transport::Transport* t) {
-    transport = t;
-    slot_->SetStopper([store, t](const absl::Status& why) {
-      store->Abort(why);
-      t->Abort(why);
-    });
-  };
-  hooks.on_executor = [this, store, &stage_metrics, &transport](executor::StageExecutor* e) {
-    stage_metrics.SetExecutor(e);
-    if (e != nullptr) {
-      slot_->SetStopper([store, e](const absl::Status& why) {
-        store->Abort(why);
-        e->Stop(why);
-      });
-      slot_->SetActivitySource([e] {
-        executor::StageActivity activity = e->Activity();
-        return StageSlot::Activity{activity.action, activity.waiting_for};
-      });
-    } else {
-      slot_->SetActivitySource(nullptr);
-      transport::Transport* t = transport;
-      slot_->SetStopper([store, t](const absl::Status& why) {
-        store->Abort(why);
-        if (t != nullptr) t->Abort(why);
-      });
-    }
-  };
-  hooks.on_transport_gone = [this, store] {
-    slot_->SetStopper([store](const absl::Status& why) { store->Abort(why); });
-  };
-  StepReporter reporter(coordinator_,
-                        [this] { slot_->StopAny("the coordinator ended the job"); });
-  // Written before the first step, on the stage's thread.
-  int64_t parameter_bytes = 0;
-  model::LayerRange layers;
-  hooks.on_built = [&](int64_t bytes, const std::vector<model::LayerRange>& built) {
-    parameter_bytes = bytes;
-    // A rank holding several model stages reports its first (the step report has one range).
-    if (!built.empty()) layers = built.front();
-  };
-  const absl::Duration report_patience = absl::Seconds(config->recv_timeout_s);
-  hooks.on_step = [&](const executor::StepRecord& step) {
-    stage_metrics.OnStep(step);
-    // The tensor peak read here, on the stage's thread: up to this step, whenever it is sent
-    // (-1, a GPU's without a CUDA LibTorch, goes as 0: not measured).
-    v1::StepReport report = MakeStepReport(a, worker_id, step, parameter_bytes,
-                                           memory::PeakTensorBytesOn(device), layers,
-                                           ToBreakdown(stage_metrics.times()),
-                                           std::exchange(news, StepNews()));
-    if (!reporter.Add(std::move(report), report_patience)) {
-      slot_->StopAny(absl::StrCat("the coordinator took no step report for ",
-                                  absl::FormatDuration(report_patience)));
-    }
-  };
-  if (a.commit_steps()) {
-    // Its state is handed off before it is gone: the survivors of a fault may go on from it.
-    hooks.on_stopped = [&](const job::StoppedRank& stopped) {
-      survivor = HandOffSurvivor(*coordinator_, a, worker_id, *config, stopped,
-                                 [this] { return slot_->closed(); }, held_);
-    };
-  }
   absl::StatusOr<job::StageOutcome> outcome =
-      job::RunStage(*config, a.rank(), shared_store, hooks);
+      job::RunStage(*config, a.rank(), shared_store, run);
   slot_->SetCommandQueue(nullptr);
   // A stopped stage's last reports are of a generation that is over (or for a coordinator out
   // of reach): one try, no resends that would hold its end back.

@@ -1,5 +1,7 @@
 #include "worker/stage_metrics.h"
 
+#include <utility>
+
 #include "absl/time/clock.h"
 
 namespace pipetrain::worker {
@@ -16,12 +18,14 @@ std::vector<std::string> With(std::vector<std::string> names, const std::string&
 }  // namespace
 
 StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels& labels,
-                           int64_t samples_per_step, int64_t tokens_per_sample, bool last_stage)
+                           int64_t samples_per_step, int64_t tokens_per_sample, bool last_stage,
+                           std::shared_ptr<const job::StageHandle> handle)
     : registry_(registry),
       labels_(labels),
       samples_per_step_(samples_per_step),
       tokens_per_sample_(tokens_per_sample),
-      last_stage_(last_stage) {
+      last_stage_(last_stage),
+      handle_(std::move(handle)) {
   const metrics::LabelValues rank = {labels.job_id, std::to_string(labels.stage),
                                      std::to_string(labels.replica), labels.worker};
   auto with = [&rank](const std::string& v) {
@@ -98,7 +102,7 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
       "pipetrain_stage_action_info",
       "1 for the action this rank runs now and what it waits for (\"\" while computing).",
       With(With(kRankLabels, "action"), "waiting_for"), [this, rank] {
-        const std::optional<executor::StageActivity> a = Activity();
+        const std::optional<executor::StageActivity> a = handle_->Activity();
         if (!a) return Samples{};
         metrics::LabelValues labels = rank;
         labels.push_back(a->action);
@@ -109,7 +113,7 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
       "pipetrain_stage_stashed_microbatches",
       "Micro-batches whose forward is done and backward is not, on this rank now.", kRankLabels,
       [this, rank] {
-        const std::optional<executor::StageActivity> a = Activity();
+        const std::optional<executor::StageActivity> a = handle_->Activity();
         return a ? Samples{{rank, double(a->stashed_microbatches)}} : Samples{};
       }));
   collectors_.push_back(r.AddCollector(
@@ -117,15 +121,9 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
       "Weight versions this rank holds now (used by stashed micro-batches, plus the newest, "
       "plus those vertical sync keeps for micro-batches to come).",
       kRankLabels, [this, rank] {
-        const std::optional<executor::StageActivity> a = Activity();
+        const std::optional<executor::StageActivity> a = handle_->Activity();
         return a ? Samples{{rank, double(a->live_weight_versions)}} : Samples{};
       }));
-}
-
-std::optional<executor::StageActivity> StageMetrics::Activity() {
-  std::lock_guard<std::mutex> lock(executor_mu_);
-  if (executor_ == nullptr) return std::nullopt;
-  return executor_->Activity();
 }
 
 StageMetrics::~StageMetrics() {
@@ -134,11 +132,6 @@ StageMetrics::~StageMetrics() {
 
 void StageMetrics::ForgetJob(metrics::Registry* registry, const std::string& job_id) {
   registry->RemoveSeriesWith("job_id", job_id);
-}
-
-void StageMetrics::SetExecutor(const executor::StageExecutor* executor) {
-  std::lock_guard<std::mutex> lock(executor_mu_);
-  executor_ = executor;
 }
 
 void StageMetrics::OnAction(const executor::ActionRecord& r) {

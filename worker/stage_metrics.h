@@ -2,13 +2,14 @@
 // worker (docs/metrics.md lists them). Counters and gauges are fetched once, when the rank
 // starts; the stage's thread then only adds to atomics (OnAction, OnStep), so a scrape never
 // holds it up. What the stage is doing now (its action, stash, live weight versions) is read
-// from the executor at scrape time, until this object goes. The counters and gauges stay
+// from its handle at scrape time (job::StageHandle: nothing while no executor runs), until
+// this object goes. The counters and gauges stay
 // after it (a scrape after the job ended still sees its final values) until
 // ForgetJob(job_id), which the worker calls when its next rank starts.
 #pragma once
 
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <vector>
 #include <string>
@@ -16,6 +17,7 @@
 #include "metrics/metrics.h"
 #include "pipetrain/v1/job.pb.h"
 #include "runtime/executor/stage_executor.h"
+#include "runtime/job/launch/stage_handle.h"
 
 namespace pipetrain::worker {
 
@@ -41,9 +43,11 @@ v1::StageBreakdown ToBreakdown(const StageTimes& times);
 class StageMetrics {
  public:
   // `samples_per_step`: rows of this replica per step (m x b); `tokens_per_sample`: seq_len
-  // for token data, else 0 (no token counter).
+  // for token data, else 0 (no token counter); `handle`: the rank whose activity a scrape
+  // reads.
   StageMetrics(metrics::Registry* registry, const StageMetricsLabels& labels,
-               int64_t samples_per_step, int64_t tokens_per_sample, bool last_stage);
+               int64_t samples_per_step, int64_t tokens_per_sample, bool last_stage,
+               std::shared_ptr<const job::StageHandle> handle);
   ~StageMetrics();
   // Removes every series of `job_id` from `registry`.
   static void ForgetJob(metrics::Registry* registry, const std::string& job_id);
@@ -55,13 +59,8 @@ class StageMetrics {
   void OnStep(const executor::StepRecord& step);
   // The stage's thread: the totals as of its last OnAction / OnStep.
   const StageTimes& times() const { return times_; }
-  // Any thread: the executor whose activity a scrape reads (nullptr once it is gone).
-  void SetExecutor(const executor::StageExecutor* executor);
 
  private:
-  // Any thread: what the executor does now; nullopt while none runs.
-  std::optional<executor::StageActivity> Activity();
-
   metrics::Registry* registry_;
   StageMetricsLabels labels_;
   int64_t samples_per_step_, tokens_per_sample_;
@@ -78,8 +77,7 @@ class StageMetrics {
   // The stage's thread only: the previous step's end and totals.
   double previous_end_s_ = -1, previous_compute_s_ = 0;
   StageTimes times_;
-  std::mutex executor_mu_;  // never taken by the stage's thread
-  const executor::StageExecutor* executor_ = nullptr;
+  const std::shared_ptr<const job::StageHandle> handle_;  // read by scrapes, any thread
   std::vector<int> collectors_;  // removed first thing when this object goes
 };
 

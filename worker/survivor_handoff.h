@@ -1,5 +1,5 @@
 // What a rank of a job with the step commit (StageAssignment.commit_steps) does once its run
-// failed, before its state is gone (job::StageRunHooks::on_stopped): it tells the
+// failed, before its state is gone (job::StageListener::Stopped): it tells the
 // coordinator where its weights stand (CoordinatorService.ReportStopped), asks again while
 // the answer is WAIT (every kSurvivorPoll, until the earliest deadline any WAIT named, and 5
 // minutes at most), and carries out

@@ -71,11 +71,21 @@ TEST(StepCommit, OverGlooChangesNoBit) {
   }
 }
 
+// Hears a rank's failure: what a host going on from the survivors does with it.
+class ActAsSurvivor : public StageListener {
+ public:
+  explicit ActAsSurvivor(std::function<void(const StoppedRank&)> act) : act_(std::move(act)) {}
+  void Stopped(const StoppedRank& rank) override { act_(rank); }
+
+ private:
+  std::function<void(const StoppedRank&)> act_;
+};
+
 // Ranks through RunStage over Gloo, as threads: a rank of replica 1 dies at a point (a
 // forward, its gradient AllReduce, the commit, after it), and its connections close as its
 // RunStage returns. As the
 // coordinator does on a fault, the first survivor to stop stops the others. Each survivor
-// (StageRunHooks::on_stopped) reports its state and waits for the plan, applies its held
+// (StageListener::Stopped) reports its state and waits for the plan, applies its held
 // update if told to, and the sources write their layers through the store at the plan's
 // step (DeliverStoppedRank); each hook sees the error RunStage returns, attributed to the
 // lost rank; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
@@ -85,7 +95,8 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   const int n = kStages * kReplicas, lost = 1 * kStages + fault.stage;
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
   absl::Mutex mu;
-  std::vector<executor::StageExecutor*> running(n, nullptr);
+  std::vector<std::unique_ptr<StageHandle>> handles;
+  for (int rank = 0; rank < n; ++rank) handles.push_back(std::make_unique<StageHandle>());
   std::vector<recovery::Survivor> survivors;
   std::vector<int> survivor_ranks;
   std::optional<absl::StatusOr<recovery::SurvivorPlan>> plan;
@@ -96,25 +107,22 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
-      StageRunHooks hooks;
-      hooks.on_executor = [&, rank](executor::StageExecutor* e) {
-        absl::MutexLock lock(&mu);
-        running[rank] = e;
-      };
+      StageRunOptions options;
+      options.handle = handles[rank].get();
       if (rank == lost) {
-        hooks.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
+        options.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
           return std::unique_ptr<transport::Transport>(
               new DyingTransport(std::move(t), job, fault, nullptr, nullptr));
         };
       }
-      hooks.on_stopped = [&, rank](const StoppedRank& stopped) {
+      ActAsSurvivor listener([&, rank](const StoppedRank& stopped) {
         errors[rank] = stopped.error;
         if (rank == lost) return;  // it is gone
         int me = -1;
         {
           absl::MutexLock lock(&mu);
-          for (executor::StageExecutor* e : running) {
-            if (e) e->Stop(absl::UnavailableError("a peer was lost"));
+          for (const std::unique_ptr<StageHandle>& handle : handles) {
+            handle->Stop(absl::UnavailableError("a peer was lost"));
           }
           me = static_cast<int>(survivors.size());
           survivors.push_back({rank % kStages, rank / kStages, stopped.state});
@@ -141,8 +149,9 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
           absl::MutexLock lock(&mu);
           committed = saved.committed;
         }
-      };
-      ended[rank] = RunStage(job, rank, store, hooks).status();
+      });
+      options.listener = &listener;
+      ended[rank] = RunStage(job, rank, store, options).status();
     });
   }
   for (std::thread& t : threads) t.join();

@@ -52,6 +52,36 @@ std::string ProgressKey(const char* what, int64_t step) {
 // `x` as text that absl::SimpleAtod reads back bitwise (StrCat keeps 6 digits only).
 std::string RoundTripText(double x) { return absl::StrFormat("%.17g", x); }
 
+// A stage process's steps, told to its launcher through the job's store: each replica's
+// evaluation and loss, and replica 0's stage 0 the gradient norm and the step's end.
+class ProgressToLauncher : public StageListener {
+ public:
+  ProgressToLauncher(rendezvous::KeyValueStore& store, int stage, int replica)
+      : store_(store), stage_(stage), replica_(replica) {}
+
+  void StepDone(const executor::StepRecord& step) override {
+    if (step.eval) {  // before the loss, which the launcher reads first
+      (void)store_.Set(absl::StrCat(ProgressKey("eval", step.step), "/", replica_),
+                       absl::StrCat(RoundTripText(step.eval->loss), " ",
+                                    RoundTripText(step.eval->accuracy)));
+    }
+    if (step.mean_loss) {
+      (void)store_.Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica_),
+                       RoundTripText(*step.mean_loss));
+    }
+    if (stage_ == 0 && replica_ == 0) {
+      if (step.grad_norm) {  // before the end, which the launcher reads first
+        (void)store_.Set(ProgressKey("grad_norm", step.step), RoundTripText(*step.grad_norm));
+      }
+      (void)store_.Set(ProgressKey("end", step.step), RoundTripText(step.end_s));
+    }
+  }
+
+ private:
+  rendezvous::KeyValueStore& store_;
+  const int stage_, replica_;
+};
+
 }  // namespace
 
 absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
@@ -70,25 +100,10 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   };
   const RankLayout layout{std::max(1, PipelineStages(c)), c.replicas};
   const int stage = layout.StageOf(args.rank), replica = layout.ReplicaOf(args.rank);
-  StageRunHooks hooks;
-  hooks.on_step = [&store, stage, replica](const executor::StepRecord& step) {
-    if (step.eval) {  // before the loss, which the launcher reads first
-      (void)store->Set(absl::StrCat(ProgressKey("eval", step.step), "/", replica),
-                       absl::StrCat(RoundTripText(step.eval->loss), " ",
-                                    RoundTripText(step.eval->accuracy)));
-    }
-    if (step.mean_loss) {
-      (void)store->Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica),
-                       RoundTripText(*step.mean_loss));
-    }
-    if (stage == 0 && replica == 0) {
-      if (step.grad_norm) {  // before the end, which the launcher reads first
-        (void)store->Set(ProgressKey("grad_norm", step.step), RoundTripText(*step.grad_norm));
-      }
-      (void)store->Set(ProgressKey("end", step.step), RoundTripText(step.end_s));
-    }
-  };
-  absl::StatusOr<StageOutcome> outcome = RunStage(c, args.rank, store, hooks);
+  ProgressToLauncher progress(*store, stage, replica);
+  StageRunOptions options;
+  options.listener = &progress;
+  absl::StatusOr<StageOutcome> outcome = RunStage(c, args.rank, store, options);
   if (!outcome.ok()) return fail(outcome.status());
   if (absl::Status s = WriteStageOutcome(args.result_dir, args.rank, *outcome); !s.ok()) {
     return fail(s);

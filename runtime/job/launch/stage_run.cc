@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/atomic_file.h"
@@ -133,7 +134,7 @@ fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
 
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
-                                      const StageRunHooks& hooks) {
+                                      const StageRunOptions& options) {
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.ranks();
@@ -146,12 +147,12 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
   // The survivors' state, held by their workers, if the host has it: no checkpoint read.
   std::optional<StageStart> from_replicas;
-  if (hooks.replica_state) {
+  if (options.replica_state) {
     absl::StatusOr<std::vector<checkpoint::LayerState>> layers =
-        hooks.replica_state(RankLayers(plan, stage));
+        options.replica_state(RankLayers(plan, stage));
     if (layers.ok()) {
       from_replicas.emplace();
-      from_replicas->first_step = hooks.replica_state_step;
+      from_replicas->first_step = options.replica_state_step;
       from_replicas->layers = *std::move(layers);
     } else {
       std::fprintf(stderr, "pipetrain: rank %d: its state from the survivors' workers: %s; "
@@ -162,7 +163,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   // Alone when the other ranks may not read it (they took the survivors' state).
   std::optional<checkpoint::FoundCheckpoint> resume;
   if (!from_replicas) {
-    PT_ASSIGN_OR_RETURN(resume, hooks.replica_state
+    PT_ASSIGN_OR_RETURN(resume, options.replica_state
                                     ? checkpoint::FindResumePoint(c, plan)
                                     : checkpoint::FindResumePointShared(
                                           *store, c, plan, rank, absl::Seconds(c.recv_timeout_s)));
@@ -173,22 +174,21 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     }
     std::fprintf(stderr, "pipetrain: resuming at step %lld from %s\n",
                  static_cast<long long>(resume->manifest.step), resume->dir.c_str());
-    if (hooks.on_resume) hooks.on_resume(resume->dir, resume->skipped);
+    if (options.listener) options.listener->Resumed(resume->dir, resume->skipped);
   }
   const int64_t first_step =
       from_replicas ? from_replicas->first_step : resume ? resume->manifest.step : 0;
-  if (hooks.on_start) hooks.on_start(first_step);
-  if (rank == 0 && hooks.commands) hooks.commands->StartAt(first_step);
+  if (rank == 0 && options.commands) options.commands->StartAt(first_step);
   SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
   PT_ASSIGN_OR_RETURN(c10::Device device,
-                      DeviceForRank(c, hooks.device_index >= 0 ? hooks.device_index : rank));
+                      DeviceForRank(c, options.device_index >= 0 ? options.device_index : rank));
   transport::StageTransportOptions topts;
   topts.stage = stage;
   topts.stages = p;
   topts.replica = replica;
   topts.replicas = c.replicas;
   topts.device = device;
-  topts.host = hooks.host;
+  topts.host = options.host;
   topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
   for (int m = 0; m < plan.layout.stages(); ++m) {  // the executor's message numbers
     topts.model_stage_holders.push_back(plan.layout.RankOf(m));
@@ -196,10 +196,17 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   topts.evaluates = c.eval.every > 0;
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
-  if (hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
+  if (options.wrap_transport) transport = options.wrap_transport(std::move(transport));
+  StageListener none;
+  StageListener& listener = options.listener ? *options.listener : none;
+  StageHandle unused;
+  StageHandle& handle = options.handle ? *options.handle : unused;
+  handle.AttachTransport(transport.get());
+  // Detached on every way out (an error, an exception), before the transport goes.
+  absl::Cleanup detach_transport = [&handle] { handle.AttachTransport(nullptr); };
   // The rest runs on the transport; a failure is published before the transport goes (its
   // peers then fail on their connections, and say which rank failed first and why).
-  bool attributed = false;  // the run's failure, before on_stopped
+  bool attributed = false;  // the run's failure, before Stopped
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
     MicroBatchReader reader(plan, c.micro_batches, replica);
     StageStart start;
@@ -210,10 +217,13 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     }
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
-    if (hooks.on_built) hooks.on_built(parts.parameter_bytes, RankLayers(plan, stage));
-    if (hooks.on_transport) hooks.on_transport(transport.get());
-    if (rank == 0) parts.config.commands = hooks.commands.get();
-    parts.config.on_action = hooks.on_action;
+    listener.Built(parts.parameter_bytes, RankLayers(plan, stage));
+    if (rank == 0) parts.config.commands = options.commands.get();
+    if (options.listener) {
+      parts.config.on_action = [&listener](const executor::ActionRecord& record) {
+        listener.ActionDone(record);
+      };
+    }
     auto on_step = [&](const executor::StepRecord& step) {
       if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
           !c.checkpoint.dir.empty()) {
@@ -232,16 +242,18 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
           if (result.status.ok()) result.status = saved.status;
           if (!saved.committed.empty()) result.committed = saved.committed;
         }
-        if (hooks.on_checkpoint) hooks.on_checkpoint(step.step + 1, result);
+        listener.Checkpointed(step.step + 1, result);
       }
-      if (hooks.on_step) hooks.on_step(step);
+      listener.StepDone(step);
     };
     executor::StageExecutor executor(parts.config, parts.weight_stores(), transport.get(),
                                      on_step);
-    if (hooks.on_executor) hooks.on_executor(&executor);
-    absl::Status ran = executor.Run();
-    if (hooks.on_executor) hooks.on_executor(nullptr);
-    if (!ran.ok() && hooks.on_stopped) {
+    handle.AttachExecutor(&executor);
+    absl::Status ran = [&] {
+      absl::Cleanup detach_executor = [&handle] { handle.AttachExecutor(nullptr); };
+      return executor.Run();
+    }();
+    if (!ran.ok() && options.listener) {
       ran = AttributeFailure(*store, rank, p, ran);
       attributed = true;
       StoppedRank stopped;
@@ -252,7 +264,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
       }
       stopped.layers = RankLayers(plan, stage);
       stopped.apply_held_update = [&executor] { return executor.ApplyHeldUpdate(); };
-      hooks.on_stopped(stopped);
+      listener.Stopped(stopped);
     }
     // Leave together: a rank whose last send has left may still close its connections before
     // the peer's transport has taken the message in (seen as "connection closed by peer"
@@ -271,7 +283,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     } else {
       (void)store->Set(absl::StrCat("exit/arrived/", rank), "1");
     }
-    if (hooks.on_transport_gone) hooks.on_transport_gone();
+    handle.AttachTransport(nullptr);
     PT_RETURN_IF_ERROR(ran);
     const int64_t peak_memory = PeakResidentMemoryBytes();
     // -1 (a GPU's, not known without a CUDA LibTorch) is reported as 0: not measured.

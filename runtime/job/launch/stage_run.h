@@ -3,7 +3,8 @@
 //
 // RunStage builds the plan from the JobConfig (identically on every rank), joins the Gloo
 // data plane through `store` (every rank of the job meets there), runs the stage's schedule
-// and returns its measurements and final weights. It writes the job's checkpoints with the
+// and returns its measurements and final weights; its host listens (StageListener) and may
+// stop it from any thread (StageHandle). It writes the job's checkpoints with the
 // other ranks and resumes from one (runtime/checkpoint/job_checkpoints.h); in the store it uses only
 // the transport's rendezvous keys and those of checkpointing (ckpt/, resume/) and leaving
 // (exit/).
@@ -20,6 +21,7 @@
 #include "runtime/executor/stage_executor.h"
 #include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/job_config.h"
+#include "runtime/job/launch/stage_handle.h"
 #include "runtime/job/launch/stopped_rank.h"
 #include "runtime/job/report/report.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -27,57 +29,58 @@
 
 namespace pipetrain::job {
 
-struct StageRunHooks {
-  // Called on the stage's thread after every finished step.
-  std::function<void(const executor::StepRecord&)> on_step;
-  // Called on the stage's thread after every action (StageConfig::on_action).
-  std::function<void(const executor::ActionRecord&)> on_action;
-  // Called once the data plane is up, with the transport the stage runs on: Abort() on it
-  // (from any thread) stops the stage at its next wait. Not called if joining failed.
-  std::function<void(transport::Transport*)> on_transport;
-  // Called when the stage's thread leaves the transport (before it is destroyed).
-  std::function<void()> on_transport_gone;
-  // Called once the stage's layers are built, with one version's parameter bytes and the
-  // layers it runs (those of each model stage it holds, in model order).
-  std::function<void(int64_t parameter_bytes, const std::vector<model::LayerRange>& layers)>
-      on_built;
-  // Called with the stage's executor once it exists (its Activity() and Stop() may then be
-  // used from any thread), and with nullptr before it is destroyed.
-  std::function<void(executor::StageExecutor*)> on_executor;
-  // Called on the stage's thread when its run failed, with the rank's state, before that
-  // is destroyed and before its transport goes (its peers see its connections close once
-  // the hook returns): a host going on from the survivors of a fault reports the state,
-  // waits for the plan, applies the held update and writes its layers (DeliverThroughStore).
-  // It should not wait without a deadline.
-  std::function<void(const StoppedRank&)> on_stopped;
-  // Wraps the stage's transport once it is up (tests: fault injection).
-  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
-      wrap_transport;
+// What a rank's host hears while the rank runs, each call on the rank's thread in the order
+// of a run (Resumed, Built, then ActionDone, Checkpointed and StepDone as the schedule goes,
+// Stopped if it fails). Every method has a default that does nothing. None may wait without a
+// deadline.
+class StageListener {
+ public:
+  virtual ~StageListener() = default;
+  // Rank 0, when it resumes from a checkpoint: its directory and each newer checkpoint
+  // passed over to get there, with why (before the first step).
+  virtual void Resumed(const std::string& /*dir*/,
+                       const std::vector<std::string>& /*passed_over*/) {}
+  // The rank's layers are built: one version's parameter bytes and the layers it runs (those
+  // of each model stage it holds, in model order).
+  virtual void Built(int64_t /*parameter_bytes*/,
+                     const std::vector<model::LayerRange>& /*layers*/) {}
+  // After every action (StageConfig::on_action).
+  virtual void ActionDone(const executor::ActionRecord& /*record*/) {}
+  // Replica 0's ranks, after writing their part of the checkpoint before mini-batch `step`
+  // (runtime/checkpoint/job_checkpoints.h): the rank that committed it gets the step-N
+  // directory (absolute) in `result`; a failed checkpoint costs only itself.
+  virtual void Checkpointed(int64_t /*step*/,
+                            const checkpoint::SharedCheckpointResult& /*result*/) {}
+  // After every finished step (after Checkpointed for its boundary).
+  virtual void StepDone(const executor::StepRecord& /*step*/) {}
+  // The run failed, with the rank's state, before that is destroyed and before its transport
+  // goes (its peers see its connections close once this returns): a host going on from the
+  // survivors of a fault reports the state, waits for the plan, applies the held update and
+  // writes its layers (DeliverStoppedRank).
+  virtual void Stopped(const StoppedRank& /*rank*/) {}
+};
+
+// How a host runs a rank. Plain data; the pointers are not owned and outlive the run.
+struct StageRunOptions {
   std::string host = "127.0.0.1";  // address this rank listens on for its peers
   // The GPU of a device: cuda job (job/device.h); -1: the rank's (round-robin).
   int device_index = -1;
   // Rank 0 only: where step commands for the job arrive (runtime/control).
   std::shared_ptr<control::StepCommandQueue> commands;
-  // Called on the stage's thread of each rank of replica 0 after it wrote its part of the
-  // checkpoint before mini-batch `step` (runtime/checkpoint/job_checkpoints.h); the rank that
-  // committed it gets the step-N directory (absolute) in the result.
-  std::function<void(int64_t step, const checkpoint::SharedCheckpointResult&)> on_checkpoint;
-  // Called once the stage knows where it starts: 0, or the step of the checkpoint it
-  // resumes from (before its first step).
-  std::function<void(int64_t first_step)> on_start;
-  // Rank 0 only, when it resumes: the checkpoint's directory and each newer checkpoint
-  // passed over to get there, with why (before its first step).
-  std::function<void(const std::string& dir, const std::vector<std::string>& passed_over)>
-      on_resume;
+  StageListener* listener = nullptr;  // none: nobody listens
+  StageHandle* handle = nullptr;      // none: the rank is stopped only through its store
   // Where the survivors of a fault hold the state the job goes on from, in memory: given the
   // layers the rank holds (RankLayers), their state at step `replica_state_step`, in order.
-  // When set, the rank starts from what it returns without reading a checkpoint (on_resume
-  // is not called); if it fails, the rank reads its layers from the checkpoint resume_from
-  // names (on its own: the other ranks may not read it) and says why on stderr.
+  // When set, the rank starts from what it returns without reading a checkpoint (Resumed is
+  // not heard); if it fails, the rank reads its layers from the checkpoint resume_from names
+  // (on its own: the other ranks may not read it) and says why on stderr.
   std::function<absl::StatusOr<std::vector<checkpoint::LayerState>>(
       const std::vector<model::LayerRange>& layers)>
       replica_state;
   int64_t replica_state_step = -1;
+  // Wraps the stage's transport once it is up (tests: fault injection).
+  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
+      wrap_transport;
 };
 
 // The payload RunStage's error carries when another rank of the job failed before it (its
@@ -88,20 +91,20 @@ inline constexpr char kFailedAfterPeerPayload[] = "pipetrain.dev/failed-after-pe
 // rank = replica * stages + stage. Sets the intra-op thread count for the stage.
 absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
-                                      const StageRunHooks& hooks = {});
+                                      const StageRunOptions& options = {});
 
 // A stopped rank's layers (StoppedRank::model_stages, as they stand) written as those of the
 // job's checkpoint before mini-batch `step` through `store`
 // (checkpoint::DeliverThroughStore for each model stage it holds): what a survivor that
 // supplies its place does. The first error, and the step-N directory if this rank committed
-// it. Call it from StageRunHooks::on_stopped (the state is valid only there).
+// it. Call it from StageListener::Stopped (the state is valid only there).
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
                                                       const JobConfig& config,
                                                       const StoppedRank& rank, int64_t step);
 
 // A stopped rank's layers as they stand, each as the bytes of its checkpoint file
 // (checkpoint::SerializeLayerState), by global layer index: what a survivor holds for the
-// next generation. Call it from StageRunHooks::on_stopped.
+// next generation. Call it from StageListener::Stopped.
 std::map<int, std::string> StoppedRankLayerBytes(const StoppedRank& rank);
 
 // <dir>/stage<rank>.pt (parameters then buffers, torch::save of a tensor list) and

@@ -1,6 +1,6 @@
 // A rank whose run failed, as it stands once its Run() has returned and before its state is
 // destroyed: what going on from the survivors of a fault takes (runtime/recovery), handed to
-// the hooks of every launch mode (RunOptions::on_failure, StageRunHooks::on_stopped).
+// the hooks of every launch mode (RunOptions::on_failure, StageListener::Stopped).
 // Valid only during the hook's call; not thread-safe (the rank's own thread, or after it
 // joined).
 #pragma once
