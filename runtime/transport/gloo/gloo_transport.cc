@@ -22,6 +22,7 @@
 #include "runtime/base/signals.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/rendezvous/c10d_store.h"
+#include "runtime/transport/abort_latch.h"
 #include "runtime/transport/gloo/peer_addresses.h"
 #include "runtime/transport/wire_header.h"
 
@@ -250,8 +251,8 @@ class GlooTransport : public Transport {
   }
 
   void Abort(const absl::Status& reason) override {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (abort_reason_.ok()) abort_reason_ = reason;
+    abort_.Latch(reason);  // before the waits are woken, which then return it
+    std::lock_guard<std::mutex> lock(waiting_mu_);
     for (c10d::Work* work : waiting_) {  // wakes their waits, which then return `reason`
       try {
         work->abort();
@@ -408,10 +409,7 @@ class GlooTransport : public Transport {
                             (payload ? 1 : 0));
   }
 
-  absl::Status aborted() {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    return abort_reason_;
-  }
+  absl::Status aborted() { return abort_.reason(); }
 
   // A receive posted to Gloo: `buffer` fills when `work` completes.
   struct PostedRecv {
@@ -451,14 +449,16 @@ class GlooTransport : public Transport {
   }
 
   // Registers `work` as waited on (Abort() wakes it); false if the transport is aborted.
+  // (Under waiting_mu_, which Abort() takes after latching: a wait registered here either
+  // sees the latch or is woken by that Abort().)
   bool BeginWait(c10d::Work* work) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (!abort_reason_.ok()) return false;
+    std::lock_guard<std::mutex> lock(waiting_mu_);
+    if (abort_.latched()) return false;
     waiting_.insert(work);
     return true;
   }
   void EndWait(c10d::Work* work) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    std::lock_guard<std::mutex> lock(waiting_mu_);
     waiting_.erase(work);
   }
 
@@ -524,9 +524,9 @@ class GlooTransport : public Transport {
   std::deque<Pending> pending_;      // sends not yet delivered, oldest first; guarded by send_mu_
   absl::Status send_error_;          // the first failed delivery; guarded by send_mu_
   bool stopping_ = false;            // guarded by send_mu_
-  std::mutex abort_mu_;
-  absl::Status abort_reason_;  // guarded by abort_mu_
-  std::set<c10d::Work*> waiting_;  // receives and sends being waited on; guarded by abort_mu_
+  AbortLatch abort_;
+  std::mutex waiting_mu_;
+  std::set<c10d::Work*> waiting_;  // receives and sends being waited on; guarded by waiting_mu_
   std::map<HeaderKey, PostedRecv> header_recvs_;  // posted ahead; receiving thread only
   std::thread reaper_;  // ReapSends(); last, so that it starts after everything it uses
 };

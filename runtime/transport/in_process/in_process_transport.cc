@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/transport/abort_latch.h"
 
 namespace pipetrain::transport {
 
@@ -17,7 +18,7 @@ class InProcessHub {
 
   absl::Status Put(const Key& key, at::Tensor tensor) {
     absl::MutexLock lock(&mu_);
-    if (!abort_reason_.ok()) return abort_reason_;
+    if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     auto [it, inserted] = mailbox_.emplace(key, std::move(tensor));
     if (!inserted) {
       return absl::InternalError(absl::StrCat(
@@ -30,10 +31,10 @@ class InProcessHub {
   absl::StatusOr<at::Tensor> Take(const Key& key, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !abort_reason_.ok() || mailbox_.count(key) > 0;
+      return abort_.latched() || mailbox_.count(key) > 0;
     };
     mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    if (!abort_reason_.ok()) return abort_reason_;
+    if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     auto it = mailbox_.find(key);
     if (it == mailbox_.end()) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -47,8 +48,8 @@ class InProcessHub {
   }
 
   void Abort(const absl::Status& reason) {
-    absl::MutexLock lock(&mu_);
-    if (abort_reason_.ok()) abort_reason_ = reason;
+    abort_.Latch(reason);
+    absl::MutexLock wake(&mu_);  // its waits' conditions are evaluated again as it is released
   }
 
   // Call number `call` of replica `replica` of stage `stage`: Contribute() hands in
@@ -66,10 +67,10 @@ class InProcessHub {
                       std::vector<at::Tensor>& tensors, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto all_arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !abort_reason_.ok() || reductions_[{stage, call}].arrived >= replicas;
+      return abort_.latched() || reductions_[{stage, call}].arrived >= replicas;
     };
     mu_.AwaitWithDeadline(absl::Condition(&all_arrived), deadline);
-    if (!abort_reason_.ok()) return abort_reason_;
+    if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     Reduction& done = reductions_[{stage, call}];
     if (done.arrived < replicas) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -94,17 +95,17 @@ class InProcessHub {
                                                  int index, int members, at::Tensor mine,
                                                  absl::Time deadline, const std::string& who) {
     absl::MutexLock lock(&mu_);
-    if (!abort_reason_.ok()) return abort_reason_;
+    if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     const std::pair<std::string, int64_t> key{group, call};
     Gathering& g = gatherings_[key];
     if (g.parts.empty()) g.parts.resize(static_cast<size_t>(members));
     g.parts[static_cast<size_t>(index)] = std::move(mine);
     ++g.arrived;
     auto all_arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !abort_reason_.ok() || gatherings_[key].arrived >= members;
+      return abort_.latched() || gatherings_[key].arrived >= members;
     };
     mu_.AwaitWithDeadline(absl::Condition(&all_arrived), deadline);
-    if (!abort_reason_.ok()) return abort_reason_;
+    if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     Gathering& done = gatherings_[key];
     if (done.arrived < members) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -132,7 +133,7 @@ class InProcessHub {
   std::map<Key, at::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, int64_t>, Reduction> reductions_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int64_t>, Gathering> gatherings_ ABSL_GUARDED_BY(mu_);
-  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
+  AbortLatch abort_;  // read under mu_ by the waits' conditions
 };
 
 namespace {

@@ -9,12 +9,7 @@
 namespace pipetrain::transport::nccl {
 
 void NcclTransport::Abort(const absl::Status& reason) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (!abort_reason_.ok()) return;
-    abort_reason_ = reason;
-  }
-  AbortCommunicators();
+  if (abort_.Latch(reason)) AbortCommunicators();
 }
 
 absl::Status NcclTransport::Fail(const absl::Status& error) {
@@ -22,10 +17,7 @@ absl::Status NcclTransport::Fail(const absl::Status& error) {
   return aborted();
 }
 
-absl::Status NcclTransport::aborted() {
-  std::lock_guard<std::mutex> lock(abort_mu_);
-  return abort_reason_;
-}
+absl::Status NcclTransport::aborted() { return abort_.reason(); }
 
 void NcclTransport::AbortCommunicators() { AbortAll(TakeCommunicators()); }
 

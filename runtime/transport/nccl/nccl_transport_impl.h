@@ -3,7 +3,7 @@
 // (nccl_reduction.cc), issuing NCCL work and waiting for it (nccl_streams.cc), and aborting
 // (nccl_failure.cc). Made only by
 // MakeNcclTransport; nccl_transport.h is its contract (threads, ordering, waiting, errors,
-// what a failed call keeps alive). Lock order: send_mu_ before nccl_mu_ before abort_mu_;
+// what a failed call keeps alive). Lock order: send_mu_ before nccl_mu_ before abort_'s;
 // staged_mu_ and graveyard_mu_ are held only while their own fields are touched.
 #pragma once
 
@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/boundary_links.h"
+#include "runtime/transport/abort_latch.h"
 #include "runtime/transport/nccl/nccl_cuda.h"
 #include "runtime/transport/nccl/nccl_transport.h"
 #include "runtime/transport/transport.h"
@@ -253,8 +254,7 @@ class NcclTransport : public Transport {
   std::mutex staged_mu_;  // guards Channel::staged
   std::mutex send_mu_;
   std::vector<InFlight> in_flight_;  // guarded by send_mu_
-  std::mutex abort_mu_;
-  absl::Status abort_reason_;  // guarded by abort_mu_
+  AbortLatch abort_;  // its lock a leaf, after every other
   std::mutex graveyard_mu_;
   std::vector<at::Tensor> graveyard_;  // guarded by graveyard_mu_; see Bury()
 };
