@@ -186,8 +186,13 @@ absl::Status Worker::Register(absl::Time deadline) {
 
 void Worker::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
+  // At a fixed rate: the next heartbeat is due an interval after the last was sent, not after
+  // its answer came (a slow answer would otherwise stretch the gap the coordinator sees
+  // towards the two intervals after which it takes this worker for lost).
+  absl::Time due = clock_->Now() + heartbeat_interval_;
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(absl::ToInt64Milliseconds(heartbeat_interval_)),
+    const absl::Duration wait = std::max(absl::ZeroDuration(), due - clock_->Now());
+    cv_.wait_for(lock, std::chrono::microseconds(absl::ToInt64Microseconds(wait)),
                  [this] { return stopping_; });
     if (stopping_) break;
     v1::HeartbeatRequest request;
@@ -201,6 +206,7 @@ void Worker::HeartbeatLoop() {
     request.set_waiting_for(activity.waiting_for);
     // Under a lease, an answer is waited for until the lease would end (at least an interval).
     const absl::Time sent = clock_->Now();
+    due = sent + heartbeat_interval_;
     const absl::Duration deadline = lease_ > absl::ZeroDuration()
                                         ? std::max(heard_at_ + lease_ - sent, heartbeat_interval_)
                                         : absl::Seconds(2);

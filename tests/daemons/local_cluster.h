@@ -48,7 +48,10 @@ std::vector<nlohmann::json> JsonLines(const std::string& text);
 
 struct ClusterOptions {
   int workers = 0;          // started with the cluster
-  int heartbeat_ms = 500;   // the coordinator's --heartbeat-ms
+  // The coordinator's --heartbeat-ms: a worker is lost after two silent intervals. A second,
+  // so that a worker starved of the CPU for a second (seven daemons and a second test on two
+  // cores) is not a fault the test did not make.
+  int heartbeat_ms = 1000;
   // Appended to every start of the coordinator, of a worker, and to every Cli() command
   // (e.g. a token file for each of them).
   std::vector<std::string> coordinator_args;

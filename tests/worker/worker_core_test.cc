@@ -8,6 +8,8 @@
 // on loopback and runs a real one-stage job.
 #include "worker/worker.h"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -97,13 +99,24 @@ class FakeCoordinator : public CoordinatorClient {
   }
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration,
                          v1::HeartbeatResponse*) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++attempts_[Call::kHeartbeat];
-    if (Lost(lose_request_, Call::kHeartbeat)) return absl::UnavailableError("lost on the way");
-    if (!known_.count(request.worker_id())) return absl::NotFoundError("unknown worker session");
-    heartbeats.push_back(request);
-    changed_.notify_all();
+    std::chrono::milliseconds reply_after{0};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++attempts_[Call::kHeartbeat];
+      if (Lost(lose_request_, Call::kHeartbeat)) return absl::UnavailableError("lost on the way");
+      if (!known_.count(request.worker_id())) return absl::NotFoundError("unknown worker session");
+      heartbeats.push_back(request);
+      heartbeat_arrivals.push_back(std::chrono::steady_clock::now());
+      changed_.notify_all();
+      reply_after = heartbeat_reply_after_;
+    }
+    std::this_thread::sleep_for(reply_after);
     return absl::OkStatus();
+  }
+  // Heartbeats are answered `delay` after they arrive (a slow coordinator).
+  void AnswerHeartbeatsAfter(std::chrono::milliseconds delay) {
+    std::lock_guard<std::mutex> lock(mu_);
+    heartbeat_reply_after_ = delay;
   }
   absl::StatusOr<v1::ReportResponse> ReportSteps(const v1::StepReports& reports) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,6 +180,7 @@ class FakeCoordinator : public CoordinatorClient {
   // What arrived (read under WaitFor, or once the worker is stopped).
   std::vector<v1::RegisterWorkerRequest> registrations;
   std::vector<v1::HeartbeatRequest> heartbeats;
+  std::vector<std::chrono::steady_clock::time_point> heartbeat_arrivals;  // one per heartbeat
   std::vector<int64_t> steps;  // every step report as it came, resent ones again
   std::vector<v1::StageEnd> ends;
   std::vector<std::string> order;  // drain, end, deregister as they came
@@ -185,6 +199,7 @@ class FakeCoordinator : public CoordinatorClient {
   absl::Status refuse_;
   bool hold_ = false;
   int64_t drain_checkpoint_ = 0;
+  std::chrono::milliseconds heartbeat_reply_after_{0};
   std::set<std::string> known_;
   std::map<std::string, std::shared_ptr<rendezvous::KeyValueStore>> stores_;
 };
@@ -406,6 +421,31 @@ TEST(WorkerCore, AWorkerCutOffFromTheCoordinatorStopsItsStageWhenItsLeaseEnds) {
   EXPECT_LT(stopped_after_s, 5.0);
   std::printf("stopped %.3f s after the heartbeats were cut (lease 0.15 s)\n", stopped_after_s);
   (*worker)->Stop();
+}
+
+// Heartbeats go at a fixed rate, an interval (50 ms here) after the last was sent, however
+// slowly the coordinator answers (45 ms here): the gap the coordinator sees stays one
+// interval, well inside the two after which it takes the worker for lost. (Were the next
+// one due an interval after the answer, every gap would be at least 95 ms.)
+TEST(WorkerCore, HeartbeatsKeepTheirRateWhenTheCoordinatorAnswersSlowly) {
+  auto fake = std::make_shared<FakeCoordinator>();
+  fake->AnswerHeartbeatsAfter(std::chrono::milliseconds(45));
+  auto worker = Worker::Start(Options(), absl::Seconds(10), fake);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE(fake->WaitFor([&] { return fake->heartbeat_arrivals.size() >= 12; }));
+  (*worker)->Stop();
+  std::vector<double> gaps_ms;
+  for (size_t i = 2; i < 12; ++i) {  // past the first, sent before the interval was known
+    gaps_ms.push_back(std::chrono::duration<double, std::milli>(fake->heartbeat_arrivals[i] -
+                                                                fake->heartbeat_arrivals[i - 1])
+                          .count());
+  }
+  std::sort(gaps_ms.begin(), gaps_ms.end());
+  const double median_ms = gaps_ms[gaps_ms.size() / 2];
+  std::printf("heartbeat gaps: median %.1f ms, longest %.1f ms (interval 50 ms, answers after "
+              "45 ms)\n", median_ms, gaps_ms.back());
+  EXPECT_GE(median_ms, 45.0);
+  EXPECT_LT(median_ms, 80.0);
 }
 
 }  // namespace
