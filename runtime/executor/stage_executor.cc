@@ -23,8 +23,7 @@ StageExecutor::StageExecutor(StageConfig config, std::vector<weights::WeightStor
       layout_(schedule::LayoutOf(config_.schedule)),
       transport_(transport),
       on_step_(std::move(on_step)),
-      is_first_(config_.stage == 0),
-      lazy_receives_(schedule::HoldsChunks(config_.schedule.kind)) {
+      is_first_(config_.stage == 0) {
   commit_.next_step = config_.schedule.first_step;
   consecutive_skips_ = std::max(0, config_.skipped_in_a_row);
   const std::vector<int> stages = layout_.StagesOf(config_.stage);
@@ -200,17 +199,9 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       PT_RETURN_IF_ERROR(WeightGradient(chunk, j));
       GradientDone(chunk, j);
       return absl::OkStatus();
-    case ActionKind::kRecvActivation:
-      if (lazy_receives_) {  // received when F<j> needs it
-        chunk.posted_activations.insert(j);
-        return absl::OkStatus();
-      }
+    case ActionKind::kRecvActivation:  // right before the F that uses it (communication.h)
       return ReceiveActivation(chunk, j, record);
-    case ActionKind::kRecvGradient:
-      if (lazy_receives_) {  // received when the backward needs it
-        chunk.posted_gradients.insert(j);
-        return absl::OkStatus();
-      }
+    case ActionKind::kRecvGradient:  // right before the backward that uses it
       return ReceiveGradient(chunk, j, record);
     case ActionKind::kSendActivation: {
       auto it = chunk.stash.find(j);
@@ -363,9 +354,6 @@ absl::Status StageExecutor::Forward(Chunk& chunk, int64_t j, ActionRecord& recor
   if (chunk.first) {
     PT_ASSIGN_OR_RETURN(stashed.input, config_.inputs(j));
   } else {
-    if (chunk.posted_activations.erase(j) > 0) {
-      PT_RETURN_IF_ERROR(ReceiveActivation(chunk, j, record));
-    }
     auto it = chunk.activations.find(j);
     if (it == chunk.activations.end()) {
       return absl::InternalError("input activation was never received");
@@ -423,9 +411,6 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
   record.version = stashed.version;
   at::Tensor output_grad;
   if (!chunk.last) {
-    if (chunk.posted_gradients.erase(j) > 0) {
-      PT_RETURN_IF_ERROR(ReceiveGradient(chunk, j, record));
-    }
     auto g = chunk.output_grads.find(j);
     if (g == chunk.output_grads.end()) {
       return absl::InternalError("output gradient was never received");

@@ -325,8 +325,6 @@ class StageExecutor {
     std::map<int64_t, at::Tensor> activations;     // inputs received or handed over
     std::map<int64_t, int64_t> given_versions;     // vertical sync: received with them
     std::map<int64_t, at::Tensor> output_grads;    // output gradients received or handed over
-    // Receives posted by RECV actions, waited for by what uses them (lazy receives).
-    std::set<int64_t> posted_activations, posted_gradients;
     std::map<int64_t, Stashed> stash;              // forward done, backward (B or I) not yet
     std::map<int64_t, at::Tensor> input_grads;     // made by B or I, for SEND_GRAD
     // I's that owe their W: the deferred weight-gradient work of each micro-batch.
@@ -428,7 +426,6 @@ class StageExecutor {
   transport::Transport* transport_;
   std::function<void(const StepRecord&)> on_step_;
   bool is_first_;  // the pipeline's first rank: it seals boundaries
-  bool lazy_receives_;  // a RECV posts; the action that uses the tensor waits (chunks)
   // Some module of the rank shares a parameter (tied members on this rank): gradients are
   // folded before they are read, its chunks' AllReduces start together, and stage 0 does
   // not average bucket by bucket during its backward.

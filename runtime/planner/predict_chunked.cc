@@ -187,8 +187,8 @@ absl::StatusOr<Prediction> PredictChunked(const ModelProfile& profile,
     ++next[r];
     state[r] = next[r] == (*lists)[r].size() ? State::kDone : State::kIdle;
   };
-  // What a compute action waits for (receives are posted and waited for by their user, as
-  // the executor does): kNever while not yet sent.
+  // What a compute action waits for (its receive, which the lowering places right before
+  // it): kNever while not yet sent.
   const auto ready_at = [&](const Action& a) {
     std::tuple<ActionKind, int64_t, int> key;
     if (a.kind == ActionKind::kForward && a.stage > 0) {

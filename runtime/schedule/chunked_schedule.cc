@@ -56,6 +56,28 @@ class RankList {
   std::deque<std::pair<int, int64_t>> pending_w_;  // (stage, micro-batch)
 };
 
+// GPipe on rank r, one stage a rank: every forward, then every backward.
+std::vector<Action> GPipeRank(int64_t m, int r) {
+  RankList list;
+  for (int64_t j = 0; j < m; ++j) list.Forward(r);
+  for (int64_t j = 0; j < m; ++j) list.FullBackward(r);
+  return std::move(list).Take(m);
+}
+
+// 1F1B (PipeDream-Flush) on rank r of p, one stage a rank: min(p − r − 1, m) warm-up
+// forwards, then (F, B) pairs, then the remaining backwards.
+std::vector<Action> OneFOneBRank(int p, int64_t m, int r) {
+  const int64_t warmup = std::min<int64_t>(p - r - 1, m);
+  RankList list;
+  for (int64_t i = 0; i < warmup; ++i) list.Forward(r);
+  for (int64_t i = 0; i < m - warmup; ++i) {
+    list.Forward(r);
+    list.FullBackward(r);
+  }
+  for (int64_t i = 0; i < warmup; ++i) list.FullBackward(r);
+  return std::move(list).Take(m);
+}
+
 // Loop placements group micro-batches in rounds of g = m / rounds, rounds = max(1, m / p)
 // (PyTorch's ScheduleInterleaved1F1B; Megatron's group size).
 int GroupSize(int p, int m) { return m / std::max(1, m / p); }
@@ -230,9 +252,20 @@ absl::Status ValidateChunkedParams(const ScheduleParams& params) {
 
 absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ScheduleParams& params) {
   if (absl::Status s = ValidateScheduleParams(params); !s.ok()) return s;
+  if (RunsContinuously(params.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(ScheduleKindName(params.kind)),
+        " runs one 1F1B over every step with no flush: it has no one-step lists"));
+  }
   std::vector<std::vector<Action>> lists;
   for (int r = 0; r < params.stages; ++r) {
     switch (params.kind) {
+      case ScheduleKind::kGPipe:
+        lists.push_back(GPipeRank(params.micro_batches, r));
+        break;
+      case ScheduleKind::kOneFOneB:
+        lists.push_back(OneFOneBRank(params.stages, params.micro_batches, r));
+        break;
       case ScheduleKind::kInterleaved:
         lists.push_back(LoopRank(params, r, /*zero_bubble=*/false));
         break;
@@ -245,10 +278,9 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const Schedul
       case ScheduleKind::kDualPipeV:
         lists.push_back(DualPipeVRank(params.stages, params.micro_batches, r));
         break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            std::string(ScheduleKindName(params.kind)),
-            " holds one stage a rank: it has no compute lists here"));
+      case ScheduleKind::kTwoBW:
+      case ScheduleKind::kPipeDream:
+        break;  // refused above
     }
   }
   return lists;

@@ -1,13 +1,16 @@
-// Schedules whose ranks hold several model chunks (virtual stages), as lists of compute
-// actions: interleaved 1F1B (Megatron's virtual pipeline), zero-bubble with the backward
-// split into I (input gradient) and W (weight gradient) — ZB-H1, its interleaved form, ZB-V —
-// and DualPipeV. docs/design.md section 3.1 has each rule with its source.
+// The schedules that flush, as one step's lists of compute actions: GPipe and 1F1B
+// (PipeDream-Flush), one chunk a rank, and the kinds whose ranks hold several model chunks
+// (virtual stages): interleaved 1F1B (Megatron's virtual pipeline), zero-bubble with the
+// backward split into I (input gradient) and W (weight gradient) — ZB-H1, its interleaved
+// form, ZB-V — and DualPipeV. docs/design.md section 3.1 has each rule with its source.
 //
-// The model is cut into v x p chunks, numbered as global stages 0 .. v·p−1 in model order.
-// Each rank's list names the stage of every action ("2F0": the forward of micro-batch 0
-// through stage 2, action.h). The lists cover one step (micro-batches 0 .. m−1, every rank's
-// backward done before the step's update: these schedules flush); communication is not in
-// them (compute_lists.h checks and simulates them; communication.h adds the messages).
+// The model is cut into v x p chunks (v = 1 for GPipe and 1F1B), numbered as global stages
+// 0 .. v·p−1 in model order. Each rank's list names the stage of every action ("2F0": the
+// forward of micro-batch 0 through stage 2, action.h). The lists cover one step
+// (micro-batches 0 .. m−1, every rank's backward done before the step's update); communication
+// is not in them (compute_lists.h checks and simulates them; communication.h adds the
+// messages). Every flushing kind's list in schedule.h is made from these: one generator, one
+// lowering.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -55,9 +58,9 @@ ChunkLayout LayoutOf(const ScheduleParams& params);
 absl::Status ValidateChunkedParams(const ScheduleParams& params);
 
 // Every rank's list (index = rank) for one step: F, B, I and W actions with their stages,
-// micro-batches 0 .. m−1.
-// `params` (valid: ValidateScheduleParams) names a kind that HoldsChunks; its steps do not
-// matter.
+// micro-batches 0 .. m−1. `params` (valid: ValidateScheduleParams) names a kind that flushes
+// (not RunsContinuously: 2bw and pipedream have no one-step list, InvalidArgument); its steps
+// do not matter.
 absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ScheduleParams& params);
 
 }  // namespace pipetrain::schedule

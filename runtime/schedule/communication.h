@@ -10,12 +10,12 @@
 // Between two stages on one rank (the V's turn, or every stage when p = 1) there is no
 // message: the tensor is handed over in place.
 //
-// Lowering (as PyTorch's pipelining adds sends and receives): the ranks are visited in turn;
-// a rank's next compute action is placed once its input is on the rank (computed there, or
-// its receive already placed); when it produces what another rank needs, its SEND goes to
-// its own list and the matching RECV to the peer's at the same moment. That interleaving is
-// one sequential run of every list, so with sends that do not block no run can deadlock.
-// A rank never places its own receives.
+// Lowering: each compute action whose input crosses ranks gets its RECV right before it,
+// and each whose output crosses ranks its SEND right after it. With sends that do not block,
+// a rank then waits only for what its next action needs, which the peer sends as soon as it
+// has made it: the lists run to the end exactly when the compute lists do (a simulation of
+// them with free communication). For one stage a rank this is schedule.h's placement:
+// RECV_ACT right before F, SEND_ACT right after it, RECV_GRAD before B, SEND_GRAD after.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -29,8 +29,9 @@
 
 namespace pipetrain::schedule {
 
-// The lists of `compute` (CheckComputeLists holds for them) with their messages.
-// FailedPrecondition when no rank can place its next action (the compute lists deadlock).
+// The lists of `compute` (CheckComputeLists holds for them) with their messages, checked by
+// CheckCommunication: FailedPrecondition naming each rank's wait when the compute lists
+// deadlock.
 absl::StatusOr<std::vector<std::vector<Action>>> AddCommunication(
     const ChunkLayout& layout, int micro_batches, const std::vector<std::vector<Action>>& compute);
 

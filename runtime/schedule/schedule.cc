@@ -80,12 +80,19 @@ const ScheduleTraits* FindTraits(ScheduleKind kind) {
 
 bool IsKnownKind(ScheduleKind kind) { return FindTraits(kind) != nullptr; }
 
-// Rank `rank`'s list for one step of a schedule with chunks, its messages placed.
-absl::StatusOr<std::vector<Action>> ChunkedStepList(const ScheduleParams& params, int rank) {
+// Every rank's list for one step of a schedule that flushes (index = rank): its compute
+// list (chunked_schedule.h) with its messages (communication.h); without chunks the actions
+// name no stage (the list is its rank's one stage's).
+absl::StatusOr<std::vector<std::vector<Action>>> OneStepLists(const ScheduleParams& params) {
   PT_ASSIGN_OR_RETURN(std::vector<std::vector<Action>> compute, BuildComputeLists(params));
   PT_ASSIGN_OR_RETURN(std::vector<std::vector<Action>> lists,
                       AddCommunication(LayoutOf(params), params.micro_batches, compute));
-  return std::move(lists[rank]);
+  if (!HoldsChunks(params.kind)) {
+    for (std::vector<Action>& list : lists) {
+      for (Action& a : list) a.stage = kOwnStage;
+    }
+  }
+  return lists;
 }
 
 // `action` of step t's list: its micro-batch numbered from t·m.
@@ -94,7 +101,20 @@ Action InStep(Action action, int64_t t, int m) {
   return action;
 }
 
-// Appends F<j> with the communication placed around it (see schedule.h).
+// `step` (a rank's one-step list) for steps first_step .. steps − 1, each followed by its
+// STEP: the rank's whole list under a schedule that flushes.
+std::vector<Action> EveryStep(const ScheduleParams& params, const std::vector<Action>& step) {
+  std::vector<Action> out;
+  out.reserve(static_cast<size_t>(params.steps - params.first_step) * (step.size() + 1));
+  for (int64_t t = params.first_step; t < params.steps; ++t) {
+    for (const Action& a : step) out.push_back(InStep(a, t, params.micro_batches));
+    out.push_back(Step(t));
+  }
+  return out;
+}
+
+// Appends F<j> with the communication placed around it (see schedule.h): 2bw's and
+// pipedream's continuous 1F1B.
 void AppendForward(int p, int s, int64_t j, std::vector<Action>* out) {
   if (s > 0) out->push_back(RecvAct(j));
   out->push_back(F(j));
@@ -207,49 +227,23 @@ absl::StatusOr<std::vector<Action>> BuildStageSchedule(const ScheduleParams& par
   if (stage < 0 || stage >= p) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " out of range [0, ", p, ")"));
   }
-  std::vector<Action> out;
-  if (HoldsChunks(params.kind)) {
-    PT_ASSIGN_OR_RETURN(const std::vector<Action> step, ChunkedStepList(params, stage));
-    for (int64_t t = params.first_step; t < params.steps; ++t) {
-      for (const Action& a : step) out.push_back(InStep(a, t, m));
-      out.push_back(Step(t));
-    }
-    return out;
+  if (!RunsContinuously(params.kind)) {
+    PT_ASSIGN_OR_RETURN(const std::vector<std::vector<Action>> step, OneStepLists(params));
+    return EveryStep(params, step[stage]);
   }
-  // Each micro-batch costs at most 6 actions (RECV, F, SEND twice), plus one STEP per step.
+  // 2bw and pipedream: one 1F1B from one drained boundary to the next. Each micro-batch costs
+  // at most 6 actions (RECV, F, SEND twice), plus one STEP per step.
+  std::vector<Action> out;
   out.reserve(static_cast<size_t>(params.steps - params.first_step) *
               (6 * static_cast<size_t>(m) + 1));
-  switch (params.kind) {
-    case ScheduleKind::kGPipe:
-      for (int64_t t = params.first_step; t < params.steps; ++t) {
-        const int64_t first = t * m;
-        for (int64_t i = 0; i < m; ++i) AppendForward(p, stage, first + i, &out);
-        for (int64_t i = 0; i < m; ++i) AppendBackward(p, stage, m, first + i, &out);
-      }
-      break;
-    case ScheduleKind::kOneFOneB:
-      for (int64_t t = params.first_step; t < params.steps; ++t) {
-        AppendOneFOneB(p, stage, m, t * m, m, &out);
-      }
-      break;
-    case ScheduleKind::kInterleaved:
-    case ScheduleKind::kZeroBubble:
-    case ScheduleKind::kZeroBubbleV:
-    case ScheduleKind::kDualPipeV:
-      break;  // above
-    case ScheduleKind::kTwoBW:
-    case ScheduleKind::kPipeDream: {
-      std::vector<int64_t> cuts = params.flush_before;
-      cuts.push_back(params.steps);
-      std::sort(cuts.begin(), cuts.end());
-      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      int64_t begin = params.first_step;
-      for (int64_t end : cuts) {
-        AppendOneFOneB(p, stage, m, begin * m, (end - begin) * m, &out);
-        begin = end;
-      }
-      break;
-    }
+  std::vector<int64_t> cuts = params.flush_before;
+  cuts.push_back(params.steps);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  int64_t begin = params.first_step;
+  for (int64_t end : cuts) {
+    AppendOneFOneB(p, stage, m, begin * m, (end - begin) * m, &out);
+    begin = end;
   }
   return out;
 }
@@ -269,17 +263,18 @@ absl::StatusOr<StageActionStream> StageActionStream::Create(const ScheduleParams
         absl::StrCat("stage ", stage, " out of range [0, ", params.stages, ")"));
   }
   StageActionStream stream(params, stage);
-  if (HoldsChunks(params.kind)) {
-    PT_ASSIGN_OR_RETURN(std::vector<Action> step, ChunkedStepList(params, stage));
-    stream.step_list_ = std::make_shared<const std::vector<Action>>(std::move(step));
+  if (!RunsContinuously(params.kind)) {
+    PT_ASSIGN_OR_RETURN(std::vector<std::vector<Action>> step, OneStepLists(params));
+    stream.step_list_ = std::make_shared<const std::vector<Action>>(std::move(step[stage]));
   }
   stream.StartSegment(params.first_step, 0);
   return stream;
 }
 
 int64_t StageActionStream::SegmentEnd(int64_t begin) const {
-  // GPipe and 1F1B drain after every step; 2BW only at flush_before boundaries.
-  if (!RunsContinuously(params_.kind)) return begin + 1;  // chunked kinds too
+  // The flushing kinds drain after every step; 2bw and pipedream only at flush_before
+  // boundaries.
+  if (!RunsContinuously(params_.kind)) return begin + 1;
   auto cut = std::upper_bound(params_.flush_before.begin(), params_.flush_before.end(), begin);
   return cut == params_.flush_before.end() ? params_.steps : std::min<int64_t>(*cut, params_.steps);
 }
@@ -315,24 +310,19 @@ void StageActionStream::Fill() {
                            : Step(segment_begin_);
     return;
   }
-  // The k-th forward/backward of the segment, in the order AppendOneFOneB or GPipe's loop
-  // produce them.
+  // The k-th forward/backward of the segment's continuous 1F1B, in the order AppendOneFOneB
+  // produces them.
   bool forward;
   int64_t j;
-  if (params_.kind == ScheduleKind::kGPipe) {
-    forward = k < c;
-    j = first + (forward ? k : k - c);
+  const int64_t warmup = std::min<int64_t>(p - s - 1, c);
+  if (k < warmup) {
+    forward = true, j = first + k;
+  } else if (k < warmup + 2 * (c - warmup)) {
+    const int64_t pair = (k - warmup) / 2;
+    forward = (k - warmup) % 2 == 0;
+    j = forward ? first + warmup + pair : first + pair;
   } else {
-    const int64_t warmup = std::min<int64_t>(p - s - 1, c);
-    if (k < warmup) {
-      forward = true, j = first + k;
-    } else if (k < warmup + 2 * (c - warmup)) {
-      const int64_t pair = (k - warmup) / 2;
-      forward = (k - warmup) % 2 == 0;
-      j = forward ? first + warmup + pair : first + pair;
-    } else {
-      forward = false, j = first + (c - warmup) + (k - warmup - 2 * (c - warmup));
-    }
+    forward = false, j = first + (c - warmup) + (k - warmup - 2 * (c - warmup));
   }
   auto push = [this](Action a) { buffer_[size_++] = a; };
   if (forward) {
@@ -398,6 +388,11 @@ absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams
 absl::StatusOr<std::vector<std::vector<Action>>> BuildSchedule(const ScheduleParams& params) {
   PT_RETURN_IF_ERROR(ValidateScheduleParams(params));
   std::vector<std::vector<Action>> stages;
+  if (!RunsContinuously(params.kind)) {  // one lowering for every rank
+    PT_ASSIGN_OR_RETURN(const std::vector<std::vector<Action>> step, OneStepLists(params));
+    for (const std::vector<Action>& list : step) stages.push_back(EveryStep(params, list));
+    return stages;
+  }
   stages.reserve(params.stages);
   for (int s = 0; s < params.stages; ++s) {
     PT_ASSIGN_OR_RETURN(std::vector<Action> actions, BuildStageSchedule(params, s));

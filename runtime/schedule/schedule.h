@@ -29,8 +29,11 @@
 //   (interleaved 1F1B), kZeroBubble (ZB-H1; interleaved zero-bubble with v >= 2),
 //   kZeroBubbleV (ZB-V) and kDualPipeV. `stages` is then the number of ranks p, the model is
 //   cut into `virtual_stages` x p stages, and every action names the stage it runs on
-//   (action.h). Each step is the rank's one-step list of chunked_schedule.h with its messages
-//   (communication.h), its micro-batches numbered from t·m, then STEP<t>: they flush.
+//   (action.h).
+// Every kind that flushes (GPipe, 1F1B and the kinds with chunks) is made one way: each step
+// is the rank's one-step compute list of chunked_schedule.h with its messages
+// (communication.h, which places them as above), its micro-batches numbered from t·m, then
+// STEP<t>. 2BW and PipeDream run one 1F1B over the steps, generated here.
 #pragma once
 
 #include <array>
@@ -171,14 +174,14 @@ class StageActionStream {
   // Fills buffer_ with the next forward or backward of the segment (with its communication
   // and STEP), moving on to the next segment at the end of one; size_ = 0 after the last.
   void Fill();
-  // The segment's operations: its forwards and backwards (with their messages), or with
-  // chunks the actions of one step's list and its STEP.
+  // The segment's operations: its forwards and backwards (with their messages) under 2bw
+  // and pipedream, else the actions of one step's list and its STEP.
   int64_t SegmentOps() const;
 
   ScheduleParams params_;
   int stage_ = 0;
-  // With chunks: this rank's list for one step (micro-batches 0 .. m−1, messages included),
-  // shared by the copies of the stream.
+  // Under a kind that flushes: this rank's list for one step (micro-batches 0 .. m−1,
+  // messages included), shared by the copies of the stream.
   std::shared_ptr<const std::vector<Action>> step_list_;
   int64_t segment_begin_ = 0;           // first mini-batch of the segment
   int64_t segment_micro_batches_ = 0;   // c: micro-batches in the segment

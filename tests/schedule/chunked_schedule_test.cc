@@ -95,13 +95,14 @@ TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
   EXPECT_NEAR(1 - 32 * 3.0 / one_f_one_b(8, 32).makespan_s, 0.179, 0.0005);
 }
 
-// Calls `check` for every valid shape of every kind with chunks (of the one list) with
+// Calls `check` for every valid shape of every kind that flushes (of the one list: gpipe,
+// 1f1b and the kinds with chunks) with
 // p <= max_p, v <= max_v, m <= max_m (under a trace naming it); returns how many.
 int ForEachValidShape(int max_p, int max_v, int max_m,
                       const std::function<void(const ScheduleParams&)>& check) {
   int shapes = 0;
   for (const ScheduleKind kind : kScheduleKinds) {
-    if (!HoldsChunks(kind)) continue;
+    if (RunsContinuously(kind)) continue;  // no one-step list
     for (int p = 1; p <= max_p; ++p) {
       for (int v = 1; v <= max_v; ++v) {
         for (int m = 1; m <= max_m; ++m) {
@@ -167,6 +168,16 @@ TEST(ChunkedSchedule, EveryViolatedRuleIsNamed) {
   EXPECT_THAT(zero, HasSubstr("stages must be >= 1: got p=0"));
   EXPECT_THAT(zero, HasSubstr("micro_batches must be >= 1: got m=0"));
   EXPECT_FALSE(BuildComputeLists(Chunked(ScheduleKind::kDualPipeV, 2, 2, 3)).ok());
+  // A kind that never flushes has no one-step lists to build, and says so.
+  int continuous = 0;
+  for (const ScheduleKind kind : kScheduleKinds) {
+    if (!RunsContinuously(kind)) continue;
+    ++continuous;
+    const absl::Status built = BuildComputeLists(Chunked(kind, 2, 1, 4)).status();
+    EXPECT_EQ(built.code(), absl::StatusCode::kInvalidArgument) << ScheduleKindName(kind);
+    EXPECT_THAT(std::string(built.message()), HasSubstr("no one-step lists"));
+  }
+  EXPECT_EQ(continuous, 2);  // 2bw and pipedream
 }
 
 // The checker and the simulator can fail: lists broken on purpose.
@@ -212,7 +223,9 @@ TEST(ChunkedSchedule, ActionsNameTheirStageInText) {
   EXPECT_THAT(CheckSchedule({{F(0), I(0), W(0)}}).message(), HasSubstr("(I0) is not one of"));
 }
 
-// Messages added by visiting the ranks in turn, worked out by hand for ZB-H1, p = 2, m = 2.
+// Messages placed right around the actions that use and make them, worked out by hand for
+// ZB-H1, p = 2, m = 2; and for 1F1B on 3 ranks, m = 2, the placement every list of one stage
+// a rank had before one lowering made them all.
 TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
   const ScheduleParams params = Chunked(ScheduleKind::kZeroBubble, 2, 1, 2);
   absl::StatusOr<std::vector<std::vector<Action>>> lowered =
@@ -220,7 +233,15 @@ TEST(ChunkedCommunication, GoldenListsWithTheirMessages) {
   ASSERT_TRUE(lowered.ok()) << lowered.status();
   EXPECT_EQ(FormatRankLists(*lowered),
             "r0: 0F0 0SEND_ACT0 0F1 0SEND_ACT1 0RECV_GRAD0 0I0 0W0 0RECV_GRAD1 0I1 0W1\n"
-            "r1: 1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 1SEND_GRAD1 1W0 1W1\n");
+            "r1: 1RECV_ACT0 1F0 1I0 1SEND_GRAD0 1RECV_ACT1 1F1 1I1 1SEND_GRAD1 1W0 1W1\n");
+  const ScheduleParams one_f_one_b = Chunked(ScheduleKind::kOneFOneB, 3, 1, 2);
+  lowered = AddCommunication(LayoutOf(one_f_one_b), 2, *BuildComputeLists(one_f_one_b));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ(FormatRankLists(*lowered),
+            "r0: 0F0 0SEND_ACT0 0F1 0SEND_ACT1 0RECV_GRAD0 0B0 0RECV_GRAD1 0B1\n"
+            "r1: 1RECV_ACT0 1F0 1SEND_ACT0 1RECV_ACT1 1F1 1SEND_ACT1 1RECV_GRAD0 1B0 1SEND_GRAD0 "
+            "1RECV_GRAD1 1B1 1SEND_GRAD1\n"
+            "r2: 2RECV_ACT0 2F0 2B0 2SEND_GRAD0 2RECV_ACT1 2F1 2B1 2SEND_GRAD1\n");
 }
 
 TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
@@ -265,6 +286,7 @@ TEST(ChunkedSchedule, EveryStepRepeatsTheOneStepListAndTheStreamGivesIt) {
       for (int64_t t = 0; t < 3; ++t) {
         for (Action a : step[r]) {
           a.index += t * m;
+          if (!HoldsChunks(params.kind)) a.stage = kOwnStage;  // its rank's one stage
           expected.push_back(a);
         }
         expected.push_back(Step(t));
