@@ -1,18 +1,13 @@
 #include "runtime/schedule/communication.h"
 
-#include <map>
-#include <set>
 #include <string>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/schedule/action_table.h"
 #include "runtime/schedule/compute_lists.h"
 
 namespace pipetrain::schedule {
 namespace {
-
-using Key = std::tuple<ActionKind, int, int64_t>;  // (kind, stage, micro-batch)
-Key KeyOf(const Action& a) { return {a.kind, a.stage, a.index}; }
 
 // What a compute action needs from another stage, and what it gives one: the stage on the
 // other side (-1: none).
@@ -51,15 +46,13 @@ Action PeerReceive(const Action& send) {
 }
 
 // Whether the input of compute action `a` on its own rank is there: computed on the rank, or
-// (crossing ranks) received. `done` holds every compute action run and message placed.
-bool InputReady(const ChunkLayout& layout, const Action& a, const std::set<Key>& done) {
-  const auto has = [&](ActionKind kind, int stage) {
-    return done.count({kind, stage, a.index}) > 0;
-  };
+// (crossing ranks) received. `done` marks every action run.
+bool InputReady(const ChunkLayout& layout, const Action& a, const ActionTable<char>& done) {
+  const auto has = [&](ActionKind kind, int stage) { return done.Get(kind, stage, a.index); };
   if (a.kind == ActionKind::kWeightGradient) return has(ActionKind::kInputGradient, a.stage);
   const int from = EdgesOf(layout, a).needs_from;
   if (from < 0) return true;
-  if (layout.RankOf(from) != layout.RankOf(a.stage)) return done.count(KeyOf(ReceiveFor(a))) > 0;
+  if (layout.RankOf(from) != layout.RankOf(a.stage)) return done.Get(ReceiveFor(a));
   if (a.kind == ActionKind::kForward) return has(ActionKind::kForward, from);
   return has(ActionKind::kBackward, from) || has(ActionKind::kInputGradient, from);
 }
@@ -91,21 +84,32 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
   if (static_cast<int>(lists.size()) != p) {
     return absl::InvalidArgumentError(absl::StrCat(lists.size(), " lists for ", p, " ranks"));
   }
+  // The compute lists within them first: from here on every compute action fits the tables.
   std::vector<std::vector<Action>> compute(p);
-  std::map<Key, int> messages;  // -> rank
   for (int r = 0; r < p; ++r) {
-    std::set<Key> seen;
+    for (const Action& a : lists[r]) {
+      if (!IsMessage(a.kind)) compute[r].push_back(a);
+    }
+  }
+  if (absl::Status s = CheckComputeLists(layout, micro_batches, compute); !s.ok()) return s;
+  // Every action seen so far on its rank (a stage's actions are all on its rank's list) and
+  // every message.
+  ActionTable<char> seen(layout.stages(), micro_batches, false);
+  int64_t messages = 0;
+  for (int r = 0; r < p; ++r) {
     for (const Action& a : lists[r]) {
       const auto error = [&](auto&&... why) {
         return absl::InvalidArgumentError(absl::StrCat("rank ", r, ": ", ToString(a), " ", why...));
       };
       if (!IsMessage(a.kind)) {
-        compute[r].push_back(a);
-        seen.insert(KeyOf(a));
+        seen.Set(a, true);
         continue;
       }
       if (a.stage < 0 || a.stage >= layout.stages() || layout.RankOf(a.stage) != r) {
         return error("names a stage rank ", r, " does not hold");
+      }
+      if (a.index < 0 || a.index >= micro_batches) {
+        return error("is outside micro-batches 0 .. ", micro_batches - 1);
       }
       const bool activation =
           a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kRecvActivation;
@@ -114,16 +118,17 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
       const int peer = activation == send ? a.stage + 1 : a.stage - 1;
       if (peer < 0 || peer >= layout.stages()) return error("has no stage on its other side");
       if (layout.RankOf(peer) == r) return error("crosses no rank (stage ", peer, " is here)");
-      if (!messages.emplace(KeyOf(a), r).second) return error("comes twice");
+      if (seen.Get(a)) return error("comes twice");
+      seen.Set(a, true);
+      ++messages;
       // Sent after what makes it; received before what uses it.
-      const Action maker{activation ? ActionKind::kForward : ActionKind::kBackward, a.index, a.stage};
-      const bool made = seen.count(KeyOf(maker)) > 0 ||
-                        (!activation && seen.count({ActionKind::kInputGradient, a.stage, a.index}) > 0);
+      const bool made = seen.Get(activation ? ActionKind::kForward : ActionKind::kBackward,
+                                 a.stage, a.index) ||
+                        (!activation && seen.Get(ActionKind::kInputGradient, a.stage, a.index));
       if (send && !made) return error("comes before the action that makes it");
       if (!send && made) return error("comes after the action that uses it");
     }
   }
-  if (absl::Status s = CheckComputeLists(layout, micro_batches, compute); !s.ok()) return s;
   // Every message that must cross is there, and matched; nothing else is.
   int64_t pairs = 0;
   for (int r = 0; r < p; ++r) {
@@ -132,24 +137,24 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
       if (e.gives_to >= 0 && layout.RankOf(e.gives_to) != r) {
         ++pairs;
         const Action send = SendOf(a), receive = PeerReceive(send);
-        if (messages.count(KeyOf(send)) == 0) {
+        if (!seen.Get(send)) {
           return absl::InvalidArgumentError(
               absl::StrCat("rank ", r, ": ", ToString(a), " is never sent (no ", ToString(send), ")"));
         }
-        if (messages.count(KeyOf(receive)) == 0) {
+        if (!seen.Get(receive)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "rank ", layout.RankOf(e.gives_to), ": no ", ToString(receive), " for ", ToString(send)));
         }
       }
     }
   }
-  if (static_cast<int64_t>(messages.size()) != 2 * pairs) {
-    return absl::InvalidArgumentError(absl::StrCat(messages.size(), " messages where ", 2 * pairs,
+  if (messages != 2 * pairs) {
+    return absl::InvalidArgumentError(absl::StrCat(messages, " messages where ", 2 * pairs,
                                                    " (a send and a receive per crossing) belong"));
   }
   // Run them: in order, a RECV after its SEND, a compute action after its input.
   std::vector<size_t> next(p, 0);
-  std::set<Key> done;
+  ActionTable<char> done(layout.stages(), micro_batches, false);
   for (bool moved = true; moved;) {
     moved = false;
     for (int r = 0; r < p; ++r) {
@@ -157,14 +162,14 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
         const Action& a = lists[r][next[r]];
         bool ready = true;
         if (a.kind == ActionKind::kRecvActivation) {
-          ready = done.count({ActionKind::kSendActivation, a.stage - 1, a.index}) > 0;
+          ready = done.Get(ActionKind::kSendActivation, a.stage - 1, a.index);
         } else if (a.kind == ActionKind::kRecvGradient) {
-          ready = done.count({ActionKind::kSendGradient, a.stage + 1, a.index}) > 0;
+          ready = done.Get(ActionKind::kSendGradient, a.stage + 1, a.index);
         } else if (!IsMessage(a.kind)) {
           ready = InputReady(layout, a, done);
         }
         if (!ready) break;
-        done.insert(KeyOf(a));
+        done.Set(a, true);
         ++next[r];
         moved = true;
       }

@@ -1,20 +1,12 @@
 #include "runtime/schedule/compute_lists.h"
 
 #include <algorithm>
-#include <map>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/schedule/action_table.h"
 
 namespace pipetrain::schedule {
-namespace {
-
-// (kind, stage, micro-batch): an action's identity across ranks.
-using Key = std::tuple<ActionKind, int, int64_t>;
-Key KeyOf(const Action& a) { return {a.kind, a.stage, a.index}; }
-
-}  // namespace
 
 absl::Status CheckComputeLists(const ChunkLayout& layout, int micro_batches,
                                const std::vector<std::vector<Action>>& lists) {
@@ -22,7 +14,7 @@ absl::Status CheckComputeLists(const ChunkLayout& layout, int micro_batches,
     return absl::InvalidArgumentError(
         absl::StrCat(lists.size(), " lists for ", layout.ranks, " ranks"));
   }
-  std::map<Key, int> seen;  // -> rank
+  ActionTable<char> seen(layout.stages(), micro_batches, false);
   for (int r = 0; r < layout.ranks; ++r) {
     const auto error = [r](const Action& a, auto&&... why) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", r, ": ", ToString(a), " ", why...));
@@ -35,10 +27,9 @@ absl::Status CheckComputeLists(const ChunkLayout& layout, int micro_batches,
       if (a.index < 0 || a.index >= micro_batches) {
         return error(a, "is outside micro-batches 0 .. ", micro_batches - 1);
       }
-      if (!seen.emplace(KeyOf(a), r).second) return error(a, "comes twice");
-      const auto done = [&](ActionKind kind) {
-        return seen.count({kind, a.stage, a.index}) > 0;
-      };
+      if (seen.Get(a)) return error(a, "comes twice");
+      seen.Set(a, true);
+      const auto done = [&](ActionKind kind) { return seen.Get(kind, a.stage, a.index); };
       if (IsBackward(a.kind) && !done(ActionKind::kForward)) {
         return error(a, "comes before its forward");
       }
@@ -55,7 +46,7 @@ absl::Status CheckComputeLists(const ChunkLayout& layout, int micro_batches,
   }
   for (int s = 0; s < layout.stages(); ++s) {
     for (int64_t j = 0; j < micro_batches; ++j) {
-      const auto has = [&](ActionKind kind) { return seen.count({kind, s, j}) > 0; };
+      const auto has = [&](ActionKind kind) { return seen.Get(kind, s, j); };
       const Action f = OnStage(F(j), s);
       if (!has(ActionKind::kForward)) {
         return absl::InvalidArgumentError(absl::StrCat("stage ", s, ": no ", ToString(f)));
@@ -97,10 +88,10 @@ absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout
         return costs.weight_gradient;
     }
   };
-  std::map<Key, double> end;  // actions done: their end
+  ActionTable<double> end(layout.stages(), micro_batches, -1);  // actions done: their end
   const auto ended = [&](ActionKind kind, int stage, int64_t j) -> const double* {
-    auto it = end.find({kind, stage, j});
-    return it == end.end() ? nullptr : &it->second;
+    const double& at = end.Get(kind, stage, j);
+    return at < 0 ? nullptr : &at;
   };
   // The backward of (stage, j) in either form.
   const auto backward_end = [&](int stage, int64_t j) -> const double* {
@@ -137,7 +128,7 @@ absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout
         if (ready == nullptr) break;
         const double start = std::max(free_at[r], *ready);
         free_at[r] = start + cost(a.kind);
-        end[KeyOf(a)] = free_at[r];
+        end.Set(a, free_at[r]);
         out.busy[r] += cost(a.kind);
         ++next[r];
         moved = true;

@@ -353,6 +353,14 @@ TEST(ChunkedCommunication, BrokenMessagesAreRefusedAndADeadlockNamesTheWaits) {
                                            "1RECV_ACT1 1I1 1SEND_GRAD1 1W0 1W1"))
                   .message(),
               HasSubstr("1RECV_ACT1 comes twice"));
+  EXPECT_THAT(CheckCommunication(layout, 2,
+                                 lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 "
+                                           "1SEND_GRAD1 1SEND_GRAD2 1W0 1W1"))
+                  .message(),
+              HasSubstr("rank 1: 1SEND_GRAD2 is outside micro-batches 0 .. 1"));
+  EXPECT_THAT(CheckCommunication(layout, 2, lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0"))
+                  .message(),
+              HasSubstr("stage 1: 1I0 has no W"));  // the compute lists within, checked first
   // Rank 0 waits for gradient 0 before it sends activation 1; rank 1 the other way round.
   const absl::Status crossed = CheckCommunication(
       layout, 2,
