@@ -20,6 +20,7 @@
 #include "runtime/job/job_config.h"
 #include "runtime/schedule/chunked_schedule.h"
 #include "tests/pipeline/forwarding_transport.h"
+#include "tests/pipeline/schedule_cases.h"
 
 namespace pipetrain::job::survivor_test {
 
@@ -28,6 +29,19 @@ using schedule::ScheduleKind;
 using transport::MessageKind;
 
 inline constexpr int kStages = 2, kReplicas = 3, kMicroBatches = 2, kSteps = 6;
+
+// The job's micro-batches a step: kMicroBatches, or the fewest more that `kind` takes both
+// there and on the survivors (3/2 as many: DualPipeV needs m >= 4 on 2 ranks); kMicroBatches
+// where none up to 8 is taken (the caller's sweep then leaves the kind out).
+inline int MicroBatchesFor(ScheduleKind kind) {
+  for (int m = kMicroBatches; m <= 8; m += 2) {
+    if (pipeline_test::TakesLayout(kind, kStages, 0, m) &&
+        pipeline_test::TakesLayout(kind, kStages, 0, m * kReplicas / (kReplicas - 1))) {
+      return m;
+    }
+  }
+  return kMicroBatches;
+}
 
 inline JobConfig Job(ScheduleKind kind, const fs::path& dir) {
   JobConfig c;
@@ -41,7 +55,7 @@ inline JobConfig Job(ScheduleKind kind, const fs::path& dir) {
   c.schedule = kind;
   c.stages = kStages;
   c.replicas = kReplicas;
-  c.micro_batches = kMicroBatches;
+  c.micro_batches = MicroBatchesFor(kind);
   c.micro_batch_size = 2;
   c.steps = kSteps;
   c.optimizer = {"adamw", 1e-2};
@@ -61,7 +75,7 @@ inline fs::path TempDir(const std::string& name) {
   return dir;
 }
 
-// Where the lost rank dies, in step `step` (m = 2 micro-batches a step).
+// Where the lost rank dies, in step `step` (of the job's m micro-batches a step).
 enum class Point {
   kForward,            // stage 0 sending the activation of the step's second micro-batch
   kBackward,           // stage 1 sending the gradient of the step's second micro-batch
@@ -88,18 +102,19 @@ class DyingTransport : public ForwardingTransport {
   DyingTransport(std::unique_ptr<transport::Transport> inner, const JobConfig& job, Fault fault,
                  std::function<void()> before_dying, std::function<void()> after_dying)
       : ForwardingTransport(std::move(inner)),
-        layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps))), fault_(fault),
+        layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps))),
+        micro_batches_(job.micro_batches), fault_(fault),
         before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
 
   absl::Status SendMessage(int peer, MessageKind kind, int64_t number,
                            const at::Tensor& t) override {
     const int64_t j = layout_.MicroBatchOfMessage(number);
-    const int64_t second = fault_.step * kMicroBatches + 1;
+    const int64_t second = fault_.step * micro_batches_ + 1;
     if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
                   j == second) ||
         (fault_.point == Point::kBackward && kind == MessageKind::kGradient && j == second) ||
         (fault_.point == Point::kAfterCommit && kind == MessageKind::kActivation &&
-         j == second + kMicroBatches)) {
+         j == second + micro_batches_)) {
       return Die();
     }
     return inner_->Send(peer, kind, number, t);
@@ -145,6 +160,7 @@ class DyingTransport : public ForwardingTransport {
     return killed;
   }
   schedule::ChunkLayout layout_;
+  int64_t micro_batches_;  // the job's, a step
   Fault fault_;
   std::function<void()> before_dying_, after_dying_;
   std::atomic<bool> dead_{false};
@@ -153,11 +169,11 @@ class DyingTransport : public ForwardingTransport {
 };
 
 
-// The job on the survivors: 2 replicas of 3 micro-batches (the global batch of 3 x 2), from
-// the survivors' state.
+// The job on the survivors: 2 replicas of 3/2 as many micro-batches (the global batch kept),
+// from the survivors' state.
 inline JobConfig OnTheSurvivors(JobConfig c, int64_t step) {
   c.replicas = kReplicas - 1;
-  c.micro_batches = kMicroBatches * kReplicas / (kReplicas - 1);
+  c.micro_batches = c.micro_batches * kReplicas / (kReplicas - 1);
   c.resume_from = (fs::path(c.checkpoint.dir) / checkpoint::StepDirName(step)).string();
   return c;
 }

@@ -4,9 +4,10 @@
 // commit itself, just after it); the survivors agree on a step (recovery::PlanSurvivorStep),
 // those holding its update apply it, the lowest surviving replica of each stage writes the
 // state at that step, and the job goes on from it on 2 replicas with the global batch kept
-// (3 micro-batches each instead of 2). It ends within 1e-10 of the run that never failed,
-// with every step run exactly once, no step before the one in progress lost, under every kind
-// of schedule the commit runs under that takes both layouts (all but pipedream and DualPipeV);
+// (3 micro-batches each instead of 2; DualPipeV, which needs m >= 4 on 2 ranks, 6 instead of
+// 4). It ends within 1e-10 of the run that never failed, with every step run exactly once, no
+// step before the one in progress lost, under every kind of schedule the commit runs under
+// (all but pipedream);
 // also under ZB-V lost at the commit with tied weights and clipping. The commit changes no
 // bit of a run that does not fail. Negative control: without the commit, a stage updates a step its neighbour never
 // will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
@@ -119,7 +120,7 @@ double ContinueOnTheSurvivors(const JobConfig& job, const JobReport& whole, int6
 }
 
 // Every kind the step commit runs under (CommitStepsRefusal) that takes both the job's layout
-// and the survivors' (m = 2 and 3 on 2 ranks: DualPipeV needs m >= 4 there).
+// and the survivors' (m micro-batches and 3/2 m on 2 ranks: MicroBatchesFor).
 std::vector<ScheduleKind> KindsTheSurvivorsGoOnUnder() {
   std::vector<ScheduleKind> kinds;
   for (const ScheduleKind kind : schedule::kScheduleKinds) {
