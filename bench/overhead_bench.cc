@@ -33,7 +33,7 @@
 
 #include "runtime/base/threads.h"
 #include "runtime/data/dataset.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
@@ -113,20 +113,20 @@ T OrDie(absl::StatusOr<T> value, const char* what) {
   return *std::move(value);
 }
 
-job::JobConfig PipetrainConfig(int micro_batches, int micro_batch_size, int steps,
+job::JobSpec PipetrainConfig(int micro_batches, int micro_batch_size, int steps,
                                int threads) {
-  job::JobConfig c;  // the default GPT, data and AdamW
-  c.schedule = schedule::ScheduleKind::kOneFOneB;
-  c.stages = 1;
-  c.micro_batches = micro_batches;
-  c.micro_batch_size = micro_batch_size;
-  c.steps = steps;
-  c.threads_per_stage = threads;
+  job::JobSpec c;  // the default GPT, data and AdamW
+  job::SetSchedule(c, schedule::ScheduleKind::kOneFOneB);
+  c.set_stages(1);
+  c.set_microbatches(micro_batches);
+  c.set_microbatch_size(micro_batch_size);
+  c.set_steps(steps);
+  c.set_threads_per_stage(threads);
   return c;
 }
 
 // A: pipetrain. Returns the step times of one run.
-std::vector<double> RunPipetrain(const job::JobConfig& config) {
+std::vector<double> RunPipetrain(const job::JobSpec& config) {
   job::JobReport report = OrDie(job::RunInProcess(config), "RunInProcess");
   std::vector<double> ends;
   for (const auto& step : report.stage_stats[0].steps) ends.push_back(step.end_s);
@@ -134,37 +134,37 @@ std::vector<double> RunPipetrain(const job::JobConfig& config) {
 }
 
 // B: the plain loop on the same model, data and optimizer settings as `config`. With
-// `accumulate`, each step is config.micro_batches forward/backward passes of
-// config.micro_batch_size rows (loss scaled by 1/m); otherwise one pass over all
+// `accumulate`, each step is config.microbatches() forward/backward passes of
+// config.microbatch_size() rows (loss scaled by 1/m); otherwise one pass over all
 // m * b rows of the step.
-std::vector<double> RunPlainOnThisThread(const job::JobConfig& config, bool accumulate) {
-  SetIntraOpThreads(config.threads_per_stage);
+std::vector<double> RunPlainOnThisThread(const job::JobSpec& config, bool accumulate) {
+  SetIntraOpThreads(config.threads_per_stage());
   data::SyntheticCorpusOptions data_options;
-  data_options.vocab = config.data.vocab;
-  data_options.branching = config.data.branching;
-  data_options.num_tokens = config.data.num_tokens;
-  data_options.seed = config.data.seed;
-  data_options.window.seq_len = config.data.seq_len;
+  data_options.vocab = config.data().vocab();
+  data_options.branching = config.data().branching();
+  data_options.num_tokens = config.data().num_tokens();
+  data_options.seed = config.data().seed();
+  data_options.window.seq_len = config.data().seq_len();
   std::unique_ptr<data::Dataset> dataset =
       OrDie(data::MakeSyntheticCorpus(data_options), "MakeSyntheticCorpus");
-  data::BatchSampler sampler(dataset->num_samples(), config.seed, /*replicas=*/1,
-                             config.micro_batches, config.micro_batch_size);
+  data::BatchSampler sampler(dataset->num_samples(), config.seed(), /*replicas=*/1,
+                             config.microbatches(), config.microbatch_size());
 
-  model::ModelConfig model_config = config.model;
-  model_config.seed = config.seed;
+  model::ModelConfig model_config = job::ModelConfigOf(config);
+  model_config.seed = config.seed();
   model_config.vocab_size = dataset->num_classes();
-  model_config.seq_len = config.data.seq_len;
+  model_config.seq_len = config.data().seq_len();
   model::StageModule module(0, OrDie(model::BuildModel(model_config), "BuildModel"));
   torch::optim::AdamW optimizer(
       module.Parameters(),
-      torch::optim::AdamWOptions(config.optimizer.lr)
-          .betas({config.optimizer.beta1, config.optimizer.beta2})
-          .eps(config.optimizer.eps)
-          .weight_decay(config.optimizer.weight_decay));
+      torch::optim::AdamWOptions(config.optimizer().lr())
+          .betas({config.optimizer().beta1(), config.optimizer().beta2()})
+          .eps(config.optimizer().eps())
+          .weight_decay(config.optimizer().weight_decay()));
 
-  const int passes = accumulate ? config.micro_batches : 1;
+  const int passes = accumulate ? config.microbatches() : 1;
   std::vector<double> ends;
-  for (int64_t t = 0; t < config.steps; ++t) {
+  for (int64_t t = 0; t < config.steps(); ++t) {
     double loss_sum = 0;
     for (int i = 0; i < passes; ++i) {
       const data::MicroBatch mb = dataset->Read(
@@ -175,7 +175,7 @@ std::vector<double> RunPlainOnThisThread(const job::JobConfig& config, bool accu
       model::LayerContext ctx;
       ctx.micro_batch = t * passes + i;
       ctx.mini_batch = t;
-      ctx.seed = config.seed;
+      ctx.seed = config.seed();
       const at::Tensor logits = module.Forward(inputs, ctx);
       at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                                targets.reshape({-1}));
@@ -197,7 +197,7 @@ std::vector<double> RunPlainOnThisThread(const job::JobConfig& config, bool accu
 
 // Runs RunPlainOnThisThread on a fresh thread, as RunInProcess runs its stage: each side then
 // starts with its own OpenMP team.
-std::vector<double> RunPlain(const job::JobConfig& config, bool accumulate) {
+std::vector<double> RunPlain(const job::JobSpec& config, bool accumulate) {
   std::vector<double> out;
   std::thread worker([&] { out = RunPlainOnThisThread(config, accumulate); });
   worker.join();
@@ -238,13 +238,13 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (int threads : options.threads) {
     for (const Comparison& cmp : comparisons) {
-      const pipetrain::job::JobConfig config =
+      const pipetrain::job::JobSpec config =
           PipetrainConfig(cmp.micro_batches, cmp.micro_batch_size, options.steps, threads);
       Samples s;
       // One unmeasured warm-up of each side (allocator, thread pools, page cache).
       {
-        pipetrain::job::JobConfig warm = config;
-        warm.steps = 3;
+        pipetrain::job::JobSpec warm = config;
+        warm.set_steps(3);
         RunPipetrain(warm);
         RunPlain(warm, cmp.accumulate);
       }

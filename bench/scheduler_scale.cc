@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "coordinator/scheduler.h"
-#include "jobspec/job_config_from_spec.h"
 
 namespace {
 
@@ -99,8 +98,8 @@ int main(int argc, char** argv) {
     job.set_generation(1);
     job.set_restarts(1);
     job.add_recoveries()->set_cause("worker-1 lost");
-    const absl::StatusOr<pipetrain::job::JobConfig> config =
-        pipetrain::jobspec::JobConfigFromSpec(spec);
+    const absl::StatusOr<pipetrain::job::JobSpec> config =
+        pipetrain::job::Validated(spec);
     if (!config.ok()) {
       std::fprintf(stderr, "scheduler_scale: %s\n", std::string(config.status().message()).c_str());
       return 1;

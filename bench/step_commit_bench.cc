@@ -1,4 +1,4 @@
-// step_commit_bench: what the step commit (JobConfig::commit_steps; docs/design.md 4.8) costs
+// step_commit_bench: what the step commit (job::Generation::commit_steps; docs/design.md 4.8) costs
 // a step: the p − 1 one-element messages to every rank of the pipeline and the one-element
 // AllReduce among the replicas that every rank waits for before its update.
 //
@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -34,36 +34,41 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-job::JobConfig Job(int stages, int replicas, int steps, int d_model, bool commit) {
-  job::JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = d_model;
-  c.model.n_heads = 4;
-  c.model.n_layers = 4;
-  c.data.vocab = 256;
-  c.data.seq_len = 32;
-  c.data.num_tokens = 1 << 16;
-  c.schedule = schedule::ScheduleKind::kOneFOneB;
-  c.stages = stages;
-  c.replicas = replicas;
-  c.micro_batches = 4;
-  c.micro_batch_size = 4;
-  c.steps = steps;
-  c.optimizer = {"adamw", 1e-3};
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 120;
-  c.commit_steps = commit;
+job::JobSpec Job(int stages, int replicas, int steps, int d_model) {
+  job::JobSpec c;
+  c.mutable_model()->set_name("gpt");
+  c.mutable_model()->set_d_model(d_model);
+  c.mutable_model()->set_n_heads(4);
+  c.mutable_model()->set_n_layers(4);
+  c.mutable_data()->set_vocab(256);
+  c.mutable_data()->set_seq_len(32);
+  c.mutable_data()->set_num_tokens(1 << 16);
+  job::SetSchedule(c, schedule::ScheduleKind::kOneFOneB);
+  c.set_stages(stages);
+  c.set_replicas(replicas);
+  c.set_microbatches(4);
+  c.set_microbatch_size(4);
+  c.set_steps(steps);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-3);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(120);
   return c;
 }
 
 // The median interval between rank 0's updates after its first, in seconds.
-double StepTime(const job::JobConfig& c) {
+double StepTime(const job::JobSpec& c, bool commit) {
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
-  const int n = c.stages * c.replicas;
+  const int n = job::PipelineStages(c) * c.replicas();
   std::vector<absl::StatusOr<job::StageOutcome>> outcomes(n, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] { outcomes[rank] = job::RunStage(c, rank, store); });
+    threads.emplace_back([&, rank] {
+      job::StageRunOptions options;
+      options.generation.commit_steps = commit;
+      outcomes[rank] = job::RunStage(c, rank, store, options);
+    });
   }
   for (std::thread& t : threads) t.join();
   for (int rank = 0; rank < n; ++rank) {
@@ -101,11 +106,11 @@ int Main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) {
       double off = 0, on = 0;
       if (r % 2 == 0) {
-        off = StepTime(Job(p, w, steps, d_model, false));
-        on = StepTime(Job(p, w, steps, d_model, true));
+        off = StepTime(Job(p, w, steps, d_model), false);
+        on = StepTime(Job(p, w, steps, d_model), true);
       } else {
-        on = StepTime(Job(p, w, steps, d_model, true));
-        off = StepTime(Job(p, w, steps, d_model, false));
+        on = StepTime(Job(p, w, steps, d_model), true);
+        off = StepTime(Job(p, w, steps, d_model), false);
       }
       without.push_back(off);
       with.push_back(on);

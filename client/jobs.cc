@@ -22,13 +22,13 @@
 #include "client/job_views.h"
 #include "client/local_cluster.h"
 #include "client/stage_breakdown.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "proto/states.h"
 #include "rpc/health.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/printable.h"
@@ -88,7 +88,7 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
       // violation, even one too large to send (a 10 MB name).
       const std::string what = job_file->empty() ? std::string("submitting the job")
                                                  : absl::StrCat("submitting ", *job_file);
-      if (absl::Status valid = jobspec::JobConfigFromSpec(*spec).status(); !valid.ok()) {
+      if (absl::Status valid = job::Validated(*spec).status(); !valid.ok()) {
         std::fprintf(stderr, "pipetrain: %s: %s\n", what.c_str(),
                      std::string(valid.message()).c_str());
         return exit_code::For(valid);

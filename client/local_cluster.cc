@@ -13,10 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "client/cluster_calls.h"
 #include "client/daemon_process.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/run_summary.h"
 #include "jobspec/spec_text.h"
 #include "proto/states.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
@@ -80,7 +80,7 @@ int RunChild(const std::vector<std::string>& argv) {
 // launch mode writes), from the coordinator's last view of it and the steps it committed.
 absl::Status WriteSummary(const std::string& path, const std::string& address,
                           const v1::Job& job, double wall_s) {
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
+  absl::StatusOr<job::JobSpec> config = job::Validated(job.spec());
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<v1::CommittedStep>> steps = CommittedSteps(address, job.id());
   if (!steps.ok()) {
@@ -92,11 +92,11 @@ absl::Status WriteSummary(const std::string& path, const std::string& address,
   s.launch = "cluster";
   s.job_id = job.id();
   s.state = StateName(job.state());
-  s.schedule = std::string(schedule::ScheduleKindName(config->schedule));
+  s.schedule = std::string(schedule::ScheduleKindName(job::ScheduleOf(*config)));
   s.stages = job.stages();
   s.replicas = job.replicas();
-  s.microbatches = config->micro_batches;
-  s.microbatch_size = config->micro_batch_size;
+  s.microbatches = config->microbatches();
+  s.microbatch_size = config->microbatch_size();
   s.steps = job.steps();
   s.first_step = steps->empty() ? 0 : steps->front().step();
   for (const v1::CommittedStep& step : *steps) {
@@ -112,7 +112,7 @@ absl::Status WriteSummary(const std::string& path, const std::string& address,
   s.step_time_s = job.step_time_s();
   // The coordinator's rate is of the job's unit: tokens of token data, else samples.
   const bool tokens = job.data_unit() == "tok";
-  s.samples_per_s = tokens ? job.tokens_per_s() / config->data.seq_len : job.tokens_per_s();
+  s.samples_per_s = tokens ? job.tokens_per_s() / config->data().seq_len() : job.tokens_per_s();
   if (tokens) s.tokens_per_s = job.tokens_per_s();
   s.wall_s = wall_s;
   for (const v1::StageStatus& st : job.stage_status()) {
@@ -130,7 +130,7 @@ absl::Status WriteSummary(const std::string& path, const std::string& address,
     s.per_stage.push_back(std::move(stage));
   }
   if (job.has_plan()) s.plan_json = jobspec::PlannedLayoutJson(job.plan());
-  s.config_json = job::JobConfigToJson(*config);
+  s.config_json = job::JobToJson(*config);
   return WriteFileAtomically(path, jobspec::RunSummaryJson(s));
 }
 

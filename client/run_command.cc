@@ -7,12 +7,13 @@
 
 #include "absl/strings/str_join.h"
 #include "client/local_cluster.h"
+#include "jobspec/planned_layout.h"
 #include "jobspec/plan_flags.h"
 #include "run/link_command.h"
 #include "jobspec/run_outputs.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
 
@@ -47,7 +48,7 @@ int RunJob(const RunCommand& c) {
   absl::StatusOr<v1::JobSpec> spec = jobspec::BuildJobSpec(c.job_file, *c.spec_flags);
   if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
   // Refused here with every violation, before anything starts.
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
 
   if (c.launch == "threads" || c.launch == "processes") {
@@ -61,7 +62,7 @@ int RunJob(const RunCommand& c) {
     std::vector<std::string> argv = {runner, "--launch", c.launch, "--spec-text",
                                      jobspec::JobSpecToText(*spec)};
     for (std::string& a : c.outputs.AsArgs()) argv.push_back(std::move(a));
-    if (config->auto_stages) {
+    if (config->auto_stages()) {
       for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
     }
     return Fail(subprocess::Exec(argv), exit_code::kUnavailable);
@@ -75,7 +76,7 @@ int RunJob(const RunCommand& c) {
     return exit_code::kUsage;
   }
   if (c.outputs.dry_run) {  // the conversion the coordinator and every worker make
-    std::printf("%s\n", job::JobConfigToJson(*config).c_str());
+    std::printf("%s\n", job::JobToJson(*config).c_str());
     return exit_code::kOk;
   }
   LocalClusterRun run;
@@ -123,7 +124,7 @@ int PlanJob(const PlanCommand& c) {
   if (!spec.ok()) return Fail(spec.status(), exit_code::For(spec.status()));
   // Planning replaces the job's layout, so it is not checked (--predict keeps it).
   if (!c.planning.predict) jobspec::MarkForPlanning(&*spec);
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
   const std::string runner = FindDaemon("pipetrain-run");
   if (runner.empty()) {

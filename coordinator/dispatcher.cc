@@ -60,7 +60,7 @@ void Dispatcher::Schedule() {
   for (const JobEntry* e : queued) {
     const JobController& c = e->controller;
     wanted.push_back({c.id(), c.job().stages() * c.job().replicas(),
-                      c.config().threads_per_stage, c.config().device,
+                      c.config().threads_per_stage(), c.config().device(),
                       scheduler_.PlacerFor(c.config())});
   }
   const PlacementPlan plan = scheduler_.PlanQueue(wanted, state_.pool.Placeable());
@@ -164,7 +164,7 @@ void Dispatcher::AssignmentFailed(const std::string& job_id, int rank,
   }
   std::vector<std::string> idle;  // of the job's device kind
   for (const std::string& id : state_.pool.IdleIds()) {
-    if (DeviceKind(state_.pool.Find(id)->info.device()) == DeviceKind(c.config().device)) {
+    if (DeviceKind(state_.pool.Find(id)->info.device()) == DeviceKind(c.config().device())) {
       idle.push_back(id);
     }
   }

@@ -69,20 +69,20 @@ int SkippedInARowBefore(const std::set<int64_t>& skipped, int64_t step) {
   return n;
 }
 
-JobController::JobController(Settings settings, v1::Job job, job::JobConfig config)
+JobController::JobController(Settings settings, v1::Job job, job::JobSpec config)
     : settings_(std::move(settings)), job_(std::move(job)), config_(std::move(config)) {
   tokens_per_step_ = TokensPerStep(job_, config_);
   run_ = RunFromRecord(job_);
 }
 
-int64_t JobController::TokensPerStep(const v1::Job& job, const job::JobConfig& config) {
+int64_t JobController::TokensPerStep(const v1::Job& job, const job::JobSpec& config) {
   const bool tokens = job.data_unit() != "samples";
-  return static_cast<int64_t>(config.replicas) * config.micro_batches * config.micro_batch_size *
-         (tokens ? config.data.seq_len : 1);
+  return static_cast<int64_t>(config.replicas()) * config.microbatches() * config.microbatch_size() *
+         (tokens ? config.data().seq_len() : 1);
 }
 
 JobController JobController::FromRecord(Settings settings, v1::Job job,
-                                        const absl::StatusOr<job::JobConfig>& config) {
+                                        const absl::StatusOr<job::JobSpec>& config) {
   JobController c(std::move(settings));
   c.job_ = std::move(job);
   if (config.ok()) {
@@ -91,7 +91,7 @@ JobController JobController::FromRecord(Settings settings, v1::Job job,
   }
   c.run_ = RunFromRecord(c.job_);
   if (c.job_.state() != v1::JOB_STATE_RUNNING) return c;
-  if (config.ok() && c.job_.restarts() < c.config_.max_restarts) {
+  if (config.ok() && c.job_.restarts() < c.config_.max_restarts()) {
     // Its workers stop their stages when their next heartbeat is refused and register
     // again; the job waits for them (the coordinator's recovery placement).
     c.Apply(Fault{absl::StrCat("the coordinator restarted (", c.job_.step() + 1, " of ",
@@ -155,7 +155,7 @@ v1::StageAssignment JobController::AssignmentFor(int rank) const {
 
 void JobController::Apply(const JobEvent& event) {
   const JobRun before = run_;
-  Transition t = coordinator::Apply(run_, event, RestartPolicy{config_.max_restarts});
+  Transition t = coordinator::Apply(run_, event, RestartPolicy{config_.max_restarts()});
   run_ = std::move(t.run);
   job_.set_state(JobStateOf(run_.phase));
   job_.set_restarts(run_.restarts);
@@ -242,13 +242,13 @@ void JobController::RecordRecovery(const BeginRecovery& recovery) {
   rec->set_detected_unix_ms(NowMs());
   const int64_t again = std::max<int64_t>(0, job_.step() + 1 - resume_at);
   job_.set_message(absl::StrCat("recovering (restart ", job_.restarts(), " of ",
-                                config_.max_restarts, "): ", cause));
+                                config_.max_restarts(), "): ", cause));
   const std::string checkpoint =
       absl::StrCat(resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
                                  : std::string("the start"),
                    " (", again, " step", again == 1 ? "" : "s", " to run again)");
   Say(absl::StrCat("generation ", job_.generation(), " ended: ", cause, "; restart ",
-                   job_.restarts(), " of ", config_.max_restarts, " from ",
+                   job_.restarts(), " of ", config_.max_restarts(), " from ",
                    survivors != nullptr
                        ? absl::StrCat("the survivors' newest common step, or else from ",
                                       checkpoint)
@@ -304,10 +304,10 @@ void JobController::StartGeneration(
   restart_point_.Reset();
   // The step commit, so that a fault costs no step, where the survivors could go on: with
   // replicas, restarts left, and a schedule and device the commit runs under.
-  job::JobConfig layout = config_;
-  layout.stages = job_.stages();
-  layout.replicas = job_.replicas();
-  commit_steps_ = job_.replicas() > 1 && job_.restarts() < config_.max_restarts &&
+  job::JobSpec layout = config_;
+  layout.set_stages(job_.stages());
+  layout.set_replicas(job_.replicas());
+  commit_steps_ = job_.replicas() > 1 && job_.restarts() < config_.max_restarts() &&
                   job::CommitStepsRefusal(layout).empty();
   if (survivors_ && survivors_->plan() && survivors_->plan()->step != start_step) {
     // Their plan was announced; say that it was not carried out, and where the job goes on.
@@ -483,7 +483,7 @@ void JobController::ReportStep(const v1::StepReport& r) {
   }
   // After the last step only the policy's final checkpoint comes: its commit is its event.
   // The commands took effect at a boundary once every rank has reported them there.
-  if (r.commands_after_size() > 0 && r.step() + 1 < config_.steps &&
+  if (r.commands_after_size() > 0 && r.step() + 1 < config_.steps() &&
       ++commands_reported_[r.step() + 1] == job_.stage_status_size()) {
     uint32_t bits = 0;
     for (int c : r.commands_after()) {
@@ -496,7 +496,7 @@ void JobController::ReportStep(const v1::StepReport& r) {
     CommitSteps(recorded.committed);
     const int64_t done = job_.step();
     const RestartPoint::Decision moved =
-        restart_point_.Committed(done, job_.checkpoint_step(), config_.steps);
+        restart_point_.Committed(done, job_.checkpoint_step(), config_.steps());
     if (moved.final_one) {
       Say(absl::StrCat("final checkpoint (after step ", moved.final_one->step - 1,
                        ") committed: ", moved.final_one->dir));
@@ -557,7 +557,7 @@ void JobController::CommitSteps(const std::vector<StepLedger::CommittedStep>& st
     if (!step.skipped && skipped_steps_.erase(step.step) > 0) {
       job_.set_skipped_steps(std::max<int64_t>(0, job_.skipped_steps() - 1));
     }
-    job_.set_learning_rate(weights::LearningRateAt(config_.optimizer, step.step, config_.steps));
+    job_.set_learning_rate(weights::LearningRateAt(job::OptimizerConfigOf(config_), step.step, config_.steps()));
     job_.set_has_grad_norm(step.grad_norm.has_value());
     if (step.grad_norm) {
       job_.set_grad_norm(*step.grad_norm);

@@ -38,7 +38,7 @@
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/worker_service.pb.h"
 #include "runtime/base/clock.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::coordinator {
 
@@ -84,13 +84,13 @@ class JobController {
 
   // A job submitted: `job` its record as queued (id, spec, layout, steps), `config` its spec
   // with defaults applied.
-  JobController(Settings settings, v1::Job job, job::JobConfig config);
+  JobController(Settings settings, v1::Job job, job::JobSpec config);
   // A job as a starting coordinator finds it in its store (`config`: its spec read again,
   // an error for a spec this version no longer takes). A job that ran then is restarted
   // (a Fault: the coordinator restarted) if it has restarts left, else marked failed
   // ("interrupted by a coordinator restart"): TakeEffects() says so.
   static JobController FromRecord(Settings settings, v1::Job job,
-                                  const absl::StatusOr<job::JobConfig>& config);
+                                  const absl::StatusOr<job::JobSpec>& config);
 
   // What the calls since the last TakeEffects() asked for; the controller then has none.
   JobEffects TakeEffects();
@@ -98,7 +98,7 @@ class JobController {
   // ---- What it is (read by the coordinator to schedule, check reports and show it).
   const v1::Job& job() const { return job_; }
   const std::string& id() const { return job_.id(); }
-  const job::JobConfig& config() const { return config_; }
+  const job::JobSpec& config() const { return config_; }
   const JobRun& run() const { return run_; }
   Phase phase() const { return run_.phase; }
   // The worker of each rank of its current (or last) generation.
@@ -176,7 +176,7 @@ class JobController {
   // An event of the job.
   void Say(const std::string& text);
   // Tokens (or samples) a step of it trains on, for its throughput.
-  static int64_t TokensPerStep(const v1::Job& job, const job::JobConfig& config);
+  static int64_t TokensPerStep(const v1::Job& job, const job::JobSpec& config);
   void Changed(bool progress_only = false);
   void Stop(const std::vector<int>& ranks, const std::string& reason);
   // The job machine's commands, on the record.
@@ -202,7 +202,7 @@ class JobController {
   Settings settings_;
   JobEffects effects_;
   v1::Job job_;
-  job::JobConfig config_;
+  job::JobSpec config_;
   JobRun run_;  // its lifecycle; job_.state, restarts, generation mirror it
   std::vector<std::string> rank_worker_;
   StepLedger ledger_;  // the generation's steps: per rank, committed, losses, throughput

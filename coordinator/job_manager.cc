@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
 #include "proto/states.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/weights/optimizer_config.h"
@@ -39,7 +39,7 @@ absl::Status JobManager::Load() {
       if (!job.ParseFromString(s.job)) {
         return absl::DataLossError(absl::StrCat("job store: job ", s.id, " is unreadable"));
       }
-      absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(job.spec());
+      absl::StatusOr<job::JobSpec> config = job::Validated(job.spec());
       JobEntry& e = state_.jobs.Add(
           s.id, JobEntry(JobController::FromRecord(state_.JobSettings(), std::move(job), config)));
       e.durable = true;
@@ -55,23 +55,24 @@ absl::Status JobManager::Load() {
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
                                            const std::string& model_profile_json) {
   v1::JobSpec spec = submitted;
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(spec);
   if (!config.ok()) return config.status();
   std::optional<v1::PlannedLayout> plan;
-  if (config->auto_stages) {
+  if (config->auto_stages()) {
     std::vector<v1::WorkerInfo> workers;
     {
       absl::MutexLock lock(&state_.mu);
       workers = state_.pool.Infos();
     }
     absl::StatusOr<SubmissionPlanner::Planned> planned =
-        planner_.Plan(spec, *config, model_profile_json, workers);
+        planner_.Plan(spec, model_profile_json, workers);
     if (!planned.ok()) return planned.status();
     spec = planned->spec;
-    config = planned->config;
     plan = planned->record;
-    if (absl::Status valid = jobspec::JobConfigFromSpec(spec).status(); !valid.ok()) {
-      return absl::InternalError(absl::StrCat("the planned layout is invalid: ", valid.message()));
+    config = job::Validated(spec);
+    if (!config.ok()) {
+      return absl::InternalError(
+          absl::StrCat("the planned layout is invalid: ", config.status().message()));
     }
   }
   std::string id;
@@ -84,12 +85,12 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
     *job.mutable_spec() = spec;
     job.set_state(v1::JOB_STATE_QUEUED);
     job.set_stages(job::PipelineStages(*config));
-    job.set_replicas(config->replicas);
-    job.set_steps(config->steps);
+    job.set_replicas(config->replicas());
+    job.set_steps(config->steps());
     job.set_step(-1);
     job.set_submitted_unix_ms(state_.NowMs());
     if (plan) *job.mutable_plan() = *plan;
-    const bool tokens = job::EffectiveDataKind(*config) != "classification";
+    const bool tokens = job::DataKindOf(*config) != "classification";
     job.set_data_unit(tokens ? "tok" : "samples");
     id = job.id();
     JobEntry& added =
@@ -124,7 +125,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
 }
 
 absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& spec,
-                                                   job::JobConfig& config) const {
+                                                   job::JobSpec& config) const {
   if (!spec.checkpoint().has_dir()) {
     if (spec.resume_from() == "latest") {
       return absl::InvalidArgumentError(
@@ -134,7 +135,7 @@ absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& 
     }
     const std::string own = "checkpoints/" + id;
     spec.mutable_checkpoint()->set_dir(own);
-    config.checkpoint.dir = own;
+    config.mutable_checkpoint()->set_dir(own);
     return absl::OkStatus();
   }
   // One directory however it is spelled ("a//b/", "a/x/../b"); links are not followed (the
@@ -148,7 +149,7 @@ absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& 
   for (const auto& [other_id, other] : state_.jobs) {
     const v1::JobState state = other.controller.job().state();
     if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
-    if (normal(other.controller.config().checkpoint.dir) == dir) {
+    if (normal(other.controller.config().checkpoint().dir()) == dir) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id,
           " (", state == v1::JOB_STATE_QUEUED ? "queued" : "running",
@@ -299,8 +300,8 @@ absl::StatusOr<std::vector<StoredStep>> JobManager::Steps(const std::string& id,
     absl::MutexLock lock(&state_.mu);
     auto it = state_.jobs.find(id);
     if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-    optimizer = it->second.controller.config().optimizer;
-    job_steps = it->second.controller.config().steps;
+    optimizer = job::OptimizerConfigOf(it->second.controller.config());
+    job_steps = it->second.controller.config().steps();
   }
   (void)state_.FlushWrites();  // what was committed so far
   PT_ASSIGN_OR_RETURN(std::vector<StoredStep> steps,
@@ -318,7 +319,7 @@ int JobManager::CheckpointRunningJobs(absl::Duration limit) {
     absl::MutexLock lock(&state_.mu);
     for (auto& [id, e] : state_.jobs) {
       const JobController& c = e.controller;
-      if (c.job().restarts() >= c.config().max_restarts) continue;  // it could not resume
+      if (c.job().restarts() >= c.config().max_restarts()) continue;  // it could not resume
       absl::StatusOr<std::shared_ptr<WorkerClient>> rank0 =
           CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool);
       if (rank0.ok()) targets.push_back({id, *rank0});

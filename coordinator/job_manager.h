@@ -21,7 +21,7 @@
 #include "coordinator/dispatcher.h"
 #include "coordinator/submission_planner.h"
 #include "pipetrain/v1/job_service.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::coordinator {
 
@@ -83,7 +83,7 @@ class JobManager {
   // job uses is refused (FailedPrecondition naming that job), and so is resume_from: latest
   // without a directory (InvalidArgument: nothing is in a new one).
   absl::Status PlaceCheckpointDir(const std::string& id, v1::JobSpec& spec,
-                                  job::JobConfig& config) const
+                                  job::JobSpec& config) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
 
   CoordinatorState& state_;

@@ -7,13 +7,13 @@
 
 namespace pipetrain::coordinator {
 
-model::ModelConfig ModelSizedByData(const job::JobConfig& c) {
-  model::ModelConfig m = c.model;
-  m.float64 = c.precision == job::Precision::kFloat64;
-  const std::string kind = job::EffectiveDataKind(c);
+model::ModelConfig ModelSizedByData(const job::JobSpec& c) {
+  model::ModelConfig m = job::ModelConfigOf(c);
+  m.float64 = job::PrecisionOf(c) == job::Precision::kFloat64;
+  const std::string kind = job::DataKindOf(c);
   if (kind != "classification") {
-    m.vocab_size = c.data.vocab > 0 ? c.data.vocab : (kind == "bytes" ? 256 : 65536);
-    m.seq_len = c.data.seq_len;
+    m.vocab_size = c.data().vocab() > 0 ? c.data().vocab() : (kind == "bytes" ? 256 : 65536);
+    m.seq_len = c.data().seq_len();
   }
   return m;
 }
@@ -31,14 +31,14 @@ std::optional<std::vector<model::LayerRange>> StageRanges(
   return *std::move(balanced);
 }
 
-std::optional<planner::ModelProfile> TrafficProfile(const job::JobConfig& c) {
+std::optional<planner::ModelProfile> TrafficProfile(const job::JobSpec& c) {
   const model::ModelConfig m = ModelSizedByData(c);
   absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(m);
   if (!layers.ok()) return std::nullopt;
-  const int weight_bytes = c.precision == job::Precision::kFloat64 ? 8 : 4;
-  const int activation_bytes = c.precision == job::Precision::kBFloat16 ? 2 : weight_bytes;
-  std::vector<int64_t> shape = {c.micro_batch_size};
-  if (job::EffectiveDataKind(c) != "classification") {
+  const int weight_bytes = job::PrecisionOf(c) == job::Precision::kFloat64 ? 8 : 4;
+  const int activation_bytes = job::PrecisionOf(c) == job::Precision::kBFloat16 ? 2 : weight_bytes;
+  std::vector<int64_t> shape = {c.microbatch_size()};
+  if (job::DataKindOf(c) != "classification") {
     shape.push_back(m.seq_len);
   } else if (m.name == "cnn" || m.name == "vgg") {
     shape.insert(shape.end(), m.image_shape.begin(), m.image_shape.end());
@@ -48,7 +48,7 @@ std::optional<planner::ModelProfile> TrafficProfile(const job::JobConfig& c) {
   planner::ModelProfile profile;
   profile.model = m.name;
   planner::MicroBatchProfile size;
-  size.micro_batch_size = c.micro_batch_size;
+  size.micro_batch_size = c.microbatch_size();
   for (int i = 0; i < static_cast<int>(layers->size()); ++i) {
     absl::StatusOr<std::vector<int64_t>> out = model::BuiltinLayerOutputShape(m, i, shape);
     if (!out.ok()) return std::nullopt;
@@ -66,14 +66,14 @@ std::optional<planner::ModelProfile> TrafficProfile(const job::JobConfig& c) {
   return profile;
 }
 
-HostPlacer MakeHostPlacer(const job::JobConfig& c, const planner::HostLinks& between) {
+HostPlacer MakeHostPlacer(const job::JobSpec& c, const planner::HostLinks& between) {
   // Nothing is computed until a job fits and its free workers span hosts (the queue is
   // planned at every registration).
   return [&c, between](const std::vector<int>& free_per_host) -> std::vector<int> {
     std::optional<planner::ModelProfile> profile = TrafficProfile(c);
     if (!profile) return {};
     planner::Layout layout;
-    layout.schedule = c.schedule;
+    layout.schedule = job::ScheduleOf(c);
     layout.pipeline = job::PipelineLayoutOf(c);
     std::vector<model::LayerInfo> layers;
     for (const planner::LayerProfile& l : profile->sizes.front().layers) {
@@ -84,8 +84,8 @@ HostPlacer MakeHostPlacer(const job::JobConfig& c, const planner::HostLinks& bet
     std::vector<std::pair<int, int>> stage_layers;
     for (const model::LayerRange& r : *ranges) stage_layers.emplace_back(r.begin, r.end);
     layout.SetStageLayers(std::move(stage_layers));
-    layout.overlap_allreduce = c.overlap_allreduce;
-    layout.bucket_bytes = int64_t{c.bucket_kib} * 1024;
+    layout.overlap_allreduce = c.overlap_allreduce();
+    layout.bucket_bytes = int64_t{c.bucket_kib()} * 1024;
     planner::ClusterProfile cluster;
     cluster.link = kWithinHostLink;
     cluster.allreduce = kWithinHostLink;

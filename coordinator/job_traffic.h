@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "coordinator/placement.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
 #include "runtime/model/pipeline_layout.h"
@@ -20,7 +20,7 @@ namespace pipetrain::coordinator {
 
 // The job's model with the sizes its data gives it (a token model's vocabulary and sequence
 // length), as every rank builds it.
-model::ModelConfig ModelSizedByData(const job::JobConfig& config);
+model::ModelConfig ModelSizedByData(const job::JobSpec& config);
 
 // The layers of each stage of `layout`: its own ranges, else balanced by parameter count as
 // the job balances them. nullopt when the counts cannot be split so.
@@ -32,7 +32,7 @@ std::optional<std::vector<model::LayerRange>> StageRanges(
 // and its gradient back) and parameter bytes (what an AllReduce averages), every cost in time
 // zero. nullopt for a TorchScript model (known only once loaded) or a config the formulas
 // refuse.
-std::optional<planner::ModelProfile> TrafficProfile(const job::JobConfig& config);
+std::optional<planner::ModelProfile> TrafficProfile(const job::JobSpec& config);
 
 // Links the coordinator assumes without a measurement: within a host (loopback), and between
 // hosts unless the coordinator was given `pipetrain profile-link`'s (--host-links).
@@ -45,6 +45,6 @@ inline constexpr planner::LinkProfile kBetweenHostsLink{200e-6, 125e6};  // 1 Gb
 // within a host (kWithinHostLink) and between (`between`, else kBetweenHostsLink). For a job
 // without a traffic profile it answers nothing (pool order). The work is done when it is
 // asked; `config` must outlive it (it is made and asked within one scheduling pass).
-HostPlacer MakeHostPlacer(const job::JobConfig& config, const planner::HostLinks& between);
+HostPlacer MakeHostPlacer(const job::JobSpec& config, const planner::HostLinks& between);
 
 }  // namespace pipetrain::coordinator

@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_traffic.h"
-#include "jobspec/job_config_from_spec.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/partition.h"
 #include "runtime/planner/predict.h"
@@ -27,7 +27,7 @@ bool IsUnreachable(const absl::Status& error) {
   return absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error);
 }
 
-std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
+std::optional<int64_t> RankParameterStateBytes(const job::JobSpec& c,
                                                const model::PipelineLayout& layout) {
   absl::StatusOr<std::vector<model::LayerInfo>> layers =
       model::BuiltinLayers(ModelSizedByData(c));
@@ -43,17 +43,17 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& c,
     for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
     largest = std::max(largest, sum);
   }
-  const int element = c.precision == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
+  const int element = job::PrecisionOf(c) == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
   const int64_t parameter_bytes = static_cast<int64_t>(largest) * element;
   // The planner's model of a stage's weights, and its gradient.
   // Stage 0 keeps the most versions (pipedream).
-  const int versions = planner::WeightVersions(c.schedule, layout.stages, 0, layout.micro_batches);
+  const int versions = planner::WeightVersions(job::ScheduleOf(c), layout.stages, 0, layout.micro_batches);
   return planner::WeightBytes(versions, parameter_bytes,
-                              weights::OptimizerStateCopies(c.optimizer) * parameter_bytes) +
+                              weights::OptimizerStateCopies(job::OptimizerConfigOf(c)) * parameter_bytes) +
          parameter_bytes;
 }
 
-HostPlacer Scheduler::PlacerFor(const job::JobConfig& config) const {
+HostPlacer Scheduler::PlacerFor(const job::JobSpec& config) const {
   if (policy_.host_policy == HostPolicy::kInOrder) return {};
   return MakeHostPlacer(config, policy_.host_links);
 }
@@ -78,7 +78,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
                                      const std::vector<v1::WorkerInfo>& workers,
                                      absl::Time now) const {
   const v1::Job& job = *r.job;
-  const job::JobConfig& c = *r.config;
+  const job::JobSpec& c = *r.config;
   // Every rank of the last generation has ended (its worker reported it, or was lost).
   bool ending = false;
   for (const v1::WorkerInfo& w : workers) {
@@ -93,10 +93,10 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
   // (Said without a countdown: the job's message changes only when the situation does.)
   const std::string lease_note =
       lease_left ? ", a lost worker's lease first (it may still run its rank until then)" : "";
-  const int min_cores = c.threads_per_stage;
+  const int min_cores = c.threads_per_stage();
   std::vector<const v1::WorkerInfo*> idle;
   for (const v1::WorkerInfo& w : workers) {
-    if (w.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.device()) == DeviceKind(c.device) &&
+    if (w.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.device()) == DeviceKind(c.device()) &&
         (min_cores <= 0 || w.cores() <= 0 || w.cores() >= min_cores)) {
       idle.push_back(&w);
     }
@@ -133,7 +133,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       run.set_replicas(l.replicas);
       run.set_microbatches(l.micro_batches);
       if (job.checkpoint_step() > 0) run.set_resume_from(job.checkpoint_path());
-      absl::StatusOr<job::JobConfig> run_config = jobspec::JobConfigFromSpec(run);
+      absl::StatusOr<job::JobSpec> run_config = job::Validated(run);
       if (!run_config.ok()) continue;
       StartGeneration start;
       start.layout = l;
@@ -154,7 +154,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       return start;
     }
   }
-  const absl::Duration limit = absl::Seconds(c.recv_timeout_s);
+  const absl::Duration limit = absl::Seconds(c.timeout_s());
   if (now - r.recovering_since > limit) {
     return GiveUp{absl::StrCat("no workers to restart on within timeout_s (",
                                absl::FormatDuration(limit), "): ", idle.size(), " idle",
@@ -164,7 +164,7 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
   }
   WaitForWorkers wait;
   wait.why = absl::StrCat(
-      "recovering (restart ", job.restarts(), " of ", c.max_restarts, "): ", LastCause(job),
+      "recovering (restart ", job.restarts(), " of ", c.max_restarts(), "): ", LastCause(job),
       "; waits for workers to restart on: ", idle.size(), " idle",
       ending ? ", ranks of the last generation still ending" : "", lease_note,
       !grace_over && !ending && !lease_left ? ", the same layout for 3 heartbeats" : "", too_small,

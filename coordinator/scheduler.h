@@ -29,7 +29,7 @@
 #include "coordinator/placement.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/model/pipeline_layout.h"
 #include "runtime/planner/profile.h"
 
@@ -57,7 +57,7 @@ struct SchedulerPolicy {
 // A job whose last generation a fault ended (job machine phase kRecovering).
 struct RecoveringJob {
   const v1::Job* job = nullptr;              // its record (spec, checkpoint, restarts, ...)
-  const job::JobConfig* config = nullptr;    // its spec, resolved
+  const job::JobSpec* config = nullptr;    // its spec, resolved
   absl::Time recovering_since;               // when its last generation ended
   // Until when a rank of it on a worker taken for lost may still run (that worker's lease):
   // the next generation waits for it.
@@ -100,7 +100,7 @@ bool IsUnreachable(const absl::Status& assignment_error);
 // versions and the optimizer's state) plus its gradient, at the job's dtype. Activations are
 // not counted (they need the model's profile). nullopt where it is not known without building
 // the model (TorchScript).
-std::optional<int64_t> RankParameterStateBytes(const job::JobConfig& config,
+std::optional<int64_t> RankParameterStateBytes(const job::JobSpec& config,
                                                const model::PipelineLayout& layout);
 
 class Scheduler {
@@ -128,7 +128,7 @@ class Scheduler {
 
   // How a job of `config` is put on hosts under this policy (empty: in the workers' order);
   // `config` must outlive the placer (job_traffic.h).
-  HostPlacer PlacerFor(const job::JobConfig& config) const;
+  HostPlacer PlacerFor(const job::JobSpec& config) const;
 
   const SchedulerPolicy& policy() const { return policy_; }
 

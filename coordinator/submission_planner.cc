@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_traffic.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/planned_layout.h"
 #include "runtime/base/host_port.h"
 #include "runtime/model/model_config.h"
@@ -61,7 +60,7 @@ absl::StatusOr<planner::PlanResult> SubmissionPlanner::RunGated(
 }
 
 absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
-    const v1::JobSpec& spec, const job::JobConfig& config, const std::string& profile_json,
+    const job::JobSpec& config, const std::string& profile_json,
     const std::vector<v1::WorkerInfo>& workers) {
   if (profile_json.empty()) {
     return absl::InvalidArgumentError(
@@ -84,7 +83,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
         " micro-batch sizes; the coordinator plans at most ", kMaxPlannedLayers, " layers at ",
         kMaxProfiledSizes, " sizes"));
   }
-  if (absl::StatusOr<std::vector<std::string>> names = model::BuiltinLayerNames(config.model);
+  if (absl::StatusOr<std::vector<std::string>> names = model::BuiltinLayerNames(job::ModelConfigOf(config));
       names.ok() && names->size() != layers) {
     return absl::InvalidArgumentError(absl::StrCat("model_profile_json: profiles ", layers,
                                                    " layers; the job's model has ",
@@ -130,8 +129,7 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
   if (!plan.ok()) return plan.status();
   jobspec::RunMarkedSchedule(*profile, cluster, config, &*plan);
   Planned planned;
-  planned.config = jobspec::WithLayout(config, plan->chosen.layout);
-  planned.spec = jobspec::SpecWithLayoutOf(spec, planned.config);
+  planned.spec = jobspec::WithLayout(config, plan->chosen.layout);
   planned.record = jobspec::PlannedLayoutRecord(*plan, cluster);
   return planned;
 }

@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/job_service.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/planner/planners.h"
 
 namespace pipetrain::coordinator {
@@ -44,8 +44,7 @@ class SubmissionPlanner {
   static constexpr int kMaxWaitingPlans = 2;
 
   struct Planned {
-    v1::JobSpec spec;        // the submitted spec with the chosen layout
-    job::JobConfig config;   // its conversion
+    job::JobSpec spec;  // the submitted spec with the chosen layout
     v1::PlannedLayout record;
   };
 
@@ -54,8 +53,7 @@ class SubmissionPlanner {
   // InvalidArgument for a missing or oversized profile or one of another model;
   // FailedPrecondition without workers; the planner's errors (ResourceExhausted: nothing
   // fits); and the gate's (above).
-  absl::StatusOr<Planned> Plan(const v1::JobSpec& spec, const job::JobConfig& config,
-                               const std::string& profile_json,
+  absl::StatusOr<Planned> Plan(const job::JobSpec& spec, const std::string& profile_json,
                                const std::vector<v1::WorkerInfo>& workers);
 
  private:

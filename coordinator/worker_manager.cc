@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
 #include "proto/states.h"
 #include "rpc/security.h"
@@ -273,7 +272,7 @@ absl::StatusOr<v1::DrainWorkerResponse> WorkerManager::DrainWorker(
     if (j == state_.jobs.end()) return response;
     const JobController& c = j->second.controller;
     response.set_job_id(c.id());
-    if (c.job().restarts() >= c.config().max_restarts || w->generation != c.job().generation()) {
+    if (c.job().restarts() >= c.config().max_restarts() || w->generation != c.job().generation()) {
       return response;  // nothing to restart: its rank ends with it
     }
     absl::StatusOr<std::shared_ptr<WorkerClient>> first =

@@ -1,12 +1,11 @@
 // libFuzzer target: the job-spec YAML reader (jobspec/spec_yaml.h) and what follows it for
-// an accepted spec (conversion to the runtime's JobConfig with every limit, and the text
+// an accepted spec (conversion to the runtime's JobSpec with every limit, and the text
 // form the worker receives). Properties: never a crash, a hang or an empty error; an
 // accepted spec's text form reads back as the same spec.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
 
@@ -17,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (spec.status().message().empty()) std::abort();  // a refusal always says why
     return 0;
   }
-  absl::StatusOr<pipetrain::job::JobConfig> config = pipetrain::jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<pipetrain::job::JobSpec> config = pipetrain::job::Validated(*spec);
   if (!config.ok() && config.status().message().empty()) std::abort();
   absl::StatusOr<pipetrain::v1::JobSpec> again =
       pipetrain::jobspec::JobSpecFromText(pipetrain::jobspec::JobSpecToText(*spec));

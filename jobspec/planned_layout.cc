@@ -40,46 +40,56 @@ std::string DescribeLayout(const planner::Layout& l) {
                           : ", AllReduce after the backward");
 }
 
-planner::PlanRequest PlanRequestFor(const job::JobConfig& config) {
+planner::PlanRequest PlanRequestFor(const job::JobSpec& config) {
   planner::PlanRequest request;
-  // Validated with the job (ValidateJobConfig), so it parses.
-  request.planner = planner::ParsePlannerKind(config.planner).value_or(planner::PlannerKind::kTwoBW);
-  request.global_batch = config.replicas * config.micro_batches * config.micro_batch_size;
-  request.overlap_allreduce = config.overlap_allreduce;
-  request.bucket_bytes = config.bucket_kib * 1024;
+  // Validated with the job (ValidateJob), so it parses.
+  request.planner = planner::ParsePlannerKind(config.planner()).value_or(planner::PlannerKind::kTwoBW);
+  request.global_batch = config.replicas() * config.microbatches() * config.microbatch_size();
+  request.overlap_allreduce = config.overlap_allreduce();
+  request.bucket_bytes = config.bucket_kib() * 1024;
   return request;
 }
 
-job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout) {
-  job::JobConfig c = config;
-  c.auto_stages = false;
-  c.schedule = layout.schedule;
-  c.stages = layout.stages();
-  c.virtual_stages = schedule::HoldsChunks(layout.schedule) ? layout.virtual_stages : 0;
-  c.stage_ranges.clear();
-  for (const auto& [b, e] : layout.pipeline.stage_layers) c.stage_ranges.push_back({b, e});
-  c.replicas = layout.pipeline.replicas;
-  c.micro_batch_size = layout.pipeline.micro_batch_size;
-  c.micro_batches = layout.pipeline.micro_batches;
-  c.overlap_allreduce = layout.overlap_allreduce;
-  c.bucket_kib = std::max<int64_t>(1, layout.bucket_bytes / 1024);
-  c.recompute = {};
+void MarkForPlanning(job::JobSpec* spec) {
+  spec->set_auto_stages(true);
+  spec->clear_stage_ranges();
+}
+
+job::JobSpec WithLayout(const job::JobSpec& config, const planner::Layout& layout) {
+  job::JobSpec c = config;
+  c.set_auto_stages(false);
+  job::SetSchedule(c, layout.schedule);
+  c.set_stages(layout.stages());
+  c.set_virtual_stages(schedule::HoldsChunks(layout.schedule) ? layout.virtual_stages : 0);
+  c.clear_stage_ranges();
+  for (const auto& [b, e] : layout.pipeline.stage_layers) {
+    v1::LayerRange* range = c.add_stage_ranges();
+    range->set_begin(b);
+    range->set_end(e);
+  }
+  c.set_replicas(layout.pipeline.replicas);
+  c.set_microbatch_size(layout.pipeline.micro_batch_size);
+  c.set_microbatches(layout.pipeline.micro_batches);
+  c.set_overlap_allreduce(layout.overlap_allreduce);
+  c.set_bucket_kib(std::max<int64_t>(1, layout.bucket_bytes / 1024));
+  job::RecomputeConfig recompute;
   const std::vector<int> layers = RecomputedLayers(layout);
   if (!layers.empty()) {
-    c.recompute.mode = job::RecomputeConfig::Mode::kLayers;
-    c.recompute.indices = layers;
+    recompute.mode = job::RecomputeConfig::Mode::kLayers;
+    recompute.indices = layers;
   }
+  job::SetRecompute(c, recompute);
   return c;
 }
 
 std::string RunMarkedSchedule(const planner::ModelProfile& profile,
                               const planner::ClusterProfile& cluster,
-                              const job::JobConfig& config, planner::PlanResult* plan) {
+                              const job::JobSpec& config, planner::PlanResult* plan) {
   if (!plan->chosen.layout.rank_hosts.empty()) return "";
   for (planner::ScheduleOption& option :
        planner::CompareSchedules(profile, cluster, plan->chosen.layout)) {
     if (!option.best || option.schedule == plan->chosen.layout.schedule) continue;
-    if (!job::ValidateJobConfig(WithLayout(config, option.candidate.layout)).ok()) return "";
+    if (!job::ValidateJob(WithLayout(config, option.candidate.layout)).ok()) return "";
     const planner::Candidate& was = plan->chosen;
     std::string line = absl::StrFormat(
         "runs %s, the schedule marked on this shape (the same updates): predicted %.3f ms a "

@@ -7,18 +7,18 @@
 #include <vector>
 
 #include "pipetrain/v1/job.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/planner/planners.h"
 
 namespace pipetrain::jobspec {
 
 // The planner's request for `config`: its planner, its global batch (replicas x micro-batches
 // x micro-batch size), its overlap and bucket size; every micro-batch size (none excluded).
-planner::PlanRequest PlanRequestFor(const job::JobConfig& config);
+planner::PlanRequest PlanRequestFor(const job::JobSpec& config);
 
 // `config` with the layout's schedule (and its model stages a rank), stage ranges, replicas,
 // micro-batch size and count, overlap and recomputed layers, and `stages: auto` cleared.
-job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& layout);
+job::JobSpec WithLayout(const job::JobSpec& config, const planner::Layout& layout);
 
 // What `stages: auto` runs: the schedule `pipetrain plan` marks on the planner's chosen shape
 // (planner::CompareSchedules: the fastest predicted that fits among those computing the same
@@ -29,7 +29,11 @@ job::JobConfig WithLayout(const job::JobConfig& config, const planner::Layout& l
 // returns a line saying so ("runs zbv, ...: ..."), or "" where the chosen one stays.
 std::string RunMarkedSchedule(const planner::ModelProfile& profile,
                               const planner::ClusterProfile& cluster,
-                              const job::JobConfig& config, planner::PlanResult* plan);
+                              const job::JobSpec& config, planner::PlanResult* plan);
+
+// `spec` to be planned anew (`pipetrain plan`, `profile`): `stages: auto`, its own layer
+// ranges dropped (the plan replaces its layout, so they are not checked).
+void MarkForPlanning(job::JobSpec* spec);
 
 // The global indices of the layers `layout` recomputes.
 std::vector<int> RecomputedLayers(const planner::Layout& layout);

@@ -76,7 +76,7 @@ struct RunSummary {
   std::vector<StageSummary> per_stage;  // replica 0's stages, in order
   std::optional<std::string> plan_json;  // `stages: auto`: the plan (a JSON object)
   std::optional<double> max_param_rel_diff;  // --reference
-  std::string config_json;  // the job as it ran (job::JobConfigToJson)
+  std::string config_json;  // the job as it ran (job::JobToJson)
 };
 
 // The summary as JSON text (indented), every key present.

@@ -10,14 +10,14 @@
 #include "absl/strings/str_replace.h"
 #include "jobspec/spec_yaml.h"
 #include "runtime/base/errors.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::jobspec {
 namespace {
 
 // The runtime's default of the field at `path`, as text ("" if it has none to show).
 std::string RuntimeDefault(const std::string& path) {
-  static const nlohmann::json defaults = nlohmann::json::parse(job::JobConfigToJson({}));
+  static const nlohmann::json defaults = nlohmann::json::parse(job::JobToJson({}));
   const nlohmann::json::json_pointer pointer("/" + absl::StrReplaceAll(path, {{".", "/"}}));
   if (!defaults.contains(pointer)) return "";
   const nlohmann::json& v = defaults.at(pointer);

@@ -52,7 +52,7 @@ class SpecFlags {
 
 // The job a command line describes: the YAML file `job_file` (none if empty) with the flags
 // given applied over it. NotFound if the file cannot be read; InvalidArgument with every
-// problem otherwise. Semantic checks are JobConfigFromSpec's.
+// problem otherwise. Semantic checks are job::ValidateJob's.
 absl::StatusOr<v1::JobSpec> BuildJobSpec(const std::string& job_file, const SpecFlags& flags);
 
 }  // namespace pipetrain::jobspec

@@ -68,7 +68,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
 
 namespace {
 
-planner::PlanRequest PlanRequestFor(const job::JobConfig& config, const jobspec::PlanFlags& flags) {
+planner::PlanRequest PlanRequestFor(const job::JobSpec& config, const jobspec::PlanFlags& flags) {
   planner::PlanRequest request = jobspec::PlanRequestFor(config);
   request.micro_batch_sizes = flags.micro_batch_sizes;
   return request;
@@ -109,7 +109,7 @@ absl::StatusOr<planner::ClusterProfile> ClusterFor(const planner::ModelProfile& 
   return cluster;
 }
 
-absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
+absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobSpec& config,
                                                          const jobspec::PlanFlags& flags) {
   profiler::ProfileOptions options;
   options.micro_batch_sizes = flags.micro_batch_sizes;
@@ -234,30 +234,30 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   return out;
 }
 
-absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config) {
+absl::StatusOr<planner::Layout> LayoutOf(const job::JobSpec& config) {
   absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(config);
   if (!plan.ok()) return plan.status();
   planner::Layout layout;
-  layout.schedule = config.schedule;
+  layout.schedule = job::ScheduleOf(config);
   std::vector<std::pair<int, int>> stage_layers;
   for (const model::LayerRange& r : plan->partition) stage_layers.emplace_back(r.begin, r.end);
-  if (schedule::HoldsChunks(config.schedule)) {
+  if (schedule::HoldsChunks(job::ScheduleOf(config))) {
     layout.SetModelStageLayers(std::move(stage_layers), plan->layout.chunks_per_rank);
   } else {
     layout.SetStageLayers(std::move(stage_layers));
   }
-  layout.pipeline.replicas = config.replicas;
-  layout.pipeline.micro_batch_size = config.micro_batch_size;
-  layout.pipeline.micro_batches = config.micro_batches;
+  layout.pipeline.replicas = config.replicas();
+  layout.pipeline.micro_batch_size = config.microbatch_size();
+  layout.pipeline.micro_batches = config.microbatches();
   layout.recompute = plan->recompute;
-  layout.overlap_allreduce = config.overlap_allreduce;
-  layout.bucket_bytes = config.bucket_kib * 1024;
-  layout.vertical_sync = config.vertical_sync;
+  layout.overlap_allreduce = config.overlap_allreduce();
+  layout.bucket_bytes = config.bucket_kib() * 1024;
+  layout.vertical_sync = config.vertical_sync();
   return layout;
 }
 
 absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
-                                         const job::JobConfig& config) {
+                                         const job::JobSpec& config) {
   absl::StatusOr<planner::ModelProfile> profile = ProfileForPlanning(config, flags);
   if (!profile.ok()) return profile.status();
   absl::StatusOr<planner::ClusterProfile> on = ClusterFor(*profile, flags);
@@ -280,7 +280,7 @@ absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
                      jobspec::PlannedLayoutRecord(*plan, cluster)};
 }
 
-int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config) {
+int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobSpec& config) {
   const auto fail = [](const absl::Status& s, int code) {
     std::fprintf(stderr, "pipetrain: %s\n", std::string(s.message()).c_str());
     return code;

@@ -18,14 +18,14 @@
 #include "absl/status/statusor.h"
 #include "jobspec/plan_flags.h"
 #include "pipetrain/v1/job.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/planner/planners.h"
 #include "runtime/planner/profile.h"
 
 namespace pipetrain::run {
 
 // Profiles `config` for `flags` (progress on stderr unless quiet).
-absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobConfig& config,
+absl::StatusOr<planner::ModelProfile> ProfileForPlanning(const job::JobSpec& config,
                                                          const jobspec::PlanFlags& flags);
 
 // The cluster `flags` describe: --plan-workers (default this machine's cores) of
@@ -43,19 +43,19 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                        const planner::ClusterProfile& cluster);
 
 // The layout `config` runs (its partition and recomputation resolved as a run resolves them).
-absl::StatusOr<planner::Layout> LayoutOf(const job::JobConfig& config);
+absl::StatusOr<planner::Layout> LayoutOf(const job::JobSpec& config);
 
 // Profiles and plans `config` (a job with `stages: auto`) and returns it with the plan's
 // layout, and the plan's record (what a cluster's job keeps: the summary's "plan"); the plan
 // is summed up on stderr unless quiet. ResourceExhausted when nothing fits.
 struct AppliedPlan {
-  job::JobConfig config;
+  job::JobSpec config;
   v1::PlannedLayout record;
 };
 absl::StatusOr<AppliedPlan> PlanAndApply(const jobspec::PlanFlags& flags,
-                                         const job::JobConfig& config);
+                                         const job::JobSpec& config);
 
 // The whole command: 0 ok, 1 no plan fits, 2 bad input.
-int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobConfig& config);
+int RunPlanCommand(const jobspec::PlanFlags& flags, const job::JobSpec& config);
 
 }  // namespace pipetrain::run

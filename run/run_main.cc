@@ -22,12 +22,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "jobspec/planned_layout.h"
 #include "jobspec/run_summary.h"
 #include "run/plan_command.h"
 #include "jobspec/run_outputs.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_size.h"
@@ -74,7 +75,7 @@ class ProgressPrinter {
 };
 
 // The run's summary (jobspec/run_summary.h: the schema every launch mode writes).
-jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& config,
+jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobSpec& config,
                               const std::string& launch,
                               const std::optional<v1::PlannedLayout>& plan) {
   jobspec::RunSummary s;
@@ -128,7 +129,7 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobConfig& con
   }
   s.max_param_rel_diff = r.max_param_rel_diff;
   if (plan) s.plan_json = jobspec::PlannedLayoutJson(*plan);
-  s.config_json = job::JobConfigToJson(config);
+  s.config_json = job::JobToJson(config);
   return s;
 }
 
@@ -228,7 +229,7 @@ absl::Status SaveWholeModel(std::vector<at::Tensor> parameters,
 
 // The whole model's parameters (layer order), then its buffers, from the stage files of
 // replica 0 in `dir` (written by the ranks of a job with that weights_dir).
-absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
+absl::Status GatherWeights(const job::JobSpec& config, const std::string& dir,
                            const std::string& out) {
   std::vector<at::Tensor> parameters, buffers;
   for (int s = 0; s < job::PipelineStages(config); ++s) {
@@ -241,7 +242,7 @@ absl::Status GatherWeights(const job::JobConfig& config, const std::string& dir,
 }
 
 // Writes what the run's outputs ask for; the first failure is returned.
-absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConfig& config,
+absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobSpec& config,
                           const std::string& launch, const std::optional<v1::PlannedLayout>& plan,
                           const job::JobReport& report) {
   if (!outputs.summary.empty()) {
@@ -259,10 +260,10 @@ absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobConf
 
 // Trains `config` as the flags say, then reports and writes the outputs (with the plan's
 // record when it was planned here).
-int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobConfig& config,
+int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobSpec& config,
           const std::optional<v1::PlannedLayout>& plan, const std::string& self) {
   const jobspec::RunOutputs& outputs = flags.outputs;
-  const bool token_data = job::EffectiveDataKind(config) != "classification";
+  const bool token_data = job::DataKindOf(config) != "classification";
   ProgressPrinter printer(outputs.quiet, token_data);
   absl::StatusOr<job::JobReport> report;
   if (flags.launch == "processes") {
@@ -296,7 +297,7 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
   if ((flags.planning.plan || flags.planning.profile) && !flags.planning.predict) {
     jobspec::MarkForPlanning(&*spec);
   }
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
 
   if (!flags.link_peer_ports.empty()) {
@@ -322,18 +323,18 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     return run::RunPlanCommand(planning, *config);
   }
   std::optional<v1::PlannedLayout> plan;  // with `stages: auto`
-  if (config->auto_stages) {
+  if (config->auto_stages()) {
     // Planned here, for this machine's cores (or --plan-workers), then run as planned.
     jobspec::PlanFlags planning = flags.planning;
     planning.quiet = flags.outputs.quiet;
     absl::StatusOr<run::AppliedPlan> planned = run::PlanAndApply(planning, *config);
     if (!planned.ok()) return Fail(planned.status(), exit_code::For(planned.status()));
     *config = std::move(planned->config);
-    *spec = jobspec::SpecWithLayoutOf(*spec, *config);
+    *spec = *config;
     plan = std::move(planned->record);
   }
   if (flags.outputs.dry_run) {
-    std::printf("%s\n", job::JobConfigToJson(*config).c_str());
+    std::printf("%s\n", job::JobToJson(*config).c_str());
     return exit_code::kOk;
   }
   if (!flags.gather_weights.empty()) {

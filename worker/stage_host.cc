@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "jobspec/job_config_from_spec.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/rank_layout.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/device.h"
@@ -105,39 +105,39 @@ StageHost::StageHost(StageHostOptions options, std::shared_ptr<CoordinatorClient
 
 absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string& worker_id,
                                  SurvivorOutcome& survivor) {
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(a.spec());
+  absl::StatusOr<job::JobSpec> config = job::Validated(a.spec());
   if (!config.ok()) return config.status();
-  config->commit_steps = a.commit_steps();
-  config->skipped_in_a_row = a.skipped_in_a_row();
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
-                                        "data.path", &config->data.path},
-                                    {"model.path", &config->model.torchscript_path}}) {
+                                        "data.path", &config->data().path()},
+                                    {"model.path", &config->model().path()}}) {
     if (!path->empty()) PT_RETURN_IF_ERROR(CheckUnderDataRoots(field, *path, options_.data_roots));
   }
   const std::vector<std::string> writable = WritableRoots(options_.data_roots);
   for (const auto& [field, dir] : {std::pair<const char*, std::string>{
-                                       "checkpoint.dir", config->checkpoint.dir},
-                                   {"weights_dir", config->weights_dir},
-                                   {"resume_from", config->resume_from == "latest"
+                                       "checkpoint.dir", config->checkpoint().dir()},
+                                   {"weights_dir", config->weights_dir()},
+                                   {"resume_from", config->resume_from() == "latest"
                                                        ? std::string()
-                                                       : config->resume_from}}) {
+                                                       : config->resume_from()}}) {
     PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
   }
   std::shared_ptr<rendezvous::KeyValueStore> shared_store = coordinator_->JobStore(a.job_id(), a.generation());
   const c10::Device device = job::TensorDeviceOf(options_.device);
-  if (config->device != (device.is_cuda() ? "cuda" : "cpu")) {
+  if (config->device() != (device.is_cuda() ? "cuda" : "cpu")) {
     return absl::FailedPreconditionError(
-        absl::StrCat("device: ", config->device, ", but this worker runs on ", options_.device));
+        absl::StrCat("device: ", config->device(), ", but this worker runs on ", options_.device));
   }
   job::StageRunOptions run;
+  run.generation.commit_steps = a.commit_steps();
+  run.generation.skipped_in_a_row = a.skipped_in_a_row();
   run.host = options_.data_host;
   run.device_index = job::DeviceIndexOf(options_.device);
   // The previous rank's series (its final values) go now that another starts.
   if (!metrics_job_.empty()) StageMetrics::ForgetJob(metrics_, metrics_job_);
   metrics_job_ = a.job_id();
-  const RankLayout layout{std::max(1, job::PipelineStages(*config)), config->replicas};
+  const RankLayout layout{std::max(1, job::PipelineStages(*config)), config->replicas()};
   const int stage = layout.StageOf(a.rank());
-  const bool tokens = job::EffectiveDataKind(*config) != "classification";
+  const bool tokens = job::DataKindOf(*config) != "classification";
   // A stop ends every wait of the stage on the job's store at once (the coordinator may be
   // out of reach: its calls would otherwise run to their deadlines) and reaches the stage
   // through its handle (its transport, then its executor; also a stage that never waits for
@@ -156,17 +156,17 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
                     : StageSlot::Activity{};
   });
   StageMetrics stage_metrics(metrics_, {a.job_id(), stage, layout.ReplicaOf(a.rank()), worker_id},
-                             int64_t{config->micro_batches} * config->micro_batch_size,
-                             tokens ? config->data.seq_len : 0, stage == layout.stages - 1,
+                             int64_t{config->microbatches()} * config->microbatch_size(),
+                             tokens ? config->data().seq_len() : 0, stage == layout.stages - 1,
                              handle);
   if (a.rank() == 0) {
-    run.commands = std::make_shared<control::StepCommandQueue>(config->steps);
+    run.commands = std::make_shared<control::StepCommandQueue>(config->steps());
     slot_->SetCommandQueue(run.commands);
   }
   StepReporter reporter(coordinator_,
                         [this] { slot_->StopAny("the coordinator ended the job"); });
   AssignedRankListener listener(
-      a, worker_id, stage_metrics, reporter, device, absl::Seconds(config->recv_timeout_s),
+      a, worker_id, stage_metrics, reporter, device, absl::Seconds(config->timeout_s()),
       [this](const std::string& why) { slot_->StopAny(why); });
   if (a.commit_steps()) {
     // Its state is handed off before it is gone: the survivors of a fault may go on from it.
@@ -183,7 +183,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     source.local = held_;
     source.security = options_.security;
     source.spread = layout.ReplicaOf(a.rank());
-    source.timeout = absl::Seconds(config->recv_timeout_s);
+    source.timeout = absl::Seconds(config->timeout_s());
     run.replica_state_step = a.replica_state().step();
     run.replica_state = [&a, &listener, source](const std::vector<model::LayerRange>& layers) {
       ReplicaStateFetch fetch;

@@ -20,7 +20,7 @@ constexpr absl::Duration kLongestWait = absl::Minutes(5);
 
 SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
                                 const v1::StageAssignment& a, const std::string& worker_id,
-                                const job::JobConfig& config, const job::StoppedRank& stopped,
+                                const job::JobSpec& config, const job::StoppedRank& stopped,
                                 const std::function<bool()>& closing, HeldStates* held) {
   SurvivorOutcome out;
   const std::string who = absl::StrCat("pipetrain-worker: ", worker_id, ": rank ", a.rank(),

@@ -19,7 +19,7 @@
 
 #include "absl/time/time.h"
 #include "pipetrain/v1/worker_service.pb.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stopped_rank.h"
 #include "worker/coordinator_client.h"
 #include "worker/held_state.h"
@@ -38,7 +38,7 @@ inline constexpr int kSurvivorAttempts = 3;
 
 SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
                                 const v1::StageAssignment& assignment,
-                                const std::string& worker_id, const job::JobConfig& config,
+                                const std::string& worker_id, const job::JobSpec& config,
                                 const job::StoppedRank& stopped,
                                 const std::function<bool()>& closing,
                                 HeldStates* held = nullptr);

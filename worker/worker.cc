@@ -14,7 +14,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/step_commands.h"
 #include "rpc/listen.h"
 #include "rpc/status.h"

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <google/protobuf/util/message_differencer.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -13,24 +14,60 @@
 
 namespace pipetrain::checkpoint {
 
-using job::JobConfig;
+using job::JobSpec;
 using job::JobPlan;
 using job::StageStart;
 
 
 namespace {
 
-Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, int64_t step,
+using google::protobuf::FieldDescriptor;
+
+// The job a manifest records (job::JobToJson's JSON, or an older writer's: its integers as
+// numbers, its stage ranges as pairs, which this reads past: the layout is compared apart).
+absl::StatusOr<job::JobSpec> WrittenJob(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  j.erase("stage_ranges");
+  return job::JobFromJson(j.dump());
+}
+
+// `spec` as the resume check compares it: every default applied, the model's image shape
+// its effective one, the dtype by its canonical name.
+job::JobSpec SameAsWritten(const job::JobSpec& spec) {
+  job::JobSpec out = job::WithDefaults(spec);
+  if (out.model().image_shape().empty()) {
+    for (int64_t d : job::ModelConfigOf(spec).image_shape) out.mutable_model()->add_image_shape(d);
+  }
+  if (absl::StatusOr<job::Precision> p = job::ParsePrecision(out.dtype()); p.ok()) {
+    out.set_dtype(job::PrecisionName(*p));
+  }
+  return out;
+}
+
+bool SameField(const job::JobSpec& a, const job::JobSpec& b, const FieldDescriptor* f) {
+  google::protobuf::util::MessageDifferencer differencer;
+  std::vector<const FieldDescriptor*> fields = {f};
+  return differencer.CompareWithFields(a, b, fields, fields);
+}
+
+// One top-level field of `spec` as JSON ("model": its object).
+std::string FieldJson(const job::JobSpec& spec, const std::string& key) {
+  const nlohmann::json j = nlohmann::json::parse(job::JobToJson(spec));
+  return j.contains(key) ? j[key].dump() : std::string("missing");
+}
+
+Manifest MakeManifest(const JobSpec& config, const JobPlan& plan, int64_t step,
                                   std::vector<LayerFile> files) {
   Manifest m;
   m.step = step;
   m.num_layers = static_cast<int>(plan.layers.size());
-  m.job = JobConfigToJson(config);
-  m.layout = PipelineLayoutOf(config);
+  m.job = job::JobToJson(config);
+  m.layout = job::PipelineLayoutOf(config);
   m.layout.stages = plan.stages();
   m.layout.stage_layers.clear();  // as planned: balanced ranges included
   for (const model::LayerRange& r : plan.partition) m.layout.stage_layers.emplace_back(r.begin, r.end);
-  m.global_batch_size = int64_t{config.replicas} * config.micro_batches * config.micro_batch_size;
+  m.global_batch_size = int64_t{config.replicas()} * config.microbatches() * config.microbatch_size();
   m.samples_seen = step * m.global_batch_size;
   m.created_unix_ms = absl::ToUnixMillis(absl::Now());
   m.files = std::move(files);
@@ -41,13 +78,13 @@ Manifest MakeManifest(const JobConfig& config, const JobPlan& plan, int64_t step
 
 // "pipetrain: checkpoint before step 50 committed: checkpoints/step-00000050 (12.3 MB in
 // 0.41 s)" on stderr.
-void ReportCommitted(const JobConfig& config, const Manifest& m,
+void ReportCommitted(const JobSpec& config, const Manifest& m,
                      absl::Duration took) {
   int64_t bytes = 0;
   for (const LayerFile& f : m.files) bytes += f.bytes;
   std::fprintf(stderr, "pipetrain: checkpoint before step %lld committed: %s (%.1f MB in %.2f s)\n",
                static_cast<long long>(m.step),
-               (std::filesystem::path(config.checkpoint.dir) / StepDirName(m.step))
+               (std::filesystem::path(config.checkpoint().dir()) / StepDirName(m.step))
                    .string()
                    .c_str(),
                bytes / 1e6, absl::ToDoubleSeconds(took));
@@ -118,7 +155,7 @@ absl::StatusOr<std::vector<LayerFile>> FilesFromJson(const std::string& text) {
 
 }  // namespace
 
-CheckpointSink::CheckpointSink(const JobConfig& config, const JobPlan& plan)
+CheckpointSink::CheckpointSink(const JobSpec& config, const JobPlan& plan)
     : config_(config), plan_(plan) {}
 
 absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::WeightStore& weights) {
@@ -128,7 +165,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
     Pending& p = pending_[step];
     if (p.delivered == 0 && p.begun == absl::Time()) p.begun = absl::Now();
     if (p.writer == nullptr && p.error.ok()) {
-      auto begun = CheckpointWriter::Begin(config_.checkpoint.dir, step);
+      auto begun = CheckpointWriter::Begin(config_.checkpoint().dir(), step);
       if (begun.ok()) {
         p.writer = *std::move(begun);
       } else {
@@ -157,7 +194,7 @@ absl::Status CheckpointSink::Deliver(int64_t step, int stage, const weights::Wei
   absl::Status result = p.error;
   if (result.ok()) {
     const Manifest m = MakeManifest(config_, plan_, step, p.files);
-    result = p.writer->Commit(m, config_.checkpoint.keep);
+    result = p.writer->Commit(m, config_.checkpoint().keep());
     if (result.ok()) ReportCommitted(config_, m, absl::Now() - p.begun);
   } else if (p.writer != nullptr) {
     p.writer->Abort();
@@ -178,13 +215,13 @@ int CheckpointSink::failed() const {
 }
 
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
-                                           const JobConfig& config, const JobPlan& plan,
+                                           const JobSpec& config, const JobPlan& plan,
                                            int64_t step, int stage,
                                            const weights::WeightStore& weights) {
   SharedCheckpointResult result;
   const absl::Time begun = absl::Now();
   const std::string prefix = absl::StrCat("ckpt/", step, "/");
-  auto writer = CheckpointWriter::Join(config.checkpoint.dir, step);
+  auto writer = CheckpointWriter::Join(config.checkpoint().dir(), step);
   absl::StatusOr<std::vector<LayerFile>> files =
       writer.ok() ? WriteStageLayers(**writer, plan, stage, weights)
                   : absl::StatusOr<std::vector<LayerFile>>(writer.status());
@@ -220,18 +257,18 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
     }
     all.insert(all.end(), theirs->begin(), theirs->end());
   }
-  auto committer = CheckpointWriter::Join(config.checkpoint.dir, step);
+  auto committer = CheckpointWriter::Join(config.checkpoint().dir(), step);
   if (!committer.ok()) {
     errors.push_back(std::string(committer.status().message()));
   } else if (!errors.empty()) {
     (*committer)->Abort();
   } else {
     const Manifest m = MakeManifest(config, plan, step, std::move(all));
-    absl::Status committed = (*committer)->Commit(m, config.checkpoint.keep);
+    absl::Status committed = (*committer)->Commit(m, config.checkpoint().keep());
     if (committed.ok()) {
       ReportCommitted(config, m, absl::Now() - begun);
       result.committed =
-          (std::filesystem::absolute(config.checkpoint.dir) / StepDirName(step))
+          (std::filesystem::absolute(config.checkpoint().dir()) / StepDirName(step))
               .lexically_normal()
               .string();
     } else {
@@ -248,9 +285,9 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
 }
 
 absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
-    rendezvous::KeyValueStore& store, const JobConfig& config, const JobPlan& plan, int rank,
+    rendezvous::KeyValueStore& store, const JobSpec& config, const JobPlan& plan, int rank,
     absl::Duration timeout) {
-  if (config.resume_from.empty()) return std::nullopt;
+  if (config.resume_from().empty()) return std::nullopt;
   constexpr char kKey[] = "resume/checkpoint";
   if (rank == 0) {
     auto found = FindResumePoint(config, plan);
@@ -283,10 +320,10 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
   return std::optional<FoundCheckpoint>(*std::move(opened));
 }
 
-absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobConfig& c,
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
                                                                            const JobPlan& plan) {
-  if (c.resume_from.empty()) return std::nullopt;
-  const std::string path = c.resume_from == "latest" ? c.checkpoint.dir : c.resume_from;
+  if (c.resume_from().empty()) return std::nullopt;
+  const std::string path = c.resume_from() == "latest" ? c.checkpoint().dir() : c.resume_from();
   auto found = FindCheckpoint(path);
   if (!found.ok()) {
     return absl::Status(found.status().code(),
@@ -294,26 +331,24 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobConfig& 
   }
   const Manifest& m = found->manifest;
   std::vector<std::string> errors;
-  const nlohmann::json written = nlohmann::json::parse(m.job, nullptr, false);
-  const nlohmann::json now = nlohmann::json::parse(JobConfigToJson(c));
-  for (const char* key : {"model", "data", "dtype", "seed"}) {
-    if (!written.is_object() || !written.contains(key) || written[key] != now[key]) {
-      errors.push_back(absl::StrCat(key, " differs: the checkpoint's is ",
-                                    written.is_object() && written.contains(key)
-                                        ? written[key].dump()
-                                        : std::string("missing"),
-                                    ", this job's ", now[key].dump()));
+  const absl::StatusOr<job::JobSpec> written = WrittenJob(m.job);
+  if (!written.ok()) {
+    errors.push_back(absl::StrCat("the checkpoint's job: ", written.status().message()));
+  } else {
+    const job::JobSpec was = SameAsWritten(*written), now = SameAsWritten(c);
+    for (const char* key : {"model", "data", "dtype", "seed"}) {
+      const FieldDescriptor* f = job::JobSpec::descriptor()->FindFieldByName(key);
+      if (!SameField(was, now, f)) {
+        errors.push_back(absl::StrCat(key, " differs: the checkpoint's is ", FieldJson(was, key),
+                                      ", this job's ", FieldJson(now, key)));
+      }
+    }
+    if (was.optimizer().name() != now.optimizer().name()) {
+      errors.push_back(absl::StrCat("optimizer.name differs (the checkpoint's state is for ",
+                                    was.optimizer().name(), ")"));
     }
   }
-  if (!written.is_object() || !written.contains("optimizer") ||
-      written["optimizer"].value("name", "") != c.optimizer.name) {
-    errors.push_back(absl::StrCat("optimizer.name differs (the checkpoint's state is for ",
-                                  written.is_object() && written.contains("optimizer")
-                                      ? written["optimizer"].value("name", "?")
-                                      : std::string("?"),
-                                  ")"));
-  }
-  const int64_t batch = int64_t{c.replicas} * c.micro_batches * c.micro_batch_size;
+  const int64_t batch = int64_t{c.replicas()} * c.microbatches() * c.microbatch_size();
   if (m.global_batch_size != batch) {
     errors.push_back(absl::StrCat("the global batch (replicas x microbatches x microbatch_size) "
                                   "is ", batch, "; the checkpoint's is ", m.global_batch_size,
@@ -323,9 +358,9 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobConfig& 
     errors.push_back(absl::StrCat("the model has ", plan.layers.size(),
                                   " layers; the checkpoint ", m.num_layers));
   }
-  if (m.step >= c.steps) {
+  if (m.step >= c.steps()) {
     errors.push_back(absl::StrCat("the checkpoint is of step ", m.step, "; the job has ",
-                                  c.steps, " steps: nothing is left to run"));
+                                  c.steps(), " steps: nothing is left to run"));
   }
   if (!errors.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("resume_from ", found->dir, ": ",

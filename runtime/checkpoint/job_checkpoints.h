@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/plan.h"
 #include "runtime/rendezvous/key_value_store.h"
 
@@ -41,7 +41,7 @@ namespace pipetrain::checkpoint {
 // Thread-safe: the stages of one process deliver concurrently.
 class CheckpointSink {
  public:
-  CheckpointSink(const job::JobConfig& config, const job::JobPlan& plan);
+  CheckpointSink(const job::JobSpec& config, const job::JobPlan& plan);
 
   // Model stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
   // checkpoint if it is the last stage to deliver (then says so on stderr: its directory,
@@ -61,7 +61,7 @@ class CheckpointSink {
     absl::Status error;
     absl::Time begun;  // the first stage's delivery
   };
-  const job::JobConfig& config_;
+  const job::JobSpec& config_;
   const job::JobPlan& plan_;
   mutable std::mutex mu_;
   std::map<int64_t, Pending> pending_;
@@ -79,13 +79,13 @@ struct SharedCheckpointResult {
 // CheckpointSink does, timing its own write and the commit). Waits on the store only for the
 // entries of stages that have counted themselves in already (so never for a slower stage).
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
-                                           const job::JobConfig& config, const job::JobPlan& plan,
+                                           const job::JobSpec& config, const job::JobPlan& plan,
                                            int64_t step, int stage,
                                            const weights::WeightStore& weights);
 
 // The checkpoint the job resumes from, checked against it; nullopt when resume_from is
 // empty. `skipped` (newer checkpoints passed over, each with why) is in the result.
-absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const job::JobConfig& config,
+absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const job::JobSpec& config,
                                                                const job::JobPlan& plan);
 
 // FindResumePoint for ranks in separate processes: rank 0 finds and checks the checkpoint
@@ -93,7 +93,7 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const job::JobCon
 // wait for that (up to `timeout`) and open the same checkpoint by its manifest, so every rank
 // resumes from the same one and the files are read in full once.
 absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
-    rendezvous::KeyValueStore& store, const job::JobConfig& config, const job::JobPlan& plan,
+    rendezvous::KeyValueStore& store, const job::JobSpec& config, const job::JobPlan& plan,
     int rank, absl::Duration timeout);
 
 // Where the rank at place `stage` of a pipeline starts: fresh, or at the checkpoint's step

@@ -4,7 +4,7 @@
 // A checkpoint is keyed by global layer, not by rank: one file per layer with its
 // parameters, buffers and optimizer state, so it loads into any number of stages and
 // replicas. The manifest records the step (the next mini-batch to run; the weights are
-// W(step)), the job that wrote it (its JobConfig JSON: model, hyper-parameters, schedule,
+// W(step)), the job that wrote it (its JobSpec JSON: model, hyper-parameters, schedule,
 // data), the layout it was written from, the data position and, per file, its layers, size
 // and SHA-256. No LibTorch here (the fuzzer reads manifests without it).
 #pragma once
@@ -38,7 +38,7 @@ struct Manifest {
   int format = kFormatVersion;
   int64_t step = 0;             // the weights are W(step); a resumed job runs from step
   int num_layers = 0;
-  std::string job;              // the writing job's JobConfig as JSON (JobConfigToJson)
+  std::string job;              // the writing job's JobSpec as JSON (JobToJson)
   model::PipelineLayout layout;  // the layout it was written from
   int64_t samples_seen = 0;     // data position: step x global batch size
   int64_t global_batch_size = 0;

@@ -13,11 +13,11 @@ int VisibleCudaDevices() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 }
 
-absl::StatusOr<c10::Device> DeviceForRank(const JobConfig& config, int index) {
-  if (config.device == "cpu") return c10::Device(c10::DeviceType::CPU);
-  if (config.device != "cuda") {
+absl::StatusOr<c10::Device> DeviceForRank(const JobSpec& config, int index) {
+  if (config.device() == "cpu") return c10::Device(c10::DeviceType::CPU);
+  if (config.device() != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("device: expected cpu or cuda, got '", config.device, "'"));
+        absl::StrCat("device: expected cpu or cuda, got '", config.device(), "'"));
   }
   const int gpus = VisibleCudaDevices();
   if (gpus == 0) {

@@ -6,7 +6,7 @@
 #include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::job {
 
@@ -14,7 +14,7 @@ namespace pipetrain::job {
 // (stage processes pass their rank, so they spread over the GPUs; stages as threads share
 // GPU 0; a worker passes its own). FailedPrecondition naming `device: cuda` when this
 // process sees no GPU (a LibTorch built without CUDA, or no device visible).
-absl::StatusOr<c10::Device> DeviceForRank(const JobConfig& config, int index);
+absl::StatusOr<c10::Device> DeviceForRank(const JobSpec& config, int index);
 
 // How many CUDA devices this process sees (0 with a CPU-only LibTorch).
 int VisibleCudaDevices();

@@ -2,16 +2,23 @@
 
 #include <cmath>
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <google/protobuf/reflection.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "runtime/base/printable.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::job {
 namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
 
 constexpr double kU64Max = 18446744073709551615.0;
 
@@ -24,14 +31,24 @@ std::string FormatBound(double v) {
   return (v < 0 ? "-" : "") + digits;
 }
 
-// The violation of `limit` by the number `v` (null: not a finite number), or "".
-std::string Check(const FieldLimit& limit, const std::string& where, const nlohmann::json& v) {
-  if (!v.is_number()) return absl::StrCat(where, ": must be a finite number");
-  const double x = v.get<double>();
+// A field's value as a violation shows it: an integer field's digits, a floating one's
+// shortest round-trip form (JSON's).
+std::string FormatValue(const FieldDescriptor* f, double x) {
+  if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE ||
+      f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+    return nlohmann::json(x).dump();
+  }
+  return absl::StrFormat("%.0f", x);
+}
+
+// The violation of `limit` by the number `x`, or "".
+std::string Check(const FieldLimit& limit, const std::string& where, const FieldDescriptor* f,
+                  double x) {
   if (!std::isfinite(x)) return absl::StrCat(where, ": must be a finite number, got ", x);
   if (x < limit.min || x > limit.max) {
     return absl::StrCat(where, ": must be in [", FormatBound(limit.min), ", ",
-                        FormatBound(limit.max), "] (", limit.reason, "), got ", v.dump());
+                        FormatBound(limit.max), "] (", limit.reason, "), got ",
+                        FormatValue(f, x));
   }
   return "";
 }
@@ -39,90 +56,90 @@ std::string Check(const FieldLimit& limit, const std::string& where, const nlohm
 // Printable UTF-8: nothing Printable() would escape.
 bool IsPrintableUtf8(const std::string& s) { return Printable(s) == s; }
 
+
+// Each field of `d` with a `limit` option, its messages' fields after it, "prefix.name".
+void CollectLimits(const google::protobuf::Descriptor* d, const std::string& prefix,
+                   std::vector<FieldLimit>* out) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      CollectLimits(f->message_type(), path, out);
+    } else if (f->options().HasExtension(v1::limit)) {
+      const v1::FieldLimit& l = f->options().GetExtension(v1::limit);
+      out->push_back({path, l.min(), l.max(), l.reason()});
+    }
+  }
+}
+
+// The number at `path` of `msg` (its `index`th item if repeated), as a double.
+double NumberAt(const Message& msg, const FieldDescriptor* f, int index) {
+  const Reflection* r = msg.GetReflection();
+  const bool rep = f->is_repeated();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(msg, f, index) : r->GetInt32(msg, f);
+    case FieldDescriptor::CPPTYPE_INT64:
+      return static_cast<double>(rep ? r->GetRepeatedInt64(msg, f, index) : r->GetInt64(msg, f));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(msg, f, index) : r->GetUInt32(msg, f);
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return static_cast<double>(rep ? r->GetRepeatedUInt64(msg, f, index)
+                                     : r->GetUInt64(msg, f));
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return rep ? r->GetRepeatedDouble(msg, f, index) : r->GetDouble(msg, f);
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return rep ? r->GetRepeatedFloat(msg, f, index) : r->GetFloat(msg, f);
+    default: return 0;  // no `limit` on anything but numbers
+  }
+}
+
 }  // namespace
 
 const std::vector<FieldLimit>& JobFieldLimits() {
-  static const std::vector<FieldLimit> limits = {
-      {"model.d_model", 1, 65536, "wider than any published transformer"},
-      {"model.n_heads", 1, 1024, "more heads than any published transformer"},
-      {"model.n_layers", 1, 4096, "a layer each, built and held by one rank"},
-      {"model.dropout", 0, 0.999, "a probability below 1"},
-      {"model.hidden", 1, 1048576, "an mlp/cnn layer of hidden^2 parameters must fit one device"},
-      {"model.hidden_layers", 1, 4096, "a layer each, built and held by one rank"},
-      {"model.input_dim", 1, 16777216, "the synthetic features are held in memory"},
-      {"model.image_shape", 1, 65536, "each of C, H, W"},
-      {"model.num_classes", 2, 16777216, "a classifier needs two classes"},
-      {"data.seq_len", 1, 1048576, "one sequence's activations must fit one device"},
-      {"data.vocab", 0, 16777216, "the embedding and the output layer hold vocab x d_model"},
-      {"data.branching", 1, 16777216, "at most the vocabulary"},
-      {"data.num_tokens", 1, 268435456,
-       "the synthetic corpus is generated in memory, 8 bytes a token (2 GiB)"},
-      {"data.num_samples", 1, 16777216, "the synthetic samples are generated in memory"},
-      {"data.seed", 0, kU64Max, "any 64-bit seed"},
-      {"stages", 1, 1024, "one process or thread per stage"},
-      {"virtual_stages", 0, 64, "model chunks a rank builds and holds (0: the schedule's)"},
-      {"replicas", 1, 1024, "one process or thread per stage and replica"},
-      {"bucket_kib", 1, 1048576, "one bucket is at most 1 GiB"},
-      {"microbatches", 1, 65536, "every micro-batch of a step is in the schedule"},
-      {"microbatch_size", 1, 65536, "one micro-batch's activations must fit one device"},
-      {"steps", 1, 2147483647, "a 32-bit count (a stage's memory does not grow with it)"},
-      {"optimizer.lr", 0, 1e3, "a finite step size; 0 leaves the weights as they are"},
-      {"optimizer.weight_decay", 0, 1e3, "finite and not negative"},
-      {"optimizer.momentum", 0, 0.999, "a decay below 1"},
-      {"optimizer.beta1", 0, 0.999999, "a decay below 1"},
-      {"optimizer.beta2", 0, 0.999999999, "a decay below 1"},
-      {"optimizer.eps", 1e-30, 1, "positive, so the update never divides by zero"},
-      {"optimizer.clip_grad_norm", 0, 1e12, "a finite norm (0: no clipping)"},
-      {"optimizer.schedule.warmup_steps", 0, 2147483647, "a step count"},
-      {"optimizer.schedule.decay_steps", 0, 2147483647, "a step count (0: the steps left)"},
-      {"optimizer.schedule.min_lr", 0, 1e3, "finite, not negative and at most optimizer.lr"},
-      {"seed", 0, kU64Max, "any 64-bit seed"},
-      {"threads_per_stage", 0, 256, "intra-op threads of one stage (0: cores / stages)"},
-      {"checkpoint.every", 0, 2147483647, "a step count (0: no policy)"},
-      {"checkpoint.keep", 1, 10000, "complete checkpoints on disk at once"},
-      {"eval.every", 0, 2147483647, "a step count (0: no evaluation)"},
-      {"eval.batches", 1, 65536, "micro-batches of one evaluation, each replica's"},
-      {"eval.split", 0, 0.5, "at most half the samples held out of training"},
-      {"timeout_s", 0.001, 86400, "a wait for a peer lasts at most a day"},
-      {"max_restarts", 0, 1000, "each restart is listed in the job's status"},
-      {"nonfinite_limit", 1, 1000000, "steps skipped in a row before the job fails"},
-  };
+  static const std::vector<FieldLimit> limits = [] {
+    std::vector<FieldLimit> out;
+    CollectLimits(JobSpec::descriptor(), "", &out);
+    return out;
+  }();
   return limits;
 }
 
-std::vector<std::string> LimitViolations(const JobConfig& config) {
+std::vector<std::string> LimitViolations(const JobSpec& spec, int stages) {
   std::vector<std::string> errors;
-  const nlohmann::json j = nlohmann::json::parse(JobConfigToJson(config));
   for (const FieldLimit& limit : JobFieldLimits()) {
-    const nlohmann::json::json_pointer pointer(
-        "/" + absl::StrReplaceAll(limit.path, {{".", "/"}}));
-    const nlohmann::json& v = j.at(pointer);
-    if (v.is_array()) {
-      for (size_t i = 0; i < v.size(); ++i) {
-        std::string e = Check(limit, absl::StrCat(limit.path, "[", i, "]"), v[i]);
+    const Message* msg = &spec;
+    const FieldDescriptor* f = nullptr;
+    for (absl::string_view name : absl::StrSplit(limit.path, '.')) {
+      if (f != nullptr) msg = &msg->GetReflection()->GetMessage(*msg, f);
+      f = msg->GetDescriptor()->FindFieldByName(std::string(name));
+    }
+    if (f->is_repeated()) {
+      for (int i = 0; i < msg->GetReflection()->FieldSize(*msg, f); ++i) {
+        std::string e = Check(limit, absl::StrCat(limit.path, "[", i, "]"), f, NumberAt(*msg, f, i));
         if (!e.empty()) errors.push_back(std::move(e));
       }
-    } else if (std::string e = Check(limit, limit.path, v); !e.empty()) {
+    } else if (std::string e = Check(limit, limit.path, f, NumberAt(*msg, f, 0)); !e.empty()) {
       errors.push_back(std::move(e));
     }
   }
-  if (static_cast<double>(config.stages) * config.replicas > kMaxRanks) {
+  if (static_cast<double>(stages) * spec.replicas() > kMaxRanks) {
     errors.push_back(absl::StrCat("replicas: stages x replicas must be at most ",
                                   FormatBound(kMaxRanks), " (a rank each, all listed in the "
-                                  "job's status), got ", int64_t{config.stages} * config.replicas));
+                                  "job's status), got ", int64_t{stages} * spec.replicas()));
   }
-  if (config.name.size() > kMaxNameBytes || !IsPrintableUtf8(config.name)) {
+  if (spec.name().size() > kMaxNameBytes || !IsPrintableUtf8(spec.name())) {
     errors.push_back(absl::StrCat("name: must be at most ", kMaxNameBytes,
-                                  " bytes of printable UTF-8, got ", config.name.size(),
-                                  " bytes", IsPrintableUtf8(config.name) ? "" : " with control "
+                                  " bytes of printable UTF-8, got ", spec.name().size(),
+                                  " bytes", IsPrintableUtf8(spec.name()) ? "" : " with control "
                                   "characters or invalid UTF-8"));
   }
   for (const auto& [path, value] : {std::pair<const char*, const std::string*>{
-                                        "model.path", &config.model.torchscript_path},
-                                    {"data.path", &config.data.path},
-                                    {"weights_dir", &config.weights_dir},
-                                    {"checkpoint.dir", &config.checkpoint.dir},
-                                    {"resume_from", &config.resume_from}}) {
+                                        "model.path", &spec.model().path()},
+                                    {"data.path", &spec.data().path()},
+                                    {"weights_dir", &spec.weights_dir()},
+                                    {"checkpoint.dir", &spec.checkpoint().dir()},
+                                    {"resume_from", &spec.resume_from()}}) {
     if (value->size() > kMaxPathBytes || !IsPrintableUtf8(*value)) {
       errors.push_back(absl::StrCat(path, ": must be a path of at most ", kMaxPathBytes,
                                     " bytes without control characters"));

@@ -17,27 +17,27 @@
 namespace pipetrain::job {
 namespace {
 
-absl::StatusOr<std::unique_ptr<data::Dataset>> MakeDataset(const JobConfig& c) {
-  const std::string kind = EffectiveDataKind(c);
-  data::TokenDataOptions window{c.data.seq_len};
+absl::StatusOr<std::unique_ptr<data::Dataset>> MakeDataset(const JobSpec& c) {
+  const std::string kind = DataKindOf(c);
+  data::TokenDataOptions window{c.data().seq_len()};
   if (kind == "synthetic") {
     data::SyntheticCorpusOptions o;
-    o.vocab = c.data.vocab;
-    o.branching = c.data.branching;
-    o.num_tokens = c.data.num_tokens;
-    o.seed = c.data.seed;
+    o.vocab = c.data().vocab();
+    o.branching = c.data().branching();
+    o.num_tokens = c.data().num_tokens();
+    o.seed = c.data().seed();
     o.window = window;
     return data::MakeSyntheticCorpus(o);
   }
-  if (kind == "bytes") return data::OpenByteFile(c.data.path, window);
-  if (kind == "uint16") return data::OpenUint16TokenFile(c.data.path, window, c.data.vocab);
+  if (kind == "bytes") return data::OpenByteFile(c.data().path(), window);
+  if (kind == "uint16") return data::OpenUint16TokenFile(c.data().path(), window, c.data().vocab());
   data::SyntheticClassificationOptions o;
-  o.sample_shape = c.model.name == "cnn" || c.model.name == "vgg"
-                       ? c.model.image_shape
-                       : std::vector<int64_t>{c.model.input_dim};
-  o.num_classes = c.model.num_classes;
-  o.num_samples = c.data.num_samples;
-  o.seed = c.data.seed;
+  o.sample_shape = c.model().name() == "cnn" || c.model().name() == "vgg"
+                       ? ModelConfigOf(c).image_shape
+                       : std::vector<int64_t>{c.model().input_dim()};
+  o.num_classes = c.model().num_classes();
+  o.num_samples = c.data().num_samples();
+  o.seed = c.data().seed();
   return data::MakeSyntheticClassification(o);
 }
 
@@ -103,34 +103,34 @@ int64_t JobPlan::num_parameters() const {
   return n;
 }
 
-absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
-  PT_RETURN_IF_ERROR(ValidateJobConfig(c));
-  if (c.auto_stages) {
+absl::StatusOr<JobPlan> MakeJobPlan(const JobSpec& c) {
+  PT_RETURN_IF_ERROR(ValidateJob(c));
+  if (c.auto_stages()) {
     return absl::FailedPreconditionError(
         "stages: auto: the layout must be planned before the job runs (pipetrain plan)");
   }
   JobPlan plan;
   absl::StatusOr<std::unique_ptr<data::Dataset>> dataset = MakeDataset(c);
   if (!dataset.ok()) {  // a data file that cannot be read: the field that names it
-    const std::string kind = EffectiveDataKind(c);
+    const std::string kind = DataKindOf(c);
     return (kind == "bytes" || kind == "uint16")
                ? absl::Status(dataset.status().code(),
                               absl::StrCat("data.path: ", dataset.status().message()))
                : dataset.status();
   }
   plan.dataset = *std::move(dataset);
-  plan.model_config = c.model;
-  plan.model_config.seed = c.seed;
-  plan.model_config.float64 = c.precision == Precision::kFloat64;
+  plan.model_config = ModelConfigOf(c);
+  plan.model_config.seed = c.seed();
+  plan.model_config.float64 = PrecisionOf(c) == Precision::kFloat64;
   if (plan.dataset->is_token_data()) {
     plan.model_config.vocab_size = plan.dataset->num_classes();
-    plan.model_config.seq_len = c.data.seq_len;
+    plan.model_config.seq_len = c.data().seq_len();
   }
-  plan.dtype = c.precision == Precision::kFloat64 ? at::kDouble : at::kFloat;
-  plan.compute_dtype = c.precision == Precision::kBFloat16 ? at::kBFloat16 : plan.dtype;
+  plan.dtype = PrecisionOf(c) == Precision::kFloat64 ? at::kDouble : at::kFloat;
+  plan.compute_dtype = PrecisionOf(c) == Precision::kBFloat16 ? at::kBFloat16 : plan.dtype;
   // A TorchScript model is loaded (whole) only here, to learn its layers and shapes.
   model::LayerList script_layers;
-  if (c.model.name == "torchscript") {
+  if (c.model().name() == "torchscript") {
     absl::StatusOr<model::LayerList> loaded = model::BuildModel(plan.model_config);
     if (!loaded.ok()) return ModelFileError(loaded.status());
     script_layers = *std::move(loaded);
@@ -144,43 +144,43 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
   }
   plan.layout = schedule::LayoutOf(ScheduleParamsOf(c, 1));
   plan.ties = model::TiedParameters(plan.model_config);
-  if (!c.model.tie.empty()) {
-    if (c.model.name != "torchscript") {
+  if (!c.model().tie().empty()) {
+    if (c.model().name() != "torchscript") {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.tie: only a torchscript model names tie groups (a gpt ties its embedding and "
-          "head with tie_embeddings), not ", c.model.name));
+          "head with tie_embeddings), not ", c.model().name()));
     }
     PT_ASSIGN_OR_RETURN(std::vector<model::TieGroup> named,
-                        model::ScriptTieGroups(script_layers, c.model.tie));
+                        model::ScriptTieGroups(script_layers, job::ModelConfigOf(c).tie));
     plan.ties.insert(plan.ties.end(), named.begin(), named.end());
   }
-  if (c.stage_ranges.empty()) {
+  if (StageRangesOf(c).empty()) {
     std::vector<double> costs;
     for (const model::LayerInfo& layer : plan.layers) {
       costs.push_back(static_cast<double>(layer.num_parameters));
     }
     PT_ASSIGN_OR_RETURN(plan.partition, model::BalancedPartition(costs, plan.layout.stages()));
   } else {
-    plan.partition = c.stage_ranges;
+    plan.partition = StageRangesOf(c);
   }
   PT_RETURN_IF_ERROR(model::ValidatePartition(plan.partition, plan.layer_names()));
   const int n = static_cast<int>(plan.layers.size());
   plan.recompute.assign(n, false);
-  switch (c.recompute.mode) {
+  switch (RecomputeOf(c).mode) {
     case RecomputeConfig::Mode::kNone:
       break;
     case RecomputeConfig::Mode::kAll:
       plan.recompute.assign(n, true);
       break;
     case RecomputeConfig::Mode::kStages:
-      for (int s : c.recompute.indices) {
+      for (int s : RecomputeOf(c).indices) {
         for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
           plan.recompute[i] = true;
         }
       }
       break;
     case RecomputeConfig::Mode::kLayers:
-      for (int i : c.recompute.indices) {
+      for (int i : RecomputeOf(c).indices) {
         if (i >= n) {
           return absl::InvalidArgumentError(absl::StrCat(
               "recompute: layer ", i, " does not exist (the model has ", n, " layers)"));
@@ -190,13 +190,13 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
       break;
   }
   plan.train_samples = plan.dataset->num_samples();
-  plan.eval_batches = c.eval.batches;
-  plan.micro_batch_size = c.micro_batch_size;
-  if (c.eval.split > 0) {
+  plan.eval_batches = c.eval().batches();
+  plan.micro_batch_size = c.microbatch_size();
+  if (c.eval().split() > 0) {
     const int64_t n = plan.dataset->num_samples();
     const int64_t gap = plan.dataset->is_token_data() ? 1 : 0;
     plan.held_out.count =
-        std::max<int64_t>(1, static_cast<int64_t>(std::floor(c.eval.split * n)));
+        std::max<int64_t>(1, static_cast<int64_t>(std::floor(c.eval().split() * n)));
     plan.held_out.begin = n - plan.held_out.count;
     plan.train_samples = plan.held_out.begin - gap;
     if (plan.train_samples < 1) {
@@ -206,9 +206,9 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& c) {
     }
   }
   plan.sampler = std::make_unique<data::BatchSampler>(
-      plan.train_samples, c.seed, c.replicas, c.micro_batches, c.micro_batch_size);
+      plan.train_samples, c.seed(), c.replicas(), c.microbatches(), c.microbatch_size());
   plan.boundary.assign(plan.stages() + 1, {});
-  at::Tensor first_input = MicroBatchReader(plan, c.micro_batches).Inputs(0);
+  at::Tensor first_input = MicroBatchReader(plan, c.microbatches()).Inputs(0);
   plan.boundary[0] = transport::SpecOf(first_input);
   if (script_layers.empty()) {
     PT_RETURN_IF_ERROR(BuiltinBoundaries(plan));
@@ -233,13 +233,13 @@ std::vector<model::LayerRange> RankLayers(const JobPlan& plan, int stage) {
 namespace {
 
 // Model stage `s`'s module: its own layers, on `device`.
-absl::StatusOr<std::unique_ptr<model::StageModule>> BuildModule(const JobConfig& c,
+absl::StatusOr<std::unique_ptr<model::StageModule>> BuildModule(const JobSpec& c,
                                                                 const JobPlan& plan, int s,
                                                                 c10::Device device) {
   const model::LayerRange r = plan.partition[s];
   absl::StatusOr<model::LayerList> layers = model::BuildLayers(plan.model_config, r.begin, r.end);
   if (!layers.ok()) {
-    return c.model.name == "torchscript" ? ModelFileError(layers.status()) : layers.status();
+    return c.model().name() == "torchscript" ? ModelFileError(layers.status()) : layers.status();
   }
   auto module = std::make_unique<model::StageModule>(
       r.begin, *std::move(layers),
@@ -271,7 +271,7 @@ int ModuleHolding(const std::vector<int>& stages, const JobPlan& plan, int layer
 // parameter on the rank, of the group's first member's kinds. Members in two modules only
 // under one weight version (the schedules with chunks), since a module that shares another's
 // parameter is never cloned.
-absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
+absl::Status ShareTiedParameters(const JobSpec& c, const JobPlan& plan,
                                  const std::vector<int>& stages,
                                  std::vector<std::unique_ptr<model::StageModule>>& modules) {
   for (const model::TieGroup& group : plan.ties) {
@@ -303,7 +303,7 @@ absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
         continue;
       }
       if (k != owner_module &&
-          schedule::WeightsOf(c.schedule) != schedule::WeightPolicy::kFlush) {
+          schedule::WeightsOf(ScheduleOf(c)) != schedule::WeightPolicy::kFlush) {
         return absl::InternalError(absl::StrCat(
             "tied layers ", group.front().layer, " and ", ref.layer,
             " are in two model stages of one rank under a schedule of several weight versions"));
@@ -317,12 +317,12 @@ absl::Status ShareTiedParameters(const JobConfig& c, const JobPlan& plan,
 // The weights of model stage `s` in `module`, from `start`'s layers (those of its layers from
 // `first` on) when it resumes.
 absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
-    const JobConfig& c, const JobPlan& plan, int s, std::unique_ptr<model::StageModule> module,
+    const JobSpec& c, const JobPlan& plan, int s, std::unique_ptr<model::StageModule> module,
     const StageStart& start, size_t first) {
   const model::LayerRange r = plan.partition[s];
   std::vector<weights::ParameterState> optimizer_state;
   const bool resumed = !start.layers.empty();
-  const schedule::WeightPolicy weights = schedule::WeightsOf(c.schedule);
+  const schedule::WeightPolicy weights = schedule::WeightsOf(ScheduleOf(c));
   std::unique_ptr<model::StageModule> stale;  // 2BW resumed: W(N-1), where the checkpoint has it
   if (resumed) {
     const std::vector<checkpoint::LayerState> own(
@@ -342,16 +342,16 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
       }
     }
   }
-  PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(c.optimizer, c.steps));
+  PT_ASSIGN_OR_RETURN(auto optimizer, weights::MakeOptimizer(OptimizerConfigOf(c), c.steps()));
   std::unique_ptr<weights::WeightStore> store;
   if (weights == schedule::WeightPolicy::kDoubleBuffered) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeDoubleBufferedWeights(
-                                   std::move(module), std::move(optimizer), c.micro_batches,
+                                   std::move(module), std::move(optimizer), c.microbatches(),
                                    start.first_step, std::move(stale)));
   } else if (weights == schedule::WeightPolicy::kStashed) {
     PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(
-                                   std::move(module), std::move(optimizer), c.micro_batches,
-                                   start.first_step, c.vertical_sync && s > 0));
+                                   std::move(module), std::move(optimizer), c.microbatches(),
+                                   start.first_step, c.vertical_sync() && s > 0));
   } else {
     PT_ASSIGN_OR_RETURN(store, weights::MakeSingleVersionWeights(
                                    std::move(module), std::move(optimizer), start.first_step));
@@ -398,10 +398,15 @@ std::vector<executor::TiedParameter> TiedParametersOf(const JobPlan& plan, int r
 
 }  // namespace
 
-absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
+absl::StatusOr<StageParts> BuildStage(const JobSpec& c, const JobPlan& plan,
                                       const MicroBatchReader& reader, int stage,
                                       const StageStart& start, c10::Device device) {
   const int p = plan.ranks(), last = plan.stages() - 1;
+  if (start.generation.commit_steps) {
+    if (std::string why = CommitStepsRefusal(c); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("commit_steps: ", why));
+    }
+  }
   StageParts parts;
   parts.model_stages = plan.layout.StagesOf(stage);
   size_t first_layer = 0;  // of the next model stage in start.layers
@@ -432,23 +437,23 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   executor::StageConfig& sc = parts.config;
   sc.stage = stage;
   sc.num_stages = p;
-  sc.micro_batches = c.micro_batches;
-  sc.replicas = c.replicas;
+  sc.micro_batches = c.microbatches();
+  sc.replicas = c.replicas();
   sc.replica = reader.replica();
-  sc.overlap_allreduce = c.overlap_allreduce;
-  sc.bucket_bytes = c.bucket_kib * 1024;
-  sc.vertical_sync = c.vertical_sync;
-  sc.seed = c.seed;
-  sc.recv_timeout = absl::Seconds(c.recv_timeout_s);
-  sc.schedule = ScheduleParamsOf(c, c.steps);
+  sc.overlap_allreduce = c.overlap_allreduce();
+  sc.bucket_bytes = c.bucket_kib() * 1024;
+  sc.vertical_sync = c.vertical_sync();
+  sc.seed = c.seed();
+  sc.recv_timeout = absl::Seconds(c.timeout_s());
+  sc.schedule = ScheduleParamsOf(c, c.steps());
   sc.schedule.first_step = start.first_step;
-  sc.checkpoint_every = c.checkpoint.every;
-  sc.nonfinite_limit = c.nonfinite_limit;
-  sc.skipped_in_a_row = c.skipped_in_a_row;
-  sc.clip_grad_norm = c.optimizer.clip_grad_norm;
-  sc.commit_steps = c.commit_steps;
-  sc.eval_every = c.eval.every;
-  sc.eval_batches = c.eval.batches;
+  sc.checkpoint_every = c.checkpoint().every();
+  sc.nonfinite_limit = c.nonfinite_limit();
+  sc.skipped_in_a_row = start.generation.skipped_in_a_row;
+  sc.clip_grad_norm = c.optimizer().clip_grad_norm();
+  sc.commit_steps = start.generation.commit_steps;
+  sc.eval_every = c.eval().every();
+  sc.eval_batches = c.eval().batches();
   PT_RETURN_IF_ERROR(schedule::ValidateScheduleParams(sc.schedule));
   const auto holds = [&](int s) {
     return std::count(parts.model_stages.begin(), parts.model_stages.end(), s) > 0;
@@ -474,8 +479,8 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& c, const JobPlan& plan,
   return parts;
 }
 
-int ThreadsPerStage(const JobConfig& c, int stages) {
-  return c.threads_per_stage > 0 ? c.threads_per_stage : std::max(1, AvailableCores() / stages);
+int ThreadsPerStage(const JobSpec& c, int stages) {
+  return c.threads_per_stage() > 0 ? c.threads_per_stage() : std::max(1, AvailableCores() / stages);
 }
 
 }  // namespace pipetrain::job

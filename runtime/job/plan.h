@@ -1,5 +1,5 @@
 // Everything about a job that every stage agrees on, computed identically in every thread
-// or process from the JobConfig alone: the data, the model's layers (names and parameter
+// or process from the JobSpec alone: the data, the model's layers (names and parameter
 // counts, no tensors), the partition, what to recompute, and the shapes that cross each stage
 // boundary. And the construction of one stage from it: a stage builds only its own layers
 // (model::BuildLayers), so no rank ever holds the whole model.
@@ -19,7 +19,7 @@
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/data/dataset.h"
 #include "runtime/executor/stage_executor.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/model/layer.h"
 #include "runtime/model/partition.h"
 #include "runtime/schedule/chunked_schedule.h"
@@ -33,14 +33,14 @@ struct JobPlan {
   // Over the training samples [0, train_samples) only.
   std::unique_ptr<data::BatchSampler> sampler;
   int64_t train_samples = 0;
-  // The samples held out for evaluation (JobConfig::eval.split): [begin, begin + count), none
+  // The samples held out for evaluation (JobSpec::eval.split): [begin, begin + count), none
   // without a split. For token data one window lies between the two, so that no token of a
   // held-out window is in a training window.
   struct HeldOut {
     int64_t begin = 0;
     int64_t count = 0;
   } held_out;
-  int eval_batches = 1;      // micro-batches each replica evaluates (JobConfig::eval.batches)
+  int eval_batches = 1;      // micro-batches each replica evaluates (JobSpec::eval.batches)
   int micro_batch_size = 1;  // b: rows of every micro-batch, evaluated ones too
   model::ModelConfig model_config;  // with sizes taken from the data
   std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
@@ -68,7 +68,7 @@ struct JobPlan {
 // Validates the job completely (the partition against the model's layers too); what needs
 // the data or a model file (data.path, model.path) fails naming that field. A job with
 // `stages: auto` is FailedPrecondition: it runs once planned (run/plan_command.h).
-absl::StatusOr<JobPlan> MakeJobPlan(const JobConfig& config);
+absl::StatusOr<JobPlan> MakeJobPlan(const JobSpec& config);
 
 // Inputs and targets of global micro-batch j of one replica's shard, as tensors.
 // Thread-safe.
@@ -108,16 +108,30 @@ struct StageParts {
   // The weights, for the executor.
   std::vector<weights::WeightStore*> weight_stores() const;
 };
+// How the host that starts one generation of a job runs it, beyond its spec: not a field of
+// the spec (users never set it); the coordinator sends it with each rank's assignment.
+struct Generation {
+  // The step commit (executor::StageConfig::commit_steps): no rank applies an update before
+  // every rank of every replica holds its final gradient, so that the survivors of a lost
+  // rank hold one consistent step (runtime/recovery/survivor_step.h). BuildStage refuses it
+  // where CommitStepsRefusal says why it cannot run.
+  bool commit_steps = false;
+  // Steps skipped in a row right before the first this run takes (a generation that goes on
+  // after a restart: they count toward the spec's nonfinite_limit).
+  int skipped_in_a_row = 0;
+};
+
 // Where a rank starts: mini-batch 0 on its layers built from (seed, layer index), or a
 // resumed job's first step on its layers' weights and optimizer state from a checkpoint.
 struct StageStart {
   int64_t first_step = 0;
   // The layers of the rank's model stages, in model order (empty: fresh).
   std::vector<checkpoint::LayerState> layers;
+  Generation generation;
 };
 // The rank's layers, weights, optimizer state and the micro-batches it reads live on
 // `device`; its layers compute in plan.compute_dtype.
-absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& plan,
+absl::StatusOr<StageParts> BuildStage(const JobSpec& config, const JobPlan& plan,
                                       const MicroBatchReader& reader, int stage,
                                       const StageStart& start = {},
                                       c10::Device device = c10::Device(c10::DeviceType::CPU));
@@ -125,6 +139,6 @@ absl::StatusOr<StageParts> BuildStage(const JobConfig& config, const JobPlan& pl
 std::vector<model::LayerRange> RankLayers(const JobPlan& plan, int stage);
 
 // Intra-op threads per stage for this job on this machine.
-int ThreadsPerStage(const JobConfig& config, int stages);
+int ThreadsPerStage(const JobSpec& config, int stages);
 
 }  // namespace pipetrain::job

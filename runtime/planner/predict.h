@@ -76,7 +76,7 @@ struct Layout {
   // `pipeline.stages` is the ranks p of a pipeline and `pipeline.stage_layers` the v x p
   // model stages in model order (SetModelStageLayers).
   int virtual_stages = 1;
-  bool vertical_sync = false;  // pipedream: every stage on stage 0's versions (JobConfig's)
+  bool vertical_sync = false;  // pipedream: every stage on stage 0's versions (JobSpec's)
 
   void SetStageLayers(std::vector<std::pair<int, int>> layers) {
     pipeline.stages = static_cast<int>(layers.size());

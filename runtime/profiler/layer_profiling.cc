@@ -22,7 +22,7 @@ int64_t Bytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.e
 }  // namespace
 
 absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
-    const job::JobConfig& config, const job::JobPlan& plan, int begin, int end,
+    const job::JobSpec& config, const job::JobPlan& plan, int begin, int end,
     const at::Tensor& input, const at::Tensor& targets, const ProfileOptions& options,
     at::Tensor& next) {
   absl::StatusOr<model::LayerList> built = model::BuildLayers(plan.model_config, begin, end);
@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
     for (const at::Tensor& p : params[i]) out[i].parameter_bytes += Bytes(p);
     if (params[i].empty()) continue;
     absl::StatusOr<std::unique_ptr<weights::Optimizer>> optimizer =
-        weights::MakeOptimizer(config.optimizer);
+        weights::MakeOptimizer(job::OptimizerConfigOf(config));
     if (!optimizer.ok()) return optimizer.status();
     optimizers[i] = *std::move(optimizer);
   }
@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       const at::Tensor x = layer_input(i, outputs);
       inputs[i] = x;
       model::LayerContext ctx;
-      ctx.seed = config.seed;
+      ctx.seed = config.seed();
       ctx.global_layer = begin + i;
       ctx.micro_batch = round;
       ctx.weight_gradients = &deferral;
@@ -118,7 +118,7 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       for (int i = 0; i < n; ++i) {
         split_inputs[i] = layer_input(i, split_outputs);
         model::LayerContext ctx;
-        ctx.seed = config.seed;
+        ctx.seed = config.seed();
         ctx.global_layer = begin + i;
         ctx.micro_batch = round;
         ctx.weight_gradients = &deferral;

@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/plan.h"
 #include "runtime/planner/profile.h"
 #include "runtime/profiler/profiler.h"
@@ -30,7 +30,7 @@ namespace pipetrain::profiler {
 // is detached from the previous layer's output, so its forward and backward are timed alone.
 // `input` is the real input of layer `begin`; `next` receives the window's output (detached).
 absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
-    const job::JobConfig& config, const job::JobPlan& plan, int begin, int end,
+    const job::JobSpec& config, const job::JobPlan& plan, int begin, int end,
     const at::Tensor& input, const at::Tensor& targets, const ProfileOptions& options,
     at::Tensor& next);
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/plan.h"
 #include "runtime/planner/profile.h"
 
@@ -22,7 +22,7 @@ inline constexpr int kProfileFormat = 2;
 // The key of one micro-batch size's layer profile: the model, dtype, optimizer, micro-batch
 // size `b`, intra-op `threads`, device, the profiling `windows` and the measuring build (the
 // size and modification time of this executable, and $PIPETRAIN_GEMM).
-std::string CacheKey(const job::JobPlan& plan, const job::JobConfig& config, int b, int threads,
+std::string CacheKey(const job::JobPlan& plan, const job::JobSpec& config, int b, int threads,
                      const std::vector<std::pair<int, int>>& windows);
 
 // The JSON value stored under `key` in `dir`; "" when there is none (or `dir` is "").

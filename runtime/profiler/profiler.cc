@@ -39,7 +39,7 @@ std::string DefaultProfileCacheDir() {
   return "";
 }
 
-absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
+absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobSpec& config,
                                                  const ProfileOptions& options) {
   if (options.threads < 1 || options.repeats < 1 || options.warmup < 0) {
     return absl::InvalidArgumentError("profiling needs threads >= 1, repeats >= 1, warmup >= 0");
@@ -51,7 +51,7 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
     budget = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 4;
   }
   std::vector<int> sizes = options.micro_batch_sizes;
-  if (sizes.empty()) sizes.push_back(config.micro_batch_size);
+  if (sizes.empty()) sizes.push_back(config.microbatch_size());
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   const auto say = [&](const std::string& line) {
@@ -62,26 +62,26 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
   profile.threads = options.threads;
   for (int b : sizes) {
     const int64_t before_plan = memory::TensorBytesInUse();
-    job::JobConfig one = config;
-    one.stages = 1;
-    one.stage_ranges.clear();
-    one.replicas = 1;
-    one.micro_batches = 1;
-    one.micro_batch_size = b;
-    one.recompute = {};
-    one.auto_stages = false;  // one stage, whatever the job's layout will be
+    job::JobSpec one = config;
+    one.set_stages(1);
+    one.clear_stage_ranges();
+    one.set_replicas(1);
+    one.set_microbatches(1);
+    one.set_microbatch_size(b);
+    job::SetRecompute(one, {});
+    one.set_auto_stages(false);  // one stage, whatever the job's layout will be
     // Layers cost the same under every schedule (one whose rules need several ranks or
     // micro-batches would refuse this job).
-    one.schedule = schedule::ScheduleKind::kOneFOneB;
-    one.virtual_stages = 0;
-    one.vertical_sync = false;
-    if (absl::Status s = job::ValidateJobConfig(one); !s.ok()) return s;
+    job::SetSchedule(one, schedule::ScheduleKind::kOneFOneB);
+    one.set_virtual_stages(0);
+    one.set_vertical_sync(false);
+    if (absl::Status s = job::ValidateJob(one); !s.ok()) return s;
     absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(one);
     if (!plan.ok()) return plan.status();
     // What the dataset holds (every rank loads it).
     profile.base_bytes =
         std::max<int64_t>(profile.base_bytes, memory::TensorBytesInUse() - before_plan);
-    profile.dtype = job::PrecisionName(config.precision);
+    profile.dtype = job::PrecisionName(job::PrecisionOf(config));
     profile.tokens_per_sample = plan->model_config.name == "gpt" ? plan->model_config.seq_len : 1;
     profile.model = absl::StrCat(plan->model_config.name, ", ", plan->layers.size(), " layers, ",
                                  plan->num_parameters(), " parameters");

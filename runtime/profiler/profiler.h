@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/planner/profile.h"
 
 namespace pipetrain::profiler {
@@ -61,7 +61,7 @@ struct ProfileOptions {
 
 // InvalidArgument for a job that does not validate or a micro-batch size < 1 or above the
 // job's limits; what MakeJobPlan says about the data or a model file.
-absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobConfig& config,
+absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobSpec& config,
                                                  const ProfileOptions& options);
 
 // The peer side of the link measurements, in a process started by ProfileJob (see

@@ -19,10 +19,6 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (c.weight_decay < 0) {
     errors.push_back(absl::StrCat("optimizer.weight_decay must be >= 0, got ", c.weight_decay));
   }
-  if (!(c.clip_grad_norm >= 0) || !std::isfinite(c.clip_grad_norm)) {
-    errors.push_back(absl::StrCat("optimizer.clip_grad_norm must be finite and >= 0 (0: off), "
-                                  "got ", c.clip_grad_norm));
-  }
   if (c.momentum < 0 || c.momentum >= 1) {
     errors.push_back(absl::StrCat("optimizer.momentum must be in [0, 1), got ", c.momentum));
   }

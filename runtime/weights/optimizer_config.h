@@ -40,9 +40,6 @@ struct OptimizerConfig {
   // Kinds of parameter (model::KindBit bits) that weight_decay skips, as a second parameter
   // group with weight_decay 0 would in torch.optim; default none, as torch.optim's one group.
   model::ParameterKinds no_decay = 0;
-  // The whole model's gradient is scaled by min(1, C / (norm + 1e-6)) before each update, its
-  // norm the 2-norm over every stage's (torch.nn.utils.clip_grad_norm_); 0: not clipped.
-  double clip_grad_norm = 0.0;
   double momentum = 0.9;      // sgd
   double beta1 = 0.9;         // adamw
   double beta2 = 0.999;       // adamw

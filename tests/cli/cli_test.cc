@@ -20,8 +20,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_spec.h"
 #include "tests/cli/cli_fixture.h"
 #include "tests/jobspec/one_job.h"
 
@@ -394,10 +394,10 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
   absl::StatusOr<pipetrain::v1::JobSpec> spec =
       pipetrain::jobspec::JobSpecFromYaml(pipetrain::test::kOneJobYaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<pipetrain::job::JobConfig> config =
-      pipetrain::jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<pipetrain::job::JobSpec> config =
+      pipetrain::job::Validated(*spec);
   ASSERT_TRUE(config.ok()) << config.status();
-  nlohmann::json expected = nlohmann::json::parse(pipetrain::job::JobConfigToJson(*config));
+  nlohmann::json expected = nlohmann::json::parse(pipetrain::job::JobToJson(*config));
   const fs::path job_file = Write("one.yaml", pipetrain::test::kOneJobYaml);
   std::string first_weights;
   std::map<std::string, nlohmann::json> summaries;  // by launch

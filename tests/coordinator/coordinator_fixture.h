@@ -23,7 +23,6 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/placement.h"
-#include "jobspec/job_config_from_spec.h"
 #include "rpc/security.h"
 #include "runtime/planner/profile_json.h"
 #include "tests/coordinator/coordinator_fakes.h"

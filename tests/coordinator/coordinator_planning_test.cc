@@ -62,7 +62,7 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
   EXPECT_GT(job.plan().predicted_step_time_s(), 0);
   EXPECT_FALSE(job.plan().layout().empty());
   // What the workers are given is a job like any other: it validates as it stands.
-  EXPECT_TRUE(jobspec::JobConfigFromSpec(job.spec()).ok());
+  EXPECT_TRUE(job::Validated(job.spec()).ok());
 
   // A worker with 1 MiB: nothing fits in it.
   v1::RegisterWorkerRequest small;

@@ -53,11 +53,11 @@ class JobControllerTest : public ::testing::Test {
     job.set_steps(kSteps);
     job.set_step(-1);
     job.set_data_unit("tok");
-    job::JobConfig config;
-    config.stages = kStages;
-    config.replicas = kReplicas;
-    config.steps = kSteps;
-    config.max_restarts = max_restarts;
+    job::JobSpec config;
+    config.set_stages(kStages);
+    config.set_replicas(kReplicas);
+    config.set_steps(kSteps);
+    config.set_max_restarts(max_restarts);
     return JobController({clock_, absl::Seconds(1)}, job, config);
   }
 
@@ -359,9 +359,9 @@ TEST_F(JobControllerTest, EveryRankEndingWellEndsTheJobAndClosesItsStore) {
 TEST_F(JobControllerTest, AJobFoundRunningAfterARestartRecoversOrIsMarkedInterrupted) {
   v1::Job record = Running(0).job();
   record.set_step(6);
-  job::JobConfig config;
-  config.steps = kSteps;
-  config.max_restarts = 1;
+  job::JobSpec config;
+  config.set_steps(kSteps);
+  config.set_max_restarts(1);
   JobController restartable =
       JobController::FromRecord({clock_, absl::Seconds(1)}, record, config);
   const JobEffects recovering = restartable.TakeEffects();
@@ -371,7 +371,7 @@ TEST_F(JobControllerTest, AJobFoundRunningAfterARestartRecoversOrIsMarkedInterru
                                  "steps recorded)")));
   EXPECT_EQ(recovering.write, Write::kNow);
 
-  config.max_restarts = 0;
+  config.set_max_restarts(0);
   JobController ended = JobController::FromRecord({clock_, absl::Seconds(1)}, record, config);
   EXPECT_EQ(ended.phase(), Phase::kFailed);
   EXPECT_THAT(ended.job().message(), HasSubstr("interrupted by a coordinator restart (7 of 20"));

@@ -23,7 +23,7 @@ JobEntry Entry(const std::string& id, int64_t step = -1) {
   v1::Job job;
   job.set_id(id);
   job.set_step(step);
-  return JobEntry(JobController({std::make_shared<FakeClock>()}, job, job::JobConfig()));
+  return JobEntry(JobController({std::make_shared<FakeClock>()}, job, job::JobSpec()));
 }
 
 v1::Job StoredRecord(const FakeStore::Data& data, const std::string& id) {

@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/job_traffic.h"
-#include "jobspec/job_config_from_spec.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -69,7 +68,7 @@ struct Recovering {
     job.add_recoveries()->set_cause("worker-9 lost");
   }
   RecoveringJob View() {
-    config = *jobspec::JobConfigFromSpec(job.spec());
+    config = *job::Validated(job.spec());
     return {&job, &config, kT0, lost_ranks_stop_by};
   }
   // What one rank of its own layout holds for its parameters (the scheduler's memory model).
@@ -78,7 +77,7 @@ struct Recovering {
     return *RankParameterStateBytes(config, job::PipelineLayoutOf(config));
   }
   v1::Job job;
-  job::JobConfig config;
+  job::JobSpec config;
   absl::Time lost_ranks_stop_by = absl::InfinitePast();
 };
 
@@ -282,7 +281,7 @@ std::vector<v1::WorkerInfo> TwoHosts() {
 }
 
 // A 2-stage x 2-replica job of `model` (1f1b, 4 micro-batches of `b`).
-job::JobConfig TwoByTwo(const std::string& model, int b) {
+job::JobSpec TwoByTwo(const std::string& model, int b) {
   v1::JobSpec s;
   s.mutable_model()->set_name(model);
   s.set_schedule("1f1b");
@@ -300,7 +299,7 @@ job::JobConfig TwoByTwo(const std::string& model, int b) {
     s.mutable_model()->set_n_layers(2);
     s.mutable_data()->set_seq_len(256);
   }
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(s);
+  absl::StatusOr<job::JobSpec> config = job::Validated(s);
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -321,8 +320,8 @@ TEST(SchedulerHosts, TheTrafficProfileCountsEachLayersOutputAndParameterBytes) {
   const std::optional<planner::ModelProfile> gpt = TrafficProfile(TwoByTwo("gpt", 8));
   ASSERT_TRUE(gpt.has_value());
   EXPECT_EQ(gpt->sizes.front().layers[0].output_bytes, 4 * 8 * 256 * 16);
-  job::JobConfig script = TwoByTwo("mlp", 8);
-  script.model.name = "torchscript";
+  job::JobSpec script = TwoByTwo("mlp", 8);
+  script.mutable_model()->set_name("torchscript");
   EXPECT_FALSE(TrafficProfile(script).has_value());
 }
 
@@ -331,8 +330,8 @@ TEST(SchedulerHosts, TheTrafficProfileCountsEachLayersOutputAndParameterBytes) {
 // the first job's AllReduces would cross hosts.
 TEST(SchedulerHosts, TheHeavierTrafficStaysWithinHosts) {
   const Scheduler topology({kBeat, 3});
-  const job::JobConfig parameters = TwoByTwo("mlp", 8);
-  const job::JobConfig activations = TwoByTwo("gpt", 8);
+  const job::JobSpec parameters = TwoByTwo("mlp", 8);
+  const job::JobSpec activations = TwoByTwo("gpt", 8);
   // rank = replica x 2 + stage
   PlacementPlan plan =
       topology.PlanQueue({{"mlp", 4, 0, "cpu", topology.PlacerFor(parameters)}}, TwoHosts());

@@ -15,8 +15,8 @@
 
 #include <google/protobuf/util/json_util.h>
 
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_spec.h"
 #include "tests/daemons/local_cluster.h"
 #include "tests/jobspec/one_job.h"
 
@@ -73,12 +73,13 @@ TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
   absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(
       std::string(kOneJobYaml) + "weights_dir: /tmp/one-job-weights\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<job::JobConfig> expected = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> expected = job::Validated(*spec);
   ASSERT_TRUE(expected.ok()) << expected.status();
   const fs::path file = Write("one.yaml", kOneJobYaml);
-  for (const std::string& job : {file.string() + weights, std::string(kOneJobFlags) + weights}) {
-    SCOPED_TRACE(job);
-    Result r = cluster.Cli("submit -o json " + job);
+  for (const std::string& submitted :
+       {file.string() + weights, std::string(kOneJobFlags) + weights}) {
+    SCOPED_TRACE(submitted);
+    Result r = cluster.Cli("submit -o json " + submitted);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const std::string id = nlohmann::json::parse(r.out).at("id");
     Result status = cluster.Cli("status -o json " + id);
@@ -86,11 +87,11 @@ TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
     v1::Job stored;
     const std::string spec_json = nlohmann::json::parse(status.out).at("spec").dump();
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(spec_json, stored.mutable_spec()).ok());
-    absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(stored.spec());
+    absl::StatusOr<job::JobSpec> config = job::Validated(stored.spec());
     ASSERT_TRUE(config.ok()) << config.status();
-    job::JobConfig with_own_dir = *expected;
-    with_own_dir.checkpoint.dir = "checkpoints/" + id;
-    EXPECT_EQ(job::JobConfigToJson(*config), job::JobConfigToJson(with_own_dir));
+    job::JobSpec with_own_dir = *expected;
+    with_own_dir.mutable_checkpoint()->set_dir("checkpoints/" + id);
+    EXPECT_EQ(job::JobToJson(*config), job::JobToJson(with_own_dir));
   }
   // A bad flag value is refused by the CLI, naming the flag and the field; nothing is sent.
   Result bad = cluster.Cli("submit --steps many");

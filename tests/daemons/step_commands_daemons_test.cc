@@ -18,9 +18,8 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/control/step_commands.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "tests/daemons/local_cluster.h"
@@ -166,16 +165,16 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
   // The weights: the delayed update, restarted at the switch (a checkpoint leaves it).
   absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(kJob);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
   ASSERT_TRUE(config.ok()) << config.status();
-  config->steps = static_cast<int>(n_stop);
+  config->set_steps(static_cast<int>(n_stop));
   auto reference = job::TrainReference(*config, {n_switch});
   ASSERT_TRUE(reference.ok()) << reference.status();
   EXPECT_LE(job::MaxRelativeDifference(final_params, *reference), 1e-10);
   auto without_switches = job::TrainReference(*config);
   ASSERT_TRUE(without_switches.ok());
   EXPECT_GT(job::MaxRelativeDifference(final_params, *without_switches), 1e-8);
-  config->steps = static_cast<int>(n_checkpoint);
+  config->set_steps(static_cast<int>(n_checkpoint));
   auto at_checkpoint = job::TrainReference(*config, {n_switch});
   ASSERT_TRUE(at_checkpoint.ok());
   EXPECT_LE(job::MaxRelativeDifference(checkpoint_params, *at_checkpoint), 1e-10);

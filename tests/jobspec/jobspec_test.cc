@@ -1,6 +1,6 @@
 // The job spec has one definition: every field of pipetrain.v1.JobSpec, set to a
 // non-default value through YAML and through its command-line flag, reaches the runtime's
-// JobConfig unchanged, and changes nothing else. The fields are found by walking the
+// JobSpec unchanged, and changes nothing else. The fields are found by walking the
 // spec's descriptor, so a field added to job.proto without a flag, a conversion or a value
 // here fails this test. (tests/cli runs the same job through every launch mode and submit.)
 #include <algorithm>
@@ -19,11 +19,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/job_limits.h"
 
 namespace pipetrain::jobspec {
@@ -35,7 +34,7 @@ using ::testing::HasSubstr;
 using nlohmann::json;
 
 // One non-default value of one field: as YAML writes it, as its flag takes it, and as
-// JobConfigToJson shows the runtime's field. Each is valid on its own over the defaults.
+// JobToJson shows the runtime's field. Each is valid on its own over the defaults.
 struct FieldValue {
   std::string path;  // the YAML key path
   std::string yaml;
@@ -185,9 +184,9 @@ json::json_pointer PointerOf(const std::string& path) {
 }
 
 json ConfigJson(const v1::JobSpec& spec) {
-  absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(spec);
   EXPECT_TRUE(config.ok()) << config.status();
-  return config.ok() ? json::parse(job::JobConfigToJson(*config)) : json();
+  return config.ok() ? json::parse(job::JobToJson(*config)) : json();
 }
 
 // The runtime's defaults with the fields in `changes` set: what a spec that sets exactly
@@ -282,7 +281,7 @@ TEST(JobSpec, StagesAutoThroughYamlAndFlags) {
   EXPECT_EQ(ConfigJson(*replaced), Expected({{"stages", 3}}));
   absl::StatusOr<v1::JobSpec> bad = FromFlags({"--planner", "gpipe"});
   ASSERT_TRUE(bad.ok());
-  absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(*bad);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*bad);
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(std::string(config.status().message()),
               ::testing::HasSubstr("planner: unknown 'gpipe' (one of: 2bw, pipedream, hippie)"));
@@ -396,7 +395,7 @@ TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
       EXPECT_THAT(spec.status().message(), HasSubstr(l.path));
       continue;
     }
-    absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(*spec);
+    absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
     ASSERT_FALSE(config.ok());
     EXPECT_THAT(config.status().message(), HasSubstr(l.path));
   }
@@ -409,7 +408,7 @@ TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
     }
   }
   // A field no other check bounds above: the table's reason is given.
-  absl::StatusOr<job::JobConfig> wide = JobConfigFromSpec(*JobSpecFromYaml("model: {d_model: 70000}\n"));
+  absl::StatusOr<job::JobSpec> wide = job::Validated(*JobSpecFromYaml("model: {d_model: 70000}\n"));
   ASSERT_FALSE(wide.ok());
   EXPECT_THAT(wide.status().message(),
               HasSubstr("model.d_model: must be in [1, 65,536] (wider than any published "
@@ -418,7 +417,7 @@ TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
   absl::StatusOr<v1::JobSpec> spec =
       JobSpecFromYaml("steps: 2147483647\nmicrobatches: 65536\nschedule: 2bw\n");
   ASSERT_TRUE(spec.ok());
-  EXPECT_TRUE(JobConfigFromSpec(*spec).ok()) << JobConfigFromSpec(*spec).status();
+  EXPECT_TRUE(job::Validated(*spec).ok()) << job::Validated(*spec).status();
   // One more does not fit the field (a 32-bit count): the reader names it.
   absl::StatusOr<v1::JobSpec> too_many = JobSpecFromYaml("steps: 2147483648\n");
   ASSERT_FALSE(too_many.ok());
@@ -430,7 +429,7 @@ TEST(JobLimits, NamesArePrintableUtf8OfAtMost256Bytes) {
                                  std::string("bad \xff utf8"), std::string("c1 \xc2\x9b")}) {
     v1::JobSpec spec;
     spec.set_name(name);
-    absl::StatusOr<job::JobConfig> config = JobConfigFromSpec(spec);
+    absl::StatusOr<job::JobSpec> config = job::Validated(spec);
     ASSERT_FALSE(config.ok()) << name;
     EXPECT_THAT(config.status().message(), HasSubstr("name: must be at most 256 bytes"));
   }
@@ -438,7 +437,7 @@ TEST(JobLimits, NamesArePrintableUtf8OfAtMost256Bytes) {
        {std::string(256, 'a'), std::string("nightly \xc3\xa9t\xc3\xa9 \xe2\x9c\x93")}) {
     v1::JobSpec spec;
     spec.set_name(name);
-    EXPECT_TRUE(JobConfigFromSpec(spec).ok()) << name;
+    EXPECT_TRUE(job::Validated(spec).ok()) << name;
   }
 }
 
@@ -494,17 +493,17 @@ TEST(JobSpec, DeviceCudaRefusesNothingThePipelineRunsOnCpus) {
       SCOPED_TRACE(yaml + "device: " + device);
       absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml + "device: " + device + "\n");
       ASSERT_TRUE(spec.ok()) << spec.status();
-      absl::StatusOr<job::JobConfig> c = JobConfigFromSpec(*spec);
+      absl::StatusOr<job::JobSpec> c = job::Validated(*spec);
       ASSERT_TRUE(c.ok()) << c.status();
-      c->commit_steps = c->replicas > 1;
-      const absl::Status valid = job::ValidateJobConfig(*c);
+      const absl::Status valid = job::ValidateJob(*c);
       EXPECT_TRUE(valid.ok()) << valid;
+      if (c->replicas() > 1) EXPECT_EQ(job::CommitStepsRefusal(*c), "");
     }
   }
   absl::StatusOr<v1::JobSpec> wrong =
       JobSpecFromYaml("stages: 4\nschedule: 1f1b\nvertical_sync: true\ndevice: cuda\n");
   ASSERT_TRUE(wrong.ok()) << wrong.status();
-  absl::StatusOr<job::JobConfig> c = JobConfigFromSpec(*wrong);  // validated on the way
+  absl::StatusOr<job::JobSpec> c = job::Validated(*wrong);  // validated on the way
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("vertical_sync"));
 }

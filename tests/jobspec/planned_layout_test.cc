@@ -7,7 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "jobspec/job_config_from_spec.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/planner/schedule_choice.h"
 #include "tests/planner/even_layout.h"
 
@@ -20,12 +20,12 @@ using schedule::ScheduleKind;
 using ::testing::HasSubstr;
 
 // A GPT of 8 layers (embedding, 5 blocks, norm, head) as a `stages: auto` job.
-job::JobConfig AutoJob() {
-  job::JobConfig c;
-  c.model.n_layers = 5;
-  c.auto_stages = true;
-  c.stage_ranges.clear();
-  c.planner = "hippie";
+job::JobSpec AutoJob() {
+  job::JobSpec c;
+  c.mutable_model()->set_n_layers(5);
+  c.set_auto_stages(true);
+  c.clear_stage_ranges();
+  c.set_planner("hippie");
   return c;
 }
 
@@ -58,7 +58,7 @@ TEST(RunMarkedSchedule, AutoRunsTheScheduleThePlanMarksAsAJobThatValidates) {
   // Uniform layers, free links, m = 4p: a zero-bubble schedule beats 1F1B's bubble.
   ASSERT_TRUE(schedule::HoldsChunks(marked)) << schedule::ScheduleKindName(marked);
   planner::PlanResult plan = PlanOf(profile, cluster, chosen);
-  const job::JobConfig config = AutoJob();
+  const job::JobSpec config = AutoJob();
   const std::string line = RunMarkedSchedule(profile, cluster, config, &plan);
   EXPECT_THAT(line, HasSubstr("runs " + std::string(schedule::ScheduleKindName(marked))));
   EXPECT_THAT(line, HasSubstr("against 1f1b's"));
@@ -66,21 +66,21 @@ TEST(RunMarkedSchedule, AutoRunsTheScheduleThePlanMarksAsAJobThatValidates) {
   EXPECT_LT(plan.chosen.prediction.step_time_s, PlanOf(profile, cluster, chosen).chosen.prediction.step_time_s);
   EXPECT_GT(plan.chosen.memory_efficiency, 0);
 
-  const job::JobConfig planned = WithLayout(config, plan.chosen.layout);
-  EXPECT_TRUE(job::ValidateJobConfig(planned).ok()) << job::ValidateJobConfig(planned);
-  EXPECT_EQ(planned.schedule, marked);
-  EXPECT_EQ(planned.stages, 2);  // the ranks of the planner's shape
-  EXPECT_EQ(planned.micro_batches, 8);
-  EXPECT_EQ(static_cast<int>(planned.stage_ranges.size()), 2 * job::VirtualStages(planned));
+  const job::JobSpec planned = WithLayout(config, plan.chosen.layout);
+  EXPECT_TRUE(job::ValidateJob(planned).ok()) << job::ValidateJob(planned);
+  EXPECT_EQ(job::ScheduleOf(planned), marked);
+  EXPECT_EQ(job::PipelineStages(planned), 2);  // the ranks of the planner's shape
+  EXPECT_EQ(planned.microbatches(), 8);
+  EXPECT_EQ(static_cast<int>(job::StageRangesOf(planned).size()), 2 * job::VirtualStages(planned));
   // Through the job spec (what the coordinator stores and the workers run) unchanged.
   v1::JobSpec spec;
   spec.mutable_model()->set_n_layers(5);
   MarkForPlanning(&spec);
-  absl::StatusOr<job::JobConfig> back = JobConfigFromSpec(SpecWithLayoutOf(spec, planned));
+  absl::StatusOr<job::JobSpec> back = job::Validated(WithLayout(spec, plan.chosen.layout));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->schedule, marked);
+  EXPECT_EQ(job::ScheduleOf(*back), marked);
   EXPECT_EQ(job::VirtualStages(*back), job::VirtualStages(planned));
-  EXPECT_EQ(back->stage_ranges.size(), planned.stage_ranges.size());
+  EXPECT_EQ(job::StageRangesOf(*back).size(), job::StageRangesOf(planned).size());
 }
 
 TEST(RunMarkedSchedule, ThePlannersOwnStaysWhereTheMarkedOneCannotRun) {
@@ -88,8 +88,8 @@ TEST(RunMarkedSchedule, ThePlannersOwnStaysWhereTheMarkedOneCannotRun) {
   const planner::ClusterProfile cluster = planner::FreeLinks();
   const Layout chosen = planner::Even(ScheduleKind::kOneFOneB, 8, 2, 8);
   // On GPUs the schedules with chunks run as on CPUs (NCCL has a link per boundary).
-  job::JobConfig on_gpus = AutoJob();
-  on_gpus.device = "cuda";
+  job::JobSpec on_gpus = AutoJob();
+  on_gpus.set_device("cuda");
   planner::PlanResult plan = PlanOf(profile, cluster, chosen);
   EXPECT_THAT(RunMarkedSchedule(profile, cluster, on_gpus, &plan), HasSubstr("runs "));
   EXPECT_EQ(plan.chosen.layout.schedule, Marked(profile, cluster, chosen));

@@ -25,7 +25,7 @@
 namespace pipetrain {
 namespace {
 
-using job::JobConfig;
+using job::JobSpec;
 using model::LayerRange;
 using model::ModelConfig;
 
@@ -221,22 +221,24 @@ TEST(LayerInit, EachLayerDependsOnlyOnSeedAndIndex) {
 }
 
 // A float64 GPT of 6 layers: embedding, block0..2, final_norm, lm_head.
-JobConfig SmallGpt() {
-  JobConfig c;
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 3;
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = schedule::ScheduleKind::kOneFOneB;
-  c.micro_batches = 4;
-  c.micro_batch_size = 2;
-  c.steps = 5;
-  c.optimizer = {"adamw", 1e-2};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
+JobSpec SmallGpt() {
+  JobSpec c;
+  c.mutable_model()->set_d_model(16);
+  c.mutable_model()->set_n_heads(2);
+  c.mutable_model()->set_n_layers(3);
+  c.mutable_data()->set_vocab(16);
+  c.mutable_data()->set_seq_len(8);
+  c.mutable_data()->set_num_tokens(1 << 14);
+  job::SetSchedule(c, schedule::ScheduleKind::kOneFOneB);
+  c.set_microbatches(4);
+  c.set_microbatch_size(2);
+  c.set_steps(5);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
+  job::SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(60);
   return c;
 }
 
@@ -250,12 +252,12 @@ std::vector<std::vector<LayerRange>> Partitions() {
 }
 
 // Layer i's initial parameters as stage `s` of `c`'s plan builds them.
-std::vector<std::vector<at::Tensor>> InitialParametersByLayer(const JobConfig& c) {
+std::vector<std::vector<at::Tensor>> InitialParametersByLayer(const JobSpec& c) {
   absl::StatusOr<job::JobPlan> plan = job::MakeJobPlan(c);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return {};
   std::vector<std::vector<at::Tensor>> by_layer;
-  job::MicroBatchReader reader(*plan, c.micro_batches);
+  job::MicroBatchReader reader(*plan, c.microbatches());
   for (int s = 0; s < plan->stages(); ++s) {
     absl::StatusOr<job::StageParts> parts = job::BuildStage(c, *plan, reader, s);
     EXPECT_TRUE(parts.ok()) << parts.status();
@@ -274,9 +276,9 @@ std::vector<std::vector<at::Tensor>> InitialParametersByLayer(const JobConfig& c
 TEST(LayerInit, BitwiseEqualUnderEveryPartitionAndTrainingMatchesTheReference) {
   std::vector<std::vector<at::Tensor>> first;
   for (const std::vector<LayerRange>& partition : Partitions()) {
-    JobConfig c = SmallGpt();
-    c.stage_ranges = partition;
-    c.stages = static_cast<int>(partition.size());
+    JobSpec c = SmallGpt();
+    job::SetStageRanges(c, partition);
+    c.set_stages(static_cast<int>(partition.size()));
     SCOPED_TRACE(model::FormatRanges(partition));
     std::vector<std::vector<at::Tensor>> layers = InitialParametersByLayer(c);
     ASSERT_EQ(layers.size(), 6u);

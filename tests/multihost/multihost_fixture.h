@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/base/subprocess.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "tests/multihost/namespace_hosts.h"
@@ -179,11 +179,11 @@ inline double DifferenceFromReference(const fs::path& job_file, const fs::path& 
   absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(yaml);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (!spec.ok()) return 1;
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*spec);
+  absl::StatusOr<job::JobSpec> config = job::Validated(*spec);
   EXPECT_TRUE(config.ok()) << config.status();
   if (!config.ok()) return 1;
-  config->weights_dir.clear();
-  config->checkpoint.every = 0;
+  config->clear_weights_dir();
+  config->mutable_checkpoint()->set_every(0);
   absl::StatusOr<std::vector<at::Tensor>> reference = job::TrainReference(*config);
   EXPECT_TRUE(reference.ok()) << reference.status();
   if (!reference.ok()) return 1;

@@ -23,10 +23,10 @@ using ::testing::HasSubstr;
 std::vector<int64_t> StageParameterBytes(const fs::path& job_file, const nlohmann::json& stages) {
   std::ifstream in(job_file);
   const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  absl::StatusOr<job::JobConfig> config = jobspec::JobConfigFromSpec(*jobspec::JobSpecFromYaml(yaml));
-  model::ModelConfig m = config->model;
-  m.vocab_size = config->data.vocab;
-  m.seq_len = config->data.seq_len;
+  absl::StatusOr<job::JobSpec> config = job::Validated(*jobspec::JobSpecFromYaml(yaml));
+  model::ModelConfig m = job::ModelConfigOf(*config);
+  m.vocab_size = config->data().vocab();
+  m.seq_len = config->data().seq_len();
   const std::vector<model::LayerInfo> layers = *model::BuiltinLayers(m);
   std::vector<int64_t> out;
   for (const nlohmann::json& st : stages) {

@@ -30,13 +30,13 @@ struct ChunkedCase {
 };
 
 // A GPT deep enough for p x v model stages, m micro-batches that every schedule takes.
-JobConfig ChunkedGpt(const ChunkedCase& k, int replicas, const char* recompute) {
-  JobConfig c = TinyGpt(k.kind, k.ranks, k.ranks == 2 ? 4 : 8);
-  c.virtual_stages = k.virtual_stages;
-  c.model.n_layers = k.ranks * k.virtual_stages;  // + embedding, final norm, head
-  c.replicas = replicas;
-  c.steps = 3;
-  c.recompute = *ParseRecompute(recompute);
+JobSpec ChunkedGpt(const ChunkedCase& k, int replicas, const char* recompute) {
+  JobSpec c = TinyGpt(k.kind, k.ranks, k.ranks == 2 ? 4 : 8);
+  c.set_virtual_stages(k.virtual_stages);
+  c.mutable_model()->set_n_layers(k.ranks * k.virtual_stages);  // + embedding, final norm, head
+  c.set_replicas(replicas);
+  c.set_steps(3);
+  SetRecompute(c, *ParseRecompute(recompute));
   return c;
 }
 
@@ -52,7 +52,7 @@ TEST_P(ChunkedSchedules, EqualTheUnpipelinedRunAndOneFOneBBitwise) {
   for (const int replicas : {1, 2}) {
     for (const char* recompute : {"none", "all"}) {
       SCOPED_TRACE(absl::StrCat(Name(k), " replicas ", replicas, " recompute ", recompute));
-      const JobConfig c = ChunkedGpt(k, replicas, recompute);
+      const JobSpec c = ChunkedGpt(k, replicas, recompute);
       const JobReport report = MustRun(c);
       ASSERT_EQ(static_cast<int>(report.partition.size()), k.ranks * k.virtual_stages);
       const std::vector<at::Tensor> reference = MustReference(c);
@@ -60,10 +60,10 @@ TEST_P(ChunkedSchedules, EqualTheUnpipelinedRunAndOneFOneBBitwise) {
       EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
 
       // 1F1B with a rank for each of the same model stages.
-      JobConfig flat = c;
-      flat.schedule = ScheduleKind::kOneFOneB;
-      flat.virtual_stages = 0;
-      flat.stages = k.ranks * k.virtual_stages;
+      JobSpec flat = c;
+      SetSchedule(flat, ScheduleKind::kOneFOneB);
+      flat.set_virtual_stages(0);
+      flat.set_stages(k.ranks * k.virtual_stages);
       const JobReport one_f_one_b = MustRun(flat);
       EXPECT_EQ(one_f_one_b.partition, report.partition);
       EXPECT_TRUE(BitwiseEqual(report.final_parameters, one_f_one_b.final_parameters));
@@ -72,8 +72,8 @@ TEST_P(ChunkedSchedules, EqualTheUnpipelinedRunAndOneFOneBBitwise) {
     }
   }
   // The parameters moved: the comparison is not between two untouched initializations.
-  JobConfig untouched = ChunkedGpt(k, 1, "none");
-  untouched.optimizer.lr = 1e-12;
+  JobSpec untouched = ChunkedGpt(k, 1, "none");
+  untouched.mutable_optimizer()->set_lr(1e-12);
   EXPECT_GT(MaxRelativeDifference(MustReference(untouched),
                                   MustReference(ChunkedGpt(k, 1, "none"))),
             1e-3);
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The trace of a zero-bubble rank: every F, I and W of each of its stages, the W's after their
 // I's, all before the step's update; and the stash of each stage empty at every update.
 TEST(ChunkedSchedules, RanksRunEveryIAndWOfTheirStagesBeforeEachUpdate) {
-  const JobConfig c = ChunkedGpt({ScheduleKind::kZeroBubbleV, 2, 2}, 1, "none");
+  const JobSpec c = ChunkedGpt({ScheduleKind::kZeroBubbleV, 2, 2}, 1, "none");
   const JobReport report = MustRun(c);
   ASSERT_EQ(report.stage_stats.size(), 2u);
   for (int r = 0; r < 2; ++r) {
@@ -118,9 +118,9 @@ TEST(ChunkedSchedules, RanksRunEveryIAndWOfTheirStagesBeforeEachUpdate) {
       }
     }
     for (int s : stages) {
-      EXPECT_EQ((counts[{s, ActionKind::kForward}]), c.steps * c.micro_batches);
-      EXPECT_EQ((counts[{s, ActionKind::kInputGradient}]), c.steps * c.micro_batches);
-      EXPECT_EQ((counts[{s, ActionKind::kWeightGradient}]), c.steps * c.micro_batches);
+      EXPECT_EQ((counts[{s, ActionKind::kForward}]), c.steps() * c.microbatches());
+      EXPECT_EQ((counts[{s, ActionKind::kInputGradient}]), c.steps() * c.microbatches());
+      EXPECT_EQ((counts[{s, ActionKind::kWeightGradient}]), c.steps() * c.microbatches());
     }
   }
 }
@@ -130,15 +130,15 @@ TEST(ChunkedSchedules, AStopReachesEveryRankAtItsBoundary) {
   for (const ChunkedCase k : {ChunkedCase{ScheduleKind::kInterleaved, 2, 2},
                               ChunkedCase{ScheduleKind::kDualPipeV, 2, 2}}) {
     SCOPED_TRACE(Name(k));
-    JobConfig c = ChunkedGpt(k, 2, "none");
-    c.steps = 6;
+    JobSpec c = ChunkedGpt(k, 2, "none");
+    c.set_steps(6);
     RunOptions options;
-    options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+    options.commands = std::make_shared<control::StepCommandQueue>(c.steps());
     ASSERT_TRUE(options.commands->Schedule(control::kStop, 2).ok());
     auto stopped = RunInProcess(c, options);
     ASSERT_TRUE(stopped.ok()) << stopped.status();
-    JobConfig two = c;
-    two.steps = 2;
+    JobSpec two = c;
+    two.set_steps(2);
     const JobReport expected = MustRun(two);
     EXPECT_EQ(stopped->losses.size(), 2u);
     EXPECT_TRUE(BitwiseEqual(stopped->final_parameters, expected.final_parameters));
@@ -151,21 +151,21 @@ TEST(ChunkedSchedules, AStopReachesEveryRankAtItsBoundary) {
 TEST(ChunkedSchedules, ACheckpointResumesUnderAnotherScheduleAndLayout) {
   const std::string dir = ::testing::TempDir() + "/chunked_checkpoints";
   std::filesystem::remove_all(dir);
-  JobConfig c = ChunkedGpt({ScheduleKind::kZeroBubbleV, 2, 2}, 1, "none");
-  c.steps = 4;
-  c.checkpoint.dir = dir;
-  c.checkpoint.every = 2;
+  JobSpec c = ChunkedGpt({ScheduleKind::kZeroBubbleV, 2, 2}, 1, "none");
+  c.set_steps(4);
+  c.mutable_checkpoint()->set_dir(dir);
+  c.mutable_checkpoint()->set_every(2);
   const JobReport whole = MustRun(c);
   ASSERT_TRUE(std::filesystem::exists(dir + "/latest"));
   for (const ChunkedCase resumed : {ChunkedCase{ScheduleKind::kInterleaved, 2, 2},
                                     ChunkedCase{ScheduleKind::kOneFOneB, 3, 0}}) {
     SCOPED_TRACE(Name(resumed));
-    JobConfig r = c;
-    r.schedule = resumed.kind;
-    r.stages = resumed.ranks;
-    r.virtual_stages = resumed.virtual_stages;
-    r.checkpoint.every = 0;
-    r.resume_from = dir + "/" + checkpoint::StepDirName(2);  // latest: the final one
+    JobSpec r = c;
+    SetSchedule(r, resumed.kind);
+    r.set_stages(resumed.ranks);
+    r.set_virtual_stages(resumed.virtual_stages);
+    r.mutable_checkpoint()->set_every(0);
+    r.set_resume_from(dir + "/" + checkpoint::StepDirName(2));  // latest: the final one
     const JobReport rest = MustRun(r);
     EXPECT_EQ(rest.first_step, 2);
     EXPECT_LE(MaxRelativeDifference(rest.final_parameters, whole.final_parameters), 1e-10);

@@ -30,23 +30,23 @@ std::string Name(const Case& k) {
                       k.virtual_stages > 1 ? absl::StrCat(" v=", k.virtual_stages) : "");
 }
 
-JobConfig Clipped(const Case& k, const char* optimizer) {
-  JobConfig c = TinyGpt(k, 4);
-  c.replicas = 2;
-  c.steps = 6;
-  c.optimizer.name = optimizer;
-  c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.2 : 0.02;
+JobSpec Clipped(const Case& k, const char* optimizer) {
+  JobSpec c = TinyGpt(k, 4);
+  c.set_replicas(2);
+  c.set_steps(6);
+  c.mutable_optimizer()->set_name(optimizer);
+  c.mutable_optimizer()->set_lr(std::string(optimizer) == "sgd" ? 0.2 : 0.02);
   return c;
 }
 
 // The reference's norms without clipping decide a threshold that some steps pass and some
 // do not (their median), so that both branches of min(1, C / norm) run.
-double ThresholdBetweenTheNorms(JobConfig c) {
-  c.optimizer.clip_grad_norm = 1e9;
+double ThresholdBetweenTheNorms(JobSpec c) {
+  c.mutable_optimizer()->set_clip_grad_norm(1e9);
   std::vector<double> norms;
   auto ref = TrainReference(c, {}, ReferenceClipping::kWholeModel, &norms);
   EXPECT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(norms.size(), static_cast<size_t>(c.steps));
+  EXPECT_EQ(norms.size(), static_cast<size_t>(c.steps()));
   if (norms.empty()) return 1.0;
   std::sort(norms.begin(), norms.end());
   return norms[norms.size() / 2];
@@ -62,9 +62,9 @@ TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
         // the other two (so that the sweep's cost stays that of a few kinds).
         if ((i + (std::string(optimizer) == "adamw") + tied) % 2 != 0) continue;
         SCOPED_TRACE(absl::StrCat(Name(k), " ", optimizer, tied ? " tied" : ""));
-        JobConfig c = Clipped(k, optimizer);
-        c.model.tie_embeddings = tied;
-        c.optimizer.clip_grad_norm = ThresholdBetweenTheNorms(c);
+        JobSpec c = Clipped(k, optimizer);
+        c.mutable_model()->set_tie_embeddings(tied);
+        c.mutable_optimizer()->set_clip_grad_norm(ThresholdBetweenTheNorms(c));
         const JobReport report = MustRun(c);
         std::vector<double> norms;
         auto reference = TrainReference(c, {}, ReferenceClipping::kWholeModel, &norms);
@@ -76,16 +76,16 @@ TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
         int clipped = 0;
         for (size_t t = 0; t < norms.size(); ++t) {
           EXPECT_NEAR(report.grad_norms[t], norms[t], 1e-10 * norms[t]) << "step " << t;
-          clipped += norms[t] > c.optimizer.clip_grad_norm;
+          clipped += norms[t] > c.optimizer().clip_grad_norm();
         }
         EXPECT_GT(clipped, 0);
-        EXPECT_LT(clipped, c.steps);
+        EXPECT_LT(clipped, c.steps());
         // Negative controls: each stage clipped by its own norm, and no clipping, miss it.
         auto alone = TrainReference(c, {}, ReferenceClipping::kEachStageAlone);
         ASSERT_TRUE(alone.ok()) << alone.status();
         EXPECT_GT(MaxRelativeDifference(report.final_parameters, *alone), 1e-6);
-        JobConfig unclipped = c;
-        unclipped.optimizer.clip_grad_norm = 0;
+        JobSpec unclipped = c;
+        unclipped.mutable_optimizer()->set_clip_grad_norm(0);
         EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(unclipped)),
                   1e-6);
       }
@@ -97,8 +97,8 @@ TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
 // scaled its gradient by (replicas hold the same gradient after their AllReduce; a pipeline's
 // ranks sum the same parts in the same order).
 TEST(GradientClipping, EveryRankOfEveryReplicaHasTheSameNorm) {
-  JobConfig c = Clipped({ScheduleKind::kOneFOneB, 4, 0}, "adamw");
-  c.optimizer.clip_grad_norm = 0.1;
+  JobSpec c = Clipped({ScheduleKind::kOneFOneB, 4, 0}, "adamw");
+  c.mutable_optimizer()->set_clip_grad_norm(0.1);
   const JobReport report = MustRun(c);
   ASSERT_EQ(report.stage_stats.size(), 8u);
   for (const executor::StageStats& stats : report.stage_stats) {
@@ -115,19 +115,19 @@ TEST(GradientClipping, EveryRankOfEveryReplicaHasTheSameNorm) {
 TEST(GradientClipping, AThresholdAboveEveryNormChangesNothing) {
   for (const Case& k : EveryScheduleKind(4)) {
     SCOPED_TRACE(Name(k));
-    JobConfig c = Clipped(k, "adamw");
+    JobSpec c = Clipped(k, "adamw");
     const JobReport plain = MustRun(c);
     EXPECT_TRUE(plain.grad_norms.empty());
-    c.optimizer.clip_grad_norm = 1e6;
+    c.mutable_optimizer()->set_clip_grad_norm(1e6);
     const JobReport clipped = MustRun(c);
     EXPECT_TRUE(BitwiseEqual(clipped.final_parameters, plain.final_parameters));
-    EXPECT_EQ(clipped.grad_norms.size(), static_cast<size_t>(c.steps));
+    EXPECT_EQ(clipped.grad_norms.size(), static_cast<size_t>(c.steps()));
   }
 }
 
 TEST(GradientClipping, AnInvalidThresholdIsRefused) {
-  JobConfig c = Clipped({ScheduleKind::kOneFOneB, 2, 0}, "sgd");
-  c.optimizer.clip_grad_norm = -1;
+  JobSpec c = Clipped({ScheduleKind::kOneFOneB, 2, 0}, "sgd");
+  c.mutable_optimizer()->set_clip_grad_norm(-1);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.status().message().find(

@@ -22,14 +22,14 @@ TEST(DataParallel, ReplicasEqualTheReferenceOnTheGlobalBatch) {
     const ScheduleKind kind = k.kind;
     for (int replicas : {2, 3}) {
       if (replicas != 2 + static_cast<int>(i % 2)) continue;  // 2 and 3 in turn
-      JobConfig c = TinyGpt(k, 4);
-      c.replicas = replicas;
+      JobSpec c = TinyGpt(k, 4);
+      c.set_replicas(replicas);
       JobReport report = MustRun(c);
       SCOPED_TRACE(::testing::Message() << schedule::ScheduleKindName(kind) << " w=" << replicas);
       EXPECT_LE(MaxRelativeDifference(report.final_parameters, MustReference(c)), 1e-10);
       // The replicas did read different data: one replica alone trains to other weights.
-      JobConfig one = c;
-      one.replicas = 1;
+      JobSpec one = c;
+      one.set_replicas(1);
       EXPECT_GT(MaxRelativeDifference(MustReference(one), MustReference(c)), 1e-6);
       for (const auto& stage : report.per_stage) EXPECT_GT(stage.allreduce_s, 0.0);
     }
@@ -48,25 +48,25 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
         schedule::WeightsOf(kind) == schedule::WeightPolicy::kStashed) {
       continue;
     }
-    JobConfig c = TinyGpt(kind, 2, 4);
-    c.model.d_model = 64;
-    c.model.n_heads = 4;
-    c.micro_batch_size = 8;
-    c.data.seq_len = 64;
-    c.steps = 3;
+    JobSpec c = TinyGpt(kind, 2, 4);
+    c.mutable_model()->set_d_model(64);
+    c.mutable_model()->set_n_heads(4);
+    c.set_microbatch_size(8);
+    c.mutable_data()->set_seq_len(64);
+    c.set_steps(3);
     // Stage 0 holds all but the head, so its last backward lasts tens of milliseconds: the
     // wall-clock claims are about the schedule, not about how 4 stage threads share 2 cores.
-    c.stage_ranges = {{0, 5}, {5, 6}};
-    c.replicas = 2;
-    c.bucket_kib = 64;  // several buckets
-    c.overlap_allreduce = false;
+    SetStageRanges(c, {{0, 5}, {5, 6}});
+    c.set_replicas(2);
+    c.set_bucket_kib(64);  // several buckets
+    c.set_overlap_allreduce(false);
     JobReport off = MustRun(c);
-    c.overlap_allreduce = true;
+    c.set_overlap_allreduce(true);
     JobReport on = MustRun(c);
     SCOPED_TRACE(schedule::ScheduleKindName(kind));
     EXPECT_TRUE(BitwiseEqual(off.final_parameters, on.final_parameters));
 
-    const int m = c.micro_batches;
+    const int m = c.microbatches();
     // Start and end of each stage's last backward of every step.
     auto last_backward = [&](const executor::StageStats& st, int64_t t) {
       for (auto it = st.records.rbegin(); it != st.records.rend(); ++it) {
@@ -77,10 +77,10 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
       ADD_FAILURE() << "no last backward for step " << t;
       return executor::ActionRecord{};
     };
-    ASSERT_EQ(on.stage_stats.size(), static_cast<size_t>(c.stages * c.replicas));
-    for (int r = 0; r < c.replicas; ++r) {
+    ASSERT_EQ(on.stage_stats.size(), static_cast<size_t>(PipelineStages(c) * c.replicas()));
+    for (int r = 0; r < c.replicas(); ++r) {
       SCOPED_TRACE(absl::StrCat("replica ", r));
-      const auto& stage0 = on.stage_stats[r * c.stages];
+      const auto& stage0 = on.stage_stats[r * PipelineStages(c)];
       int buckets = 0;
       for (const auto& a : stage0.allreduces) {
         ASSERT_GE(a.bucket, 0);  // stage 0 reduces only in buckets
@@ -89,10 +89,10 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
         EXPECT_LE(a.start_s, b.end_s);
         ++buckets;
       }
-      EXPECT_GT(buckets, c.steps);  // more than one bucket per step
-      for (int s = 1; s < c.stages; ++s) {
-        const auto& st = on.stage_stats[r * c.stages + s];
-        ASSERT_EQ(st.allreduces.size(), static_cast<size_t>(c.steps));
+      EXPECT_GT(buckets, c.steps());  // more than one bucket per step
+      for (int s = 1; s < PipelineStages(c); ++s) {
+        const auto& st = on.stage_stats[r * PipelineStages(c) + s];
+        ASSERT_EQ(st.allreduces.size(), static_cast<size_t>(c.steps()));
         for (const auto& a : st.allreduces) {
           EXPECT_EQ(a.bucket, -1);
           EXPECT_GE(a.start_s, last_backward(st, a.step).end_s);
@@ -116,8 +116,8 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
         }
       }
       // Without overlap, stage 0 reduces once per step, after its last backward.
-      const auto& off_stage0 = off.stage_stats[r * c.stages];
-      ASSERT_EQ(off_stage0.allreduces.size(), static_cast<size_t>(c.steps));
+      const auto& off_stage0 = off.stage_stats[r * PipelineStages(c)];
+      ASSERT_EQ(off_stage0.allreduces.size(), static_cast<size_t>(c.steps()));
       for (const auto& a : off_stage0.allreduces) {
         EXPECT_EQ(a.bucket, -1);
         EXPECT_GE(a.start_s, last_backward(off_stage0, a.step).end_s);

@@ -30,9 +30,9 @@ std::vector<at::Tensor> OnCpu(const std::vector<at::Tensor>& tensors) {
 
 TEST(Device, CudaWithoutAGpuIsOneClearErrorBeforeAnythingRuns) {
   if (VisibleCudaDevices() > 0) GTEST_SKIP() << "this process sees a GPU";
-  JobConfig c;
-  c.device = "cuda";
-  c.steps = 2;
+  JobSpec c;
+  c.set_device("cuda");
+  c.set_steps(2);
   const absl::StatusOr<JobReport> report = RunInProcess(c);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition) << report.status();
@@ -46,29 +46,29 @@ TEST(Device, Float64OnOneGpuEverySchedulesFourStagesEqualTheCpuReference) {
   SKIP_WITHOUT_GPU();
   for (const ScheduleKind kind : schedule::kScheduleKinds) {
     SCOPED_TRACE(std::string(schedule::ScheduleKindName(kind)));
-    JobConfig c;  // the default GPT, 4 stages (2 ranks of chunks for the kinds with chunks)
-    c.schedule = kind;
+    JobSpec c;  // the default GPT, 4 stages (2 ranks of chunks for the kinds with chunks)
+    SetSchedule(c, kind);
     if (schedule::HoldsChunks(kind)) {
-      c.stages = 2;
-      c.virtual_stages = schedule::DefaultVirtualStages(kind);
+      c.set_stages(2);
+      c.set_virtual_stages(schedule::DefaultVirtualStages(kind));
     }
-    c.precision = Precision::kFloat64;
-    c.steps = 10;
-    c.threads_per_stage = 1;
-    c.device = "cuda";
+    SetPrecision(c, Precision::kFloat64);
+    c.set_steps(10);
+    c.set_threads_per_stage(1);
+    c.set_device("cuda");
     const absl::StatusOr<JobReport> report = RunInProcess(c);
     ASSERT_TRUE(report.ok()) << report.status();
     ASSERT_EQ(report->per_stage.size(), 4u);
     ASSERT_FALSE(report->final_parameters.empty());
-    JobConfig on_cpu = c;
-    on_cpu.device = "cpu";
+    JobSpec on_cpu = c;
+    on_cpu.set_device("cpu");
     const absl::StatusOr<std::vector<at::Tensor>> reference = TrainReference(on_cpu);
     ASSERT_TRUE(reference.ok()) << reference.status();
     const double diff = MaxRelativeDifference(OnCpu(report->final_parameters), *reference);
     EXPECT_LE(diff, 1e-10);
     // It trained: the reference moved away from the initialization.
-    JobConfig zero_steps = on_cpu;
-    zero_steps.steps = 0;
+    JobSpec zero_steps = on_cpu;
+    zero_steps.set_steps(0);
     const absl::StatusOr<std::vector<at::Tensor>> initial = TrainReference(zero_steps);
     ASSERT_TRUE(initial.ok()) << initial.status();
     EXPECT_GT(MaxRelativeDifference(*initial, *reference), 1e-3);
@@ -77,12 +77,12 @@ TEST(Device, Float64OnOneGpuEverySchedulesFourStagesEqualTheCpuReference) {
 
 TEST(Device, BFloat16OnOneGpuFollowsFloat32WithHalfTheBytes) {
   SKIP_WITHOUT_GPU();
-  JobConfig f32;  // the default job under 1F1B, 300 steps
-  f32.schedule = ScheduleKind::kOneFOneB;
-  f32.threads_per_stage = 1;
-  f32.device = "cuda";
-  JobConfig bf16 = f32;
-  bf16.precision = Precision::kBFloat16;
+  JobSpec f32;  // the default job under 1F1B, 300 steps
+  SetSchedule(f32, ScheduleKind::kOneFOneB);
+  f32.set_threads_per_stage(1);
+  f32.set_device("cuda");
+  JobSpec bf16 = f32;
+  SetPrecision(bf16, Precision::kBFloat16);
   const absl::StatusOr<JobReport> a = RunInProcess(f32), b = RunInProcess(bf16);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();

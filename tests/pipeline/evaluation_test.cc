@@ -29,27 +29,30 @@ struct Case {
   bool cnn;
 };
 
-JobConfig Evaluated(const Case& k) {
-  JobConfig c = TinyGpt(k.kind, k.stages, 4);
+JobSpec Evaluated(const Case& k) {
+  JobSpec c = TinyGpt(k.kind, k.stages, 4);
   if (k.cnn) {
-    c.model = {};
-    c.model.name = "cnn";
-    c.model.hidden = 4;
-    c.model.hidden_layers = 3;
-    c.model.image_shape = {2, 6, 6};
-    c.model.num_classes = 5;
-    c.data = {};
-    c.data.kind = "classification";
-    c.data.num_samples = 512;
+    c.clear_model();
+    c.mutable_model()->set_name("cnn");
+    c.mutable_model()->set_hidden(4);
+    c.mutable_model()->set_hidden_layers(3);
+    c.mutable_model()->clear_image_shape();
+  for (int64_t d : {2, 6, 6}) c.mutable_model()->add_image_shape(d);
+    c.mutable_model()->set_num_classes(5);
+    c.clear_data();
+    c.mutable_data()->set_kind("classification");
+    c.mutable_data()->set_num_samples(512);
   } else {
-    c.model.dropout = 0.25;  // off in evaluation, on in training
+    c.mutable_model()->set_dropout(0.25);  // off in evaluation, on in training
   }
-  c.virtual_stages = k.virtual_stages;
+  c.set_virtual_stages(k.virtual_stages);
   // With replicas each folds its own shard's BatchNorm statistics (docs/design.md 4.6), which
   // the one-model reference does not: the CNN runs one replica.
-  c.replicas = k.cnn ? 1 : 2;
-  c.steps = 6;
-  c.eval = {/*every=*/2, /*batches=*/2, /*split=*/0.25};
+  c.set_replicas(k.cnn ? 1 : 2);
+  c.set_steps(6);
+  c.mutable_eval()->set_every(2);
+  c.mutable_eval()->set_batches(2);
+  c.mutable_eval()->set_split(0.25);
   return c;
 }
 
@@ -65,12 +68,12 @@ TEST(Evaluation, EqualsTheReferenceModelOnTheHeldOutBatches) {
         Case{ScheduleKind::kZeroBubbleV, 2, 2, false}, Case{ScheduleKind::kGPipe, 4, 0, true},
         Case{ScheduleKind::kTwoBW, 2, 0, true}}) {
     SCOPED_TRACE(Name(k));
-    const JobConfig c = Evaluated(k);
+    const JobSpec c = Evaluated(k);
     const JobReport report = MustRun(c);
     // The reference evaluates after every update: its N-th is the run's, its (N-1)-th the
     // negative control.
-    JobConfig every_step = c;
-    every_step.eval.every = 1;
+    JobSpec every_step = c;
+    every_step.mutable_eval()->set_every(1);
     std::vector<EvalPoint> reference;
     auto trained = TrainReference(every_step, {}, ReferenceClipping::kWholeModel, nullptr,
                                   &reference);
@@ -125,10 +128,12 @@ RunOptions SlowLastStage(absl::Duration delay) {
 // A single micro-batch longer than timeout_s still fails, and the error leads with what was
 // waited for: the evaluation (the negative control: the slowness above is real).
 TEST(Evaluation, LongerThanTimeoutIsWaitedForAndATimeoutNamesTheEvaluation) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 2, 4);
-  c.steps = 4;
-  c.eval = {/*every=*/2, /*batches=*/40, /*split=*/0.25};
-  c.recv_timeout_s = 1.5;
+  JobSpec c = TinyGpt(ScheduleKind::kOneFOneB, 2, 4);
+  c.set_steps(4);
+  c.mutable_eval()->set_every(2);
+  c.mutable_eval()->set_batches(40);
+  c.mutable_eval()->set_split(0.25);
+  c.set_timeout_s(1.5);
   const JobReport fast = MustRun(c);
   const auto start = absl::Now();
   absl::StatusOr<JobReport> slow = RunInProcess(c, SlowLastStage(absl::Milliseconds(100)));
@@ -142,7 +147,7 @@ TEST(Evaluation, LongerThanTimeoutIsWaitedForAndATimeoutNamesTheEvaluation) {
   }
   EXPECT_EQ(slow->losses, fast.losses);
   // One micro-batch over timeout_s.
-  c.eval.batches = 3;
+  c.mutable_eval()->set_batches(3);
   absl::StatusOr<JobReport> failed = RunInProcess(c, SlowLastStage(absl::Seconds(2)));
   ASSERT_FALSE(failed.ok());
   const std::string message(failed.status().message());
@@ -160,11 +165,11 @@ TEST(Evaluation, LeavesTrainingBitwiseUnchanged) {
         Case{ScheduleKind::kPipeDream, 4, 0, false}, Case{ScheduleKind::kInterleaved, 2, 2, false},
         Case{ScheduleKind::kGPipe, 3, 0, true}}) {
     SCOPED_TRACE(Name(k));
-    JobConfig c = Evaluated(k);
-    c.eval.every = 1;
+    JobSpec c = Evaluated(k);
+    c.mutable_eval()->set_every(1);
     const JobReport evaluated = MustRun(c);
     EXPECT_EQ(evaluated.evals.size(), 6u);
-    c.eval.every = 0;  // the same split: the same training samples
+    c.mutable_eval()->set_every(0);  // the same split: the same training samples
     const JobReport plain = MustRun(c);
     EXPECT_TRUE(plain.evals.empty());
     EXPECT_TRUE(BitwiseEqual(evaluated.final_parameters, plain.final_parameters));
@@ -176,8 +181,8 @@ TEST(Evaluation, LeavesTrainingBitwiseUnchanged) {
 TEST(Evaluation, TheHeldOutSamplesAreNeverTrainedOn) {
   for (const bool tokens : {true, false}) {
     SCOPED_TRACE(tokens ? "token data" : "classification");
-    JobConfig c = Evaluated({ScheduleKind::kOneFOneB, 2, 0, !tokens});
-    c.eval.split = 0.1;
+    JobSpec c = Evaluated({ScheduleKind::kOneFOneB, 2, 0, !tokens});
+    c.mutable_eval()->set_split(0.1);
     auto plan = MakeJobPlan(c);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const int64_t n = plan->dataset->num_samples();
@@ -196,16 +201,16 @@ TEST(Evaluation, TheHeldOutSamplesAreNeverTrainedOn) {
 }
 
 TEST(Evaluation, ASplitWithoutTrainingDataOrEvaluationWithoutASplitIsRefused) {
-  JobConfig c = Evaluated({ScheduleKind::kOneFOneB, 2, 0, false});
-  c.eval.split = 0;
+  JobSpec c = Evaluated({ScheduleKind::kOneFOneB, 2, 0, false});
+  c.mutable_eval()->set_split(0);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.status().message().find("eval.split: must be > 0 when eval.every is set"),
             std::string::npos)
       << run.status();
   c = Evaluated({ScheduleKind::kOneFOneB, 2, 0, true});
-  c.data.num_samples = 1;
-  c.eval.split = 0.5;
+  c.mutable_data()->set_num_samples(1);
+  c.mutable_eval()->set_split(0.5);
   run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.status().message().find("eval.split: holding out 1 of the data's 1 samples "

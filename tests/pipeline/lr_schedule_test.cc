@@ -29,13 +29,16 @@ namespace {
 
 using weights::LrDecay;
 
-JobConfig Scheduled(const ScheduleCase& k, const char* optimizer, LrDecay decay) {
-  JobConfig c = TinyGpt(k, 4);
-  c.steps = 8;
-  c.optimizer.name = optimizer;
-  c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.1 : 0.01;
-  c.optimizer.schedule = {/*warmup_steps=*/2, decay, /*decay_steps=*/4,
-                          /*min_lr=*/c.optimizer.lr / 10};
+JobSpec Scheduled(const ScheduleCase& k, const char* optimizer, LrDecay decay) {
+  JobSpec c = TinyGpt(k, 4);
+  c.set_steps(8);
+  c.mutable_optimizer()->set_name(optimizer);
+  c.mutable_optimizer()->set_lr(std::string(optimizer) == "sgd" ? 0.1 : 0.01);
+  v1::LrScheduleSpec* schedule = c.mutable_optimizer()->mutable_schedule();
+  schedule->set_warmup_steps(2);
+  schedule->set_decay(std::string(weights::LrDecayName(decay)));
+  schedule->set_decay_steps(4);
+  schedule->set_min_lr(c.optimizer().lr() / 10);
   return c;
 }
 
@@ -129,19 +132,19 @@ TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
           SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
                                     optimizer, " ", std::string(weights::LrDecayName(decay)),
                                     " replicas ", replicas));
-          JobConfig c = Scheduled(k, optimizer, decay);
-          c.replicas = replicas;
+          JobSpec c = Scheduled(k, optimizer, decay);
+          c.set_replicas(replicas);
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
           ASSERT_EQ(report.final_parameters.size(), reference.size());
           EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
           ASSERT_EQ(report.learning_rates.size(), 8u);
           for (int t = 0; t < 8; ++t) {
-            EXPECT_EQ(report.learning_rates[t], weights::LearningRateAt(c.optimizer, t, 8));
+            EXPECT_EQ(report.learning_rates[t], weights::LearningRateAt(OptimizerConfigOf(c), t, 8));
           }
           // Negative control: at a constant rate the reference is another.
-          JobConfig constant = c;
-          constant.optimizer.schedule = {};
+          JobSpec constant = c;
+          constant.mutable_optimizer()->clear_schedule();
           EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(constant)),
                     1e-6);
         }
@@ -155,12 +158,12 @@ TEST(LearningRateSchedule, AResumedJobContinuesItBitwise) {
     SCOPED_TRACE(std::string(schedule::ScheduleKindName(k.kind)));
     const std::string dir = ::testing::TempDir() + "/lr_schedule_checkpoints";
     std::filesystem::remove_all(dir);
-    JobConfig c = Scheduled(k, "adamw", LrDecay::kCosine);
-    c.checkpoint.dir = dir;
-    c.checkpoint.every = 3;
+    JobSpec c = Scheduled(k, "adamw", LrDecay::kCosine);
+    c.mutable_checkpoint()->set_dir(dir);
+    c.mutable_checkpoint()->set_every(3);
     const JobReport whole = MustRun(c);
-    JobConfig resumed = c;
-    resumed.resume_from = dir + "/" + checkpoint::StepDirName(6);  // latest: the final one
+    JobSpec resumed = c;
+    resumed.set_resume_from(dir + "/" + checkpoint::StepDirName(6));  // latest: the final one
     const JobReport rest = MustRun(resumed);
     EXPECT_EQ(rest.first_step, 6);
     EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
@@ -180,12 +183,12 @@ TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
     for (const char* optimizer : {"sgd", "adamw"}) {
       if ((std::string(optimizer) == "adamw") != (i % 2 == 1)) continue;  // in turn
       SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer));
-      JobConfig c = Scheduled(k, optimizer, LrDecay::kCosine);
-      c.optimizer.lr = 0;
-      c.optimizer.schedule.min_lr = 0;
-      c.optimizer.weight_decay = 0.1;
-      c.optimizer.momentum = std::string(optimizer) == "sgd" ? 0.9 : 0.0;
-      ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+      JobSpec c = Scheduled(k, optimizer, LrDecay::kCosine);
+      c.mutable_optimizer()->set_lr(0);
+      c.mutable_optimizer()->mutable_schedule()->set_min_lr(0);
+      c.mutable_optimizer()->set_weight_decay(0.1);
+      c.mutable_optimizer()->set_momentum(std::string(optimizer) == "sgd" ? 0.9 : 0.0);
+      ASSERT_TRUE(ValidateJob(c).ok()) << ValidateJob(c);
       absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
       ASSERT_TRUE(plan.ok()) << plan.status();
       absl::StatusOr<model::LayerList> layers = model::BuildModel(plan->model_config);
@@ -196,16 +199,20 @@ TEST(LearningRateSchedule, ZeroLeavesTheWeightsAsTheyWereBuilt) {
       for (double rate : report.learning_rates) EXPECT_EQ(rate, 0.0);
       EXPECT_TRUE(BitwiseEqual(MustReference(c), built));
       // Negative control: the smallest step moves them.
-      JobConfig moving = c;
-      moving.optimizer.lr = 1e-6;
+      JobSpec moving = c;
+      moving.mutable_optimizer()->set_lr(1e-6);
       EXPECT_FALSE(BitwiseEqual(MustRun(moving).final_parameters, built));
     }
   }
 }
 
 TEST(LearningRateSchedule, EveryInvalidFieldIsNamedInOneError) {
-  JobConfig c = Scheduled({ScheduleKind::kOneFOneB, 3, 0}, "sgd", LrDecay::kCosine);
-  c.optimizer.schedule = {-1, LrDecay::kCosine, -2, 0.5};
+  JobSpec c = Scheduled({ScheduleKind::kOneFOneB, 3, 0}, "sgd", LrDecay::kCosine);
+  v1::LrScheduleSpec* schedule = c.mutable_optimizer()->mutable_schedule();
+  schedule->set_warmup_steps(-1);
+  schedule->set_decay("cosine");
+  schedule->set_decay_steps(-2);
+  schedule->set_min_lr(0.5);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   const std::string message(run.status().message());

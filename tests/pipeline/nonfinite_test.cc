@@ -37,31 +37,33 @@ using ::testing::HasSubstr;
 
 // 5 layers (embedding, 2 blocks, final norm, head) on k's 2 ranks (of 2 chunks under the
 // kinds with chunks), 2 micro-batches a step where k's kind takes them, else 4.
-JobConfig Gpt(const ScheduleCase& k, int steps) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 2;
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = k.kind;
-  c.stages = k.stages;
-  c.virtual_stages = k.virtual_stages;
-  c.replicas = 2;
-  c.micro_batches = pipeline_test::TakesLayout(k.kind, k.stages, k.virtual_stages, 2) ? 2 : 4;
-  c.micro_batch_size = 2;
-  c.steps = steps;
-  c.optimizer = {"adamw", 1e-2};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
+JobSpec Gpt(const ScheduleCase& k, int steps) {
+  JobSpec c;
+  c.mutable_model()->set_name("gpt");
+  c.mutable_model()->set_d_model(16);
+  c.mutable_model()->set_n_heads(2);
+  c.mutable_model()->set_n_layers(2);
+  c.mutable_data()->set_vocab(16);
+  c.mutable_data()->set_seq_len(8);
+  c.mutable_data()->set_num_tokens(1 << 14);
+  SetSchedule(c, k.kind);
+  c.set_stages(k.stages);
+  c.set_virtual_stages(k.virtual_stages);
+  c.set_replicas(2);
+  c.set_microbatches(pipeline_test::TakesLayout(k.kind, k.stages, k.virtual_stages, 2) ? 2 : 4);
+  c.set_microbatch_size(2);
+  c.set_steps(steps);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
+  SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(60);
   return c;
 }
 
 // 1F1B: the tests that are about the skip's accounting, not the schedule.
-JobConfig Gpt(int steps) { return Gpt({ScheduleKind::kOneFOneB, 2, 0}, steps); }
+JobSpec Gpt(int steps) { return Gpt({ScheduleKind::kOneFOneB, 2, 0}, steps); }
 
 fs::path TempDir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() /
@@ -92,10 +94,10 @@ class PoisoningTransport : public ForwardingTransport {
   std::set<int64_t> steps_;
 };
 
-RunOptions Poison(const JobConfig& c, std::set<int64_t> steps) {
+RunOptions Poison(const JobSpec& c, std::set<int64_t> steps) {
   RunOptions options;
   auto stage0_calls = std::make_shared<int>(0);
-  options.wrap_transport = [m = c.micro_batches, layout = schedule::LayoutOf(ScheduleParamsOf(c, c.steps)),
+  options.wrap_transport = [m = c.microbatches(), layout = schedule::LayoutOf(ScheduleParamsOf(c, c.steps())),
                             steps, stage0_calls](std::unique_ptr<transport::Transport> t,
                                                  int stage) {
     // Stages are built replica by replica: the first stage 0 is replica 0's.
@@ -133,14 +135,14 @@ TEST_P(NonFiniteTest, AStepWithANaNLossIsSkippedOnEveryRankAndLeavesEverythingUn
   constexpr int64_t kPoisoned = 4;
   // Clean, checkpoint before step 4 (W(4), the optimizer after 4 updates).
   const fs::path before = TempDir("before"), after = TempDir("after");
-  JobConfig clean = Gpt(GetParam(), 5);
-  clean.checkpoint.dir = before.string();
-  clean.checkpoint.every = kPoisoned;
+  JobSpec clean = Gpt(GetParam(), 5);
+  clean.mutable_checkpoint()->set_dir(before.string());
+  clean.mutable_checkpoint()->set_every(kPoisoned);
   ASSERT_TRUE(RunInProcess(clean).ok());
   // Step 4 poisoned on replica 0 only, checkpoint before step 5.
-  JobConfig poisoned = Gpt(GetParam(), 7);
-  poisoned.checkpoint.dir = after.string();
-  poisoned.checkpoint.every = kPoisoned + 1;
+  JobSpec poisoned = Gpt(GetParam(), 7);
+  poisoned.mutable_checkpoint()->set_dir(after.string());
+  poisoned.mutable_checkpoint()->set_every(kPoisoned + 1);
   absl::StatusOr<JobReport> report = RunInProcess(poisoned, Poison(poisoned, {kPoisoned}));
   ASSERT_TRUE(report.ok()) << report.status();
   // Every rank of both replicas skipped exactly that step.
@@ -198,8 +200,8 @@ TEST(NonFinite, AllFiniteFindsEveryKindOfNonFiniteValueAnywhere) {
 }
 
 TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
-  JobConfig c = Gpt(8);
-  c.nonfinite_limit = 3;
+  JobSpec c = Gpt(8);
+  c.set_nonfinite_limit(3);
   absl::StatusOr<JobReport> failed = RunInProcess(c, Poison(c, {2, 3, 4}));
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(),
@@ -213,27 +215,27 @@ TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {
 }
 
 // A run that goes on after a restart counts the steps skipped in a row right before its
-// first (JobConfig::skipped_in_a_row, from the coordinator): resumed at step 4 after steps 2
+// first (Generation::skipped_in_a_row, from the coordinator): resumed at step 4 after steps 2
 // and 3 were skipped, one more skip reaches nonfinite_limit 3 and names steps 2 to 4. The
 // step that reaches the limit is reported before the run fails, so the steps reported
 // skipped are the steps the failure names (a coordinator once counted 2 where 3 were named).
 // Negative control: without the count, the same run goes on.
 TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReported) {
   const fs::path ckpt = TempDir("streak");
-  JobConfig first = Gpt(4);
-  first.checkpoint.dir = ckpt.string();
-  first.checkpoint.every = 4;
+  JobSpec first = Gpt(4);
+  first.mutable_checkpoint()->set_dir(ckpt.string());
+  first.mutable_checkpoint()->set_every(4);
   ASSERT_TRUE(RunInProcess(first).ok());
-  JobConfig resumed = Gpt(8);
-  resumed.checkpoint.dir = ckpt.string();
-  resumed.resume_from = "latest";
-  resumed.nonfinite_limit = 3;
-  resumed.skipped_in_a_row = 2;
-  absl::StatusOr<JobReport> failed = RunInProcess(resumed, Poison(resumed, {4}));
+  JobSpec resumed = Gpt(8);
+  resumed.mutable_checkpoint()->set_dir(ckpt.string());
+  resumed.set_resume_from("latest");
+  resumed.set_nonfinite_limit(3);
+  RunOptions after_two = Poison(resumed, {4});
+  after_two.generation.skipped_in_a_row = 2;
+  absl::StatusOr<JobReport> failed = RunInProcess(resumed, after_two);
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(),
               HasSubstr("not finite in 3 consecutive steps (2 to 4; each was skipped)"));
-  resumed.skipped_in_a_row = 0;
   absl::StatusOr<JobReport> goes_on = RunInProcess(resumed, Poison(resumed, {4}));
   EXPECT_TRUE(goes_on.ok()) << goes_on.status();
   fs::remove_all(ckpt);
@@ -242,27 +244,29 @@ TEST(NonFinite, StepsSkippedBeforeARestartCountTowardTheLimitAndTheLastIsReporte
   // coordinator's step reports) before its Run() fails: one rank alone (another could stop
   // it first by its own failure), a CNN whose inputs of step 0 are NaN, after 2 skipped in a
   // row.
-  JobConfig c = Gpt(3);
-  c.model = {};
-  c.model.name = "cnn";
-  c.model.hidden = 4;
-  c.model.hidden_layers = 2;
-  c.model.image_shape = {1, 4, 4};
-  c.model.num_classes = 3;
-  c.data = {};
-  c.data.kind = "classification";
-  c.data.num_samples = 64;
-  c.stages = 1;
-  c.replicas = 1;
-  c.nonfinite_limit = 3;
-  c.skipped_in_a_row = 2;
+  JobSpec c = Gpt(3);
+  c.clear_model();
+  c.mutable_model()->set_name("cnn");
+  c.mutable_model()->set_hidden(4);
+  c.mutable_model()->set_hidden_layers(2);
+  c.mutable_model()->clear_image_shape();
+  for (int64_t d : {1, 4, 4}) c.mutable_model()->add_image_shape(d);
+  c.mutable_model()->set_num_classes(3);
+  c.clear_data();
+  c.mutable_data()->set_kind("classification");
+  c.mutable_data()->set_num_samples(64);
+  c.set_stages(1);
+  c.set_replicas(1);
+  c.set_nonfinite_limit(3);
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  MicroBatchReader reader(*plan, c.micro_batches);
-  absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
+  MicroBatchReader reader(*plan, c.microbatches());
+  StageStart start;
+  start.generation.skipped_in_a_row = 2;
+  absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0, start);
   ASSERT_TRUE(parts.ok()) << parts.status();
   const executor::MicroBatchTensorSource inputs = parts->config.inputs;
-  parts->config.inputs = [inputs, m = c.micro_batches](int64_t j) -> absl::StatusOr<at::Tensor> {
+  parts->config.inputs = [inputs, m = c.microbatches()](int64_t j) -> absl::StatusOr<at::Tensor> {
     absl::StatusOr<at::Tensor> x = inputs(j);
     if (x.ok() && j < m) return at::full_like(*x, std::nan(""));
     return x;

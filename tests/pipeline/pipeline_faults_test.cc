@@ -48,8 +48,8 @@ class FaultyTransport : public ForwardingTransport {
 };
 
 absl::StatusOr<JobReport> RunWithFault(FaultyTransport::Fault fault, double timeout_s) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 3, 4);
-  c.recv_timeout_s = timeout_s;
+  JobSpec c = TinyGpt(ScheduleKind::kOneFOneB, 3, 4);
+  c.set_timeout_s(timeout_s);
   RunOptions options;
   options.wrap_transport = [fault](std::unique_ptr<transport::Transport> t, int stage) {
     if (stage != 1) return t;
@@ -99,11 +99,11 @@ TEST(Watchdog, LostMessageFailsEveryStageWithinTheDeadline) {
 // A one-stage job never waits for a peer, so aborting its transport alone would not stop it:
 // Stop() does, before the next action, with the reason given.
 TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 1, 1);
-  c.steps = 1000000;  // far more than run before the stop
+  JobSpec c = TinyGpt(ScheduleKind::kOneFOneB, 1, 1);
+  c.set_steps(1000000);  // far more than run before the stop
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  MicroBatchReader reader(*plan, c.micro_batches);
+  MicroBatchReader reader(*plan, c.microbatches());
   absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
   ASSERT_TRUE(parts.ok()) << parts.status();
   auto hub = transport::MakeInProcessHub();

@@ -27,62 +27,66 @@ using schedule::ScheduleKind;
 
 // A TorchScript model (the file at `path`: an nn.Sequential of 4 children, 32 inputs, 10
 // classes) on 3 ranks ({0, 2}, {2, 3}, {3, 4}), 1F1B, float32, on classification data.
-inline JobConfig ScriptJob(const std::string& path) {
-  JobConfig c;
-  c.model.name = "torchscript";
-  c.model.torchscript_path = path;
-  c.data.kind = "classification";
-  c.data.num_samples = 1024;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stage_ranges = {{0, 2}, {2, 3}, {3, 4}};
-  c.stages = 3;
-  c.micro_batches = 4;
-  c.micro_batch_size = 4;
-  c.steps = 5;
-  c.optimizer = {"adamw", 1e-2};
-  c.threads_per_stage = 1;
+inline JobSpec ScriptJob(const std::string& path) {
+  JobSpec c;
+  c.mutable_model()->set_name("torchscript");
+  c.mutable_model()->set_path(path);
+  c.mutable_data()->set_kind("classification");
+  c.mutable_data()->set_num_samples(1024);
+  SetSchedule(c, ScheduleKind::kOneFOneB);
+  SetStageRanges(c, {{0, 2}, {2, 3}, {3, 4}});
+  c.set_stages(3);
+  c.set_microbatches(4);
+  c.set_microbatch_size(4);
+  c.set_steps(5);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
+  c.set_threads_per_stage(1);
   return c;
 }
 
 // A 2-block GPT (5 layers) small enough to train a few steps in well under a second.
-inline JobConfig TinyGpt(ScheduleKind kind, int stages, int m) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 3;  // 6 layers: embedding, block0..2, final_norm, lm_head
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = stages;
-  c.micro_batches = m;
-  c.micro_batch_size = 2;
-  c.steps = 5;
-  c.optimizer = {"sgd", 0.05};
-  c.optimizer.momentum = 0.9;
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
+inline JobSpec TinyGpt(ScheduleKind kind, int stages, int m) {
+  JobSpec c;
+  c.mutable_model()->set_name("gpt");
+  c.mutable_model()->set_d_model(16);
+  c.mutable_model()->set_n_heads(2);
+  c.mutable_model()->set_n_layers(3);  // 6 layers: embedding, block0..2, final_norm, lm_head
+  c.mutable_data()->set_vocab(16);
+  c.mutable_data()->set_seq_len(8);
+  c.mutable_data()->set_num_tokens(1 << 14);
+  SetSchedule(c, kind);
+  c.set_stages(stages);
+  c.set_microbatches(m);
+  c.set_microbatch_size(2);
+  c.set_steps(5);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("sgd");
+  c.mutable_optimizer()->set_lr(0.05);
+  c.mutable_optimizer()->set_momentum(0.9);
+  SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(60);
   return c;
 }
 
 // TinyGpt under `k`, m micro-batches.
-inline JobConfig TinyGpt(const ScheduleCase& k, int m) {
-  JobConfig c = TinyGpt(k.kind, k.stages, m);
-  c.virtual_stages = k.virtual_stages;
+inline JobSpec TinyGpt(const ScheduleCase& k, int m) {
+  JobSpec c = TinyGpt(k.kind, k.stages, m);
+  c.set_virtual_stages(k.virtual_stages);
   return c;
 }
 
 // RunInProcess(c), failing the test (and returning an empty report) on an error.
-inline JobReport MustRun(const JobConfig& c) {
+inline JobReport MustRun(const JobSpec& c) {
   auto report = RunInProcess(c);
   EXPECT_TRUE(report.ok()) << report.status();
   return report.ok() ? *std::move(report) : JobReport{};
 }
 
 // TrainReference(c), failing the test (and returning no tensors) on an error.
-inline std::vector<at::Tensor> MustReference(const JobConfig& c) {
+inline std::vector<at::Tensor> MustReference(const JobSpec& c) {
   auto ref = TrainReference(c);
   EXPECT_TRUE(ref.ok()) << ref.status();
   return ref.ok() ? *std::move(ref) : std::vector<at::Tensor>{};
@@ -100,12 +104,12 @@ struct StagesRun {
 };
 
 // Fails the test (leaving `run` partly built) if a stage cannot be built.
-inline void RunStages(const JobConfig& c, const std::function<void(StageParts&)>& adjust,
+inline void RunStages(const JobSpec& c, const std::function<void(StageParts&)>& adjust,
                       StagesRun& run) {
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   ASSERT_TRUE(plan.ok()) << plan.status();
   run.plan = std::make_unique<JobPlan>(*std::move(plan));
-  run.reader = std::make_unique<MicroBatchReader>(*run.plan, c.micro_batches);
+  run.reader = std::make_unique<MicroBatchReader>(*run.plan, c.microbatches());
   auto hub = transport::MakeInProcessHub();
   const int p = run.plan->ranks();
   for (int s = 0; s < p; ++s) {

@@ -22,36 +22,39 @@ namespace {
 // and the running statistics move once per mini-batch, by the statistics of all its
 // micro-batches together.
 TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
-  JobConfig c;
-  c.model.name = "cnn";
-  c.model.hidden = 4;
-  c.model.hidden_layers = 2;
-  c.model.image_shape = {2, 6, 6};
-  c.model.num_classes = 3;
-  c.data.num_samples = 256;
-  c.schedule = ScheduleKind::kGPipe;
-  c.stages = 2;
-  c.micro_batches = 4;
-  c.micro_batch_size = 3;
-  c.steps = 1;
-  c.optimizer = {"sgd", 0.1};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
+  JobSpec c;
+  c.mutable_model()->set_name("cnn");
+  c.mutable_model()->set_hidden(4);
+  c.mutable_model()->set_hidden_layers(2);
+  c.mutable_model()->clear_image_shape();
+  for (int64_t d : {2, 6, 6}) c.mutable_model()->add_image_shape(d);
+  c.mutable_model()->set_num_classes(3);
+  c.mutable_data()->set_num_samples(256);
+  SetSchedule(c, ScheduleKind::kGPipe);
+  c.set_stages(2);
+  c.set_microbatches(4);
+  c.set_microbatch_size(3);
+  c.set_steps(1);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("sgd");
+  c.mutable_optimizer()->set_lr(0.1);
+  SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
   JobReport report = MustRun(c);
 
-  model::ModelConfig mc = c.model;
-  mc.seed = c.seed;
+  model::ModelConfig mc = ModelConfigOf(c);
+  mc.seed = c.seed();
   mc.float64 = true;
   auto layers = model::BuildModel(mc);
   ASSERT_TRUE(layers.ok());
   data::SyntheticClassificationOptions o;
-  o.sample_shape = c.model.image_shape;
+  o.sample_shape = ModelConfigOf(c).image_shape;
   o.num_classes = 3;
-  o.num_samples = c.data.num_samples;
-  o.seed = c.data.seed;
+  o.num_samples = c.data().num_samples();
+  o.seed = c.data().seed();
   auto dataset = data::MakeSyntheticClassification(o);
   ASSERT_TRUE(dataset.ok());
-  data::BatchSampler sampler((*dataset)->num_samples(), c.seed, 1, 4, 3);
+  data::BatchSampler sampler((*dataset)->num_samples(), c.seed(), 1, 4, 3);
   auto to_tensor = [](const data::MicroBatch& mb) {
     return torch::tensor(mb.input_values).reshape(mb.input_shape).to(at::kDouble);
   };
@@ -83,30 +86,33 @@ TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
 // images, cut into 3 pipeline stages under 1F1B, float64, with 1 and with 2 replicas: its
 // parameters after 3 steps equal the un-pipelined run over the same global batch.
 TEST(Vgg, PipelinedAndReplicatedEqualTheReference) {
-  JobConfig c;
-  c.model.name = "vgg";
-  c.model.hidden = 2;
-  c.model.hidden_layers = 11;
-  c.model.image_shape = {3, 32, 32};
-  c.model.num_classes = 4;
-  c.data.num_samples = 256;
-  c.schedule = ScheduleKind::kOneFOneB;
-  c.stages = 3;
-  c.micro_batches = 3;
-  c.micro_batch_size = 4;
-  c.steps = 3;
-  c.optimizer = {"sgd", 0.05};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
+  JobSpec c;
+  c.mutable_model()->set_name("vgg");
+  c.mutable_model()->set_hidden(2);
+  c.mutable_model()->set_hidden_layers(11);
+  c.mutable_model()->clear_image_shape();
+  for (int64_t d : {3, 32, 32}) c.mutable_model()->add_image_shape(d);
+  c.mutable_model()->set_num_classes(4);
+  c.mutable_data()->set_num_samples(256);
+  SetSchedule(c, ScheduleKind::kOneFOneB);
+  c.set_stages(3);
+  c.set_microbatches(3);
+  c.set_microbatch_size(4);
+  c.set_steps(3);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("sgd");
+  c.mutable_optimizer()->set_lr(0.05);
+  SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
   for (int replicas : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << replicas << " replicas");
-    c.replicas = replicas;
+    c.set_replicas(replicas);
     JobReport report = MustRun(c);
     auto reference = MustReference(c);
     ASSERT_EQ(report.final_parameters.size(), reference.size());
     EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
-    JobConfig untrained = c;
-    untrained.optimizer.lr = 1e-12;
+    JobSpec untrained = c;
+    untrained.mutable_optimizer()->set_lr(1e-12);
     EXPECT_GT(MaxRelativeDifference(MustReference(untrained), reference), 1e-4);
   }
 }
@@ -139,20 +145,20 @@ std::string SaveScriptedSequential(const std::string& path) {
 
 TEST(TorchScript, SequentialChildrenAreLayersAndTrainExactly) {
   const std::string path = SaveScriptedSequential(::testing::TempDir() + "/seq.pt");
-  JobConfig c = ScriptJob(path);
+  JobSpec c = ScriptJob(path);
   JobReport report = MustRun(c);
   EXPECT_EQ(report.model_summary.rfind("torchscript: 4 layers", 0), 0u) << report.model_summary;
   auto reference = MustReference(c);
   EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-5);
   EXPECT_GT(report.losses.front(), report.losses.back());
   // Dropout inside TorchScript is replayed exactly under recomputation.
-  c.recompute = *ParseRecompute("all");
+  SetRecompute(c, *ParseRecompute("all"));
   JobReport recomputed = MustRun(c);
   EXPECT_TRUE(BitwiseEqual(report.final_parameters, recomputed.final_parameters));
 }
 
 TEST(TorchScript, UnreadableFileIsAClearError) {
-  JobConfig c = ScriptJob(::testing::TempDir() + "/does_not_exist.pt");
+  JobSpec c = ScriptJob(::testing::TempDir() + "/does_not_exist.pt");
   auto report = RunInProcess(c);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);

@@ -40,18 +40,18 @@ class FlushEquivalence : public ::testing::TestWithParam<Case> {};
 // GPipe and 1F1B-Flush: parameters after 5 steps equal the single-stage run.
 TEST_P(FlushEquivalence, ParametersEqualUnpipelinedRun) {
   const Case k = GetParam();
-  JobConfig c = TinyGpt(k.kind, k.stages, k.m);
-  c.precision = k.float64 ? pipetrain::job::Precision::kFloat64 : pipetrain::job::Precision::kFloat32;
-  c.recompute = *ParseRecompute(k.recompute);
+  JobSpec c = TinyGpt(k.kind, k.stages, k.m);
+  SetPrecision(c, k.float64 ? pipetrain::job::Precision::kFloat64 : pipetrain::job::Precision::kFloat32);
+  SetRecompute(c, *ParseRecompute(k.recompute));
   JobReport report = MustRun(c);
   auto reference = MustReference(c);
   ASSERT_EQ(report.final_parameters.size(), reference.size());
   const double diff = MaxRelativeDifference(report.final_parameters, reference);
   EXPECT_LE(diff, k.float64 ? 1e-10 : 1e-5);
   // The parameters moved: the comparison is not between two untouched initializations.
-  JobConfig zero_steps = c;
-  zero_steps.steps = 1;
-  zero_steps.optimizer.lr = 1e-12;
+  JobSpec zero_steps = c;
+  zero_steps.set_steps(1);
+  zero_steps.mutable_optimizer()->set_lr(1e-12);
   EXPECT_GT(MaxRelativeDifference(MustReference(zero_steps), reference), 1e-3);
 }
 
@@ -78,21 +78,23 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Recompute, BitwiseEqualWithDropout) {
   for (const ScheduleCase& k : EveryScheduleKind(3)) {
     const ScheduleKind kind = k.kind;
-    JobConfig c = TinyGpt(k, 4);
-    c.precision = pipetrain::job::Precision::kFloat32;
-    c.model.dropout = 0.2;
-    c.optimizer = {"adamw", 1e-2};
+    JobSpec c = TinyGpt(k, 4);
+    SetPrecision(c, pipetrain::job::Precision::kFloat32);
+    c.mutable_model()->set_dropout(0.2);
+    c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
     JobReport off = MustRun(c);
-    c.recompute = *ParseRecompute("all");
+    SetRecompute(c, *ParseRecompute("all"));
     JobReport all = MustRun(c);
-    c.recompute = *ParseRecompute("layers:0,2,3");
+    SetRecompute(c, *ParseRecompute("layers:0,2,3"));
     JobReport some = MustRun(c);
     EXPECT_TRUE(BitwiseEqual(off.final_parameters, all.final_parameters))
         << schedule::ScheduleKindName(kind);
     EXPECT_TRUE(BitwiseEqual(off.final_parameters, some.final_parameters))
         << schedule::ScheduleKindName(kind);
     // Dropout really is active: another seed for the masks changes the result.
-    c.seed += 1;
+    c.set_seed(c.seed() + 1);
     JobReport other_seed = MustRun(c);
     EXPECT_FALSE(BitwiseEqual(off.final_parameters, other_seed.final_parameters));
   }
@@ -101,33 +103,35 @@ TEST(Recompute, BitwiseEqualWithDropout) {
 // Gradient accumulation over micro-batches equals the whole mini-batch gradient: one SGD
 // step with lr 1 and no momentum moves the weights by exactly the whole-batch gradient.
 TEST(MicroBatching, OneStepEqualsWholeBatchGradient) {
-  JobConfig c = TinyGpt(ScheduleKind::kGPipe, 3, 4);
-  c.steps = 1;
-  c.optimizer = {"sgd", 1.0};
-  c.optimizer.momentum = 0;
+  JobSpec c = TinyGpt(ScheduleKind::kGPipe, 3, 4);
+  c.set_steps(1);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("sgd");
+  c.mutable_optimizer()->set_lr(1.0);
+  c.mutable_optimizer()->set_momentum(0);
   JobReport report = MustRun(c);
 
-  model::ModelConfig mc = c.model;
-  mc.seed = c.seed;
+  model::ModelConfig mc = ModelConfigOf(c);
+  mc.seed = c.seed();
   mc.float64 = true;
-  mc.vocab_size = c.data.vocab;
-  mc.seq_len = c.data.seq_len;
+  mc.vocab_size = c.data().vocab();
+  mc.seq_len = c.data().seq_len();
   auto layers = model::BuildModel(mc);
   ASSERT_TRUE(layers.ok());
   data::SyntheticCorpusOptions o;
-  o.vocab = c.data.vocab;
-  o.num_tokens = c.data.num_tokens;
-  o.seed = c.data.seed;
-  o.window.seq_len = c.data.seq_len;
+  o.vocab = c.data().vocab();
+  o.num_tokens = c.data().num_tokens();
+  o.seed = c.data().seed();
+  o.window.seq_len = c.data().seq_len();
   auto corpus = data::MakeSyntheticCorpus(o);
   ASSERT_TRUE(corpus.ok());
-  data::BatchSampler sampler((*corpus)->num_samples(), c.seed, 1, c.micro_batches,
-                             c.micro_batch_size);
+  data::BatchSampler sampler((*corpus)->num_samples(), c.seed(), 1, c.microbatches(),
+                             c.microbatch_size());
   data::MicroBatch batch = (*corpus)->Read(sampler.GlobalBatchIds(0));
   at::Tensor x = torch::tensor(batch.input_tokens).reshape(batch.input_shape);
   at::Tensor y = torch::tensor(batch.targets).reshape(batch.target_shape);
   model::LayerContext ctx;
-  ctx.seed = c.seed;
+  ctx.seed = c.seed();
   for (size_t i = 0; i < layers->size(); ++i) {
     ctx.global_layer = static_cast<int>(i);
     x = (*layers)[i]->Forward(x, ctx);
@@ -147,17 +151,17 @@ TEST(MicroBatching, OneStepEqualsWholeBatchGradient) {
 TEST(TwoBW, MatchesDelayedUpdateAndVersionFormula) {
   for (const char* optimizer : {"sgd", "adamw"}) {
     for (auto [stages, m] : {std::pair{2, 2}, std::pair{3, 4}, std::pair{4, 4}}) {
-      JobConfig c = TinyGpt(ScheduleKind::kTwoBW, stages, m);
-      c.optimizer.name = optimizer;
-      if (std::string(optimizer) == "adamw") c.optimizer.lr = 1e-2;
+      JobSpec c = TinyGpt(ScheduleKind::kTwoBW, stages, m);
+      c.mutable_optimizer()->set_name(optimizer);
+      if (std::string(optimizer) == "adamw") c.mutable_optimizer()->set_lr(1e-2);
       JobReport report = MustRun(c);
       auto reference = MustReference(c);
       SCOPED_TRACE(::testing::Message() << optimizer << " p=" << stages << " m=" << m);
       EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
 
       // The delayed update really differs from the flushed one, so the check above can fail.
-      JobConfig flushed = c;
-      flushed.schedule = ScheduleKind::kOneFOneB;
+      JobSpec flushed = c;
+      SetSchedule(flushed, ScheduleKind::kOneFOneB);
       EXPECT_GT(MaxRelativeDifference(MustReference(flushed), reference), 1e-6);
 
       int checked = 0;
@@ -173,7 +177,7 @@ TEST(TwoBW, MatchesDelayedUpdateAndVersionFormula) {
           ++checked;
         }
       }
-      EXPECT_EQ(checked, 2 * stages * m * c.steps);
+      EXPECT_EQ(checked, 2 * stages * m * c.steps());
     }
   }
 }
@@ -185,14 +189,14 @@ TEST(TwoBW, MatchesDelayedUpdateAndVersionFormula) {
 // Every stage's step record names the commands at the boundary after it.
 TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
   for (int replicas : {1, 2}) {
-    JobConfig c = TinyGpt(ScheduleKind::kTwoBW, 3, 4);
-    c.steps = 8;
-    c.replicas = replicas;
+    JobSpec c = TinyGpt(ScheduleKind::kTwoBW, 3, 4);
+    c.set_steps(8);
+    c.set_replicas(replicas);
     SCOPED_TRACE(::testing::Message() << "w=" << replicas);
     const JobReport plain = MustRun(c);
     auto run_with = [&](std::vector<std::pair<control::StepCommand, int64_t>> commands) {
       RunOptions options;
-      options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+      options.commands = std::make_shared<control::StepCommandQueue>(c.steps());
       for (auto [command, step] : commands) {
         absl::StatusOr<int64_t> at = options.commands->Schedule(command, step);
         EXPECT_TRUE(at.ok()) << at.status();
@@ -217,7 +221,7 @@ TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
       bool updated = false;
       for (const auto& r : stats.records) {
         if (r.action.kind == ActionKind::kOptimizerStep && r.action.index == 2) updated = true;
-        if (r.action.kind == ActionKind::kForward && r.action.index / c.micro_batches == 3) {
+        if (r.action.kind == ActionKind::kForward && r.action.index / c.microbatches() == 3) {
           EXPECT_TRUE(updated) << "F" << r.action.index << " before STEP2";
         }
       }
@@ -238,7 +242,7 @@ TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
         if (r.action.kind != ActionKind::kForward && r.action.kind != ActionKind::kBackward) {
           continue;
         }
-        const int64_t t = r.action.index / c.micro_batches;
+        const int64_t t = r.action.index / c.microbatches();
         const int64_t newest_from = t >= 6 ? 6 : t >= 4 ? 4 : t >= 3 ? 3 : 0;
         EXPECT_EQ(r.version, std::max<int64_t>({t - 1, newest_from, 0}))
             << schedule::ToString(r.action);
@@ -247,8 +251,8 @@ TEST(StepCommands, FlushSwitchAndStopTakeEffectAtTheirBoundaryOnEveryStage) {
 
     // Stop before step 5: the result of a 5-step job.
     const JobReport stopped = run_with({{control::kStop, 5}});
-    JobConfig five = c;
-    five.steps = 5;
+    JobSpec five = c;
+    five.set_steps(5);
     EXPECT_TRUE(BitwiseEqual(stopped.final_parameters, MustRun(five).final_parameters));
     for (const auto& stats : stopped.stage_stats) {
       ASSERT_EQ(stats.steps.size(), 5u);
@@ -267,12 +271,12 @@ TEST(Stash, PeakPerStageMatchesTheListsAndTheTable) {
   for (const ScheduleCase& k : EveryScheduleKind(p)) {
     if (schedule::SplitsBackward(k.kind)) continue;  // its stash ends at W, which the list's peak does not count
     SCOPED_TRACE(schedule::ScheduleKindName(k.kind));
-    JobConfig c = TinyGpt(k, m);
-    c.steps = 3;
-    c.precision = pipetrain::job::Precision::kFloat32;
+    JobSpec c = TinyGpt(k, m);
+    c.set_steps(3);
+    SetPrecision(c, pipetrain::job::Precision::kFloat32);
     JobReport report = MustRun(c);
     absl::StatusOr<std::vector<std::vector<schedule::Action>>> lists =
-        schedule::BuildSchedule(ScheduleParamsOf(c, c.steps));
+        schedule::BuildSchedule(ScheduleParamsOf(c, c.steps()));
     ASSERT_TRUE(lists.ok()) << lists.status();
     ASSERT_EQ(report.per_stage.size(), static_cast<size_t>(k.stages));
     for (int s = 0; s < k.stages; ++s) {
@@ -293,13 +297,13 @@ TEST(Stash, PeakPerStageMatchesTheListsAndTheTable) {
 
 // A wrong partition is rejected before anything runs, naming the layers.
 TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
-  JobConfig c = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
-  c.stage_ranges = {{0, 2}, {3, 6}};
+  JobSpec c = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
+  SetStageRanges(c, {{0, 2}, {3, 6}});
   auto gap = RunInProcess(c);
   ASSERT_FALSE(gap.ok());
   EXPECT_NE(gap.status().message().find("layer 2 (block1) belong to no stage"), std::string::npos)
       << gap.status();
-  c.stage_ranges = {{0, 4}, {3, 7}};
+  SetStageRanges(c, {{0, 4}, {3, 7}});
   auto bad = RunInProcess(c);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("layer 3 (block2) would be in both"), std::string::npos)
@@ -311,8 +315,8 @@ TEST(Partition, GapOverlapAndOverrunAreErrorsNamingLayers) {
 // The records a stage keeps are a window of the most recent ones (HistoryLimits); the
 // totals still count every action, and the steps kept are the last ones, in order.
 TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
-  JobConfig c = TinyGpt(ScheduleKind::kTwoBW, 2, 2);
-  c.steps = 40;
+  JobSpec c = TinyGpt(ScheduleKind::kTwoBW, 2, 2);
+  c.set_steps(40);
   StagesRun run;
   RunStages(
       c,
@@ -332,7 +336,7 @@ TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
     // The last kept action is the last STEP; the window's actions are consecutive.
     EXPECT_EQ(schedule::ToString(st.records.back().action), "STEP39");
     absl::StatusOr<std::vector<schedule::Action>> all = schedule::BuildStageSchedule(
-        {ScheduleKind::kTwoBW, 2, c.micro_batches, c.steps}, s);
+        {ScheduleKind::kTwoBW, 2, c.microbatches(), c.steps()}, s);
     ASSERT_TRUE(all.ok());
     for (size_t i = 0; i < 10; ++i) {
       EXPECT_EQ(st.records[i].action, (*all)[all->size() - 10 + i]) << "stage " << s;

@@ -17,7 +17,7 @@ namespace {
 
 using schedule::ScheduleKind;
 
-JobReport MustRun(const JobConfig& c) {
+JobReport MustRun(const JobSpec& c) {
   absl::StatusOr<JobReport> report = RunInProcess(c);
   EXPECT_TRUE(report.ok()) << report.status();
   return report.ok() ? *std::move(report) : JobReport{};
@@ -31,11 +31,11 @@ double Window(const std::vector<double>& losses, size_t t, size_t w) {
 }
 
 TEST(MixedPrecision, BFloat16FollowsFloat32WithHalfTheBytes) {
-  JobConfig f32;  // the default job
-  f32.schedule = ScheduleKind::kOneFOneB;
-  f32.threads_per_stage = 1;
-  JobConfig bf16 = f32;
-  bf16.precision = Precision::kBFloat16;
+  JobSpec f32;  // the default job
+  SetSchedule(f32, ScheduleKind::kOneFOneB);
+  f32.set_threads_per_stage(1);
+  JobSpec bf16 = f32;
+  SetPrecision(bf16, Precision::kBFloat16);
   const JobReport a = MustRun(f32), b = MustRun(bf16);
   ASSERT_EQ(a.losses.size(), 300u);
   ASSERT_EQ(b.losses.size(), 300u);
@@ -56,11 +56,11 @@ TEST(MixedPrecision, BFloat16FollowsFloat32WithHalfTheBytes) {
 }
 
 TEST(MixedPrecision, TwoBWAveragedOverTenStepsStaysClose) {
-  JobConfig f32;  // the default job: PipeDream-2BW
-  f32.threads_per_stage = 1;
-  ASSERT_EQ(f32.schedule, ScheduleKind::kTwoBW);
-  JobConfig bf16 = f32;
-  bf16.precision = Precision::kBFloat16;
+  JobSpec f32;  // the default job: PipeDream-2BW
+  f32.set_threads_per_stage(1);
+  ASSERT_EQ(ScheduleOf(f32), ScheduleKind::kTwoBW);
+  JobSpec bf16 = f32;
+  SetPrecision(bf16, Precision::kBFloat16);
   const JobReport a = MustRun(f32), b = MustRun(bf16);
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t t = 50; t < a.losses.size(); ++t) {

@@ -35,33 +35,35 @@ using ::testing::HasSubstr;
 // 6 layers (embedding, 3 blocks, final norm, head), float64, AdamW (state that must move
 // with its layer), dropout (masks that must follow their samples onto another layout), on
 // k's layout (4 stages, or 2 ranks of 2 chunks).
-JobConfig Gpt(const ScheduleCase& k, const std::string& dir) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 3;
-  c.model.dropout = 0.1;
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = k.kind;
-  c.stages = k.stages;
-  c.virtual_stages = k.virtual_stages;
-  c.micro_batches = 4;
-  c.micro_batch_size = 2;
-  c.steps = 20;
-  c.optimizer = {"adamw", 1e-2};
-  c.precision = pipetrain::job::Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
-  c.checkpoint.dir = dir;
-  c.checkpoint.every = 10;
+JobSpec Gpt(const ScheduleCase& k, const std::string& dir) {
+  JobSpec c;
+  c.mutable_model()->set_name("gpt");
+  c.mutable_model()->set_d_model(16);
+  c.mutable_model()->set_n_heads(2);
+  c.mutable_model()->set_n_layers(3);
+  c.mutable_model()->set_dropout(0.1);
+  c.mutable_data()->set_vocab(16);
+  c.mutable_data()->set_seq_len(8);
+  c.mutable_data()->set_num_tokens(1 << 14);
+  SetSchedule(c, k.kind);
+  c.set_stages(k.stages);
+  c.set_virtual_stages(k.virtual_stages);
+  c.set_microbatches(4);
+  c.set_microbatch_size(2);
+  c.set_steps(20);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
+  SetPrecision(c, pipetrain::job::Precision::kFloat64);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(60);
+  c.mutable_checkpoint()->set_dir(dir);
+  c.mutable_checkpoint()->set_every(10);
   return c;
 }
 
 // 1F1B on 4 stages: the tests that are about the checkpoint, not the schedule.
-JobConfig Gpt(const std::string& dir) { return Gpt({ScheduleKind::kOneFOneB, 4, 0}, dir); }
+JobSpec Gpt(const std::string& dir) { return Gpt({ScheduleKind::kOneFOneB, 4, 0}, dir); }
 
 fs::path TempDir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() /
@@ -90,7 +92,7 @@ class CrashingTransport : public ForwardingTransport {
   int64_t micro_batch_;
 };
 
-JobReport MustRun(const JobConfig& c, const RunOptions& options = {}) {
+JobReport MustRun(const JobSpec& c, const RunOptions& options = {}) {
   absl::StatusOr<JobReport> report = RunInProcess(c, options);
   EXPECT_TRUE(report.ok()) << report.status();
   return report.ok() ? *std::move(report) : JobReport{};
@@ -105,15 +107,15 @@ class ResumeTest : public ::testing::TestWithParam<ScheduleCase> {};
 
 TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   const fs::path whole_dir = TempDir("whole"), crash_dir = TempDir("crash");
-  const JobConfig whole = Gpt(GetParam(), whole_dir.string());
+  const JobSpec whole = Gpt(GetParam(), whole_dir.string());
   const JobReport uninterrupted = MustRun(whole);
   ASSERT_EQ(uninterrupted.losses.size(), 20u);
 
   // The same job, dead in step 13 (after its checkpoint before step 10 was committed).
-  JobConfig crashing = Gpt(GetParam(), crash_dir.string());
+  JobSpec crashing = Gpt(GetParam(), crash_dir.string());
   RunOptions options;
-  options.wrap_transport = [m = crashing.micro_batches,
-                            layout = schedule::LayoutOf(ScheduleParamsOf(crashing, crashing.steps))](
+  options.wrap_transport = [m = crashing.microbatches(),
+                            layout = schedule::LayoutOf(ScheduleParamsOf(crashing, crashing.steps()))](
                                std::unique_ptr<transport::Transport> t, int rank) {
     if (rank != 1) return t;
     return std::unique_ptr<transport::Transport>(
@@ -127,8 +129,8 @@ TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   EXPECT_EQ(found->manifest.step, 10);
   EXPECT_EQ(found->manifest.num_layers, 6);
 
-  JobConfig resumed = crashing;
-  resumed.resume_from = "latest";
+  JobSpec resumed = crashing;
+  resumed.set_resume_from("latest");
   const JobReport finished = MustRun(resumed);
   EXPECT_EQ(finished.first_step, 10);
   ExpectBitwiseEqual(finished.final_parameters, uninterrupted.final_parameters);
@@ -161,20 +163,20 @@ std::vector<ScheduleCase> KindsThatResumeElsewhere() {
 // with its layer.
 TEST_P(ResumeElsewhereTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
   const fs::path dir = TempDir("layouts");
-  JobConfig whole = Gpt(GetParam(), dir.string());
+  JobSpec whole = Gpt(GetParam(), dir.string());
   const JobReport uninterrupted = MustRun(whole);
   int layouts = 0;
   for (auto [stages, replicas, m] :
        {std::tuple{2, 2, 2}, std::tuple{1, 1, 4}, std::tuple{1, 2, 2}}) {
-    if (!pipeline_test::TakesLayout(whole.schedule, stages, whole.virtual_stages, m)) continue;
+    if (!pipeline_test::TakesLayout(ScheduleOf(whole), stages, whole.virtual_stages(), m)) continue;
     ++layouts;
     SCOPED_TRACE(testing::Message() << stages << " ranks x " << replicas << " replicas");
-    JobConfig other = whole;
-    other.stages = stages;
-    other.replicas = replicas;
-    other.micro_batches = m;
-    other.checkpoint.every = 0;  // keep the checkpoint of step 10 the latest
-    other.resume_from = (dir / checkpoint::StepDirName(10)).string();
+    JobSpec other = whole;
+    other.set_stages(stages);
+    other.set_replicas(replicas);
+    other.set_microbatches(m);
+    other.mutable_checkpoint()->set_every(0);  // keep the checkpoint of step 10 the latest
+    other.set_resume_from((dir / checkpoint::StepDirName(10)).string());
     const JobReport finished = MustRun(other);
     EXPECT_EQ(finished.first_step, 10);
     EXPECT_LE(MaxRelativeDifference(finished.final_parameters, uninterrupted.final_parameters),
@@ -192,9 +194,9 @@ TEST_P(ResumeElsewhereTest, ACheckpointResumesOnAnotherLayoutWithin1e10) {
 // A job stopped early (a stop before step 5) writes none beyond its policy's.
 TEST_P(ResumeElsewhereTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinues) {
   const fs::path dir = TempDir("final");
-  JobConfig first = Gpt(GetParam(), dir.string());
-  first.steps = 7;
-  first.checkpoint.every = 3;
+  JobSpec first = Gpt(GetParam(), dir.string());
+  first.set_steps(7);
+  first.mutable_checkpoint()->set_every(3);
   const JobReport done = MustRun(first);
   ASSERT_EQ(done.losses.size(), 7u);
   for (int64_t n : {3, 6, 7}) EXPECT_TRUE(fs::exists(dir / checkpoint::StepDirName(n))) << n;
@@ -206,38 +208,38 @@ TEST_P(ResumeElsewhereTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinu
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->manifest.step, 7);
   // Its weights are the finished job's.
-  JobConfig longer = first;
-  longer.steps = 10;
-  longer.checkpoint.every = 0;
-  longer.resume_from = (dir / "latest").string();
+  JobSpec longer = first;
+  longer.set_steps(10);
+  longer.mutable_checkpoint()->set_every(0);
+  longer.set_resume_from((dir / "latest").string());
   const JobReport finished = MustRun(longer);
   EXPECT_EQ(finished.first_step, 7);
   ASSERT_EQ(finished.losses.size(), 3u);
-  JobConfig whole = longer;
-  whole.resume_from.clear();
-  whole.checkpoint = {};
+  JobSpec whole = longer;
+  whole.clear_resume_from();
+  whole.clear_checkpoint();
   ExpectBitwiseEqual(finished.final_parameters, MustRun(whole).final_parameters);
   absl::StatusOr<std::vector<at::Tensor>> reference = TrainReference(whole);
   ASSERT_TRUE(reference.ok()) << reference.status();
   EXPECT_LE(MaxRelativeDifference(finished.final_parameters, *reference), 1e-10);
   // A job asked for no more steps than the checkpoint holds is refused, naming both.
-  JobConfig same = longer;
-  same.steps = 7;
+  JobSpec same = longer;
+  same.set_steps(7);
   absl::StatusOr<JobReport> nothing = RunInProcess(same);
   EXPECT_THAT(nothing.status().message(), HasSubstr("nothing is left to run"));
   // Negative control: from the checkpoint before step 6 (one update and a resume short).
-  JobConfig short_by_one = longer;
-  short_by_one.resume_from = (dir / checkpoint::StepDirName(6)).string();
-  short_by_one.steps = 9;
+  JobSpec short_by_one = longer;
+  short_by_one.set_resume_from((dir / checkpoint::StepDirName(6)).string());
+  short_by_one.set_steps(9);
   const JobReport missed = MustRun(short_by_one);
   EXPECT_GT(MaxRelativeDifference(missed.final_parameters, *reference), 1e-6);
   // A job stopped early by a stop command writes no final checkpoint: `latest` stays on the
   // policy's last one.
   const fs::path stopped_dir = TempDir("stopped");
-  JobConfig stopped = first;
-  stopped.checkpoint.dir = stopped_dir.string();
+  JobSpec stopped = first;
+  stopped.mutable_checkpoint()->set_dir(stopped_dir.string());
   RunOptions options;
-  options.commands = std::make_shared<control::StepCommandQueue>(stopped.steps);
+  options.commands = std::make_shared<control::StepCommandQueue>(stopped.steps());
   ASSERT_TRUE(options.commands->Schedule(control::kStop, 5).ok());
   EXPECT_EQ(MustRun(stopped, options).losses.size(), 5u);
   EXPECT_TRUE(fs::exists(stopped_dir / checkpoint::StepDirName(3)));
@@ -263,25 +265,25 @@ TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
     const std::string name(schedule::ScheduleKindName(k.kind));
     SCOPED_TRACE(name);
     const fs::path dir = TempDir("math_" + name);
-    JobConfig plain = Gpt(k, dir.string());
-    plain.steps = 8;
-    plain.checkpoint.every = 0;
+    JobSpec plain = Gpt(k, dir.string());
+    plain.set_steps(8);
+    plain.mutable_checkpoint()->set_every(0);
     const JobReport without = MustRun(plain);
-    JobConfig every3 = plain;
-    every3.checkpoint.every = 3;
+    JobSpec every3 = plain;
+    every3.mutable_checkpoint()->set_every(3);
     const JobReport with = MustRun(every3);
     ExpectBitwiseEqual(with.final_parameters, without.final_parameters);
     EXPECT_EQ(with.losses, without.losses);
     for (int64_t n : {3, 6, 8}) EXPECT_TRUE(fs::exists(dir / checkpoint::StepDirName(n))) << n;
     if (schedule::WeightsOf(k.kind) == schedule::WeightPolicy::kDoubleBuffered) {
-      JobConfig resumed = every3;
-      resumed.checkpoint.every = 0;
-      resumed.resume_from = (dir / checkpoint::StepDirName(3)).string();
+      JobSpec resumed = every3;
+      resumed.mutable_checkpoint()->set_every(0);
+      resumed.set_resume_from((dir / checkpoint::StepDirName(3)).string());
       ExpectBitwiseEqual(MustRun(resumed).final_parameters, without.final_parameters);
-      JobConfig other = resumed;
-      other.stages = 2;
-      other.replicas = 2;
-      other.micro_batches = 2;
+      JobSpec other = resumed;
+      other.set_stages(2);
+      other.set_replicas(2);
+      other.set_microbatches(2);
       const JobReport moved = MustRun(other);
       EXPECT_EQ(moved.first_step, 3);
       EXPECT_LE(MaxRelativeDifference(moved.final_parameters, without.final_parameters), 1e-10);
@@ -301,21 +303,21 @@ INSTANTIATE_TEST_SUITE_P(Schedules, ResumeElsewhereTest,
 // What the job and the checkpoint disagree on is listed, and nothing runs.
 TEST(Resume, AnIncompatibleJobIsRefusedWithEveryReason) {
   const fs::path dir = TempDir("refused");
-  JobConfig c = Gpt(dir.string());
+  JobSpec c = Gpt(dir.string());
   MustRun(c);
-  JobConfig other = c;
-  other.resume_from = "latest";
-  other.model.d_model = 32;
-  other.micro_batch_size = 3;
-  other.optimizer.name = "sgd";
+  JobSpec other = c;
+  other.set_resume_from("latest");
+  other.mutable_model()->set_d_model(32);
+  other.set_microbatch_size(3);
+  other.mutable_optimizer()->set_name("sgd");
   absl::StatusOr<JobReport> refused = RunInProcess(other);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("model differs"));
   EXPECT_THAT(refused.status().message(), HasSubstr("optimizer.name differs"));
   EXPECT_THAT(refused.status().message(), HasSubstr("the global batch"));
-  JobConfig none = c;
-  none.checkpoint.dir = (dir / "nothing").string();
-  none.resume_from = "latest";
+  JobSpec none = c;
+  none.mutable_checkpoint()->set_dir((dir / "nothing").string());
+  none.set_resume_from("latest");
   EXPECT_EQ(RunInProcess(none).status().code(), absl::StatusCode::kNotFound);
   fs::remove_all(dir);
 }

@@ -17,7 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "runtime/checkpoint/checkpoint_dir.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/schedule/chunked_schedule.h"
 #include "tests/pipeline/forwarding_transport.h"
 #include "tests/pipeline/schedule_cases.h"
@@ -43,28 +43,29 @@ inline int MicroBatchesFor(ScheduleKind kind) {
   return kMicroBatches;
 }
 
-inline JobConfig Job(ScheduleKind kind, const fs::path& dir) {
-  JobConfig c;
-  c.model.name = "gpt";
-  c.model.d_model = 16;
-  c.model.n_heads = 2;
-  c.model.n_layers = 2;
-  c.data.vocab = 16;
-  c.data.seq_len = 8;
-  c.data.num_tokens = 1 << 14;
-  c.schedule = kind;
-  c.stages = kStages;
-  c.replicas = kReplicas;
-  c.micro_batches = MicroBatchesFor(kind);
-  c.micro_batch_size = 2;
-  c.steps = kSteps;
-  c.optimizer = {"adamw", 1e-2};
-  c.model.dropout = 0.1;  // masks follow their samples onto the survivors' layout
-  c.precision = Precision::kFloat64;
-  c.threads_per_stage = 1;
-  c.recv_timeout_s = 60;
-  c.commit_steps = true;
-  c.checkpoint.dir = dir.string();  // where the survivors' state goes; no policy
+inline JobSpec Job(ScheduleKind kind, const fs::path& dir) {
+  JobSpec c;
+  c.mutable_model()->set_name("gpt");
+  c.mutable_model()->set_d_model(16);
+  c.mutable_model()->set_n_heads(2);
+  c.mutable_model()->set_n_layers(2);
+  c.mutable_data()->set_vocab(16);
+  c.mutable_data()->set_seq_len(8);
+  c.mutable_data()->set_num_tokens(1 << 14);
+  SetSchedule(c, kind);
+  c.set_stages(kStages);
+  c.set_replicas(kReplicas);
+  c.set_microbatches(MicroBatchesFor(kind));
+  c.set_microbatch_size(2);
+  c.set_steps(kSteps);
+  c.clear_optimizer();
+  c.mutable_optimizer()->set_name("adamw");
+  c.mutable_optimizer()->set_lr(1e-2);
+  c.mutable_model()->set_dropout(0.1);  // masks follow their samples onto the survivors' layout
+  SetPrecision(c, Precision::kFloat64);
+  c.set_threads_per_stage(1);
+  c.set_timeout_s(60);
+  c.mutable_checkpoint()->set_dir(dir.string());  // where the survivors' state goes; no policy
   return c;
 }
 
@@ -99,11 +100,11 @@ struct Fault {
 // thread before and after its peers learn of it.
 class DyingTransport : public ForwardingTransport {
  public:
-  DyingTransport(std::unique_ptr<transport::Transport> inner, const JobConfig& job, Fault fault,
+  DyingTransport(std::unique_ptr<transport::Transport> inner, const JobSpec& job, Fault fault,
                  std::function<void()> before_dying, std::function<void()> after_dying)
       : ForwardingTransport(std::move(inner)),
-        layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps))),
-        micro_batches_(job.micro_batches), fault_(fault),
+        layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps()))),
+        micro_batches_(job.microbatches()), fault_(fault),
         before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
 
   absl::Status SendMessage(int peer, MessageKind kind, int64_t number,
@@ -169,12 +170,19 @@ class DyingTransport : public ForwardingTransport {
 };
 
 
+// The suite's runs: with the step commit (what the host that may go on from survivors sets,
+// job::Generation), on top of `options`.
+inline RunOptions Committed(RunOptions options = {}) {
+  options.generation.commit_steps = true;
+  return options;
+}
+
 // The job on the survivors: 2 replicas of 3/2 as many micro-batches (the global batch kept),
 // from the survivors' state.
-inline JobConfig OnTheSurvivors(JobConfig c, int64_t step) {
-  c.replicas = kReplicas - 1;
-  c.micro_batches = c.micro_batches * kReplicas / (kReplicas - 1);
-  c.resume_from = (fs::path(c.checkpoint.dir) / checkpoint::StepDirName(step)).string();
+inline JobSpec OnTheSurvivors(JobSpec c, int64_t step) {
+  c.set_replicas(kReplicas - 1);
+  c.set_microbatches(c.microbatches() * kReplicas / (kReplicas - 1));
+  c.set_resume_from((fs::path(c.checkpoint().dir()) / checkpoint::StepDirName(step)).string());
   return c;
 }
 

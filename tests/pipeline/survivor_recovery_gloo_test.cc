@@ -34,13 +34,17 @@ using ::testing::HasSubstr;
 
 // Every rank of `c` through RunStage (the Gloo transport, as stage processes and workers run
 // them), as threads meeting in one memory store: each rank's outcome, replica-major.
-std::vector<StageOutcome> RunOverGloo(const JobConfig& c) {
+std::vector<StageOutcome> RunOverGloo(const JobSpec& c, bool commit) {
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
-  const int n = c.stages * c.replicas;
+  const int n = PipelineStages(c) * c.replicas();
   std::vector<absl::StatusOr<StageOutcome>> outcomes(n, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] { outcomes[rank] = RunStage(c, rank, store); });
+    threads.emplace_back([&, rank] {
+      StageRunOptions options;
+      options.generation.commit_steps = commit;
+      outcomes[rank] = RunStage(c, rank, store, options);
+    });
   }
   for (std::thread& t : threads) t.join();
   std::vector<StageOutcome> out;
@@ -54,12 +58,11 @@ std::vector<StageOutcome> RunOverGloo(const JobConfig& c) {
 // The commit's messages and AllReduce over Gloo: every rank of 2 stages x 3 replicas ends with
 // the same parameters, bit for bit, as without the commit.
 TEST(StepCommit, OverGlooChangesNoBit) {
-  JobConfig job = Job(ScheduleKind::kOneFOneB, TempDir("gloo"));
-  job.checkpoint.dir.clear();
-  job.steps = 3;
-  const std::vector<StageOutcome> committed = RunOverGloo(job);
-  job.commit_steps = false;
-  const std::vector<StageOutcome> plain = RunOverGloo(job);
+  JobSpec job = Job(ScheduleKind::kOneFOneB, TempDir("gloo"));
+  job.mutable_checkpoint()->set_dir("");
+  job.set_steps(3);
+  const std::vector<StageOutcome> committed = RunOverGloo(job, /*commit=*/true);
+  const std::vector<StageOutcome> plain = RunOverGloo(job, /*commit=*/false);
   ASSERT_EQ(committed.size(), static_cast<size_t>(kStages * kReplicas));
   ASSERT_EQ(plain.size(), committed.size());
   for (size_t rank = 0; rank < plain.size(); ++rank) {
@@ -89,8 +92,8 @@ class ActAsSurvivor : public StageListener {
 // update if told to, and the sources write their layers through the store at the plan's
 // step (DeliverStoppedRank); each hook sees the error RunStage returns, attributed to the
 // lost rank; the job goes on from there on 2 replicas within 1e-10 of the run without a fault.
-void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fault) {
-  const fs::path dir = job.checkpoint.dir;
+void LoseOverGloo(const JobSpec& job, const JobReport& whole, const Fault& fault) {
+  const fs::path dir = job.checkpoint().dir();
   fs::remove_all(dir);
   const int n = kStages * kReplicas, lost = 1 * kStages + fault.stage;
   std::shared_ptr<rendezvous::KeyValueStore> store = rendezvous::MakeMemoryStore();
@@ -108,6 +111,7 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
       StageRunOptions options;
+      options.generation.commit_steps = true;
       options.handle = handles[rank].get();
       if (rank == lost) {
         options.wrap_transport = [&](std::unique_ptr<transport::Transport> t) {
@@ -173,7 +177,7 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
   EXPECT_GE((*plan)->step, fault.first_expected);
   EXPECT_LE((*plan)->step, fault.last_expected);
   EXPECT_EQ(fs::path(committed).filename(), checkpoint::StepDirName((*plan)->step));
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, (*plan)->step));
+  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, (*plan)->step), Committed());
   ASSERT_TRUE(finished.ok()) << finished.status();
   EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
   EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole.final_parameters), 1e-10);
@@ -181,8 +185,8 @@ void LoseOverGloo(const JobConfig& job, const JobReport& whole, const Fault& fau
 
 TEST(SurvivorRecovery, OverGlooTheSurvivorsOfARankWhoseConnectionsClosedLoseNoStep) {
   const fs::path dir = TempDir("gloo_lost");
-  const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  const JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   for (const Fault& fault :
        {Fault{Point::kForward, 2, 0, 2, 2}, Fault{Point::kGradientAllReduce, 3, 1, 3, 3},

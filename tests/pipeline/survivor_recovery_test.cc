@@ -1,4 +1,4 @@
-// Going on from the survivors of a lost rank, with the step commit (StageConfig::commit_steps),
+// Going on from the survivors of a lost rank, with the step commit (StageConfig::commit_steps; job::Generation),
 // stages as threads: a job of 2 stages x 3 replicas (float64, AdamW, dropout) loses one rank of
 // replica 1 at a point of its schedule (a forward, a backward, the gradient AllReduce, the
 // commit itself, just after it); the survivors agree on a step (recovery::PlanSurvivorStep),
@@ -59,12 +59,14 @@ struct Losing {
 
 // Runs `c` with rank (fault.stage, replica 1) dying at the fault; the survivors' plan is
 // carried out as a host would: held updates applied, each stage's source writes its layers
-// into c.checkpoint.dir at the plan's step.
-SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& losing = {}) {
+// into c.checkpoint().dir() at the plan's step.
+SurvivorRun RunAndLose(const JobSpec& c, const Fault& fault, const Losing& losing = {},
+                       bool commit = true) {
   constexpr int kLostReplica = 1;
   const int lost = kLostReplica * kStages + fault.stage;
   SurvivorRun out;
   RunOptions options;
+  options.generation.commit_steps = commit;
   auto built = std::make_shared<int>(0);  // wrap_transport is called replica-major
   options.wrap_transport = [=](std::unique_ptr<transport::Transport> t, int) {
     const int index = (*built)++;
@@ -110,8 +112,8 @@ SurvivorRun RunAndLose(const JobConfig& c, const Fault& fault, const Losing& los
 // The job continued on the survivors from `step`: it runs every step after it once; returns
 // the largest relative difference of its final parameters from `whole`'s (infinite if it
 // failed).
-double ContinueOnTheSurvivors(const JobConfig& job, const JobReport& whole, int64_t step) {
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, step));
+double ContinueOnTheSurvivors(const JobSpec& job, const JobReport& whole, int64_t step) {
+  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, step), Committed());
   EXPECT_TRUE(finished.ok()) << finished.status();
   if (!finished.ok()) return std::numeric_limits<double>::infinity();
   EXPECT_EQ(finished->first_step, step);
@@ -124,11 +126,11 @@ double ContinueOnTheSurvivors(const JobConfig& job, const JobReport& whole, int6
 std::vector<ScheduleKind> KindsTheSurvivorsGoOnUnder() {
   std::vector<ScheduleKind> kinds;
   for (const ScheduleKind kind : schedule::kScheduleKinds) {
-    const JobConfig job = Job(kind, "");
-    const JobConfig survivors = OnTheSurvivors(job, 1);
+    const JobSpec job = Job(kind, "");
+    const JobSpec survivors = OnTheSurvivors(job, 1);
     if (CommitStepsRefusal(job).empty() &&
-        pipeline_test::TakesLayout(kind, job.stages, 0, job.micro_batches) &&
-        pipeline_test::TakesLayout(kind, survivors.stages, 0, survivors.micro_batches)) {
+        pipeline_test::TakesLayout(kind, PipelineStages(job), 0, job.microbatches()) &&
+        pipeline_test::TakesLayout(kind, PipelineStages(survivors), 0, survivors.microbatches())) {
       kinds.push_back(kind);
     }
   }
@@ -139,13 +141,11 @@ class SurvivorRecoveryTest : public ::testing::TestWithParam<ScheduleKind> {};
 
 TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
   const fs::path dir = TempDir("lost");
-  const JobConfig job = Job(GetParam(), dir);
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  const JobSpec job = Job(GetParam(), dir);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   // The commit changes nothing a run computes.
-  JobConfig uncommitted = job;
-  uncommitted.commit_steps = false;
-  absl::StatusOr<JobReport> plain = RunInProcess(uncommitted);
+  absl::StatusOr<JobReport> plain = RunInProcess(job);
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_EQ(whole->final_parameters.size(), plain->final_parameters.size());
   for (size_t k = 0; k < whole->final_parameters.size(); ++k) {
@@ -154,7 +154,7 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
   // Every rank of the last model stage (rank 0 under a V) knows each step's loss as the job
   // reports it (the replicas' mean: summed in the order their reports arrive, hence not
   // bitwise).
-  const schedule::ChunkLayout layout = schedule::LayoutOf(ScheduleParamsOf(job, job.steps));
+  const schedule::ChunkLayout layout = schedule::LayoutOf(ScheduleParamsOf(job, job.steps()));
   const int last = layout.RankOf(layout.stages() - 1);
   for (int r = 0; r < kReplicas; ++r) {
     for (int s = 0; s < kStages; ++s) {
@@ -190,7 +190,7 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
     EXPECT_GE(lost.plan->step, fault.first_expected);
     EXPECT_LE(lost.plan->step, fault.last_expected);
 
-    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step));
+    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step), Committed());
     ASSERT_TRUE(finished.ok()) << finished.status();
     EXPECT_EQ(finished->first_step, lost.plan->step);
     EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
@@ -214,8 +214,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, SurvivorRecoveryTest,
 // the lowest surviving replica of stage 1). Negative control: not applied, the job misses.
 TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
   const fs::path dir = TempDir("held");
-  const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  const JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   // Holds its commit's result back until the lost rank has died.
   class Sluggish : public ForwardingTransport {
@@ -277,8 +277,8 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
 // survivors hold the step's loss as the job reports it too.
 TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   const fs::path dir = TempDir("all_hold");
-  const JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  const JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   auto sent = std::make_shared<std::atomic<int>>(0);  // ranks in step 3's commit barrier
   class Counting : public ForwardingTransport {
@@ -337,9 +337,9 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
 // from step 3 or 4 and end within 1e-10 of the run without a fault.
 TEST(SurvivorRecovery, UnderZeroBubbleVTheSurvivorsLoseNoStep) {
   const fs::path dir = TempDir("zbv");
-  JobConfig job = Job(ScheduleKind::kZeroBubbleV, dir);
-  job.virtual_stages = 2;
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  JobSpec job = Job(ScheduleKind::kZeroBubbleV, dir);
+  job.set_virtual_stages(2);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   SurvivorRun lost = RunAndLose(job, {Point::kCommitMessage, 3, 1, 3, 4});
   ASSERT_FALSE(lost.failure.ok());
@@ -358,13 +358,13 @@ TEST(SurvivorRecovery, UnderZeroBubbleVTheSurvivorsLoseNoStep) {
 // survivors end within 1e-10 of the run without a fault.
 TEST(SurvivorRecovery, WithTiedWeightsAndClippingTheSurvivorsLoseNoStep) {
   const fs::path dir = TempDir("recipe");
-  JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  job.model.tie_embeddings = true;
-  job.optimizer.clip_grad_norm = 0.05;
-  absl::StatusOr<JobReport> whole = RunInProcess(job);
+  JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
+  job.mutable_model()->set_tie_embeddings(true);
+  job.mutable_optimizer()->set_clip_grad_norm(0.05);
+  absl::StatusOr<JobReport> whole = RunInProcess(job, Committed());
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_FALSE(whole->grad_norms.empty());
-  EXPECT_GT(whole->grad_norms.front(), job.optimizer.clip_grad_norm);  // clipping acts
+  EXPECT_GT(whole->grad_norms.front(), job.optimizer().clip_grad_norm());  // clipping acts
   for (const Fault& fault : {Fault{Point::kBackward, 2, 1, 2, 2},
                              Fault{Point::kGradientAllReduce, 3, 1, 3, 3},
                              Fault{Point::kAfterCommit, 3, 0, 4, 4}}) {
@@ -387,8 +387,7 @@ TEST(SurvivorRecovery, WithTiedWeightsAndClippingTheSurvivorsLoseNoStep) {
 // there until stage 1 has moved on): no replica's weights are one step, and the plan says so.
 TEST(SurvivorRecovery, WithoutTheCommitTheSurvivorsHoldNoOneStep) {
   const fs::path dir = TempDir("uncommitted");
-  JobConfig job = Job(ScheduleKind::kOneFOneB, dir);
-  job.commit_steps = false;
+  JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
   // Stage 1's ranks post their receive of step 4's first activation after their update of
   // step 3; the dying rank waits for all three (its own pipeline's too) to get there.
   auto stage1_moved_on = std::make_shared<std::atomic<int>>(0);
@@ -416,7 +415,8 @@ TEST(SurvivorRecovery, WithoutTheCommitTheSurvivorsHoldNoOneStep) {
     if (index % kStages != 1) return t;
     return std::unique_ptr<transport::Transport>(new Watching(std::move(t), stage1_moved_on));
   };
-  SurvivorRun lost = RunAndLose(job, {Point::kGradientAllReduce, 3, 0, -1, -1}, losing);
+  SurvivorRun lost = RunAndLose(job, {Point::kGradientAllReduce, 3, 0, -1, -1}, losing,
+                                /*commit=*/false);
   ASSERT_FALSE(lost.failure.ok());
   ASSERT_GE(stage1_moved_on->load(), kReplicas) << "stage 1 did not update step 3 in 30 s";
   // The hazard: stage 1 stands at W(4), stage 0 at W(3) holding no final gradient.

@@ -31,11 +31,11 @@
 namespace pipetrain::job::pipeline_test {
 namespace {
 
-JobConfig TiedGpt(ScheduleKind kind, int stages, int virtual_stages = 0) {
-  JobConfig c = TinyGpt(kind, stages, 4);
-  c.model.tie_embeddings = true;
-  c.virtual_stages = virtual_stages;
-  c.steps = 4;
+JobSpec TiedGpt(ScheduleKind kind, int stages, int virtual_stages = 0) {
+  JobSpec c = TinyGpt(kind, stages, 4);
+  c.mutable_model()->set_tie_embeddings(true);
+  c.set_virtual_stages(virtual_stages);
+  c.set_steps(4);
   return c;
 }
 
@@ -60,8 +60,8 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
     for (const int replicas : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=",
                                 k.stages, " replicas ", replicas));
-      JobConfig c = TiedGpt(k.kind, k.stages, k.virtual_stages);
-      c.replicas = replicas;
+      JobSpec c = TiedGpt(k.kind, k.stages, k.virtual_stages);
+      c.set_replicas(replicas);
       const JobReport report = MustRun(c);
       const std::vector<at::Tensor> reference = MustReference(c);
       ASSERT_EQ(report.final_parameters.size(), reference.size());
@@ -71,9 +71,9 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
     }
   }
   // PipeDream with fewer micro-batches than stages (stage 0 seals boundaries ahead).
-  JobConfig c = TiedGpt(ScheduleKind::kPipeDream, 3);
-  c.micro_batches = 1;
-  c.steps = 6;
+  JobSpec c = TiedGpt(ScheduleKind::kPipeDream, 3);
+  c.set_microbatches(1);
+  c.set_steps(6);
   const JobReport report = MustRun(c);
   EXPECT_LE(MaxRelativeDifference(report.final_parameters, MustReference(c)), 1e-10);
   ExpectCopiesEqual(report.final_parameters);
@@ -82,8 +82,8 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
 // The ties dropped from every rank's executor: each copy steps on its own gradient, and
 // they part at the first step; the reference is no longer met.
 TEST(TiedEmbeddings, CopiesWhoseGradientsAreNotSummedDivergeAtTheFirstStep) {
-  JobConfig c = TiedGpt(ScheduleKind::kOneFOneB, 3);
-  c.steps = 1;
+  JobSpec c = TiedGpt(ScheduleKind::kOneFOneB, 3);
+  c.set_steps(1);
   StagesRun run;
   RunStages(
       c,
@@ -119,7 +119,7 @@ TEST(TiedEmbeddings, OnOneRankTheTiedLayersAreOneParameter) {
                        Case{ScheduleKind::kTwoBW, 1, 0}, Case{ScheduleKind::kPipeDream, 1, 0}}) {
     SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=",
                               k.stages));
-    JobConfig c = TiedGpt(k.kind, k.stages, k.virtual_stages);
+    JobSpec c = TiedGpt(k.kind, k.stages, k.virtual_stages);
     StagesRun run;
     RunStages(c, [](StageParts&) {}, run);
     for (const absl::Status& r : run.results) ASSERT_TRUE(r.ok()) << r;
@@ -133,11 +133,11 @@ TEST(TiedEmbeddings, OnOneRankTheTiedLayersAreOneParameter) {
     EXPECT_TRUE(head.OwnParameters().back().is_same(head.Parameters().end()[-2]));
     EXPECT_EQ(rank0.weights.back()->OptimizerState().size(), head.OwnParameters().size());
     // The same layout untied holds the table twice.
-    JobConfig untied = c;
-    untied.model.tie_embeddings = false;
+    JobSpec untied = c;
+    untied.mutable_model()->set_tie_embeddings(false);
     absl::StatusOr<JobPlan> plan = MakeJobPlan(untied);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    MicroBatchReader reader(*plan, untied.micro_batches);
+    MicroBatchReader reader(*plan, untied.microbatches());
     absl::StatusOr<StageParts> apart = BuildStage(untied, *plan, reader, 0);
     ASSERT_TRUE(apart.ok()) << apart.status();
     EXPECT_EQ(apart->parameter_bytes - rank0.parameter_bytes,
@@ -149,8 +149,8 @@ TEST(TiedEmbeddings, OnOneRankTheTiedLayersAreOneParameter) {
 // rank still takes it for shared, so nobody steps it; the run leaves the reference at the
 // first step.
 TEST(TiedEmbeddings, AMemberThatNoLongerReadsItsOwnersStorageLeavesTheReference) {
-  JobConfig c = TiedGpt(ScheduleKind::kZeroBubbleV, 2, 2);
-  c.steps = 1;
+  JobSpec c = TiedGpt(ScheduleKind::kZeroBubbleV, 2, 2);
+  c.set_steps(1);
   StagesRun run;
   RunStages(
       c,
@@ -174,9 +174,9 @@ TEST(TiedEmbeddings, AMemberThatNoLongerReadsItsOwnersStorageLeavesTheReference)
 TEST(TiedEmbeddings, ACheckpointStoresTheTiedWeightOnceAndResumesOnAnotherLayout) {
   const std::string dir = ::testing::TempDir() + "/tied_checkpoints";
   std::filesystem::remove_all(dir);
-  JobConfig c = TiedGpt(ScheduleKind::kOneFOneB, 3);
-  c.checkpoint.dir = dir;
-  c.checkpoint.every = 2;
+  JobSpec c = TiedGpt(ScheduleKind::kOneFOneB, 3);
+  c.mutable_checkpoint()->set_dir(dir);
+  c.mutable_checkpoint()->set_every(2);
   const JobReport whole = MustRun(c);
   // The head (layer 5) holds no copy of the weight in the checkpoint; the embedding its two.
   const std::filesystem::path step = std::filesystem::path(dir) / "step-00000002";
@@ -194,14 +194,14 @@ TEST(TiedEmbeddings, ACheckpointStoresTheTiedWeightOnceAndResumesOnAnotherLayout
   // Every kind that updates as the writer did (its weight policy): the rest of the run is
   // the uninterrupted one's.
   for (const ScheduleCase& k : EveryScheduleKind(2)) {
-    if (schedule::WeightsOf(k.kind) != schedule::WeightsOf(c.schedule)) continue;
+    if (schedule::WeightsOf(k.kind) != schedule::WeightsOf(ScheduleOf(c))) continue;
     SCOPED_TRACE(std::string(schedule::ScheduleKindName(k.kind)));
-    JobConfig r = c;
-    r.schedule = k.kind;
-    r.stages = k.stages;
-    r.virtual_stages = k.virtual_stages;
-    r.checkpoint.every = 0;
-    r.resume_from = step.string();  // latest: the final one
+    JobSpec r = c;
+    SetSchedule(r, k.kind);
+    r.set_stages(k.stages);
+    r.set_virtual_stages(k.virtual_stages);
+    r.mutable_checkpoint()->set_every(0);
+    r.set_resume_from(step.string());  // latest: the final one
     const JobReport rest = MustRun(r);
     EXPECT_EQ(rest.first_step, 2);
     EXPECT_LE(MaxRelativeDifference(rest.final_parameters, whole.final_parameters), 1e-10);
@@ -239,15 +239,16 @@ std::string SaveScriptedWithEqualWeights(const std::string& path) {
 }
 
 // The two copies on ranks 0 and 1.
-JobConfig ScriptTieJob(const std::string& path) {
-  JobConfig c = ScriptJob(path);
-  c.model.tie = {"1.weight=2.weight"};
+JobSpec ScriptTieJob(const std::string& path) {
+  JobSpec c = ScriptJob(path);
+  c.mutable_model()->clear_tie();
+  for (const char* t : {"1.weight=2.weight"}) c.mutable_model()->add_tie(t);
   return c;
 }
 
 TEST(TiedTorchScript, AGroupTheModelNamesIsOneParameterAcrossRanks) {
   const std::string path = SaveScriptedWithEqualWeights(::testing::TempDir() + "/tied.pt");
-  const JobConfig c = ScriptTieJob(path);
+  const JobSpec c = ScriptTieJob(path);
   const JobReport report = MustRun(c);
   const std::vector<at::Tensor> reference = MustReference(c);
   ASSERT_EQ(report.final_parameters.size(), 8u);  // weight and bias of each layer
@@ -255,8 +256,8 @@ TEST(TiedTorchScript, AGroupTheModelNamesIsOneParameterAcrossRanks) {
   EXPECT_TRUE(at::equal(report.final_parameters[2], report.final_parameters[4]));
   EXPECT_TRUE(at::equal(reference[2], reference[4]));
   // Negative control: untied, the two weights take their own steps and part.
-  JobConfig untied = c;
-  untied.model.tie.clear();
+  JobSpec untied = c;
+  untied.mutable_model()->clear_tie();
   const JobReport apart = MustRun(untied);
   EXPECT_FALSE(at::allclose(apart.final_parameters[2], apart.final_parameters[4]));
   EXPECT_GT(MaxRelativeDifference(apart.final_parameters, reference), 1e-4);
@@ -264,9 +265,10 @@ TEST(TiedTorchScript, AGroupTheModelNamesIsOneParameterAcrossRanks) {
 
 TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
   const std::string path = SaveScriptedWithEqualWeights(::testing::TempDir() + "/tied_bad.pt");
-  JobConfig c = ScriptTieJob(path);
-  c.model.tie = {"1.weight", "9.weight=2.weight", "1.nope=3.bias", "0.weight=3.weight",
-                 "0.bias=2.bias=2.bias"};
+  JobSpec c = ScriptTieJob(path);
+  c.mutable_model()->clear_tie();
+  for (const char* t : {"1.weight", "9.weight=2.weight", "1.nope=3.bias", "0.weight=3.weight",
+                 "0.bias=2.bias=2.bias"}) c.mutable_model()->add_tie(t);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   const std::string message(run.status().message());
@@ -276,7 +278,8 @@ TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
         "'0.weight=3.weight': the parameters' shapes differ", "2.bias is tied twice"}) {
     EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
   }
-  c.model.tie = {"1.bias=0.bias"};
+  c.mutable_model()->clear_tie();
+  for (const char* t : {"1.bias=0.bias"}) c.mutable_model()->add_tie(t);
   absl::StatusOr<JobReport> apart = RunInProcess(c, {});
   ASSERT_FALSE(apart.ok());
   EXPECT_NE(std::string(apart.status().message())
@@ -284,11 +287,13 @@ TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
             std::string::npos)
       << apart.status();
   // Two zero biases of one shape start equal and may be tied.
-  c.model.tie = {"0.bias=2.bias"};
+  c.mutable_model()->clear_tie();
+  for (const char* t : {"0.bias=2.bias"}) c.mutable_model()->add_tie(t);
   EXPECT_TRUE(RunInProcess(c, {}).ok());
   // A built-in model names no groups.
-  JobConfig gpt = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
-  gpt.model.tie = {"0.token=3.weight"};
+  JobSpec gpt = TinyGpt(ScheduleKind::kOneFOneB, 2, 2);
+  gpt.mutable_model()->clear_tie();
+  for (const char* t : {"0.token=3.weight"}) gpt.mutable_model()->add_tie(t);
   absl::StatusOr<JobReport> builtin = RunInProcess(gpt, {});
   ASSERT_FALSE(builtin.ok());
   EXPECT_NE(std::string(builtin.status().message()).find("only a torchscript model names tie "

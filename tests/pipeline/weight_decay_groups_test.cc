@@ -12,8 +12,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "jobspec/job_config_from_spec.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/model/model_zoo.h"
 #include "tests/pipeline/pipeline_fixture.h"
 
@@ -99,14 +99,18 @@ TEST(ParameterKinds, ATorchScriptModelsByItsModulesClassesAndParameterNames) {
   EXPECT_EQ(KindsOfModel(script), expected);
 }
 
-JobConfig Decayed(const ScheduleCase& k, const char* optimizer, ParameterKinds no_decay) {
-  JobConfig c = TinyGpt(k, 4);
-  c.replicas = 2;
-  c.steps = 5;
-  c.optimizer.name = optimizer;
-  c.optimizer.lr = std::string(optimizer) == "sgd" ? 0.1 : 0.02;
-  c.optimizer.weight_decay = 0.5;  // large: the groups' difference shows within 5 steps
-  c.optimizer.no_decay = no_decay;
+JobSpec Decayed(const ScheduleCase& k, const char* optimizer, ParameterKinds no_decay) {
+  JobSpec c = TinyGpt(k, 4);
+  c.set_replicas(2);
+  c.set_steps(5);
+  c.mutable_optimizer()->set_name(optimizer);
+  c.mutable_optimizer()->set_lr(std::string(optimizer) == "sgd" ? 0.1 : 0.02);
+  c.mutable_optimizer()->set_weight_decay(0.5);  // large: the groups' difference shows within 5 steps
+  for (model::ParameterKind kind : model::kAllParameterKinds) {
+    if (no_decay & model::KindBit(kind)) {
+      c.mutable_optimizer()->add_no_decay(std::string(model::ParameterKindName(kind)));
+    }
+  }
   return c;
 }
 
@@ -127,15 +131,15 @@ TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
           SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
                                     optimizer, " no_decay ", model::ParameterKindsName(no_decay),
                                     tied ? " tied" : ""));
-          JobConfig c = Decayed(k, optimizer, no_decay);
-          c.model.tie_embeddings = tied;
+          JobSpec c = Decayed(k, optimizer, no_decay);
+          c.mutable_model()->set_tie_embeddings(tied);
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
           ASSERT_EQ(report.final_parameters.size(), reference.size());
           EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
           // Negative control: every parameter decayed (one group) is another trajectory.
-          JobConfig one_group = c;
-          one_group.optimizer.no_decay = 0;
+          JobSpec one_group = c;
+          one_group.mutable_optimizer()->clear_no_decay();
           EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(one_group)),
                     1e-6);
         }
@@ -147,7 +151,7 @@ TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
 TEST(WeightDecayGroups, AnUnknownKindIsNamedWithTheKnownOnes) {
   auto spec = jobspec::JobSpecFromYaml("optimizer: {no_decay: [bias, layernorm]}\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  auto config = jobspec::JobConfigFromSpec(*spec);
+  auto config = job::Validated(*spec);
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("optimizer.no_decay: unknown parameter kind "
                                            "'layernorm' (one of: bias, norm, embedding)"),

@@ -31,12 +31,12 @@
 namespace pipetrain::job::pipeline_test {
 namespace {
 
-JobConfig PipeDreamGpt(int stages, int m, int replicas, const char* recompute) {
-  JobConfig c = TinyGpt(ScheduleKind::kPipeDream, stages, m);
-  c.model.n_layers = 3;  // 6 layers
-  c.replicas = replicas;
-  c.steps = 5;
-  c.recompute = *ParseRecompute(recompute);
+JobSpec PipeDreamGpt(int stages, int m, int replicas, const char* recompute) {
+  JobSpec c = TinyGpt(ScheduleKind::kPipeDream, stages, m);
+  c.mutable_model()->set_n_layers(3);  // 6 layers
+  c.set_replicas(replicas);
+  c.set_steps(5);
+  SetRecompute(c, *ParseRecompute(recompute));
   return c;
 }
 
@@ -47,7 +47,7 @@ TEST(PipeDream, EqualsItsWeightStashingReference) {
         for (const char* recompute : {"none", "all"}) {
           SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ",
                                     recompute));
-          const JobConfig c = PipeDreamGpt(p, m, replicas, recompute);
+          const JobSpec c = PipeDreamGpt(p, m, replicas, recompute);
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
           ASSERT_EQ(report.final_parameters.size(), reference.size());
@@ -58,15 +58,15 @@ TEST(PipeDream, EqualsItsWeightStashingReference) {
   }
   // Negative controls: the other weight policies' parameters are not these (every kind of
   // another policy on this layout: those without chunks).
-  const JobConfig c = PipeDreamGpt(4, 4, 1, "none");
+  const JobSpec c = PipeDreamGpt(4, 4, 1, "none");
   const std::vector<at::Tensor> pipedream = MustReference(c);
   for (const ScheduleKind other : schedule::kScheduleKinds) {
     if (schedule::WeightsOf(other) == schedule::WeightPolicy::kStashed ||
         schedule::HoldsChunks(other)) {
       continue;
     }
-    JobConfig o = c;
-    o.schedule = other;
+    JobSpec o = c;
+    SetSchedule(o, other);
     EXPECT_GT(MaxRelativeDifference(MustReference(o), pipedream), 1e-6)
         << schedule::ScheduleKindName(other);
   }
@@ -77,8 +77,8 @@ TEST(PipeDream, EqualsItsWeightStashingReference) {
 TEST(PipeDream, EachMicroBatchRunsOnTheVersionItsForwardFoundAndStageSHoldsPMinusS) {
   for (const int m : {1, 3}) {
     const int p = 4;
-    JobConfig c = PipeDreamGpt(p, m, 1, "none");
-    c.steps = 10;  // past the fill, stage 0 holds p versions
+    JobSpec c = PipeDreamGpt(p, m, 1, "none");
+    c.set_steps(10);  // past the fill, stage 0 holds p versions
     const JobReport report = MustRun(c);
     for (int s = 0; s < p; ++s) {
       SCOPED_TRACE(absl::StrCat("m=", m, " stage ", s));
@@ -92,7 +92,7 @@ TEST(PipeDream, EachMicroBatchRunsOnTheVersionItsForwardFoundAndStageSHoldsPMinu
         EXPECT_EQ(r.version, j < w ? 0 : (j - w) / m) << schedule::ToString(r.action);
         ++checked;
       }
-      EXPECT_EQ(checked, 2 * c.steps * m);
+      EXPECT_EQ(checked, 2 * c.steps() * m);
       if (m == 1) {
         EXPECT_EQ(stats.peak_weight_versions, p - s);
       }
@@ -103,15 +103,15 @@ TEST(PipeDream, EachMicroBatchRunsOnTheVersionItsForwardFoundAndStageSHoldsPMinu
 // A stop before step 4, given before the run (m = 1 < p: stage 0 seals boundaries 4 updates
 // ahead, the first ones when it starts): the result of a 4-step job, bit for bit.
 TEST(PipeDream, AStopWithFewerMicroBatchesThanStagesEndsItAsAShorterJob) {
-  JobConfig c = PipeDreamGpt(3, 1, 2, "none");
-  c.steps = 8;
+  JobSpec c = PipeDreamGpt(3, 1, 2, "none");
+  c.set_steps(8);
   RunOptions options;
-  options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+  options.commands = std::make_shared<control::StepCommandQueue>(c.steps());
   ASSERT_TRUE(options.commands->Schedule(control::kStop, 4).ok());
   absl::StatusOr<JobReport> stopped = RunInProcess(c, options);
   ASSERT_TRUE(stopped.ok()) << stopped.status();
-  JobConfig four = c;
-  four.steps = 4;
+  JobSpec four = c;
+  four.set_steps(4);
   EXPECT_EQ(stopped->losses.size(), 4u);
   EXPECT_TRUE(BitwiseEqual(stopped->final_parameters, MustRun(four).final_parameters));
 }
@@ -124,14 +124,14 @@ TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
       SCOPED_TRACE(absl::StrCat("m=", m, vertical_sync ? " vertical sync" : ""));
       const std::string dir = ::testing::TempDir() + "/pipedream_checkpoints";
       std::filesystem::remove_all(dir);
-      JobConfig c = PipeDreamGpt(3, m, 2, "none");
-      c.vertical_sync = vertical_sync;
-      c.steps = 7;
-      c.checkpoint.dir = dir;
-      c.checkpoint.every = 3;  // boundaries 3 and 6 (and the final one, after step 7)
+      JobSpec c = PipeDreamGpt(3, m, 2, "none");
+      c.set_vertical_sync(vertical_sync);
+      c.set_steps(7);
+      c.mutable_checkpoint()->set_dir(dir);
+      c.mutable_checkpoint()->set_every(3);  // boundaries 3 and 6 (and the final one, after step 7)
       const JobReport whole = MustRun(c);
-      JobConfig resumed = c;
-      resumed.resume_from = dir + "/" + checkpoint::StepDirName(6);
+      JobSpec resumed = c;
+      resumed.set_resume_from(dir + "/" + checkpoint::StepDirName(6));
       const JobReport rest = MustRun(resumed);
       EXPECT_EQ(rest.first_step, 6);
       EXPECT_TRUE(BitwiseEqual(rest.final_parameters, whole.final_parameters));
@@ -147,11 +147,11 @@ TEST(PipeDream, AJobResumedFromItsCheckpointEndsAsTheOneThatNeverStopped) {
 TEST(PipeDream, SwitchesFlushesAndCheckpointsDrainItAsItsReferenceSays) {
   for (const bool vertical_sync : {false, true}) {
     SCOPED_TRACE(vertical_sync ? "vertical sync" : "");
-    JobConfig c = PipeDreamGpt(3, 2, 2, "none");
-    c.vertical_sync = vertical_sync;
-    c.steps = 8;
+    JobSpec c = PipeDreamGpt(3, 2, 2, "none");
+    c.set_vertical_sync(vertical_sync);
+    c.set_steps(8);
     RunOptions options;
-    options.commands = std::make_shared<control::StepCommandQueue>(c.steps);
+    options.commands = std::make_shared<control::StepCommandQueue>(c.steps());
     for (const auto& [command, step] : std::vector<std::pair<control::StepCommand, int64_t>>{
              {control::kSwitchVersion, 3}, {control::kSwitchVersion, 4}, {control::kFlush, 6}}) {
       ASSERT_TRUE(options.commands->Schedule(command, step).ok());
@@ -165,9 +165,9 @@ TEST(PipeDream, SwitchesFlushesAndCheckpointsDrainItAsItsReferenceSays) {
 
     const std::string dir = ::testing::TempDir() + "/pipedream_drains";
     std::filesystem::remove_all(dir);
-    JobConfig checkpointed = c;
-    checkpointed.checkpoint.dir = dir;
-    checkpointed.checkpoint.every = 3;
+    JobSpec checkpointed = c;
+    checkpointed.mutable_checkpoint()->set_dir(dir);
+    checkpointed.mutable_checkpoint()->set_every(3);
     absl::StatusOr<std::vector<at::Tensor>> at_checkpoints = TrainReference(c, {3, 6});
     ASSERT_TRUE(at_checkpoints.ok()) << at_checkpoints.status();
     EXPECT_LE(MaxRelativeDifference(MustRun(checkpointed).final_parameters, *at_checkpoints),
@@ -186,8 +186,8 @@ TEST(PipeDreamVerticalSync, EqualsItsReferenceWhereEveryStageRunsOnStageZerosVer
         for (const char* recompute : {"none", "all"}) {
           SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ",
                                     recompute));
-          JobConfig c = PipeDreamGpt(p, m, replicas, recompute);
-          c.vertical_sync = true;
+          JobSpec c = PipeDreamGpt(p, m, replicas, recompute);
+          c.set_vertical_sync(true);
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
           ASSERT_EQ(report.final_parameters.size(), reference.size());
@@ -198,10 +198,10 @@ TEST(PipeDreamVerticalSync, EqualsItsReferenceWhereEveryStageRunsOnStageZerosVer
   }
   // Negative control: without vertical sync the rule is another, and so are the parameters
   // (its run against this reference, and the two references).
-  JobConfig c = PipeDreamGpt(4, 1, 1, "none");
-  c.vertical_sync = true;
+  JobSpec c = PipeDreamGpt(4, 1, 1, "none");
+  c.set_vertical_sync(true);
   const std::vector<at::Tensor> synced = MustReference(c);
-  c.vertical_sync = false;
+  c.set_vertical_sync(false);
   EXPECT_GT(MaxRelativeDifference(MustRun(c).final_parameters, synced), 1e-6);
   EXPECT_GT(MaxRelativeDifference(MustReference(c), synced), 1e-6);
 }
@@ -212,9 +212,9 @@ TEST(PipeDreamVerticalSync, EqualsItsReferenceWhereEveryStageRunsOnStageZerosVer
 TEST(PipeDreamVerticalSync, EveryStageRanEachMicroBatchOnTheVersionStageZeroRanItOn) {
   for (const int m : {1, 3}) {
     const int p = 4;
-    JobConfig c = PipeDreamGpt(p, m, 1, "none");
-    c.vertical_sync = true;
-    c.steps = 10;
+    JobSpec c = PipeDreamGpt(p, m, 1, "none");
+    c.set_vertical_sync(true);
+    c.set_steps(10);
     const JobReport report = MustRun(c);
     for (int s = 0; s < p; ++s) {
       SCOPED_TRACE(absl::StrCat("m=", m, " stage ", s));
@@ -228,7 +228,7 @@ TEST(PipeDreamVerticalSync, EveryStageRanEachMicroBatchOnTheVersionStageZeroRanI
             << schedule::ToString(r.action);
         ++checked;
       }
-      EXPECT_EQ(checked, 2 * c.steps * m);
+      EXPECT_EQ(checked, 2 * c.steps() * m);
       EXPECT_EQ(stats.peak_weight_versions,
                 planner::WeightVersions(ScheduleKind::kPipeDream, p, s, m, /*vertical_sync=*/true));
     }
@@ -264,9 +264,9 @@ TEST(PipeDreamVerticalSync, AStoreRefusesAVersionItDoesNotHoldOrDoesNotTake) {
 }
 
 TEST(PipeDreamVerticalSync, AnyOtherScheduleRefusesIt) {
-  JobConfig c = PipeDreamGpt(2, 2, 1, "none");
-  c.vertical_sync = true;
-  c.schedule = ScheduleKind::kOneFOneB;
+  JobSpec c = PipeDreamGpt(2, 2, 1, "none");
+  c.set_vertical_sync(true);
+  SetSchedule(c, ScheduleKind::kOneFOneB);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   EXPECT_NE(std::string(run.status().message())

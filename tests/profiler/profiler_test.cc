@@ -70,22 +70,21 @@ TEST(TensorMemory, ByDevice) {
   EXPECT_EQ(memory::PeakTensorBytesOn(gpu), memory::TensorBytesInUseOn(gpu));
 }
 
-job::JobConfig SmallGpt() {
-  job::JobConfig config;
-  config.model.name = "gpt";
-  config.model.d_model = 32;
-  config.model.n_heads = 2;
-  config.model.n_layers = 2;
-  config.model.seq_len = 16;
-  config.data.seq_len = 16;
-  config.micro_batch_size = 4;
+job::JobSpec SmallGpt() {
+  job::JobSpec config;
+  config.mutable_model()->set_name("gpt");
+  config.mutable_model()->set_d_model(32);
+  config.mutable_model()->set_n_heads(2);
+  config.mutable_model()->set_n_layers(2);
+  config.mutable_data()->set_seq_len(16);
+  config.set_microbatch_size(4);
   return config;
 }
 
 TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   const std::string cache = ::testing::TempDir() + "/profiles";
   std::filesystem::remove_all(cache);
-  job::JobConfig config = SmallGpt();
+  job::JobSpec config = SmallGpt();
   ProfileOptions options;
   options.micro_batch_sizes = {2, 4};
   options.cache_dir = cache;
@@ -96,7 +95,7 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   ASSERT_EQ(profile->sizes.size(), 2u);
   EXPECT_EQ(profile->tokens_per_sample, 16);
   EXPECT_EQ(profile->dtype, "float32");
-  absl::StatusOr<std::vector<model::LayerInfo>> infos = model::BuiltinLayers(config.model);
+  absl::StatusOr<std::vector<model::LayerInfo>> infos = model::BuiltinLayers(job::ModelConfigOf(config));
   ASSERT_TRUE(infos.ok());
   const int64_t vocab = 64;  // the built-in corpus's
   for (const planner::MicroBatchProfile& size : profile->sizes) {
@@ -153,7 +152,7 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   EXPECT_EQ(planner::ModelProfileToJson(*again), planner::ModelProfileToJson(*profile));
   EXPECT_THAT(lines, ::testing::Contains(HasSubstr("from the cache")));
   // A different model is measured, not served from the cache.
-  config.model.d_model = 48;
+  config.mutable_model()->set_d_model(48);
   options.micro_batch_sizes = {2};
   options.measure_links = false;
   absl::StatusOr<planner::ModelProfile> wider = ProfileJob(config, options);
@@ -164,7 +163,7 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
 // Layers run together as in a stage, or one at a time when the memory budget allows no more:
 // what each keeps, hands on and allocates is the same either way.
 TEST(Profiler, LayersProfiledAloneAllocateWhatTheyDoInARun) {
-  job::JobConfig config = SmallGpt();
+  job::JobSpec config = SmallGpt();
   ProfileOptions together;
   together.micro_batch_sizes = {4};
   together.measure_links = false;

@@ -72,7 +72,7 @@ v1::SurvivorInstruction Answer(v1::SurvivorInstruction::Action action, int64_t w
 
 struct Fixture {
   v1::StageAssignment assignment;
-  job::JobConfig config;
+  job::JobSpec config;
   job::StoppedRank stopped;
   int applied = 0;
   Fixture() {

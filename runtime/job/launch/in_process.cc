@@ -21,10 +21,10 @@
 #include "runtime/weights/weight_store.h"
 
 namespace pipetrain::job {
-absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& options) {
+absl::StatusOr<JobReport> RunInProcess(const JobSpec& c, const RunOptions& options) {
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
-  const int p = plan.ranks(), w = c.replicas;
+  const int p = plan.ranks(), w = c.replicas();
   PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume, checkpoint::FindResumePoint(c, plan));
   if (resume) {
     for (const std::string& why : resume->skipped) {
@@ -39,7 +39,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   SetIntraOpThreads(threads);
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
   for (int r = 0; r < w; ++r) {
-    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.microbatches(), r));
   }
 
   // Stages as threads share one device (GPU 0 of a device: cuda job).
@@ -55,6 +55,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
   for (int r = 0; r < w; ++r) {
     for (int s = 0; s < p; ++s) {
       PT_ASSIGN_OR_RETURN(StageStart start, checkpoint::StageStartFrom(resume, plan, s));
+      start.generation = options.generation;
       PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, *readers[r], s, start, device));
       if (s == 0 && r == 0) parts.config.commands = options.commands.get();
       transports.push_back(transport::MakeInProcessTransport(hub, s, p, r, w));
@@ -66,7 +67,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobConfig& c, const RunOptions& opt
         model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
       }
       auto on_step = [&tracker, &sink, &c, model_stages, s, r](const executor::StepRecord& step) {
-        if (r == 0 && (step.commands_after & control::kCheckpoint) && !c.checkpoint.dir.empty()) {
+        if (r == 0 && (step.commands_after & control::kCheckpoint) && !c.checkpoint().dir().empty()) {
           // A failed checkpoint costs only itself: the job goes on (the error is reported).
           for (const auto& [stage, weights] : model_stages) {
             if (absl::Status saved = sink.Deliver(step.step + 1, stage, *weights); !saved.ok()) {

@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stopped_rank.h"
 #include "runtime/job/report/report.h"
 #include "runtime/transport/transport.h"
@@ -38,10 +38,11 @@ struct RunOptions {
   // replica-major (index replica * ranks + rank): what going on from the survivors of a
   // fault takes (runtime/recovery; tests).
   std::function<void(const std::vector<StoppedRank>&)> on_failure;
+  Generation generation;  // every rank's
 };
 
 // Validates the job fully (including the partition against the model's layers) and runs it.
 // The first error of any stage stops every stage and is returned.
-absl::StatusOr<JobReport> RunInProcess(const JobConfig& config, const RunOptions& options = {});
+absl::StatusOr<JobReport> RunInProcess(const JobSpec& config, const RunOptions& options = {});
 
 }  // namespace pipetrain::job

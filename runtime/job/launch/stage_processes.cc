@@ -84,13 +84,13 @@ class ProgressToLauncher : public StageListener {
 
 }  // namespace
 
-absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
+absl::Status RunStageProcess(const JobSpec& c, const StageProcessArgs& args) {
   // Die with the launcher, whatever ends it (Ctrl-C, a kill, a crash).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return absl::AbortedError("the launcher is gone");
   PT_ASSIGN_OR_RETURN(
       std::shared_ptr<rendezvous::KeyValueStore> store,
-      rendezvous::ConnectTcpStore(kLoopback, args.store_port, absl::Seconds(c.recv_timeout_s)));
+      rendezvous::ConnectTcpStore(kLoopback, args.store_port, absl::Seconds(c.timeout_s())));
   // Errors go to the launcher through the store; marked so the caller need not print them.
   auto fail = [&](absl::Status status) {
     if (store->Set(absl::StrCat("error/", args.rank), std::string(status.message())).ok()) {
@@ -98,7 +98,7 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
     }
     return status;
   };
-  const RankLayout layout{std::max(1, PipelineStages(c)), c.replicas};
+  const RankLayout layout{std::max(1, PipelineStages(c)), c.replicas()};
   const int stage = layout.StageOf(args.rank), replica = layout.ReplicaOf(args.rank);
   ProgressToLauncher progress(*store, stage, replica);
   StageRunOptions options;
@@ -112,10 +112,10 @@ absl::Status RunStageProcess(const JobConfig& c, const StageProcessArgs& args) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOptions& options) {
+absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   PT_RETURN_IF_ERROR(DeviceForRank(c, 0).status());  // once here, not from every rank
-  const int p = plan.ranks() * c.replicas;  // processes, rank = replica * ranks + place
+  const int p = plan.ranks() * c.replicas();  // processes, rank = replica * ranks + place
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ServeTcpStore(kLoopback, 0));
   const int port = rendezvous::TcpStorePort(*store);
@@ -162,7 +162,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
   std::optional<ProgressTracker> tracker;
   int64_t first_step = 0;
   std::thread progress([&] {
-    if (!c.resume_from.empty()) {
+    if (!c.resume_from().empty()) {
       while (!finished) {
         auto published = store->Get("resume/checkpoint", absl::Milliseconds(200));
         if (!published.ok()) continue;
@@ -175,9 +175,9 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
       }
     }
     tracker.emplace(c, plan, start_s, options.on_progress, first_step);
-    for (int64_t t = first_step; t < c.steps; ++t) {
+    for (int64_t t = first_step; t < c.steps(); ++t) {
       std::vector<std::string> keys;
-      for (int r = 0; r < c.replicas; ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
+      for (int r = 0; r < c.replicas(); ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
       keys.push_back(ProgressKey("end", t));
       for (size_t k = 0; k < keys.size(); ++k) {
         while (true) {
@@ -193,7 +193,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
             tracker->LossKnown(t, x);
           } else {
             std::optional<double> grad_norm;
-            if (c.optimizer.clip_grad_norm > 0) {
+            if (c.optimizer().clip_grad_norm() > 0) {
               auto norm = store->Get(ProgressKey("grad_norm", t), absl::Milliseconds(200));
               double n = 0;
               if (norm.ok() && absl::SimpleAtod(*norm, &n)) grad_norm = n;
@@ -203,8 +203,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
           break;
         }
       }
-      if (c.eval.every > 0 && (t + 1) % c.eval.every == 0) {
-        for (int r = 0; r < c.replicas; ++r) {
+      if (c.eval().every() > 0 && (t + 1) % c.eval().every() == 0) {
+        for (int r = 0; r < c.replicas(); ++r) {
           auto v = store->Get(absl::StrCat(ProgressKey("eval", t), "/", r),
                               absl::Milliseconds(200));
           std::vector<std::string> parts;
@@ -257,7 +257,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& c, const ProcessRunOpt
     if (error.ok()) {
       reported.push_back(*error);
     } else {
-      died.push_back(absl::StrCat(RankLayout{plan.ranks(), c.replicas}.Describe(s), " (pid ", pids[s],
+      died.push_back(absl::StrCat(RankLayout{plan.ranks(), c.replicas()}.Describe(s), " (pid ", pids[s],
                                   ") ", subprocess::DescribeExit(status)));
     }
   }

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/report/report.h"
 
 namespace pipetrain::job {
@@ -30,7 +30,7 @@ struct ProcessRunOptions {
   absl::Duration stop_grace = absl::Seconds(10);
 };
 
-absl::StatusOr<JobReport> RunAsProcesses(const JobConfig& config,
+absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& config,
                                          const ProcessRunOptions& options);
 
 // What a stage process is told by the launcher.
@@ -44,6 +44,6 @@ struct StageProcessArgs {
 // its measurements and final weights in `result_dir` for the launcher. An error it could
 // hand to the launcher carries the payload kReportedToLauncher (no need to print it).
 extern const char kReportedToLauncher[];
-absl::Status RunStageProcess(const JobConfig& config, const StageProcessArgs& args);
+absl::Status RunStageProcess(const JobSpec& config, const StageProcessArgs& args);
 
 }  // namespace pipetrain::job

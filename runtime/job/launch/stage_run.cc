@@ -132,18 +132,18 @@ fs::path OutcomePath(const std::string& dir, int stage, const char* ext) {
 
 }  // namespace
 
-absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
+absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunOptions& options) {
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));  // before any step, not after the last
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.ranks();
-  if (rank < 0 || rank >= p * c.replicas) {
+  if (rank < 0 || rank >= p * c.replicas()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas, " ranks (",
-                     p, " stages x ", c.replicas, " replicas)"));
+        absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas(), " ranks (",
+                     p, " stages x ", c.replicas(), " replicas)"));
   }
-  const RankLayout layout{p, c.replicas};
+  const RankLayout layout{p, c.replicas()};
   const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
   // The survivors' state, held by their workers, if the host has it: no checkpoint read.
   std::optional<StageStart> from_replicas;
@@ -166,7 +166,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     PT_ASSIGN_OR_RETURN(resume, options.replica_state
                                     ? checkpoint::FindResumePoint(c, plan)
                                     : checkpoint::FindResumePointShared(
-                                          *store, c, plan, rank, absl::Seconds(c.recv_timeout_s)));
+                                          *store, c, plan, rank, absl::Seconds(c.timeout_s())));
   }
   if (resume && rank == 0) {
     for (const std::string& why : resume->skipped) {
@@ -179,21 +179,21 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   const int64_t first_step =
       from_replicas ? from_replicas->first_step : resume ? resume->manifest.step : 0;
   if (rank == 0 && options.commands) options.commands->StartAt(first_step);
-  SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas));
+  SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas()));
   PT_ASSIGN_OR_RETURN(c10::Device device,
                       DeviceForRank(c, options.device_index >= 0 ? options.device_index : rank));
   transport::StageTransportOptions topts;
   topts.stage = stage;
   topts.stages = p;
   topts.replica = replica;
-  topts.replicas = c.replicas;
+  topts.replicas = c.replicas();
   topts.device = device;
   topts.host = options.host;
-  topts.connect_timeout = absl::Seconds(c.recv_timeout_s);
+  topts.connect_timeout = absl::Seconds(c.timeout_s());
   for (int m = 0; m < plan.layout.stages(); ++m) {  // the executor's message numbers
     topts.model_stage_holders.push_back(plan.layout.RankOf(m));
   }
-  topts.evaluates = c.eval.every > 0;
+  topts.evaluates = c.eval().every() > 0;
   PT_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> transport,
                       transport::MakeStageTransport(store, topts));
   if (options.wrap_transport) transport = options.wrap_transport(std::move(transport));
@@ -208,13 +208,14 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
   // peers then fail on their connections, and say which rank failed first and why).
   bool attributed = false;  // the run's failure, before Stopped
   absl::StatusOr<StageOutcome> outcome = [&]() -> absl::StatusOr<StageOutcome> {
-    MicroBatchReader reader(plan, c.micro_batches, replica);
+    MicroBatchReader reader(plan, c.microbatches(), replica);
     StageStart start;
     if (from_replicas) {
       start = *std::move(from_replicas);
     } else {
       PT_ASSIGN_OR_RETURN(start, checkpoint::StageStartFrom(resume, plan, stage));
     }
+    start.generation = options.generation;
     PT_ASSIGN_OR_RETURN(StageParts parts, BuildStage(c, plan, reader, stage, start, device));
     start.layers.clear();  // loaded into the stage
     listener.Built(parts.parameter_bytes, RankLayers(plan, stage));
@@ -226,7 +227,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     }
     auto on_step = [&](const executor::StepRecord& step) {
       if ((step.commands_after & control::kCheckpoint) && replica == 0 &&
-          !c.checkpoint.dir.empty()) {
+          !c.checkpoint().dir().empty()) {
         // A failed checkpoint costs only itself: the job goes on (the error is reported).
         // Each model stage the rank holds delivers its layers; the hook hears of the first
         // error and of the commit, if this rank made it.
@@ -271,10 +272,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
     // at the last micro-batch). So every rank says it is done in the store, and one that
     // finished waits (at most 30 s) until all have, before its transport goes. A rank that
     // failed only says so: its peers are failing too.
-    const int world = p * c.replicas;
+    const int world = p * c.replicas();
     if (ran.ok()) {
       absl::Status left = rendezvous::Rendezvous(
-          *store, "exit", rank, world, absl::Seconds(std::min(30.0, c.recv_timeout_s)),
+          *store, "exit", rank, world, absl::Seconds(std::min(30.0, c.timeout_s())),
           [p](int r) { return absl::StrCat("rank ", r, " (stage ", r % p, ")"); });
       if (!left.ok()) {
         std::fprintf(stderr, "pipetrain: rank %d: leaving without every peer: %s\n", rank,
@@ -302,7 +303,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& c, int rank,
 }
 
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
-                                                      const JobConfig& c,
+                                                      const JobSpec& c,
                                                       const StoppedRank& rank, int64_t step) {
   checkpoint::SharedCheckpointResult result;
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
@@ -357,15 +358,15 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   return WriteFileAtomically(OutcomePath(dir, stage, ".json").string(), j.dump());
 }
 
-absl::Status CheckWeightsDir(const JobConfig& config) {
-  if (config.weights_dir.empty()) return absl::OkStatus();
+absl::Status CheckWeightsDir(const JobSpec& config) {
+  if (config.weights_dir().empty()) return absl::OkStatus();
   std::error_code ec;
-  std::filesystem::create_directories(config.weights_dir, ec);
+  std::filesystem::create_directories(config.weights_dir(), ec);
   if (ec) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "weights_dir: cannot create ", config.weights_dir, ": ", ec.message()));
+        "weights_dir: cannot create ", config.weights_dir(), ": ", ec.message()));
   }
-  const std::string probe = (std::filesystem::path(config.weights_dir) /
+  const std::string probe = (std::filesystem::path(config.weights_dir()) /
                              absl::StrCat(".pipetrain-probe-", getpid())).string();
   if (absl::Status s = WriteFileAtomically(probe, "probe"); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("weights_dir: ", s.message()));
@@ -374,15 +375,15 @@ absl::Status CheckWeightsDir(const JobConfig& config) {
   return absl::OkStatus();
 }
 
-absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutcome& outcome) {
-  if (config.weights_dir.empty()) return absl::OkStatus();
+absl::Status SaveStageWeights(const JobSpec& config, int rank, const StageOutcome& outcome) {
+  if (config.weights_dir().empty()) return absl::OkStatus();
   std::error_code ec;
-  std::filesystem::create_directories(config.weights_dir, ec);
+  std::filesystem::create_directories(config.weights_dir(), ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat("weights_dir: cannot create ", config.weights_dir,
+    return absl::InternalError(absl::StrCat("weights_dir: cannot create ", config.weights_dir(),
                                             ": ", ec.message()));
   }
-  absl::Status written = WriteStageOutcome(config.weights_dir, rank, outcome);
+  absl::Status written = WriteStageOutcome(config.weights_dir(), rank, outcome);
   if (!written.ok()) {
     return absl::Status(written.code(), absl::StrCat("weights_dir: ", written.message()));
   }

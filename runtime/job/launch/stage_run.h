@@ -1,7 +1,7 @@
 // One (stage, replica) of a job, run by whoever hosts it: a stage process of `pipetrain run
 // --launch processes`, or a worker daemon given an assignment by the coordinator.
 //
-// RunStage builds the plan from the JobConfig (identically on every rank), joins the Gloo
+// RunStage builds the plan from the JobSpec (identically on every rank), joins the Gloo
 // data plane through `store` (every rank of the job meets there), runs the stage's schedule
 // and returns its measurements and final weights; its host listens (StageListener) and may
 // stop it from any thread (StageHandle). It writes the job's checkpoints with the
@@ -20,7 +20,7 @@
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/checkpoint/job_checkpoints.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_handle.h"
 #include "runtime/job/launch/stopped_rank.h"
 #include "runtime/job/report/report.h"
@@ -81,6 +81,7 @@ struct StageRunOptions {
   // Wraps the stage's transport once it is up (tests: fault injection).
   std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
       wrap_transport;
+  Generation generation;  // the coordinator's StageAssignment.commit_steps, skipped_in_a_row
 };
 
 // The payload RunStage's error carries when another rank of the job failed before it (its
@@ -89,7 +90,7 @@ struct StageRunOptions {
 inline constexpr char kFailedAfterPeerPayload[] = "pipetrain.dev/failed-after-peer";
 
 // rank = replica * stages + stage. Sets the intra-op thread count for the stage.
-absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
+absl::StatusOr<StageOutcome> RunStage(const JobSpec& config, int rank,
                                       std::shared_ptr<rendezvous::KeyValueStore> store,
                                       const StageRunOptions& options = {});
 
@@ -99,7 +100,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobConfig& config, int rank,
 // supplies its place does. The first error, and the step-N directory if this rank committed
 // it. Call it from StageListener::Stopped (the state is valid only there).
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
-                                                      const JobConfig& config,
+                                                      const JobSpec& config,
                                                       const StoppedRank& rank, int64_t step);
 
 // A stopped rank's layers as they stand, each as the bytes of its checkpoint file
@@ -114,10 +115,10 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int rank);
 
 // The job's weights_dir, if set, exists (made if missing) and takes a file: checked before a
 // rank builds anything, so a job that could not save its weights fails at once.
-absl::Status CheckWeightsDir(const JobConfig& config);
+absl::Status CheckWeightsDir(const JobSpec& config);
 
 // The job's weights_dir, if set: the rank's outcome written there as above (the directory
 // made if missing), by whoever ran the rank (a thread, a stage process, a worker).
-absl::Status SaveStageWeights(const JobConfig& config, int rank, const StageOutcome& outcome);
+absl::Status SaveStageWeights(const JobSpec& config, int rank, const StageOutcome& outcome);
 
 }  // namespace pipetrain::job

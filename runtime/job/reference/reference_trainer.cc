@@ -63,19 +63,19 @@ std::vector<model::ParameterKinds> KindsOf(const model::StageModule& module) {
 
 // torch.nn.utils.clip_grad_norm_ over `groups` (kWholeModel: one group of every parameter;
 // the negative control: each stage's alone). Appends the whole model's norm to `norms`.
-void Clip(const JobConfig& c, const std::vector<std::vector<at::Tensor>>& groups,
+void Clip(const JobSpec& c, const std::vector<std::vector<at::Tensor>>& groups,
           ReferenceClipping clipping, std::vector<double>* norms) {
-  if (c.optimizer.clip_grad_norm <= 0) return;
+  if (c.optimizer().clip_grad_norm() <= 0) return;
   std::vector<at::Tensor> all;
   for (const auto& group : groups) all.insert(all.end(), group.begin(), group.end());
   if (clipping == ReferenceClipping::kWholeModel) {
-    const double norm = torch::nn::utils::clip_grad_norm_(all, c.optimizer.clip_grad_norm);
+    const double norm = torch::nn::utils::clip_grad_norm_(all, c.optimizer().clip_grad_norm());
     if (norms) norms->push_back(norm);
     return;
   }
   double squares = 0;
   for (const auto& group : groups) {
-    const double norm = torch::nn::utils::clip_grad_norm_(group, c.optimizer.clip_grad_norm);
+    const double norm = torch::nn::utils::clip_grad_norm_(group, c.optimizer().clip_grad_norm());
     squares += norm * norm;
   }
   if (norms) norms->push_back(std::sqrt(squares));
@@ -84,7 +84,7 @@ void Clip(const JobConfig& c, const std::vector<std::vector<at::Tensor>>& groups
 // The evaluation at boundary n (config.eval) of the model `forward` runs (on its newest
 // weights, in evaluation mode): each replica's evaluated micro-batches' mean loss and
 // accuracy, averaged over the replicas.
-EvalPoint EvaluateReference(const JobConfig& c,
+EvalPoint EvaluateReference(const JobSpec& c,
                             const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
                             int64_t n,
                             const std::function<at::Tensor(const at::Tensor&,
@@ -94,9 +94,9 @@ EvalPoint EvaluateReference(const JobConfig& c,
   point.step = n;
   for (const auto& reader : readers) {
     double loss = 0, correct = 0, count = 0;
-    for (int k = 0; k < c.eval.batches; ++k) {
+    for (int k = 0; k < c.eval().batches(); ++k) {
       model::LayerContext ctx;
-      ctx.seed = c.seed;
+      ctx.seed = c.seed();
       const at::Tensor out = forward(reader->EvalInputs(k), ctx);
       const at::Tensor logits = out.reshape({-1, out.size(-1)});
       const at::Tensor targets = reader->EvalTargets(k).reshape({-1});
@@ -104,36 +104,36 @@ EvalPoint EvaluateReference(const JobConfig& c,
       correct += (logits.argmax(-1) == targets).sum().item<double>();
       count += static_cast<double>(targets.numel());
     }
-    point.loss += loss / c.eval.batches / c.replicas;
-    point.accuracy += correct / count / c.replicas;
+    point.loss += loss / c.eval().batches() / c.replicas();
+    point.accuracy += correct / count / c.replicas();
   }
   return point;
 }
 
 // Whether the job evaluates at boundary n.
-bool EvaluatesAt(const JobConfig& c, int64_t n) {
-  return c.eval.every > 0 && n % c.eval.every == 0;
+bool EvaluatesAt(const JobSpec& c, int64_t n) {
+  return c.eval().every() > 0 && n % c.eval().every() == 0;
 }
 
 // LambdaLR's factor for update t, written as a user hands it to torch.optim.lr_scheduler.
 // LambdaLR (docs/design.md section 4.8): linear warm-up, then constant, linear or cosine
 // decay to min_lr over decay_steps (0: the steps after the warm-up).
-double LambdaLrFactor(const JobConfig& c, int64_t t) {
-  const weights::LearningRateSchedule& s = c.optimizer.schedule;
+double LambdaLrFactor(const JobSpec& c, int64_t t) {
+  const weights::LearningRateSchedule& s = OptimizerConfigOf(c).schedule;
   if (t < s.warmup_steps) return (t + 1.0) / s.warmup_steps;
   if (s.decay == weights::LrDecay::kConstant) return 1.0;
-  const double length = s.decay_steps > 0 ? s.decay_steps : c.steps - s.warmup_steps;
+  const double length = s.decay_steps > 0 ? s.decay_steps : c.steps() - s.warmup_steps;
   const double done = length > 0 ? std::min(1.0, (t - s.warmup_steps) / length) : 1.0;
-  const double low = c.optimizer.lr > 0 ? s.min_lr / c.optimizer.lr : 0.0;
+  const double low = c.optimizer().lr() > 0 ? s.min_lr / c.optimizer().lr() : 0.0;
   const double shape =
       s.decay == weights::LrDecay::kLinear ? 1.0 - done : (1.0 + std::cos(M_PI * done)) / 2;
   return low + (1.0 - low) * shape;
 }
 
 // LambdaLR's step: every group of `optimizer` at the base rate times update t's factor.
-void SetLearningRate(torch::optim::Optimizer& optimizer, const JobConfig& c, int64_t t) {
+void SetLearningRate(torch::optim::Optimizer& optimizer, const JobSpec& c, int64_t t) {
   for (torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
-    group.options().set_lr(c.optimizer.lr * LambdaLrFactor(c, t));
+    group.options().set_lr(c.optimizer().lr() * LambdaLrFactor(c, t));
   }
 }
 
@@ -153,13 +153,13 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, const JobConfig& c, int
 // pipeline) restarts the rule there: every stage has made N updates when step N's first
 // forward runs, so v_s(j) = N + max(0, floor((j − N·m − w_s) / m)) from step N on.
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
-    const JobConfig& c, const JobPlan& plan,
+    const JobSpec& c, const JobPlan& plan,
     const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
     const std::vector<int64_t>& drains, ReferenceClipping clipping,
     std::vector<double>* grad_norms, std::vector<EvalPoint>* evals) {
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   const int p = plan.stages();
-  const int64_t m = c.micro_batches;
+  const int64_t m = c.microbatches();
   struct Stage {
     std::unique_ptr<model::StageModule> live;  // the newest version, which the optimizer steps
     std::map<int64_t, std::unique_ptr<model::StageModule>> versions;  // copies, by number
@@ -173,7 +173,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     stages[s].live = std::make_unique<model::StageModule>(
         r.begin, model::CloneLayers(layers, r.begin, r.end));
     stages[s].versions[0] = stages[s].live->Clone();
-    stages[s].warmup = std::min<int64_t>(p - s - 1, int64_t{c.steps} * m);
+    stages[s].warmup = std::min<int64_t>(p - s - 1, int64_t{c.steps()} * m);
   }
   // Each tie group's members as live parameters, the canonical first.
   const auto live_parameter = [&](const model::ParameterRef& ref) {
@@ -207,11 +207,11 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
       stage.trained.push_back(params[k]);
       kinds.push_back(all_kinds.at(k));
     }
-    stage.optimizer = TorchOptimizer(c.optimizer, stage.trained, kinds);
+    stage.optimizer = TorchOptimizer(OptimizerConfigOf(c), stage.trained, kinds);
   }
   // Vertical sync: every stage runs j on stage 0's version.
   const auto version = [&](const Stage& stage, int64_t j) {
-    const int64_t warmup = c.vertical_sync ? stages[0].warmup : stage.warmup;
+    const int64_t warmup = c.vertical_sync() ? stages[0].warmup : stage.warmup;
     int64_t drained = 0;  // the latest drain at or before j's step
     for (int64_t n : drains) {
       if (n <= j / m) drained = std::max(drained, n);
@@ -220,20 +220,20 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     return drained + (k < warmup ? int64_t{0} : (k - warmup) / m);
   };
   try {
-    for (int64_t t = 0; t < c.steps; ++t) {
+    for (int64_t t = 0; t < c.steps(); ++t) {
       for (size_t r = 0; r < readers.size(); ++r) {
         const auto& reader = readers[r];
-        for (int i = 0; i < c.micro_batches; ++i) {
+        for (int i = 0; i < c.microbatches(); ++i) {
           const int64_t j = t * m + i;
           model::LayerContext ctx;
-          ctx.micro_batch = (t * c.replicas + static_cast<int64_t>(r)) * m + i;  // its place
+          ctx.micro_batch = (t * c.replicas() + static_cast<int64_t>(r)) * m + i;  // its place
           ctx.mini_batch = t;
-          ctx.seed = c.seed;
+          ctx.seed = c.seed();
           at::Tensor x = reader->Inputs(j);
           for (Stage& stage : stages) x = stage.versions.at(version(stage, j))->Forward(x, ctx);
           at::Tensor loss = at::cross_entropy_loss(x.reshape({-1, x.size(-1)}),
                                                    reader->Targets(j).reshape({-1}));
-          (loss * (1.0 / (c.micro_batches * c.replicas))).backward();
+          (loss * (1.0 / (c.microbatches() * c.replicas()))).backward();
         }
       }
       for (Stage& stage : stages) {
@@ -302,7 +302,7 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
 
 }  // namespace
 
-absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
+absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobSpec& c,
                                                        const std::vector<int64_t>& switch_at,
                                                        ReferenceClipping clipping,
                                                        std::vector<double>* grad_norms,
@@ -310,16 +310,16 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   SetIntraOpThreads(AvailableCores());
   std::vector<std::unique_ptr<MicroBatchReader>> readers;
-  for (int r = 0; r < c.replicas; ++r) {
-    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.micro_batches, r));
+  for (int r = 0; r < c.replicas(); ++r) {
+    readers.push_back(std::make_unique<MicroBatchReader>(plan, c.microbatches(), r));
   }
-  if (schedule::WeightsOf(c.schedule) == schedule::WeightPolicy::kStashed) {
+  if (schedule::WeightsOf(ScheduleOf(c)) == schedule::WeightPolicy::kStashed) {
     return TrainPipeDream(c, plan, readers, switch_at, clipping, grad_norms, evals);
   }
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   model::StageModule current(0, std::move(layers));
   std::unique_ptr<model::StageModule> previous;  // W(t-1), 2BW only
-  const bool two_bw = schedule::WeightsOf(c.schedule) == schedule::WeightPolicy::kDoubleBuffered;
+  const bool two_bw = schedule::WeightsOf(ScheduleOf(c)) == schedule::WeightPolicy::kDoubleBuffered;
   if (two_bw) previous = current.Clone();
   model::StageModule& grad_module = two_bw ? *previous : current;
 
@@ -365,26 +365,26 @@ absl::StatusOr<std::vector<at::Tensor>> TrainReference(const JobConfig& c,
     }
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer =
-      TorchOptimizer(c.optimizer, trained, trained_kinds);
+      TorchOptimizer(OptimizerConfigOf(c), trained, trained_kinds);
   try {
-    for (int64_t t = 0; t < c.steps; ++t) {
+    for (int64_t t = 0; t < c.steps(); ++t) {
       if (two_bw && std::count(switch_at.begin(), switch_at.end(), t) > 0) {
         previous->CopyWeightsFrom(current);  // mini-batch t runs on W(t), not W(t-1)
       }
       // The whole global batch: every replica's shard, micro-batch by micro-batch.
       for (size_t r = 0; r < readers.size(); ++r) {
         const auto& reader = readers[r];
-        for (int i = 0; i < c.micro_batches; ++i) {
-          const int64_t j = t * c.micro_batches + i;
+        for (int i = 0; i < c.microbatches(); ++i) {
+          const int64_t j = t * c.microbatches() + i;
           model::LayerContext ctx;
           // Its place in the job's sequence of micro-batches (model::LayerContext).
-          ctx.micro_batch = (t * c.replicas + static_cast<int64_t>(r)) * c.micro_batches + i;
+          ctx.micro_batch = (t * c.replicas() + static_cast<int64_t>(r)) * c.microbatches() + i;
           ctx.mini_batch = t;
-          ctx.seed = c.seed;
+          ctx.seed = c.seed();
           at::Tensor logits = grad_module.Forward(reader->Inputs(j), ctx);
           at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
                                                    reader->Targets(j).reshape({-1}));
-          (loss * (1.0 / (c.micro_batches * c.replicas))).backward();
+          (loss * (1.0 / (c.microbatches() * c.replicas()))).backward();
         }
       }
       if (two_bw) {

@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "runtime/job/job_config.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/report/report.h"
 
 namespace pipetrain::job {
@@ -35,12 +35,12 @@ enum class ReferenceClipping {
   kWholeModel,     // clip_grad_norm_ over the whole model: the semantics
   kEachStageAlone  // each model stage clipped by its own norm: a negative control, never right
 };
-// Evaluation (config.eval): at every boundary N that is a multiple of eval.every, the model of
+// Evaluation (config.eval()): at every boundary N that is a multiple of eval.every, the model of
 // W(N) in evaluation mode on each replica's evaluated micro-batches (MicroBatchReader::
 // EvalInputs), the mean loss and accuracy over them, averaged over the replicas, appended to
 // `evals` when given; training itself is untouched.
 absl::StatusOr<std::vector<at::Tensor>> TrainReference(
-    const JobConfig& config, const std::vector<int64_t>& switch_at = {},
+    const JobSpec& config, const std::vector<int64_t>& switch_at = {},
     ReferenceClipping clipping = ReferenceClipping::kWholeModel,
     std::vector<double>* grad_norms = nullptr, std::vector<EvalPoint>* evals = nullptr);
 

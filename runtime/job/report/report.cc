@@ -26,7 +26,7 @@ double Median(std::vector<double> v) {
 
 // A schedule with chunks: one step's compute lists simulated (compute_lists.h) with the
 // mean measured time of each kind of action over replica 0's ranks, plus the mean update.
-absl::StatusOr<double> ChunkedIdealStepTime(const JobConfig& c, const JobPlan& plan,
+absl::StatusOr<double> ChunkedIdealStepTime(const JobSpec& c, const JobPlan& plan,
                                             const std::vector<executor::StageStats>& stats) {
   std::map<ActionKind, std::pair<double, int>> sums;
   for (int r = 0; r < plan.ranks(); ++r) {
@@ -48,15 +48,15 @@ absl::StatusOr<double> ChunkedIdealStepTime(const JobConfig& c, const JobPlan& p
   costs.weight_gradient = mean(ActionKind::kWeightGradient);
   PT_ASSIGN_OR_RETURN(auto lists, schedule::BuildComputeLists(ScheduleParamsOf(c, 1)));
   PT_ASSIGN_OR_RETURN(schedule::ComputeSimulation sim,
-                      schedule::SimulateComputeLists(plan.layout, c.micro_batches, lists, costs));
+                      schedule::SimulateComputeLists(plan.layout, c.microbatches(), lists, costs));
   return sim.makespan + mean(ActionKind::kOptimizerStep);
 }
 
 // Steady-state step time of `kind` predicted by the simulator from measured mean compute
 // time per (stage, action kind).
-absl::StatusOr<double> IdealStepTime(const JobConfig& c, const JobPlan& plan,
+absl::StatusOr<double> IdealStepTime(const JobSpec& c, const JobPlan& plan,
                                      const std::vector<executor::StageStats>& stats) {
-  if (schedule::HoldsChunks(c.schedule)) return ChunkedIdealStepTime(c, plan, stats);
+  if (schedule::HoldsChunks(ScheduleOf(c))) return ChunkedIdealStepTime(c, plan, stats);
   const int p = plan.ranks();  // replica 0's stages come first in `stats`
   std::vector<std::map<ActionKind, std::pair<double, int>>> sums(p);
   for (int s = 0; s < p; ++s) {
@@ -73,7 +73,7 @@ absl::StatusOr<double> IdealStepTime(const JobConfig& c, const JobPlan& plan,
     return it->second.first / it->second.second;
   };
   PT_ASSIGN_OR_RETURN(auto lists,
-                      schedule::BuildSchedule({c.schedule, p, c.micro_batches, /*steps=*/3}));
+                      schedule::BuildSchedule({ScheduleOf(c), p, c.microbatches(), /*steps=*/3}));
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(lists, cost));
   return sim.step_end_s[0][2] - sim.step_end_s[0][1];
 }
@@ -156,14 +156,14 @@ void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome) {
   }
 }
 
-ProgressTracker::ProgressTracker(const JobConfig& c, const JobPlan& plan, double start_s,
+ProgressTracker::ProgressTracker(const JobSpec& c, const JobPlan& plan, double start_s,
                                  std::function<void(const Progress&)> sink,
                                  int64_t first_step)
-    : steps_(c.steps),
+    : steps_(c.steps()),
       start_s_(start_s),
-      rows_per_step_(int64_t{c.replicas} * c.micro_batches * c.micro_batch_size),
-      tokens_per_row_(plan.dataset->is_token_data() ? c.data.seq_len : 1),
-      replicas_(c.replicas),
+      rows_per_step_(int64_t{c.replicas()} * c.microbatches() * c.microbatch_size()),
+      tokens_per_row_(plan.dataset->is_token_data() ? c.data().seq_len() : 1),
+      replicas_(c.replicas()),
       sink_(std::move(sink)),
       first_step_(first_step),
       next_(first_step) {}
@@ -240,27 +240,27 @@ std::vector<double> ProgressTracker::GradNorms() const {
   return emitted_grad_norms_;
 }
 
-absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan,
+absl::StatusOr<JobReport> AssembleReport(const JobSpec& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
                                          std::vector<double> losses,
                                          std::vector<double> grad_norms,
                                          std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s) {
   const int p = plan.ranks();
-  if (static_cast<int>(stages.size()) != p * c.replicas) {
+  if (static_cast<int>(stages.size()) != p * c.replicas()) {
     return absl::InternalError("AssembleReport needs one outcome per replica and rank");
   }
   JobReport report;
-  report.schedule = std::string(schedule::ScheduleKindName(c.schedule));
+  report.schedule = std::string(schedule::ScheduleKindName(ScheduleOf(c)));
   report.stages = p;
-  report.replicas = c.replicas;
-  report.micro_batches = c.micro_batches;
-  report.micro_batch_size = c.micro_batch_size;
-  report.steps = c.steps;
+  report.replicas = c.replicas();
+  report.micro_batches = c.microbatches();
+  report.micro_batch_size = c.microbatch_size();
+  report.steps = c.steps();
   report.partition = plan.partition;
   report.data_entropy = plan.dataset->entropy_nats();
   report.data_summary = plan.dataset->Describe();
-  report.model_summary = absl::StrCat(c.model.name, ": ", plan.layers.size(), " layers, ",
+  report.model_summary = absl::StrCat(c.model().name(), ": ", plan.layers.size(), " layers, ",
                                       plan.num_parameters(), " parameters");
   report.threads_per_stage = ThreadsPerStage(c, p);
   report.wall_s = MonotonicSeconds() - start_s;
@@ -271,7 +271,7 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.evals = std::move(evals);
   for (size_t k = 0; k < report.losses.size(); ++k) {
     report.learning_rates.push_back(weights::LearningRateAt(
-        c.optimizer, first_step + static_cast<int64_t>(k), c.steps));
+        OptimizerConfigOf(c), first_step + static_cast<int64_t>(k), c.steps()));
   }
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
@@ -307,8 +307,8 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
     for (auto& t : stage_buffers[stage]) report.final_buffers.push_back(std::move(t));
   }
   for (StageOutcome& out : stages) report.stage_stats.push_back(std::move(out.stats));
-  const int64_t rows_per_step = int64_t{c.replicas} * c.micro_batches * c.micro_batch_size;
-  const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data.seq_len : 1;
+  const int64_t rows_per_step = int64_t{c.replicas()} * c.microbatches() * c.microbatch_size();
+  const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data().seq_len() : 1;
   const auto& steps0 = report.stage_stats[0].steps;
   if (steps0.empty()) return absl::InternalError("stage 0 finished no step");
   std::vector<double> step_times;
@@ -325,7 +325,7 @@ absl::StatusOr<JobReport> AssembleReport(const JobConfig& c, const JobPlan& plan
   report.tokens_per_s = report.samples_per_s * tokens_per_row;
   report.token_data = plan.dataset->is_token_data();
   PT_ASSIGN_OR_RETURN(report.ideal_step_time_s, IdealStepTime(c, plan, report.stage_stats));
-  if (c.replicas > 1) {
+  if (c.replicas() > 1) {
     std::vector<double> exposed, total;
     ExposedAllReduce(report.stage_stats, p, &exposed, &total);
     report.exposed_allreduce_s = Median(exposed);

@@ -42,7 +42,7 @@ struct StageReport {
   int64_t bytes_sent = 0;
 };
 
-// One evaluation on held-out data (JobConfig::eval), before step `step`, on W(step): the mean
+// One evaluation on held-out data (JobSpec::eval), before step `step`, on W(step): the mean
 // over the replicas of their evaluated micro-batches' mean loss and accuracy.
 struct EvalPoint {
   int64_t step = 0;
@@ -125,7 +125,7 @@ struct StageOutcome {
 // steps' gradient norms (ProgressTracker::GradNorms(): empty without clipping); `evals`
 // its evaluations (ProgressTracker::Evals()). `start_s` is when the stages started
 // (MonotonicSeconds).
-absl::StatusOr<JobReport> AssembleReport(const JobConfig& config, const JobPlan& plan,
+absl::StatusOr<JobReport> AssembleReport(const JobSpec& config, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
                                          std::vector<double> losses,
                                          std::vector<double> grad_norms,
@@ -148,7 +148,7 @@ void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome);
 class ProgressTracker {
  public:
   // `first_step`: the first step this run runs (a resumed job's checkpoint step).
-  ProgressTracker(const JobConfig& config, const JobPlan& plan, double start_s,
+  ProgressTracker(const JobSpec& config, const JobPlan& plan, double start_s,
                   std::function<void(const Progress&)> sink, int64_t first_step = 0);
   // `grad_norm`: the step's gradient norm (StepRecord::grad_norm: with clipping).
   void StepEnded(int64_t step, double end_s, std::optional<double> grad_norm = std::nullopt);
