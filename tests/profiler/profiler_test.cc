@@ -95,7 +95,9 @@ TEST(Profiler, MeasuresEveryLayerOfTheBuiltInGpt) {
   ASSERT_EQ(profile->sizes.size(), 2u);
   EXPECT_EQ(profile->tokens_per_sample, 16);
   EXPECT_EQ(profile->dtype, "float32");
-  absl::StatusOr<std::vector<model::LayerInfo>> infos = model::BuiltinLayers(job::ModelConfigOf(config));
+  model::ModelConfig model_config = job::ModelConfigOf(config);
+  model_config.seq_len = config.data().seq_len();  // as the plan sizes it from the data
+  absl::StatusOr<std::vector<model::LayerInfo>> infos = model::BuiltinLayers(model_config);
   ASSERT_TRUE(infos.ok());
   const int64_t vocab = 64;  // the built-in corpus's
   for (const planner::MicroBatchProfile& size : profile->sizes) {
