@@ -79,7 +79,7 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
                 &RunningJob::learning_rate);
   add_job_gauge("pipetrain_job_grad_norm",
                 "The 2-norm of a running job's last step's whole gradient before clipping "
-                "(jobs with optimizer.clip_grad_norm).",
+                "(jobs that clip their gradients).",
                 &RunningJob::grad_norm);
   add_job_gauge("pipetrain_job_eval_loss",
                 "A running job's latest mean loss on held-out data (jobs with eval.every).",

@@ -8,6 +8,7 @@
 
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
+#include "runtime/job/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -52,7 +52,7 @@ struct RunSummary {
   int64_t first_step = 0;      // of losses[0]: a resumed run's checkpoint step
   std::vector<double> losses;  // every step's loss (the mean over the replicas), in order
   std::vector<double> learning_rates;  // every step's learning rate, one per loss
-  // With clipping (optimizer.clip_grad_norm): every step's gradient norm before it, one per
+  // With clipping (the optimizer's threshold): every step's gradient norm before it, one per
   // loss; empty without.
   std::vector<double> grad_norms;
   // With eval.every: every evaluation on held-out data, before step `step` (on the weights

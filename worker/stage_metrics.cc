@@ -203,7 +203,7 @@ void StageMetrics::OnStep(const executor::StepRecord& step) {
       grad_norm_ = &registry_->GetGauge(
           "pipetrain_stage_grad_norm",
           "The 2-norm of the whole model's gradient of this rank's last step, before clipping "
-          "(jobs with optimizer.clip_grad_norm; the same on every rank).",
+          "(jobs that clip their gradients; the same on every rank).",
           kRankLabels,
           {labels_.job_id, std::to_string(labels_.stage), std::to_string(labels_.replica),
            labels_.worker});

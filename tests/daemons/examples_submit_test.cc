@@ -1,6 +1,6 @@
 // Every job file in examples/ is accepted by the coordinator as `pipetrain submit` sends it:
 // the one YAML reader (jobspec/spec_yaml) and the coordinator's complete validation
-// (jobspec/job_config_from_spec: every field, and the partition against the model's layers).
+// (job::ValidateJob: every field, and the partition against the model's layers).
 // And one job submitted from a file and from flags is stored as exactly that job. The
 // coordinator has no workers, so each job is only queued; nothing trains. That
 // `pipetrain run` takes every example too is cli_test's EveryExampleJobRuns.

@@ -511,7 +511,9 @@ TEST(JobSpec, DeviceCudaRefusesNothingThePipelineRunsOnCpus) {
       ASSERT_TRUE(c.ok()) << c.status();
       const absl::Status valid = job::ValidateJob(*c);
       EXPECT_TRUE(valid.ok()) << valid;
-      if (c->replicas() > 1) EXPECT_EQ(job::CommitStepsRefusal(*c), "");
+      if (c->replicas() > 1) {
+        EXPECT_EQ(job::CommitStepsRefusal(*c), "");
+      }
     }
   }
   absl::StatusOr<v1::JobSpec> wrong =

@@ -192,9 +192,11 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
           if (k + 1 < keys.size()) {
             tracker->LossKnown(t, x);
           } else {
+            // Rank 0 sets a step's norm (with clipping) before its end.
             std::optional<double> grad_norm;
-            if (c.optimizer().clip_grad_norm() > 0) {
-              auto norm = store->Get(ProgressKey("grad_norm", t), absl::Milliseconds(200));
+            const std::string norm_key = ProgressKey("grad_norm", t);
+            if (absl::StatusOr<bool> has = store->Check({norm_key}); has.ok() && *has) {
+              auto norm = store->Get(norm_key, absl::Milliseconds(200));
               double n = 0;
               if (norm.ok() && absl::SimpleAtod(*norm, &n)) grad_norm = n;
             }

@@ -25,14 +25,14 @@ namespace pipetrain::job {
 // starts on its newest version (pipedream's switches, flushes and checkpoints alike). Tied
 // weights (model::TiedParameters) are one parameter: the group's first member, the others
 // aliases whose gradients add to its gradient and which take its new value.
-// Clipping (optimizer.clip_grad_norm): torch::nn::utils::clip_grad_norm_ over every trained
-// parameter (a tie once) before each update, on the gradient that update applies (2BW's:
+// Clipping (the optimizer's norm threshold): LibTorch's torch::nn::utils norm clipping over
+// every trained parameter (a tie once) before each update, on the gradient that update applies (2BW's:
 // mini-batch t's, taken on W(t-1)); each update's norm is appended to `grad_norms` when given.
 // Parameters of a kind in optimizer.no_decay are a second torch.optim parameter group, with
 // weight_decay 0.
 // Returns the final parameters in layer order. Float64 when the job says so.
 enum class ReferenceClipping {
-  kWholeModel,     // clip_grad_norm_ over the whole model: the semantics
+  kWholeModel,     // one norm over the whole model: the semantics
   kEachStageAlone  // each model stage clipped by its own norm: a negative control, never right
 };
 // Evaluation (config.eval()): at every boundary N that is a multiple of eval.every, the model of

@@ -62,7 +62,7 @@ struct JobReport {
   std::vector<model::LayerRange> partition;
   std::vector<double> losses;  // one per step run, mean over the step's micro-batches
   std::vector<double> learning_rates;  // the rate each of those steps' updates used
-  // With clipping (optimizer.clip_grad_norm), each of those steps' gradient norm before
+  // With clipping (the optimizer's threshold), each of those steps' gradient norm before
   // clipping; empty without.
   std::vector<double> grad_norms;
   std::vector<EvalPoint> evals;  // every evaluation the run made, in order
