@@ -23,15 +23,6 @@ namespace {
 
 using google::protobuf::FieldDescriptor;
 
-// The job a manifest records (job::JobToJson's JSON, or an older writer's: its integers as
-// numbers, its stage ranges as pairs, which this reads past: the layout is compared apart).
-absl::StatusOr<job::JobSpec> WrittenJob(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
-  j.erase("stage_ranges");
-  return job::JobFromJson(j.dump());
-}
-
 // `spec` as the resume check compares it: every default applied, the model's image shape
 // its effective one, the dtype by its canonical name.
 job::JobSpec SameAsWritten(const job::JobSpec& spec) {
@@ -331,7 +322,7 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
   }
   const Manifest& m = found->manifest;
   std::vector<std::string> errors;
-  const absl::StatusOr<job::JobSpec> written = WrittenJob(m.job);
+  const absl::StatusOr<job::JobSpec> written = job::JobFromJson(m.job);
   if (!written.ok()) {
     errors.push_back(absl::StrCat("the checkpoint's job: ", written.status().message()));
   } else {

@@ -517,6 +517,30 @@ void ReplaceInvalidUtf8(Message* msg) {
   }
 }
 
+// Protobuf's JSON mapping writes 64-bit integers as strings; the job's JSON shows every
+// integer as a number, so that `jq '.model.d_model > 32'` means what it says.
+void IntegersAsNumbers(const google::protobuf::Descriptor& d, nlohmann::ordered_json* j) {
+  for (int i = 0; i < d.field_count(); ++i) {
+    const FieldDescriptor* f = d.field(i);
+    if (!j->contains(f->name())) continue;
+    nlohmann::ordered_json& value = (*j)[f->name()];
+    auto convert = [f](nlohmann::ordered_json& v) {
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        IntegersAsNumbers(*f->message_type(), &v);
+      } else if (v.is_string() && f->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
+        v = std::stoll(v.get<std::string>());
+      } else if (v.is_string() && f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
+        v = std::stoull(v.get<std::string>());
+      }
+    };
+    if (f->is_repeated()) {
+      for (auto& v : value) convert(v);
+    } else {
+      convert(value);
+    }
+  }
+}
+
 }  // namespace
 
 JobSpec WithDefaults(const JobSpec& spec) {
@@ -535,19 +559,31 @@ std::string JobToJson(const JobSpec& spec) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
-  std::string json;
-  const auto status = google::protobuf::util::MessageToJsonString(out, &json, options);
+  std::string printed;
+  const auto status = google::protobuf::util::MessageToJsonString(out, &printed, options);
   if (!status.ok()) {
     // Unreachable for a message with valid UTF-8: the printer fails on nothing else.
     return nlohmann::json({{"error", std::string(status.message())}}).dump();
   }
-  return json;
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(printed);
+  IntegersAsNumbers(*JobSpec::descriptor(), &j);
+  nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
+  for (const auto& r : j["stage_ranges"]) ranges.push_back({r["begin"], r["end"]});
+  j["stage_ranges"] = std::move(ranges);
+  return j.dump();
 }
 
 absl::StatusOr<JobSpec> JobFromJson(const std::string& json) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(json, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("job JSON: not JSON");
+  if (j.is_object() && j.contains("stage_ranges") && j["stage_ranges"].is_array()) {
+    for (auto& r : j["stage_ranges"]) {
+      if (r.is_array() && r.size() == 2) r = {{"begin", r[0]}, {"end", r[1]}};
+    }
+  }
   JobSpec spec;
-  google::protobuf::util::JsonParseOptions options;
-  const auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  const auto status =
+      google::protobuf::util::JsonStringToMessage(j.dump(), &spec, google::protobuf::util::JsonParseOptions());
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job JSON: ", status.message().as_string()));
   }

@@ -102,13 +102,13 @@ std::string CommitStepsRefusal(const JobSpec& spec);
 // `spec` with every field it leaves unset set to its default (`stages` to PipelineStages):
 // the job as it runs, every field shown.
 JobSpec WithDefaults(const JobSpec& spec);
-// WithDefaults(spec) as one line of JSON, protobuf's JSON mapping with the spec's field names
-// ("microbatches", "optimizer.lr", 64-bit integers as strings, stage_ranges as
-// [{"begin": b, "end": e}, ...]). What a run prints with --dry-run and writes as its
-// summary's "config", and what a checkpoint's manifest records of its job.
+// WithDefaults(spec) as one line of JSON: the spec's field names in field order
+// ("microbatches", "optimizer": {"lr": ...}), every integer a number, stage_ranges as
+// [[begin, end], ...] (the job file's form). What a run prints with --dry-run and writes as
+// its summary's "config", and what a checkpoint's manifest records of its job.
 std::string JobToJson(const JobSpec& spec);
-// The spec a JobToJson line (or any JSON of the spec's fields) describes; InvalidArgument
-// naming what does not parse.
+// The spec a JobToJson line (or protobuf's JSON mapping of the spec: integers as strings,
+// ranges as {"begin", "end"}) describes; InvalidArgument naming what does not parse.
 absl::StatusOr<JobSpec> JobFromJson(const std::string& json);
 
 }  // namespace pipetrain::job

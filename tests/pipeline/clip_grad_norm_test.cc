@@ -131,7 +131,8 @@ TEST(GradientClipping, AnInvalidThresholdIsRefused) {
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.status().message().find(
-                "optimizer.clip_grad_norm: must be finite and >= 0 (0: off), got -1"),
+                "optimizer.clip_grad_norm: must be in [0, 1,000,000,000,000] (a finite norm; 0: no "
+                "clipping), got -1"),
             std::string::npos)
       << run.status();
 }
