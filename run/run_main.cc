@@ -260,7 +260,7 @@ absl::Status WriteOutputs(const jobspec::RunOutputs& outputs, const job::JobSpec
 
 // Trains `config` as the flags say, then reports and writes the outputs (with the plan's
 // record when it was planned here).
-int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobSpec& config,
+int Train(const RunnerFlags& flags, const job::JobSpec& config,
           const std::optional<v1::PlannedLayout>& plan, const std::string& self) {
   const jobspec::RunOutputs& outputs = flags.outputs;
   const bool token_data = job::DataKindOf(config) != "classification";
@@ -268,7 +268,7 @@ int Train(const RunnerFlags& flags, const v1::JobSpec& spec, const job::JobSpec&
   absl::StatusOr<job::JobReport> report;
   if (flags.launch == "processes") {
     job::ProcessRunOptions options;
-    options.command = {self, "--spec-text", jobspec::JobSpecToText(spec)};
+    options.command = {self, "--spec-text", jobspec::JobSpecToText(config)};
     options.on_progress = std::ref(printer);
     report = job::RunAsProcesses(config, options);
   } else {
@@ -330,7 +330,6 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     absl::StatusOr<run::AppliedPlan> planned = run::PlanAndApply(planning, *config);
     if (!planned.ok()) return Fail(planned.status(), exit_code::For(planned.status()));
     *config = std::move(planned->config);
-    *spec = *config;
     plan = std::move(planned->record);
   }
   if (flags.outputs.dry_run) {
@@ -341,7 +340,7 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
     absl::Status s = GatherWeights(*config, flags.gather_weights, flags.outputs.save_weights);
     return s.ok() ? exit_code::kOk : Fail(s, exit_code::kJobFailed);
   }
-  return Train(flags, *spec, *config, plan, self);
+  return Train(flags, *config, plan, self);
 }
 
 void AddRunnerFlags(CLI::App* app, RunnerFlags& flags) {
