@@ -13,15 +13,15 @@ std::string_view HostOrderName(HostOrder order) {
   return order == HostOrder::kPipelines ? "pipelines together" : "stages together";
 }
 
-int ReplicasSharingBoundaryLink(const Layout& layout, int s) {
+int ReplicasSharingLink(const Layout& layout, int from, int to) {
   const std::vector<int>& hosts = layout.rank_hosts;
-  if (hosts.empty() || s + 1 >= layout.stages()) return 0;
+  if (hosts.empty() || from == to) return 0;
   const RankLayout ranks{layout.stages(), layout.pipeline.replicas};
   std::map<std::pair<int, int>, int> on_link;  // (from host, to host) -> replicas crossing
   int most = 0;
   for (int k = 0; k < ranks.replicas; ++k) {
-    const int from = hosts[ranks.RankOf(s, k)], to = hosts[ranks.RankOf(s + 1, k)];
-    if (from != to) most = std::max(most, ++on_link[{from, to}]);
+    const int from_host = hosts[ranks.RankOf(from, k)], to_host = hosts[ranks.RankOf(to, k)];
+    if (from_host != to_host) most = std::max(most, ++on_link[{from_host, to_host}]);
   }
   return most;
 }

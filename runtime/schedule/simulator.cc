@@ -200,29 +200,47 @@ absl::Status CheckSchedule(const std::vector<std::vector<Action>>& stages) {
 
 absl::StatusOr<SimulationResult> Simulate(const std::vector<std::vector<Action>>& stages,
                                           const CostModel& cost) {
-  PT_ASSIGN_OR_RETURN(std::vector<StageIndex> index, IndexAndCheck(stages));
+  const int p = static_cast<int>(stages.size());
+  // The model stage of an action of rank r's list, and the rank that holds each model stage.
+  const auto stage_of = [](const Action& a, int r) { return a.stage == kOwnStage ? r : a.stage; };
+  std::map<int, int> holder;
+  bool staged = false, negative = false;
+  for (int r = 0; r < p; ++r) {
+    for (const Action& a : stages[r]) {
+      holder[stage_of(a, r)] = r;
+      staged = staged || a.stage != kOwnStage;
+      negative = negative || a.index < 0;
+    }
+  }
+  if (staged) {
+    if (negative) return absl::InvalidArgumentError("a negative micro-batch or step index");
+  } else {
+    PT_RETURN_IF_ERROR(IndexAndCheck(stages).status());
+  }
   if (!cost.duration) return absl::InvalidArgumentError("cost model has no duration function");
   if (!(cost.link_latency_s >= 0.0) || !std::isfinite(cost.link_latency_s)) {
     return absl::InvalidArgumentError(
         absl::StrCat("link latency must be finite and >= 0: got ", cost.link_latency_s));
   }
-  const int p = static_cast<int>(stages.size());
 
   SimulationResult result;
   result.timeline.resize(p);
   result.peak_in_flight.resize(p);
   result.busy_s.assign(p, 0.0);
   result.step_end_s.resize(p);
-  for (int s = 0; s < p; ++s) {
-    result.timeline[s].reserve(stages[s].size());
-    result.peak_in_flight[s] = PeakInFlight(stages[s]);
-    if (!index[s].step.empty()) {
-      result.step_end_s[s].assign(index[s].step.rbegin()->first + 1, -1.0);
+  for (int r = 0; r < p; ++r) {
+    result.timeline[r].reserve(stages[r].size());
+    result.peak_in_flight[r] = PeakInFlight(stages[r]);
+    int64_t last_step = -1;
+    for (const Action& a : stages[r]) {
+      if (a.kind == ActionKind::kOptimizerStep) last_step = std::max(last_step, a.index);
     }
+    if (last_step >= 0) result.step_end_s[r].assign(last_step + 1, -1.0);
   }
 
-  // End time of each executed SEND, per sending stage: activations and gradients.
-  std::vector<std::map<int64_t, double>> act_sent(p), grad_sent(p);
+  // End time of each executed SEND by (sending model stage, micro-batch): activations and
+  // gradients.
+  std::map<std::pair<int, int64_t>, double> act_sent, grad_sent;
   std::vector<size_t> pc(p, 0);
   std::vector<double> free_at(p, 0.0);
   size_t remaining = 0;
@@ -230,46 +248,49 @@ absl::StatusOr<SimulationResult> Simulate(const std::vector<std::vector<Action>>
 
   while (remaining > 0) {
     bool progressed = false;
-    for (int s = 0; s < p; ++s) {
-      while (pc[s] < stages[s].size()) {
-        const Action& a = stages[s][pc[s]];
-        double start = free_at[s];
+    for (int r = 0; r < p; ++r) {
+      while (pc[r] < stages[r].size()) {
+        const Action& a = stages[r][pc[r]];
+        const int k = stage_of(a, r);
+        double start = free_at[r];
         if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGradient) {
           const bool act = a.kind == ActionKind::kRecvActivation;
-          const auto& sent = act ? act_sent[s - 1] : grad_sent[s + 1];
-          auto it = sent.find(a.index);
+          const auto& sent = act ? act_sent : grad_sent;
+          auto it = sent.find({act ? k - 1 : k + 1, a.index});
           if (it == sent.end()) break;  // blocked until the peer sends
           start = std::max(start, it->second + cost.link_latency_s);
         }
-        const double d = cost.duration(s, a);
+        const double d = cost.duration(r, a);
         if (!(d >= 0.0) || !std::isfinite(d)) {
           return absl::InvalidArgumentError(absl::StrCat("cost model gives ", ToString(a),
-                                                         " on stage ", s, " the duration ", d,
+                                                         " on stage ", r, " the duration ", d,
                                                          "; durations must be finite and >= 0"));
         }
         const double end = start + d;
-        if (a.kind == ActionKind::kSendActivation) act_sent[s][a.index] = end;
-        if (a.kind == ActionKind::kSendGradient) grad_sent[s][a.index] = end;
-        if (a.kind == ActionKind::kOptimizerStep) result.step_end_s[s][a.index] = end;
-        result.timeline[s].push_back({a, start, end});
-        result.busy_s[s] += d;
+        if (a.kind == ActionKind::kSendActivation) act_sent[{k, a.index}] = end;
+        if (a.kind == ActionKind::kSendGradient) grad_sent[{k, a.index}] = end;
+        if (a.kind == ActionKind::kOptimizerStep) result.step_end_s[r][a.index] = end;
+        result.timeline[r].push_back({a, start, end});
+        result.busy_s[r] += d;
         result.makespan_s = std::max(result.makespan_s, end);
-        free_at[s] = end;
-        ++pc[s];
+        free_at[r] = end;
+        ++pc[r];
         --remaining;
         progressed = true;
       }
     }
     if (!progressed) {
       std::vector<std::string> stuck;
-      for (int s = 0; s < p; ++s) {
-        if (pc[s] >= stages[s].size()) continue;
-        const Action& a = stages[s][pc[s]];
-        const int peer = a.kind == ActionKind::kRecvActivation ? s - 1 : s + 1;
-        std::string peer_at = pc[peer] < stages[peer].size()
+      for (int r = 0; r < p; ++r) {
+        if (pc[r] >= stages[r].size()) continue;
+        const Action& a = stages[r][pc[r]];
+        const int from = stage_of(a, r) + (a.kind == ActionKind::kRecvActivation ? -1 : 1);
+        const auto it = holder.find(from);
+        const int peer = it == holder.end() ? from : it->second;
+        std::string peer_at = peer >= 0 && peer < p && pc[peer] < stages[peer].size()
                                   ? absl::StrCat("at ", ToString(stages[peer][pc[peer]]))
                                   : "done";
-        stuck.push_back(absl::StrCat("stage ", s, " waits at ", ToString(a), " (action ", pc[s],
+        stuck.push_back(absl::StrCat("stage ", r, " waits at ", ToString(a), " (action ", pc[r],
                                      ") for stage ", peer, " (", peer_at, ")"));
       }
       return absl::FailedPreconditionError(absl::StrCat("deadlock: ", absl::StrJoin(stuck, "; ")));

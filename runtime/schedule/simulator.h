@@ -9,6 +9,10 @@
 // Also checked: no negative indices, no duplicate action of any kind on a stage (STEP
 // included), SEND_ACT<j> after F<j>, RECV_ACT<j> before F<j>, RECV_GRAD<j> before B<j>,
 // SEND_GRAD<j> after B<j> (communication is optional; where present it must be so placed).
+// Lists whose actions name their model stages (a schedule with chunks, as BuildSchedule
+// lowers and checks them: communication.h) are simulated as they are, without those
+// one-stage-a-rank checks: a RECV waits for the SEND of the adjacent model stage on
+// whichever rank holds it, and I and W are actions like any other.
 // Stateless and thread-safe.
 #pragma once
 
@@ -22,7 +26,8 @@
 namespace pipetrain::schedule {
 
 struct CostModel {
-  // Duration in seconds of `action` on `stage`. Must be >= 0.
+  // Duration in seconds of `action` in the list of rank `stage` (the action names its model
+  // stage where a rank holds several). Must be >= 0.
   std::function<double(int stage, const Action& action)> duration;
   // Added between the end of a SEND and the earliest end of its RECV.
   double link_latency_s = 0.0;
@@ -51,7 +56,7 @@ struct SimulationResult {
 // action on failure, e.g. "stage 1: SEND_ACT3 has no matching RECV_ACT3 on stage 2".
 absl::Status CheckSchedule(const std::vector<std::vector<Action>>& stages);
 
-// Runs CheckSchedule, then simulates. A deadlock is FailedPrecondition listing, for every
+// Runs CheckSchedule (lists of one stage a rank), then simulates. A deadlock is FailedPrecondition listing, for every
 // stuck stage, the action it waits at and the peer it waits for
 // ("deadlock: stage 1 waits at RECV_GRAD0 for stage 2; stage 2 waits at RECV_ACT1 for ...").
 absl::StatusOr<SimulationResult> Simulate(const std::vector<std::vector<Action>>& stages,

@@ -97,11 +97,11 @@ TEST(HostPlacement, ReplicasCrossingOneLinkAtOnceShareItsBandwidth) {
   cluster.host_workers = {2, 2};
   EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 1, 0}) - together,
               2 * (0.002 + 5000 / 1e6), 1e-12);
-  EXPECT_EQ(ReplicasSharingBoundaryLink([&] {
+  EXPECT_EQ(ReplicasSharingLink([&] {
               Layout l = layout;
               l.rank_hosts = {0, 1, 0, 1};
               return l;
-            }(), 0), 2);
+            }(), 0, 1), 2);
 }
 
 TEST(HostPlacement, AnAllReduceRingThatSpansHostsRunsAtTheirLink) {

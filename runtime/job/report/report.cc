@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/model/model_zoo.h"
-#include "runtime/schedule/compute_lists.h"
 #include "runtime/schedule/simulator.h"
 #include "runtime/weights/optimizer_config.h"
 
@@ -24,56 +24,33 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// A schedule with chunks: one step's compute lists simulated (compute_lists.h) with the
-// mean measured time of each kind of action over replica 0's ranks, plus the mean update.
-absl::StatusOr<double> ChunkedIdealStepTime(const JobSpec& c, const JobPlan& plan,
-                                            const std::vector<executor::StageStats>& stats) {
-  std::map<ActionKind, std::pair<double, int>> sums;
-  for (int r = 0; r < plan.ranks(); ++r) {
+// Steady-state step time of the job's schedule, simulated (schedule::Simulate) over the
+// lists its ranks ran, with every action costing the mean measured time (its waits left
+// out) of that kind of action on that model stage of that rank of replica 0: what the run
+// would take if no rank ever waited for another's compute beyond what the schedule makes it.
+absl::StatusOr<double> IdealStepTime(const JobSpec& c, const JobPlan& plan,
+                                     const std::vector<executor::StageStats>& stats) {
+  const int p = plan.ranks();  // replica 0's ranks come first in `stats`
+  // (rank, model stage, kind) -> (total, count).
+  using Key = std::tuple<int, int, ActionKind>;
+  const auto key = [](int rank, const schedule::Action& a) {
+    return Key{rank, a.stage == schedule::kOwnStage ? rank : a.stage, a.kind};
+  };
+  std::map<Key, std::pair<double, int>> sums;
+  for (int r = 0; r < p; ++r) {
     for (const auto& record : stats[r].records) {
-      auto& [total, count] = sums[record.action.kind];
+      auto& [total, count] = sums[key(r, record.action)];
       total += record.end_s - record.start_s - record.wait_s;
       ++count;
     }
   }
-  const auto mean = [&sums](ActionKind kind) {
-    auto it = sums.find(kind);
-    return it == sums.end() || it->second.second == 0 ? 0.0
-                                                       : it->second.first / it->second.second;
-  };
-  schedule::ComputeCosts costs;
-  costs.forward = mean(ActionKind::kForward);
-  costs.backward = mean(ActionKind::kBackward);
-  costs.input_gradient = mean(ActionKind::kInputGradient);
-  costs.weight_gradient = mean(ActionKind::kWeightGradient);
-  PT_ASSIGN_OR_RETURN(auto lists, schedule::BuildComputeLists(ScheduleParamsOf(c, 1)));
-  PT_ASSIGN_OR_RETURN(schedule::ComputeSimulation sim,
-                      schedule::SimulateComputeLists(plan.layout, c.microbatches(), lists, costs));
-  return sim.makespan + mean(ActionKind::kOptimizerStep);
-}
-
-// Steady-state step time of `kind` predicted by the simulator from measured mean compute
-// time per (stage, action kind).
-absl::StatusOr<double> IdealStepTime(const JobSpec& c, const JobPlan& plan,
-                                     const std::vector<executor::StageStats>& stats) {
-  if (schedule::HoldsChunks(ScheduleOf(c))) return ChunkedIdealStepTime(c, plan, stats);
-  const int p = plan.ranks();  // replica 0's stages come first in `stats`
-  std::vector<std::map<ActionKind, std::pair<double, int>>> sums(p);
-  for (int s = 0; s < p; ++s) {
-    for (const auto& r : stats[s].records) {
-      auto& [total, count] = sums[s][r.action.kind];
-      total += r.end_s - r.start_s - r.wait_s;
-      ++count;
-    }
-  }
   schedule::CostModel cost;
-  cost.duration = [&sums](int stage, const schedule::Action& a) {
-    auto it = sums[stage].find(a.kind);
-    if (it == sums[stage].end() || it->second.second == 0) return 0.0;
+  cost.duration = [&](int rank, const schedule::Action& a) {
+    auto it = sums.find(key(rank, a));
+    if (it == sums.end() || it->second.second == 0) return 0.0;
     return it->second.first / it->second.second;
   };
-  PT_ASSIGN_OR_RETURN(auto lists,
-                      schedule::BuildSchedule({ScheduleOf(c), p, c.microbatches(), /*steps=*/3}));
+  PT_ASSIGN_OR_RETURN(auto lists, schedule::BuildSchedule(ScheduleParamsOf(c, /*steps=*/3)));
   PT_ASSIGN_OR_RETURN(schedule::SimulationResult sim, schedule::Simulate(lists, cost));
   return sim.step_end_s[0][2] - sim.step_end_s[0][1];
 }
