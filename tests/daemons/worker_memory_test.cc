@@ -83,8 +83,9 @@ TEST_F(WorkerMemoryTest, AMillionStepsWithinTenMegabytesOfAThousand) {
   const int64_t middle_peak = peak_after(100000, &middle_step);
   ASSERT_GT(middle_peak, 0) << "the job did not reach step 100000";
 
+  // About 210-245 s on a quiet machine of two cores; the deadline leaves room for a slow one.
   v1::Job job;
-  while (Clock::now() - start < std::chrono::seconds(280)) {
+  while (Clock::now() - start < std::chrono::seconds(400)) {
     job = GetJob(*stub, id);
     if (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
