@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <google/protobuf/util/message_differencer.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -21,8 +20,6 @@ using job::StageStart;
 
 namespace {
 
-using google::protobuf::FieldDescriptor;
-
 // `spec` as the resume check compares it: every default applied, the model's image shape
 // its effective one, the dtype by its canonical name.
 job::JobSpec SameAsWritten(const job::JobSpec& spec) {
@@ -36,16 +33,9 @@ job::JobSpec SameAsWritten(const job::JobSpec& spec) {
   return out;
 }
 
-bool SameField(const job::JobSpec& a, const job::JobSpec& b, const FieldDescriptor* f) {
-  google::protobuf::util::MessageDifferencer differencer;
-  std::vector<const FieldDescriptor*> fields = {f};
-  return differencer.CompareWithFields(a, b, fields, fields);
-}
-
-// One top-level field of `spec` as JSON ("model": its object).
-std::string FieldJson(const job::JobSpec& spec, const std::string& key) {
-  const nlohmann::json j = nlohmann::json::parse(job::JobToJson(spec));
-  return j.contains(key) ? j[key].dump() : std::string("missing");
+// One top-level field of a JobToJson object ("model": its object), as JSON.
+std::string FieldJson(const nlohmann::json& spec, const std::string& key) {
+  return spec.contains(key) ? spec[key].dump() : std::string("missing");
 }
 
 Manifest MakeManifest(const JobSpec& config, const JobPlan& plan, int64_t step,
@@ -327,11 +317,14 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
     errors.push_back(absl::StrCat("the checkpoint's job: ", written.status().message()));
   } else {
     const job::JobSpec was = SameAsWritten(*written), now = SameAsWritten(c);
+    // Compared as JobToJson writes them: every default set, fields in field order.
+    const nlohmann::json was_json = nlohmann::json::parse(job::JobToJson(was));
+    const nlohmann::json now_json = nlohmann::json::parse(job::JobToJson(now));
     for (const char* key : {"model", "data", "dtype", "seed"}) {
-      const FieldDescriptor* f = job::JobSpec::descriptor()->FindFieldByName(key);
-      if (!SameField(was, now, f)) {
-        errors.push_back(absl::StrCat(key, " differs: the checkpoint's is ", FieldJson(was, key),
-                                      ", this job's ", FieldJson(now, key)));
+      const std::string before = FieldJson(was_json, key), after = FieldJson(now_json, key);
+      if (before != after) {
+        errors.push_back(absl::StrCat(key, " differs: the checkpoint's is ", before,
+                                      ", this job's ", after));
       }
     }
     if (was.optimizer().name() != now.optimizer().name()) {
