@@ -24,9 +24,9 @@
 // Heartbeats that keep the simulated workers alive while a phase does not cover them are
 // sent from threads of their own (Keepalive), from each worker's registration on, about
 // twice per heartbeat interval per worker, and are not counted. With --scale, the cluster at
-// its real cadence instead of step 3 (coordinator_capacity_scale.h). The simulated workers are in this process and use the
-// same cores as the coordinator: on a 2-core machine the numbers are a lower bound.
-// With $PIPETRAIN_TOKEN set, every call carries it ("authorization: Bearer ...").
+// its real cadence instead of step 3 (coordinator_capacity_scale.h). The simulated workers are in
+// this process and use the same cores as the coordinator: on a 2-core machine the numbers are a
+// lower bound. With $PIPETRAIN_TOKEN set, every call carries it ("authorization: Bearer ...").
 //
 //   coordinator_capacity --coordinator 127.0.0.1:7070 [--workers 64] [--stages 2]
 //                        [--threads 1,8] [--seconds 3]
@@ -128,8 +128,7 @@ int main(int argc, char** argv) {
     EndEveryRank(*jobs, *coordinator, cluster, n);
     const double ended_s = std::chrono::duration<double>(Clock::now() - ending).count();
     // Cluster time: the calls made over those one second of the cluster asks for.
-    const double per_second =
-        n / (cluster.heartbeat_ms / 1000.0) + n / options.step_s;
+    const double per_second = n / (cluster.heartbeat_ms / 1000.0) + n / options.step_s;
     const double cluster_s = c.calls_made / per_second;
     std::printf(
         "| workers | register all | place the job | calls/s due | made / due | coordinator "
@@ -149,11 +148,12 @@ int main(int argc, char** argv) {
         Percentile(c.report_us, 0.5) / 1e3, Percentile(c.report_us, 0.99) / 1e3,
         Percentile(probes[0].ms, 0.5), probes[0].reply_bytes / 1e3, Percentile(probes[1].ms, 0.5),
         probes[1].reply_bytes / 1e3, ended_s, static_cast<long long>(c.errors));
-    std::printf("\n%d simulated workers, one job of %d stages x %d replicas; %.0f s at the "
-                "cadence (%.1f s of cluster time); heartbeat every %lld ms, a step every %.1f "
-                "s.\n",
-                n, options.stages, n / options.stages, c.seconds, cluster_s,
-                static_cast<long long>(cluster.heartbeat_ms), options.step_s);
+    std::printf(
+        "\n%d simulated workers, one job of %d stages x %d replicas; %.0f s at the "
+        "cadence (%.1f s of cluster time); heartbeat every %lld ms, a step every %.1f "
+        "s.\n",
+        n, options.stages, n / options.stages, c.seconds, cluster_s,
+        static_cast<long long>(cluster.heartbeat_ms), options.step_s);
   }
   return 0;
 }

@@ -106,13 +106,15 @@ OwnCoordinator::OwnCoordinator(const std::string& binary) {
   dir_ = fs::temp_directory_path() / ("coordinator_capacity_" + std::to_string(getpid()));
   fs::create_directories(dir_);
   const fs::path log = dir_ / "coordinator.log", port_file = dir_ / "coordinator.port";
-  pid_ = pipetrain::client::SpawnDaemon({binary, "--listen", "127.0.0.1:0", "--db",
-                              (dir_ / "jobs.db").string(), "--port-file", port_file.string()},
-                             log.string(), SIGTERM);
+  pid_ = pipetrain::client::SpawnDaemon(
+      {binary, "--listen", "127.0.0.1:0", "--db", (dir_ / "jobs.db").string(), "--port-file",
+       port_file.string()},
+      log.string(), SIGTERM);
   if (pid_ <= 0) Die("cannot start " + binary);
   absl::StatusOr<std::string> address =
       pipetrain::client::WaitForPortFile(port_file.string(), pid_, absl::Seconds(30), log.string());
-  if (!address.ok()) Die("the coordinator did not start: " + std::string(address.status().message()));
+  if (!address.ok())
+    Die("the coordinator did not start: " + std::string(address.status().message()));
   address_ = *address;
 }
 
@@ -201,8 +203,7 @@ void RegisterSimulatedWorkers(const std::string& target, int port, int n, double
   cluster.heartbeat_ms = heartbeat_ms.load();
 }
 
-Keepalive::Keepalive(const std::string& target, Cluster& cluster, int threads)
-    : cluster_(cluster) {
+Keepalive::Keepalive(const std::string& target, Cluster& cluster, int threads) : cluster_(cluster) {
   for (int t = 0; t < threads; ++t) {
     threads_.emplace_back([this, target, t, threads] { Loop(target, t, threads); });
   }
@@ -235,8 +236,7 @@ void Keepalive::Loop(const std::string& target, int t, int threads) {
     // Registration answers with the interval; 1 s until then.
     const int64_t due_ns = std::max<int64_t>(cluster_.heartbeat_ms, 1) * 800000;
     for (int i = t; i < n && !stopping_.load() && !paused_.load(); i += threads) {
-      if (!cluster_.registered[i].load() ||
-          NowNs() - cluster_.last_heartbeat[i].load() < due_ns) {
+      if (!cluster_.registered[i].load() || NowNs() - cluster_.last_heartbeat[i].load() < due_ns) {
         continue;
       }
       int64_t gap = NowNs() - cluster_.last_heartbeat[i].load();
@@ -292,8 +292,8 @@ void WaitUntilAssigned(FakeWorkers& service, const std::string& job_id, int n) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (service.assigned() < n) {
-    Die("only " + std::to_string(service.assigned()) + " of " + std::to_string(n) +
-        " ranks of " + job_id +
+    Die("only " + std::to_string(service.assigned()) + " of " + std::to_string(n) + " ranks of " +
+        job_id +
         " were assigned to the simulated workers (does the coordinator have other idle "
         "workers, or too few of ours?)");
   }

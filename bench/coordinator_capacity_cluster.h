@@ -162,7 +162,7 @@ class Keepalive {
   std::vector<int> rank_of_worker_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> paused_{false};
-  std::atomic<int64_t> longest_gap_ns_{0};  // since a worker's last heartbeat, when sent
+  std::atomic<int64_t> longest_gap_ns_{0};   // since a worker's last heartbeat, when sent
   std::atomic<int64_t> longest_call_ns_{0};  // one heartbeat call
   std::vector<std::thread> threads_;
 };

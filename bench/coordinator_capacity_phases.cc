@@ -114,9 +114,10 @@ void MeasureAndPrint(const Options& options, const std::string& target, Cluster&
       if (r.errors > 0) std::fprintf(stderr, "  first error: %s\n", r.first_error.c_str());
     }
   }
-  std::printf("\n%d simulated workers (one job: %d stages x %d replicas), %.1f s per row; "
-              "latency = one call as the client sees it.\n",
-              n, options.stages, n / options.stages, options.seconds);
+  std::printf(
+      "\n%d simulated workers (one job: %d stages x %d replicas), %.1f s per row; "
+      "latency = one call as the client sees it.\n",
+      n, options.stages, n / options.stages, options.seconds);
 }
 
 }  // namespace pipetrain::bench::capacity

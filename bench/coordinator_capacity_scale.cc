@@ -117,8 +117,7 @@ CadenceResult RunCadence(const std::string& target, Cluster& cluster, pid_t coor
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      Cadence(target, cluster, t, threads, start_ns, end_ns, interval_ns, step_ns,
-              per_thread[t]);
+      Cadence(target, cluster, t, threads, start_ns, end_ns, interval_ns, step_ns, per_thread[t]);
     });
   }
   std::this_thread::sleep_for(std::chrono::nanoseconds(start_ns - NowNs()));

@@ -27,12 +27,12 @@
 namespace pipetrain::bench::capacity {
 
 struct CadenceResult {
-  double seconds = 0;                   // wall time of the phase
+  double seconds = 0;                     // wall time of the phase
   int64_t calls_due = 0, calls_made = 0;  // by the schedule; sent
   int64_t errors = 0;
   std::string first_error;
   std::vector<double> heartbeat_us, report_us;  // latencies of the calls that succeeded, sorted
-  double coordinator_cpu_s = -1;               // user + system; -1: its pid is not known
+  double coordinator_cpu_s = -1;                // user + system; -1: its pid is not known
 };
 
 // The cadence phase. `coordinator_pid` <= 0: its CPU is not read. Updates `cluster`'s

@@ -100,8 +100,7 @@ std::vector<double> StepTimes(const std::vector<double>& ends) {
 }
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 template <typename T>
@@ -113,8 +112,7 @@ T OrDie(absl::StatusOr<T> value, const char* what) {
   return *std::move(value);
 }
 
-job::JobSpec PipetrainConfig(int micro_batches, int micro_batch_size, int steps,
-                               int threads) {
+job::JobSpec PipetrainConfig(int micro_batches, int micro_batch_size, int steps, int threads) {
   job::JobSpec c;  // the default GPT, data and AdamW
   job::SetSchedule(c, schedule::ScheduleKind::kOneFOneB);
   c.set_stages(1);
@@ -155,20 +153,19 @@ std::vector<double> RunPlainOnThisThread(const job::JobSpec& config, bool accumu
   model_config.vocab_size = dataset->num_classes();
   model_config.seq_len = config.data().seq_len();
   model::StageModule module(0, OrDie(model::BuildModel(model_config), "BuildModel"));
-  torch::optim::AdamW optimizer(
-      module.Parameters(),
-      torch::optim::AdamWOptions(config.optimizer().lr())
-          .betas({config.optimizer().beta1(), config.optimizer().beta2()})
-          .eps(config.optimizer().eps())
-          .weight_decay(config.optimizer().weight_decay()));
+  torch::optim::AdamW optimizer(module.Parameters(),
+                                torch::optim::AdamWOptions(config.optimizer().lr())
+                                    .betas({config.optimizer().beta1(), config.optimizer().beta2()})
+                                    .eps(config.optimizer().eps())
+                                    .weight_decay(config.optimizer().weight_decay()));
 
   const int passes = accumulate ? config.microbatches() : 1;
   std::vector<double> ends;
   for (int64_t t = 0; t < config.steps(); ++t) {
     double loss_sum = 0;
     for (int i = 0; i < passes; ++i) {
-      const data::MicroBatch mb = dataset->Read(
-          accumulate ? sampler.SampleIds(t, 0, i) : sampler.GlobalBatchIds(t));
+      const data::MicroBatch mb =
+          dataset->Read(accumulate ? sampler.SampleIds(t, 0, i) : sampler.GlobalBatchIds(t));
       const at::Tensor inputs =
           torch::tensor(mb.input_tokens, torch::kLong).reshape(mb.input_shape);
       const at::Tensor targets = torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
@@ -177,8 +174,8 @@ std::vector<double> RunPlainOnThisThread(const job::JobSpec& config, bool accumu
       ctx.mini_batch = t;
       ctx.seed = config.seed();
       const at::Tensor logits = module.Forward(inputs, ctx);
-      at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
-                                               targets.reshape({-1}));
+      at::Tensor loss =
+          at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
       if (passes > 1) loss = loss * (1.0 / passes);
       loss.backward();
       loss_sum += loss.item<double>();
@@ -186,8 +183,7 @@ std::vector<double> RunPlainOnThisThread(const job::JobSpec& config, bool accumu
     optimizer.step();
     optimizer.zero_grad();
     if (!std::isfinite(loss_sum)) {
-      std::fprintf(stderr, "plain loop: non-finite loss at step %lld\n",
-                   static_cast<long long>(t));
+      std::fprintf(stderr, "plain loop: non-finite loss at step %lld\n", static_cast<long long>(t));
       std::exit(1);
     }
     ends.push_back(NowSeconds());
@@ -232,8 +228,9 @@ int main(int argc, char** argv) {
       {"m=8 x b=8", 8, 8, true, "8 x b=8 (accumulated)"},
   };
 
-  std::printf("| threads | pipetrain (1 stage, 1f1b) | plain LibTorch loop | pipetrain ms | "
-              "plain ms | ratio pipetrain/plain | per-round ratios (min..max) |\n");
+  std::printf(
+      "| threads | pipetrain (1 stage, 1f1b) | plain LibTorch loop | pipetrain ms | "
+      "plain ms | ratio pipetrain/plain | per-round ratios (min..max) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (int threads : options.threads) {
@@ -264,13 +261,14 @@ int main(int argc, char** argv) {
       }
       const double a_ms = Median(s.pipetrain) * 1e3, b_ms = Median(s.plain) * 1e3;
       const auto [lo, hi] = std::minmax_element(s.round_ratios.begin(), s.round_ratios.end());
-      std::printf("| %d | %s | %s | %.2f | %.2f | %.3f | %.3f..%.3f |\n", threads,
-                  cmp.name.c_str(), cmp.plain_name.c_str(), a_ms, b_ms, a_ms / b_ms, *lo, *hi);
+      std::printf("| %d | %s | %s | %.2f | %.2f | %.3f | %.3f..%.3f |\n", threads, cmp.name.c_str(),
+                  cmp.plain_name.c_str(), a_ms, b_ms, a_ms / b_ms, *lo, *hi);
       std::fflush(stdout);
     }
   }
-  std::printf("\n%d rounds x %d steps per side and row, interleaved; medians pool all rounds' "
-              "step times (first step of each run left out).\n",
-              options.rounds, options.steps);
+  std::printf(
+      "\n%d rounds x %d steps per side and row, interleaved; medians pool all rounds' "
+      "step times (first step of each run left out).\n",
+      options.rounds, options.steps);
   return 0;
 }

@@ -56,9 +56,9 @@ int Main(int argc, char** argv) {
     }
   }
   const std::vector<Shape> shapes = {
-      {ScheduleKind::kOneFOneB, 4, 8, 1},     {ScheduleKind::kZeroBubbleV, 4, 8, 2},
-      {ScheduleKind::kOneFOneB, 16, 64, 1},   {ScheduleKind::kGPipe, 16, 64, 1},
-      {ScheduleKind::kTwoBW, 16, 64, 1},      {ScheduleKind::kInterleaved, 16, 64, 2},
+      {ScheduleKind::kOneFOneB, 4, 8, 1},      {ScheduleKind::kZeroBubbleV, 4, 8, 2},
+      {ScheduleKind::kOneFOneB, 16, 64, 1},    {ScheduleKind::kGPipe, 16, 64, 1},
+      {ScheduleKind::kTwoBW, 16, 64, 1},       {ScheduleKind::kInterleaved, 16, 64, 2},
       {ScheduleKind::kZeroBubbleV, 16, 64, 2}, {ScheduleKind::kDualPipeV, 16, 64, 2},
   };
   // Rounds interleave the shapes, so that a swing of the machine's speed falls on all.

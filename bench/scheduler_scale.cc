@@ -32,8 +32,7 @@ std::vector<v1::WorkerInfo> IdleWorkers(int n) {
   std::vector<v1::WorkerInfo> out(n);
   for (int i = 0; i < n; ++i) {
     out[i].set_id("worker-" + std::to_string(i + 1));
-    out[i].set_address("10.0." + std::to_string(i / 250) + "." + std::to_string(i % 250) +
-                       ":7000");
+    out[i].set_address("10.0." + std::to_string(i / 250) + "." + std::to_string(i % 250) + ":7000");
     out[i].set_device("cpu");
     out[i].set_state(v1::WORKER_STATE_IDLE);
     out[i].set_memory_bytes(int64_t{64} << 30);
@@ -65,8 +64,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
   if (sizes.empty()) sizes = {256, 1024, 4096};
   const Scheduler scheduler({absl::Seconds(1), 3});
-  std::printf("| workers (= ranks) | PlanQueue ms | ratio | PlanRecovery ms | ratio | layout after "
-              "the loss |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| workers (= ranks) | PlanQueue ms | ratio | PlanRecovery ms | ratio | layout after "
+      "the loss |\n|---|---|---|---|---|---|\n");
   double last_queue = 0, last_recovery = 0;
   for (int n : sizes) {
     if (n < 16 || n % 8 != 0) {
@@ -98,8 +98,7 @@ int main(int argc, char** argv) {
     job.set_generation(1);
     job.set_restarts(1);
     job.add_recoveries()->set_cause("worker-1 lost");
-    const absl::StatusOr<pipetrain::job::JobSpec> config =
-        pipetrain::job::Validated(spec);
+    const absl::StatusOr<pipetrain::job::JobSpec> config = pipetrain::job::Validated(spec);
     if (!config.ok()) {
       std::fprintf(stderr, "scheduler_scale: %s\n", std::string(config.status().message()).c_str());
       return 1;
@@ -112,8 +111,8 @@ int main(int argc, char** argv) {
       const RecoveryPlan plan =
           scheduler.PlanRecovery(recovering, survivors, since + absl::Seconds(10));
       if (const auto* start = std::get_if<StartGeneration>(&plan)) {
-        layout = std::to_string(start->layout.stages) + " x " +
-                 std::to_string(start->layout.replicas);
+        layout =
+            std::to_string(start->layout.stages) + " x " + std::to_string(start->layout.replicas);
       }
     });
     auto ratio = [](double now, double before) {

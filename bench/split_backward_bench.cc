@@ -119,10 +119,11 @@ int Main(int argc, char** argv) {
   std::vector<Model> models;
   models.push_back(Gpt());
   models.push_back(Cnn());
-  std::printf("one stage, one intra-op thread, float32; %d rounds of %d micro-batches\n\n",
-              rounds, micro_batches);
-  std::printf("| stage | B | I+W (linear products deferred) | I+W gen (every parameter) | "
-              "I+W / B | I+W gen / B | I+W gen / I+W |\n|---|---|---|---|---|---|---|\n");
+  std::printf("one stage, one intra-op thread, float32; %d rounds of %d micro-batches\n\n", rounds,
+              micro_batches);
+  std::printf(
+      "| stage | B | I+W (linear products deferred) | I+W gen (every parameter) | "
+      "I+W / B | I+W gen / B | I+W gen / I+W |\n|---|---|---|---|---|---|---|\n");
   for (Model& m : models) {
     for (Mode mode : kModes) Run(m, mode, 2);  // warm-up
     std::vector<std::vector<double>> seconds(3);

@@ -4,8 +4,8 @@
 //
 // One job, every rank through RunStage over the Gloo transport (as stage processes and worker
 // daemons run them: loopback TCP), the ranks as threads of this process meeting in a memory
-// store, one intra-op thread each. A GPT (d_model 64 or --d-model, 4 blocks, sequences of 32, vocab 256,
-// micro-batches of 4), float32, 1F1B; per layout (2 stages x 2 replicas, 2 x 3, 4 x 2) the job
+// store, one intra-op thread each. A GPT (d_model 64 or --d-model, 4 blocks, sequences of 32, vocab
+// 256, micro-batches of 4), float32, 1F1B; per layout (2 stages x 2 replicas, 2 x 3, 4 x 2) the job
 // without and with the commit run in turn, the order swapped each round so that load swings
 // fall on both alike. A run's step time is the median interval between rank 0's updates after
 // its first. Prints per layout the median over rounds of each and the median of the per-round
@@ -80,7 +80,8 @@ double StepTime(const job::JobSpec& c, bool commit) {
   }
   const auto& steps = outcomes[0]->stats.steps;
   std::vector<double> intervals;
-  for (size_t k = 1; k < steps.size(); ++k) intervals.push_back(steps[k].end_s - steps[k - 1].end_s);
+  for (size_t k = 1; k < steps.size(); ++k)
+    intervals.push_back(steps[k].end_s - steps[k - 1].end_s);
   return Median(intervals);
 }
 
@@ -99,8 +100,10 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("d_model %d, %d steps a run\n\n", d_model, steps);
-  std::printf("| layout | step without (ms) | step with (ms) | with / without (median of %d "
-              "paired rounds) |\n|---|---|---|---|\n", rounds);
+  std::printf(
+      "| layout | step without (ms) | step with (ms) | with / without (median of %d "
+      "paired rounds) |\n|---|---|---|---|\n",
+      rounds);
   for (auto [p, w] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{4, 2}}) {
     std::vector<double> without, with, ratios;
     for (int r = 0; r < rounds; ++r) {
@@ -117,8 +120,8 @@ int Main(int argc, char** argv) {
       ratios.push_back(on / off);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a rest between rounds
     }
-    std::printf("| %d stages x %d replicas | %.1f | %.1f | %.3f |\n", p, w,
-                Median(without) * 1e3, Median(with) * 1e3, Median(ratios));
+    std::printf("| %d stages x %d replicas | %.1f | %.1f | %.3f |\n", p, w, Median(without) * 1e3,
+                Median(with) * 1e3, Median(ratios));
     std::fflush(stdout);
   }
   return 0;

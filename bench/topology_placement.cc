@@ -90,14 +90,15 @@ class Bench {
     const fs::path out = dir_ / "host-links.json";
     const std::string leader = hosts_.DataAddress(1);
     absl::StatusOr<pid_t> listening =
-        hosts_.Start(1, {PIPETRAIN_CLI, "profile-link", "--listen", leader, "--port", "29700",
-                         "--output", out.string()},
+        hosts_.Start(1,
+                     {PIPETRAIN_CLI, "profile-link", "--listen", leader, "--port", "29700",
+                      "--output", out.string()},
                      dir_ / "profile-link-leader.log");
     if (!listening.ok()) return "";
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const NamespaceHosts::Ran peer =
-        hosts_.Run(2, {PIPETRAIN_CLI, "profile-link", "--connect", leader + ":29700",
-                       "--address", hosts_.DataAddress(2)});
+        hosts_.Run(2, {PIPETRAIN_CLI, "profile-link", "--connect", leader + ":29700", "--address",
+                       hosts_.DataAddress(2)});
     for (int i = 0; i < 100 && !fs::exists(out); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -133,33 +134,33 @@ class Bench {
                               const std::string& links, int index) {
     const std::string coordinator = hosts_.DataAddress(kCoordinatorHost) + ":7070";
     const std::string tag = absl::StrCat(placement, "-", index);
-    absl::StatusOr<pid_t> started = hosts_.Start(
-        kCoordinatorHost,
-        {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
-         (dir_ / (tag + ".db")).string(), "--heartbeat-ms", "500", "--metrics-listen", "",
-         "--placement", placement, "--host-links", links},
-        dir_ / (tag + "-coordinator.log"));
+    absl::StatusOr<pid_t> started =
+        hosts_.Start(kCoordinatorHost,
+                     {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
+                      (dir_ / (tag + ".db")).string(), "--heartbeat-ms", "500", "--metrics-listen",
+                      "", "--placement", placement, "--host-links", links},
+                     dir_ / (tag + "-coordinator.log"));
     if (!started.ok()) return started.status();
     int registered = 0;
     for (const int host : kWorkerHosts) {
       for (int w = 0; w < kWorkersPerHost; ++w) {
-        absl::StatusOr<pid_t> worker = hosts_.Start(
-            host,
-            {PIPETRAIN_WORKER, "--coordinator", coordinator, "--metrics-listen", "",
-             "--register-timeout", "30", "--host-name", absl::StrCat("host", host), "--iface",
-             "eth0"},
-            dir_ / absl::StrCat(tag, "-worker-", host, "-", w, ".log"));
+        absl::StatusOr<pid_t> worker =
+            hosts_.Start(host,
+                         {PIPETRAIN_WORKER, "--coordinator", coordinator, "--metrics-listen", "",
+                          "--register-timeout", "30", "--host-name", absl::StrCat("host", host),
+                          "--iface", "eth0"},
+                         dir_ / absl::StrCat(tag, "-worker-", host, "-", w, ".log"));
         if (!worker.ok()) return worker.status();
         // One at a time, so that registration order is host by host.
         if (!WaitForWorkers(coordinator, ++registered)) {
-          return absl::DeadlineExceededError(absl::StrCat("worker ", registered,
-                                                          " did not register within 60 s"));
+          return absl::DeadlineExceededError(
+              absl::StrCat("worker ", registered, " did not register within 60 s"));
         }
       }
     }
-    const NamespaceHosts::Ran submitted =
-        hosts_.Run(kCoordinatorHost, {PIPETRAIN_CLI, "submit", job.string(), "--follow",
-                                      "--coordinator", coordinator});
+    const NamespaceHosts::Ran submitted = hosts_.Run(
+        kCoordinatorHost,
+        {PIPETRAIN_CLI, "submit", job.string(), "--follow", "--coordinator", coordinator});
     Run run;
     std::map<std::string, std::string> worker_host;
     for (const nlohmann::json& w : Lines(coordinator, {"workers", "-o", "json"})) {
@@ -168,8 +169,8 @@ class Bench {
     const std::vector<nlohmann::json> jobs = Lines(coordinator, {"list", "-o", "json"});
     for (int host = 0; host < 3; ++host) hosts_.KillHost(host);
     if (submitted.exit_code != 0 || jobs.empty()) {
-      return absl::InternalError(absl::StrCat("the job under --placement ", placement,
-                                              " failed: ", submitted.out));
+      return absl::InternalError(
+          absl::StrCat("the job under --placement ", placement, " failed: ", submitted.out));
     }
     const nlohmann::json& j = jobs.back();
     run.step_time_s = j.value("stepTimeS", j.value("step_time_s", 0.0));
@@ -184,8 +185,7 @@ class Bench {
   }
 
  private:
-  std::vector<nlohmann::json> Lines(const std::string& coordinator,
-                                    std::vector<std::string> args) {
+  std::vector<nlohmann::json> Lines(const std::string& coordinator, std::vector<std::string> args) {
     std::vector<std::string> argv = {PIPETRAIN_CLI};
     argv.insert(argv.end(), args.begin(), args.end());
     argv.insert(argv.end(), {"--coordinator", coordinator});
@@ -287,10 +287,11 @@ int Main(int argc, char** argv) {
     }
     ratios.push_back(this_round["in-order"] / this_round["topology"]);
   }
-  std::printf("| placement | ranks on hosts (rank 0..3) | measured step (median of %d) | "
-              "predicted (median) | prediction error (median of the rounds') |\n"
-              "|---|---|---|---|---|\n",
-              options.rounds);
+  std::printf(
+      "| placement | ranks on hosts (rank 0..3) | measured step (median of %d) | "
+      "predicted (median) | prediction error (median of the rounds') |\n"
+      "|---|---|---|---|---|\n",
+      options.rounds);
   for (const std::string& placement : placements) {
     if (errors[placement].empty()) {
       std::fprintf(stderr, "topology_placement: no prediction for %s\n", placement.c_str());
@@ -301,9 +302,10 @@ int Main(int argc, char** argv) {
                 Median(steps[placement]) * 1e3, Median(predictions[placement]) * 1e3,
                 100 * Median(errors[placement]));
   }
-  std::printf("\nin-order / topology step time, median of %d paired ratios: %.2fx (links between "
-              "hosts shaped to %s)\n",
-              options.rounds, Median(ratios), options.rate.c_str());
+  std::printf(
+      "\nin-order / topology step time, median of %d paired ratios: %.2fx (links between "
+      "hosts shaped to %s)\n",
+      options.rounds, Median(ratios), options.rate.c_str());
   fs::remove_all(dir);
   return 0;
 }

@@ -137,9 +137,8 @@ class GlooPair {
     server_ = OrDie(rendezvous::ServeTcpStore("127.0.0.1", 0), "ServeTcpStore");
     const int port = rendezvous::TcpStorePort(*server_);
     auto make = [port](int stage) {
-      std::shared_ptr<rendezvous::KeyValueStore> store =
-          OrDie(rendezvous::ConnectTcpStore("127.0.0.1", port, absl::Seconds(20)),
-                "ConnectTcpStore");
+      std::shared_ptr<rendezvous::KeyValueStore> store = OrDie(
+          rendezvous::ConnectTcpStore("127.0.0.1", port, absl::Seconds(20)), "ConnectTcpStore");
       transport::GlooTransportOptions o;
       o.stage = stage;
       o.stages = 2;
@@ -163,8 +162,7 @@ class GlooPair {
 
     std::thread sender([&] {
       auto send = [&](int64_t micro_batch) {
-        OrDie(stage0_->Send(1, transport::MessageKind::kActivation, micro_batch, payload),
-              "Send");
+        OrDie(stage0_->Send(1, transport::MessageKind::kActivation, micro_batch, payload), "Send");
       };
       for (int i = 0; i < kWarmupMessages; ++i) send(first + i);
       warmed_up_future.wait();
@@ -304,8 +302,9 @@ int main(int argc, char** argv) {
   GlooPair gloo;
   RawTcpPair raw;
 
-  std::printf("| size | gloo MB/s | raw TCP MB/s | ratio gloo/raw | messages per run | "
-              "gloo runs MB/s | raw runs MB/s |\n");
+  std::printf(
+      "| size | gloo MB/s | raw TCP MB/s | ratio gloo/raw | messages per run | "
+      "gloo runs MB/s | raw runs MB/s |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (int64_t kib : options.sizes_kib) {
@@ -315,9 +314,9 @@ int main(int argc, char** argv) {
     // Pilot: about 32 MiB (at least 4 messages) through Gloo to pick N for ~--seconds.
     const int64_t pilot = std::max<int64_t>(4, (int64_t{32} << 20) / bytes);
     const double pilot_s = gloo.Run(payload, pilot);
-    const int64_t messages = std::clamp<int64_t>(
-        static_cast<int64_t>(std::llround(options.seconds * pilot / pilot_s)), kMinMessages,
-        kMaxMessages);
+    const int64_t messages =
+        std::clamp<int64_t>(static_cast<int64_t>(std::llround(options.seconds * pilot / pilot_s)),
+                            kMinMessages, kMaxMessages);
 
     std::vector<double> gloo_mbps, raw_mbps;
     for (int round = 0; round < options.rounds; ++round) {
@@ -335,14 +334,15 @@ int main(int argc, char** argv) {
     };
     const double best_gloo = *std::max_element(gloo_mbps.begin(), gloo_mbps.end());
     const double best_raw = *std::max_element(raw_mbps.begin(), raw_mbps.end());
-    std::printf("| %s | %.0f | %.0f | %.3f | %lld | %s | %s |\n", SizeName(kib).c_str(),
-                best_gloo, best_raw, best_gloo / best_raw, static_cast<long long>(messages),
+    std::printf("| %s | %.0f | %.0f | %.3f | %lld | %s | %s |\n", SizeName(kib).c_str(), best_gloo,
+                best_raw, best_gloo / best_raw, static_cast<long long>(messages),
                 list(gloo_mbps).c_str(), list(raw_mbps).c_str());
     std::fflush(stdout);
   }
-  std::printf("\nBest of %d interleaved runs per side (gloo, raw, gloo, raw, ...), each "
-              "timing N messages from the first send to the last receive after %d warm-up "
-              "messages; MB = 10^6 payload bytes (Gloo's per-message header not counted).\n",
-              options.rounds, kWarmupMessages);
+  std::printf(
+      "\nBest of %d interleaved runs per side (gloo, raw, gloo, raw, ...), each "
+      "timing N messages from the first send to the last receive after %d warm-up "
+      "messages; MB = 10^6 payload bytes (Gloo's per-message header not counted).\n",
+      options.rounds, kWarmupMessages);
   return 0;
 }

@@ -2,9 +2,9 @@
 
 #include <cstdio>
 
+#include "absl/time/clock.h"
 #include "client/job_client.h"
 #include "client/job_views.h"
-#include "absl/time/clock.h"
 #include "rpc/status.h"
 #include "runtime/base/exit_codes.h"
 
@@ -30,7 +30,8 @@ int WaitForWorkers(const std::string& address, int workers, absl::Duration timeo
     grpc::Status s = client.Call(&v1::JobService::Stub::ListWorkers, request, &response);
     if (!s.ok()) return client.Fail(s, "listing the workers");
     registered = 0;
-    for (const v1::WorkerInfo& w : response.workers()) registered += w.state() != v1::WORKER_STATE_LOST;
+    for (const v1::WorkerInfo& w : response.workers())
+      registered += w.state() != v1::WORKER_STATE_LOST;
     if (registered >= workers) return 0;
     if (absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
@@ -52,7 +53,6 @@ int FollowJob(const std::string& address, const std::string& id, bool quiet, v1:
   }
   return code;
 }
-
 
 absl::StatusOr<std::vector<v1::CommittedStep>> CommittedSteps(const std::string& address,
                                                               const std::string& id) {

@@ -22,8 +22,7 @@ std::string ReadWhole(const std::string& path) {
 
 }  // namespace
 
-pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log,
-                  int death_signal) {
+pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log, int death_signal) {
   subprocess::Options options;
   options.output_file = log;
   options.death_signal = death_signal;
@@ -38,13 +37,12 @@ absl::StatusOr<std::string> WaitForPortFile(const std::string& port_file, pid_t 
     const std::string whole = ReadWhole(port_file);
     if (!whole.empty() && whole.back() == '\n') return whole.substr(0, whole.find('\n'));
     if (subprocess::Exited(pid)) {
-      return absl::UnavailableError(absl::StrCat(log, ": it exited before serving:\n",
-                                                 LogTail(log)));
+      return absl::UnavailableError(
+          absl::StrCat(log, ": it exited before serving:\n", LogTail(log)));
     }
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat(log, ": it did not serve within ",
-                                                 absl::FormatDuration(timeout), ":\n",
-                                                 LogTail(log)));
+      return absl::UnavailableError(absl::StrCat(
+          log, ": it did not serve within ", absl::FormatDuration(timeout), ":\n", LogTail(log)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -22,8 +22,7 @@ namespace pipetrain::client {
 // stderr to `log` (truncated). The child gets `death_signal` if this process dies first, so
 // that no daemon outlives whoever started it. Returns its pid, or -1 if it cannot start.
 // Stop it with subprocess::Stop; subprocess::Exited says whether it has exited.
-pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log,
-                  int death_signal);
+pid_t SpawnDaemon(const std::vector<std::string>& argv, const std::string& log, int death_signal);
 
 // Waits until `port_file` holds an address; Unavailable, with the end of `log`, if `pid`
 // exits first or `timeout` passes (then it does not stop the process).

@@ -40,11 +40,11 @@ int JobClient::Fail(const grpc::Status& s, const std::string& what) const {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       // Nothing answers there, or what answers does not speak gRPC (or not in time).
-      std::fprintf(stderr, "pipetrain: %s: no coordinator answered at %s (%s: %s)\n",
-                   Printable(what).c_str(), where.c_str(),
-                   s.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable"
-                                                                    : "deadline exceeded",
-                   Printable(s.error_message()).c_str());
+      std::fprintf(
+          stderr, "pipetrain: %s: no coordinator answered at %s (%s: %s)\n",
+          Printable(what).c_str(), where.c_str(),
+          s.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable" : "deadline exceeded",
+          Printable(s.error_message()).c_str());
       return exit_code::kUnavailable;
     case grpc::StatusCode::UNIMPLEMENTED:
       // A gRPC server of another kind (a worker's, say).
@@ -53,8 +53,7 @@ int JobClient::Fail(const grpc::Status& s, const std::string& what) const {
                    "not know the call: %s)\n",
                    Printable(what).c_str(), where.c_str(), Printable(s.error_message()).c_str());
       return exit_code::kUnavailable;
-    default:
-      return client::Fail(s, what);
+    default: return client::Fail(s, what);
   }
 }
 

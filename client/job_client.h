@@ -43,7 +43,7 @@ class JobClient {
   // One unary call with the --timeout deadline.
   template <typename Request, typename Response>
   grpc::Status Call(grpc::Status (v1::JobService::Stub::*method)(grpc::ClientContext*,
-                                                                const Request&, Response*),
+                                                                 const Request&, Response*),
                     const Request& request, Response* response) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -62,8 +62,7 @@ class JobClient {
         std::chrono::system_clock::now() +
         std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
     if (options_.channel->WaitForConnected(deadline)) return grpc::Status::OK;
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "no connection within the --timeout");
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no connection within the --timeout");
   }
   // For streaming calls (no deadline: they last as long as what they follow).
   v1::JobService::Stub* stub() { return stub_.get(); }

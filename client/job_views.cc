@@ -16,22 +16,20 @@
 namespace pipetrain::client {
 
 void PrintJobTable(const v1::Job& job) {
-  std::printf("job %s%s%s: %s", Printable(job.id()).c_str(),
-              job.spec().name().empty() ? "" : " ", Printable(job.spec().name()).c_str(),
-              StateName(job.state()).c_str());
+  std::printf("job %s%s%s: %s", Printable(job.id()).c_str(), job.spec().name().empty() ? "" : " ",
+              Printable(job.spec().name()).c_str(), StateName(job.state()).c_str());
   if (!job.message().empty()) std::printf(" (%s)", Printable(job.message()).c_str());
   std::printf("\nstep %lld/%d  loss %.4f  lr %.4g%s  %.0f %s/s  %d stages x %d replicas\n",
-              static_cast<long long>(job.step() + 1), job.steps(), job.loss(),
-              job.learning_rate(), GradNormText(job).c_str(), job.tokens_per_s(),
-              job.data_unit().c_str(), job.stages(), job.replicas());
+              static_cast<long long>(job.step() + 1), job.steps(), job.loss(), job.learning_rate(),
+              GradNormText(job).c_str(), job.tokens_per_s(), job.data_unit().c_str(), job.stages(),
+              job.replicas());
   if (job.eval_step() > 0) std::printf("%s\n", EvalText(job).c_str());
   if (job.checkpoint_step() > 0 || job.restarts() > 0 || job.skipped_steps() > 0) {
-    std::printf("generation %d  restarts %d/%d  checkpoint before step %lld%s%s  skipped steps %lld\n",
-                job.generation(), job.restarts(), job.spec().max_restarts(),
-                static_cast<long long>(job.checkpoint_step()),
-                job.checkpoint_path().empty() ? "" : " in ",
-                Printable(job.checkpoint_path()).c_str(),
-                static_cast<long long>(job.skipped_steps()));
+    std::printf(
+        "generation %d  restarts %d/%d  checkpoint before step %lld%s%s  skipped steps %lld\n",
+        job.generation(), job.restarts(), job.spec().max_restarts(),
+        static_cast<long long>(job.checkpoint_step()), job.checkpoint_path().empty() ? "" : " in ",
+        Printable(job.checkpoint_path()).c_str(), static_cast<long long>(job.skipped_steps()));
   }
   if (!job.resumed_from().empty()) {
     std::printf("resumed from %s\n", Printable(job.resumed_from()).c_str());
@@ -42,8 +40,8 @@ void PrintJobTable(const v1::Job& job) {
   // `stages: auto`: the plan, and its predictions against what the ranks report.
   if (job.has_plan()) {
     const v1::PlannedLayout& p = job.plan();
-    std::printf("planned by %s for %d workers: %s\n", Printable(p.planner()).c_str(),
-                p.workers(), Printable(p.layout()).c_str());
+    std::printf("planned by %s for %d workers: %s\n", Printable(p.planner()).c_str(), p.workers(),
+                Printable(p.layout()).c_str());
     double measured = 0;  // the slowest rank's last step
     for (const v1::StageStatus& s : job.stage_status()) {
       measured = std::max(measured, s.breakdown().last_step_s());
@@ -63,14 +61,16 @@ void PrintJobTable(const v1::Job& job) {
   }
   // Each restart: what ended the generation before it, where it went on, how fast.
   for (const v1::Recovery& r : job.recoveries()) {
-    std::printf("restart to generation %d: %s\n  after step %lld, from step %lld (%s) on %d "
-                "stages x %d replicas x %d micro-batches",
-                r.generation(), Printable(r.cause()).c_str(),
-                static_cast<long long>(r.failed_after_step() + 1),
-                static_cast<long long>(r.resumed_at_step()),
-                r.from_survivors() ? "the survivors' state: no step run again"
-                : r.resumed_at_step() > 0 ? "its checkpoint" : "the start",
-                r.stages(), r.replicas(), r.microbatches());
+    std::printf(
+        "restart to generation %d: %s\n  after step %lld, from step %lld (%s) on %d "
+        "stages x %d replicas x %d micro-batches",
+        r.generation(), Printable(r.cause()).c_str(),
+        static_cast<long long>(r.failed_after_step() + 1),
+        static_cast<long long>(r.resumed_at_step()),
+        r.from_survivors()        ? "the survivors' state: no step run again"
+        : r.resumed_at_step() > 0 ? "its checkpoint"
+                                  : "the start",
+        r.stages(), r.replicas(), r.microbatches());
     if (r.first_step_unix_ms() > 0) {
       std::printf("; first good step %.2f s after the fault was seen",
                   (r.first_step_unix_ms() - r.detected_unix_ms()) / 1e3);
@@ -96,7 +96,8 @@ void PrintJobTable(const v1::Job& job) {
   for (const v1::StageStatus& s : job.stage_status()) waiting += !s.waiting_for().empty();
   if (waiting == 0) return;
   std::printf("\nwho waits for whom (as of the last heartbeats):\n%-8s", "");
-  for (int r = 0; r < job.replicas(); ++r) std::printf("  %-24s", absl::StrCat("replica ", r).c_str());
+  for (int r = 0; r < job.replicas(); ++r)
+    std::printf("  %-24s", absl::StrCat("replica ", r).c_str());
   std::printf("\n");
   for (int st = 0; st < job.stages(); ++st) {
     std::printf("%-8s", absl::StrCat("stage ", st).c_str());
@@ -113,8 +114,9 @@ void PrintJobTable(const v1::Job& job) {
     std::printf("\n");
   }
   if (waiting == job.stage_status_size()) {
-    std::printf("every rank is waiting: if this stays so, the job is stuck where the arrows "
-                "meet (each wait ends with an error naming it after timeout_s)\n");
+    std::printf(
+        "every rank is waiting: if this stays so, the job is stuck where the arrows "
+        "meet (each wait ends with an error naming it after timeout_s)\n");
   }
 }
 
@@ -129,8 +131,8 @@ progress::Progress ProgressOf(const v1::Job& job) {
   p.rate = job.tokens_per_s();
   p.unit = job.data_unit();
   if (job.started_unix_ms() > 0) {
-    const int64_t end = job.finished_unix_ms() > 0 ? job.finished_unix_ms()
-                                                   : absl::ToUnixMillis(absl::Now());
+    const int64_t end =
+        job.finished_unix_ms() > 0 ? job.finished_unix_ms() : absl::ToUnixMillis(absl::Now());
     p.elapsed_s = static_cast<double>(end - job.started_unix_ms()) / 1e3;
   }
   return p;

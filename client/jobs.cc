@@ -28,11 +28,11 @@
 #include "rpc/health.h"
 #include "rpc/security.h"
 #include "rpc/status.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/printable.h"
 #include "runtime/base/progress_line.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::client {
 
@@ -69,8 +69,9 @@ void AddSubmit(CLI::App& app, const JobCommands& c) {
   const std::shared_ptr<ClientOptions>& common = c.common;
   const std::shared_ptr<std::function<int()>>& chosen = c.chosen;
   auto submit = app.add_subcommand(
-      "submit", "Submit a job to the coordinator (a YAML job file, the flags below over it; "
-                "the same job `pipetrain run` takes); prints its id");
+      "submit",
+      "Submit a job to the coordinator (a YAML job file, the flags below over it; "
+      "the same job `pipetrain run` takes); prints its id");
   auto job_file = std::make_shared<std::string>();
   auto follow = std::make_shared<bool>(false);
   submit->add_option("job", *job_file, "YAML job file (see examples/)");
@@ -156,8 +157,9 @@ void AddMetrics(CLI::App& app, const JobCommands& c) {
   auto id = std::make_shared<std::string>();
   auto watch_s = std::make_shared<double>(0);
   metrics->add_option("job", *id, "job id")->required();
-  metrics->add_option("-w,--watch", *watch_s,
-                      "print again every this many seconds while the job runs (0: once)")
+  metrics
+      ->add_option("-w,--watch", *watch_s,
+                   "print again every this many seconds while the job runs (0: once)")
       ->check(CLI::Range(0.0, 3600.0));
   c.AddCommonOptions(metrics);
   metrics->callback([=] {
@@ -198,8 +200,8 @@ void AddList(CLI::App& app, const JobCommands& c) {
         grpc::Status s = client.Call(&v1::JobService::Stub::ListJobs, request, &response);
         if (!s.ok()) return client.Fail(s, "list");
         if (common->output == "table" && request.page_token().empty()) {  // after the first
-          std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss",
-                      "layout", "name");
+          std::printf("%-10s %-10s %-11s %-12s %-10s %s\n", "id", "state", "step", "loss", "layout",
+                      "name");
         }
         for (const v1::Job& job : response.jobs()) {
           if (common->output == "json") {
@@ -236,7 +238,7 @@ void AddCancel(CLI::App& app, const JobCommands& c) {
       grpc::Status s = client.Call(&v1::JobService::Stub::CancelJob, request, &job);
       if (!s.ok()) return client.Fail(s, "cancel");
       std::printf("%s\n", common->output == "json" ? Json(job).c_str()
-                                                    : absl::StrCat(job.id(), " cancelled").c_str());
+                                                   : absl::StrCat(job.id(), " cancelled").c_str());
       return exit_code::kOk;
     };
   });
@@ -372,13 +374,13 @@ void AddWorkers(CLI::App& app, const JobCommands& c) {
           const std::string memory =
               w.memory_bytes() > 0 ? absl::StrFormat("%.1fG", w.memory_bytes() / double(1 << 30))
                                    : "-";
-          std::printf("%-10s %-22s %-16s %-6s %-5s %-8s %-6s %-10s %s\n",
-                      Printable(w.id()).c_str(), Printable(w.address()).c_str(),
-                      w.host().empty() ? "-" : Printable(w.host()).c_str(),
-                      Printable(w.device()).c_str(),
-                      w.cores() > 0 ? absl::StrCat(w.cores()).c_str() : "-", memory.c_str(), StateName(w.state()).c_str(),
-                      w.job_id().empty() ? "-" : Printable(w.job_id()).c_str(),
-                      w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
+          std::printf(
+              "%-10s %-22s %-16s %-6s %-5s %-8s %-6s %-10s %s\n", Printable(w.id()).c_str(),
+              Printable(w.address()).c_str(), w.host().empty() ? "-" : Printable(w.host()).c_str(),
+              Printable(w.device()).c_str(), w.cores() > 0 ? absl::StrCat(w.cores()).c_str() : "-",
+              memory.c_str(), StateName(w.state()).c_str(),
+              w.job_id().empty() ? "-" : Printable(w.job_id()).c_str(),
+              w.rank() < 0 ? "-" : absl::StrCat(w.rank()).c_str());
         }
       }
       return exit_code::kOk;

@@ -16,7 +16,6 @@
 
 #include <CLI/CLI.hpp>
 
-
 namespace pipetrain::client {
 
 // Adds the subcommands to `app`; returns the function that runs whichever was chosen

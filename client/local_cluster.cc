@@ -16,10 +16,10 @@
 #include "jobspec/run_summary.h"
 #include "jobspec/spec_text.h"
 #include "proto/states.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/schedule/schedule.h"
 
 namespace pipetrain::client {
@@ -31,9 +31,8 @@ std::string FindDaemon(const std::string& name) {
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     const fs::path dir = self.parent_path();
-    for (const fs::path& candidate :
-         {dir / name, dir / ".." / "coordinator" / name, dir / ".." / "worker" / name,
-          dir / ".." / "run" / name}) {
+    for (const fs::path& candidate : {dir / name, dir / ".." / "coordinator" / name,
+                                      dir / ".." / "worker" / name, dir / ".." / "run" / name}) {
       if (access(candidate.c_str(), X_OK) == 0) return fs::weakly_canonical(candidate).string();
     }
   }
@@ -49,9 +48,11 @@ std::string FindDaemon(const std::string& name) {
 absl::StatusOr<std::string> MeasureModelProfile(const v1::JobSpec& spec, bool quiet) {
   const std::string runner = FindDaemon("pipetrain-run");
   if (runner.empty()) {
-    return absl::UnavailableError("cannot find pipetrain-run beside the pipetrain binary or on PATH");
+    return absl::UnavailableError(
+        "cannot find pipetrain-run beside the pipetrain binary or on PATH");
   }
-  std::vector<std::string> argv = {runner, "--profile", "--spec-text", jobspec::JobSpecToText(spec)};
+  std::vector<std::string> argv = {runner, "--profile", "--spec-text",
+                                   jobspec::JobSpecToText(spec)};
   if (quiet) argv.push_back("--quiet");
   absl::StatusOr<subprocess::Captured> profiled = subprocess::RunCapturingStdout(argv);
   if (!profiled.ok()) return profiled.status();
@@ -78,15 +79,15 @@ int RunChild(const std::vector<std::string>& argv) {
 
 // The summary of a job run on the local cluster (jobspec/run_summary.h: the schema every
 // launch mode writes), from the coordinator's last view of it and the steps it committed.
-absl::Status WriteSummary(const std::string& path, const std::string& address,
-                          const v1::Job& job, double wall_s) {
+absl::Status WriteSummary(const std::string& path, const std::string& address, const v1::Job& job,
+                          double wall_s) {
   absl::StatusOr<job::JobSpec> config = job::Validated(job.spec());
   if (!config.ok()) return config.status();
   absl::StatusOr<std::vector<v1::CommittedStep>> steps = CommittedSteps(address, job.id());
   if (!steps.ok()) {
-    return absl::Status(steps.status().code(),
-                        absl::StrCat("reading the steps ", job.id(), " committed: ",
-                                     steps.status().message()));
+    return absl::Status(
+        steps.status().code(),
+        absl::StrCat("reading the steps ", job.id(), " committed: ", steps.status().message()));
   }
   jobspec::RunSummary s;
   s.launch = "cluster";
@@ -177,9 +178,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   coordinator = SpawnDaemon({coordinator_bin, "--listen", "127.0.0.1:0", "--db",
                              (dir / "jobs.db").string(), "--port-file", port_file.string()},
                             coordinator_log.string(), SIGTERM);
-  absl::StatusOr<std::string> served = WaitForPortFile(port_file.string(), coordinator,
-                                                       absl::Seconds(20),
-                                                       coordinator_log.string());
+  absl::StatusOr<std::string> served =
+      WaitForPortFile(port_file.string(), coordinator, absl::Seconds(20), coordinator_log.string());
   if (!served.ok()) {
     if (subprocess::Exited(coordinator)) coordinator = -1;
     return fail(exit_code::kUnavailable,
@@ -197,8 +197,8 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
       if (device != "cpu") {
         args.insert(args.end(), {"--device", device == "cuda" ? absl::StrCat("cuda:", w) : device});
       }
-      workers.push_back(SpawnDaemon(args, (dir / absl::StrCat("worker", w, ".log")).string(),
-                                    SIGTERM));
+      workers.push_back(
+          SpawnDaemon(args, (dir / absl::StrCat("worker", w, ".log")).string(), SIGTERM));
     }
   };
   // A job with `stages: auto` is planned by the coordinator for the workers it has: they
@@ -228,10 +228,10 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   const int ranks = job.stages() * job.replicas();
   const int n = run.workers > 0 ? run.workers : std::max<int>(ranks, workers.size());
   if (n < ranks) {
-    return fail(exit_code::kUsage,
-                absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks,
-                             " ranks (", job.stages(), " stages x ", job.replicas(),
-                             " replicas), one per worker"));
+    return fail(
+        exit_code::kUsage,
+        absl::StrCat("--workers ", n, " cannot run ", job.id(), ": it has ", ranks, " ranks (",
+                     job.stages(), " stages x ", job.replicas(), " replicas), one per worker"));
   }
   if (!run.quiet) {
     std::fprintf(stderr,
@@ -260,10 +260,10 @@ int RunOnLocalCluster(const LocalClusterRun& run) {
   if (code == exit_code::kOk && !run.weights_file.empty()) {
     // The stage files are LibTorch's: pipetrain-run gathers them.
     const std::string runner = FindDaemon("pipetrain-run");
-    code = runner.empty() ? exit_code::kUnavailable
-                          : RunChild({runner, "--spec-text", jobspec::JobSpecToText(spec),
-                                      "--gather-weights", spec.weights_dir(), "--save-weights",
-                                      run.weights_file});
+    code = runner.empty()
+               ? exit_code::kUnavailable
+               : RunChild({runner, "--spec-text", jobspec::JobSpecToText(spec), "--gather-weights",
+                           spec.weights_dir(), "--save-weights", run.weights_file});
     if (code != exit_code::kOk) {
       std::fprintf(stderr, "pipetrain: gathering the weights from %s into %s failed\n",
                    spec.weights_dir().c_str(), run.weights_file.c_str());

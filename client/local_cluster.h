@@ -17,9 +17,9 @@ namespace pipetrain::client {
 
 struct LocalClusterRun {
   v1::JobSpec spec;
-  int workers = 0;        // 0: as many as the job has ranks (stages x replicas)
-  bool keep_logs = false; // keep the log directory even when the job succeeds
-  bool quiet = false;     // no progress, no table
+  int workers = 0;         // 0: as many as the job has ranks (stages x replicas)
+  bool keep_logs = false;  // keep the log directory even when the job succeeds
+  bool quiet = false;      // no progress, no table
   // When set, written once the job has succeeded: a JSON report of the job as the
   // coordinator last saw it (with the job as it ran under "config"), and the whole model's
   // final weights (as pipetrain-run --save-weights writes them; the stage files are gathered

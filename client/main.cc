@@ -29,10 +29,11 @@ int main(int argc, char** argv) {
   using namespace pipetrain;
   ReportUncaughtExceptions("pipetrain");
   std::signal(SIGINT, [](int) { std::_Exit(exit_code::kInterrupted); });
-  CLI::App app{"pipetrain: pipeline-parallel training with exact semantics (GPipe, "
-               "1F1B-Flush, PipeDream-2BW and PipeDream's weight stashing, interleaved 1F1B, "
-               "zero-bubble, ZB-V, DualPipeV). `pipetrain run` trains on this machine; the "
-               "other commands talk to a coordinator."};
+  CLI::App app{
+      "pipetrain: pipeline-parallel training with exact semantics (GPipe, "
+      "1F1B-Flush, PipeDream-2BW and PipeDream's weight stashing, interleaved 1F1B, "
+      "zero-bubble, ZB-V, DualPipeV). `pipetrain run` trains on this machine; the "
+      "other commands talk to a coordinator."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   std::function<int()> run_command = client::AddRunCommand(app);

@@ -7,15 +7,15 @@
 
 #include "absl/strings/str_join.h"
 #include "client/local_cluster.h"
-#include "jobspec/planned_layout.h"
 #include "jobspec/plan_flags.h"
-#include "run/link_command.h"
+#include "jobspec/planned_layout.h"
 #include "jobspec/run_outputs.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
-#include "runtime/job/job_spec.h"
+#include "run/link_command.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/subprocess.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::client {
 namespace {
@@ -128,8 +128,9 @@ int PlanJob(const PlanCommand& c) {
   if (!config.ok()) return Fail(config.status(), exit_code::kUsage);
   const std::string runner = FindDaemon("pipetrain-run");
   if (runner.empty()) {
-    return Fail(absl::UnavailableError("cannot find pipetrain-run beside the pipetrain binary or on PATH"),
-                exit_code::kUnavailable);
+    return Fail(
+        absl::UnavailableError("cannot find pipetrain-run beside the pipetrain binary or on PATH"),
+        exit_code::kUnavailable);
   }
   std::vector<std::string> argv = {runner, "--spec-text", jobspec::JobSpecToText(*spec)};
   for (std::string& a : c.planning.AsArgs()) argv.push_back(std::move(a));
@@ -143,7 +144,8 @@ std::function<int()> AddPlanCommands(CLI::App& app) {
   auto chosen = std::make_shared<std::function<int()>>();
   for (const bool profile : {false, true}) {
     auto c = std::make_shared<PlanCommand>();
-    CLI::App* cmd = app.add_subcommand(profile ? "profile" : "plan", profile ? kProfileHelp : kPlanHelp);
+    CLI::App* cmd =
+        app.add_subcommand(profile ? "profile" : "plan", profile ? kProfileHelp : kPlanHelp);
     cmd->add_option("job", c->job_file, "YAML job file (flags given too override it)")
         ->check(CLI::ExistingFile);
     c->planning.AddTo(cmd, jobspec::PlanFlags::Where::kPlanCommand);
@@ -181,13 +183,13 @@ std::function<int()> AddRunCommand(CLI::App& app) {
   run->add_option("job", c->job_file, "YAML job file (flags given too override it)")
       ->check(CLI::ExistingFile);
   auto* launch = run->add_option_group("launch");
-  launch->add_option("--launch", c->launch,
-                     "cluster: a local coordinator and workers; threads: every stage a thread "
-                     "of one process; processes: one process per stage over Gloo (no daemons)")
+  launch
+      ->add_option("--launch", c->launch,
+                   "cluster: a local coordinator and workers; threads: every stage a thread "
+                   "of one process; processes: one process per stage over Gloo (no daemons)")
       ->check(CLI::IsMember({"cluster", "threads", "processes"}))
       ->capture_default_str();
-  launch->add_option("--workers", c->workers,
-                     "cluster: workers to start (default: one per rank)")
+  launch->add_option("--workers", c->workers, "cluster: workers to start (default: one per rank)")
       ->check(CLI::PositiveNumber);
   launch->add_flag("--keep-logs", c->keep_logs,
                    "cluster: keep the daemons' logs when the job succeeds");

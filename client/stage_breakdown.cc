@@ -33,20 +33,19 @@ std::string GradNormText(const v1::Job& job) {
 
 std::string EvalText(const v1::Job& job) {
   return job.eval_step() > 0
-             ? absl::StrFormat("held-out loss %.4f accuracy %.4f (before step %d)",
-                               job.eval_loss(), job.eval_accuracy(), job.eval_step())
+             ? absl::StrFormat("held-out loss %.4f accuracy %.4f (before step %d)", job.eval_loss(),
+                               job.eval_accuracy(), job.eval_step())
              : "";
 }
 
 std::string StageBreakdownTable(const v1::Job& job) {
-  std::string out = absl::StrFormat(
-      "job %s: step %d/%d  loss %.4f  lr %.4g%s  %.0f %s/s\n", Printable(job.id()), job.step() + 1,
-      job.steps(), job.loss(), job.learning_rate(), GradNormText(job), job.tokens_per_s(),
-      job.data_unit().empty() ? "tok" : Printable(job.data_unit()));
+  std::string out = absl::StrFormat("job %s: step %d/%d  loss %.4f  lr %.4g%s  %.0f %s/s\n",
+                                    Printable(job.id()), job.step() + 1, job.steps(), job.loss(),
+                                    job.learning_rate(), GradNormText(job), job.tokens_per_s(),
+                                    job.data_unit().empty() ? "tok" : Printable(job.data_unit()));
   if (job.eval_step() > 0) out += EvalText(job) + "\n";
   // Above the seven breakdown columns, and above the last step's two.
-  out += absl::StrFormat("%37s%-70s%s\n", "", "ms per step, mean over the steps done",
-                         "last step");
+  out += absl::StrFormat("%37s%-70s%s\n", "", "ms per step, mean over the steps done", "last step");
   out += absl::StrFormat("%-5s %-7s %-12s %-9s", "stage", "replica", "worker", "steps");
   for (const auto& [name, total] : Totals(v1::StageBreakdown())) {
     out += absl::StrFormat(" %9s", name);
@@ -57,15 +56,15 @@ std::string StageBreakdownTable(const v1::Job& job) {
     const int64_t steps = StepsDone(s);
     if (steps <= 0) continue;
     any = true;
-    out += absl::StrFormat("%-5d %-7d %-12s %-9d", s.stage(), s.replica(),
-                           Printable(s.worker_id()), steps);
+    out += absl::StrFormat("%-5d %-7d %-12s %-9d", s.stage(), s.replica(), Printable(s.worker_id()),
+                           steps);
     for (const auto& [name, total] : Totals(s.breakdown())) {
       out += absl::StrFormat(" %9.2f", 1e3 * total / static_cast<double>(steps));
     }
     const v1::StageBreakdown& b = s.breakdown();
-    out += b.last_step_s() > 0 ? absl::StrFormat(" %9.2f %7.2f", 1e3 * b.last_step_s(),
-                                                 b.last_step_bubble_ratio())
-                               : absl::StrFormat(" %9s %7s", "-", "-");
+    out += b.last_step_s() > 0
+               ? absl::StrFormat(" %9.2f %7.2f", 1e3 * b.last_step_s(), b.last_step_bubble_ratio())
+               : absl::StrFormat(" %9s %7s", "-", "-");
     out += s.straggler_ratio() > 0 ? absl::StrFormat(" %10.2f", s.straggler_ratio())
                                    : absl::StrFormat(" %10s", "-");
     out += absl::StrFormat(" %10s", MebiBytes(s.peak_memory_bytes()));

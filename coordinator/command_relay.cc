@@ -16,14 +16,15 @@ absl::StatusOr<std::shared_ptr<WorkerClient>> CommandRelay::Rank0(
     const v1::Job& job, Phase phase, const std::vector<std::string>& rank_worker,
     WorkerPool& pool) {
   if (job.state() != v1::JOB_STATE_RUNNING) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job.id(), " is not running (", v1::JobState_Name(job.state()),
-        "): step commands go to running jobs"));
+    return absl::FailedPreconditionError(absl::StrCat("job ", job.id(), " is not running (",
+                                                      v1::JobState_Name(job.state()),
+                                                      "): step commands go to running jobs"));
   }
   if (phase == Phase::kRecovering) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job.id(), " is recovering from a fault (its next generation is not placed "
-        "yet): send the command once it runs again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.id(),
+                     " is recovering from a fault (its next generation is not placed "
+                     "yet): send the command once it runs again"));
   }
   const WorkerPool::Worker* w = pool.Find(rank_worker.empty() ? "" : rank_worker[0]);
   if (w == nullptr || w->info.state() == v1::WORKER_STATE_LOST) {

@@ -48,9 +48,7 @@ class CommandRelay {
 
   void Count(v1::StepCommand command, const absl::Status& outcome);
   // (command name, "scheduled" or the refusal's status code) -> times asked.
-  const std::map<std::pair<std::string, std::string>, int64_t>& counts() const {
-    return counts_;
-  }
+  const std::map<std::pair<std::string, std::string>, int64_t>& counts() const { return counts_; }
 
  private:
   std::map<std::pair<std::string, std::string>, int64_t> counts_;

@@ -73,13 +73,13 @@ void Coordinator::Monitor() {
   while (!state_.stopping) {
     // Until the next worker is due to be lost (so that it is lost two intervals after its
     // last heartbeat, not up to a tick later), or a quarter interval at most.
-    const absl::Duration wait = std::min(
-        std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4),
-        state_.pool.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
-            deps_.clock->Now());
+    const absl::Duration wait =
+        std::min(std::max(absl::Milliseconds(10), options_.heartbeat_interval / 4),
+                 state_.pool.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
+                     deps_.clock->Now());
     // Woken early only to stop (job changes do not count).
     if (state_.mu.AwaitWithTimeout(absl::Condition(&state_.stopping),
-                             std::max(absl::Milliseconds(1), wait))) {
+                                   std::max(absl::Milliseconds(1), wait))) {
       break;
     }
     workers_.Tick();
@@ -103,8 +103,8 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
                          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     m.jobs_by_state[StateName(s)] = 0;
   }
-  for (v1::WorkerState s : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY,
-                            v1::WORKER_STATE_DRAINING, v1::WORKER_STATE_LOST}) {
+  for (v1::WorkerState s : {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_DRAINING,
+                            v1::WORKER_STATE_LOST}) {
     m.workers_by_state[StateName(s)] = 0;
   }
   absl::MutexLock lock(&state_.mu);
@@ -128,7 +128,8 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
     const int p = job.stages();
     const std::vector<double>& per_step = e.controller.ledger().step_compute_s();
     if (static_cast<int>(per_step.size()) >= p) {
-      j.straggler_ratio = StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
+      j.straggler_ratio =
+          StragglerRatios(std::vector<double>(per_step.begin(), per_step.begin() + p));
     }
     m.running.push_back(std::move(j));
   }

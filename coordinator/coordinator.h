@@ -67,11 +67,12 @@
 // writes the queue after releasing the lock, in order. A submission is acknowledged only
 // once its record is durable: if the write fails, the job is dropped and the caller told.
 // A state a caller is shown (Get, List, WaitForChange) is in the store before the answer
-// leaves: they write what is queued before they answer (progress from step reports, written at most once
-// a second, may be ahead of the store; a state change never is).
+// leaves: they write what is queued before they answer (progress from step reports, written at most
+// once a second, may be ahead of the store; a state change never is).
 //
-// Thread-safe: one absl::Mutex (CoordinatorState::mu) guards the state, each guarded field and each method
-// that needs it says so (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED), and clang checks it
+// Thread-safe: one absl::Mutex (CoordinatorState::mu) guards the state, each guarded field and each
+// method that needs it says so (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED), and clang checks
+// it
 // (-Wthread-safety).
 #pragma once
 
@@ -148,7 +149,7 @@ class Coordinator {
       std::string id;
       int64_t step = -1;  // last step every rank finished
       double tokens_per_s = 0;
-      std::optional<double> loss;  // of the last step, from the last stage
+      std::optional<double> loss;           // of the last step, from the last stage
       std::optional<double> learning_rate;  // its update's
       std::optional<double> grad_norm;      // with clipping: before it
       // With evaluation: the latest held-out loss and accuracy.

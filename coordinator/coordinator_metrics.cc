@@ -11,8 +11,10 @@ namespace pipetrain::coordinator {
 
 void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordinator) {
   using Samples = std::vector<metrics::CollectedSample>;
-  registry->GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
-                     {"version", "daemon"}, {PIPETRAIN_VERSION, "coordinator"}).Set(1);
+  registry
+      ->GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
+                 {"version", "daemon"}, {PIPETRAIN_VERSION, "coordinator"})
+      .Set(1);
   // One snapshot serves every family of a scrape (they are collected one after another, in
   // well under 100 ms), so a scrape takes the coordinator's lock for one pass over its jobs.
   struct Cache {
@@ -52,8 +54,8 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
                          });
   registry->AddCollector(
       "pipetrain_job_tokens_per_second",
-      "Tokens (samples for classification data) a running job processes per second.",
-      {"job_id"}, [snapshot] {
+      "Tokens (samples for classification data) a running job processes per second.", {"job_id"},
+      [snapshot] {
         Samples out;
         for (const auto& j : snapshot().running) out.push_back({{j.id}, j.tokens_per_s});
         return out;
@@ -71,8 +73,7 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
     });
   };
   add_job_gauge("pipetrain_job_loss",
-                "Mean loss of a running job's last step (from its last stage).",
-                &RunningJob::loss);
+                "Mean loss of a running job's last step (from its last stage).", &RunningJob::loss);
   add_job_gauge("pipetrain_job_learning_rate",
                 "The learning rate a running job's last step's update used (the optimizer's "
                 "schedule).",
@@ -103,13 +104,16 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
       });
   registry->AddCollector(
       "pipetrain_workers_lost_total",
-      "Workers declared lost because their heartbeats stopped, since the coordinator started.",
-      {}, [snapshot] { return Samples{{{}, double(snapshot().workers_lost_silent)}}; },
+      "Workers declared lost because their heartbeats stopped, since the coordinator started.", {},
+      [snapshot] {
+        return Samples{{{}, double(snapshot().workers_lost_silent)}};
+      },
       metrics::Registry::Type::kCounter);
   registry->AddCollector(
       "pipetrain_step_commands_total",
       "Step commands asked for, by command and outcome (scheduled, or the refusal's code).",
-      {"command", "outcome"}, [snapshot] {
+      {"command", "outcome"},
+      [snapshot] {
         Samples out;
         for (const auto& [key, n] : snapshot().step_commands) {
           out.push_back({{key.first, key.second}, double(n)});

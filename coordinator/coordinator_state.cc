@@ -7,8 +7,8 @@
 
 namespace pipetrain::coordinator {
 
-CoordinatorState::CoordinatorState(const CoordinatorOptions& options,
-                                   std::shared_ptr<Clock> clock, JobStore* store,
+CoordinatorState::CoordinatorState(const CoordinatorOptions& options, std::shared_ptr<Clock> clock,
+                                   JobStore* store,
                                    std::function<void(std::function<void()>)> run_later)
     : options(options),
       clock(std::move(clock)),
@@ -50,7 +50,7 @@ void CoordinatorState::Carry(JobEntry& entry) {
 }
 
 absl::StatusOr<WorkerPool::Worker*> CoordinatorState::Caller(const std::string& session,
-                                                           const std::string& worker_id) {
+                                                             const std::string& worker_id) {
   WorkerPool::Worker* w = pool.FindBySession(session);
   if (w == nullptr) {
     return absl::NotFoundError(
@@ -58,8 +58,8 @@ absl::StatusOr<WorkerPool::Worker*> CoordinatorState::Caller(const std::string& 
                         : "unknown worker session (the coordinator restarted?): register again");
   }
   if (!worker_id.empty() && worker_id != w->info.id()) {
-    return absl::PermissionDeniedError(absl::StrCat("the session of ", w->info.id(),
-                                                    " cannot speak for ", worker_id));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the session of ", w->info.id(), " cannot speak for ", worker_id));
   }
   return w;
 }

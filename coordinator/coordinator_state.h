@@ -32,7 +32,7 @@ namespace pipetrain::coordinator {
 struct CoordinatorOptions {
   std::string db_path = "pipetrain-coordinator.db";
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  rpc::SecurityOptions security;         // token and TLS for its calls to workers
+  rpc::SecurityOptions security;  // token and TLS for its calls to workers
   // A lost worker is listed (WORKER_STATE_LOST) this long, then forgotten.
   absl::Duration lost_worker_ttl = absl::Minutes(1);
   // A rank whose assignment fails (the worker cannot be reached) is tried on another idle
@@ -57,8 +57,8 @@ class CoordinatorState {
  public:
   // `store` (borrowed, outliving this): where records, steps and events are written.
   // `run_later`: runs a call to a worker off the lock (the coordinator's call pool).
-  CoordinatorState(const CoordinatorOptions& options, std::shared_ptr<Clock> clock,
-                   JobStore* store, std::function<void(std::function<void()>)> run_later);
+  CoordinatorState(const CoordinatorOptions& options, std::shared_ptr<Clock> clock, JobStore* store,
+                   std::function<void(std::function<void()>)> run_later);
 
   const CoordinatorOptions& options;
   const std::shared_ptr<Clock> clock;

@@ -59,9 +59,8 @@ void Dispatcher::Schedule() {
   std::vector<QueuedJob> wanted;
   for (const JobEntry* e : queued) {
     const JobController& c = e->controller;
-    wanted.push_back({c.id(), c.job().stages() * c.job().replicas(),
-                      c.config().threads_per_stage(), c.config().device(),
-                      scheduler_.PlacerFor(c.config())});
+    wanted.push_back({c.id(), c.job().stages() * c.job().replicas(), c.config().threads_per_stage(),
+                      c.config().device(), scheduler_.PlacerFor(c.config())});
   }
   const PlacementPlan plan = scheduler_.PlanQueue(wanted, state_.pool.Placeable());
   for (const Waiting& waiting : plan.waiting) {
@@ -72,8 +71,8 @@ void Dispatcher::Schedule() {
   for (const Placement& p : plan.started) {
     JobEntry& e = state_.jobs.at(p.job_id);
     const v1::JobSpec& spec = e.controller.job().spec();
-    e.controller.StartGeneration(p.rank_workers, WorkerHosts(), spec, spec.has_resume_from() ? -1 : 0,
-                                 LiveWorkerAddresses());
+    e.controller.StartGeneration(p.rank_workers, WorkerHosts(), spec,
+                                 spec.has_resume_from() ? -1 : 0, LiveWorkerAddresses());
     AssignGeneration(e);
   }
 }
@@ -144,8 +143,8 @@ void Dispatcher::AssignRank(const std::string& job_id, int rank) {
   });
 }
 
-void Dispatcher::AssignmentFailed(const std::string& job_id, int rank,
-                                  const std::string& worker_id, const absl::Status& error) {
+void Dispatcher::AssignmentFailed(const std::string& job_id, int rank, const std::string& worker_id,
+                                  const absl::Status& error) {
   auto it = state_.jobs.find(job_id);
   if (it == state_.jobs.end()) return;
   JobEntry& e = it->second;
@@ -201,7 +200,7 @@ std::function<std::string(const std::string&)> Dispatcher::LiveWorkerAddresses()
     state_.mu.AssertHeld();
     const WorkerPool::Worker* w = state_.pool.Find(id);
     return w != nullptr && w->info.state() != v1::WORKER_STATE_LOST ? w->info.address()
-                                                                      : std::string();
+                                                                    : std::string();
   };
 }
 

@@ -77,8 +77,8 @@ JobController::JobController(Settings settings, v1::Job job, job::JobSpec config
 
 int64_t JobController::TokensPerStep(const v1::Job& job, const job::JobSpec& config) {
   const bool tokens = job.data_unit() != "samples";
-  return static_cast<int64_t>(config.replicas()) * config.microbatches() * config.microbatch_size() *
-         (tokens ? config.data().seq_len() : 1);
+  return static_cast<int64_t>(config.replicas()) * config.microbatches() *
+         config.microbatch_size() * (tokens ? config.data().seq_len() : 1);
 }
 
 JobController JobController::FromRecord(Settings settings, v1::Job job,
@@ -121,7 +121,8 @@ int64_t JobController::NowMs() const { return absl::ToUnixMillis(settings_.clock
 void JobController::Say(const std::string& text) { effects_.events.push_back(text); }
 
 void JobController::Changed(bool progress_only) {
-  const JobEffects::Write w = progress_only ? JobEffects::Write::kProgress : JobEffects::Write::kNow;
+  const JobEffects::Write w =
+      progress_only ? JobEffects::Write::kProgress : JobEffects::Write::kNow;
   effects_.write = std::max(effects_.write, w);
 }
 
@@ -247,12 +248,12 @@ void JobController::RecordRecovery(const BeginRecovery& recovery) {
       absl::StrCat(resume_at > 0 ? absl::StrCat("the checkpoint before step ", resume_at)
                                  : std::string("the start"),
                    " (", again, " step", again == 1 ? "" : "s", " to run again)");
-  Say(absl::StrCat("generation ", job_.generation(), " ended: ", cause, "; restart ",
-                   job_.restarts(), " of ", config_.max_restarts(), " from ",
-                   survivors != nullptr
-                       ? absl::StrCat("the survivors' newest common step, or else from ",
-                                      checkpoint)
-                       : checkpoint));
+  Say(absl::StrCat(
+      "generation ", job_.generation(), " ended: ", cause, "; restart ", job_.restarts(), " of ",
+      config_.max_restarts(), " from ",
+      survivors != nullptr
+          ? absl::StrCat("the survivors' newest common step, or else from ", checkpoint)
+          : checkpoint));
   // Steps after the checkpoint are run again, and committed again, by the next generation
   // (unless the survivors' checkpoint, newer, takes its place: SurvivorStageEnd).
   job_.set_step(resume_at - 1);
@@ -337,11 +338,10 @@ void JobController::StartGeneration(
     // line of hundreds of kilobytes); `pipetrain status` has every rank's.
     if (r < kRanksNamed) placed.push_back(absl::StrCat(RankName(job_, r), " on ", rank_workers[r]));
   }
-  const std::string more =
-      ranks > kRanksNamed ? absl::StrCat(" and ", ranks - kRanksNamed,
-                                         " more ranks (`pipetrain status ", job_.id(),
-                                         "` lists every one)")
-                          : "";
+  const std::string more = ranks > kRanksNamed ? absl::StrCat(" and ", ranks - kRanksNamed,
+                                                              " more ranks (`pipetrain status ",
+                                                              job_.id(), "` lists every one)")
+                                               : "";
   Say(absl::StrCat(
       job_.generation() > 1 ? absl::StrCat("generation ", job_.generation(), " ") : std::string(),
       "running: ", absl::StrJoin(placed, ", "), more));
@@ -452,10 +452,9 @@ void JobController::ReportStep(const v1::StepReport& r) {
       Say(absl::StrCat("resuming: passed over ", why));
     }
     Say(absl::StrCat("resumed from ", job_.resumed_from(),
-                     r.passed_over_size() > 0
-                         ? absl::StrCat(" (", r.passed_over_size(),
-                                        " newer checkpoint(s) passed over)")
-                         : std::string()));
+                     r.passed_over_size() > 0 ? absl::StrCat(" (", r.passed_over_size(),
+                                                             " newer checkpoint(s) passed over)")
+                                              : std::string()));
   }
   if (!r.state_from_replicas().empty() && r.rank() == 0) {
     // This generation read no checkpoint.
@@ -471,15 +470,15 @@ void JobController::ReportStep(const v1::StepReport& r) {
   // stop), a step run again after a restart once.
   if (r.skipped() && skipped_steps_.insert(r.step()).second) {
     job_.set_skipped_steps(job_.skipped_steps() + 1);
-    Say(absl::StrCat("step ", r.step(), " skipped: its loss or gradients were not finite "
+    Say(absl::StrCat("step ", r.step(),
+                     " skipped: its loss or gradients were not finite "
                      "(weights and optimizer state unchanged)"));
   }
   if (!r.checkpoint_failed().empty()) {
-    Say(absl::StrCat("checkpoint before step ", r.step() + 1, " failed on ",
-                     RankName(job_, r.rank()), ": ",
-                     r.checkpoint_failed().substr(0, kMaxErrorBytes),
-                     " (the job goes on; its restart point stays at step ",
-                     job_.checkpoint_step(), ")"));
+    Say(absl::StrCat(
+        "checkpoint before step ", r.step() + 1, " failed on ", RankName(job_, r.rank()), ": ",
+        r.checkpoint_failed().substr(0, kMaxErrorBytes),
+        " (the job goes on; its restart point stays at step ", job_.checkpoint_step(), ")"));
   }
   // After the last step only the policy's final checkpoint comes: its commit is its event.
   // The commands took effect at a boundary once every rank has reported them there.
@@ -489,8 +488,8 @@ void JobController::ReportStep(const v1::StepReport& r) {
     for (int c : r.commands_after()) {
       bits |= jobspec::StepCommandBit(static_cast<v1::StepCommand>(c));
     }
-    Say(absl::StrCat(control::StepCommandsName(bits), " took effect before step ",
-                     r.step() + 1, " on all ", job_.stage_status_size(), " ranks"));
+    Say(absl::StrCat(control::StepCommandsName(bits), " took effect before step ", r.step() + 1,
+                     " on all ", job_.stage_status_size(), " ranks"));
   }
   if (!recorded.committed.empty()) {
     CommitSteps(recorded.committed);
@@ -519,11 +518,11 @@ void JobController::ReportStep(const v1::StepReport& r) {
         job_.recoveries(job_.recoveries_size() - 1).first_step_unix_ms() == 0) {
       v1::Recovery* rec = job_.mutable_recoveries(job_.recoveries_size() - 1);
       rec->set_first_step_unix_ms(NowMs());
-      Say(absl::StrFormat("generation %d: step %d done by every rank, %.2f s after the fault "
-                          "(placed after %.2f s)",
-                          job_.generation(), done,
-                          (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
-                          (rec->placed_unix_ms() - rec->detected_unix_ms()) / 1e3));
+      Say(absl::StrFormat(
+          "generation %d: step %d done by every rank, %.2f s after the fault "
+          "(placed after %.2f s)",
+          job_.generation(), done, (rec->first_step_unix_ms() - rec->detected_unix_ms()) / 1e3,
+          (rec->placed_unix_ms() - rec->detected_unix_ms()) / 1e3));
       Changed();
     }
     const int64_t every = std::max(1, job_.steps() / 10);
@@ -557,7 +556,8 @@ void JobController::CommitSteps(const std::vector<StepLedger::CommittedStep>& st
     if (!step.skipped && skipped_steps_.erase(step.step) > 0) {
       job_.set_skipped_steps(std::max<int64_t>(0, job_.skipped_steps() - 1));
     }
-    job_.set_learning_rate(weights::LearningRateAt(job::OptimizerConfigOf(config_), step.step, config_.steps()));
+    job_.set_learning_rate(
+        weights::LearningRateAt(job::OptimizerConfigOf(config_), step.step, config_.steps()));
     job_.set_has_grad_norm(step.grad_norm.has_value());
     if (step.grad_norm) {
       job_.set_grad_norm(*step.grad_norm);
@@ -571,8 +571,8 @@ void JobController::CommitSteps(const std::vector<StepLedger::CommittedStep>& st
       row.has_eval = true;
       row.eval_loss = *step.eval_loss;
       row.eval_accuracy = *step.eval_accuracy;
-      Say(absl::StrFormat("held-out data before step %d: loss %.4f accuracy %.4f",
-                          step.step + 1, *step.eval_loss, *step.eval_accuracy));
+      Say(absl::StrFormat("held-out data before step %d: loss %.4f accuracy %.4f", step.step + 1,
+                          *step.eval_loss, *step.eval_accuracy));
     }
     effects_.steps.push_back(row);
   }
@@ -594,8 +594,8 @@ void JobController::StageEnd(const v1::StageEnd& end) {
   ended.rank = end.rank();
   ended.ok = end.ok();
   ended.failed_after_peer = end.failed_after_peer();
-  ended.failure = absl::StrCat(RankName(job_, end.rank()), " on ", end.worker_id(),
-                               " failed: ", end.error());
+  ended.failure =
+      absl::StrCat(RankName(job_, end.rank()), " on ", end.worker_id(), " failed: ", end.error());
   ended.at = settings_.clock->Now();
   Apply(ended);
 }
@@ -612,8 +612,7 @@ void JobController::Drain(const std::string& worker_id, const std::string& addre
   if (run_.phase == Phase::kRecovering) return;
   restart_point_.Drain(worker_id, address, boundary);
   Say(absl::StrCat(worker_id, " is stopping (drained): checkpoint scheduled before step ",
-                   restart_point_.drain_step(),
-                   "; the job restarts from it without this worker"));
+                   restart_point_.drain_step(), "; the job restarts from it without this worker"));
   Changed();
 }
 
@@ -624,9 +623,8 @@ void JobController::WorkerLost(int rank, int64_t generation, absl::Duration sile
   const bool current = generation == 0 || generation == job_.generation();
   if (current) {
     // Silent, it may still run its rank until its lease ends (then it stops it itself).
-    lost_ranks_stop_by_ =
-        std::max(lost_ranks_stop_by_, settings_.clock->Now() - silent + lease +
-                                          settings_.heartbeat_interval);
+    lost_ranks_stop_by_ = std::max(lost_ranks_stop_by_, settings_.clock->Now() - silent + lease +
+                                                            settings_.heartbeat_interval);
   }
   // Its rank will not say where it stands.
   if (survivors_ && current) SurvivorGone(rank);
@@ -670,8 +668,8 @@ void JobController::SurvivorGone(int rank) {
 
 void JobController::MaybeDecideSurvivors() {
   if (!survivors_ || survivors_->decided() || run_.phase != Phase::kRecovering) return;
-  const bool late = settings_.clock->Now() >=
-                    recovering_since_ + kRoundIntervals * settings_.heartbeat_interval;
+  const bool late =
+      settings_.clock->Now() >= recovering_since_ + kRoundIntervals * settings_.heartbeat_interval;
   if (!survivors_->AllAccounted() && !late) return;
   survivors_->Decide();
   const std::optional<recovery::SurvivorPlan>& plan = survivors_->plan();
@@ -741,8 +739,7 @@ absl::StatusOr<v1::SurvivorInstruction> JobController::Stopped(const v1::Stopped
         for (size_t r = 0; r < run_.rank_ended.size(); ++r) {
           if (!run_.rank_ended[r]) running.push_back(static_cast<int>(r));
         }
-        Stop(running, absl::StrCat(RankName(job_, s.rank()), " stopped (",
-                                   s.error().substr(0, 200),
+        Stop(running, absl::StrCat(RankName(job_, s.rank()), " stopped (", s.error().substr(0, 200),
                                    "): the survivors report where they stand"));
       }
     }
@@ -778,8 +775,8 @@ void JobController::SurvivorStageEnd(const v1::StageEnd& end) {
   const std::optional<recovery::SurvivorPlan>& plan = round.plan();
   if (!plan || run_.phase != Phase::kRecovering) return;
   if (!end.survivor_failed().empty()) {
-    Say(absl::StrCat("the survivors' state before step ", plan->step, " was not written: ",
-                     RankName(job_, end.rank()), ": ",
+    Say(absl::StrCat("the survivors' state before step ", plan->step,
+                     " was not written: ", RankName(job_, end.rank()), ": ",
                      end.survivor_failed().substr(0, kMaxErrorBytes),
                      " (the job restarts from its last checkpoint)"));
     return;
@@ -801,9 +798,9 @@ void JobController::SurvivorStageEnd(const v1::StageEnd& end) {
   // hold for that step (replicas are bitwise equal), and its calls on the job's store are
   // refused once the next generation runs.
   lost_ranks_stop_by_ = absl::InfinitePast();
-  Say(absl::StrCat("the survivors' state before step ", plan->step, " committed: ",
-                   job_.checkpoint_path(), ": the survivors go on from step ", plan->step,
-                   " (no step to run again)"));
+  Say(absl::StrCat("the survivors' state before step ", plan->step,
+                   " committed: ", job_.checkpoint_path(), ": the survivors go on from step ",
+                   plan->step, " (no step to run again)"));
   Changed();
 }
 
@@ -814,7 +811,8 @@ v1::ReplicaState JobController::ReplicaStateFor(
   if (taken.missing_layer) {
     Say(absl::StrCat("no worker holding layer ", *taken.missing_layer,
                      " of the survivors' state is left: the next generation reads the "
-                     "checkpoint before step ", start_step));
+                     "checkpoint before step ",
+                     start_step));
   }
   return std::move(taken.state);
 }

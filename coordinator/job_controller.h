@@ -209,8 +209,8 @@ class JobController {
   std::vector<int> assign_attempts_;  // assignments tried per rank
   int64_t tokens_per_step_ = 0;
   std::string requeued_because_;  // why a job that ran waits in the queue again
-  v1::JobSpec run_spec_;         // what its ranks run: the spec with the layout and resume point
-  absl::Time recovering_since_;  // when its last generation ended (phase kRecovering)
+  v1::JobSpec run_spec_;          // what its ranks run: the spec with the layout and resume point
+  absl::Time recovering_since_;   // when its last generation ended (phase kRecovering)
   // Until when a rank of this generation on a worker taken for lost (silent, maybe only cut
   // off) may still run: its lease from its last heartbeat, and an interval to stop. The next
   // generation is not placed before (no two generations' ranks at once).

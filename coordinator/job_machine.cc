@@ -47,10 +47,10 @@ void FailOrRestart(Transition& t, std::string cause, const RestartPolicy& policy
   const int restarts = t.run.restarts;
   if (restarts >= policy.max_restarts) {
     End(t, Phase::kFailed,
-        restarts == 0 ? std::move(cause)
-                      : absl::StrCat(cause, " (after ", restarts, " restart",
-                                     restarts == 1 ? "" : "s", "; max_restarts is ",
-                                     policy.max_restarts, ")"));
+        restarts == 0
+            ? std::move(cause)
+            : absl::StrCat(cause, " (after ", restarts, " restart", restarts == 1 ? "" : "s",
+                           "; max_restarts is ", policy.max_restarts, ")"));
     return;
   }
   StopRest(t, absl::StrCat("generation ", t.run.generation, " ended: ", cause));

@@ -15,8 +15,8 @@
 // consequence of a peer's (failed_after_peer) when the held one was.
 //
 // The machine decides; the job's controller (job_controller.h) carries out the commands in
-// order: stop the ranks still running, record a recovery, end the job, requeue it, say something in the
-// job's events, mark a rank's stage. Events that do not apply in the run's phase (a stage end
+// order: stop the ranks still running, record a recovery, end the job, requeue it, say something in
+// the job's events, mark a rank's stage. Events that do not apply in the run's phase (a stage end
 // after the job ended, a report of an old generation) change nothing and command nothing.
 //
 // Pure: no clock (times come in events), no I/O, no locks. Thread-compatible.
@@ -53,8 +53,8 @@ struct RestartPolicy {
 // What the machine knows of a job.
 struct JobRun {
   Phase phase = Phase::kQueued;
-  int64_t generation = 0;  // numbered from 1; 0 before the first
-  int restarts = 0;        // generations ended by a fault so far
+  int64_t generation = 0;        // numbered from 1; 0 before the first
+  int restarts = 0;              // generations ended by a fault so far
   std::vector<bool> rank_ended;  // of the current generation
   // kHeldFailure: the first rank failure ("stage 1 on worker-2 failed: ..."), since when,
   // and whether it said it was the consequence of another rank's.
@@ -84,7 +84,7 @@ struct Fault {         // the generation ends for a cause that is not one rank's
   std::string cause;   // a drained worker's checkpoint is the restart point; a restart; ...
   int rank = -1;       // a rank that ended with it (an assignment refused), or -1
 };
-struct Unplaceable {   // a rank could not be placed on any worker: back to the queue
+struct Unplaceable {  // a rank could not be placed on any worker: back to the queue
   int rank = 0;
   std::string why;
 };

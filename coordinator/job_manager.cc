@@ -11,9 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "jobspec/step_commands.h"
 #include "proto/states.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/control/step_commands.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/weights/optimizer_config.h"
 
 namespace pipetrain::coordinator {
@@ -97,13 +97,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
         state_.jobs.Add(id, JobEntry(JobController(state_.JobSettings(), std::move(job), *config)));
     const v1::Job& j = added.controller.job();
     state_.jobs.Changed(added);
-    state_.jobs.Event(id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(),
-                           ": ", j.stages(), " stages x ", j.replicas(), " replicas, ",
-                           j.steps(), " steps; needs ", j.stages() * j.replicas(), " workers"));
+    state_.jobs.Event(
+        id, absl::StrCat("submitted", j.spec().name().empty() ? "" : " as ", j.spec().name(), ": ",
+                         j.stages(), " stages x ", j.replicas(), " replicas, ", j.steps(),
+                         " steps; needs ", j.stages() * j.replicas(), " workers"));
     if (j.has_plan()) {
-      state_.jobs.Event(id, absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
-                                j.plan().planner(), j.plan().workers(), j.plan().layout(),
-                                j.plan().predicted_step_time_s() * 1e3));
+      state_.jobs.Event(id,
+                        absl::StrFormat("planned by %s for %d workers: %s; predicted step %.2f ms",
+                                        j.plan().planner(), j.plan().workers(), j.plan().layout(),
+                                        j.plan().predicted_step_time_s() * 1e3));
     }
   }
   // Acknowledged only once durable; until then it is not scheduled.
@@ -125,7 +127,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& submitted,
 }
 
 absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& spec,
-                                                   job::JobSpec& config) const {
+                                            job::JobSpec& config) const {
   if (!spec.checkpoint().has_dir()) {
     if (spec.resume_from() == "latest") {
       return absl::InvalidArgumentError(
@@ -151,10 +153,11 @@ absl::Status JobManager::PlaceCheckpointDir(const std::string& id, v1::JobSpec& 
     if (state != v1::JOB_STATE_QUEUED && state != v1::JOB_STATE_RUNNING) continue;
     if (normal(other.controller.config().checkpoint().dir()) == dir) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id,
-          " (", state == v1::JOB_STATE_QUEUED ? "queued" : "running",
+          "checkpoint.dir ", spec.checkpoint().dir(), " holds the checkpoints of ", other_id, " (",
+          state == v1::JOB_STATE_QUEUED ? "queued" : "running",
           "): a job's checkpoints never share a directory with another's; give this one its "
-          "own, or none (then it gets checkpoints/", id, ")"));
+          "own, or none (then it gets checkpoints/",
+          id, ")"));
     }
   }
   return absl::OkStatus();
@@ -231,12 +234,14 @@ absl::StatusOr<v1::SendCommandResponse> JobManager::SendCommandUncounted(
   {
     absl::MutexLock lock(&state_.mu);
     auto it = state_.jobs.find(request.job_id());
-    if (it == state_.jobs.end()) return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
+    if (it == state_.jobs.end())
+      return absl::NotFoundError(absl::StrCat("no job ", request.job_id()));
     const JobController& c = it->second.controller;
     if (jobspec::StepCommandBit(request.command()) == 0) {
       return absl::InvalidArgumentError("command: give flush, switch, checkpoint or stop");
     }
-    PT_ASSIGN_OR_RETURN(client, CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool));
+    PT_ASSIGN_OR_RETURN(client,
+                        CommandRelay::Rank0(c.job(), c.phase(), c.rank_worker(), state_.pool));
   }
   absl::StatusOr<int64_t> boundary =
       CommandRelay::Send(*client, request.job_id(), request.command(), request.step());
@@ -253,8 +258,8 @@ absl::StatusOr<v1::SendCommandResponse> JobManager::SendCommandUncounted(
 }
 
 absl::StatusOr<std::pair<v1::Job, int64_t>> JobManager::WaitForChange(const std::string& id,
-                                                                        int64_t version,
-                                                                        absl::Time deadline) {
+                                                                      int64_t version,
+                                                                      absl::Time deadline) {
   absl::StatusOr<std::pair<v1::Job, int64_t>> changed =
       [&]() -> absl::StatusOr<std::pair<v1::Job, int64_t>> {
     absl::MutexLock lock(&state_.mu);
@@ -272,7 +277,7 @@ absl::StatusOr<std::pair<v1::Job, int64_t>> JobManager::WaitForChange(const std:
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::Events(const std::string& id,
-                                                              int64_t after_seq) {
+                                                             int64_t after_seq) {
   {
     absl::MutexLock lock(&state_.mu);
     if (!state_.jobs.contains(id)) return absl::NotFoundError(absl::StrCat("no job ", id));
@@ -293,7 +298,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::Events(const std::string& 
 }
 
 absl::StatusOr<std::vector<StoredStep>> JobManager::Steps(const std::string& id,
-                                                           int64_t after_step) {
+                                                          int64_t after_step) {
   weights::OptimizerConfig optimizer;
   int64_t job_steps = 0;
   {
@@ -334,7 +339,9 @@ int JobManager::CheckpointRunningJobs(absl::Duration limit) {
     wanted[id] = *scheduled;
     StateLock lock(&state_);
     state_.jobs.Event(id, absl::StrCat("the coordinator is stopping: checkpoint scheduled "
-                                       "before step ", *scheduled, "; the job resumes from it "
+                                       "before step ",
+                                       *scheduled,
+                                       "; the job resumes from it "
                                        "when the coordinator starts again"));
   }
   int done = 0;

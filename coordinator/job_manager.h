@@ -46,13 +46,11 @@ class JobManager {
   // Jobs oldest first, a page at a time: at most `page_size` (0: 100; at most 500) and about
   // kListPageBytes, after the job `page_token` names ("" from the first). The page's
   // next_page_token is "" after the last job; an invalid token is InvalidArgument.
-  absl::StatusOr<v1::ListJobsResponse> List(int page_size = 0,
-                                            const std::string& page_token = "");
+  absl::StatusOr<v1::ListJobsResponse> List(int page_size = 0, const std::string& page_token = "");
   static constexpr size_t kListPageBytes = size_t{1} << 20;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Waits until job `id` differs from `version` (or `deadline`); returns it and its version.
-  absl::StatusOr<std::pair<v1::Job, int64_t>> WaitForChange(const std::string& id,
-                                                            int64_t version,
+  absl::StatusOr<std::pair<v1::Job, int64_t>> WaitForChange(const std::string& id, int64_t version,
                                                             absl::Time deadline);
   // At most kEventsPerCall events after `after_seq` (a caller wanting more asks again).
   absl::StatusOr<std::vector<v1::JobEvent>> Events(const std::string& id, int64_t after_seq);

@@ -19,7 +19,9 @@ namespace {
 // A prepared statement, finalized on scope exit.
 class Statement {
  public:
-  Statement(sqlite3* db, const char* sql) { status_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  Statement(sqlite3* db, const char* sql) {
+    status_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
   ~Statement() { sqlite3_finalize(stmt_); }
   bool ok() const { return status_ == SQLITE_OK; }
   sqlite3_stmt* get() { return stmt_; }
@@ -50,8 +52,8 @@ class SqliteJobStore : public JobStore {
   absl::StatusOr<std::vector<StoredJob>> LoadJobs() override;
   absl::StatusOr<int64_t> AppendEvent(const std::string& job_id, int64_t unix_ms,
                                       const std::string& text) override;
-  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
-                                                  int64_t after_seq, int64_t limit) override;
+  absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id, int64_t after_seq,
+                                                  int64_t limit) override;
   absl::StatusOr<int64_t> Increment(const std::string& name, int64_t by) override;
   absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) override;
   absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id, int64_t after_step,
@@ -80,21 +82,22 @@ struct Table {
   std::vector<std::string> columns;
 };
 const Table kTables[] = {
-    {"jobs", "CREATE TABLE jobs (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, job BLOB NOT NULL)",
+    {"jobs",
+     "CREATE TABLE jobs (id TEXT PRIMARY KEY, ord INTEGER NOT NULL, job BLOB NOT NULL)",
      {"id TEXT 0 1", "ord INTEGER 1 0", "job BLOB 1 0"}},
     {"events",
      "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
      "unix_ms INTEGER NOT NULL, text TEXT NOT NULL, PRIMARY KEY (job_id, seq))",
      {"job_id TEXT 1 1", "seq INTEGER 1 2", "unix_ms INTEGER 1 0", "text TEXT 1 0"}},
-    {"counters", "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    {"counters",
+     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
      {"name TEXT 0 1", "value INTEGER 1 0"}},
     {"steps",
      "CREATE TABLE steps (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
      "generation INTEGER NOT NULL, loss REAL, unix_ms INTEGER NOT NULL, grad_norm REAL, "
      "eval_loss REAL, eval_accuracy REAL, PRIMARY KEY (job_id, step))",
      {"job_id TEXT 1 1", "step INTEGER 1 2", "generation INTEGER 1 0", "loss REAL 0 0",
-      "unix_ms INTEGER 1 0", "grad_norm REAL 0 0", "eval_loss REAL 0 0",
-      "eval_accuracy REAL 0 0"}},
+      "unix_ms INTEGER 1 0", "grad_norm REAL 0 0", "eval_loss REAL 0 0", "eval_accuracy REAL 0 0"}},
 };
 
 // Takes `<path>.lock` (flock, released when the process ends however it ends) and writes
@@ -112,9 +115,9 @@ absl::StatusOr<int> LockStore(const std::string& path) {
     close(fd);
     std::string who = n > 0 ? std::string(holder, n) : "another process";
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job store ", path, " is in use by ", who, " (lock ", lock_path,
-        "): one coordinator per database; stop that one or give another --db"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job store ", path, " is in use by ", who, " (lock ", lock_path,
+                     "): one coordinator per database; stop that one or give another --db"));
   }
   char host[128] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -166,26 +169,28 @@ absl::Status CheckOrCreateSchema(SqliteJobStore& store, const std::string& path)
   if (ours && version == "2") {
     PT_RETURN_IF_ERROR(store.Exec("BEGIN IMMEDIATE"));
     for (const char* column : {"grad_norm", "eval_loss", "eval_accuracy"}) {
-      PT_RETURN_IF_ERROR(store.Exec(absl::StrCat("ALTER TABLE steps ADD COLUMN ", column,
-                                                 " REAL").c_str()));
+      PT_RETURN_IF_ERROR(
+          store.Exec(absl::StrCat("ALTER TABLE steps ADD COLUMN ", column, " REAL").c_str()));
     }
     PT_RETURN_IF_ERROR(store.Exec(kSetIds.c_str()));
     PT_RETURN_IF_ERROR(store.Exec("COMMIT"));
     version = absl::StrCat(kSchemaVersion);
   }
   if (ours && version != absl::StrCat(kSchemaVersion)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the job store ", path, " has schema version ", version, "; this coordinator "
-                     "knows version ", kSchemaVersion));
+    return absl::FailedPreconditionError(absl::StrCat("the job store ", path,
+                                                      " has schema version ", version,
+                                                      "; this coordinator "
+                                                      "knows version ",
+                                                      kSchemaVersion));
   }
   // Every table as this version makes it (also for a store from before the id was set).
   for (const Table& t : kTables) {
     const std::vector<std::string> have = store.Columns(t.name);
     if (have != t.columns) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the job store ", path, " is not a pipetrain job store of schema version ",
-          kSchemaVersion, ": table '", t.name, "' ",
-          have.empty() ? "is missing" : "has other columns"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job store ", path, " is not a pipetrain job store of schema version ",
+                       kSchemaVersion, ": table '", t.name, "' ",
+                       have.empty() ? "is missing" : "has other columns"));
     }
   }
   return ours ? absl::OkStatus() : store.Exec(kSetIds.c_str());
@@ -210,7 +215,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
       if (absl::StrContains(s.message(), "malformed") ||
           absl::StrContains(s.message(), "not a database")) {
         return absl::DataLossError(absl::StrCat("the job store ", path, " is damaged (",
-                                                s.message(), "): the coordinator will not run "
+                                                s.message(),
+                                                "): the coordinator will not run "
                                                 "on it; restore it from a backup or move it away"));
       }
       return absl::UnavailableError(absl::StrCat("job store ", path, ": ", s.message()));
@@ -219,7 +225,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
   if (absl::Status s = CheckOrCreateSchema(*store, path); !s.ok()) {
     if (s.code() == absl::StatusCode::kInternal) {  // an SQLite error while checking
       return absl::DataLossError(absl::StrCat("the job store ", path, " cannot be read (",
-                                              s.message(), "): the coordinator will not run on "
+                                              s.message(),
+                                              "): the coordinator will not run on "
                                               "it; restore it from a backup or move it away"));
     }
     return s;
@@ -290,7 +297,7 @@ absl::StatusOr<std::vector<StoredJob>> SqliteJobStore::LoadJobs() {
 }
 
 absl::StatusOr<int64_t> SqliteJobStore::AppendEvent(const std::string& job_id, int64_t unix_ms,
-                                              const std::string& text) {
+                                                    const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
                "INSERT INTO events (job_id, seq, unix_ms, text) VALUES (?1, "
@@ -353,7 +360,7 @@ absl::Status SqliteJobStore::PutSteps(const std::string& job_id,
 }
 
 absl::StatusOr<std::vector<StoredStep>> SqliteJobStore::Steps(const std::string& job_id,
-                                                             int64_t after_step, int64_t limit) {
+                                                              int64_t after_step, int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
                "SELECT step, generation, loss, unix_ms, grad_norm, eval_loss, eval_accuracy "
@@ -400,7 +407,7 @@ absl::StatusOr<int64_t> SqliteJobStore::Increment(const std::string& name, int64
 }
 
 absl::StatusOr<std::vector<StoredEvent>> SqliteJobStore::Events(const std::string& job_id,
-                                                          int64_t after_seq, int64_t limit) {
+                                                                int64_t after_seq, int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement st(db_,
                "SELECT seq, unix_ms, text FROM events WHERE job_id = ?1 AND seq > ?2 "
@@ -412,8 +419,8 @@ absl::StatusOr<std::vector<StoredEvent>> SqliteJobStore::Events(const std::strin
   std::vector<StoredEvent> events;
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-    events.push_back({sqlite3_column_int64(st.get(), 0), sqlite3_column_int64(st.get(), 1),
-                      st.Blob(2)});
+    events.push_back(
+        {sqlite3_column_int64(st.get(), 0), sqlite3_column_int64(st.get(), 1), st.Blob(2)});
   }
   if (rc != SQLITE_DONE) return Error(db_, "reading events");
   return events;

@@ -55,7 +55,8 @@ class JobStore {
   virtual absl::StatusOr<std::vector<StoredEvent>> Events(const std::string& job_id,
                                                           int64_t after_seq, int64_t limit) = 0;
   // Inserts or replaces the rows of `steps` (by step), in one write.
-  virtual absl::Status PutSteps(const std::string& job_id, const std::vector<StoredStep>& steps) = 0;
+  virtual absl::Status PutSteps(const std::string& job_id,
+                                const std::vector<StoredStep>& steps) = 0;
   // At most `limit` steps after `after_step`, in order.
   virtual absl::StatusOr<std::vector<StoredStep>> Steps(const std::string& job_id,
                                                         int64_t after_step, int64_t limit) = 0;

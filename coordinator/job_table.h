@@ -32,9 +32,9 @@ namespace pipetrain::coordinator {
 struct JobEntry {
   explicit JobEntry(JobController controller) : controller(std::move(controller)) {}
   JobController controller;
-  int64_t order = 0;     // submission order (JobTable::Add)
-  int64_t version = 0;   // bumped on every change
-  bool durable = false;  // its first record is in the store: it may be scheduled
+  int64_t order = 0;        // submission order (JobTable::Add)
+  int64_t version = 0;      // bumped on every change
+  bool durable = false;     // its first record is in the store: it may be scheduled
   absl::Time persisted_at;  // progress is written at most once a second
   // Steps committed since its record was last queued for the store: written with it (at
   // most a second apart while it runs, at once on every state change).

@@ -9,25 +9,25 @@
 // SIGTERM or SIGINT: stops.
 // The token (--token-file, else $PIPETRAIN_TOKEN) is asked of every client and worker and
 // sent to workers; with --worker-token-file, workers are asked (and sent) that one instead,
-// and the first serves people only; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0 stopped,
-// 2 bad usage (an unreadable token or TLS file), 5 cannot open the database or listen.
+// and the first serves people only; see rpc/security.h. Exit codes (runtime/base/exit_codes.h): 0
+// stopped, 2 bad usage (an unreadable token or TLS file), 5 cannot open the database or listen.
 #include <csignal>
 #include <cstdio>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
-#include "absl/synchronization/mutex.h"
-#include "coordinator/coordinator_metrics.h"
-#include "metrics/endpoint.h"
-#include "runtime/base/host_port.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/service.h"
+#include "metrics/endpoint.h"
 #include "rpc/protobuf_logs.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/exit_codes.h"
+#include "runtime/base/host_port.h"
 #include "runtime/base/printable.h"
 #include "runtime/base/regular_file.h"
 #include "runtime/planner/profile_json.h"
@@ -49,10 +49,11 @@ int main(int argc, char** argv) {
   using namespace pipetrain::coordinator;
   namespace exit_code = pipetrain::exit_code;
   pipetrain::rpc::QuietMalformedRequestLogs();
-  CLI::App app{"pipetrain-coordinator: the control plane of pipetrain. Takes jobs from the "
-               "pipetrain CLI, assigns their pipeline stages to registered workers, follows "
-               "them, and keeps every job and its events in a SQLite file that survives "
-               "restarts."};
+  CLI::App app{
+      "pipetrain-coordinator: the control plane of pipetrain. Takes jobs from the "
+      "pipetrain CLI, assigns their pipeline stages to registered workers, follows "
+      "them, and keeps every job and its events in a SQLite file that survives "
+      "restarts."};
   ServerOptions server_options;
   CoordinatorOptions options;
   int64_t heartbeat_ms = 1000;
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
                  "file holding a separate join token for workers: asked of every worker call "
                  "and sent to workers, while --token-file's then serves people (the CLI) "
                  "only (default: none, --token-file's serves both)");
-  app.add_option("--tls-cert", security.tls_cert, "PEM certificate: serve TLS (also presented "
-                                                  "to workers as its client certificate)");
+  app.add_option("--tls-cert", security.tls_cert,
+                 "PEM certificate: serve TLS (also presented "
+                 "to workers as its client certificate)");
   app.add_option("--tls-key", security.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-ca", security.tls_ca,
                  "PEM CA: require client certificates signed by it (mutual TLS) and verify "
@@ -160,7 +162,7 @@ int main(int argc, char** argv) {
     if (!started.ok()) {
       Say(std::string(started.status().message()));
       return absl::IsInvalidArgument(started.status()) ? exit_code::kUsage
-                                                        : exit_code::kUnavailable;
+                                                       : exit_code::kUnavailable;
     }
     metrics_endpoint = *std::move(started);
   }
@@ -194,7 +196,8 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "pipetrain-coordinator: stopping (signal %d)\n", sig);
   // Jobs that may restart get a checkpoint first, so the next start resumes them from here
   // (at most 30 s; jobs without restarts left wait for nothing).
-  if (const int saved = (*coordinator)->jobs().CheckpointRunningJobs(absl::Seconds(30)); saved > 0) {
+  if (const int saved = (*coordinator)->jobs().CheckpointRunningJobs(absl::Seconds(30));
+      saved > 0) {
     std::fprintf(stderr, "pipetrain-coordinator: %d running job%s checkpointed\n", saved,
                  saved == 1 ? "" : "s");
   }

@@ -89,11 +89,11 @@ PlacementPlan PlaceQueuedJobs(const std::vector<QueuedJob>& queued,
                             narrowed ? absl::StrCat(" such (of ", pool.size(), ")") : "",
                             ": it waits for more to register");
     } else {
-      reason = absl::StrCat("needs ", workers, ", ", free.size(), " idle",
-                            suitable_idle > static_cast<int>(free.size())
-                                ? absl::StrCat(" (", suitable_idle - free.size(),
-                                               " more taken by earlier jobs)")
-                                : "");
+      reason = absl::StrCat(
+          "needs ", workers, ", ", free.size(), " idle",
+          suitable_idle > static_cast<int>(free.size())
+              ? absl::StrCat(" (", suitable_idle - free.size(), " more taken by earlier jobs)")
+              : "");
     }
     plan.waiting.push_back({job.id, std::move(reason)});
   }

@@ -26,8 +26,8 @@ using HostPlacer = std::function<std::vector<int>(const std::vector<int>& free_p
 
 struct QueuedJob {
   std::string id;
-  int ranks = 0;      // stages x replicas: the workers it needs
-  int min_cores = 0;  // cores each of them must have (0: any)
+  int ranks = 0;               // stages x replicas: the workers it needs
+  int min_cores = 0;           // cores each of them must have (0: any)
   std::string device = "cpu";  // cpu | cuda
   HostPlacer place_on_hosts;   // empty: pool order, whatever the hosts
 };
@@ -66,9 +66,10 @@ struct PlacementPlan {
 // The layouts a job that ran as `original` may restart with on at most `workers` workers,
 // best first: `original` if it fits; else every layout with at most as many stages and
 // replicas and the same global batch (replicas x micro-batches unchanged, so the data order
-// and the arithmetic stay the same; a changed stage count leaves the layers to be balanced), the most ranks first, then the most stages (the least
-// memory per worker). With `stages_fixed` (explicit layer ranges) only the replicas change.
-// Pure; the caller checks each against the job's other rules and takes the first that passes.
+// and the arithmetic stay the same; a changed stage count leaves the layers to be balanced), the
+// most ranks first, then the most stages (the least memory per worker). With `stages_fixed`
+// (explicit layer ranges) only the replicas change. Pure; the caller checks each against the job's
+// other rules and takes the first that passes.
 std::vector<model::PipelineLayout> RecoveryLayouts(const model::PipelineLayout& original,
                                                    int workers, bool stages_fixed);
 

@@ -15,23 +15,24 @@ bool WithoutControlCharacters(const std::string& text) {
 absl::Status CheckStepReportFields(const v1::StepReport& r, int stages, const std::string& where) {
   for (double v : {r.compute_s(), r.wait_s(), r.end_s()}) {
     if (!std::isfinite(v) || v < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " step ", r.step(), ": times must be finite and >= 0, got ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " step ", r.step(), ": times must be finite and >= 0, got ", v));
     }
   }
   if (r.peak_memory_bytes() < 0 || r.parameter_bytes() < 0 || r.peak_tensor_bytes() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative byte counts"));
   }
   if (r.layers_begin() < 0 || r.layers_end() < r.layers_begin()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": layers [", r.layers_begin(), ", ", r.layers_end(), ") are not a range"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": layers [", r.layers_begin(), ", ",
+                                                   r.layers_end(), ") are not a range"));
   }
   const std::string& committed = r.checkpoint_committed();
   if (!committed.empty() && (r.rank() >= stages || committed.size() > 4096 ||
                              committed.front() != '/' || !WithoutControlCharacters(committed))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": a committed checkpoint is reported by a rank of replica 0 as an absolute "
-        "path of at most 4096 bytes without control characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": a committed checkpoint is reported by a rank of replica 0 as an absolute "
+                     "path of at most 4096 bytes without control characters"));
   }
   bool passed_over_ok = r.passed_over_size() <= 16;
   for (const std::string& why : r.passed_over()) {
@@ -40,15 +41,16 @@ absl::Status CheckStepReportFields(const v1::StepReport& r, int stages, const st
   if ((!r.resumed_from().empty() || r.passed_over_size() > 0) &&
       (r.rank() != 0 || r.resumed_from().size() > 4096 ||
        !WithoutControlCharacters(r.resumed_from()) || !passed_over_ok)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": where a job resumed from is reported by rank 0: a path of at most 4096 "
-        "bytes and at most 16 checkpoints passed over, 1 KiB each, without control "
-        "characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": where a job resumed from is reported by rank 0: a path of at most 4096 "
+                     "bytes and at most 16 checkpoints passed over, 1 KiB each, without control "
+                     "characters"));
   }
-  if (r.state_from_replicas().size() > 1024 ||
-      !WithoutControlCharacters(r.state_from_replicas())) {
+  if (r.state_from_replicas().size() > 1024 || !WithoutControlCharacters(r.state_from_replicas())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": how a rank's state came from the survivors is at most 1 KiB without control "
+        where,
+        ": how a rank's state came from the survivors is at most 1 KiB without control "
         "characters"));
   }
   const v1::StageBreakdown& b = r.breakdown();
@@ -61,9 +63,9 @@ absl::Status CheckStepReportFields(const v1::StepReport& r, int stages, const st
     }
   }
   if (b.last_step_bubble_ratio() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " step ", r.step(), ": a bubble ratio is at most 1, got ",
-        b.last_step_bubble_ratio()));
+    return absl::InvalidArgumentError(absl::StrCat(where, " step ", r.step(),
+                                                   ": a bubble ratio is at most 1, got ",
+                                                   b.last_step_bubble_ratio()));
   }
   return absl::OkStatus();
 }

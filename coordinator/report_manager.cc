@@ -1,5 +1,5 @@
-// Step reports, stage ends and stopped ranks from workers: a batch checked whole (report_checks.h, each
-// report its rank's next step) before any of it is applied, each then handed to its job's
+// Step reports, stage ends and stopped ranks from workers: a batch checked whole (report_checks.h,
+// each report its rank's next step) before any of it is applied, each then handed to its job's
 // controller (job_controller.h). See report_manager.h.
 #include "coordinator/report_manager.h"
 
@@ -42,14 +42,14 @@ absl::StatusOr<std::vector<const v1::StepReport*>> ReportManager::CheckReports(
       return absl::PermissionDeniedError(
           absl::StrCat(where, " runs on ", rank_worker[r.rank()], ", not ", caller->info.id()));
     }
-    auto [seen, fresh] = last.emplace(std::make_pair(r.job_id(), r.rank()),
-                                      c.ledger().last_step(r.rank()));
+    auto [seen, fresh] =
+        last.emplace(std::make_pair(r.job_id(), r.rank()), c.ledger().last_step(r.rank()));
     const StepLedger::Order order = c.ledger().Expects(seen->second, r.step());
     if (order == StepLedger::Order::kResent) continue;  // counted already
     if (order == StepLedger::Order::kOutOfOrder || r.step() < 0 || r.step() >= c.job().steps()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": step ", r.step(), " reported, expected step ", seen->second + 1, " of ",
-          c.job().steps(), " (steps are reported in order)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": step ", r.step(), " reported, expected step ", seen->second + 1,
+                       " of ", c.job().steps(), " (steps are reported in order)"));
     }
     PT_RETURN_IF_ERROR(CheckStepReportFields(r, c.job().stages(), where));
     seen->second = r.step();
@@ -64,10 +64,9 @@ absl::StatusOr<std::vector<const v1::StepReport*>> ReportManager::CheckReports(
 }
 
 absl::StatusOr<v1::ReportResponse> ReportManager::ReportSteps(const std::string& session,
-                                                            const v1::StepReports& reports) {
+                                                              const v1::StepReports& reports) {
   StateLock lock(&state_);
-  PT_ASSIGN_OR_RETURN(std::vector<const v1::StepReport*> apply,
-                      CheckReports(session, reports));
+  PT_ASSIGN_OR_RETURN(std::vector<const v1::StepReport*> apply, CheckReports(session, reports));
   v1::ReportResponse response;
   for (const v1::StepReport* r : apply) {
     absl::StatusOr<v1::ReportResponse> one = ReportStep(*r);
@@ -97,7 +96,7 @@ absl::StatusOr<v1::ReportResponse> ReportManager::ReportStep(const v1::StepRepor
 }
 
 absl::StatusOr<v1::ReportResponse> ReportManager::ReportStageEnd(const std::string& session,
-                                                               const v1::StageEnd& end) {
+                                                                 const v1::StageEnd& end) {
   StateLock lock(&state_);
   PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, state_.Caller(session, end.worker_id()));
   auto it = state_.jobs.find(end.job_id());
@@ -115,10 +114,9 @@ absl::StatusOr<v1::ReportResponse> ReportManager::ReportStageEnd(const std::stri
     const std::vector<std::string>& rank_worker = it->second.controller.rank_worker();
     if (end.rank() >= 0 && end.rank() < static_cast<int>(rank_worker.size()) &&
         rank_worker[end.rank()] != caller->info.id()) {
-      return absl::PermissionDeniedError(absl::StrCat("job ", end.job_id(), " rank ",
-                                                      end.rank(), " runs on ",
-                                                      rank_worker[end.rank()], ", not ",
-                                                      caller->info.id()));
+      return absl::PermissionDeniedError(absl::StrCat("job ", end.job_id(), " rank ", end.rank(),
+                                                      " runs on ", rank_worker[end.rank()],
+                                                      ", not ", caller->info.id()));
     }
   }
   if (end.error().size() <= JobController::kMaxErrorBytes) return StageEnd(end);
@@ -142,7 +140,7 @@ absl::StatusOr<v1::ReportResponse> ReportManager::StageEnd(const v1::StageEnd& e
 }
 
 absl::StatusOr<v1::SurvivorInstruction> ReportManager::ReportStopped(const std::string& session,
-                                                                   const v1::StoppedRank& s) {
+                                                                     const v1::StoppedRank& s) {
   StateLock lock(&state_);
   PT_ASSIGN_OR_RETURN(WorkerPool::Worker * caller, state_.Caller(session, s.worker_id()));
   auto it = state_.jobs.find(s.job_id());
@@ -156,14 +154,13 @@ absl::StatusOr<v1::SurvivorInstruction> ReportManager::ReportStopped(const std::
   if (s.generation() != c.job().generation() || !IsRunning(c.phase())) {
     v1::SurvivorInstruction abandon;
     abandon.set_action(v1::SurvivorInstruction::ABANDON);
-    abandon.set_reason(absl::StrCat("generation ", s.generation(), " of ", s.job_id(),
-                                    " no longer runs"));
+    abandon.set_reason(
+        absl::StrCat("generation ", s.generation(), " of ", s.job_id(), " no longer runs"));
     return abandon;
   }
   if (c.rank_worker()[s.rank()] != caller->info.id()) {
-    return absl::PermissionDeniedError(absl::StrCat(where, " runs on ",
-                                                    c.rank_worker()[s.rank()], ", not ",
-                                                    caller->info.id()));
+    return absl::PermissionDeniedError(
+        absl::StrCat(where, " runs on ", c.rank_worker()[s.rank()], ", not ", caller->info.id()));
   }
   absl::StatusOr<v1::SurvivorInstruction> answer = e.controller.Stopped(s);
   state_.Carry(e);

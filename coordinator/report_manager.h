@@ -48,8 +48,8 @@ class ReportManager {
  private:
   // Which reports of a batch to apply (resent ones left out), or why the batch is refused;
   // the late reports of a generation whose survivors decide are counted here.
-  absl::StatusOr<std::vector<const v1::StepReport*>> CheckReports(
-      const std::string& session, const v1::StepReports& reports)
+  absl::StatusOr<std::vector<const v1::StepReport*>> CheckReports(const std::string& session,
+                                                                  const v1::StepReports& reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   absl::StatusOr<v1::ReportResponse> ReportStep(const v1::StepReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);

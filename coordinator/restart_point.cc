@@ -24,9 +24,9 @@ RestartPoint::Decision RestartPoint::Committed(int64_t committed_through, int64_
   if (committed_through < pending_.step - 1) return decision;
   decision.restart_point = pending_;
   if (drain_step_ > 0 && pending_.step >= drain_step_) {
-    decision.drained = absl::StrCat(draining_worker_, " (", draining_address_,
-                                    ") was stopped (drained) after the checkpoint before step ",
-                                    drain_step_);
+    decision.drained =
+        absl::StrCat(draining_worker_, " (", draining_address_,
+                     ") was stopped (drained) after the checkpoint before step ", drain_step_);
   }
   return decision;
 }

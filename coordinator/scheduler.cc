@@ -29,8 +29,7 @@ bool IsUnreachable(const absl::Status& error) {
 
 std::optional<int64_t> RankParameterStateBytes(const job::JobSpec& c,
                                                const model::PipelineLayout& layout) {
-  absl::StatusOr<std::vector<model::LayerInfo>> layers =
-      model::BuiltinLayers(ModelSizedByData(c));
+  absl::StatusOr<std::vector<model::LayerInfo>> layers = model::BuiltinLayers(ModelSizedByData(c));
   if (!layers.ok()) return std::nullopt;
   std::vector<double> counts;
   for (const model::LayerInfo& l : *layers) counts.push_back(static_cast<double>(l.num_parameters));
@@ -43,13 +42,16 @@ std::optional<int64_t> RankParameterStateBytes(const job::JobSpec& c,
     for (int i = r.begin; i < r.end && i < static_cast<int>(counts.size()); ++i) sum += counts[i];
     largest = std::max(largest, sum);
   }
-  const int element = job::PrecisionOf(c) == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
+  const int element =
+      job::PrecisionOf(c) == job::Precision::kFloat64 ? 8 : 4;  // bf16 keeps fp32 weights
   const int64_t parameter_bytes = static_cast<int64_t>(largest) * element;
   // The planner's model of a stage's weights, and its gradient.
   // Stage 0 keeps the most versions (pipedream).
-  const int versions = planner::WeightVersions(job::ScheduleOf(c), layout.stages, 0, layout.micro_batches);
-  return planner::WeightBytes(versions, parameter_bytes,
-                              weights::OptimizerStateCopies(job::OptimizerConfigOf(c)) * parameter_bytes) +
+  const int versions =
+      planner::WeightVersions(job::ScheduleOf(c), layout.stages, 0, layout.micro_batches);
+  return planner::WeightBytes(
+             versions, parameter_bytes,
+             weights::OptimizerStateCopies(job::OptimizerConfigOf(c)) * parameter_bytes) +
          parameter_bytes;
 }
 
@@ -108,8 +110,8 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
                           SchedulerPolicy::kRecoveryGraceIntervals * policy_.heartbeat_interval;
   std::string too_small;  // why layouts were passed over, for the job's message
   if (!ending && !lease_left && (full || grace_over)) {
-    for (const model::PipelineLayout& l : RecoveryLayouts(
-             original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
+    for (const model::PipelineLayout& l :
+         RecoveryLayouts(original, static_cast<int>(idle.size()), spec.stage_ranges_size() > 0)) {
       // Only workers whose memory holds a rank's parameter state (when both are known).
       const std::optional<int64_t> need = RankParameterStateBytes(c, l);
       std::vector<PoolWorker> fit;
@@ -122,7 +124,8 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
         too_small = absl::StrCat("; ", l.stages, " stages x ", l.replicas, " replicas need ",
                                  l.ranks(), " workers with ", need.value_or(0),
                                  " bytes for a rank's parameters, gradients and optimizer "
-                                 "state, ", fit.size(), " idle have them");
+                                 "state, ",
+                                 fit.size(), " idle have them");
         continue;
       }
       v1::JobSpec run = spec;
@@ -137,8 +140,8 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
       if (!run_config.ok()) continue;
       StartGeneration start;
       start.layout = l;
-      start.start_step = job.checkpoint_step() > 0 ? job.checkpoint_step()
-                                                   : (run.has_resume_from() ? -1 : 0);
+      start.start_step =
+          job.checkpoint_step() > 0 ? job.checkpoint_step() : (run.has_resume_from() ? -1 : 0);
       start.run_spec = std::move(run);
       std::vector<size_t> all(fit.size());
       for (size_t i = 0; i < fit.size(); ++i) all[i] = i;
@@ -146,10 +149,10 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
         start.rank_workers.push_back(fit[i].id);
       }
       if (l.stages != original.stages || l.replicas != original.replicas) {
-        start.announcement = absl::StrCat(
-            "only ", idle.size(), " workers: generation ", job.generation() + 1, " runs ",
-            l.stages, " stages x ", l.replicas, " replicas x ", l.micro_batches,
-            " micro-batches (the global batch unchanged)");
+        start.announcement =
+            absl::StrCat("only ", idle.size(), " workers: generation ", job.generation() + 1,
+                         " runs ", l.stages, " stages x ", l.replicas, " replicas x ",
+                         l.micro_batches, " micro-batches (the global batch unchanged)");
       }
       return start;
     }
@@ -159,8 +162,8 @@ RecoveryPlan Scheduler::PlanRecovery(const RecoveringJob& r,
     return GiveUp{absl::StrCat("no workers to restart on within timeout_s (",
                                absl::FormatDuration(limit), "): ", idle.size(), " idle",
                                ending ? ", ranks of the last generation still ending" : "",
-                               lease_note, too_small, "; it ran ", job.step() + 1, " of ", job.steps(),
-                               " steps; the last fault: ", LastCause(job))};
+                               lease_note, too_small, "; it ran ", job.step() + 1, " of ",
+                               job.steps(), " steps; the last fault: ", LastCause(job))};
   }
   WaitForWorkers wait;
   wait.why = absl::StrCat(

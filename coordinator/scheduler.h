@@ -56,9 +56,9 @@ struct SchedulerPolicy {
 
 // A job whose last generation a fault ended (job machine phase kRecovering).
 struct RecoveringJob {
-  const v1::Job* job = nullptr;              // its record (spec, checkpoint, restarts, ...)
-  const job::JobSpec* config = nullptr;    // its spec, resolved
-  absl::Time recovering_since;               // when its last generation ended
+  const v1::Job* job = nullptr;          // its record (spec, checkpoint, restarts, ...)
+  const job::JobSpec* config = nullptr;  // its spec, resolved
+  absl::Time recovering_since;           // when its last generation ended
   // Until when a rank of it on a worker taken for lost may still run (that worker's lease):
   // the next generation waits for it.
   absl::Time lost_ranks_stop_by = absl::InfinitePast();
@@ -74,7 +74,7 @@ struct StartGeneration {  // run the next generation now
   std::string announcement;
 };
 struct WaitForWorkers {  // no layout yet
-  std::string why;  // for the job's status ("recovering (restart 1 of 2): ...; waits for ...")
+  std::string why;       // for the job's status ("recovering (restart 1 of 2): ...; waits for ...")
   // The idle workers are kept for this job (its old ranks still end, or it is within the
   // grace for its own layout): queued jobs wait. Otherwise they may start on them.
   bool holds_idle_workers = false;

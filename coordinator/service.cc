@@ -37,8 +37,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  public:
   // `stopping`: set when the server stops; streams end at once then (not at the shutdown's
   // deadline), UNAVAILABLE so that a follower says the coordinator went.
-  JobServiceImpl(Coordinator* c, const std::atomic<bool>* stopping)
-      : c_(c), stopping_(stopping) {}
+  JobServiceImpl(Coordinator* c, const std::atomic<bool>* stopping) : c_(c), stopping_(stopping) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
                          v1::Job* response) override {
@@ -61,7 +60,8 @@ class JobServiceImpl final : public v1::JobService::Service {
     int64_t version = -1;
     while (!context->IsCancelled()) {
       if (stopping_->load()) return Stopping();
-      auto next = c_->jobs().WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
+      auto next =
+          c_->jobs().WaitForChange(request->id(), version, absl::Now() + absl::Milliseconds(100));
       if (!next.ok()) return ToGrpcStatus(next.status());
       if (next->second == version) continue;
       version = next->second;
@@ -92,7 +92,8 @@ class JobServiceImpl final : public v1::JobService::Service {
       // A full page: there may be more at once.
       if (static_cast<int64_t>(events->size()) == JobManager::kEventsPerCall) continue;
       if (!request->follow()) return grpc::Status::OK;
-      auto job = c_->jobs().WaitForChange(request->job_id(), version, absl::Now() + absl::Milliseconds(100));
+      auto job = c_->jobs().WaitForChange(request->job_id(), version,
+                                          absl::Now() + absl::Milliseconds(100));
       if (!job.ok()) return ToGrpcStatus(job.status());
       version = job->second;
       const v1::JobState s = job->first.state();
@@ -124,7 +125,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest* request,
                          v1::ListStepsResponse* response) override {
-    absl::StatusOr<std::vector<StoredStep>> steps = c_->jobs().Steps(request->job_id(), request->after_step());
+    absl::StatusOr<std::vector<StoredStep>> steps =
+        c_->jobs().Steps(request->job_id(), request->after_step());
     if (!steps.ok()) return ToGrpcStatus(steps.status());
     for (const StoredStep& stored : *steps) {
       v1::CommittedStep* step = response->add_steps();
@@ -166,7 +168,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   }
   grpc::Status DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* request,
                            v1::DrainWorkerResponse* response) override {
-    absl::StatusOr<v1::DrainWorkerResponse> r = c_->workers().DrainWorker(rpc::SessionOf(*ctx), *request);
+    absl::StatusOr<v1::DrainWorkerResponse> r =
+        c_->workers().DrainWorker(rpc::SessionOf(*ctx), *request);
     if (r.ok()) *response = *r;
     return ToGrpcStatus(r.status());
   }
@@ -252,7 +255,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                             "a rendezvous key is at most 1 KiB");
       }
     }
-    auto store = c_->workers().Rendezvous(rpc::SessionOf(ctx), request.job_id(), request.generation());
+    auto store =
+        c_->workers().Rendezvous(rpc::SessionOf(ctx), request.job_id(), request.generation());
     if (!store.ok()) return ToGrpcStatus(store.status());
     return ToGrpcStatus(call(**store));
   }
@@ -292,9 +296,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("pipetrain.v1.JobService", true);
   health->SetServingStatus("pipetrain.v1.CoordinatorService", true);
-  server->watchdog_ = std::thread([raw = server.get(), coordinator] {
-    raw->WatchStateLoop(coordinator);
-  });
+  server->watchdog_ =
+      std::thread([raw = server.get(), coordinator] { raw->WatchStateLoop(coordinator); });
   return server;
 }
 

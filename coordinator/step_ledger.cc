@@ -65,9 +65,9 @@ StepLedger::Recorded StepLedger::Record(const v1::StepReport& r) {
   compute_s_[rank] = r.compute_s();
   out.replica_first_rank = RankLayout{stages_, 1}.ReplicaFirstRank(rank);
   if (out.replica_first_rank + stages_ <= ranks()) {
-    out.straggler_ratios = StragglerRatios(std::vector<double>(
-        step_compute_s_.begin() + out.replica_first_rank,
-        step_compute_s_.begin() + out.replica_first_rank + stages_));
+    out.straggler_ratios = StragglerRatios(
+        std::vector<double>(step_compute_s_.begin() + out.replica_first_rank,
+                            step_compute_s_.begin() + out.replica_first_rank + stages_));
   }
   const int replica = RankLayout{stages_, 1}.ReplicaOf(rank);
   if (r.has_loss()) losses_[r.step()][replica] = r.loss();

@@ -1,7 +1,8 @@
 // One generation's step accounting for a running job, from its ranks' step reports: the
 // last step each rank finished, the steps every rank has finished (committed), each
 // committed step's loss (the mean over the replicas' last stages), the job's throughput and
-// median step time, and each stage's compute per step against the median stage's (straggler ratios).
+// median step time, and each stage's compute per step against the median stage's (straggler
+// ratios).
 //
 // Pure: no clock, no I/O; the caller checks a report (report_checks.h) and that it is its
 // rank's next step (Expects) before recording it. Thread-compatible (the coordinator holds
@@ -30,8 +31,7 @@ class StepLedger {
   // `start_step` (-1: where the first report says, a generation resumed by its spec), with
   // every step up to `committed` already committed; `tokens_per_step` (or samples) of the
   // whole job.
-  StepLedger(int ranks, int stages, int64_t start_step, int64_t committed,
-             int64_t tokens_per_step);
+  StepLedger(int ranks, int stages, int64_t start_step, int64_t committed, int64_t tokens_per_step);
 
   int ranks() const { return static_cast<int>(last_step_.size()); }
   // The step the generation started at; -1 until its first report when not known before.
@@ -97,14 +97,14 @@ class StepLedger {
   // Last-stage losses per step and replica, until committed: summed in replica order, so a
   // step's loss is the same to the bit whatever order the reports arrived in.
   std::map<int64_t, std::map<int, double>> losses_;
-  std::map<int64_t, double> grad_norms_;           // rank 0's gradient norms, likewise
-  std::set<int64_t> skipped_;                      // steps a rank skipped, likewise
-  std::map<int64_t, double> job_losses_;           // last stages' job losses, likewise
+  std::map<int64_t, double> grad_norms_;  // rank 0's gradient norms, likewise
+  std::set<int64_t> skipped_;             // steps a rank skipped, likewise
+  std::map<int64_t, double> job_losses_;  // last stages' job losses, likewise
   // The replicas' evaluations (loss, accuracy) per step and replica, likewise.
   std::map<int64_t, std::map<int, std::pair<double, double>>> evals_;
   double first_end_s_ = -1;  // rank 0's end_s of this generation's first reported step
   int64_t first_report_step_ = 0;
-  double last_end_s_ = -1;  // rank 0's end_s of its last reported step
+  double last_end_s_ = -1;      // rank 0's end_s of its last reported step
   RunningMedian step_times_s_;  // rank 0's step-to-step times
 
   // Step t's record, taking what is kept of it out of the maps; `loss_from_replicas_only`:

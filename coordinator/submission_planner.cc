@@ -23,18 +23,18 @@ absl::StatusOr<planner::PlanResult> SubmissionPlanner::RunGated(
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (busy_ && waiting_ >= kMaxWaitingPlans) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "stages: auto: the coordinator is planning other jobs (one at a time, ",
-          waiting_, " waiting); submit again shortly"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("stages: auto: the coordinator is planning other jobs (one at a time, ",
+                       waiting_, " waiting); submit again shortly"));
     }
     ++waiting_;
-    const bool turn = done_.wait_for(
-        lock, absl::ToChronoSeconds(options_.wait), [this] { return !busy_; });
+    const bool turn =
+        done_.wait_for(lock, absl::ToChronoSeconds(options_.wait), [this] { return !busy_; });
     --waiting_;
     if (!turn) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "stages: auto: no turn to plan within ", absl::FormatDuration(options_.wait),
-          " (other jobs were being planned); submit again shortly"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("stages: auto: no turn to plan within ", absl::FormatDuration(options_.wait),
+                       " (other jobs were being planned); submit again shortly"));
     }
     busy_ = true;
   }
@@ -78,16 +78,16 @@ absl::StatusOr<SubmissionPlanner::Planned> SubmissionPlanner::Plan(
   }
   const size_t layers = profile->sizes.front().layers.size();
   if (layers > kMaxPlannedLayers || profile->sizes.size() > kMaxProfiledSizes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model_profile_json: ", layers, " layers at ", profile->sizes.size(),
-        " micro-batch sizes; the coordinator plans at most ", kMaxPlannedLayers, " layers at ",
-        kMaxProfiledSizes, " sizes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_profile_json: ", layers, " layers at ", profile->sizes.size(),
+                     " micro-batch sizes; the coordinator plans at most ", kMaxPlannedLayers,
+                     " layers at ", kMaxProfiledSizes, " sizes"));
   }
-  if (absl::StatusOr<std::vector<std::string>> names = model::BuiltinLayerNames(job::ModelConfigOf(config));
+  if (absl::StatusOr<std::vector<std::string>> names =
+          model::BuiltinLayerNames(job::ModelConfigOf(config));
       names.ok() && names->size() != layers) {
     return absl::InvalidArgumentError(absl::StrCat("model_profile_json: profiles ", layers,
-                                                   " layers; the job's model has ",
-                                                   names->size()));
+                                                   " layers; the job's model has ", names->size()));
   }
   planner::ClusterProfile cluster;
   cluster.workers = 0;

@@ -22,10 +22,10 @@ namespace pipetrain::coordinator {
 
 struct SurvivorHold {
   int64_t step = 0;
-  std::string key;  // the holds' (rpc::RandomKey)
+  std::string key;                                        // the holds' (rpc::RandomKey)
   std::map<int, std::vector<std::string>> layer_workers;  // each layer's holders
-  int stages = 0;                            // of the generation the survivors ran
-  std::map<std::string, int> worker_stages;  // the stage each holder ran
+  int stages = 0;                                         // of the generation the survivors ran
+  std::map<std::string, int> worker_stages;               // the stage each holder ran
 
   // What the survivors of `round` (decided, with a plan) hold: rank r ran on rank_workers[r],
   // `stages` ranks a pipeline.

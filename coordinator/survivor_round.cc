@@ -13,8 +13,7 @@ SurvivorRound::SurvivorRound(int ranks, int stages)
       layers_(static_cast<size_t>(std::max(0, ranks))),
       gone_(static_cast<size_t>(std::max(0, ranks)), false) {}
 
-void SurvivorRound::Report(int rank, const recovery::CommitState& state,
-                           std::vector<int> layers) {
+void SurvivorRound::Report(int rank, const recovery::CommitState& state, std::vector<int> layers) {
   if (rank < 0 || rank >= static_cast<int>(reports_.size()) || gone_[rank] || decided_ ||
       reports_[rank]) {
     return;
@@ -69,16 +68,16 @@ void SurvivorRound::Decide() {
     if (any) continue;
     std::vector<std::string> what;
     if (!gone.empty()) {
-      what.push_back(absl::StrCat(gone.size() == 1 ? "rank " : "ranks ",
-                                  absl::StrJoin(gone, ", "), gone.size() == 1 ? " was" : " were",
+      what.push_back(absl::StrCat(gone.size() == 1 ? "rank " : "ranks ", absl::StrJoin(gone, ", "),
+                                  gone.size() == 1 ? " was" : " were",
                                   " lost or ended without a report"));
     }
     if (!silent.empty()) {
       what.push_back(absl::StrCat(silent.size() == 1 ? "rank " : "ranks ",
                                   absl::StrJoin(silent, ", "), " did not report in time"));
     }
-    unreported.push_back(absl::StrCat("no replica of stage ", stage, " reported (",
-                                      absl::StrJoin(what, "; "), ")"));
+    unreported.push_back(
+        absl::StrCat("no replica of stage ", stage, " reported (", absl::StrJoin(what, "; "), ")"));
   }
   if (!unreported.empty()) {
     why_not_ = absl::StrCat(absl::StrJoin(unreported, "; "), "; ", reports(), " of ",

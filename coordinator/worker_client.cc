@@ -68,16 +68,16 @@ class GrpcWorkerClient : public WorkerClient {
 }  // namespace
 
 WorkerConnector GrpcWorkerConnector(const rpc::SecurityOptions& security) {
-  return [security](const std::string& address, const std::string& command_key)
-             -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+  return [security](
+             const std::string& address,
+             const std::string& command_key) -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::MakeChannel(address, security);
     if (!channel.ok()) return channel.status();
     // Connects now, in the background, not at the first assignment: a job of thousands of
     // ranks would otherwise open thousands of connections at once when it is placed (and
     // slow the heartbeats the coordinator answers meanwhile); registrations come spread out.
     (void)(*channel)->GetState(/*try_to_connect=*/true);
-    return std::shared_ptr<WorkerClient>(
-        std::make_shared<GrpcWorkerClient>(*channel, command_key));
+    return std::shared_ptr<WorkerClient>(std::make_shared<GrpcWorkerClient>(*channel, command_key));
   };
 }
 

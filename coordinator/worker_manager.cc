@@ -88,7 +88,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerManager::Register(
       request.cores() > kMaxWorkerCores) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a worker's address and name are at most 256 bytes, its device 64, its memory >= 0, "
-        "its cores in [0, ", kMaxWorkerCores, "]"));
+        "its cores in [0, ",
+        kMaxWorkerCores, "]"));
   }
   if (request.host().size() > 255 ||
       std::any_of(request.host().begin(), request.host().end(), [](char ch) {
@@ -107,16 +108,20 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerManager::Register(
   const std::string host = HostOf(request.address());
   if (host == "0.0.0.0" || host == "::") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "address ", request.address(), " is a wildcard, not an address the coordinator or "
+        "address ", request.address(),
+        " is a wildcard, not an address the coordinator or "
         "the worker's peers can reach: start the worker with --advertise-address ADDR or "
         "--iface NAME"));
   }
   if (const std::string from = PeerHost(peer);
       IsLoopbackHost(host) && !from.empty() && !IsLoopbackHost(from)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "address ", request.address(), " is a loopback address, but the worker registered "
-        "from ", from, ": the coordinator and workers on other hosts cannot reach it there; "
-        "start the worker with --advertise-address ADDR or --iface NAME"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("address ", request.address(),
+                     " is a loopback address, but the worker registered "
+                     "from ",
+                     from,
+                     ": the coordinator and workers on other hosts cannot reach it there; "
+                     "start the worker with --advertise-address ADDR or --iface NAME"));
   }
   if (request.command_key().size() != 32 ||
       request.command_key().find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -158,12 +163,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerManager::Register(
     // (on a fixed port). One that registered meanwhile and was not asked is refused.
     const std::string old_id = old->info.id();
     if (old->info.state() != v1::WORKER_STATE_LOST && old_id != holder_id) {
-      return absl::AbortedError(absl::StrCat("address ", request.address(),
-                                             " was just taken by ", old_id, "; try again"));
+      return absl::AbortedError(absl::StrCat("address ", request.address(), " was just taken by ",
+                                             old_id, "; try again"));
     }
     if (old->info.state() != v1::WORKER_STATE_LOST) {
       state_.pool.MarkLost(*old, state_.clock->Now(),
-                     "registered again: it restarted (the old process no longer answers)");
+                           "registered again: it restarted (the old process no longer answers)");
     }
     state_.pool.Remove(old_id);
   }
@@ -181,10 +186,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerManager::Register(
   response.set_worker_id(info.id());
   response.set_session(session);
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(state_.options.heartbeat_interval));
-  response.set_lease_ms(absl::ToInt64Milliseconds(kLeaseIntervals * state_.options.heartbeat_interval));
+  response.set_lease_ms(
+      absl::ToInt64Milliseconds(kLeaseIntervals * state_.options.heartbeat_interval));
   std::fprintf(stderr, "coordinator: %s registered (%s, %s%s%s)\n", info.id().c_str(),
-               request.address().c_str(), info.device().c_str(),
-               request.name().empty() ? "" : ", ", request.name().c_str());
+               request.address().c_str(), info.device().c_str(), request.name().empty() ? "" : ", ",
+               request.name().c_str());
   dispatcher_.Schedule();
   return response;
 }
@@ -199,11 +205,12 @@ absl::StatusOr<int64_t> WorkerManager::NextWorkerNumber() {
 }
 
 absl::Status WorkerManager::Deregister(const std::string& session,
-                                     const v1::DeregisterWorkerRequest& request) {
+                                       const v1::DeregisterWorkerRequest& request) {
   StateLock lock(&state_);
   PT_ASSIGN_OR_RETURN(WorkerPool::Worker * w, state_.Caller(session, request.worker_id()));
   const std::string id = w->info.id();
-  if (!w->info.job_id().empty()) state_.pool.MarkLost(*w, state_.clock->Now(), "stopped (it was shut down)");
+  if (!w->info.job_id().empty())
+    state_.pool.MarkLost(*w, state_.clock->Now(), "stopped (it was shut down)");
   std::fprintf(stderr, "coordinator: %s left (deregistered)\n", id.c_str());
   state_.pool.Remove(id);
   dispatcher_.Schedule();
@@ -211,8 +218,8 @@ absl::Status WorkerManager::Deregister(const std::string& session,
 }
 
 absl::Status WorkerManager::Heartbeat(const std::string& session,
-                                    const v1::HeartbeatRequest& request,
-                                    v1::HeartbeatResponse* response) {
+                                      const v1::HeartbeatRequest& request,
+                                      v1::HeartbeatResponse* response) {
   absl::MutexLock lock(&state_.mu);
   absl::StatusOr<WorkerPool::Worker*> caller = state_.Caller(session, request.worker_id());
   if (!caller.ok()) return caller.status();
@@ -232,8 +239,8 @@ absl::Status WorkerManager::Heartbeat(const std::string& session,
   JobController* c = j == state_.jobs.end() ? nullptr : &j->second.controller;
   const bool rank_known = c != nullptr && request.rank() >= 0 &&
                           request.rank() < static_cast<int>(c->run().rank_ended.size());
-  const bool stale = c != nullptr && request.generation() != 0 &&
-                     request.generation() != c->job().generation();
+  const bool stale =
+      c != nullptr && request.generation() != 0 && request.generation() != c->job().generation();
   if (c == nullptr || stale ||
       (c->job().state() != v1::JOB_STATE_RUNNING &&
        !(rank_known && c->run().rank_ended[request.rank()]))) {
@@ -250,8 +257,7 @@ absl::Status WorkerManager::Heartbeat(const std::string& session,
   }
   // Its stage's activity, only for the rank it runs.
   if (c != nullptr && !stale &&
-      c->Activity(request.rank(), (*worker)->info.id(), request.action(),
-                  request.waiting_for())) {
+      c->Activity(request.rank(), (*worker)->info.id(), request.action(), request.waiting_for())) {
     ++j->second.version;
     state_.changed.SignalAll();
   }

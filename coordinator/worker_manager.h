@@ -61,8 +61,9 @@ class WorkerManager {
   // The key-value store the ranks of running job `job_id` meet in (the KV RPCs): only for a
   // worker that runs one of its ranks, of the job's current `generation` (a rank of an ended
   // one is refused: FailedPrecondition). Bounded as rendezvous_stores.h says.
-  absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(
-      const std::string& session, const std::string& job_id, int generation);
+  absl::StatusOr<std::shared_ptr<rendezvous::KeyValueStore>> Rendezvous(const std::string& session,
+                                                                        const std::string& job_id,
+                                                                        int generation);
   static constexpr size_t kKvValueBytes = RendezvousStores::kValueBytes;
   static constexpr size_t kKvKeyBytes = RendezvousStores::kKeyBytes;
   static constexpr int kMaxWorkerCores = 65536;

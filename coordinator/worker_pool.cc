@@ -58,8 +58,13 @@ void WorkerPool::Remove(const std::string& id) {
 }
 
 void WorkerPool::MarkLost(Worker& w, absl::Time now, const std::string& why) {
-  Lost lost{w.info.id(), w.info.address(), w.info.job_id(), w.info.rank(),
-            absl::ZeroDuration(), w.generation, why};
+  Lost lost{w.info.id(),
+            w.info.address(),
+            w.info.job_id(),
+            w.info.rank(),
+            absl::ZeroDuration(),
+            w.generation,
+            why};
   if (w.info.state() != v1::WORKER_STATE_LOST) lost.silent = now - w.last_heartbeat;
   w.info.set_state(v1::WORKER_STATE_LOST);
   w.info.set_job_id("");

@@ -28,14 +28,14 @@ class WorkerPool {
     std::shared_ptr<WorkerClient> client;
     std::string session;  // its credential for the calls it makes (rpc::WorkerSession)
     absl::Time lost_at = absl::InfinitePast();  // when it was marked lost
-    int generation = 0;  // of the job whose rank it runs (info.job_id)
+    int generation = 0;                         // of the job whose rank it runs (info.job_id)
   };
   struct Lost {
     std::string id, address, job_id;
-    int rank = -1;  // the rank it ran, -1 if idle
+    int rank = -1;          // the rank it ran, -1 if idle
     absl::Duration silent;  // since its last heartbeat
-    int generation = 0;  // of that rank's job
-    std::string why;     // "stopped sending heartbeats (none for 4s)", "stopped (it was shut down)"
+    int generation = 0;     // of that rank's job
+    std::string why;  // "stopped sending heartbeats (none for 4s)", "stopped (it was shut down)"
   };
   using LostListener = std::function<void(const Lost&)>;
 

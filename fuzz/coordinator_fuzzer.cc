@@ -43,8 +43,9 @@ class Harness {
     pc::CoordinatorDeps deps;
     deps.store = std::make_unique<pc::testing_fakes::FakeStore>(data_);
     deps.clock = clock_;
-    deps.connect = [this](const std::string& address, const std::string& key)
-        -> absl::StatusOr<std::shared_ptr<pc::WorkerClient>> {
+    deps.connect =
+        [this](const std::string& address,
+               const std::string& key) -> absl::StatusOr<std::shared_ptr<pc::WorkerClient>> {
       auto& w = workers_[address];
       if (!w) w = std::make_shared<pc::testing_fakes::FakeWorker>();
       return std::shared_ptr<pc::WorkerClient>(
@@ -117,7 +118,8 @@ class Harness {
   void Step() {
     switch (in_.ConsumeIntegralInRange<int>(0, 18)) {
       case 0: {  // a spec of random fields, or a valid one with one field changed
-        v1::JobSpec spec = in_.ConsumeBool() ? Parsed<v1::JobSpec>() : ValidSpec(1 + in_.ConsumeIntegralInRange<int>(0, 2));
+        v1::JobSpec spec = in_.ConsumeBool() ? Parsed<v1::JobSpec>()
+                                             : ValidSpec(1 + in_.ConsumeIntegralInRange<int>(0, 2));
         if (in_.ConsumeBool()) spec.set_steps(static_cast<int32_t>(Number()));
         if (in_.ConsumeBool()) spec.set_max_restarts(static_cast<int32_t>(Number()));
         auto job = coordinator_->jobs().Submit(spec);
@@ -126,8 +128,8 @@ class Harness {
         break;
       }
       case 1: {
-        v1::RegisterWorkerRequest r = in_.ConsumeBool() ? Parsed<v1::RegisterWorkerRequest>()
-                                                        : v1::RegisterWorkerRequest();
+        v1::RegisterWorkerRequest r =
+            in_.ConsumeBool() ? Parsed<v1::RegisterWorkerRequest>() : v1::RegisterWorkerRequest();
         if (r.address().empty()) r.set_address("host-" + std::to_string(Number()) + ":7000");
         if (r.command_key().empty() && in_.ConsumeBool()) r.set_command_key(std::string(32, 'f'));
         auto response = coordinator_->workers().Register(r);
@@ -139,7 +141,8 @@ class Harness {
         break;
       }
       case 2: {
-        v1::HeartbeatRequest h = in_.ConsumeBool() ? Parsed<v1::HeartbeatRequest>() : v1::HeartbeatRequest();
+        v1::HeartbeatRequest h =
+            in_.ConsumeBool() ? Parsed<v1::HeartbeatRequest>() : v1::HeartbeatRequest();
         if (in_.ConsumeBool()) {
           h.set_worker_id(WorkerId());
           h.set_job_id(JobId());
@@ -192,7 +195,7 @@ class Harness {
       }
       case 6: {  // the rendezvous store of a job, as its ranks use it
         auto store = coordinator_->workers().Rendezvous(Session(), JobId(),
-                                              in_.ConsumeIntegralInRange<int>(0, 2));
+                                                        in_.ConsumeIntegralInRange<int>(0, 2));
         CheckRefusal(store.status());
         if (!store.ok()) break;
         const std::string key = AnyString(in_.ConsumeBool() ? 16 : 2048);
@@ -212,14 +215,13 @@ class Harness {
         break;
       }
       case 8: {
-        auto page = coordinator_->jobs().List(static_cast<int>(Number()), in_.ConsumeBool() ? AnyString() : "");
+        auto page = coordinator_->jobs().List(static_cast<int>(Number()),
+                                              in_.ConsumeBool() ? AnyString() : "");
         CheckRefusal(page.status());
         if (page.ok() && page->ByteSizeLong() > 2 * pc::JobManager::kListPageBytes) std::abort();
         break;
       }
-      case 9:
-        CheckRefusal(coordinator_->jobs().Cancel(JobId()).status());
-        break;
+      case 9: CheckRefusal(coordinator_->jobs().Cancel(JobId()).status()); break;
       case 10: {
         auto events = coordinator_->jobs().Events(JobId(), Number());
         CheckRefusal(events.status());
@@ -229,7 +231,8 @@ class Harness {
         break;
       }
       case 11: {
-        v1::SendCommandRequest r = in_.ConsumeBool() ? Parsed<v1::SendCommandRequest>() : v1::SendCommandRequest();
+        v1::SendCommandRequest r =
+            in_.ConsumeBool() ? Parsed<v1::SendCommandRequest>() : v1::SendCommandRequest();
         if (in_.ConsumeBool()) {
           r.set_job_id(JobId());
           r.set_command(static_cast<v1::StepCommand>(in_.ConsumeIntegralInRange<int>(-1, 5)));
@@ -244,16 +247,12 @@ class Harness {
         CheckRefusal(coordinator_->workers().Deregister(Session(), r));
         break;
       }
-      case 13:
-        coordinator_->workers().Workers();
-        break;
+      case 13: coordinator_->workers().Workers(); break;
       case 14:  // time passes (heartbeats missed, held-back failures decided, TTLs)
         clock_->Advance(absl::Milliseconds(in_.ConsumeIntegralInRange<int>(0, 120000)));
         coordinator_->Tick();
         break;
-      case 15:
-        RunLater();
-        break;
+      case 15: RunLater(); break;
       case 16:  // a worker that fails its next assignment
         for (auto& [address, worker] : workers_) worker->fail_assign = in_.ConsumeBool();
         break;

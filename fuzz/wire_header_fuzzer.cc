@@ -10,7 +10,9 @@
 
 namespace {
 // dtypes 0..15 with sizes 1, 2, 4, 8, 16 (cycling); anything else not carried.
-int64_t ElementSize(int64_t dtype) { return dtype >= 0 && dtype < 16 ? int64_t{1} << (dtype % 5) : 0; }
+int64_t ElementSize(int64_t dtype) {
+  return dtype >= 0 && dtype < 16 ? int64_t{1} << (dtype % 5) : 0;
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -18,7 +18,7 @@ namespace pipetrain::jobspec {
 struct PlanFlags {
   bool plan = false;
   bool profile = false;
-  bool predict = false;  // the job's own layout, predicted (no search)
+  bool predict = false;                // the job's own layout, predicted (no search)
   int workers = 0;                     // 0: this machine's cores
   int64_t memory_per_worker = 0;       // 0: not limited
   int shared_cores = -1;               // -1: this machine's cores (every worker runs here)
@@ -38,7 +38,8 @@ struct PlanFlags {
     const bool with_mode_flags = where == Where::kRunner;
     if (with_mode_flags) {
       g->add_flag("--plan", plan, "plan the job (pipetrain plan) instead of running it");
-      g->add_flag("--profile", profile, "print the job's model profile (JSON) instead of running it");
+      g->add_flag("--profile", profile,
+                  "print the job's model profile (JSON) instead of running it");
     }
     // `pipetrain plan --workers`; elsewhere --plan-workers (`run` has --workers).
     if (where != Where::kRunCommand) {
@@ -88,7 +89,8 @@ struct PlanFlags {
       args.insert(args.end(), {"--memory-per-worker", std::to_string(memory_per_worker)});
     }
     args.insert(args.end(), {"-o", output});
-    if (shared_cores >= 0) args.insert(args.end(), {"--shared-cores", std::to_string(shared_cores)});
+    if (shared_cores >= 0)
+      args.insert(args.end(), {"--shared-cores", std::to_string(shared_cores)});
     if (!micro_batch_sizes.empty()) {
       args.insert(args.end(), {"--microbatch-sizes", absl::StrJoin(micro_batch_sizes, ",")});
     }

@@ -25,25 +25,24 @@ std::string FormatStageRanges(const planner::Layout& layout) {
 
 std::string DescribeLayout(const planner::Layout& l) {
   const std::vector<int> recomputed = RecomputedLayers(l);
-  return absl::StrCat(std::string(schedule::ScheduleKindName(l.schedule)), ", ", l.stages(), " stage",
-                      l.stages() == 1 ? "" : "s", " (", FormatStageRanges(l), ") x ",
-                      l.pipeline.replicas, " replica", l.pipeline.replicas == 1 ? "" : "s", ", ",
-                      l.pipeline.micro_batches, " micro-batch",
-                      l.pipeline.micro_batches == 1 ? "" : "es", " of ",
-                      l.pipeline.micro_batch_size, ", recompute ",
-                      recomputed.empty() ? "none"
-                                         : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")),
-                      l.pipeline.replicas == 1 ? ""
-                      : l.overlap_allreduce
-                          ? absl::StrCat(", AllReduce overlapped in buckets of ",
-                                         l.bucket_bytes >> 10, " KiB")
-                          : ", AllReduce after the backward");
+  return absl::StrCat(
+      std::string(schedule::ScheduleKindName(l.schedule)), ", ", l.stages(), " stage",
+      l.stages() == 1 ? "" : "s", " (", FormatStageRanges(l), ") x ", l.pipeline.replicas,
+      " replica", l.pipeline.replicas == 1 ? "" : "s", ", ", l.pipeline.micro_batches,
+      " micro-batch", l.pipeline.micro_batches == 1 ? "" : "es", " of ",
+      l.pipeline.micro_batch_size, ", recompute ",
+      recomputed.empty() ? "none" : absl::StrCat("layers ", absl::StrJoin(recomputed, ",")),
+      l.pipeline.replicas == 1 ? ""
+      : l.overlap_allreduce
+          ? absl::StrCat(", AllReduce overlapped in buckets of ", l.bucket_bytes >> 10, " KiB")
+          : ", AllReduce after the backward");
 }
 
 planner::PlanRequest PlanRequestFor(const job::JobSpec& config) {
   planner::PlanRequest request;
   // Validated with the job (ValidateJob), so it parses.
-  request.planner = planner::ParsePlannerKind(config.planner()).value_or(planner::PlannerKind::kTwoBW);
+  request.planner =
+      planner::ParsePlannerKind(config.planner()).value_or(planner::PlannerKind::kTwoBW);
   request.global_batch = config.replicas() * config.microbatches() * config.microbatch_size();
   request.overlap_allreduce = config.overlap_allreduce();
   request.bucket_bytes = config.bucket_kib() * 1024;
@@ -83,8 +82,8 @@ job::JobSpec WithLayout(const job::JobSpec& config, const planner::Layout& layou
 }
 
 std::string RunMarkedSchedule(const planner::ModelProfile& profile,
-                              const planner::ClusterProfile& cluster,
-                              const job::JobSpec& config, planner::PlanResult* plan) {
+                              const planner::ClusterProfile& cluster, const job::JobSpec& config,
+                              planner::PlanResult* plan) {
   if (!plan->chosen.layout.rank_hosts.empty()) return "";
   for (planner::ScheduleOption& option :
        planner::CompareSchedules(profile, cluster, plan->chosen.layout)) {
@@ -94,8 +93,7 @@ std::string RunMarkedSchedule(const planner::ModelProfile& profile,
     std::string line = absl::StrFormat(
         "runs %s, the schedule marked on this shape (the same updates): predicted %.3f ms a "
         "step against %s's %.3f ms",
-        schedule::ScheduleKindName(option.schedule),
-        option.candidate.prediction.step_time_s * 1e3,
+        schedule::ScheduleKindName(option.schedule), option.candidate.prediction.step_time_s * 1e3,
         schedule::ScheduleKindName(was.layout.schedule), was.prediction.step_time_s * 1e3);
     planner::Candidate& now = option.candidate;
     const planner::Prediction& dp = plan->data_parallel.prediction;

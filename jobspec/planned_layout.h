@@ -28,8 +28,8 @@ job::JobSpec WithLayout(const job::JobSpec& config, const planner::Layout& layou
 // `plan->chosen` (its memory efficiency against the plan's data-parallel reference) and
 // returns a line saying so ("runs zbv, ...: ..."), or "" where the chosen one stays.
 std::string RunMarkedSchedule(const planner::ModelProfile& profile,
-                              const planner::ClusterProfile& cluster,
-                              const job::JobSpec& config, planner::PlanResult* plan);
+                              const planner::ClusterProfile& cluster, const job::JobSpec& config,
+                              planner::PlanResult* plan);
 
 // `spec` to be planned anew (`pipetrain plan`, `profile`): `stages: auto`, its own layer
 // ranges dropped (the plan replaces its layout, so they are not checked).

@@ -16,11 +16,12 @@ struct RunOutputs {
   std::string save_weights;  // the whole model's final parameters, then buffers
   bool reference = false;    // also train the un-pipelined model (threads, processes)
   bool quiet = false;
-  bool dry_run = false;      // print the job as the runtime takes it, run nothing
+  bool dry_run = false;  // print the job as the runtime takes it, run nothing
 
   void AddTo(CLI::App* app) {
     auto* g = app->add_option_group("output");
-    g->add_option("--summary", summary, "write a JSON report here at the end (with the job "
+    g->add_option("--summary", summary,
+                  "write a JSON report here at the end (with the job "
                   "as it ran under \"config\")");
     g->add_option("--trace", trace,
                   "write the timeline of every action and AllReduce of every stage here at "

@@ -61,20 +61,19 @@ std::string RunSummaryJson(const RunSummary& s) {
   for (const StageSummary& st : s.per_stage) {
     nlohmann::json model_stages = nlohmann::json::array();
     for (const auto& range : st.model_stage_layers) model_stages.push_back(Range(range));
-    j["per_stage"].push_back(
-        {{"stage", st.stage},
-         {"layers", st.layers ? Range(*st.layers) : nlohmann::json(nullptr)},
-         {"model_stage_layers", model_stages},
-         {"worker", OrNull(st.worker)},
-         {"compute_s", st.compute_s},
-         {"wait_s", st.wait_s},
-         {"allreduce_s", OrNull(st.allreduce_s)},
-         {"peak_stashed_microbatches", OrNull(st.peak_stashed_microbatches)},
-         {"peak_weight_versions", OrNull(st.peak_weight_versions)},
-         {"parameter_bytes", st.parameter_bytes},
-         {"peak_memory_bytes", st.peak_memory_bytes},
-         {"peak_tensor_bytes", st.peak_tensor_bytes},
-         {"bytes_sent", OrNull(st.bytes_sent)}});
+    j["per_stage"].push_back({{"stage", st.stage},
+                              {"layers", st.layers ? Range(*st.layers) : nlohmann::json(nullptr)},
+                              {"model_stage_layers", model_stages},
+                              {"worker", OrNull(st.worker)},
+                              {"compute_s", st.compute_s},
+                              {"wait_s", st.wait_s},
+                              {"allreduce_s", OrNull(st.allreduce_s)},
+                              {"peak_stashed_microbatches", OrNull(st.peak_stashed_microbatches)},
+                              {"peak_weight_versions", OrNull(st.peak_weight_versions)},
+                              {"parameter_bytes", st.parameter_bytes},
+                              {"peak_memory_bytes", st.peak_memory_bytes},
+                              {"peak_tensor_bytes", st.peak_tensor_bytes},
+                              {"bytes_sent", OrNull(st.bytes_sent)}});
   }
   j["plan"] = ParsedOrNull(s.plan_json);
   j["max_param_rel_diff"] = OrNull(s.max_param_rel_diff);
@@ -88,9 +87,8 @@ std::string PlannedLayoutJson(const v1::PlannedLayout& p) {
       {"layout", p.layout()},
       {"workers", p.workers()},
       {"predicted_step_time_s", p.predicted_step_time_s()},
-      {"predicted_peak_memory_bytes",
-       std::vector<int64_t>(p.predicted_peak_memory_bytes().begin(),
-                            p.predicted_peak_memory_bytes().end())},
+      {"predicted_peak_memory_bytes", std::vector<int64_t>(p.predicted_peak_memory_bytes().begin(),
+                                                           p.predicted_peak_memory_bytes().end())},
       {"memory_efficiency", p.memory_efficiency()}};
   return j.dump();
 }

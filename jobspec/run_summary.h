@@ -24,20 +24,20 @@ struct StageSummary {
   std::optional<std::pair<int, int>> layers;  // [begin, end) of its (first) model stage
   // Each model stage's layers where a rank holds several (a schedule with chunks), else empty.
   std::vector<std::pair<int, int>> model_stage_layers;
-  std::optional<std::string> worker;          // the worker that ran it (a cluster)
+  std::optional<std::string> worker;  // the worker that ran it (a cluster)
   double compute_s = 0;
   double wait_s = 0;
   std::optional<double> allreduce_s;
   std::optional<int> peak_stashed_microbatches;
   std::optional<int> peak_weight_versions;
-  int64_t parameter_bytes = 0;     // one version of the stage's own parameters
-  int64_t peak_memory_bytes = 0;   // the resident high-water mark of its process
-  int64_t peak_tensor_bytes = 0;   // the most tensor storage its process held at once
+  int64_t parameter_bytes = 0;    // one version of the stage's own parameters
+  int64_t peak_memory_bytes = 0;  // the resident high-water mark of its process
+  int64_t peak_tensor_bytes = 0;  // the most tensor storage its process held at once
   std::optional<int64_t> bytes_sent;
 };
 
 struct RunSummary {
-  std::string launch;  // threads | processes | cluster
+  std::string launch;                 // threads | processes | cluster
   std::optional<std::string> job_id;  // the coordinator's (a cluster)
   std::string state = "succeeded";    // a summary is written for a run that succeeded
   std::string schedule;
@@ -49,8 +49,8 @@ struct RunSummary {
   std::optional<std::string> model;  // "gpt: 7 layers, 221k parameters"
   std::optional<std::string> data;
   std::vector<std::pair<int, int>> partition;  // each stage's layers [begin, end)
-  int64_t first_step = 0;      // of losses[0]: a resumed run's checkpoint step
-  std::vector<double> losses;  // every step's loss (the mean over the replicas), in order
+  int64_t first_step = 0;                      // of losses[0]: a resumed run's checkpoint step
+  std::vector<double> losses;          // every step's loss (the mean over the replicas), in order
   std::vector<double> learning_rates;  // every step's learning rate, one per loss
   // With clipping (the optimizer's threshold): every step's gradient norm before it, one per
   // loss; empty without.
@@ -63,20 +63,20 @@ struct RunSummary {
     double accuracy = 0;
   };
   std::vector<Eval> evals;
-  int64_t skipped_steps = 0;   // updates skipped for a non-finite loss or gradient
+  int64_t skipped_steps = 0;  // updates skipped for a non-finite loss or gradient
   std::optional<double> data_entropy;
   double step_time_s = 0;  // median of rank 0's step-to-step times, its first step left out
   std::optional<double> ideal_step_time_s;  // the simulator's, from this run's compute times
-  std::optional<double> allreduce_s;          // with replicas (medians per step)
+  std::optional<double> allreduce_s;        // with replicas (medians per step)
   std::optional<double> exposed_allreduce_s;
   double samples_per_s = 0;
   std::optional<double> tokens_per_s;  // token data
   double wall_s = 0;
   std::optional<int> threads_per_stage;
-  std::vector<StageSummary> per_stage;  // replica 0's stages, in order
-  std::optional<std::string> plan_json;  // `stages: auto`: the plan (a JSON object)
+  std::vector<StageSummary> per_stage;       // replica 0's stages, in order
+  std::optional<std::string> plan_json;      // `stages: auto`: the plan (a JSON object)
   std::optional<double> max_param_rel_diff;  // --reference
-  std::string config_json;  // the job as it ran (job::JobToJson)
+  std::string config_json;                   // the job as it ran (job::JobToJson)
 };
 
 // The summary as JSON text (indented), every key present.

@@ -64,8 +64,8 @@ class Reader {
             known.push_back(desc->field(i)->name());
           }
         }
-        errors_->push_back(absl::StrCat(field_path, ": unknown key (known: ",
-                                        absl::StrJoin(known, ", "), ")"));
+        errors_->push_back(
+            absl::StrCat(field_path, ": unknown key (known: ", absl::StrJoin(known, ", "), ")"));
         continue;
       }
       ReadField(kv.second, field_path, msg, f);
@@ -147,8 +147,7 @@ class Reader {
         if (ScalarAs(node, path, "true or false", &v)) r->SetBool(msg, f, v);
         break;
       }
-      default:
-        errors_->push_back(absl::StrCat(path, ": not settable from YAML"));
+      default: errors_->push_back(absl::StrCat(path, ": not settable from YAML"));
     }
   }
 
@@ -187,8 +186,9 @@ void Reader::ReadStages(const YAML::Node& node, v1::JobSpec* spec) {
       std::vector<std::string> ends = absl::StrSplit(part, ':');
       int b = 0, e = 0;
       if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &b) || !absl::SimpleAtoi(ends[1], &e)) {
-        errors_->push_back(absl::StrCat("stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
-                                        node.Scalar(), "'"));
+        errors_->push_back(
+            absl::StrCat("stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '",
+                         node.Scalar(), "'"));
         spec->clear_stage_ranges();
         return;
       }

@@ -149,8 +149,8 @@ class MetricsEndpoint::Server {
       // Out of the line, so that no scrape is rendered for it (if it is being rendered, the
       // response is dropped when it comes back).
       std::lock_guard<std::mutex> lock(mu_);
-      auto queued = std::find_if(queue_.begin(), queue_.end(),
-                                 [&](const auto& q) { return q.first == id; });
+      auto queued =
+          std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return q.first == id; });
       if (queued != queue_.end()) queue_.erase(queued);
     }
     close(it->second.fd);  // also removes it from the epoll set
@@ -273,8 +273,8 @@ class MetricsEndpoint::Server {
         // Every connection has a request in line or a response being written: this one is
         // refused at once (a fresh socket's buffer takes the few bytes).
         const std::string busy =
-            http::TextResponse(503, "Service Unavailable",
-                               "too many connections; retry later\n", "Retry-After: 1\r\n");
+            http::TextResponse(503, "Service Unavailable", "too many connections; retry later\n",
+                               "Retry-After: 1\r\n");
         (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
         close(fd);
         continue;
@@ -398,8 +398,8 @@ class MetricsEndpoint::Server {
         const std::string text = registry_->Render();
         std::string compressed;
         if (gzip && http::Gzip(text, &compressed)) {
-          response = http::Response(200, "OK", kContentType, compressed,
-                                    "Content-Encoding: gzip\r\n");
+          response =
+              http::Response(200, "OK", kContentType, compressed, "Content-Encoding: gzip\r\n");
         } else {
           response = http::Response(200, "OK", kContentType, text);
         }
@@ -468,7 +468,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   if (!parsed || bracketed == !ipv6) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics-listen: expected HOST:PORT with an IP address as host ([::1] for IPv6), "
-        "got '", host_port, "'"));
+        "got '",
+        host_port, "'"));
   }
   const std::string shown_host = ipv6 ? "[" + host + "]" : host;
   const auto cannot_listen = [&](const char* what, int error) {
@@ -499,9 +500,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     close(fd);
     return cannot_listen("getsockname", error);
   }
-  const int bound_port =
-      ntohs(ipv6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                 : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = ntohs(ipv6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                                    : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
 
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -57,7 +57,7 @@ class MetricsEndpoint {
   // use?)"; a HOST:PORT that is not an IP address and a port: InvalidArgument), then serves
   // on two threads of its own. `registry` must outlive the endpoint.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& host_port,
-                                                                 const Registry* registry);
+                                                                const Registry* registry);
   // Stops serving within milliseconds and closes every descriptor: a scrape being rendered
   // is finished first; those waiting in line and responses not yet written are dropped with
   // their connections.

@@ -63,8 +63,7 @@ bool Gzip(const std::string& text, std::string* out) {
   if (text.size() > std::numeric_limits<uInt>::max() / 2) return false;
   z_stream z{};
   // windowBits 15 + 16: a gzip header and trailer around the deflate stream.
-  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
-      Z_OK) {
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
     return false;
   }
   out->resize(deflateBound(&z, static_cast<uLong>(text.size())));
@@ -84,8 +83,8 @@ Verdict JudgeRequest(absl::string_view head) {
   const absl::string_view request_line = lines[0];
   const size_t first_space = request_line.find(' ');
   const size_t last_space = request_line.rfind(' ');
-  if (first_space == absl::string_view::npos || first_space == 0 ||
-      last_space == first_space || last_space + 1 == request_line.size()) {
+  if (first_space == absl::string_view::npos || first_space == 0 || last_space == first_space ||
+      last_space + 1 == request_line.size()) {
     return BadRequest("expected METHOD TARGET HTTP/1.x");
   }
   const absl::string_view method = request_line.substr(0, first_space);
@@ -144,8 +143,7 @@ Verdict JudgeRequest(absl::string_view head) {
 }
 
 size_t HeadEnd(absl::string_view data, size_t from) {
-  for (size_t i = data.find('\n', from); i != absl::string_view::npos;
-       i = data.find('\n', i + 1)) {
+  for (size_t i = data.find('\n', from); i != absl::string_view::npos; i = data.find('\n', i + 1)) {
     if (i + 1 < data.size() && data[i + 1] == '\n') return i + 2;
     if (i + 2 < data.size() && data[i + 1] == '\r' && data[i + 2] == '\n') return i + 3;
   }

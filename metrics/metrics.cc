@@ -38,12 +38,9 @@ prometheus::Labels LabelsOf(const std::vector<std::string>& names, const LabelVa
 
 prometheus::MetricType TypeOf(Registry::Type type) {
   switch (type) {
-    case Registry::Type::kCounter:
-      return prometheus::MetricType::Counter;
-    case Registry::Type::kGauge:
-      return prometheus::MetricType::Gauge;
-    case Registry::Type::kHistogram:
-      return prometheus::MetricType::Histogram;
+    case Registry::Type::kCounter: return prometheus::MetricType::Counter;
+    case Registry::Type::kGauge: return prometheus::MetricType::Gauge;
+    case Registry::Type::kHistogram: return prometheus::MetricType::Histogram;
   }
   return prometheus::MetricType::Untyped;
 }
@@ -131,8 +128,7 @@ Registry::State::Family& Registry::State::FamilyOf(const std::string& name, Type
         family.gauges = &prometheus::BuildGauge().Name(name).Help(help).Register(registry);
         break;
       case Type::kHistogram:
-        family.histograms =
-            &prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+        family.histograms = &prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
         break;
     }
     it = families.emplace(name, std::move(family)).first;
@@ -201,8 +197,7 @@ Counter& Registry::GetCounter(const std::string& name, const std::string& help,
 }
 
 Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
-                          const std::vector<std::string>& label_names,
-                          const LabelValues& values) {
+                          const std::vector<std::string>& label_names, const LabelValues& values) {
   std::lock_guard<std::mutex> lock(state_->mu);
   State::Family& f = state_->FamilyOf(name, Type::kGauge, help, label_names, values, {});
   Gauge& g = f.gauges->Add(LabelsOf(label_names, values));
@@ -254,8 +249,7 @@ int Registry::AddCollector(const std::string& name, const std::string& help,
   for (const auto& [id, c] : state_->collectors) {
     if (c.name == name) throw std::invalid_argument(name + ": already collected");
   }
-  state_->collectors[state_->next_collector] = {type, name, help, label_names,
-                                                std::move(collect)};
+  state_->collectors[state_->next_collector] = {type, name, help, label_names, std::move(collect)};
   return state_->next_collector++;
 }
 

@@ -71,8 +71,8 @@ class Registry {
   Gauge& GetGauge(const std::string& name, const std::string& help,
                   const std::vector<std::string>& label_names, const LabelValues& values);
   Histogram& GetHistogram(const std::string& name, const std::string& help,
-                          const std::vector<std::string>& label_names,
-                          const LabelValues& values, const std::vector<double>& bounds);
+                          const std::vector<std::string>& label_names, const LabelValues& values,
+                          const std::vector<double>& bounds);
 
   // Removes every series (of every family) whose label `label_name` is `value`: a finished
   // job's or a departed worker's. References to them must no longer be used.
@@ -84,8 +84,7 @@ class Registry {
   // Returns an id for RemoveCollector.
   int AddCollector(const std::string& name, const std::string& help,
                    const std::vector<std::string>& label_names,
-                   std::function<std::vector<CollectedSample>()> collect,
-                   Type type = Type::kGauge);
+                   std::function<std::vector<CollectedSample>()> collect, Type type = Type::kGauge);
   void RemoveCollector(int id);
 
   // What a scrape sees: every family with at least one series, by name, each series once.

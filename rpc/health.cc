@@ -10,14 +10,13 @@
 namespace pipetrain::rpc {
 
 grpc::Status CheckServing(const std::shared_ptr<grpc::Channel>& channel,
-                          grpc::ClientContext* context, bool* serving,
-                          const std::string& service) {
+                          grpc::ClientContext* context, bool* serving, const std::string& service) {
   grpc::GenericStub generic(channel);
   // HealthCheckRequest{service}: field 1, length-delimited (a varint length, then the bytes).
   std::string encoded;
   if (!service.empty()) {
     encoded.push_back('\x0a');
-    for (size_t n = service.size(); ; n >>= 7) {
+    for (size_t n = service.size();; n >>= 7) {
       if (n < 0x80) {
         encoded.push_back(static_cast<char>(n));
         break;

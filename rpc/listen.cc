@@ -26,8 +26,8 @@ std::string WhyNotBindable(const std::string& address) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
-                                   &found);
+  const int resolved =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
   if (resolved != 0) return absl::StrCat("its host does not resolve: ", gai_strerror(resolved));
   std::string why;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -41,17 +41,10 @@ std::string WhyNotBindable(const std::string& address) {
     close(fd);
     if (bound == 0) continue;
     switch (error) {
-      case EADDRINUSE:
-        why = "the port is in use: another process listens there";
-        break;
-      case EADDRNOTAVAIL:
-        why = "the host is not an address of this machine";
-        break;
-      case EACCES:
-        why = "a port below 1024 needs privileges";
-        break;
-      default:
-        why = std::strerror(error);
+      case EADDRINUSE: why = "the port is in use: another process listens there"; break;
+      case EADDRNOTAVAIL: why = "the host is not an address of this machine"; break;
+      case EACCES: why = "a port below 1024 needs privileges"; break;
+      default: why = std::strerror(error);
     }
     break;
   }

@@ -11,8 +11,7 @@ namespace {
 class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcMetricsInterceptor(metrics::Registry* registry, std::string method)
-      : registry_(registry), method_(std::move(method)),
-        start_(std::chrono::steady_clock::now()) {}
+      : registry_(registry), method_(std::move(method)), start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
@@ -23,16 +22,15 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
           ->GetHistogram("pipetrain_rpc_duration_seconds",
                          "Time the coordinator took to answer a call, by method and status code.",
                          {"method", "code"},
-                         {method_, StatusCodeName(methods->GetSendStatus().error_code())},
-                         kBuckets)
+                         {method_, StatusCodeName(methods->GetSendStatus().error_code())}, kBuckets)
           .Observe(seconds);
     }
     methods->Proceed();
   }
 
  private:
-  static inline const std::vector<double> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                      0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  static inline const std::vector<double> kBuckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   metrics::Registry* registry_;
   std::string method_;
   std::chrono::steady_clock::time_point start_;

@@ -32,10 +32,9 @@ void Handler(google::protobuf::LogLevel level, const char* filename, int line,
   }
   static const char* const kLevels[] = {"INFO", "WARNING", "ERROR", "FATAL"};
   const int64_t skipped = malformed ? left_out.exchange(0) : 0;
-  std::fprintf(stderr, "[libprotobuf %s %s:%d] %s%s\n", kLevels[level], filename, line,
-               message.c_str(),
-               skipped > 0 ? (" (" + std::to_string(skipped) + " more like it left out)").c_str()
-                           : "");
+  std::fprintf(
+      stderr, "[libprotobuf %s %s:%d] %s%s\n", kLevels[level], filename, line, message.c_str(),
+      skipped > 0 ? (" (" + std::to_string(skipped) + " more like it left out)").c_str() : "");
 }
 
 }  // namespace

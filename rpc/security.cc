@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -131,8 +131,9 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
   // Another processor would replace the token check: refused as loudly as gRPC refuses one
   // on its own plaintext credentials.
   void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
-    std::fprintf(stderr, "pipetrain: rpc::MakeServerCredentials' credentials check the token "
-                         "themselves; another AuthMetadataProcessor cannot be set\n");
+    std::fprintf(stderr,
+                 "pipetrain: rpc::MakeServerCredentials' credentials check the token "
+                 "themselves; another AuthMetadataProcessor cannot be set\n");
     std::abort();
   }
 
@@ -163,8 +164,7 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
   std::string value_;
 };
 
-class TokenInterceptorFactory final
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   explicit TokenInterceptorFactory(const std::string& token) : value_(kScheme + token) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
@@ -251,9 +251,10 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   }
   for (char c : token) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--token-file ", token_file, ": the token holds a control character (a line break?); "
-          "metadata cannot carry it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token-file ", token_file,
+                       ": the token holds a control character (a line break?); "
+                       "metadata cannot carry it"));
     }
   }
   return token;
@@ -261,8 +262,8 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityOptions& options) {
-  if (!options.tls()) return std::make_shared<CoreServerCredentials>(nullptr, options.token,
-                                                                       options.worker_token);
+  if (!options.tls())
+    return std::make_shared<CoreServerCredentials>(nullptr, options.token, options.worker_token);
   if (options.tls_cert.empty() || options.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "a server with TLS needs both --tls-cert and --tls-key (and --tls-ca for mutual TLS)");

@@ -6,9 +6,9 @@ namespace pipetrain::rpc {
 namespace {
 
 // One to one: every canonical code has the same number on both sides.
-#define PT_SAME_CODE_(absl_code, grpc_code)                                  \
-  static_assert(static_cast<int>(absl::StatusCode::absl_code) ==              \
-                    static_cast<int>(grpc::StatusCode::grpc_code),            \
+#define PT_SAME_CODE_(absl_code, grpc_code)                        \
+  static_assert(static_cast<int>(absl::StatusCode::absl_code) ==   \
+                    static_cast<int>(grpc::StatusCode::grpc_code), \
                 #absl_code " and " #grpc_code " must have the same number")
 PT_SAME_CODE_(kOk, OK);
 PT_SAME_CODE_(kCancelled, CANCELLED);
@@ -36,8 +36,7 @@ constexpr int kLastCode = static_cast<int>(grpc::StatusCode::UNAUTHENTICATED);
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::Status::code() is always canonical (a non-canonical raw code reads as kUnknown).
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 absl::Status ToAbslStatus(const grpc::Status& status) {

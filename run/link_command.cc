@@ -7,10 +7,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "runtime/base/host_port.h"
-#include "runtime/base/exit_codes.h"
-#include "runtime/base/printable.h"
 #include "runtime/base/atomic_file.h"
+#include "runtime/base/exit_codes.h"
+#include "runtime/base/host_port.h"
+#include "runtime/base/printable.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/profiler/machine_profiling.h"
 
@@ -31,9 +31,9 @@ struct Leader {
 absl::StatusOr<Leader> ParseLeader(const std::string& text) {
   Leader leader;
   const auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--connect ", text,
-        ": expected ADDRESS:PORT or ADDRESS:PORT,PORT (what --listen printed)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connect ", text,
+                     ": expected ADDRESS:PORT or ADDRESS:PORT,PORT (what --listen printed)"));
   };
   // The second port follows the first after a comma.
   const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(',', 1));
@@ -51,23 +51,26 @@ absl::StatusOr<Leader> ParseLeader(const std::string& text) {
 
 int RunLinkCommand(const LinkFlags& flags) {
   if (flags.listen.empty() == flags.connect.empty()) {
-    return Fail("give either --listen ADDRESS (on one host) or --connect ADDRESS:PORT "
-                "--address ADDRESS (on the other)",
-                exit_code::kUsage);
+    return Fail(
+        "give either --listen ADDRESS (on one host) or --connect ADDRESS:PORT "
+        "--address ADDRESS (on the other)",
+        exit_code::kUsage);
   }
   if (!flags.connect.empty()) {
     absl::StatusOr<Leader> leader = ParseLeader(flags.connect);
     if (!leader.ok()) return Fail(std::string(leader.status().message()), exit_code::kUsage);
     if (flags.address.empty()) {
-      return Fail("--connect needs --address: this host's address, where the other side "
-                  "reaches it",
-                  exit_code::kUsage);
+      return Fail(
+          "--connect needs --address: this host's address, where the other side "
+          "reaches it",
+          exit_code::kUsage);
     }
     const absl::Status s = profiler::RunHostLinkPeer(leader->address, leader->p2p_port,
                                                      leader->replica_port, flags.address);
     if (absl::IsFailedPrecondition(s)) {
       // Something else listens there: the address is wrong.
-      return Fail(absl::StrCat(s.message(), "; --connect takes what `pipetrain profile-link "
+      return Fail(absl::StrCat(s.message(),
+                               "; --connect takes what `pipetrain profile-link "
                                "--listen ADDRESS` printed on the other host"),
                   exit_code::kUsage);
     }

@@ -29,8 +29,9 @@ struct LinkFlags {
     auto* g = app->add_option_group("links between hosts (profile-link)");
     g->add_option("--listen", listen,
                   "this host's address: lead the measurement and print the links (JSON)");
-    g->add_option("--port", port, "with --listen: the ports to listen on, PORT and PORT+1 "
-                                  "(default: any two free ones, printed)")
+    g->add_option("--port", port,
+                  "with --listen: the ports to listen on, PORT and PORT+1 "
+                  "(default: any two free ones, printed)")
         ->check(CLI::Range(0, 65534));
     g->add_option("--connect", connect,
                   "ADDRESS:PORT[,PORT] of the side that listens (as it printed): follow it");

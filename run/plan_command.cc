@@ -12,12 +12,12 @@
 #include "runtime/base/byte_size.h"
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/regular_file.h"
+#include "runtime/base/self_executable.h"
 #include "runtime/base/threads.h"
 #include "runtime/job/plan.h"
 #include "runtime/planner/host_placement.h"
 #include "runtime/planner/profile_json.h"
 #include "runtime/planner/schedule_choice.h"
-#include "runtime/base/self_executable.h"
 #include "runtime/profiler/profiler.h"
 #include "runtime/schedule/chunked_schedule.h"
 
@@ -176,15 +176,16 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
                     ": the host of each rank (replica by replica) ",
                     absl::StrJoin(l.rank_hosts, ","), "\n");
   }
-  absl::StrAppendFormat(&out, "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
-                              "parallelism (step %.2f ms, peak %s)\n",
+  absl::StrAppendFormat(&out,
+                        "  predicted: step %.2f ms, %.0f %s/s, ME %.2f against data "
+                        "parallelism (step %.2f ms, peak %s)\n",
                         c.prediction.step_time_s * 1e3,
                         tokens ? c.prediction.tokens_per_s : c.prediction.samples_per_s,
                         tokens ? "tok" : "samples", c.memory_efficiency,
                         plan.data_parallel.prediction.step_time_s * 1e3,
                         ByteSize(plan.data_parallel.prediction.peak_memory_bytes));
-  absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers",
-                        "compute_ms", "exposed_ar_ms", "in_flight", "peak_memory");
+  absl::StrAppendFormat(&out, "  %-6s %-8s %-11s %-13s %-10s %s\n", "stage", "layers", "compute_ms",
+                        "exposed_ar_ms", "in_flight", "peak_memory");
   // A rank holding several model stages lists their layers, in model order.
   schedule::ScheduleParams shape;
   shape.kind = l.schedule;
@@ -194,18 +195,19 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   std::vector<std::vector<std::string>> rank_layers(l.stages());
   for (size_t k = 0; k < l.pipeline.stage_layers.size(); ++k) {
     const int rank = chunks.RankOf(static_cast<int>(k));
-    rank_layers[rank].push_back(absl::StrCat(l.pipeline.stage_layers[k].first, ":",
-                                             l.pipeline.stage_layers[k].second));
+    rank_layers[rank].push_back(
+        absl::StrCat(l.pipeline.stage_layers[k].first, ":", l.pipeline.stage_layers[k].second));
   }
   for (int s = 0; s < l.stages(); ++s) {
     const planner::StagePrediction& p = c.prediction.stages[s];
     absl::StrAppendFormat(&out, "  %-6d %-8s %-11.2f %-13.2f %-10d %s\n", s,
-                          absl::StrJoin(rank_layers[s], ","),
-                          p.compute_s * 1e3, p.exposed_allreduce_s * 1e3, p.peak_in_flight,
+                          absl::StrJoin(rank_layers[s], ","), p.compute_s * 1e3,
+                          p.exposed_allreduce_s * 1e3, p.peak_in_flight,
                           ByteSize(p.peak_memory_bytes));
   }
-  out += "schedules on this shape (the fastest that fits with the same semantics marked *: "
-         "what `stages: auto` runs on one host):\n";
+  out +=
+      "schedules on this shape (the fastest that fits with the same semantics marked *: "
+      "what `stages: auto` runs on one host):\n";
   for (const planner::ScheduleOption& o : planner::CompareSchedules(profile, cluster, l)) {
     const std::string name(schedule::ScheduleKindName(o.schedule));
     if (!o.valid) {
@@ -223,13 +225,12 @@ std::string PlanToText(const planner::PlanResult& plan, const planner::ModelProf
   if (!plan.alternatives.empty()) out += "alternatives (the best of each other shape):\n";
   for (const Candidate& a : plan.alternatives) {
     const std::vector<int> r = RecomputedLayers(a.layout);
-    absl::StrAppendFormat(&out, "  p=%d w=%d b=%d m=%d stages %s%s: step %.2f ms, peak %s: %s\n",
-                          a.layout.stages(), a.layout.pipeline.replicas,
-                          a.layout.pipeline.micro_batch_size, a.layout.pipeline.micro_batches,
-                          Ranges(a.layout),
-                          r.empty() ? "" : absl::StrCat(" recompute ", absl::StrJoin(r, ",")),
-                          a.prediction.step_time_s * 1e3,
-                          ByteSize(a.prediction.peak_memory_bytes), a.why);
+    absl::StrAppendFormat(
+        &out, "  p=%d w=%d b=%d m=%d stages %s%s: step %.2f ms, peak %s: %s\n", a.layout.stages(),
+        a.layout.pipeline.replicas, a.layout.pipeline.micro_batch_size,
+        a.layout.pipeline.micro_batches, Ranges(a.layout),
+        r.empty() ? "" : absl::StrCat(" recompute ", absl::StrJoin(r, ",")),
+        a.prediction.step_time_s * 1e3, ByteSize(a.prediction.peak_memory_bytes), a.why);
   }
   return out;
 }

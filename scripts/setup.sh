@@ -3,7 +3,7 @@
 # when everything is present it returns at once without touching apt.
 #   scripts/setup.sh            build + test dependencies
 #   scripts/setup.sh --main     only what building the main job needs (scripts/run.sh): no
-#                               clang, promtool, Slurm, python3-torch, iproute2
+#                               clang, clang-format, promtool, Slurm, python3-torch, iproute2
 #   scripts/setup.sh --bench    the same as no flag (bench/ compares against Debian's
 #                               python3-torch, which the tests use too)
 set -euo pipefail
@@ -32,8 +32,9 @@ packages=(
 # What the tests, the fuzz targets and the benchmarks need besides.
 test_packages=(
   # tests (procps: pgrep finds leftover processes; openssl: certificates for mutual TLS;
-  # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh)
-  procps openssl clang-14 libclang-rt-14-dev
+  # clang with its libFuzzer and sanitizer runtimes: the fuzz targets, scripts/fuzz.sh;
+  # clang-format: the sources' format, scripts/format.sh --check)
+  procps openssl clang-14 libclang-rt-14-dev clang-format-14
   # promtool (Debian's prometheus): checks the metrics text and the deploy/ rules
   prometheus
   # iproute2: hosts as network namespaces, veth links and bridges (tests/multihost)

@@ -111,14 +111,16 @@ absl::StatusOr<AdvertisedAddress> ChooseAdvertisedAddress(const std::string& lis
     chosen.host = WithoutBrackets(advertise);
     if (!IsHost(chosen.host)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--advertise-address '", Printable(advertise), "' is not a host: give an address or "
+          "--advertise-address '", Printable(advertise),
+          "' is not a host: give an address or "
           "a name without a port (10.0.0.2, fd00::2, node-3); the port is the one --listen "
           "binds"));
     }
     if (IsWildcardHost(chosen.host)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--advertise-address ", advertise, " is a wildcard: give the address its peers and "
-          "the coordinator reach this worker at"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--advertise-address ", advertise,
+                       " is a wildcard: give the address its peers and "
+                       "the coordinator reach this worker at"));
     }
   } else if (!iface.empty()) {
     absl::StatusOr<std::string> address = AddressOfInterface(iface);
@@ -129,9 +131,10 @@ absl::StatusOr<AdvertisedAddress> ChooseAdvertisedAddress(const std::string& lis
   } else {
     chosen.host = HostOf(listen);
     if (IsWildcardHost(chosen.host)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--listen ", listen, " listens on every address, which is not one its peers can "
-          "reach: say which with --advertise-address ADDR or --iface NAME"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen ", listen,
+                       " listens on every address, which is not one its peers can "
+                       "reach: say which with --advertise-address ADDR or --iface NAME"));
     }
   }
   chosen.iface = !iface.empty() ? iface : InterfaceHolding(chosen.host);

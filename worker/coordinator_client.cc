@@ -23,8 +23,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, absl::Duration deadline,
                          v1::HeartbeatResponse* response) override {
     absl::StatusOr<v1::HeartbeatResponse> r =
-        Call(&v1::CoordinatorService::Stub::Heartbeat, request, v1::HeartbeatResponse(),
-             deadline);
+        Call(&v1::CoordinatorService::Stub::Heartbeat, request, v1::HeartbeatResponse(), deadline);
     if (!r.ok()) return r.status();
     *response = *std::move(r);
     return absl::OkStatus();
@@ -34,8 +33,7 @@ class GrpcCoordinatorClient : public CoordinatorClient {
                 absl::Seconds(5));
   }
   absl::Status ReportStageEnd(const v1::StageEnd& end, absl::Duration deadline) override {
-    return Call(&v1::CoordinatorService::Stub::ReportStageEnd, end, v1::ReportResponse(),
-                deadline)
+    return Call(&v1::CoordinatorService::Stub::ReportStageEnd, end, v1::ReportResponse(), deadline)
         .status();
   }
   absl::StatusOr<v1::DrainWorkerResponse> Drain(const v1::DrainWorkerRequest& request) override {
@@ -49,8 +47,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   }
   absl::StatusOr<v1::SurvivorInstruction> ReportStopped(const v1::StoppedRank& stopped,
                                                         absl::Duration deadline) override {
-    return Call(&v1::CoordinatorService::Stub::ReportStopped, stopped,
-                v1::SurvivorInstruction(), deadline);
+    return Call(&v1::CoordinatorService::Stub::ReportStopped, stopped, v1::SurvivorInstruction(),
+                deadline);
   }
   std::shared_ptr<rendezvous::KeyValueStore> JobStore(const std::string& job_id,
                                                       int generation) override {

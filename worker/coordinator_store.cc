@@ -33,9 +33,9 @@ class CoordinatorStore : public rendezvous::KeyValueStore {
       const absl::Duration left = deadline - absl::Now();
       v1::KvRequest request = Request(key);
       request.set_wait_ms(std::clamp<int64_t>(absl::ToInt64Milliseconds(left), 0, 5000));
-      absl::StatusOr<v1::KvResponse> r = Call(&v1::CoordinatorService::Stub::KvGet, request,
-                                              absl::Milliseconds(request.wait_ms()) +
-                                                  absl::Seconds(10));
+      absl::StatusOr<v1::KvResponse> r =
+          Call(&v1::CoordinatorService::Stub::KvGet, request,
+               absl::Milliseconds(request.wait_ms()) + absl::Seconds(10));
       if (!r.ok()) return r.status();
       if (r->found()) return r->value();
       if (absl::Now() >= deadline) {
@@ -61,8 +61,7 @@ class CoordinatorStore : public rendezvous::KeyValueStore {
     return r->found();
   }
   absl::Status Delete(const std::string& key) override {
-    return Call(&v1::CoordinatorService::Stub::KvDelete, Request(key), absl::Seconds(10))
-        .status();
+    return Call(&v1::CoordinatorService::Stub::KvDelete, Request(key), absl::Seconds(10)).status();
   }
   void Abort(const absl::Status& why) override {
     absl::MutexLock lock(&mu_);
@@ -122,10 +121,8 @@ class CoordinatorStore : public rendezvous::KeyValueStore {
 }  // namespace
 
 std::shared_ptr<rendezvous::KeyValueStore> MakeCoordinatorStore(
-    std::shared_ptr<v1::CoordinatorService::Stub> coordinator, std::string job_id,
-    int generation) {
-  return std::make_shared<CoordinatorStore>(std::move(coordinator), std::move(job_id),
-                                            generation);
+    std::shared_ptr<v1::CoordinatorService::Stub> coordinator, std::string job_id, int generation) {
+  return std::make_shared<CoordinatorStore>(std::move(coordinator), std::move(job_id), generation);
 }
 
 }  // namespace pipetrain::worker

@@ -16,7 +16,6 @@
 namespace pipetrain::worker {
 
 std::shared_ptr<rendezvous::KeyValueStore> MakeCoordinatorStore(
-    std::shared_ptr<v1::CoordinatorService::Stub> coordinator, std::string job_id,
-    int generation);
+    std::shared_ptr<v1::CoordinatorService::Stub> coordinator, std::string job_id, int generation);
 
 }  // namespace pipetrain::worker

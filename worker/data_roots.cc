@@ -64,9 +64,11 @@ absl::Status CheckDirectoryUnderRoots(const std::string& field, const std::strin
              (rest.native().rfind("..", 0) != 0 && IsUnderRoots(lexical, resolved_roots));
   }
   if (inside) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ": ", dir, " is outside the directories this worker lets jobs write to and resume "
-      "from (", absl::StrJoin(roots, ", "), ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(field, ": ", dir,
+                   " is outside the directories this worker lets jobs write to and resume "
+                   "from (",
+                   absl::StrJoin(roots, ", "), ")"));
 }
 
 }  // namespace pipetrain::worker

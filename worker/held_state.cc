@@ -48,8 +48,9 @@ void HeldStates::Hold(const std::string& job_id, int64_t step, const std::string
   }
 }
 
-absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(
-    const std::string& job_id, int64_t step, int layer, const std::string& key) const {
+absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(const std::string& job_id,
+                                                                     int64_t step, int layer,
+                                                                     const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   DropExpired();
   auto it = holds_.find(job_id);
@@ -59,8 +60,8 @@ absl::StatusOr<std::shared_ptr<const std::string>> HeldStates::Layer(
         "no state of ", job_id, " is held for this key (a wrong key, or the hold ended)"));
   }
   if (it->second.step != step) {
-    return absl::NotFoundError(absl::StrCat("this worker holds the state of ", job_id,
-                                            " at step ", it->second.step, ", not ", step));
+    return absl::NotFoundError(absl::StrCat("this worker holds the state of ", job_id, " at step ",
+                                            it->second.step, ", not ", step));
   }
   const std::shared_ptr<const Bytes>& bytes = it->second.bytes;
   auto layer_it = bytes->layers.find(layer);

@@ -42,9 +42,8 @@ class HeldStates {
   // replaced), so a caller without the key learns nothing of what is held; with the key,
   // NotFound for another step or a layer it does not hold. The bytes stay valid while the
   // caller keeps the pointer, after the hold ends too.
-  absl::StatusOr<std::shared_ptr<const std::string>> Layer(const std::string& job_id,
-                                                           int64_t step, int layer,
-                                                           const std::string& key) const;
+  absl::StatusOr<std::shared_ptr<const std::string>> Layer(const std::string& job_id, int64_t step,
+                                                           int layer, const std::string& key) const;
   // The coordinator's answer to a heartbeat sent at `sent`: the holds of jobs not in `jobs`
   // taken before then end (one taken after may be newer than what the answer knew).
   void KeepOnly(const std::vector<std::string>& jobs, absl::Time sent);

@@ -25,8 +25,8 @@
 #include "runtime/base/exit_codes.h"
 #include "runtime/base/printable.h"
 #include "runtime/base/regular_file.h"
-#include "runtime/memory/tensor_memory.h"
 #include "runtime/job/device.h"
+#include "runtime/memory/tensor_memory.h"
 #include "worker/advertised_address.h"
 #include "worker/data_roots.h"
 #include "worker/worker.h"
@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   pipetrain::memory::CountTensorMemory();  // step reports' peak_tensor_bytes
   namespace exit_code = pipetrain::exit_code;
   pipetrain::rpc::QuietMalformedRequestLogs();
-  CLI::App app{"pipetrain-worker: runs the pipeline stages the coordinator assigns to this "
-               "device, over the Gloo data plane, and reports every step."};
+  CLI::App app{
+      "pipetrain-worker: runs the pipeline stages the coordinator assigns to this "
+      "device, over the Gloo data plane, and reports every step."};
   WorkerOptions options;
   double register_timeout_s = 30;
   app.add_option("--coordinator", options.coordinator, "host:port of the coordinator")
@@ -121,8 +122,8 @@ int main(int argc, char** argv) {
   }
   options.security.token = *std::move(token);
   // Where it will listen (a loopback --listen moves to the advertised address).
-  absl::StatusOr<AdvertisedAddress> advertised = ChooseAdvertisedAddress(
-      options.listen, options.advertise_address, options.iface);
+  absl::StatusOr<AdvertisedAddress> advertised =
+      ChooseAdvertisedAddress(options.listen, options.advertise_address, options.iface);
   const std::string listen =
       advertised.ok() ? ListenAddressFor(options.listen, *advertised) : options.listen;
   if (const std::string warning = pipetrain::rpc::ListenWarning(listen, options.security);
@@ -149,8 +150,7 @@ int main(int argc, char** argv) {
     if (!(*worker)->metrics_address().empty()) {
       lines += "metrics " + (*worker)->metrics_address() + "\n";
     }
-    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, lines);
-        !s.ok()) {
+    if (absl::Status s = pipetrain::WriteFileAtomically(port_file, lines); !s.ok()) {
       Say(absl::StrCat("--port-file: ", s.message()));
       (*worker)->Stop();
       return exit_code::kUnavailable;

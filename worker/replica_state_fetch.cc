@@ -131,8 +131,7 @@ absl::StatusOr<std::vector<checkpoint::LayerState>> FetchReplicaState(
       }
       absl::StatusOr<checkpoint::LayerState> parsed = checkpoint::ParseLayerState(*bytes);
       if (!parsed.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("layer ", layer, ": ", parsed.status().message()));
+        return absl::DataLossError(absl::StrCat("layer ", layer, ": ", parsed.status().message()));
       }
       out.push_back(*std::move(parsed));
     }

@@ -26,9 +26,9 @@ namespace pipetrain::worker {
 
 // What one rank's fetch came to.
 struct ReplicaStateFetch {
-  int held_here = 0;          // layers its own worker held
-  int fetched = 0;            // layers fetched from other workers ...
-  int64_t bytes_fetched = 0;  // ... their bytes
+  int held_here = 0;                 // layers its own worker held
+  int fetched = 0;                   // layers fetched from other workers ...
+  int64_t bytes_fetched = 0;         // ... their bytes
   std::vector<std::string> sources;  // ... and the workers they came from (each once)
   absl::Duration took;
 
@@ -38,9 +38,9 @@ struct ReplicaStateFetch {
 
 struct ReplicaStateSource {
   std::string job_id;
-  std::string own_address;         // this worker's WorkerService address (never called)
+  std::string own_address;            // this worker's WorkerService address (never called)
   const HeldStates* local = nullptr;  // this worker's holds (not owned; outlives the call)
-  rpc::SecurityOptions security;   // as this worker's calls to its coordinator
+  rpc::SecurityOptions security;      // as this worker's calls to its coordinator
   // Which of a layer's holders is asked first (the rank's replica): the ranks of a place
   // spread over them.
   int spread = 0;

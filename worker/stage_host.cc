@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/base/rank_layout.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/device.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/rendezvous/key_value_store.h"
@@ -36,8 +36,12 @@ class AssignedRankListener : public job::StageListener {
                        StageMetrics& metrics, StepReporter& reporter, c10::Device device,
                        absl::Duration report_patience,
                        std::function<void(const std::string&)> stop_any)
-      : assignment_(assignment), worker_id_(worker_id), metrics_(metrics),
-        reporter_(reporter), device_(device), report_patience_(report_patience),
+      : assignment_(assignment),
+        worker_id_(worker_id),
+        metrics_(metrics),
+        reporter_(reporter),
+        device_(device),
+        report_patience_(report_patience),
         stop_any_(std::move(stop_any)) {}
 
   // Called with the rank's state when its run fails (StageListener::Stopped).
@@ -66,10 +70,9 @@ class AssignedRankListener : public job::StageListener {
     metrics_.OnStep(step);
     // The tensor peak read here, on the stage's thread: up to this step, whenever it is sent
     // (-1, a GPU's without a CUDA LibTorch, goes as 0: not measured).
-    v1::StepReport report = MakeStepReport(assignment_, worker_id_, step, parameter_bytes_,
-                                           memory::PeakTensorBytesOn(device_), layers_,
-                                           ToBreakdown(metrics_.times()),
-                                           std::exchange(news_, StepNews()));
+    v1::StepReport report = MakeStepReport(
+        assignment_, worker_id_, step, parameter_bytes_, memory::PeakTensorBytesOn(device_),
+        layers_, ToBreakdown(metrics_.times()), std::exchange(news_, StepNews()));
     if (!reporter_.Add(std::move(report), report_patience_)) {
       stop_any_(absl::StrCat("the coordinator took no step report for ",
                              absl::FormatDuration(report_patience_)));
@@ -107,21 +110,21 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
                                  SurvivorOutcome& survivor) {
   absl::StatusOr<job::JobSpec> config = job::Validated(a.spec());
   if (!config.ok()) return config.status();
-  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
-                                        "data.path", &config->data().path()},
-                                    {"model.path", &config->model().path()}}) {
+  for (const auto& [field, path] :
+       {std::pair<const char*, const std::string*>{"data.path", &config->data().path()},
+        {"model.path", &config->model().path()}}) {
     if (!path->empty()) PT_RETURN_IF_ERROR(CheckUnderDataRoots(field, *path, options_.data_roots));
   }
   const std::vector<std::string> writable = WritableRoots(options_.data_roots);
-  for (const auto& [field, dir] : {std::pair<const char*, std::string>{
-                                       "checkpoint.dir", config->checkpoint().dir()},
-                                   {"weights_dir", config->weights_dir()},
-                                   {"resume_from", config->resume_from() == "latest"
-                                                       ? std::string()
-                                                       : config->resume_from()}}) {
+  for (const auto& [field, dir] :
+       {std::pair<const char*, std::string>{"checkpoint.dir", config->checkpoint().dir()},
+        {"weights_dir", config->weights_dir()},
+        {"resume_from",
+         config->resume_from() == "latest" ? std::string() : config->resume_from()}}) {
     PT_RETURN_IF_ERROR(CheckDirectoryUnderRoots(field, dir, writable));
   }
-  std::shared_ptr<rendezvous::KeyValueStore> shared_store = coordinator_->JobStore(a.job_id(), a.generation());
+  std::shared_ptr<rendezvous::KeyValueStore> shared_store =
+      coordinator_->JobStore(a.job_id(), a.generation());
   const c10::Device device = job::TensorDeviceOf(options_.device);
   if (config->device() != (device.is_cuda() ? "cuda" : "cpu")) {
     return absl::FailedPreconditionError(
@@ -163,16 +166,15 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
     run.commands = std::make_shared<control::StepCommandQueue>(config->steps());
     slot_->SetCommandQueue(run.commands);
   }
-  StepReporter reporter(coordinator_,
-                        [this] { slot_->StopAny("the coordinator ended the job"); });
-  AssignedRankListener listener(
-      a, worker_id, stage_metrics, reporter, device, absl::Seconds(config->timeout_s()),
-      [this](const std::string& why) { slot_->StopAny(why); });
+  StepReporter reporter(coordinator_, [this] { slot_->StopAny("the coordinator ended the job"); });
+  AssignedRankListener listener(a, worker_id, stage_metrics, reporter, device,
+                                absl::Seconds(config->timeout_s()),
+                                [this](const std::string& why) { slot_->StopAny(why); });
   if (a.commit_steps()) {
     // Its state is handed off before it is gone: the survivors of a fault may go on from it.
     listener.HandOffWhenStopped([&](const job::StoppedRank& stopped) {
-      survivor = HandOffSurvivor(*coordinator_, a, worker_id, *config, stopped,
-                                 [this] { return slot_->closed(); }, held_);
+      survivor = HandOffSurvivor(
+          *coordinator_, a, worker_id, *config, stopped, [this] { return slot_->closed(); }, held_);
     });
   }
   run.listener = &listener;
@@ -190,15 +192,14 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
       absl::StatusOr<std::vector<checkpoint::LayerState>> states =
           FetchReplicaState(a.replica_state(), layers, source, &fetch);
       if (states.ok()) {
-        listener.news().state_from_replicas = absl::StrCat(
-            "its state at step ", a.replica_state().step(), " from the survivors: ",
-            fetch.Describe());
+        listener.news().state_from_replicas =
+            absl::StrCat("its state at step ", a.replica_state().step(),
+                         " from the survivors: ", fetch.Describe());
       }
       return states;
     };
   }
-  absl::StatusOr<job::StageOutcome> outcome =
-      job::RunStage(*config, a.rank(), shared_store, run);
+  absl::StatusOr<job::StageOutcome> outcome = job::RunStage(*config, a.rank(), shared_store, run);
   slot_->SetCommandQueue(nullptr);
   // A stopped stage's last reports are of a generation that is over (or for a coordinator out
   // of reach): one try, no resends that would hold its end back.
@@ -209,8 +210,8 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
 
 void StageHost::Run(const v1::StageAssignment& a, const std::string& worker_id) {
   memory::ResetPeakTensorBytesOn(job::TensorDeviceOf(options_.device));  // one rank at a time
-  std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(),
-               a.rank(), a.job_id().c_str());
+  std::fprintf(stderr, "pipetrain-worker: %s: running rank %d of %s\n", worker_id.c_str(), a.rank(),
+               a.job_id().c_str());
   absl::Status result;
   SurvivorOutcome survivor;
   try {
@@ -219,8 +220,9 @@ void StageHost::Run(const v1::StageAssignment& a, const std::string& worker_id) 
     result = absl::InternalError(absl::StrCat("rank ", a.rank(), ": ", e.what()));
   }
   const std::string stop_reason = slot_->MarkEnded();
-  const std::string error =
-      result.ok() ? std::string() : stop_reason.empty() ? std::string(result.message()) : stop_reason;
+  const std::string error = result.ok()           ? std::string()
+                            : stop_reason.empty() ? std::string(result.message())
+                                                  : stop_reason;
   std::fprintf(stderr, "pipetrain-worker: %s: rank %d of %s %s%s\n", worker_id.c_str(), a.rank(),
                a.job_id().c_str(), result.ok() ? "finished" : "failed: ", error.c_str());
   v1::StageEnd end;

@@ -46,12 +46,12 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
   const char* compute_help =
       "Seconds this rank computed: forward, backward (with recomputation and any AllReduce "
       "inside it), optimizer (the update, with any AllReduce before it).";
-  compute_forward_ = &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help, phase,
-                                   with("forward"));
-  compute_backward_ = &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help, phase,
-                                    with("backward"));
-  compute_optimizer_ = &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help,
-                                     phase, with("optimizer"));
+  compute_forward_ =
+      &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help, phase, with("forward"));
+  compute_backward_ =
+      &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help, phase, with("backward"));
+  compute_optimizer_ = &r.GetCounter("pipetrain_stage_compute_seconds_total", compute_help, phase,
+                                     with("optimizer"));
   const char* receive_help =
       "Seconds this rank waited to receive: activations (forward), gradients (backward).";
   receive_forward_ = &r.GetCounter("pipetrain_stage_receive_wait_seconds_total", receive_help,
@@ -63,16 +63,16 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
       "gradients (backward).";
   send_forward_ =
       &r.GetCounter("pipetrain_stage_send_wait_seconds_total", send_help, phase, with("forward"));
-  send_backward_ = &r.GetCounter("pipetrain_stage_send_wait_seconds_total", send_help, phase,
-                                 with("backward"));
-  exposed_allreduce_ = &r.GetCounter(
-      "pipetrain_stage_exposed_allreduce_seconds_total",
-      "Seconds of gradient AllReduce among replicas not hidden behind backward.", kRankLabels,
-      rank);
+  send_backward_ =
+      &r.GetCounter("pipetrain_stage_send_wait_seconds_total", send_help, phase, with("backward"));
+  exposed_allreduce_ =
+      &r.GetCounter("pipetrain_stage_exposed_allreduce_seconds_total",
+                    "Seconds of gradient AllReduce among replicas not hidden behind backward.",
+                    kRankLabels, rank);
   const auto kind = With(kRankLabels, "kind");
   sent_activation_ = &r.GetCounter("pipetrain_stage_sent_bytes_total",
-                                   "Tensor bytes this rank sent to its pipeline neighbours.",
-                                   kind, with("activation"));
+                                   "Tensor bytes this rank sent to its pipeline neighbours.", kind,
+                                   with("activation"));
   sent_gradient_ = &r.GetCounter("pipetrain_stage_sent_bytes_total",
                                  "Tensor bytes this rank sent to its pipeline neighbours.", kind,
                                  with("gradient"));
@@ -92,9 +92,9 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
                                 "Unix time this rank finished its last step (for stall alerts).",
                                 kRankLabels, rank);
   if (last_stage) {
-    loss_ = &r.GetGauge("pipetrain_stage_loss",
-                        "Mean loss of this replica's last step (last stage only).", kRankLabels,
-                        rank);
+    loss_ =
+        &r.GetGauge("pipetrain_stage_loss",
+                    "Mean loss of this replica's last step (last stage only).", kRankLabels, rank);
   }
   // What the stage is doing now, read at scrape time (nothing while no executor runs).
   using Samples = std::vector<metrics::CollectedSample>;
@@ -109,13 +109,13 @@ StageMetrics::StageMetrics(metrics::Registry* registry, const StageMetricsLabels
         labels.push_back(a->waiting_for);
         return Samples{{labels, 1}};
       }));
-  collectors_.push_back(r.AddCollector(
-      "pipetrain_stage_stashed_microbatches",
-      "Micro-batches whose forward is done and backward is not, on this rank now.", kRankLabels,
-      [this, rank] {
-        const std::optional<executor::StageActivity> a = handle_->Activity();
-        return a ? Samples{{rank, double(a->stashed_microbatches)}} : Samples{};
-      }));
+  collectors_.push_back(
+      r.AddCollector("pipetrain_stage_stashed_microbatches",
+                     "Micro-batches whose forward is done and backward is not, on this rank now.",
+                     kRankLabels, [this, rank] {
+                       const std::optional<executor::StageActivity> a = handle_->Activity();
+                       return a ? Samples{{rank, double(a->stashed_microbatches)}} : Samples{};
+                     }));
   collectors_.push_back(r.AddCollector(
       "pipetrain_stage_live_weight_versions",
       "Weight versions this rank holds now (used by stashed micro-batches, plus the newest, "

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "metrics/metrics.h"
 #include "pipetrain/v1/job.pb.h"
@@ -68,9 +68,8 @@ class StageMetrics {
   metrics::Counter *steps_, *samples_, *tokens_ = nullptr;
   metrics::Counter *compute_forward_, *compute_backward_, *compute_optimizer_;
   metrics::Counter *receive_forward_, *receive_backward_, *send_forward_, *send_backward_;
-  metrics::Counter *exposed_allreduce_;
-  metrics::Counter *sent_activation_, *sent_gradient_, *received_activation_,
-      *received_gradient_;
+  metrics::Counter* exposed_allreduce_;
+  metrics::Counter *sent_activation_, *sent_gradient_, *received_activation_, *received_gradient_;
   metrics::Histogram* step_duration_;
   metrics::Gauge *bubble_, *last_step_time_, *loss_ = nullptr;
   metrics::Gauge* grad_norm_ = nullptr;  // made at the first step with a norm (clipping)

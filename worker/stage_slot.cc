@@ -32,8 +32,8 @@ absl::Status StageSlot::Start(const std::string& job_id, int rank, int64_t gener
       },
       clock_->Now() + patience);
   if (closed_) return absl::UnavailableError(closed_because_);
-  if (occupant_.job_id == job_id && occupant_.rank == rank &&
-      occupant_.generation == generation && occupant_.stop_reason.empty()) {
+  if (occupant_.job_id == job_id && occupant_.rank == rank && occupant_.generation == generation &&
+      occupant_.stop_reason.empty()) {
     return absl::OkStatus();  // the same assignment again (a retried call): already running
   }
   if (!occupant_.job_id.empty()) {
@@ -148,8 +148,8 @@ std::shared_ptr<control::StepCommandQueue> StageSlot::CommandQueueOf(
 
 bool StageSlot::WaitUntilNotRunning(const std::string& job_id, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  return AwaitUntil(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return occupant_.job_id != job_id; }, deadline);
+  return AwaitUntil([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return occupant_.job_id != job_id; },
+                    deadline);
 }
 
 }  // namespace pipetrain::worker

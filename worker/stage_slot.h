@@ -57,7 +57,6 @@ class StageSlot {
   explicit StageSlot(std::shared_ptr<const Clock> clock);
   ~StageSlot();  // Shutdown
 
-
   // Runs `body` on a thread of its own as rank `rank` of `job_id`'s generation `generation`.
   // Waits (up to `patience` on the clock) for a rank on its way out. OK, starting nothing,
   // for the very rank that runs (not told to stop: a retried assignment); FailedPrecondition

@@ -29,9 +29,9 @@ namespace pipetrain::worker {
 
 // What a rank says once, with its next step report.
 struct StepNews {
-  std::string committed_checkpoint;  // the checkpoint it committed (the job's restart point)
-  std::string failed_checkpoint;     // why its part of a checkpoint failed
-  std::string resumed_from;          // rank 0: where the job resumed from ...
+  std::string committed_checkpoint;      // the checkpoint it committed (the job's restart point)
+  std::string failed_checkpoint;         // why its part of a checkpoint failed
+  std::string resumed_from;              // rank 0: where the job resumed from ...
   std::vector<std::string> passed_over;  // ... and the newer checkpoints it passed over
   // How its state came from the survivors' workers (ReplicaStateFetch::Describe), if it did.
   std::string state_from_replicas;
@@ -52,7 +52,8 @@ class StepReporter {
  public:
   StepReporter(std::shared_ptr<CoordinatorClient> coordinator, std::function<void()> on_stop)
       : coordinator_(std::move(coordinator)),
-        on_stop_(std::move(on_stop)), thread_([this] { Loop(); }) {}
+        on_stop_(std::move(on_stop)),
+        thread_([this] { Loop(); }) {}
   // Sends what is queued (again while unanswered, for at most kClosingPatience), then stops.
   ~StepReporter() {
     {
@@ -114,7 +115,7 @@ class StepReporter {
   bool closing_ = false;
   std::chrono::steady_clock::time_point close_by_;  // closing: resend until then
   bool abandoned_ = false;                          // Abandon(): resend nothing
-  std::thread thread_;  // last: starts once the rest is ready
+  std::thread thread_;                              // last: starts once the rest is ready
 };
 
 }  // namespace pipetrain::worker

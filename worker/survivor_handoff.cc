@@ -18,13 +18,13 @@ constexpr absl::Duration kLongestWait = absl::Minutes(5);
 
 }  // namespace
 
-SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
-                                const v1::StageAssignment& a, const std::string& worker_id,
-                                const job::JobSpec& config, const job::StoppedRank& stopped,
+SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator, const v1::StageAssignment& a,
+                                const std::string& worker_id, const job::JobSpec& config,
+                                const job::StoppedRank& stopped,
                                 const std::function<bool()>& closing, HeldStates* held) {
   SurvivorOutcome out;
-  const std::string who = absl::StrCat("pipetrain-worker: ", worker_id, ": rank ", a.rank(),
-                                       " of ", a.job_id(), ": ");
+  const std::string who =
+      absl::StrCat("pipetrain-worker: ", worker_id, ": rank ", a.rank(), " of ", a.job_id(), ": ");
   v1::StoppedRank report;
   report.set_worker_id(worker_id);
   report.set_job_id(a.job_id());
@@ -37,8 +37,7 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
     report.set_held_loss(*stopped.state.held_loss);
   }
   report.set_error(std::string(stopped.error.message()));
-  report.set_failed_after_peer(
-      stopped.error.GetPayload(job::kFailedAfterPeerPayload).has_value());
+  report.set_failed_after_peer(stopped.error.GetPayload(job::kFailedAfterPeerPayload).has_value());
   for (const model::LayerRange& range : stopped.layers) {
     for (int layer = range.begin; layer < range.end; ++layer) report.add_layers(layer);
   }
@@ -46,8 +45,7 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
   int failed_calls = 0;
   v1::SurvivorInstruction answer;
   while (true) {
-    absl::StatusOr<v1::SurvivorInstruction> r =
-        coordinator.ReportStopped(report, absl::Seconds(2));
+    absl::StatusOr<v1::SurvivorInstruction> r = coordinator.ReportStopped(report, absl::Seconds(2));
     if (!r.ok()) {
       if (++failed_calls >= kSurvivorAttempts) {
         std::fprintf(stderr, "%sthe coordinator took no survivor's report (%s): giving up\n",
@@ -60,8 +58,8 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
     } else {
       failed_calls = 0;
       // The coordinator's deadline is absolute: a later answer never moves it further away.
-      deadline = std::min(deadline,
-                          absl::Now() + absl::Milliseconds(std::max<int64_t>(0, r->wait_ms())));
+      deadline =
+          std::min(deadline, absl::Now() + absl::Milliseconds(std::max<int64_t>(0, r->wait_ms())));
     }
     if (closing()) {
       std::fprintf(stderr, "%sthe worker is closing: not waiting for the survivors' plan\n",
@@ -92,14 +90,15 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
     int64_t bytes = 0;
     for (const auto& [layer, b] : layers) bytes += static_cast<int64_t>(b.size());
     held->Hold(a.job_id(), answer.step(), answer.state_key(),
-               absl::Milliseconds(std::max<int64_t>(0, answer.hold_ms())),
-               std::move(layers));
+               absl::Milliseconds(std::max<int64_t>(0, answer.hold_ms())), std::move(layers));
     std::fprintf(stderr, "%sholding its state at step %lld for the next generation (%s)\n",
                  who.c_str(), static_cast<long long>(answer.step()), ByteSize(bytes).c_str());
   }
   if (!answer.write_state()) {
-    std::fprintf(stderr, "%sthe survivors go on from step %lld (another replica writes this "
-                 "place's state)\n", who.c_str(), static_cast<long long>(answer.step()));
+    std::fprintf(stderr,
+                 "%sthe survivors go on from step %lld (another replica writes this "
+                 "place's state)\n",
+                 who.c_str(), static_cast<long long>(answer.step()));
     return out;
   }
   std::shared_ptr<rendezvous::KeyValueStore> store =
@@ -114,9 +113,10 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
   }
   out.step = answer.step();
   out.checkpoint = saved.committed;
-  std::fprintf(stderr, "%sthe survivors go on from step %lld: its state written%s\n",
-               who.c_str(), static_cast<long long>(answer.step()),
-               saved.committed.empty() ? "" : absl::StrCat(", committed ", saved.committed).c_str());
+  std::fprintf(
+      stderr, "%sthe survivors go on from step %lld: its state written%s\n", who.c_str(),
+      static_cast<long long>(answer.step()),
+      saved.committed.empty() ? "" : absl::StrCat(", committed ", saved.committed).c_str());
   return out;
 }
 

@@ -37,10 +37,8 @@ inline constexpr absl::Duration kSurvivorPoll = absl::Milliseconds(100);
 inline constexpr int kSurvivorAttempts = 3;
 
 SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator,
-                                const v1::StageAssignment& assignment,
-                                const std::string& worker_id, const job::JobSpec& config,
-                                const job::StoppedRank& stopped,
-                                const std::function<bool()>& closing,
-                                HeldStates* held = nullptr);
+                                const v1::StageAssignment& assignment, const std::string& worker_id,
+                                const job::JobSpec& config, const job::StoppedRank& stopped,
+                                const std::function<bool()>& closing, HeldStates* held = nullptr);
 
 }  // namespace pipetrain::worker

@@ -28,15 +28,14 @@
 #include "runtime/rendezvous/key_value_store.h"
 #include "worker/advertised_address.h"
 #include "worker/data_roots.h"
-#include "worker/step_reporter.h"
 #include "worker/stage_metrics.h"
+#include "worker/step_reporter.h"
 
 namespace pipetrain::worker {
 namespace {
 
 std::chrono::system_clock::time_point In(absl::Duration d) {
-  return std::chrono::system_clock::now() +
-         std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
 }  // namespace
@@ -79,8 +78,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     if (!endpoint.ok()) return endpoint.status();
     w->metrics_endpoint_ = *std::move(endpoint);
   }
-  w->metrics_.GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
-                       {"version", "daemon"}, {PIPETRAIN_VERSION, "worker"}).Set(1);
+  w->metrics_
+      .GetGauge("pipetrain_build_info", "1, labelled with the build's version.",
+                {"version", "daemon"}, {PIPETRAIN_VERSION, "worker"})
+      .Set(1);
   w->metrics_.AddCollector(
       "pipetrain_worker_memory_bytes",
       "This worker process's resident memory now (resident) and its high-water mark (peak); "
@@ -95,8 +96,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
         const int64_t now = memory::TensorBytesInUseOn(tensors_on);
         const int64_t peak = memory::PeakTensorBytesOn(tensors_on);
         // Known on the CPU once the counter is installed; on a GPU where LibTorch has CUDA.
-        const bool known = tensors_on.is_cpu() ? memory::CountingTensorMemory()
-                                               : now >= 0 && peak >= 0;
+        const bool known =
+            tensors_on.is_cpu() ? memory::CountingTensorMemory() : now >= 0 && peak >= 0;
         if (known) {
           samples.push_back({{"tensors"}, static_cast<double>(now)});
           samples.push_back({{"tensors_peak"}, static_cast<double>(peak)});
@@ -157,12 +158,12 @@ absl::Status Worker::Register(absl::Time deadline) {
     if (const absl::Status& refused = last;
         absl::IsUnauthenticated(refused) || absl::IsPermissionDenied(refused)) {
       // Retrying cannot help: the token is wrong or missing.
-      return absl::Status(refused.code(),
-                          absl::StrCat("the coordinator at ", options_.coordinator,
-                                       " refused to register this worker (",
-                                       absl::StatusCodeToString(refused.code()), ": ",
-                                       refused.message(),
-                                       "); give its token with --token-file or PIPETRAIN_TOKEN"));
+      return absl::Status(
+          refused.code(),
+          absl::StrCat("the coordinator at ", options_.coordinator,
+                       " refused to register this worker (",
+                       absl::StatusCodeToString(refused.code()), ": ", refused.message(),
+                       "); give its token with --token-file or PIPETRAIN_TOKEN"));
     }
     if (absl::IsInvalidArgument(last) || absl::IsFailedPrecondition(last)) {
       // Retrying cannot help either: the coordinator refuses what this worker says of itself
@@ -213,8 +214,7 @@ void Worker::HeartbeatLoop() {
     v1::HeartbeatResponse response;
     const absl::Status s = coordinator_->Heartbeat(request, deadline, &response);
     if (s.ok()) {
-      held_.KeepOnly({response.held_state_jobs().begin(), response.held_state_jobs().end()},
-                     sent);
+      held_.KeepOnly({response.held_state_jobs().begin(), response.held_state_jobs().end()}, sent);
     }
     lock.lock();
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) {
@@ -241,13 +241,14 @@ void Worker::HeartbeatLoop() {
 void Worker::LeaseExpired() {
   const StageSlot::Occupant running = slot_.occupant();
   if (running.job_id.empty() || running.ending || !running.stop_reason.empty()) return;
-  const std::string why = absl::StrCat(
-      "no heartbeat answered by the coordinator at ", options_.coordinator, " for ",
-      absl::FormatDuration(clock_->Now() - heard_at_), " (this worker's lease is ",
-      absl::FormatDuration(lease_), "): the coordinator takes it for lost and may run its rank "
-      "elsewhere");
-  std::fprintf(stderr, "pipetrain-worker: %s: stopping rank %d of %s\n", why.c_str(),
-               running.rank, running.job_id.c_str());
+  const std::string why =
+      absl::StrCat("no heartbeat answered by the coordinator at ", options_.coordinator, " for ",
+                   absl::FormatDuration(clock_->Now() - heard_at_), " (this worker's lease is ",
+                   absl::FormatDuration(lease_),
+                   "): the coordinator takes it for lost and may run its rank "
+                   "elsewhere");
+  std::fprintf(stderr, "pipetrain-worker: %s: stopping rank %d of %s\n", why.c_str(), running.rank,
+               running.job_id.c_str());
   slot_.StopAny(why);
 }
 
@@ -293,7 +294,8 @@ void Worker::Drain() {
   request.set_worker_id(id());
   const absl::StatusOr<v1::DrainWorkerResponse> drained = coordinator_->Drain(request);
   if (!drained.ok() || drained->checkpoint_step() == 0) return;
-  std::fprintf(stderr, "pipetrain-worker: draining: %s is checkpointed before step %lld and "
+  std::fprintf(stderr,
+               "pipetrain-worker: draining: %s is checkpointed before step %lld and "
                "restarts without this worker; waiting for that (at most %s)\n",
                running.job_id.c_str(), static_cast<long long>(drained->checkpoint_step()),
                absl::FormatDuration(kDrainTimeout).c_str());

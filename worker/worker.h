@@ -56,14 +56,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/statusor.h"
 #include "metrics/endpoint.h"
 #include "metrics/metrics.h"
-#include "absl/status/statusor.h"
 #include "pipetrain/v1/coordinator_service.grpc.pb.h"
 #include "pipetrain/v1/worker_service.grpc.pb.h"
 #include "rpc/security.h"
@@ -79,7 +79,7 @@ namespace pipetrain::worker {
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";  // its WorkerService; port 0 picks a free one
-  std::string device = "cpu";  // cpu, cuda (GPU 0) or cuda:N
+  std::string device = "cpu";          // cpu, cuda (GPU 0) or cuda:N
   // The address it is reached at, by the coordinator (its WorkerService, on the port
   // --listen bound) and by its peers (its data plane binds there): "" for the host of
   // `listen`, or of `iface` when given (advertised_address.h).
@@ -91,7 +91,7 @@ struct WorkerOptions {
   // The machine it runs on, as registered (shown by `pipetrain workers`): --host-name, by
   // default Slurm's node name or the hostname (advertised_address.h, DefaultHostName).
   std::string host;
-  rpc::SecurityOptions security;        // both ways: to the coordinator and of its callers
+  rpc::SecurityOptions security;  // both ways: to the coordinator and of its callers
   // The only directories a job's files (data.path, model.path) may be read from, resolved
   // through symlinks; regular files only. None: a job may name no file at all. With roots, a
   // job's checkpoint.dir, weights_dir and resume_from must lie under them or under the

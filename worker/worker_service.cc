@@ -131,9 +131,9 @@ class LayerWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     auto* owner = new std::shared_ptr<const std::string>(bytes_);
     grpc::Slice slices[2] = {
         grpc::Slice(header),
-        grpc::Slice(const_cast<char*>(bytes_->data()) + offset_, n,
-                    [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); },
-                    owner)};
+        grpc::Slice(
+            const_cast<char*>(bytes_->data()) + offset_, n,
+            [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); }, owner)};
     offset_ += n;
     buffer_ = grpc::ByteBuffer(slices, 2);
     StartWrite(&buffer_);

@@ -15,8 +15,8 @@
 // core with thousands a second. So a flood of fetches, with or without the key, costs the
 // worker neither threads nor memory beyond these bounds.
 //
-// No state but the counts of fetches and delayed refusals in flight; thread-safe as the worker is. The worker and
-// the held states outlive it.
+// No state but the counts of fetches and delayed refusals in flight; thread-safe as the worker is.
+// The worker and the held states outlive it.
 #pragma once
 
 #include <atomic>
@@ -34,8 +34,7 @@ namespace pipetrain::worker {
 class Worker;
 
 class WorkerServiceAdapter final
-    : public v1::WorkerService::WithRawCallbackMethod_FetchLayerState<
-          v1::WorkerService::Service> {
+    : public v1::WorkerService::WithRawCallbackMethod_FetchLayerState<v1::WorkerService::Service> {
  public:
   WorkerServiceAdapter(Worker* worker, std::string command_key, const HeldStates* held)
       : worker_(worker), command_key_(std::move(command_key)), held_(held) {}
@@ -44,8 +43,7 @@ class WorkerServiceAdapter final
                            v1::AssignResponse*) override;
   grpc::Status StopStage(grpc::ServerContext* context, const v1::StopStageRequest* request,
                          v1::AssignResponse*) override;
-  grpc::Status ScheduleCommand(grpc::ServerContext* context,
-                               const v1::SendCommandRequest* request,
+  grpc::Status ScheduleCommand(grpc::ServerContext* context, const v1::SendCommandRequest* request,
                                v1::SendCommandResponse* response) override;
   // OK to the coordinator (it asks before another registration takes this address over).
   grpc::Status Ping(grpc::ServerContext* context, const v1::PingRequest* request,

@@ -2,8 +2,8 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -33,23 +33,17 @@ inline constexpr int kInterrupted = 130;
 // The exit code of a program that ends with an error of `code` (kOk for absl::StatusCode::kOk).
 constexpr int For(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk:
-      return kOk;
+    case absl::StatusCode::kOk: return kOk;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kOutOfRange:
-      return kUsage;
-    case absl::StatusCode::kNotFound:
-      return kNotFound;
+    case absl::StatusCode::kOutOfRange: return kUsage;
+    case absl::StatusCode::kNotFound: return kNotFound;
     case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-      return kDenied;
+    case absl::StatusCode::kPermissionDenied: return kDenied;
     case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-      return kUnavailable;
-    default:
-      return kJobFailed;
+    case absl::StatusCode::kDeadlineExceeded: return kUnavailable;
+    default: return kJobFailed;
   }
 }
 

@@ -32,8 +32,7 @@ inline std::string WithoutBrackets(absl::string_view host) {
 // number from MIN to 65535".
 inline absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int min_port = 0) {
   const size_t colon = text.rfind(':');
-  const absl::string_view host =
-      colon == absl::string_view::npos ? text : text.substr(0, colon);
+  const absl::string_view host = colon == absl::string_view::npos ? text : text.substr(0, colon);
   const bool bracketed = !host.empty() && host.front() == '[';
   if (colon == absl::string_view::npos ||
       (bracketed ? host.back() != ']' : host.find(':') != absl::string_view::npos)) {
@@ -42,8 +41,8 @@ inline absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, int min_po
   HostPort out;
   if (!absl::SimpleAtoi(text.substr(colon + 1), &out.port) || out.port < min_port ||
       out.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the port is not a number from ", min_port, " to 65535 in '", text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the port is not a number from ", min_port, " to 65535 in '", text, "'"));
   }
   out.host = WithoutBrackets(host);
   return out;

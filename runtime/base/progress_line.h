@@ -64,19 +64,17 @@ class ProgressLine {
     const std::string rate = absl::StrCat(FormatRate(p.rate), " ", p.unit, "/s");
     if (terminal_) {
       constexpr int64_t kWidth = 24;
-      const int64_t filled = std::clamp<int64_t>(
-          kWidth * p.done / std::max<int64_t>(1, p.steps), 0, kWidth);
+      const int64_t filled =
+          std::clamp<int64_t>(kWidth * p.done / std::max<int64_t>(1, p.steps), 0, kWidth);
       open_ = p.done < p.steps;
       return absl::StrFormat("\r[%s%s] %sstep %d/%d  loss %.4f  %s  ETA %s   %s",
                              std::string(filled, '#'), std::string(kWidth - filled, '.'), state,
-                             p.done, p.steps, p.loss, rate, FormatDuration(eta),
-                             open_ ? "" : "\n");
+                             p.done, p.steps, p.loss, rate, FormatDuration(eta), open_ ? "" : "\n");
     }
     const int64_t every = std::max<int64_t>(1, p.steps / 20);
     if (p.done > 1 && p.done % every != 0 && p.done != p.steps) return "";
-    return absl::StrFormat("%sstep %d/%d loss %.4f %s elapsed %s eta %s\n", state, p.done,
-                           p.steps, p.loss, rate, FormatDuration(p.elapsed_s),
-                           FormatDuration(eta));
+    return absl::StrFormat("%sstep %d/%d loss %.4f %s elapsed %s eta %s\n", state, p.done, p.steps,
+                           p.loss, rate, FormatDuration(p.elapsed_s), FormatDuration(eta));
   }
 
   // "\n" if a bar is left on its line (the job ended before its last step), else "".
@@ -88,8 +86,8 @@ class ProgressLine {
 
  private:
   bool terminal_;
-  bool open_ = false;        // a bar is on the line, not ended
-  int64_t last_done_ = -1;   // the step count written last
+  bool open_ = false;       // a bar is on the line, not ended
+  int64_t last_done_ = -1;  // the step count written last
 };
 
 }  // namespace pipetrain::progress

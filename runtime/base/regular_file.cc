@@ -52,12 +52,12 @@ absl::Status OpenChecked(const std::string& path, int64_t limit, absl::string_vi
         what, " '", path, "' is outside the directories this process reads jobs' files from (",
         absl::StrJoin(Roots(), ", "), ")"));
   } else if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    refused = absl::FailedPreconditionError(
-        absl::StrCat(what, " '", path, "' is not a regular file"));
+    refused =
+        absl::FailedPreconditionError(absl::StrCat(what, " '", path, "' is not a regular file"));
   } else if (st.st_size > limit) {
-    refused = absl::FailedPreconditionError(absl::StrCat(
-        what, " '", path, "' is ", ByteSize(st.st_size), ", over the bound of ", ByteSize(limit),
-        " for one file"));
+    refused = absl::FailedPreconditionError(
+        absl::StrCat(what, " '", path, "' is ", ByteSize(st.st_size), ", over the bound of ",
+                     ByteSize(limit), " for one file"));
   }
   if (!refused.ok()) {
     close(*fd);
@@ -86,8 +86,7 @@ absl::StatusOr<size_t> ReadUpTo(int fd, char* into, size_t n, const std::string&
 }
 
 template <typename Bytes>
-absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view what,
-                      Bytes* out) {
+absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view what, Bytes* out) {
   int fd = -1;
   int64_t size = 0;
   if (absl::Status s = OpenChecked(path, limit, what, &fd, &size); !s.ok()) return s;
@@ -96,8 +95,8 @@ absl::Status ReadInto(const std::string& path, int64_t limit, absl::string_view 
     bytes.resize(static_cast<size_t>(size));
   } catch (const std::bad_alloc&) {
     close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", ByteSize(size), " to read ", what, " '", path, "'"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", ByteSize(size), " to read ", what, " '", path, "'"));
   }
   absl::StatusOr<size_t> done =
       ReadUpTo(fd, reinterpret_cast<char*>(bytes.data()), bytes.size(), path, what);
@@ -181,8 +180,8 @@ absl::Status StreamRegularFile(const std::string& path, int64_t size, absl::stri
   }
   close(fd);
   if (done != size) {
-    return absl::DataLossError(absl::StrCat(what, " '", path, "': short read (", done, " of ",
-                                            size, " bytes; it shrank while read)"));
+    return absl::DataLossError(absl::StrCat(what, " '", path, "': short read (", done, " of ", size,
+                                            " bytes; it shrank while read)"));
   }
   return absl::OkStatus();
 }

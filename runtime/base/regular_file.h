@@ -50,5 +50,4 @@ std::vector<std::string> ResolvedRoots(const std::vector<std::string>& roots);
 // Whether `resolved` (an absolute path without links) lies under one of `resolved_roots`.
 bool IsUnderRoots(const std::string& resolved, const std::vector<std::string>& resolved_roots);
 
-
 }  // namespace pipetrain

@@ -36,7 +36,7 @@ class RunningMedian {
   }
 
  private:
-  std::priority_queue<double> low_;                                       // max-heap
+  std::priority_queue<double> low_;                                        // max-heap
   std::priority_queue<double, std::vector<double>, std::greater<>> high_;  // min-heap
 };
 

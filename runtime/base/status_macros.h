@@ -12,10 +12,10 @@
 #define PT_CONCAT_(a, b) PT_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define PT_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::absl::Status pt_status_ = (expr);           \
-    if (!pt_status_.ok()) return pt_status_;      \
+#define PT_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status pt_status_ = (expr);      \
+    if (!pt_status_.ok()) return pt_status_; \
   } while (false)
 
 // `PT_ASSIGN_OR_RETURN(auto x, F());` declares/assigns x from an absl::StatusOr, or returns

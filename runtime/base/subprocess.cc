@@ -33,8 +33,8 @@ absl::StatusOr<pid_t> StartWith(const std::vector<std::string>& args, const Opti
   if (!options.output_file.empty()) {
     out = open(options.output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) {
-      return absl::UnavailableError(absl::StrCat("cannot open ", options.output_file, ": ",
-                                                 std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("cannot open ", options.output_file, ": ", std::strerror(errno)));
     }
   }
   if (options.stdin_null) in = open("/dev/null", O_RDONLY | O_CLOEXEC);

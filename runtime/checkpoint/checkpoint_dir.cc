@@ -103,8 +103,7 @@ std::map<int64_t, std::string> CompleteCheckpoints(const std::string& root) {
   std::map<int64_t, std::string> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (auto step = StepOfName(entry.path().filename().string());
-        step && entry.is_directory(ec)) {
+    if (auto step = StepOfName(entry.path().filename().string()); step && entry.is_directory(ec)) {
       out[*step] = entry.path().string();
     }
   }
@@ -118,8 +117,7 @@ absl::StatusOr<Manifest> Check(const std::string& dir) {
   if (!text.ok()) return text.status();
   auto manifest = ParseManifest(*text);
   if (!manifest.ok()) return manifest.status();
-  if (auto step = StepOfName(fs::path(dir).filename().string());
-      step && *step != manifest->step) {
+  if (auto step = StepOfName(fs::path(dir).filename().string()); step && *step != manifest->step) {
     return absl::DataLossError(absl::StrCat("its manifest says step ", manifest->step));
   }
   FoundCheckpoint found{dir, *manifest, {}};
@@ -167,7 +165,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Join(const s
   std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step));
   std::error_code ec;
   fs::create_directories(w->tmp_, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
   return w;
 }
 
@@ -191,8 +190,8 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
     return s;
   };
   if (manifest.step != step_) {
-    return fail(absl::InternalError(absl::StrCat("a manifest for step ", manifest.step,
-                                                 " in the checkpoint of step ", step_)));
+    return fail(absl::InternalError(
+        absl::StrCat("a manifest for step ", manifest.step, " in the checkpoint of step ", step_)));
   }
   if (absl::Status s = WriteAll((fs::path(tmp_) / kManifest).string(), ManifestToJson(manifest));
       !s.ok()) {
@@ -234,7 +233,8 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
     const std::string file = entry.path().filename().string();
     absl::string_view name = file;
     if (!absl::ConsumeSuffix(&name, ".tmp")) continue;
-    if (auto step = StepOfName(std::string(name)); step && *step < step_) fs::remove_all(entry.path(), ec);
+    if (auto step = StepOfName(std::string(name)); step && *step < step_)
+      fs::remove_all(entry.path(), ec);
   }
   return absl::OkStatus();
 }
@@ -257,11 +257,11 @@ absl::Status StreamLayer(const FoundCheckpoint& found, int layer,
   const LayerFile& f = found.manifest.files[layer];
   const std::string path = (fs::path(found.dir) / f.name).string();
   Sha256 hash;
-  absl::Status read = StreamRegularFile(path, f.bytes, "checkpoint layer",
-                                        [&](absl::string_view piece) {
-                                          hash.Add(std::string_view(piece.data(), piece.size()));
-                                          consume(piece);
-                                        });
+  absl::Status read =
+      StreamRegularFile(path, f.bytes, "checkpoint layer", [&](absl::string_view piece) {
+        hash.Add(std::string_view(piece.data(), piece.size()));
+        consume(piece);
+      });
   if (!read.ok()) {
     // A file of another size, or not a regular one: the checkpoint is damaged.
     return absl::IsFailedPrecondition(read) || absl::IsDataLoss(read)
@@ -286,9 +286,8 @@ absl::StatusOr<std::string> ReadLayer(const FoundCheckpoint& found, int layer) {
           "cannot allocate ", found.manifest.files[layer].bytes, " bytes for layer ", layer));
     }
   }
-  PT_RETURN_IF_ERROR(StreamLayer(found, layer, [&](absl::string_view piece) {
-    bytes.append(piece.data(), piece.size());
-  }));
+  PT_RETURN_IF_ERROR(StreamLayer(
+      found, layer, [&](absl::string_view piece) { bytes.append(piece.data(), piece.size()); }));
   return bytes;
 }
 
@@ -297,8 +296,8 @@ absl::Status VerifyLayer(const FoundCheckpoint& found, int layer) {
 }
 
 absl::StatusOr<FoundCheckpoint> OpenCheckpoint(const std::string& step_dir) {
-  auto text = ReadAll((fs::path(step_dir) / kManifest).string(), kMaxManifestBytes,
-                      "checkpoint manifest");
+  auto text =
+      ReadAll((fs::path(step_dir) / kManifest).string(), kMaxManifestBytes, "checkpoint manifest");
   if (!text.ok()) return text.status();
   auto manifest = ParseManifest(*text);
   if (!manifest.ok()) {
@@ -313,7 +312,8 @@ absl::StatusOr<FoundCheckpoint> FindCheckpoint(const std::string& path) {
   if (fs::exists(fs::path(path) / kManifest, ec)) {  // one checkpoint, named
     auto manifest = Check(path);
     if (!manifest.ok()) {
-      return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": ", manifest.status().message()));
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", path, ": ", manifest.status().message()));
     }
     return FoundCheckpoint{path, *std::move(manifest), {}};
   }

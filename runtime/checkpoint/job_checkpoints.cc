@@ -13,10 +13,9 @@
 
 namespace pipetrain::checkpoint {
 
-using job::JobSpec;
 using job::JobPlan;
+using job::JobSpec;
 using job::StageStart;
-
 
 namespace {
 
@@ -39,7 +38,7 @@ std::string FieldJson(const nlohmann::json& spec, const std::string& key) {
 }
 
 Manifest MakeManifest(const JobSpec& config, const JobPlan& plan, int64_t step,
-                                  std::vector<LayerFile> files) {
+                      std::vector<LayerFile> files) {
   Manifest m;
   m.step = step;
   m.num_layers = static_cast<int>(plan.layers.size());
@@ -47,8 +46,10 @@ Manifest MakeManifest(const JobSpec& config, const JobPlan& plan, int64_t step,
   m.layout = job::PipelineLayoutOf(config);
   m.layout.stages = plan.stages();
   m.layout.stage_layers.clear();  // as planned: balanced ranges included
-  for (const model::LayerRange& r : plan.partition) m.layout.stage_layers.emplace_back(r.begin, r.end);
-  m.global_batch_size = int64_t{config.replicas()} * config.microbatches() * config.microbatch_size();
+  for (const model::LayerRange& r : plan.partition)
+    m.layout.stage_layers.emplace_back(r.begin, r.end);
+  m.global_batch_size =
+      int64_t{config.replicas()} * config.microbatches() * config.microbatch_size();
   m.samples_seen = step * m.global_batch_size;
   m.created_unix_ms = absl::ToUnixMillis(absl::Now());
   m.files = std::move(files);
@@ -59,16 +60,14 @@ Manifest MakeManifest(const JobSpec& config, const JobPlan& plan, int64_t step,
 
 // "pipetrain: checkpoint before step 50 committed: checkpoints/step-00000050 (12.3 MB in
 // 0.41 s)" on stderr.
-void ReportCommitted(const JobSpec& config, const Manifest& m,
-                     absl::Duration took) {
+void ReportCommitted(const JobSpec& config, const Manifest& m, absl::Duration took) {
   int64_t bytes = 0;
   for (const LayerFile& f : m.files) bytes += f.bytes;
-  std::fprintf(stderr, "pipetrain: checkpoint before step %lld committed: %s (%.1f MB in %.2f s)\n",
-               static_cast<long long>(m.step),
-               (std::filesystem::path(config.checkpoint().dir()) / StepDirName(m.step))
-                   .string()
-                   .c_str(),
-               bytes / 1e6, absl::ToDoubleSeconds(took));
+  std::fprintf(
+      stderr, "pipetrain: checkpoint before step %lld committed: %s (%.1f MB in %.2f s)\n",
+      static_cast<long long>(m.step),
+      (std::filesystem::path(config.checkpoint().dir()) / StepDirName(m.step)).string().c_str(),
+      bytes / 1e6, absl::ToDoubleSeconds(took));
 }
 
 // The copies of tied parameters in layer `layer` that are not their group's first member
@@ -87,9 +86,9 @@ std::vector<std::pair<int, model::ParameterRef>> AliasesIn(const JobPlan& plan, 
 
 // Writes the stage's layers through `writer` (each tied parameter once, with its group's
 // first member); their entries.
-absl::StatusOr<std::vector<LayerFile>> WriteStageLayers(
-    CheckpointWriter& writer, const JobPlan& plan, int stage,
-    const weights::WeightStore& weights) {
+absl::StatusOr<std::vector<LayerFile>> WriteStageLayers(CheckpointWriter& writer,
+                                                        const JobPlan& plan, int stage,
+                                                        const weights::WeightStore& weights) {
   const model::LayerRange range = plan.partition[stage];
   std::vector<LayerState> layers = StageLayerStates(weights);
   std::vector<LayerFile> files;
@@ -100,9 +99,8 @@ absl::StatusOr<std::vector<LayerFile>> WriteStageLayers(
       state.parameters.erase(state.parameters.begin() + it->first);
       if (!state.optimizer.empty()) state.optimizer.erase(state.optimizer.begin() + it->first);
     }
-    PT_ASSIGN_OR_RETURN(LayerFile file,
-                        writer.WriteLayer(range.begin + static_cast<int>(i),
-                                          SerializeLayerState(layers[i])));
+    PT_ASSIGN_OR_RETURN(LayerFile file, writer.WriteLayer(range.begin + static_cast<int>(i),
+                                                          SerializeLayerState(layers[i])));
     files.push_back(std::move(file));
   }
   return files;
@@ -195,9 +193,8 @@ int CheckpointSink::failed() const {
   return failed_;
 }
 
-SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
-                                           const JobSpec& config, const JobPlan& plan,
-                                           int64_t step, int stage,
+SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store, const JobSpec& config,
+                                           const JobPlan& plan, int64_t step, int stage,
                                            const weights::WeightStore& weights) {
   SharedCheckpointResult result;
   const absl::Time begun = absl::Now();
@@ -230,8 +227,7 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
   for (int s = 0; s < plan.stages(); ++s) {
     absl::StatusOr<std::string> text = store.Get(absl::StrCat(prefix, s), absl::Seconds(5));
     absl::StatusOr<std::vector<LayerFile>> theirs =
-        text.ok() ? FilesFromJson(*text)
-                  : absl::StatusOr<std::vector<LayerFile>>(text.status());
+        text.ok() ? FilesFromJson(*text) : absl::StatusOr<std::vector<LayerFile>>(text.status());
     if (!theirs.ok()) {
       errors.push_back(std::string(theirs.status().message()));
       continue;
@@ -248,10 +244,9 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
     absl::Status committed = (*committer)->Commit(m, config.checkpoint().keep());
     if (committed.ok()) {
       ReportCommitted(config, m, absl::Now() - begun);
-      result.committed =
-          (std::filesystem::absolute(config.checkpoint().dir()) / StepDirName(step))
-              .lexically_normal()
-              .string();
+      result.committed = (std::filesystem::absolute(config.checkpoint().dir()) / StepDirName(step))
+                             .lexically_normal()
+                             .string();
     } else {
       errors.push_back(std::string(committed.message()));
     }
@@ -302,7 +297,7 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePointShared(
 }
 
 absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
-                                                                           const JobPlan& plan) {
+                                                               const JobPlan& plan) {
   if (c.resume_from().empty()) return std::nullopt;
   const std::string path = c.resume_from() == "latest" ? c.checkpoint().dir() : c.resume_from();
   auto found = FindCheckpoint(path);
@@ -323,8 +318,8 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
     for (const char* key : {"model", "data", "dtype", "seed"}) {
       const std::string before = FieldJson(was_json, key), after = FieldJson(now_json, key);
       if (before != after) {
-        errors.push_back(absl::StrCat(key, " differs: the checkpoint's is ", before,
-                                      ", this job's ", after));
+        errors.push_back(
+            absl::StrCat(key, " differs: the checkpoint's is ", before, ", this job's ", after));
       }
     }
     if (was.optimizer().name() != now.optimizer().name()) {
@@ -334,21 +329,22 @@ absl::StatusOr<std::optional<FoundCheckpoint>> FindResumePoint(const JobSpec& c,
   }
   const int64_t batch = int64_t{c.replicas()} * c.microbatches() * c.microbatch_size();
   if (m.global_batch_size != batch) {
-    errors.push_back(absl::StrCat("the global batch (replicas x microbatches x microbatch_size) "
-                                  "is ", batch, "; the checkpoint's is ", m.global_batch_size,
-                                  " (the data order would differ)"));
+    errors.push_back(absl::StrCat(
+        "the global batch (replicas x microbatches x microbatch_size) "
+        "is ",
+        batch, "; the checkpoint's is ", m.global_batch_size, " (the data order would differ)"));
   }
   if (m.num_layers != static_cast<int>(plan.layers.size())) {
-    errors.push_back(absl::StrCat("the model has ", plan.layers.size(),
-                                  " layers; the checkpoint ", m.num_layers));
+    errors.push_back(absl::StrCat("the model has ", plan.layers.size(), " layers; the checkpoint ",
+                                  m.num_layers));
   }
   if (m.step >= c.steps()) {
-    errors.push_back(absl::StrCat("the checkpoint is of step ", m.step, "; the job has ",
-                                  c.steps(), " steps: nothing is left to run"));
+    errors.push_back(absl::StrCat("the checkpoint is of step ", m.step, "; the job has ", c.steps(),
+                                  " steps: nothing is left to run"));
   }
   if (!errors.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("resume_from ", found->dir, ": ",
-                                                      absl::StrJoin(errors, "; ")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume_from ", found->dir, ": ", absl::StrJoin(errors, "; ")));
   }
   return std::optional<FoundCheckpoint>(*std::move(found));
 }
@@ -367,8 +363,8 @@ absl::StatusOr<LayerState> ParseLayer(const FoundCheckpoint& found, int layer) {
     return absl::Status(
         state.status().code(),
         absl::StrCat("resume_from: layer ", layer, " (",
-                     (std::filesystem::path(found.dir) / LayerFileName(layer)).string(), "): ",
-                     state.status().message()));
+                     (std::filesystem::path(found.dir) / LayerFileName(layer)).string(),
+                     "): ", state.status().message()));
   }
   return state;
 }

@@ -45,8 +45,8 @@ class CheckpointSink {
 
   // Model stage `stage` (of replica 0) at boundary `step`: writes its layers, and commits the
   // checkpoint if it is the last stage to deliver (then says so on stderr: its directory,
-  // size and the time from the first stage's delivery to the commit). The write's error, if any (also when an
-  // earlier stage's write failed the same checkpoint: the first error).
+  // size and the time from the first stage's delivery to the commit). The write's error, if any
+  // (also when an earlier stage's write failed the same checkpoint: the first error).
   absl::Status Deliver(int64_t step, int stage, const weights::WeightStore& weights);
 
   // Checkpoints committed, and failed, so far.

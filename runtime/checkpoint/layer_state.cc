@@ -54,8 +54,7 @@ absl::StatusOr<LayerState> ParseLayerState(const std::string& bytes) {
     value = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const std::exception& e) {
     std::string what = e.what();
-    return absl::DataLossError(absl::StrCat("not a layer file: ",
-                                            what.substr(0, what.find('\n'))));
+    return absl::DataLossError(absl::StrCat("not a layer file: ", what.substr(0, what.find('\n'))));
   }
   if (!value.isGenericDict()) return absl::DataLossError("a layer file holds a dict");
   std::map<int64_t, at::Tensor> params, buffers, stale_params, stale_buffers;
@@ -176,8 +175,7 @@ absl::StatusOr<std::vector<weights::ParameterState>> LoadLayerStates(
   const auto& layers = module->layers();
   if (states.size() != layers.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the stage has ", layers.size(),
-                                                   " layers; the checkpoint gave ",
-                                                   states.size()));
+                                                   " layers; the checkpoint gave ", states.size()));
   }
   // Check everything before changing anything.
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -185,30 +183,30 @@ absl::StatusOr<std::vector<weights::ParameterState>> LoadLayerStates(
     const std::vector<at::Tensor> params = layers[l]->Parameters(), buffers = layers[l]->Buffers();
     const LayerState& s = states[l];
     if (s.parameters.size() != params.size() || s.buffers.size() != buffers.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer ", global, " (", layers[l]->name(), ") has ", params.size(), " parameters and ",
-          buffers.size(), " buffers; the checkpoint's has ", s.parameters.size(), " and ",
-          s.buffers.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", global, " (", layers[l]->name(), ") has ", params.size(),
+                       " parameters and ", buffers.size(), " buffers; the checkpoint's has ",
+                       s.parameters.size(), " and ", s.buffers.size()));
     }
     for (size_t k = 0; k < params.size(); ++k) {
       if (!SameKind(params[k], s.parameters[k])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer ", global, " parameter ", k, ": the model's is ", Describe(params[k]),
-            ", the checkpoint's ", Describe(s.parameters[k])));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", global, " parameter ", k, ": the model's is ",
+                         Describe(params[k]), ", the checkpoint's ", Describe(s.parameters[k])));
       }
       for (const auto& [name, t] : s.optimizer[k]) {
         if (name != "step" && !SameKind(params[k], t)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "layer ", global, " parameter ", k, ": optimizer state ", name, " is ",
-              Describe(t), ", not ", Describe(params[k])));
+          return absl::InvalidArgumentError(
+              absl::StrCat("layer ", global, " parameter ", k, ": optimizer state ", name, " is ",
+                           Describe(t), ", not ", Describe(params[k])));
         }
       }
     }
     for (size_t k = 0; k < buffers.size(); ++k) {
       if (!SameKind(buffers[k], s.buffers[k])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer ", global, " buffer ", k, ": the model's is ", Describe(buffers[k]),
-            ", the checkpoint's ", Describe(s.buffers[k])));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", global, " buffer ", k, ": the model's is ", Describe(buffers[k]),
+                         ", the checkpoint's ", Describe(s.buffers[k])));
       }
     }
   }

@@ -65,8 +65,8 @@ std::string ManifestToJson(const Manifest& m) {
   j["created_unix_ms"] = m.created_unix_ms;
   json files = json::array();
   for (const LayerFile& f : m.files) {
-    files.push_back({{"name", f.name}, {"layer", f.layer}, {"bytes", f.bytes},
-                     {"sha256", f.sha256}});
+    files.push_back(
+        {{"name", f.name}, {"layer", f.layer}, {"bytes", f.bytes}, {"sha256", f.sha256}});
   }
   j["files"] = files;
   return j.dump(2) + "\n";
@@ -99,10 +99,10 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
 
   if (!j.contains("layout") || !j["layout"].is_object()) return Bad("'layout' must be an object");
   const json& layout = j["layout"];
-  for (auto [key, field] : {std::pair{"stages", &m.layout.stages},
-                            std::pair{"replicas", &m.layout.replicas},
-                            std::pair{"micro_batches", &m.layout.micro_batches},
-                            std::pair{"micro_batch_size", &m.layout.micro_batch_size}}) {
+  for (auto [key, field] :
+       {std::pair{"stages", &m.layout.stages}, std::pair{"replicas", &m.layout.replicas},
+        std::pair{"micro_batches", &m.layout.micro_batches},
+        std::pair{"micro_batch_size", &m.layout.micro_batch_size}}) {
     auto v = Int(layout, key, 1, kMaxLayers * int64_t{1024});
     if (!v.ok()) return v.status();
     *field = static_cast<int>(*v);
@@ -114,9 +114,9 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   }
   int expect = 0;
   for (const json& r : layout["stage_layers"]) {
-    if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() ||
-        !r[1].is_number_integer() || r[0].get<int64_t>() != expect ||
-        r[1].get<int64_t>() <= expect || r[1].get<int64_t>() > m.num_layers) {
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer() ||
+        r[0].get<int64_t>() != expect || r[1].get<int64_t>() <= expect ||
+        r[1].get<int64_t>() > m.num_layers) {
       return Bad("'layout.stage_layers' must be contiguous, non-empty ranges from layer 0");
     }
     m.layout.stage_layers.emplace_back(expect, static_cast<int>(r[1].get<int64_t>()));
@@ -146,8 +146,8 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
     if (!layer.ok()) return layer.status();
     file.layer = static_cast<int>(*layer);
     if (file.layer != static_cast<int>(m.files.size())) {
-      return Bad(absl::StrCat("a file is for layer ", file.layer, " where layer ",
-                              m.files.size(), " comes next"));
+      return Bad(absl::StrCat("a file is for layer ", file.layer, " where layer ", m.files.size(),
+                              " comes next"));
     }
     if (!f.contains("name") || !f["name"].is_string() ||
         (file.name = f["name"].get<std::string>()) != LayerFileName(file.layer)) {

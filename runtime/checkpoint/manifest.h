@@ -28,19 +28,19 @@ inline constexpr int kMaxLayers = 1 << 16;
 inline constexpr int64_t kMaxFileBytes = int64_t{64} << 30;
 
 struct LayerFile {
-  std::string name;     // LayerFileName(layer), in the checkpoint directory
-  int layer = 0;        // global layer index
+  std::string name;  // LayerFileName(layer), in the checkpoint directory
+  int layer = 0;     // global layer index
   int64_t bytes = 0;
-  std::string sha256;   // 64 lowercase hex digits
+  std::string sha256;  // 64 lowercase hex digits
 };
 
 struct Manifest {
   int format = kFormatVersion;
-  int64_t step = 0;             // the weights are W(step); a resumed job runs from step
+  int64_t step = 0;  // the weights are W(step); a resumed job runs from step
   int num_layers = 0;
-  std::string job;              // the writing job's JobSpec as JSON (JobToJson)
+  std::string job;               // the writing job's JobSpec as JSON (JobToJson)
   model::PipelineLayout layout;  // the layout it was written from
-  int64_t samples_seen = 0;     // data position: step x global batch size
+  int64_t samples_seen = 0;      // data position: step x global batch size
   int64_t global_batch_size = 0;
   int64_t created_unix_ms = 0;
   std::vector<LayerFile> files;  // one per layer, in layer order

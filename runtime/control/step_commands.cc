@@ -35,8 +35,8 @@ absl::StatusOr<StepCommand> ParseStepCommand(std::string_view name) {
   for (const Named& n : kNames) {
     if (lower == n.name) return n.command;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown step command '", std::string(name), "'; accepted: flush, switch, checkpoint, stop"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown step command '", std::string(name),
+                                                 "'; accepted: flush, switch, checkpoint, stop"));
 }
 
 StepCommandQueue::StepCommandQueue(int64_t steps, int64_t first_step)
@@ -55,9 +55,10 @@ absl::StatusOr<int64_t> StepCommandQueue::Schedule(uint32_t command, int64_t ste
   if (step == 0) step = sealed_through_ + 1;
   if (step < 1 || step >= steps_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("step ", step, " is not a boundary of this job: a command takes effect "
-                     "before step N for 1 <= N < ", steps_, " (the job has ", steps_,
-                     " steps)"));
+        absl::StrCat("step ", step,
+                     " is not a boundary of this job: a command takes effect "
+                     "before step N for 1 <= N < ",
+                     steps_, " (the job has ", steps_, " steps)"));
   }
   if (step <= sealed_through_) {
     if (sealed_through_ + 1 >= steps_) {

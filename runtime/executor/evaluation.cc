@@ -13,8 +13,7 @@ namespace pipetrain::executor {
 
 using transport::MessageKind;
 
-absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n,
-                                                                  ActionRecord& record) {
+absl::StatusOr<std::optional<EvalRecord>> StageExecutor::Evaluate(int64_t n, ActionRecord& record) {
   const int64_t round = n / config_.eval_every - 1;  // evaluations before this one
   at::NoGradGuard no_grad;
   // Every chunk's newest weights in evaluation mode, put back in training mode on the way out

@@ -21,7 +21,7 @@ namespace pipetrain::executor {
 absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
   if (config_.replicas == 1) return absl::OkStatus();
   if (reduced_steps_.erase(t)) return absl::OkStatus();  // done during the backward
-  PT_RETURN_IF_ERROR(ReduceStepLoss(chunk, t));  // (if not done when it started)
+  PT_RETURN_IF_ERROR(ReduceStepLoss(chunk, t));          // (if not done when it started)
   const double start = MonotonicSeconds();
   waiting_for_.store(kWaitingForReplicas, std::memory_order_relaxed);
   absl::Status s;
@@ -45,9 +45,8 @@ absl::Status StageExecutor::ReduceGradients(Chunk& chunk, int64_t t) {
 absl::Status StageExecutor::SumTiedGradients(int64_t t, ActionRecord& record) {
   for (const TiedParameter& tie : config_.tied) {
     if (tie.copies.size() < 2) continue;  // one rank: one parameter
-    const auto mine = std::find_if(tie.copies.begin(), tie.copies.end(), [&](const auto& c) {
-      return c.rank == config_.stage;
-    });
+    const auto mine = std::find_if(tie.copies.begin(), tie.copies.end(),
+                                   [&](const auto& c) { return c.rank == config_.stage; });
     if (mine == tie.copies.end()) continue;
     std::vector<int> holders;
     for (const TiedParameter::Copy& copy : tie.copies) holders.push_back(copy.rank);
@@ -81,8 +80,8 @@ absl::StatusOr<double> StageExecutor::ClipGradients(int64_t t, ActionRecord& rec
   std::vector<at::Tensor> squares = {
       at::full({1}, mine, at::TensorOptions().dtype(at::kDouble).device(device_))};
   if (config_.num_stages > 1) {
-    PT_RETURN_IF_ERROR(AwaitCollective(
-        transport::Group::Pipeline(), record, [&](absl::Time deadline) {
+    PT_RETURN_IF_ERROR(
+        AwaitCollective(transport::Group::Pipeline(), record, [&](absl::Time deadline) {
           return transport_->AllReduce(transport::Group::Pipeline(), squares,
                                        transport::ReduceOp::kSum, deadline);
         }));
@@ -90,9 +89,8 @@ absl::StatusOr<double> StageExecutor::ClipGradients(int64_t t, ActionRecord& rec
   const double norm = std::sqrt(squares[0].item<double>());
   // clip_grad_norm_'s coefficient; a non-finite norm poisons every gradient instead, so that
   // every stage of every replica skips this step alike (WeightStore::Update).
-  const double scale = std::isfinite(norm)
-                           ? std::min(1.0, config_.clip_grad_norm / (norm + 1e-6))
-                           : std::numeric_limits<double>::quiet_NaN();
+  const double scale = std::isfinite(norm) ? std::min(1.0, config_.clip_grad_norm / (norm + 1e-6))
+                                           : std::numeric_limits<double>::quiet_NaN();
   if (scale != 1.0) {
     at::NoGradGuard no_grad;
     for (std::vector<at::Tensor>& g : grads) {
@@ -132,8 +130,8 @@ void StageExecutor::StartReduction(Chunk& chunk, int64_t t) {
   absl::StatusOr<std::vector<at::Tensor>> grads = chunk.weights->Gradients(t);
   if (!grads.ok()) return;  // the update reduces them (and fails the same way)
   chunk.reduction_record = {t, -1, MonotonicSeconds(), 0};
-  chunk.reduction = transport_->StartAllReduceMean(*std::move(grads),
-                                                   absl::Now() + config_.recv_timeout);
+  chunk.reduction =
+      transport_->StartAllReduceMean(*std::move(grads), absl::Now() + config_.recv_timeout);
 }
 
 namespace {

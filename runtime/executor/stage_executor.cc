@@ -102,11 +102,10 @@ int64_t StageExecutor::MessageKey(int lower, int64_t j) const {
 }
 
 absl::Status StageExecutor::Run() {
-  if (chunks_.empty() ||
-      chunks_.size() != static_cast<size_t>(layout_.chunks_per_rank)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the rank runs ", layout_.chunks_per_rank,
-                     " model stages; given the weights of ", chunks_.size()));
+  if (chunks_.empty() || chunks_.size() != static_cast<size_t>(layout_.chunks_per_rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("the rank runs ", layout_.chunks_per_rank,
+                                                   " model stages; given the weights of ",
+                                                   chunks_.size()));
   }
   if (static_cast<int>(config_.boundaries.size()) != layout_.stages() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("the shapes of ", layout_.stages() + 1,
@@ -187,14 +186,12 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
   Chunk& chunk = ChunkOf(action.stage);
   const int s = chunk.stage;
   switch (action.kind) {
-    case ActionKind::kForward:
-      return Forward(chunk, j, record);
+    case ActionKind::kForward: return Forward(chunk, j, record);
     case ActionKind::kBackward:
       PT_RETURN_IF_ERROR(Backward(chunk, j, action.kind, record));
       GradientDone(chunk, j);
       return absl::OkStatus();
-    case ActionKind::kInputGradient:
-      return Backward(chunk, j, action.kind, record);
+    case ActionKind::kInputGradient: return Backward(chunk, j, action.kind, record);
     case ActionKind::kWeightGradient:
       PT_RETURN_IF_ERROR(WeightGradient(chunk, j));
       GradientDone(chunk, j);
@@ -212,10 +209,10 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
           transport_->Send(to, MessageKind::kActivation, MessageKey(s, j), out.detach()));
       record.bytes += out.numel() * static_cast<int64_t>(out.element_size());
       if (config_.vertical_sync) {  // the version the micro-batch runs on, on every stage
-        PT_RETURN_IF_ERROR(transport_->Send(
-            to, MessageKind::kWeightVersion, j,
-            at::full({1}, it->second.version,
-                     at::TensorOptions().dtype(at::kLong).device(out.device()))));
+        PT_RETURN_IF_ERROR(
+            transport_->Send(to, MessageKind::kWeightVersion, j,
+                             at::full({1}, it->second.version,
+                                      at::TensorOptions().dtype(at::kLong).device(out.device()))));
       }
       if (!CarriesBoundary(s, j)) return absl::OkStatus();
       const int64_t t = j / config_.micro_batches;
@@ -235,37 +232,35 @@ absl::Status StageExecutor::Execute(const Action& action, ActionRecord& record) 
       return transport_->Send(layout_.RankOf(s - 1), MessageKind::kGradient, MessageKey(s - 1, j),
                               g);
     }
-    case ActionKind::kOptimizerStep:
-      break;  // above
+    case ActionKind::kOptimizerStep: break;  // above
   }
   return absl::InternalError("unknown action");
 }
 
 absl::Status StageExecutor::ReceiveActivation(Chunk& chunk, int64_t j, ActionRecord& record) {
   const int s = chunk.stage, from = layout_.RankOf(s - 1);
-  PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(from, MessageKind::kActivation, MessageKey(s - 1, j),
-                                            j, config_.boundaries[s], record));
+  PT_ASSIGN_OR_RETURN(at::Tensor x, Receive(from, MessageKind::kActivation, MessageKey(s - 1, j), j,
+                                            config_.boundaries[s], record));
   record.bytes += x.numel() * static_cast<int64_t>(x.element_size());
   if (x.is_floating_point()) x.requires_grad_(true);
   chunk.activations[j] = std::move(x);
   if (config_.vertical_sync) {
-    PT_ASSIGN_OR_RETURN(at::Tensor v, Receive(from, MessageKind::kWeightVersion, j, j,
-                                              {{1}, at::kLong}, record));
+    PT_ASSIGN_OR_RETURN(at::Tensor v,
+                        Receive(from, MessageKind::kWeightVersion, j, j, {{1}, at::kLong}, record));
     chunk.given_versions[j] = v.cpu().item<int64_t>();
   }
   if (!CarriesBoundary(s - 1, j)) return absl::OkStatus();
   const int64_t t = j / config_.micro_batches;
-  PT_ASSIGN_OR_RETURN(at::Tensor c,
-                      Receive(from, MessageKind::kControl, MessageKey(s - 1, t), t,
-                              {{1}, at::kLong}, record));
+  PT_ASSIGN_OR_RETURN(at::Tensor c, Receive(from, MessageKind::kControl, MessageKey(s - 1, t), t,
+                                            {{1}, at::kLong}, record));
   return ApplyBoundary(t + 1, static_cast<uint32_t>(c.cpu().item<int64_t>()));
 }
 
 absl::Status StageExecutor::ReceiveGradient(Chunk& chunk, int64_t j, ActionRecord& record) {
   const int s = chunk.stage;
-  PT_ASSIGN_OR_RETURN(at::Tensor g, Receive(layout_.RankOf(s + 1), MessageKind::kGradient,
-                                            MessageKey(s, j), j, config_.boundaries[s + 1],
-                                            record));
+  PT_ASSIGN_OR_RETURN(at::Tensor g,
+                      Receive(layout_.RankOf(s + 1), MessageKind::kGradient, MessageKey(s, j), j,
+                              config_.boundaries[s + 1], record));
   record.bytes += g.numel() * static_cast<int64_t>(g.element_size());
   chunk.output_grads[j] = std::move(g);
   return absl::OkStatus();
@@ -279,9 +274,8 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   for (Chunk& chunk : chunks_) {
     if (!chunk.owed_w.empty() || (flushes && !chunk.stash.empty())) {
       return absl::InternalError(absl::StrCat(
-          "stage ", chunk.stage, " reached its update of step ", j, " with ",
-          chunk.owed_w.size(), " W's and ", flushes ? chunk.stash.size() : 0,
-          " backwards not run"));
+          "stage ", chunk.stage, " reached its update of step ", j, " with ", chunk.owed_w.size(),
+          " W's and ", flushes ? chunk.stash.size() : 0, " backwards not run"));
     }
   }
   // Each stage's gradient averaged over its replicas, then tied copies' summed: what every
@@ -341,10 +335,9 @@ absl::Status StageExecutor::Optimize(int64_t j, ActionRecord& record) {
   // After its report: the step that reaches the limit is one of the steps reported skipped.
   if (step.skipped && consecutive_skips_ >= config_.nonfinite_limit) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the loss or the gradients were not finite in ", consecutive_skips_,
-        " consecutive steps (", j - consecutive_skips_ + 1, " to ", j,
-        "; each was skipped): the job stops here (nonfinite_limit ", config_.nonfinite_limit,
-        ")"));
+        "the loss or the gradients were not finite in ", consecutive_skips_, " consecutive steps (",
+        j - consecutive_skips_ + 1, " to ", j,
+        "; each was skipped): the job stops here (nonfinite_limit ", config_.nonfinite_limit, ")"));
   }
   return absl::OkStatus();
 }
@@ -431,9 +424,8 @@ absl::Status StageExecutor::Backward(Chunk& chunk, int64_t j, ActionKind kind,
     model::DeferWeightGradients deferred(module->weight_gradients(), chunk.owed_w[j]);
     backward();
     last_backward_end_s_ = MonotonicSeconds();
-  } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce &&
-             final_of_step && !shares_parameters_ &&
-             !schedule::HoldsChunks(config_.schedule.kind) &&
+  } else if (chunk.first && config_.replicas > 1 && config_.overlap_allreduce && final_of_step &&
+             !shares_parameters_ && !schedule::HoldsChunks(config_.schedule.kind) &&
              schedule::WeightsOf(config_.schedule.kind) != schedule::WeightPolicy::kStashed) {
     // Hippie's buckets (one module holds the step's gradient: not PipeDream's versions, nor a
     // shared parameter's, whose gradient is folded into its owner's after the backward).
@@ -492,10 +484,10 @@ absl::StatusOr<at::Tensor> StageExecutor::Receive(int peer, MessageKind kind, in
   if (!got.ok()) return got.status();
   if (!transport::Matches(expected, *got)) {
     // Run() prefixes the stage and action.
-    return absl::InvalidArgumentError(absl::StrCat(
-        transport::MessageKindName(kind), " of micro-batch ", j, " from stage ", peer,
-        " has the wrong shape or dtype: expected ", expected.ToString(), ", got ",
-        transport::SpecOf(*got).ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(transport::MessageKindName(kind), " of micro-batch ", j, " from stage ", peer,
+                     " has the wrong shape or dtype: expected ", expected.ToString(), ", got ",
+                     transport::SpecOf(*got).ToString()));
   }
   return got;
 }

@@ -12,9 +12,9 @@
 // model stage 0 too, which has no input gradient to send: its I and W then divide its
 // backward as the schedules assume). Every stage's W's are done by its STEP (checked).
 // Under these schedules a RECV only posts the receive (the lowering places it early, where
-// the peer's unit-cost turn put it): the F or backward that uses the tensor waits for it. The last stage computes the
-// cross-entropy loss of each micro-batch against targets delivered to it, scaled by 1/m, so
-// that gradients accumulated over the m micro-batches, then averaged across the w
+// the peer's unit-cost turn put it): the F or backward that uses the tensor waits for it. The last
+// stage computes the cross-entropy loss of each micro-batch against targets delivered to it, scaled
+// by 1/m, so that gradients accumulated over the m micro-batches, then averaged across the w
 // data-parallel replicas of the stage (Transport::AllReduceMean, before each update), are
 // those of the global mini-batch mean.
 // Tied weights (StageConfig::tied): before every update, after the replicas' averaging, the
@@ -69,19 +69,19 @@
 // every stage passes boundary t+1's commands to the next stage as a control message sent
 // right after the activation of micro-batch (t+1)*m - 1 and received right after it. A stage
 // that learns of commands rebuilds the rest of its action list from `schedule` (drain before
-// the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of mini-batch N-1 names the commands of boundary N.
-// Defined in stage_executor.cc (the actions), gradient_averaging.cc (the replicas' AllReduce,
-// tied copies' sums, clipping), step_boundaries.cc (sealing and applying step commands),
-// evaluation.cc and step_commit.cc.
-// Not thread-safe: one thread per StageExecutor.
+// the boundary; end there for a stop) and, for a switch, tells its weights. The StepRecord of
+// mini-batch N-1 names the commands of boundary N. Defined in stage_executor.cc (the actions),
+// gradient_averaging.cc (the replicas' AllReduce, tied copies' sums, clipping), step_boundaries.cc
+// (sealing and applying step commands), evaluation.cc and step_commit.cc. Not thread-safe: one
+// thread per StageExecutor.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -97,8 +97,8 @@
 #include "runtime/control/step_commands.h"
 #include "runtime/model/weight_gradients.h"
 #include "runtime/recovery/survivor_step.h"
-#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/schedule/action.h"
+#include "runtime/schedule/chunked_schedule.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/transport/transport.h"
 #include "runtime/weights/weight_store.h"
@@ -112,17 +112,17 @@ struct ActionRecord {
   schedule::Action action;
   double start_s = 0;  // MonotonicSeconds()
   double end_s = 0;
-  double wait_s = 0;    // part of [start, end) spent blocked in a receive
-  int64_t version = -1; // weight version used (F and B only)
-  int64_t bytes = 0;    // tensor bytes sent or received (SEND_* and RECV_* only)
+  double wait_s = 0;     // part of [start, end) spent blocked in a receive
+  int64_t version = -1;  // weight version used (F and B only)
+  int64_t bytes = 0;     // tensor bytes sent or received (SEND_* and RECV_* only)
 };
 
 // How much of its past a stage keeps in StageStats: the most recent records of each kind.
 // Totals, peaks and per-step callbacks are exact whatever the limits, so a stage's memory
 // does not grow with the number of steps; reports and traces cover the kept window.
 struct HistoryLimits {
-  size_t actions = size_t{1} << 14;  // ActionRecord: 48 bytes (the default GPT job: 12,000)
-  size_t steps = size_t{1} << 12;    // StepRecord: 80 bytes
+  size_t actions = size_t{1} << 14;     // ActionRecord: 48 bytes (the default GPT job: 12,000)
+  size_t steps = size_t{1} << 12;       // StepRecord: 80 bytes
   size_t allreduces = size_t{1} << 12;  // AllReduceRecord: 32 bytes
 };
 
@@ -134,7 +134,7 @@ struct HistoryLimits {
 // members are all on one rank has one copy: one parameter, nothing to exchange.
 struct TiedParameter {
   struct Copy {
-    int rank = 0;        // in the pipeline
+    int rank = 0;  // in the pipeline
     // Where `rank` is this one: the model stage of the first member it holds (the owner) and
     // its index in that stage's OwnParameters(); -1 elsewhere.
     int stage = -1;
@@ -144,8 +144,8 @@ struct TiedParameter {
 };
 
 struct StageConfig {
-  int stage = 0;       // the rank's place in its pipeline (its transport's stage), 0 .. p−1
-  int num_stages = 1;  // p: the pipeline's ranks
+  int stage = 0;          // the rank's place in its pipeline (its transport's stage), 0 .. p−1
+  int num_stages = 1;     // p: the pipeline's ranks
   int micro_batches = 1;  // m: the loss of each micro-batch is scaled by 1/m
   int replicas = 1;       // w: gradients are averaged across replicas before each update
   // r: this rank's replica, 0 .. w − 1. Random layers draw for its micro-batch j = t·m + i
@@ -209,7 +209,6 @@ struct StageConfig {
   std::function<void(const ActionRecord&)> on_action;
 };
 
-
 // One gradient AllReduce among replicas: a bucket launched during stage 0's final backward
 // (bucket >= 0, started when its last gradient became final), or the whole gradient after
 // the stage's last backward (bucket -1).
@@ -271,9 +270,9 @@ struct StageActivity {
 struct StageStats {
   int peak_stashed_microbatches = 0;  // over the rank's stages together
   int peak_weight_versions = 0;
-  double compute_s = 0;  // F, B, STEP and sends
-  double wait_s = 0;     // blocked in receives
-  double allreduce_s = 0;  // gradient AllReduce among replicas (part of compute_s)
+  double compute_s = 0;       // F, B, STEP and sends
+  double wait_s = 0;          // blocked in receives
+  double allreduce_s = 0;     // gradient AllReduce among replicas (part of compute_s)
   int64_t skipped_steps = 0;  // updates skipped for non-finite gradients
   // The most recent records, oldest first (StageConfig::history).
   std::deque<ActionRecord> records;
@@ -321,12 +320,12 @@ class StageExecutor {
   struct Chunk {
     int stage = 0;  // in the model: 0 .. S−1
     weights::WeightStore* weights = nullptr;
-    bool first = false, last = false;  // model stage 0, S−1
-    std::map<int64_t, at::Tensor> activations;     // inputs received or handed over
-    std::map<int64_t, int64_t> given_versions;     // vertical sync: received with them
-    std::map<int64_t, at::Tensor> output_grads;    // output gradients received or handed over
-    std::map<int64_t, Stashed> stash;              // forward done, backward (B or I) not yet
-    std::map<int64_t, at::Tensor> input_grads;     // made by B or I, for SEND_GRAD
+    bool first = false, last = false;            // model stage 0, S−1
+    std::map<int64_t, at::Tensor> activations;   // inputs received or handed over
+    std::map<int64_t, int64_t> given_versions;   // vertical sync: received with them
+    std::map<int64_t, at::Tensor> output_grads;  // output gradients received or handed over
+    std::map<int64_t, Stashed> stash;            // forward done, backward (B or I) not yet
+    std::map<int64_t, at::Tensor> input_grads;   // made by B or I, for SEND_GRAD
     // I's that owe their W: the deferred weight-gradient work of each micro-batch.
     std::map<int64_t, model::WeightGradientQueue> owed_w;
     // With replicas, under a schedule with chunks: the step's B's and W's done so far (its
@@ -342,8 +341,7 @@ class StageExecutor {
   absl::Status Execute(const schedule::Action& action, ActionRecord& record);
   absl::Status Forward(Chunk& chunk, int64_t j, ActionRecord& record);
   // B<j> (full) or I<j> (input gradient, weight gradients deferred).
-  absl::Status Backward(Chunk& chunk, int64_t j, schedule::ActionKind kind,
-                        ActionRecord& record);
+  absl::Status Backward(Chunk& chunk, int64_t j, schedule::ActionKind kind, ActionRecord& record);
   absl::Status WeightGradient(Chunk& chunk, int64_t j);
   // A B or W of micro-batch j finished on `chunk`: after the step's last, its gradient is
   // final and (schedules with chunks, replicas) its AllReduce starts, to overlap the rank's
@@ -436,8 +434,8 @@ class StageExecutor {
   std::set<std::pair<int, int>> uncounted_copies_;
   std::map<int64_t, double> step_loss_sum_;
   double step_allreduce_s_ = 0;
-  int consecutive_skips_ = 0;  // updates skipped in a row (non-finite gradients)
-  recovery::CommitState commit_;  // updates applied, a final gradient held
+  int consecutive_skips_ = 0;             // updates skipped in a row (non-finite gradients)
+  recovery::CommitState commit_;          // updates applied, a final gradient held
   std::map<int64_t, double> job_losses_;  // ReduceStepLoss's, until the step's update
   double last_backward_end_s_ = 0;
   std::set<int64_t> reduced_steps_;  // steps whose gradient was averaged during backward

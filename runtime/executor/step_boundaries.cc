@@ -55,8 +55,8 @@ absl::Status StageExecutor::SealBoundary(int64_t n) {
 
 absl::Status StageExecutor::ApplyBoundary(int64_t n, uint32_t commands) {
   if ((commands & ~control::kAllStepCommands) != 0) {
-    return absl::DataLossError(absl::StrCat("unknown step command bits ", commands,
-                                            " for the boundary before step ", n));
+    return absl::DataLossError(
+        absl::StrCat("unknown step command bits ", commands, " for the boundary before step ", n));
   }
   boundary_commands_[n] = commands;
   if (!control::DrainsPipeline(commands)) return absl::OkStatus();
@@ -68,9 +68,9 @@ absl::Status StageExecutor::ApplyBoundary(int64_t n, uint32_t commands) {
   }
   absl::StatusOr<schedule::StageActionStream> rebased = actions_->Rebase(changed);
   if (!rebased.ok()) {
-    return absl::InternalError(absl::StrCat("the ", control::StepCommandsName(commands),
-                                            " before step ", n, " reached this stage too late: ",
-                                            rebased.status().message()));
+    return absl::InternalError(
+        absl::StrCat("the ", control::StepCommandsName(commands), " before step ", n,
+                     " reached this stage too late: ", rebased.status().message()));
   }
   *actions_ = std::move(*rebased);
   if (control::SwitchesToNewest(commands)) {

@@ -23,11 +23,10 @@ absl::Status StageExecutor::CommitStep(int64_t t, ActionRecord& record) {
   // then until every replica of it does (each joins only once its own pipeline holds t's
   // gradient), so this ends only once every rank of the job does.
   if (config_.num_stages > 1) {
-    PT_RETURN_IF_ERROR(AwaitCollective(transport::Group::Pipeline(), record,
-                                       [&](absl::Time deadline) {
-                                         return transport_->Barrier(transport::Group::Pipeline(),
-                                                                    deadline);
-                                       }));
+    PT_RETURN_IF_ERROR(
+        AwaitCollective(transport::Group::Pipeline(), record, [&](absl::Time deadline) {
+          return transport_->Barrier(transport::Group::Pipeline(), deadline);
+        }));
   }
   if (config_.replicas == 1) return absl::OkStatus();
   return AwaitCollective(transport::Group::Replicas(), record, [&](absl::Time deadline) {
@@ -51,9 +50,8 @@ absl::Status StageExecutor::ReduceStepLoss(const Chunk& chunk, int64_t t) {
 
 absl::Status StageExecutor::ApplyHeldUpdate() {
   if (commit_.held_step < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", config_.stage, " holds no update (its weights are W(",
-                     commit_.next_step, "))"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", config_.stage, " holds no update (its weights are W(", commit_.next_step, "))"));
   }
   for (Chunk& chunk : chunks_) PT_RETURN_IF_ERROR(chunk.weights->Update(commit_.held_step));
   commit_ = {commit_.held_step + 1, -1, std::nullopt};

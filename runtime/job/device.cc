@@ -51,8 +51,8 @@ std::string CheckDeviceVisible(const std::string& device) {
   }
   const int visible = VisibleCudaDevices();
   if (DeviceIndexOf(device) >= visible) {
-    return absl::StrCat("--device ", device, ": this process sees ", visible,
-                        " CUDA device", visible == 1 ? "" : "s",
+    return absl::StrCat("--device ", device, ": this process sees ", visible, " CUDA device",
+                        visible == 1 ? "" : "s",
                         visible == 0 ? " (no GPU visible, or a LibTorch built without CUDA)" : "");
   }
   return "";

@@ -47,15 +47,13 @@ std::string Check(const FieldLimit& limit, const std::string& where, const Field
   if (!std::isfinite(x)) return absl::StrCat(where, ": must be a finite number, got ", x);
   if (x < limit.min || x > limit.max) {
     return absl::StrCat(where, ": must be in [", FormatBound(limit.min), ", ",
-                        FormatBound(limit.max), "] (", limit.reason, "), got ",
-                        FormatValue(f, x));
+                        FormatBound(limit.max), "] (", limit.reason, "), got ", FormatValue(f, x));
   }
   return "";
 }
 
 // Printable UTF-8: nothing Printable() would escape.
 bool IsPrintableUtf8(const std::string& s) { return Printable(s) == s; }
-
 
 // Each field of `d` with a `limit` option, its messages' fields after it, "prefix.name".
 void CollectLimits(const google::protobuf::Descriptor* d, const std::string& prefix,
@@ -84,8 +82,7 @@ double NumberAt(const Message& msg, const FieldDescriptor* f, int index) {
     case FieldDescriptor::CPPTYPE_UINT32:
       return rep ? r->GetRepeatedUInt32(msg, f, index) : r->GetUInt32(msg, f);
     case FieldDescriptor::CPPTYPE_UINT64:
-      return static_cast<double>(rep ? r->GetRepeatedUInt64(msg, f, index)
-                                     : r->GetUInt64(msg, f));
+      return static_cast<double>(rep ? r->GetRepeatedUInt64(msg, f, index) : r->GetUInt64(msg, f));
     case FieldDescriptor::CPPTYPE_DOUBLE:
       return rep ? r->GetRepeatedDouble(msg, f, index) : r->GetDouble(msg, f);
     case FieldDescriptor::CPPTYPE_FLOAT:
@@ -116,7 +113,8 @@ std::vector<std::string> LimitViolations(const JobSpec& spec, int stages) {
     }
     if (f->is_repeated()) {
       for (int i = 0; i < msg->GetReflection()->FieldSize(*msg, f); ++i) {
-        std::string e = Check(limit, absl::StrCat(limit.path, "[", i, "]"), f, NumberAt(*msg, f, i));
+        std::string e =
+            Check(limit, absl::StrCat(limit.path, "[", i, "]"), f, NumberAt(*msg, f, i));
         if (!e.empty()) errors.push_back(std::move(e));
       }
     } else if (std::string e = Check(limit, limit.path, f, NumberAt(*msg, f, 0)); !e.empty()) {
@@ -125,21 +123,24 @@ std::vector<std::string> LimitViolations(const JobSpec& spec, int stages) {
   }
   if (static_cast<double>(stages) * spec.replicas() > kMaxRanks) {
     errors.push_back(absl::StrCat("replicas: stages x replicas must be at most ",
-                                  FormatBound(kMaxRanks), " (a rank each, all listed in the "
-                                  "job's status), got ", int64_t{stages} * spec.replicas()));
+                                  FormatBound(kMaxRanks),
+                                  " (a rank each, all listed in the "
+                                  "job's status), got ",
+                                  int64_t{stages} * spec.replicas()));
   }
   if (spec.name().size() > kMaxNameBytes || !IsPrintableUtf8(spec.name())) {
     errors.push_back(absl::StrCat("name: must be at most ", kMaxNameBytes,
-                                  " bytes of printable UTF-8, got ", spec.name().size(),
-                                  " bytes", IsPrintableUtf8(spec.name()) ? "" : " with control "
-                                  "characters or invalid UTF-8"));
+                                  " bytes of printable UTF-8, got ", spec.name().size(), " bytes",
+                                  IsPrintableUtf8(spec.name()) ? ""
+                                                               : " with control "
+                                                                 "characters or invalid UTF-8"));
   }
-  for (const auto& [path, value] : {std::pair<const char*, const std::string*>{
-                                        "model.path", &spec.model().path()},
-                                    {"data.path", &spec.data().path()},
-                                    {"weights_dir", &spec.weights_dir()},
-                                    {"checkpoint.dir", &spec.checkpoint().dir()},
-                                    {"resume_from", &spec.resume_from()}}) {
+  for (const auto& [path, value] :
+       {std::pair<const char*, const std::string*>{"model.path", &spec.model().path()},
+        {"data.path", &spec.data().path()},
+        {"weights_dir", &spec.weights_dir()},
+        {"checkpoint.dir", &spec.checkpoint().dir()},
+        {"resume_from", &spec.resume_from()}}) {
     if (value->size() > kMaxPathBytes || !IsPrintableUtf8(*value)) {
       errors.push_back(absl::StrCat(path, ": must be a path of at most ", kMaxPathBytes,
                                     " bytes without control characters"));
@@ -154,12 +155,14 @@ std::string LimitsMarkdown() {
     absl::StrAppend(&md, "| `", l.path, "` | ", FormatBound(l.min), " | ", FormatBound(l.max),
                     " | ", l.reason, " |\n");
   }
-  absl::StrAppend(&md, "\nAlso: every number finite; `stages` x `replicas` at most ", FormatBound(kMaxRanks),
+  absl::StrAppend(&md, "\nAlso: every number finite; `stages` x `replicas` at most ",
+                  FormatBound(kMaxRanks),
                   " (a rank each, all listed in the job's status); "
-                  "`name` at most ", kMaxNameBytes,
+                  "`name` at most ",
+                  kMaxNameBytes,
                   " bytes of printable UTF-8; `model.path`, `data.path`, `weights_dir`, "
-                  "`checkpoint.dir` and `resume_from` at most ", kMaxPathBytes,
-                  " bytes without control characters.\n");
+                  "`checkpoint.dir` and `resume_from` at most ",
+                  kMaxPathBytes, " bytes without control characters.\n");
   return md;
 }
 

@@ -1,8 +1,8 @@
 // The bounds of every numeric field of a job, each with its reason: the `limit` options of
 // proto/pipetrain/v1/job_spec.proto, checked by ValidateJob (so by the coordinator, every
 // worker and pipetrain-run alike) and printed as docs/limits.md (tests/jobspec checks the file
-// against them). Numbers must also be finite. The job's name is at most kMaxNameBytes of printable UTF-8; a path
-// at most kMaxPathBytes, without control characters.
+// against them). Numbers must also be finite. The job's name is at most kMaxNameBytes of printable
+// UTF-8; a path at most kMaxPathBytes, without control characters.
 #pragma once
 
 #include <cstddef>

@@ -16,8 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/errors.h"
 #include "runtime/job/job_limits.h"
@@ -56,8 +56,8 @@ absl::StatusOr<RecomputeConfig> ParseRecompute(const std::string& text) {
   }
   std::vector<std::string> parts = absl::StrSplit(lower, absl::MaxSplits(':', 1));
   if (parts.size() == 2 && (parts[0] == "stages" || parts[0] == "layers")) {
-    config.mode = parts[0] == "stages" ? RecomputeConfig::Mode::kStages
-                                       : RecomputeConfig::Mode::kLayers;
+    config.mode =
+        parts[0] == "stages" ? RecomputeConfig::Mode::kStages : RecomputeConfig::Mode::kLayers;
     for (absl::string_view item : absl::StrSplit(parts[1], ',', absl::SkipWhitespace())) {
       int index = 0;
       if (!absl::SimpleAtoi(item, &index) || index < 0) {
@@ -76,12 +76,13 @@ std::string FormatRecompute(const RecomputeConfig& c) {
   switch (c.mode) {
     case RecomputeConfig::Mode::kNone: return "none";
     case RecomputeConfig::Mode::kAll: return "all";
-    case RecomputeConfig::Mode::kStages: return absl::StrCat("stages:", absl::StrJoin(c.indices, ","));
-    case RecomputeConfig::Mode::kLayers: return absl::StrCat("layers:", absl::StrJoin(c.indices, ","));
+    case RecomputeConfig::Mode::kStages:
+      return absl::StrCat("stages:", absl::StrJoin(c.indices, ","));
+    case RecomputeConfig::Mode::kLayers:
+      return absl::StrCat("layers:", absl::StrJoin(c.indices, ","));
   }
   return "none";
 }
-
 
 absl::StatusOr<Precision> ParsePrecision(const std::string& text) {
   if (text == "float64" || text == "double") return Precision::kFloat64;
@@ -171,7 +172,8 @@ model::ModelConfig ModelConfigOf(const JobSpec& spec) {
   c.hidden = m.hidden();
   c.hidden_layers = m.hidden_layers();
   c.input_dim = m.input_dim();
-  if (m.image_shape_size() > 0) c.image_shape.assign(m.image_shape().begin(), m.image_shape().end());
+  if (m.image_shape_size() > 0)
+    c.image_shape.assign(m.image_shape().begin(), m.image_shape().end());
   c.num_classes = m.num_classes();
   c.torchscript_path = m.path();
   return c;
@@ -247,7 +249,8 @@ model::PipelineLayout PipelineLayoutOf(const JobSpec& spec) {
   layout.replicas = spec.replicas();
   layout.micro_batches = spec.microbatches();
   layout.micro_batch_size = spec.microbatch_size();
-  for (const v1::LayerRange& r : spec.stage_ranges()) layout.stage_layers.emplace_back(r.begin(), r.end());
+  for (const v1::LayerRange& r : spec.stage_ranges())
+    layout.stage_layers.emplace_back(r.begin(), r.end());
   return layout;
 }
 
@@ -271,8 +274,8 @@ absl::Status ValidateJob(const JobSpec& c) {
     kind = *parsed;
   } else {
     // One violation: its list of names must not read as more ("; " separates them).
-    errors.push_back(absl::StrCat(
-        "schedule: ", absl::StrReplaceAll(parsed.status().message(), {{"; ", ", "}})));
+    errors.push_back(
+        absl::StrCat("schedule: ", absl::StrReplaceAll(parsed.status().message(), {{"; ", ", "}})));
   }
   RecomputeConfig recompute;
   if (auto parsed = ParseRecompute(c.recompute()); parsed.ok()) {
@@ -299,16 +302,17 @@ absl::Status ValidateJob(const JobSpec& c) {
 
   const v1::DataSpec& data = c.data();
   const std::string data_kind = DataKindOf(c);
-  const bool token_data =
-      data_kind == "synthetic" || data_kind == "bytes" || data_kind == "uint16";
+  const bool token_data = data_kind == "synthetic" || data_kind == "bytes" || data_kind == "uint16";
   const std::string& model_name = c.model().name();
   if (!token_data && data_kind != "classification") {
     errors.push_back(absl::StrCat("data.kind: unknown '", data_kind,
                                   "' (known: synthetic, bytes, uint16, classification)"));
   } else {
     if (IsTokenModel(model_name) && !token_data) {
-      errors.push_back(absl::StrCat("data.kind: model gpt needs token data (synthetic, bytes, "
-                                    "uint16), got ", data_kind));
+      errors.push_back(
+          absl::StrCat("data.kind: model gpt needs token data (synthetic, bytes, "
+                       "uint16), got ",
+                       data_kind));
     }
     if ((model_name == "mlp" || model_name == "cnn" || model_name == "vgg") && token_data) {
       errors.push_back(absl::StrCat("data.kind: model ", model_name,
@@ -330,8 +334,8 @@ absl::Status ValidateJob(const JobSpec& c) {
           absl::StrCat("data.branching: must be in [1, vocab], got ", data.branching()));
     }
     if (data.num_tokens() <= data.seq_len()) {
-      errors.push_back(absl::StrCat("data.num_tokens: must exceed data.seq_len, got ",
-                                    data.num_tokens()));
+      errors.push_back(
+          absl::StrCat("data.num_tokens: must exceed data.seq_len, got ", data.num_tokens()));
     }
   }
   if (data_kind == "uint16" && data.vocab() < 0) {
@@ -346,18 +350,20 @@ absl::Status ValidateJob(const JobSpec& c) {
   }
   const int stages = PipelineStagesFor(c, kind);
   if (stages < 1) errors.push_back(absl::StrCat("stages: must be >= 1, got ", stages));
-  if (c.replicas() < 1) errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas()));
+  if (c.replicas() < 1)
+    errors.push_back(absl::StrCat("replicas: must be >= 1, got ", c.replicas()));
   if (c.bucket_kib() < 1) {
     errors.push_back(absl::StrCat("bucket_kib: must be >= 1, got ", c.bucket_kib()));
   }
   if (c.planner() != "2bw" && c.planner() != "pipedream" && c.planner() != "hippie") {
-    errors.push_back(absl::StrCat("planner: unknown '", c.planner(),
-                                  "' (one of: 2bw, pipedream, hippie)"));
+    errors.push_back(
+        absl::StrCat("planner: unknown '", c.planner(), "' (one of: 2bw, pipedream, hippie)"));
   }
   if (c.vertical_sync() && schedule::WeightsOf(kind) != schedule::WeightPolicy::kStashed) {
     errors.push_back(absl::StrCat(
         "vertical_sync: only pipedream runs micro-batches on weight versions of their own; "
-        "schedule is ", std::string(schedule::ScheduleKindName(kind))));
+        "schedule is ",
+        std::string(schedule::ScheduleKindName(kind))));
   }
   if (c.auto_stages() && !c.stage_ranges().empty()) {
     errors.push_back("stages: auto and explicit layer ranges exclude each other");
@@ -365,22 +371,23 @@ absl::Status ValidateJob(const JobSpec& c) {
   const int chunks = VirtualStagesFor(c, kind);
   const int model_stages = stages * chunks;  // of the pipeline: v on each of its p ranks
   if (!c.stage_ranges().empty() && c.stage_ranges_size() != model_stages) {
-    errors.push_back(
-        chunks == 1 ? absl::StrCat("stages: ", c.stage_ranges_size(), " layer ranges given for ",
-                                   stages, " stages")
-                    : absl::StrCat("stages: ", c.stage_ranges_size(), " layer ranges given for ",
-                                   stages, " ranks of ", chunks,
-                                   " model stages (virtual_stages): ", model_stages,
-                                   " are needed"));
+    errors.push_back(chunks == 1
+                         ? absl::StrCat("stages: ", c.stage_ranges_size(),
+                                        " layer ranges given for ", stages, " stages")
+                         : absl::StrCat("stages: ", c.stage_ranges_size(),
+                                        " layer ranges given for ", stages, " ranks of ", chunks,
+                                        " model stages (virtual_stages): ", model_stages,
+                                        " are needed"));
   }
   if (c.eval().every() > 0 && c.eval().split() == 0) {
-    errors.push_back("eval.split: must be > 0 when eval.every is set (the samples evaluated "
-                     "are held out of training)");
+    errors.push_back(
+        "eval.split: must be > 0 when eval.every is set (the samples evaluated "
+        "are held out of training)");
   }
   if (c.auto_stages() && !schedule::TraitsOf(kind).planned_by_auto) {
-    errors.push_back(absl::StrCat(
-        "stages: auto plans gpipe, 1f1b and 2bw layouts; schedule ",
-        std::string(schedule::ScheduleKindName(kind)), " needs its stages given"));
+    errors.push_back(absl::StrCat("stages: auto plans gpipe, 1f1b and 2bw layouts; schedule ",
+                                  std::string(schedule::ScheduleKindName(kind)),
+                                  " needs its stages given"));
   }
   if (c.microbatch_size() < 1) {
     errors.push_back(absl::StrCat("microbatch_size: must be >= 1, got ", c.microbatch_size()));
@@ -409,13 +416,12 @@ absl::Status ValidateJob(const JobSpec& c) {
     }
   } else if (layers && c.stage_ranges().empty() &&
              model_stages > static_cast<int>(layers->size())) {
-    errors.push_back(absl::StrCat("stages: ", model_stages,
-                                  chunks == 1 ? std::string(" stages")
-                                              : absl::StrCat(" model stages (", stages, " x ",
-                                                             chunks, " virtual_stages)"),
-                                  " for a model of ", layers->size(), " layers (",
-                                  absl::StrJoin(*layers, ", "),
-                                  "): each stage needs at least one layer"));
+    errors.push_back(absl::StrCat(
+        "stages: ", model_stages,
+        chunks == 1 ? std::string(" stages")
+                    : absl::StrCat(" model stages (", stages, " x ", chunks, " virtual_stages)"),
+        " for a model of ", layers->size(), " layers (", absl::StrJoin(*layers, ", "),
+        "): each stage needs at least one layer"));
   }
   if (recompute.mode == RecomputeConfig::Mode::kStages && !c.auto_stages()) {
     for (int s : recompute.indices) {
@@ -434,13 +440,12 @@ absl::Status ValidateJob(const JobSpec& c) {
     }
   }
   if (c.threads_per_stage() < 0) {
-    errors.push_back(
-        absl::StrCat("threads_per_stage: must be >= 0, got ", c.threads_per_stage()));
+    errors.push_back(absl::StrCat("threads_per_stage: must be >= 0, got ", c.threads_per_stage()));
   }
-  if (c.checkpoint().dir().empty() &&
-      (c.checkpoint().every() > 0 || c.resume_from() == "latest")) {
-    errors.push_back("checkpoint.dir: must not be empty with checkpoint.every or "
-                     "resume_from: latest");
+  if (c.checkpoint().dir().empty() && (c.checkpoint().every() > 0 || c.resume_from() == "latest")) {
+    errors.push_back(
+        "checkpoint.dir: must not be empty with checkpoint.every or "
+        "resume_from: latest");
   }
   if (!(c.timeout_s() > 0)) {
     errors.push_back(absl::StrCat("timeout_s: must be > 0, got ", c.timeout_s()));
@@ -450,8 +455,8 @@ absl::Status ValidateJob(const JobSpec& c) {
     const std::string path = v.substr(0, v.find_first_of(":[ "));
     const bool named = std::any_of(errors.begin(), errors.end(), [&](const std::string& e) {
       return absl::StartsWith(e, path) &&
-             (e.size() == path.size() || absl::string_view(":[ (/").find(e[path.size()]) !=
-                                             absl::string_view::npos);
+             (e.size() == path.size() ||
+              absl::string_view(":[ (/").find(e[path.size()]) != absl::string_view::npos);
     });
     if (!named) errors.push_back(std::move(v));
   }
@@ -509,9 +514,9 @@ void ReplaceInvalidUtf8(Message* msg) {
       const std::string v = r->GetString(*msg, f);
       std::string valid;
       const nlohmann::json j = v;
-      valid = nlohmann::json::parse(
-                  j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
-                  .get<std::string>();
+      valid =
+          nlohmann::json::parse(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+              .get<std::string>();
       if (valid != v) r->SetString(msg, f, valid);
     }
   }
@@ -582,8 +587,8 @@ absl::StatusOr<JobSpec> JobFromJson(const std::string& json) {
     }
   }
   JobSpec spec;
-  const auto status =
-      google::protobuf::util::JsonStringToMessage(j.dump(), &spec, google::protobuf::util::JsonParseOptions());
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      j.dump(), &spec, google::protobuf::util::JsonParseOptions());
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job JSON: ", status.message().as_string()));
   }

@@ -95,8 +95,8 @@ absl::Status ValidateJob(const JobSpec& spec);
 // `spec` itself where ValidateJob accepts it, else its verdict.
 absl::StatusOr<JobSpec> Validated(JobSpec spec);
 
-// Why the step commit (job::Generation::commit_steps, plan.h) cannot run for `spec` (its schedule), or ""
-// when it can.
+// Why the step commit (job::Generation::commit_steps, plan.h) cannot run for `spec` (its schedule),
+// or "" when it can.
 std::string CommitStepsRefusal(const JobSpec& spec);
 
 // `spec` with every field it leaves unset set to its default (`stages` to PipelineStages):

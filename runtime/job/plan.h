@@ -40,8 +40,8 @@ struct JobPlan {
     int64_t begin = 0;
     int64_t count = 0;
   } held_out;
-  int eval_batches = 1;      // micro-batches each replica evaluates (JobSpec::eval.batches)
-  int micro_batch_size = 1;  // b: rows of every micro-batch, evaluated ones too
+  int eval_batches = 1;             // micro-batches each replica evaluates (JobSpec::eval.batches)
+  int micro_batch_size = 1;         // b: rows of every micro-batch, evaluated ones too
   model::ModelConfig model_config;  // with sizes taken from the data
   std::vector<model::LayerInfo> layers;  // every layer's name and parameter count
   // Each model stage's layers: p of them, or p x v under a schedule that HoldsChunks.
@@ -50,7 +50,7 @@ struct JobPlan {
   schedule::ChunkLayout layout;
   // The model's tied parameters (model::TiedParameters), by global layer.
   std::vector<model::TieGroup> ties;
-  std::vector<bool> recompute;  // per global layer
+  std::vector<bool> recompute;                // per global layer
   at::ScalarType dtype = at::kFloat;          // of the weights (and of float input data)
   at::ScalarType compute_dtype = at::kFloat;  // of the layers' work and the messages
   // boundary[s]: what model stage s receives (boundary[0]: the input), boundary[S]: the

@@ -13,8 +13,8 @@
 #include <limits>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -39,13 +39,12 @@ SgemmFn OneDnnSgemm() {
   return fn;
 }
 
-void Sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
-           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-           int64_t ldc) {
+void Sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const int status = OneDnnSgemm()(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status, " (", transa, transb,
-              " m=", m, " n=", n, " k=", k, ")");
+  TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status, " (", transa, transb, " m=", m,
+              " n=", n, " k=", k, ")");
 }
 
 // dyᵀ x2, the weight's gradient of a product with output gradient dy [rows, out] and input
@@ -169,8 +168,8 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
     at::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       dx = at::empty({rows, in}, dy.options());
-      Sgemm('N', 'N', rows, in, out, 1.0f, dy.data_ptr<float>(), out, w.data_ptr<float>(), in,
-            0.0f, dx.data_ptr<float>(), in);
+      Sgemm('N', 'N', rows, in, out, 1.0f, dy.data_ptr<float>(), out, w.data_ptr<float>(), in, 0.0f,
+            dx.data_ptr<float>(), in);
       std::vector<int64_t> shape = grad_outputs[0].sizes().vec();
       shape.back() = in;
       dx = dx.view(shape);
@@ -233,8 +232,8 @@ constexpr float kSqrtHalf = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 // h[i, j] += bias[j]; y[i, j] = gelu(h[i, j]) for rows [begin, end) of `cols` columns.
-PT_INLINE void BiasGeluRows(float* __restrict h, const float* __restrict bias,
-                            float* __restrict y, int64_t begin, int64_t end, int64_t cols) {
+PT_INLINE void BiasGeluRows(float* __restrict h, const float* __restrict bias, float* __restrict y,
+                            int64_t begin, int64_t end, int64_t cols) {
   for (int64_t r = begin; r < end; ++r) {
     float* __restrict hr = h + r * cols;
     float* __restrict yr = y + r * cols;
@@ -259,17 +258,16 @@ PT_INLINE void GeluBackwardRange(const float* __restrict dy, const float* __rest
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PT_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
-PT_AVX512 void BiasGeluRowsAvx512(float* h, const float* bias, float* y, int64_t begin,
-                                  int64_t end, int64_t cols) {
+PT_AVX512 void BiasGeluRowsAvx512(float* h, const float* bias, float* y, int64_t begin, int64_t end,
+                                  int64_t cols) {
   BiasGeluRows(h, bias, y, begin, end, cols);
 }
-PT_AVX512 void GeluBackwardRangeAvx512(const float* dy, const float* h, float* dh,
-                                       int64_t begin, int64_t end) {
+PT_AVX512 void GeluBackwardRangeAvx512(const float* dy, const float* h, float* dh, int64_t begin,
+                                       int64_t end) {
   GeluBackwardRange(dy, h, dh, begin, end);
 }
 bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq") &&
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return has;
 }
@@ -280,7 +278,9 @@ bool HasAvx512() { return false; }
 #endif
 
 // Rows of about 64 KiB per task.
-int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)); }
+int64_t RowsPerTask(int64_t cols) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
+}
 
 // gelu(x weightᵀ + bias), saving x, the weight and the pre-activation for backward.
 struct SgemmLinearGelu : public torch::autograd::Function<SgemmLinearGelu> {
@@ -456,7 +456,7 @@ at::Tensor ComposedCausalAttention(
   // The softmax in float32 at least (under mixed precision the scores are bfloat16).
   const at::ScalarType softmax_dtype =
       att.scalar_type() == at::kBFloat16 || att.scalar_type() == at::kHalf ? at::kFloat
-                                                                        : att.scalar_type();
+                                                                           : att.scalar_type();
   att = at::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1,
                     softmax_dtype);
   if (on_probabilities) att = on_probabilities(att);

@@ -17,9 +17,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::vector<std::string> BuiltinModelNames() {
-  return {"gpt", "mlp", "cnn", "vgg", "torchscript"};
-}
+std::vector<std::string> BuiltinModelNames() { return {"gpt", "mlp", "cnn", "vgg", "torchscript"}; }
 
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   std::vector<std::string> errors;
@@ -65,15 +63,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   } else if (c.name == "torchscript") {
     if (c.torchscript_path.empty()) errors.push_back("model.path is required for torchscript");
   } else {
-    errors.push_back(absl::StrCat("unknown model '", c.name, "' (known: ",
-                                  absl::StrJoin(BuiltinModelNames(), ", "), ")"));
+    errors.push_back(absl::StrCat("unknown model '", c.name,
+                                  "' (known: ", absl::StrJoin(BuiltinModelNames(), ", "), ")"));
   }
   if (c.dropout < 0 || c.dropout >= 1) {
     errors.push_back(absl::StrCat("model.dropout must be in [0, 1), got ", c.dropout));
   }
   if (c.tie_embeddings && c.name != "gpt") {
-    errors.push_back(absl::StrCat("model.tie_embeddings: only a gpt has an embedding and an "
-                                  "LM head to tie, not ", c.name));
+    errors.push_back(
+        absl::StrCat("model.tie_embeddings: only a gpt has an embedding and an "
+                     "LM head to tie, not ",
+                     c.name));
   }
   return InvalidArgumentList("", errors);
 }
@@ -124,8 +124,8 @@ absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& c) {
       // ln1 (2d), qkv (3d*d + 3d), proj (d*d + d), ln2 (2d), fc (4d*d + 4d), fc2 (4d*d + d)
       counts.push_back(12 * d * d + 13 * d);
     }
-    counts.push_back(2 * d);               // final_norm
-    counts.push_back(d * c.vocab_size);    // lm_head, no bias
+    counts.push_back(2 * d);             // final_norm
+    counts.push_back(d * c.vocab_size);  // lm_head, no bias
   } else if (c.name == "mlp") {
     int64_t in = c.input_dim;
     for (int64_t i = 0; i < c.hidden_layers; ++i) {
@@ -180,7 +180,8 @@ std::vector<ParameterKinds> BuiltinParameterKinds(const ModelConfig& c, int laye
 absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& c, int layer,
                                                              const std::vector<int64_t>& in) {
   if (c.name == "torchscript") {
-    return absl::FailedPreconditionError("a TorchScript layer's output shape is known by running it");
+    return absl::FailedPreconditionError(
+        "a TorchScript layer's output shape is known by running it");
   }
   if (c.name == "vgg" && VggConvs(c).empty()) {
     return absl::InvalidArgumentError(
@@ -195,8 +196,8 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
   }
   auto unfit = [&](const std::string& expected) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " of ", c.name,
-                                                   " expects an input of ", expected,
-                                                   ", got ", ShapeText(in)));
+                                                   " expects an input of ", expected, ", got ",
+                                                   ShapeText(in)));
   };
   if (c.name == "gpt") {
     if (layer == 0) {
@@ -218,8 +219,8 @@ absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& 
   }
   if (c.name == "vgg") {
     const std::vector<VggConv> convs = VggConvs(c);
-    const int64_t channels = layer < static_cast<int>(convs.size()) ? convs[layer].in
-                                                                    : convs.back().out;
+    const int64_t channels =
+        layer < static_cast<int>(convs.size()) ? convs[layer].in : convs.back().out;
     if (in.size() != 4 || in[1] != channels || in[2] < 1 || in[3] < 1) {
       return unfit(absl::StrCat("[batch, ", channels, ", height, width]"));
     }

@@ -50,7 +50,7 @@ struct ModelConfig {
   // mlp (input_dim), cnn and vgg (image_shape); all use num_classes and hidden sizes
   int64_t input_dim = 32;
   std::vector<int64_t> image_shape = {3, 16, 16};
-  int64_t hidden = 64;      // mlp hidden width / cnn channels / vgg first stage's channels
+  int64_t hidden = 64;        // mlp hidden width / cnn channels / vgg first stage's channels
   int64_t hidden_layers = 3;  // mlp, cnn: layers before the classifier; vgg: 11, 13, 16, 19
   int64_t num_classes = 10;
   // torchscript
@@ -85,9 +85,8 @@ absl::StatusOr<std::vector<LayerInfo>> BuiltinLayers(const ModelConfig& config);
 // The shape of built-in layer `layer`'s output for an input of `input_shape` (its dtype is
 // the model's float type; only a gpt's embedding takes integer ids). InvalidArgument when
 // the input does not fit the layer (wrong rank or size).
-absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(const ModelConfig& config,
-                                                             int layer,
-                                                             const std::vector<int64_t>& input_shape);
+absl::StatusOr<std::vector<int64_t>> BuiltinLayerOutputShape(
+    const ModelConfig& config, int layer, const std::vector<int64_t>& input_shape);
 
 // cnn: output channels and stride of conv block `conv` (the second block halves the
 // resolution). One definition for the formulas here and the layers model_zoo builds.

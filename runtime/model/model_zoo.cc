@@ -32,9 +32,8 @@ namespace {
 
 absl::Status CheckRange(int begin, int end, int n) {
   if (begin < 0 || begin > end || end > n) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", begin, ", ", end,
-                                                   ") are not within the model's ", n,
-                                                   " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers [", begin, ", ", end, ") are not within the model's ", n, " layers"));
   }
   return absl::OkStatus();
 }

@@ -9,12 +9,9 @@ namespace pipetrain::model {
 
 std::string_view ParameterKindName(ParameterKind kind) {
   switch (kind) {
-    case ParameterKind::kBias:
-      return "bias";
-    case ParameterKind::kNorm:
-      return "norm";
-    case ParameterKind::kEmbedding:
-      return "embedding";
+    case ParameterKind::kBias: return "bias";
+    case ParameterKind::kNorm: return "norm";
+    case ParameterKind::kEmbedding: return "embedding";
   }
   return "unknown";
 }

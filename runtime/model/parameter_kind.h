@@ -17,8 +17,7 @@ enum class ParameterKind { kBias, kNorm, kEmbedding };
 // 0 for a weight matrix or convolution kernel.
 using ParameterKinds = uint32_t;
 constexpr ParameterKinds KindBit(ParameterKind kind) { return 1u << static_cast<int>(kind); }
-inline constexpr ParameterKind kAllParameterKinds[] = {ParameterKind::kBias,
-                                                       ParameterKind::kNorm,
+inline constexpr ParameterKind kAllParameterKinds[] = {ParameterKind::kBias, ParameterKind::kNorm,
                                                        ParameterKind::kEmbedding};
 
 // "bias" | "norm" | "embedding".

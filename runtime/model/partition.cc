@@ -6,9 +6,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/base/errors.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/errors.h"
 
 namespace pipetrain::model {
 namespace {
@@ -62,16 +62,16 @@ absl::Status ValidatePartition(const std::vector<LayerRange>& ranges,
       }
     }
     if (s > 0 && r.begin < ranges[s - 1].begin) {
-      errors.push_back(absl::StrCat(label, " starts before stage ", s - 1,
-                                    ": stages must be in layer order"));
+      errors.push_back(
+          absl::StrCat(label, " starts before stage ", s - 1, ": stages must be in layer order"));
     }
   }
   for (int i = 0; i < n; ++i) {
     if (owner[i] >= 0) continue;
     int j = i;
     while (j < n && owner[j] < 0) ++j;
-    errors.push_back(absl::StrCat(Span(i, j), " (", NameLayers(layer_names, i, j),
-                                  ") belong to no stage"));
+    errors.push_back(
+        absl::StrCat(Span(i, j), " (", NameLayers(layer_names, i, j), ") belong to no stage"));
     i = j;
   }
   return InvalidArgumentList(absl::StrCat("invalid partition ", FormatRanges(ranges)), errors);
@@ -81,8 +81,8 @@ absl::StatusOr<std::vector<LayerRange>> BalancedPartition(const std::vector<doub
                                                           int stages) {
   const int n = static_cast<int>(costs.size());
   if (stages < 1 || stages > n) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot split ", n, " layers into ", stages,
-                                                   " non-empty stages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot split ", n, " layers into ", stages, " non-empty stages"));
   }
   std::vector<double> prefix(n + 1, 0.0);
   for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];

@@ -107,7 +107,7 @@ class StageModule {
     int owner_index;  // the owner's in Parameters(), or -1: another module's
     at::Tensor owner;
   };
-  std::vector<Shared> shared_;  // in increasing index
+  std::vector<Shared> shared_;              // in increasing index
   std::map<int, ParameterKinds> kinds_of_;  // SetParameterKinds, by index in Parameters()
   at::ScalarType compute_ = at::kFloat;
   WeightGradientDeferral weight_gradients_;

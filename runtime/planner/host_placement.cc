@@ -66,8 +66,8 @@ absl::StatusOr<std::vector<int>> FillHosts(const model::PipelineLayout& pipeline
   const int p = pipeline.stages, w = pipeline.replicas;
   const int total = std::accumulate(free_workers.begin(), free_workers.end(), 0);
   if (total < pipeline.ranks()) {
-    return absl::InvalidArgumentError(absl::StrCat(pipeline.ranks(), " ranks; the hosts have ",
-                                                   total, " workers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(pipeline.ranks(), " ranks; the hosts have ", total, " workers"));
   }
   const RankLayout ranks{p, w};
   std::vector<std::vector<int>> groups;

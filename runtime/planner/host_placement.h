@@ -21,9 +21,9 @@ namespace pipetrain::planner {
 
 // How many replicas send a message from the rank at pipeline position `from` to the one at
 // `to` over one link between two hosts (the most over the ordered pairs of hosts; 0 where it
-// crosses none: within a rank, and for a layout without rank_hosts). The replicas run one timeline, so those messages leave at the same
-// instant and share that link's bandwidth; links are taken as full duplex (the gradients
-// going back share the reverse direction alike).
+// crosses none: within a rank, and for a layout without rank_hosts). The replicas run one timeline,
+// so those messages leave at the same instant and share that link's bandwidth; links are taken as
+// full duplex (the gradients going back share the reverse direction alike).
 int ReplicasSharingLink(const Layout& layout, int from, int to);
 // Whether stage s's replicas are on more than one host (its AllReduce ring spans hosts).
 bool ReplicasSpanHosts(const Layout& layout, int s);

@@ -28,7 +28,8 @@ double Slowest(const std::vector<LayerProfile>& layers, const std::vector<Planne
   double slowest = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     slowest = std::max(slowest, stages[s].time_s);
-    if (s + 1 < stages.size()) slowest = std::max(slowest, BoundaryTime(layers, stages[s].end - 1, link));
+    if (s + 1 < stages.size())
+      slowest = std::max(slowest, BoundaryTime(layers, stages[s].end - 1, link));
   }
   return slowest;
 }
@@ -42,8 +43,8 @@ double StageTime(const std::vector<LayerProfile>& layers, int begin, int end, in
     compute += layers[l].forward_s + layers[l].backward_s;
     bytes += static_cast<double>(layers[l].parameter_bytes);
   }
-  const double sync = replicas > 1 ? 4.0 * (replicas - 1) * bytes / (replicas * link.bytes_per_s)
-                                   : 0.0;
+  const double sync =
+      replicas > 1 ? 4.0 * (replicas - 1) * bytes / (replicas * link.bytes_per_s) : 0.0;
   return std::max(compute, sync) / replicas;
 }
 
@@ -66,9 +67,8 @@ absl::StatusOr<PipeDreamPlan> PlanPipeDream(const std::vector<LayerProfile>& lay
       for (int i = 0; i < j; ++i) {
         const double boundary = BoundaryTime(layers, i, cluster.link);
         for (int last = 1; last < m; ++last) {
-          const double candidate =
-              std::max({best[i][m - last], boundary,
-                        StageTime(layers, i + 1, j + 1, last, cluster.link)});
+          const double candidate = std::max(
+              {best[i][m - last], boundary, StageTime(layers, i + 1, j + 1, last, cluster.link)});
           if (candidate < best[j][m]) {
             best[j][m] = candidate;
             how[j][m] = {i + 1, last};
@@ -80,8 +80,8 @@ absl::StatusOr<PipeDreamPlan> PlanPipeDream(const std::vector<LayerProfile>& lay
   PipeDreamPlan plan;
   for (int j = L - 1, m = N; j >= 0;) {
     const auto [begin, replicas] = how[j][m];
-    plan.stages.push_back({begin, j + 1, replicas,
-                           StageTime(layers, begin, j + 1, replicas, cluster.link)});
+    plan.stages.push_back(
+        {begin, j + 1, replicas, StageTime(layers, begin, j + 1, replicas, cluster.link)});
     j = begin - 1;
     m -= replicas;
   }
@@ -134,9 +134,10 @@ absl::StatusOr<PipeDreamPlan> PartitionPipeDream(const std::vector<LayerProfile>
                                                  const LinkProfile& link) {
   const int L = static_cast<int>(layers.size());
   if (stages < 1 || stages > L || replicas < 1 || !(link.bytes_per_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a partition needs 1 <= stages <= layers (", L, "), replicas >= 1 and a positive "
-        "bandwidth: got ", stages, " stages, ", replicas, " replicas"));
+    return absl::InvalidArgumentError(absl::StrCat("a partition needs 1 <= stages <= layers (", L,
+                                                   "), replicas >= 1 and a positive "
+                                                   "bandwidth: got ",
+                                                   stages, " stages, ", replicas, " replicas"));
   }
   // best[k][j]: the best slowest-stage time for layers 0..j-1 in k stages; first[k][j]: the
   // first layer of the k-th stage.

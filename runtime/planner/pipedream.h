@@ -30,7 +30,7 @@ namespace pipetrain::planner {
 struct PlannedStage {
   int begin = 0, end = 0;  // layers [begin, end)
   int replicas = 1;
-  double time_s = 0;       // T of the stage
+  double time_s = 0;  // T of the stage
 };
 
 struct PipeDreamPlan {
@@ -53,8 +53,7 @@ absl::StatusOr<PipeDreamPlan> PlanPipeDream(const std::vector<LayerProfile>& lay
 // slowest-stage time (T(i..j, replicas) and C at each boundary). Exact O(L^2 p) dynamic
 // program. InvalidArgument unless 1 <= stages <= layers and replicas >= 1.
 absl::StatusOr<PipeDreamPlan> PartitionPipeDream(const std::vector<LayerProfile>& layers,
-                                                 int stages, int replicas,
-                                                 const LinkProfile& link);
+                                                 int stages, int replicas, const LinkProfile& link);
 
 // Every split into contiguous stages and every replica count per stage using exactly the
 // cluster's workers: the best. Exponential; for tests (a few layers and workers).

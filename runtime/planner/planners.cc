@@ -66,10 +66,10 @@ std::string DoesNotFit(const Candidate& c, int64_t memory) {
   for (int s = 1; s < static_cast<int>(stages.size()); ++s) {
     if (stages[s].peak_memory_bytes > stages[worst].peak_memory_bytes) worst = s;
   }
-  return absl::StrCat("does not fit: needs ", stages[worst].peak_memory_bytes,
-                      " bytes on stage ", worst, ", have ", PlannableBytes(memory), " (",
-                      static_cast<int>(std::lround(100 * kPlannableMemoryShare)), "% of ",
-                      memory, ")");
+  return absl::StrCat("does not fit: needs ", stages[worst].peak_memory_bytes, " bytes on stage ",
+                      worst, ", have ", PlannableBytes(memory), " (",
+                      static_cast<int>(std::lround(100 * kPlannableMemoryShare)), "% of ", memory,
+                      ")");
 }
 
 std::string Shape(const Layout& l) {
@@ -81,12 +81,9 @@ std::string Shape(const Layout& l) {
 
 std::string_view PlannerKindName(PlannerKind kind) {
   switch (kind) {
-    case PlannerKind::kTwoBW:
-      return "2bw";
-    case PlannerKind::kPipeDream:
-      return "pipedream";
-    case PlannerKind::kHippie:
-      return "hippie";
+    case PlannerKind::kTwoBW: return "2bw";
+    case PlannerKind::kPipeDream: return "pipedream";
+    case PlannerKind::kHippie: return "hippie";
   }
   return "?";
 }
@@ -149,9 +146,9 @@ absl::Status ChooseGradientAllReduce(const ModelProfile& profile, const ClusterP
 }  // namespace
 
 int64_t PlannableBytes(int64_t memory_bytes) {
-  return memory_bytes <= 0 ? memory_bytes
-                           : static_cast<int64_t>(kPlannableMemoryShare *
-                                                  static_cast<double>(memory_bytes));
+  return memory_bytes <= 0
+             ? memory_bytes
+             : static_cast<int64_t>(kPlannableMemoryShare * static_cast<double>(memory_bytes));
 }
 
 absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterProfile& cluster,
@@ -160,15 +157,15 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
     return absl::InvalidArgumentError("the profile has no layers");
   }
   if (cluster.workers < 1 || request.global_batch < 1 || !(cluster.link.bytes_per_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "workers, the global batch and the link's bandwidth must be positive: got ",
-        cluster.workers, " workers, global batch ", request.global_batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("workers, the global batch and the link's bandwidth must be positive: got ",
+                     cluster.workers, " workers, global batch ", request.global_batch));
   }
-  if (const int on_hosts = std::accumulate(cluster.host_workers.begin(),
-                                           cluster.host_workers.end(), 0);
+  if (const int on_hosts =
+          std::accumulate(cluster.host_workers.begin(), cluster.host_workers.end(), 0);
       cluster.hosts() > 1 && on_hosts != cluster.workers) {
-    return absl::InvalidArgumentError(absl::StrCat("the hosts have ", on_hosts,
-                                                   " workers; the cluster has ", cluster.workers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the hosts have ", on_hosts, " workers; the cluster has ", cluster.workers));
   }
   const int L = static_cast<int>(profile.sizes.front().layers.size());
   const int N = cluster.workers, B = request.global_batch;
@@ -196,7 +193,8 @@ absl::StatusOr<PlanResult> MakePlan(const ModelProfile& profile, const ClusterPr
           " (plan for fewer workers or micro-batch sizes, or give the stages)"));
     }
     layout.bucket_bytes = request.bucket_bytes;
-    if (request.planner != PlannerKind::kHippie) layout.overlap_allreduce = request.overlap_allreduce;
+    if (request.planner != PlannerKind::kHippie)
+      layout.overlap_allreduce = request.overlap_allreduce;
     absl::StatusOr<Prediction> prediction;
     if (cluster.hosts() > 1) {  // the layout on its fastest placement on the hosts
       absl::StatusOr<std::vector<HostPlacement>> placements =

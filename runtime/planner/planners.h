@@ -82,7 +82,7 @@ struct Candidate {
   Prediction prediction;
   double memory_efficiency = 0;  // against the data-parallel reference
   bool fits = true;
-  std::string why;               // the chosen one: ""; the others: why they lost
+  std::string why;  // the chosen one: ""; the others: why they lost
 };
 
 struct PlanResult {

@@ -173,9 +173,9 @@ Averaging AveragingOf(const Layout& layout, int rank) {
 // The model stage an action of rank `rank`'s list runs on.
 int StageOf(const Action& a, int rank) { return a.stage == schedule::kOwnStage ? rank : a.stage; }
 
-StageCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster,
-                   const Layout& layout, const std::vector<LayerProfile>& layers,
-                   const schedule::ChunkLayout& chunks, int k) {
+StageCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster, const Layout& layout,
+                   const std::vector<LayerProfile>& layers, const schedule::ChunkLayout& chunks,
+                   int k) {
   const auto [begin, end] = layout.pipeline.stage_layers[k];
   const int rank = chunks.RankOf(k), w = layout.pipeline.replicas;
   StageCosts c;
@@ -205,8 +205,8 @@ StageCosts CostsOf(const ModelProfile& profile, const ClusterProfile& cluster,
   const double parameter_bytes = static_cast<double>(c.parameter_bytes);
   const bool bucketed = AveragingOf(layout, rank) == Averaging::kDuringLastBackward;
   const int calls =
-      bucketed ? std::max(1, static_cast<int>(std::ceil(
-                                 parameter_bytes / std::max<int64_t>(1, layout.bucket_bytes))))
+      bucketed ? std::max(1, static_cast<int>(std::ceil(parameter_bytes /
+                                                        std::max<int64_t>(1, layout.bucket_bytes))))
                : 1;
   const bool ring_spans_hosts = ReplicasSpanHosts(layout, rank);
   c.allreduce_s = AllReduceSeconds(cluster, parameter_bytes, w, calls, ring_spans_hosts);
@@ -298,7 +298,8 @@ std::pair<int64_t, int> HeldAtPeak(const std::vector<Action>& list, int rank,
     const int64_t other_gradients = gradients - (has ? c.parameter_bytes : 0);
     if (a.kind == ActionKind::kBackward && averaging == Averaging::kDuringLastBackward &&
         last_of_step[i]) {
-      peak = std::max(peak, others + other_gradients + (has ? m.overlapped_later : m.overlapped_first));
+      peak = std::max(peak,
+                      others + other_gradients + (has ? m.overlapped_later : m.overlapped_first));
       // Its end: the micro-batch gone, the gradient and its copy before the average.
       peak = std::max(peak, others + other_gradients + 2 * c.parameter_bytes);
     } else {
@@ -323,13 +324,11 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
                          const Layout& layout, int layers) {
   if (profile.sizes.empty()) return absl::InvalidArgumentError("the profile has no measurements");
   if (layout.stages() < 1) return absl::InvalidArgumentError("a layout needs at least one stage");
-  if (layout.virtual_stages < 1 ||
-      layout.stages() * layout.virtual_stages !=
-          static_cast<int>(layout.pipeline.stage_layers.size())) {
+  if (layout.virtual_stages < 1 || layout.stages() * layout.virtual_stages !=
+                                       static_cast<int>(layout.pipeline.stage_layers.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a layout of ", layout.stages(), " stages",
-        layout.virtual_stages == 1 ? ""
-                                   : absl::StrCat(" (", layout.virtual_stages, " a rank)"),
+        layout.virtual_stages == 1 ? "" : absl::StrCat(" (", layout.virtual_stages, " a rank)"),
         " has ", layout.pipeline.stage_layers.size(),
         " layer ranges (SetStageLayers, SetModelStageLayers)"));
   }
@@ -337,8 +336,8 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
   for (const auto& [begin, end] : layout.pipeline.stage_layers) {
     if (begin != next || end <= begin) {
       return absl::InvalidArgumentError(
-          absl::StrCat("stage ranges must be contiguous and non-empty from layer 0: got [",
-                       begin, ", ", end, ") after layer ", next));
+          absl::StrCat("stage ranges must be contiguous and non-empty from layer 0: got [", begin,
+                       ", ", end, ") after layer ", next));
     }
     next = end;
   }
@@ -351,8 +350,8 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
     return absl::InvalidArgumentError("replicas, micro-batch size and count must be positive");
   }
   if (absl::Status s = CheckRankHosts(cluster, layout); !s.ok()) return s;
-  schedule::ScheduleParams params{layout.schedule, layout.stages(),
-                                  layout.pipeline.micro_batches, kSimulatedSteps};
+  schedule::ScheduleParams params{layout.schedule, layout.stages(), layout.pipeline.micro_batches,
+                                  kSimulatedSteps};
   params.virtual_stages = layout.virtual_stages;
   return schedule::ValidateScheduleParams(params);
 }
@@ -362,16 +361,14 @@ absl::Status CheckLayout(const ModelProfile& profile, const ClusterProfile& clus
 int WeightVersions(schedule::ScheduleKind schedule, int stages, int stage, int micro_batches,
                    bool vertical_sync) {
   switch (schedule::WeightsOf(schedule)) {
-    case schedule::WeightPolicy::kDoubleBuffered:
-      return 2;
+    case schedule::WeightPolicy::kDoubleBuffered: return 2;
     case schedule::WeightPolicy::kStashed: {
       const int m = std::max(1, micro_batches);
       if (vertical_sync && stage > 0) return 2 + (std::max(0, stages - 1) + m - 1) / m;
       const int behind = std::max(0, stages - stage - 1);  // the stage's warm-up forwards
       return 1 + (behind + m - 1) / m;
     }
-    case schedule::WeightPolicy::kFlush:
-      return 1;
+    case schedule::WeightPolicy::kFlush: return 1;
   }
   return 1;
 }
@@ -419,7 +416,7 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
   std::vector<double> work_left(p, 0), wait_until(p, 0), last_backward_start(p, 0);
   std::vector<double> exposed(p, 0);
   std::vector<double> gradient_end(chunks.stages(), 0);  // a model stage's latest B or W
-  std::vector<double> step_end;  // rank 0's STEP ends
+  std::vector<double> step_end;                          // rank 0's STEP ends
   // CPU work of the transports' own threads (per replica) still to run: it takes its share
   // of the cores like a computing rank.
   std::vector<double> background;
@@ -491,17 +488,13 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
               allreduce_cpu_left[r] = c.allreduce_cpu_s;  // buckets go as they fill
             }
             break;
-          case ActionKind::kInputGradient:
-            compute_then_finish(r, c.input_gradient_s);
-            break;
-          case ActionKind::kWeightGradient:
-            compute_then_finish(r, c.weight_gradient_s);
-            break;
+          case ActionKind::kInputGradient: compute_then_finish(r, c.input_gradient_s); break;
+          case ActionKind::kWeightGradient: compute_then_finish(r, c.weight_gradient_s); break;
           case ActionKind::kSendActivation:
           case ActionKind::kSendGradient:
             // The sending thread's part; the message leaves when it is done.
-            compute_then_finish(r, a.kind == ActionKind::kSendActivation ? c.act_out.send_s
-                                                                         : c.grad_out.send_s);
+            compute_then_finish(
+                r, a.kind == ActionKind::kSendActivation ? c.act_out.send_s : c.grad_out.send_s);
             break;
           case ActionKind::kRecvActivation:
           case ActionKind::kRecvGradient: {
@@ -509,15 +502,14 @@ absl::StatusOr<Prediction> Predict(const ModelProfile& profile, const ClusterPro
             if (it == arrivals.end() || it->second > now) continue;  // not there yet
             arrivals.erase(it);
             // The receiving thread's part.
-            compute_then_finish(r, a.kind == ActionKind::kRecvActivation ? c.act_in.recv_s
-                                                                         : c.grad_in.recv_s);
+            compute_then_finish(
+                r, a.kind == ActionKind::kRecvActivation ? c.act_in.recv_s : c.grad_in.recv_s);
             break;
           }
           case ActionKind::kOptimizerStep: {
             double done = now;
             switch (averaging[r]) {
-              case Averaging::kNone:
-                break;
+              case Averaging::kNone: break;
               case Averaging::kDuringLastBackward:
                 done = std::max(last_backward_start[r] + c.allreduce_s,
                                 now + c.last_bucket_allreduce_s);

@@ -65,8 +65,8 @@ struct Layout {
   // keeps the count and the ranges together; Predict refuses a layout where they differ),
   // w replicas, m micro-batches of b rows per step per replica.
   model::PipelineLayout pipeline;
-  std::vector<bool> recompute;                    // per global layer (empty: none)
-  bool overlap_allreduce = true;                  // stage 0's bucketed AllReduce
+  std::vector<bool> recompute;    // per global layer (empty: none)
+  bool overlap_allreduce = true;  // stage 0's bucketed AllReduce
   int64_t bucket_bytes = 4 << 20;
   // The host of each rank (rank = replica x stages + stage, runtime/base/rank_layout.h): an
   // index into ClusterProfile::host_workers (planner/host_placement.h chooses it). Empty:
@@ -126,7 +126,7 @@ struct Prediction {
   double samples_per_s = 0;
   double tokens_per_s = 0;
   std::vector<StagePrediction> stages;
-  int64_t peak_memory_bytes = 0;   // the largest stage's
+  int64_t peak_memory_bytes = 0;  // the largest stage's
 };
 
 // InvalidArgument for a layout that does not fit the profile (stages not contiguous over every

@@ -1,7 +1,7 @@
 #include "runtime/planner/profile.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 namespace pipetrain::planner {

@@ -26,8 +26,8 @@ struct LayerProfile {
 };
 
 struct LinkProfile {
-  double latency_s = 0;     // per message
-  double bytes_per_s = 1;   // > 0
+  double latency_s = 0;    // per message
+  double bytes_per_s = 1;  // > 0
 
   // Seconds to move `bytes` once.
   double Seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
@@ -62,19 +62,19 @@ struct MicroBatchProfile {
 
 // Everything measured about one model on one device: the planners' input.
 struct ModelProfile {
-  std::string model;             // what was profiled, in words (name and sizes)
+  std::string model;  // what was profiled, in words (name and sizes)
   std::string device = "cpu";
   std::string dtype = "float32";
-  int threads = 1;               // intra-op threads the measurements ran with
-  int64_t tokens_per_sample = 1; // gpt: the sequence length; 1 for other models
+  int threads = 1;                       // intra-op threads the measurements ran with
+  int64_t tokens_per_sample = 1;         // gpt: the sequence length; 1 for other models
   std::vector<MicroBatchProfile> sizes;  // ascending micro-batch size, at least one
-  int64_t base_bytes = 0;        // tensors every rank holds besides its layers' (the dataset)
-  LinkProfile p2p;               // one activation or gradient between two ranks
+  int64_t base_bytes = 0;            // tensors every rank holds besides its layers' (the dataset)
+  LinkProfile p2p;                   // one activation or gradient between two ranks
   int64_t receive_buffer_bytes = 0;  // kept posted by the transport per stream it receives
   // A received message of at most half this size is copied out; a larger one up to this size
   // stays in its receive buffer (this size + the header); 0: every message is its own size.
   int64_t inline_buffer_bytes = 0;
-  LinkProfile allreduce;         // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
+  LinkProfile allreduce;  // a ring AllReduce of 2 ranks: latency + bytes / bandwidth
   // The same two between ranks on different hosts, when measured (pipetrain profile-link);
   // the planners take them as ClusterProfile::between_hosts*.
   HostLinks between_hosts;
@@ -90,9 +90,9 @@ struct ModelProfile {
 };
 
 struct ClusterProfile {
-  int workers = 1;          // identical workers, one rank each
-  LinkProfile link;         // between any two of them (activations, gradients)
-  int64_t memory_bytes = 0; // each worker's (0: not limited)
+  int workers = 1;           // identical workers, one rank each
+  LinkProfile link;          // between any two of them (activations, gradients)
+  int64_t memory_bytes = 0;  // each worker's (0: not limited)
   // A ring AllReduce among w ranks takes 2 (w - 1) steps of latency + (bytes / w) / bandwidth
   // on this link; bytes_per_s 0: on `link`.
   LinkProfile allreduce{0, 0};

@@ -63,7 +63,8 @@ absl::StatusOr<LinkProfile> ReadLink(const json& j, const char* key) {
   const std::string where = absl::StrCat(key, ".");
   PT_READ(*it, "latency_s", where, link.latency_s);
   PT_READ(*it, "bytes_per_s", where, link.bytes_per_s);
-  if (!(link.bytes_per_s > 0)) return absl::InvalidArgumentError(absl::StrCat(where, "bytes_per_s: must be > 0"));
+  if (!(link.bytes_per_s > 0))
+    return absl::InvalidArgumentError(absl::StrCat(where, "bytes_per_s: must be > 0"));
   return link;
 }
 

@@ -163,7 +163,8 @@ absl::StatusOr<std::vector<planner::LayerProfile>> ProfileWindow(
       const bool finite = weights::AllFinite(grads);
       optimizers[i]->Step(params[i], grads);
       const auto t1 = std::chrono::steady_clock::now();
-      if (round == 0) out[i].optimizer_bytes = std::max<int64_t>(0, memory::TensorBytesInUse() - before);
+      if (round == 0)
+        out[i].optimizer_bytes = std::max<int64_t>(0, memory::TensorBytesInUse() - before);
       if (timed && finite) update[i].push_back(Seconds(t0, t1));
     }
   }

@@ -136,7 +136,8 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
   const auto c0 = std::chrono::steady_clock::now();
   compute(20);
   const int reps = std::max(
-      1, static_cast<int>(5e-4 / std::max(Seconds(c0, std::chrono::steady_clock::now()) / 20, 1e-7)));
+      1,
+      static_cast<int>(5e-4 / std::max(Seconds(c0, std::chrono::steady_clock::now()) / 20, 1e-7)));
   const size_t message_sizes = with_message_costs ? std::size(kMessageBytes) : 0;
   for (size_t i = 0; i < message_sizes; ++i) {
     const int64_t bytes = kMessageBytes[i];
@@ -165,8 +166,8 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
     std::vector<double> per_round;
     for (size_t k = 0; k + 1 < others.size(); ++k) per_round.push_back(others[k]);
     const std::string key = absl::StrCat("messages/", i);
-    const std::string mine = absl::StrCat(Median(send), " ", Median(recv), " ",
-                                          Median(per_round), " ", Median(waits));
+    const std::string mine =
+        absl::StrCat(Median(send), " ", Median(recv), " ", Median(per_round), " ", Median(waits));
     if (side == 1) {
       PT_RETURN_IF_ERROR(p2p_store->Set(key, mine));
       continue;
@@ -180,12 +181,11 @@ absl::Status RunLinkSide(int side, std::shared_ptr<rendezvous::KeyValueStore> p2
     }
     // Both sides send at about the same time, so a Recv lasts about the message's way. In
     // one process, each side's other threads are the other side's and the transports' both.
-    const double background =
-        same_process ? std::max(0.0, Median(per_round) - peer_send - peer_recv) / 2
-                     : (Median(per_round) + peer_others) / 2;
-    out->messages.push_back({bytes, (Median(send) + peer_send) / 2,
-                             (Median(recv) + peer_recv) / 2, std::max(0.0, background),
-                             (Median(waits) + peer_wait) / 2});
+    const double background = same_process
+                                  ? std::max(0.0, Median(per_round) - peer_send - peer_recv) / 2
+                                  : (Median(per_round) + peer_others) / 2;
+    out->messages.push_back({bytes, (Median(send) + peer_send) / 2, (Median(recv) + peer_recv) / 2,
+                             std::max(0.0, background), (Median(waits) + peer_wait) / 2});
   }
 
   // AllReduce between the two: elapsed and the CPU of one rank (its process's; both ranks'
@@ -301,17 +301,17 @@ absl::StatusOr<GlooLinks> ProfileGlooLinks(const std::vector<std::string>& peer_
     spawn.stdin_null = false;
     absl::StatusOr<pid_t> pid = subprocess::Start(args, spawn);
     if (!pid.ok()) {
-      return absl::InternalError(absl::StrCat("cannot start the link peer ", args[0], ": ",
-                                              pid.status().message()));
+      return absl::InternalError(
+          absl::StrCat("cannot start the link peer ", args[0], ": ", pid.status().message()));
     }
-    absl::Status mine = RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false,
-                                    &result);
+    absl::Status mine =
+        RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false, &result);
     if (!mine.ok()) kill(*pid, SIGKILL);
     const int status = subprocess::Wait(*pid);
     PT_RETURN_IF_ERROR(mine);
     if (status < 0 || subprocess::ExitCode(status) != 0) {
-      return absl::InternalError(absl::StrCat("the link peer process ",
-                                              status < 0 ? "was lost" : subprocess::DescribeExit(status)));
+      return absl::InternalError(absl::StrCat(
+          "the link peer process ", status < 0 ? "was lost" : subprocess::DescribeExit(status)));
     }
   }
   return LinksOf(result);
@@ -328,8 +328,8 @@ absl::StatusOr<planner::HostLinks> ProfileHostLinks(const HostLinkLeader& leader
                         rendezvous::TcpStorePort(*replica_store));
   }
   LinkSideResult result;
-  PT_RETURN_IF_ERROR(RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false,
-                                 &result, leader.address, /*with_message_costs=*/false));
+  PT_RETURN_IF_ERROR(RunLinkSide(0, std::move(p2p_store), std::move(replica_store), false, &result,
+                                 leader.address, /*with_message_costs=*/false));
   const GlooLinks links = LinksOf(result);
   planner::HostLinks out;
   out.p2p = links.p2p;

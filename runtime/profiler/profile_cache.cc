@@ -59,16 +59,28 @@ bool MachineProfileFromOrNot(const std::string& cached, planner::ModelProfile& p
 std::string CacheKey(const job::JobPlan& plan, const job::JobSpec& config, int b, int threads,
                      const std::vector<std::pair<int, int>>& windows) {
   const model::ModelConfig& m = plan.model_config;
-  nlohmann::json key = {
-      {"format", kProfileFormat}, {"build", BuildIdentity()}, {"device", "cpu"},
-      {"threads", threads},
-      {"micro_batch_size", b},    {"dtype", job::PrecisionName(job::PrecisionOf(config))},
-      {"optimizer", config.optimizer().name()}, {"model", m.name}, {"vocab_size", m.vocab_size},
-      {"seq_len", m.seq_len},     {"d_model", m.d_model},      {"n_heads", m.n_heads},
-      {"n_layers", m.n_layers},   {"dropout", m.dropout},      {"input_dim", m.input_dim},
-      {"image_shape", m.image_shape}, {"hidden", m.hidden},    {"hidden_layers", m.hidden_layers},
-      {"num_classes", m.num_classes}, {"torchscript", m.torchscript_path},
-      {"layers", plan.layer_names()}, {"windows", windows}};
+  nlohmann::json key = {{"format", kProfileFormat},
+                        {"build", BuildIdentity()},
+                        {"device", "cpu"},
+                        {"threads", threads},
+                        {"micro_batch_size", b},
+                        {"dtype", job::PrecisionName(job::PrecisionOf(config))},
+                        {"optimizer", config.optimizer().name()},
+                        {"model", m.name},
+                        {"vocab_size", m.vocab_size},
+                        {"seq_len", m.seq_len},
+                        {"d_model", m.d_model},
+                        {"n_heads", m.n_heads},
+                        {"n_layers", m.n_layers},
+                        {"dropout", m.dropout},
+                        {"input_dim", m.input_dim},
+                        {"image_shape", m.image_shape},
+                        {"hidden", m.hidden},
+                        {"hidden_layers", m.hidden_layers},
+                        {"num_classes", m.num_classes},
+                        {"torchscript", m.torchscript_path},
+                        {"layers", plan.layer_names()},
+                        {"windows", windows}};
   return key.dump();
 }
 

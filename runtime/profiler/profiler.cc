@@ -108,7 +108,8 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobSpec& config,
       if (!layers.ok()) return layers.status();
       for (int l = begin; l < end; ++l) {
         const planner::LayerProfile& layer = (*layers)[l - begin];
-        say(absl::StrFormat("b=%d layer %d %s: forward %.2f ms, backward %.2f ms, update %.2f ms, "
+        say(
+            absl::StrFormat("b=%d layer %d %s: forward %.2f ms, backward %.2f ms, update %.2f ms, "
                             "stash %.1f MB",
                             b, l, layer.name, layer.forward_s * 1e3, layer.backward_s * 1e3,
                             layer.optimizer_s * 1e3, layer.stash_bytes / 1e6));
@@ -123,7 +124,8 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobSpec& config,
   profile.inline_buffer_bytes = transport::GlooInlinePayloadBytes();
   if (options.measure_links) {
     const std::string key =
-        nlohmann::json{{"format", kProfileFormat}, {"links", "gloo loopback"},
+        nlohmann::json{{"format", kProfileFormat},
+                       {"links", "gloo loopback"},
                        {"threads", options.threads},
                        {"peer", options.link_peer_command.empty() ? "thread" : "process"}}
             .dump();
@@ -140,23 +142,22 @@ absl::StatusOr<planner::ModelProfile> ProfileJob(const job::JobSpec& config,
       StoreValue(options.cache_dir, key, planner::MachineProfileToJson(profile));
     }
     for (const planner::MessageCost& c : profile.message_costs) {
-      say(absl::StrFormat("message of %d bytes between busy ranks: %.1f us on the way; CPU "
-                          "%.1f us to send, %.1f us to receive, %.1f us in the transport's "
-                          "threads",
-                          c.bytes, c.latency_s * 1e6, c.send_s * 1e6, c.recv_s * 1e6,
-                          c.background_s * 1e6));
+      say(absl::StrFormat(
+          "message of %d bytes between busy ranks: %.1f us on the way; CPU "
+          "%.1f us to send, %.1f us to receive, %.1f us in the transport's "
+          "threads",
+          c.bytes, c.latency_s * 1e6, c.send_s * 1e6, c.recv_s * 1e6, c.background_s * 1e6));
     }
-    say(absl::StrFormat("links (Gloo, loopback): point to point %.1f us + %.2f GB/s; AllReduce "
-                        "of 2 %.1f us + %.2f GB/s (CPU per rank %.1f us + %.2f GB/s); computing "
-                        "on 1..%d cores at once: %s x",
-                        profile.p2p.latency_s * 1e6, profile.p2p.bytes_per_s / 1e9,
-                        profile.allreduce.latency_s * 1e6, profile.allreduce.bytes_per_s / 1e9,
-                        profile.allreduce_cpu.latency_s * 1e6,
-                        profile.allreduce_cpu.bytes_per_s / 1e9,
-                        static_cast<int>(profile.slowdown.size()),
-                        absl::StrJoin(profile.slowdown, " ", [](std::string* out, double f) {
-                          absl::StrAppendFormat(out, "%.2f", f);
-                        })));
+    say(absl::StrFormat(
+        "links (Gloo, loopback): point to point %.1f us + %.2f GB/s; AllReduce "
+        "of 2 %.1f us + %.2f GB/s (CPU per rank %.1f us + %.2f GB/s); computing "
+        "on 1..%d cores at once: %s x",
+        profile.p2p.latency_s * 1e6, profile.p2p.bytes_per_s / 1e9,
+        profile.allreduce.latency_s * 1e6, profile.allreduce.bytes_per_s / 1e9,
+        profile.allreduce_cpu.latency_s * 1e6, profile.allreduce_cpu.bytes_per_s / 1e9,
+        static_cast<int>(profile.slowdown.size()),
+        absl::StrJoin(profile.slowdown, " ",
+                      [](std::string* out, double f) { absl::StrAppendFormat(out, "%.2f", f); })));
   }
   return profile;
 }

@@ -46,7 +46,7 @@ struct ProfileOptions {
   int threads = 1;                     // intra-op threads, as each rank will run
   int warmup = 1;
   int repeats = 5;
-  bool measure_links = true;           // false: p2p and allreduce are left at their defaults
+  bool measure_links = true;  // false: p2p and allreduce are left at their defaults
   // Layers are profiled together in runs whose parameters, gradients and optimizer state
   // stay within this many bytes (0: a quarter of this machine's memory).
   int64_t memory_budget_bytes = 0;
@@ -54,7 +54,7 @@ struct ProfileOptions {
   // two arguments (the ports of two stores on 127.0.0.1), which must call RunLinkPeer with
   // them; empty: the peer is a thread of this process.
   std::vector<std::string> link_peer_command;
-  std::string cache_dir;               // "": no cache
+  std::string cache_dir;  // "": no cache
   // Called with a line of progress ("block3 at b=8: forward 12.1 ms ...") as work is done.
   std::function<void(const std::string&)> progress;
 };

@@ -20,8 +20,7 @@ bool Reaches(const CommitState& state, int64_t step) {
 
 }  // namespace
 
-absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survivors,
-                                              int ranks) {
+absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survivors, int ranks) {
   std::vector<std::string> violations;
   std::vector<std::set<int64_t>> reachable(static_cast<size_t>(std::max(ranks, 0)));
   std::set<int64_t> candidates;
@@ -56,15 +55,14 @@ absl::StatusOr<SurvivorPlan> PlanSurvivorStep(const std::vector<Survivor>& survi
         places.push_back(absl::StrCat("stage ", r, " at step ",
                                       absl::StrJoin(reachable[static_cast<size_t>(r)], " or ")));
       }
-      violations.push_back(absl::StrCat(
-          "no step is one every stage's survivors can stand at (",
-          absl::StrJoin(places, "; "), "): the updates were not committed"));
+      violations.push_back(absl::StrCat("no step is one every stage's survivors can stand at (",
+                                        absl::StrJoin(places, "; "),
+                                        "): the updates were not committed"));
     }
   }
   if (!violations.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the survivors cannot go on without a checkpoint: ",
-                     absl::StrJoin(violations, "; ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the survivors cannot go on without a checkpoint: ", absl::StrJoin(violations, "; ")));
   }
   SurvivorPlan plan;
   plan.step = *step;

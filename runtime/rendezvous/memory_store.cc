@@ -27,8 +27,8 @@ class MemoryStore : public KeyValueStore {
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
     if (!changed_.wait_until(lock, until, [&] { return values_.count(key) > 0; })) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "store: '", key, "' was not set within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("store: '", key, "' was not set within ", absl::FormatDuration(timeout)));
     }
     return values_[key];
   }
@@ -41,8 +41,8 @@ class MemoryStore : public KeyValueStore {
           absl::StrCat("store: add to '", key, "', which holds no integer"));
     }
     if (__builtin_add_overflow(value, delta, &value)) {
-      return absl::OutOfRangeError(absl::StrCat("store: add ", delta, " to '", key,
-                                                "' overflows a 64-bit integer"));
+      return absl::OutOfRangeError(
+          absl::StrCat("store: add ", delta, " to '", key, "' overflows a 64-bit integer"));
     }
     PT_RETURN_IF_ERROR(Put(key, absl::StrCat(value)));
     changed_.notify_all();

@@ -32,10 +32,10 @@ absl::Status Rendezvous(KeyValueStore& store, const std::string& prefix, int ran
       if (missing.empty()) return absl::OkStatus();  // the last one came just now
       std::vector<std::string> who;
       for (int r : missing) who.push_back(describe ? describe(r) : absl::StrCat("rank ", r));
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous '", prefix, "': ", missing.size(), " of ", world,
-          " ranks did not arrive within ", absl::FormatDuration(timeout), ": ",
-          absl::StrJoin(who, ", ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous '", prefix, "': ", missing.size(), " of ", world,
+                       " ranks did not arrive within ", absl::FormatDuration(timeout), ": ",
+                       absl::StrJoin(who, ", ")));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -60,8 +60,8 @@ class TcpStore : public KeyValueStore, public C10dStoreHolder {
       while (!store_->check({key})) {
         const absl::Duration left = deadline - absl::Now();
         if (left <= absl::ZeroDuration()) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "store: '", key, "' was not set within ", absl::FormatDuration(timeout)));
+          return absl::DeadlineExceededError(absl::StrCat("store: '", key, "' was not set within ",
+                                                          absl::FormatDuration(timeout)));
         }
         absl::SleepFor(std::min(pause, left));
         pause = std::min(pause * 2, absl::Milliseconds(20));

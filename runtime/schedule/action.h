@@ -56,7 +56,7 @@ inline constexpr int kOwnStage = -1;
 
 struct Action {
   ActionKind kind;
-  int64_t index;  // micro-batch j, or mini-batch t for kOptimizerStep
+  int64_t index;          // micro-batch j, or mini-batch t for kOptimizerStep
   int stage = kOwnStage;  // the chunk it runs on (global stage number), or kOwnStage
 
   bool operator==(const Action& o) const {

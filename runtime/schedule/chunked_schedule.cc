@@ -239,12 +239,14 @@ absl::Status ValidateChunkedParams(const ScheduleParams& params) {
     }
   }
   if (TraitsOf(params.kind).placement == ChunkPlacement::kV && v != 2) {
-    errors.push_back(absl::StrCat(name, " places 2 chunks on each rank (a V): virtual_stages "
-                                        "must be 2, got ", v));
+    errors.push_back(absl::StrCat(name,
+                                  " places 2 chunks on each rank (a V): virtual_stages "
+                                  "must be 2, got ",
+                                  v));
   }
   if (const int k = TraitsOf(params.kind).micro_batches_per_rank; k > 0 && p >= 1 && m < k * p) {
-    errors.push_back(absl::StrCat(name, " needs microbatches >= ", k, " x stages: got m=", m,
-                                  " < ", k, " x ", p));
+    errors.push_back(absl::StrCat(name, " needs microbatches >= ", k, " x stages: got m=", m, " < ",
+                                  k, " x ", p));
   }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
@@ -253,16 +255,14 @@ absl::Status ValidateChunkedParams(const ScheduleParams& params) {
 absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const ScheduleParams& params) {
   if (absl::Status s = ValidateScheduleParams(params); !s.ok()) return s;
   if (RunsContinuously(params.kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(ScheduleKindName(params.kind)),
-        " runs one 1F1B over every step with no flush: it has no one-step lists"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(ScheduleKindName(params.kind)),
+                     " runs one 1F1B over every step with no flush: it has no one-step lists"));
   }
   std::vector<std::vector<Action>> lists;
   for (int r = 0; r < params.stages; ++r) {
     switch (params.kind) {
-      case ScheduleKind::kGPipe:
-        lists.push_back(GPipeRank(params.micro_batches, r));
-        break;
+      case ScheduleKind::kGPipe: lists.push_back(GPipeRank(params.micro_batches, r)); break;
       case ScheduleKind::kOneFOneB:
         lists.push_back(OneFOneBRank(params.stages, params.micro_batches, r));
         break;
@@ -279,8 +279,7 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildComputeLists(const Schedul
         lists.push_back(DualPipeVRank(params.stages, params.micro_batches, r));
         break;
       case ScheduleKind::kTwoBW:
-      case ScheduleKind::kPipeDream:
-        break;  // refused above
+      case ScheduleKind::kPipeDream: break;  // refused above
     }
   }
   return lists;

@@ -38,9 +38,7 @@ struct ChunkLayout {
   // The number of the message of micro-batch j across the boundary between model stages
   // `lower` and lower + 1 (transport::Transport): j x v + floor(lower / p), so that two
   // boundaries a pair of ranks shares never share a number; j itself with one stage a rank.
-  int64_t MessageNumber(int lower, int64_t j) const {
-    return j * chunks_per_rank + lower / ranks;
-  }
+  int64_t MessageNumber(int lower, int64_t j) const { return j * chunks_per_rank + lower / ranks; }
   // The micro-batch the message numbered `number` carries.
   int64_t MicroBatchOfMessage(int64_t number) const { return number / chunks_per_rank; }
 };

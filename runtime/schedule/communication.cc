@@ -113,7 +113,8 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
       }
       const bool activation =
           a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kRecvActivation;
-      const bool send = a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
+      const bool send =
+          a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGradient;
       // The stage on the other side.
       const int peer = activation == send ? a.stage + 1 : a.stage - 1;
       if (peer < 0 || peer >= layout.stages()) return error("has no stage on its other side");
@@ -122,9 +123,9 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
       seen.Set(a, true);
       ++messages;
       // Sent after what makes it; received before what uses it.
-      const bool made = seen.Get(activation ? ActionKind::kForward : ActionKind::kBackward,
-                                 a.stage, a.index) ||
-                        (!activation && seen.Get(ActionKind::kInputGradient, a.stage, a.index));
+      const bool made =
+          seen.Get(activation ? ActionKind::kForward : ActionKind::kBackward, a.stage, a.index) ||
+          (!activation && seen.Get(ActionKind::kInputGradient, a.stage, a.index));
       if (send && !made) return error("comes before the action that makes it");
       if (!send && made) return error("comes after the action that uses it");
     }
@@ -138,12 +139,13 @@ absl::Status CheckCommunication(const ChunkLayout& layout, int micro_batches,
         ++pairs;
         const Action send = SendOf(a), receive = PeerReceive(send);
         if (!seen.Get(send)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("rank ", r, ": ", ToString(a), " is never sent (no ", ToString(send), ")"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r, ": ", ToString(a), " is never sent (no ", ToString(send), ")"));
         }
         if (!seen.Get(receive)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "rank ", layout.RankOf(e.gives_to), ": no ", ToString(receive), " for ", ToString(send)));
+          return absl::InvalidArgumentError(absl::StrCat("rank ", layout.RankOf(e.gives_to),
+                                                         ": no ", ToString(receive), " for ",
+                                                         ToString(send)));
         }
       }
     }

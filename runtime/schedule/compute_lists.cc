@@ -70,22 +70,17 @@ double ComputeSimulation::bubble() const {
   return busy.empty() || makespan <= 0 ? 0 : 1 - sum / (busy.size() * makespan);
 }
 
-absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout,
-                                                       int micro_batches,
-                                                       const std::vector<std::vector<Action>>& lists,
-                                                       const ComputeCosts& costs) {
+absl::StatusOr<ComputeSimulation> SimulateComputeLists(
+    const ChunkLayout& layout, int micro_batches, const std::vector<std::vector<Action>>& lists,
+    const ComputeCosts& costs) {
   if (absl::Status s = CheckComputeLists(layout, micro_batches, lists); !s.ok()) return s;
   const int p = layout.ranks, last = layout.stages() - 1;
   const auto cost = [&](ActionKind kind) {
     switch (kind) {
-      case ActionKind::kForward:
-        return costs.forward;
-      case ActionKind::kBackward:
-        return costs.backward;
-      case ActionKind::kInputGradient:
-        return costs.input_gradient;
-      default:
-        return costs.weight_gradient;
+      case ActionKind::kForward: return costs.forward;
+      case ActionKind::kBackward: return costs.backward;
+      case ActionKind::kInputGradient: return costs.input_gradient;
+      default: return costs.weight_gradient;
     }
   };
   ActionTable<double> end(layout.stages(), micro_batches, -1);  // actions done: their end
@@ -104,8 +99,7 @@ absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout
     switch (a.kind) {
       case ActionKind::kForward:
         return a.stage == 0 ? &kZero : ended(ActionKind::kForward, a.stage - 1, a.index);
-      case ActionKind::kWeightGradient:
-        return ended(ActionKind::kInputGradient, a.stage, a.index);
+      case ActionKind::kWeightGradient: return ended(ActionKind::kInputGradient, a.stage, a.index);
       default: {
         const double* own = ended(ActionKind::kForward, a.stage, a.index);
         if (a.stage == last || own == nullptr) return own;

@@ -34,18 +34,17 @@ struct ComputeCosts {
 };
 
 struct ComputeSimulation {
-  double makespan = 0;             // end of the last action on any rank
-  std::vector<double> busy;        // per rank: the sum of its actions' costs
-  std::vector<int> peak_live;      // per rank: PeakLive of its list
+  double makespan = 0;         // end of the last action on any rank
+  std::vector<double> busy;    // per rank: the sum of its actions' costs
+  std::vector<int> peak_live;  // per rank: PeakLive of its list
   // The idle share of the ranks' time: 1 − sum(busy) / (ranks x makespan).
   double bubble() const;
 };
 
 // CheckComputeLists, then the simulation.
-absl::StatusOr<ComputeSimulation> SimulateComputeLists(const ChunkLayout& layout,
-                                                       int micro_batches,
-                                                       const std::vector<std::vector<Action>>& lists,
-                                                       const ComputeCosts& costs = {});
+absl::StatusOr<ComputeSimulation> SimulateComputeLists(
+    const ChunkLayout& layout, int micro_batches, const std::vector<std::vector<Action>>& lists,
+    const ComputeCosts& costs = {});
 
 // The most chunk-micro-batches a list holds at once: max over its prefixes of #F − #(B or I)
 // (a micro-batch's stash lives from its F to its backward; after I only what W needs stays).

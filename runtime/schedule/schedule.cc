@@ -1,9 +1,9 @@
 #include "runtime/schedule/schedule.h"
 
 #include <algorithm>
-#include <iterator>
 #include <cctype>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,20 +54,20 @@ using Weights = WeightPolicy;
 constexpr ScheduleTraits kTraits[] = {
     {ScheduleKind::kGPipe, "gpipe", false, false, false, 1, Placement::kLoop, Weights::kFlush, 0,
      true},
-    {ScheduleKind::kOneFOneB, "1f1b", false, false, false, 1, Placement::kLoop, Weights::kFlush,
-     0, true},
-    {ScheduleKind::kTwoBW, "2bw", false, false, true, 1, Placement::kLoop,
-     Weights::kDoubleBuffered, 1, true},
+    {ScheduleKind::kOneFOneB, "1f1b", false, false, false, 1, Placement::kLoop, Weights::kFlush, 0,
+     true},
+    {ScheduleKind::kTwoBW, "2bw", false, false, true, 1, Placement::kLoop, Weights::kDoubleBuffered,
+     1, true},
     {ScheduleKind::kPipeDream, "pipedream", false, false, true, 1, Placement::kLoop,
      Weights::kStashed, 0, false},
     {ScheduleKind::kInterleaved, "interleaved", true, false, false, 2, Placement::kLoop,
      Weights::kFlush, 0, false},
-    {ScheduleKind::kZeroBubble, "zb1p", true, true, false, 1, Placement::kLoop, Weights::kFlush,
-     0, false},
+    {ScheduleKind::kZeroBubble, "zb1p", true, true, false, 1, Placement::kLoop, Weights::kFlush, 0,
+     false},
     {ScheduleKind::kZeroBubbleV, "zbv", true, true, false, 2, Placement::kV, Weights::kFlush, 0,
      false},
-    {ScheduleKind::kDualPipeV, "dualpipev", true, true, false, 2, Placement::kV, Weights::kFlush,
-     2, false},
+    {ScheduleKind::kDualPipeV, "dualpipev", true, true, false, 2, Placement::kV, Weights::kFlush, 2,
+     false},
 };
 static_assert(std::size(kTraits) == std::size(kScheduleKinds));
 
@@ -195,17 +195,17 @@ absl::Status ValidateScheduleParams(const ScheduleParams& params) {
   }
   for (int64_t n : params.flush_before) {
     if (n <= params.first_step || n >= params.steps) {
-      errors.push_back(absl::StrCat("flush_before ", n, " is not a boundary: ",
-                                    params.first_step, " < N < steps=", params.steps));
+      errors.push_back(absl::StrCat("flush_before ", n, " is not a boundary: ", params.first_step,
+                                    " < N < steps=", params.steps));
     }
   }
   if (const int k = TraitsOf(params.kind).micro_batches_per_rank;
       !HoldsChunks(params.kind) && k > 0 && params.micro_batches < k * params.stages) {
     // (the kinds with chunks say it with their other rules, ValidateChunkedParams)
-    errors.push_back(absl::StrCat(std::string(ScheduleKindName(params.kind)),
-                                  " needs micro_batches >= ",
-                                  k == 1 ? std::string("stages") : absl::StrCat(k, " x stages"),
-                                  ": got m=", params.micro_batches, " < p=", params.stages));
+    errors.push_back(absl::StrCat(
+        std::string(ScheduleKindName(params.kind)),
+        " needs micro_batches >= ", k == 1 ? std::string("stages") : absl::StrCat(k, " x stages"),
+        ": got m=", params.micro_batches, " < p=", params.stages));
   }
   if (HoldsChunks(params.kind)) {
     if (absl::Status s = ValidateChunkedParams(params); !s.ok()) {
@@ -353,17 +353,17 @@ absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams
   if (RunsContinuously(params_.kind)) {
     // The segment's start must stay a boundary and nothing may change before it.
     for (int64_t n : params_.flush_before) {
-      if (n < changed.steps && !std::count(changed.flush_before.begin(),
-                                           changed.flush_before.end(), n)) {
+      if (n < changed.steps &&
+          !std::count(changed.flush_before.begin(), changed.flush_before.end(), n)) {
         return absl::InvalidArgumentError(absl::StrCat("Rebase drops the drain before step ", n));
       }
     }
     for (int64_t n : changed.flush_before) {
       if (n <= segment_begin_ &&
           !std::binary_search(params_.flush_before.begin(), params_.flush_before.end(), n)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "a drain before step ", n, " is in the past of this stage (at ",
-            done() ? std::string("its end") : ToString(current()), ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("a drain before step ", n, " is in the past of this stage (at ",
+                         done() ? std::string("its end") : ToString(current()), ")"));
       }
     }
   }
@@ -375,9 +375,9 @@ absl::StatusOr<StageActionStream> StageActionStream::Rebase(const ScheduleParams
   while (true) {
     const bool compare = after.position_ < position_ || !done();
     if (compare && (after.done() || after.current() != before.current())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "it changes action ", after.position_, " (", ToString(before.current()),
-          "), which this stage already ran"));
+      return absl::FailedPreconditionError(absl::StrCat("it changes action ", after.position_, " (",
+                                                        ToString(before.current()),
+                                                        "), which this stage already ran"));
     }
     if (after.position_ == position_) return after;
     after.Advance();

@@ -62,7 +62,7 @@ enum class ScheduleKind {
 
 // Every kind, in the order above: what a sweep over all schedules iterates.
 inline constexpr ScheduleKind kScheduleKinds[] = {
-    ScheduleKind::kGPipe,       ScheduleKind::kOneFOneB,   ScheduleKind::kTwoBW,
+    ScheduleKind::kGPipe,       ScheduleKind::kOneFOneB,    ScheduleKind::kTwoBW,
     ScheduleKind::kPipeDream,   ScheduleKind::kInterleaved, ScheduleKind::kZeroBubble,
     ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV};
 
@@ -85,10 +85,10 @@ enum class ChunkPlacement { kLoop, kV };
 // What a kind is, in one record: the one place a new kind declares itself.
 struct ScheduleTraits {
   ScheduleKind kind;
-  std::string_view name;   // "gpipe", "1f1b", "2bw", "pipedream", "interleaved", "zb1p", ...
-  bool holds_chunks;       // ranks hold model chunks named by their actions
-  bool splits_backward;    // backwards split into I (input gradient) and W (weight gradient)
-  bool runs_continuously;  // one 1F1B over every step with no flush
+  std::string_view name;       // "gpipe", "1f1b", "2bw", "pipedream", "interleaved", "zb1p", ...
+  bool holds_chunks;           // ranks hold model chunks named by their actions
+  bool splits_backward;        // backwards split into I (input gradient) and W (weight gradient)
+  bool runs_continuously;      // one 1F1B over every step with no flush
   int default_virtual_stages;  // chunks a rank when a job names none
   ChunkPlacement placement;
   WeightPolicy weights;
@@ -158,9 +158,9 @@ class StageActionStream {
   int64_t position() const { return position_; }
   const ScheduleParams& params() const { return params_; }
 
-  // The list under `changed` (the same kind, p, m, first_step and stage; more flush_before boundaries or
-  // fewer steps, none at or before the start of the drained stretch the stream is in),
-  // positioned at the same action. FailedPrecondition if the two lists differ anywhere up to
+  // The list under `changed` (the same kind, p, m, first_step and stage; more flush_before
+  // boundaries or fewer steps, none at or before the start of the drained stretch the stream is
+  // in), positioned at the same action. FailedPrecondition if the two lists differ anywhere up to
   // and including current(): the change came too late for what already ran. Costs the
   // actions since the stretch began (the last drained boundary).
   absl::StatusOr<StageActionStream> Rebase(const ScheduleParams& changed) const;
@@ -183,11 +183,11 @@ class StageActionStream {
   // Under a kind that flushes: this rank's list for one step (micro-batches 0 .. m−1,
   // messages included), shared by the copies of the stream.
   std::shared_ptr<const std::vector<Action>> step_list_;
-  int64_t segment_begin_ = 0;           // first mini-batch of the segment
-  int64_t segment_micro_batches_ = 0;   // c: micro-batches in the segment
-  int64_t segment_position_ = 0;        // position of the segment's first action
-  int64_t op_ = 0;                      // next forward/backward of the segment, 0 .. 2c-1
-  std::array<Action, 4> buffer_{};      // actions of the forward or backward being emitted
+  int64_t segment_begin_ = 0;          // first mini-batch of the segment
+  int64_t segment_micro_batches_ = 0;  // c: micro-batches in the segment
+  int64_t segment_position_ = 0;       // position of the segment's first action
+  int64_t op_ = 0;                     // next forward/backward of the segment, 0 .. 2c-1
+  std::array<Action, 4> buffer_{};     // actions of the forward or backward being emitted
   int size_ = 0, next_ = 0;
   int64_t position_ = 0;
 };

@@ -27,22 +27,15 @@ struct StageIndex {
 
   std::map<int64_t, size_t>& Of(ActionKind kind) {
     switch (kind) {
-      case ActionKind::kForward:
-        return forward;
-      case ActionKind::kBackward:
-        return backward;
-      case ActionKind::kSendActivation:
-        return send_act;
-      case ActionKind::kRecvActivation:
-        return recv_act;
-      case ActionKind::kSendGradient:
-        return send_grad;
-      case ActionKind::kRecvGradient:
-        return recv_grad;
+      case ActionKind::kForward: return forward;
+      case ActionKind::kBackward: return backward;
+      case ActionKind::kSendActivation: return send_act;
+      case ActionKind::kRecvActivation: return recv_act;
+      case ActionKind::kSendGradient: return send_grad;
+      case ActionKind::kRecvGradient: return recv_grad;
       case ActionKind::kOptimizerStep:
-      case ActionKind::kInputGradient:   // refused by IsKnownKind
-      case ActionKind::kWeightGradient:
-        break;
+      case ActionKind::kInputGradient:  // refused by IsKnownKind
+      case ActionKind::kWeightGradient: break;
     }
     return step;
   }
@@ -56,11 +49,9 @@ bool IsKnownKind(ActionKind kind) {
     case ActionKind::kRecvActivation:
     case ActionKind::kSendGradient:
     case ActionKind::kRecvGradient:
-    case ActionKind::kOptimizerStep:
-      return true;
+    case ActionKind::kOptimizerStep: return true;
     case ActionKind::kInputGradient:  // split backward: chunked lists (compute_lists.h)
-    case ActionKind::kWeightGradient:
-      return false;
+    case ActionKind::kWeightGradient: return false;
   }
   return false;
 }
@@ -74,7 +65,8 @@ absl::StatusOr<StageIndex> IndexStage(const std::vector<Action>& actions, int s,
   for (size_t pos = 0; pos < actions.size(); ++pos) {
     const Action& a = actions[pos];
     if (!IsKnownKind(a.kind) || a.stage != kOwnStage) {
-      return error("action ", pos, " (", ToString(a), ") is not one of a list of one stage "
+      return error("action ", pos, " (", ToString(a),
+                   ") is not one of a list of one stage "
                    "per rank (F, B, SEND_*, RECV_*, STEP without a stage number)");
     }
     const std::string name = ToString(a);
@@ -89,8 +81,7 @@ absl::StatusOr<StageIndex> IndexStage(const std::vector<Action>& actions, int s,
       case ActionKind::kForward:
       case ActionKind::kOptimizerStep:
       case ActionKind::kInputGradient:  // refused above
-      case ActionKind::kWeightGradient:
-        break;
+      case ActionKind::kWeightGradient: break;
       case ActionKind::kBackward:
         if (idx.forward.count(j) == 0) {
           return error(name, " (action ", pos, ") comes before any ", ToString(F(j)));
@@ -183,12 +174,9 @@ CostModel CostModel::Uniform(double t_f, double t_b) {
   CostModel cost;
   cost.duration = [t_f, t_b](int /*stage*/, const Action& action) {
     switch (action.kind) {
-      case ActionKind::kForward:
-        return t_f;
-      case ActionKind::kBackward:
-        return t_b;
-      default:
-        return 0.0;
+      case ActionKind::kForward: return t_f;
+      case ActionKind::kBackward: return t_b;
+      default: return 0.0;
     }
   };
   return cost;

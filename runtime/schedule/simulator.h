@@ -43,10 +43,10 @@ struct TimedAction {
 };
 
 struct SimulationResult {
-  double makespan_s = 0;                        // end of the last action on any stage
+  double makespan_s = 0;                           // end of the last action on any stage
   std::vector<std::vector<TimedAction>> timeline;  // per stage, in list order
-  std::vector<int> peak_in_flight;              // per stage: max over time of #F done - #B done
-  std::vector<double> busy_s;                   // per stage: sum of durations
+  std::vector<int> peak_in_flight;                 // per stage: max over time of #F done - #B done
+  std::vector<double> busy_s;                      // per stage: sum of durations
   // End time of STEP<t> per stage (index t) when the lists contain STEP actions; sized
   // max t + 1 per stage, -1 for a t with no STEP on that stage.
   std::vector<std::vector<double>> step_end_s;
@@ -56,8 +56,8 @@ struct SimulationResult {
 // action on failure, e.g. "stage 1: SEND_ACT3 has no matching RECV_ACT3 on stage 2".
 absl::Status CheckSchedule(const std::vector<std::vector<Action>>& stages);
 
-// Runs CheckSchedule (lists of one stage a rank), then simulates. A deadlock is FailedPrecondition listing, for every
-// stuck stage, the action it waits at and the peer it waits for
+// Runs CheckSchedule (lists of one stage a rank), then simulates. A deadlock is FailedPrecondition
+// listing, for every stuck stage, the action it waits at and the peer it waits for
 // ("deadlock: stage 1 waits at RECV_GRAD0 for stage 2; stage 2 waits at RECV_ACT1 for ...").
 absl::StatusOr<SimulationResult> Simulate(const std::vector<std::vector<Action>>& stages,
                                           const CostModel& cost);

@@ -8,8 +8,8 @@ std::string BoundaryLink::Name(const TransportOptions& options, int self) const 
   const bool sends = from() == self;
   return absl::StrCat("the link for ", evaluation ? "evaluation's " : "",
                       forward ? "activations " : "gradients ", sends ? "to " : "from ",
-                      options.Describe(sends ? to() : from()), " across boundary ", boundary,
-                      "-", boundary + 1);
+                      options.Describe(sends ? to() : from()), " across boundary ", boundary, "-",
+                      boundary + 1);
 }
 
 std::string BoundaryLink::Key(int replica) const {
@@ -47,8 +47,8 @@ int LinkOf(const std::vector<BoundaryLink>& links, int chunks_per_rank, int from
   const int chunk = static_cast<int>(number % std::max(1, chunks_per_rank));
   for (size_t i = 0; i < links.size(); ++i) {
     const BoundaryLink& l = links[i];
-    if (l.from() == from && l.to() == to && l.chunk == chunk &&
-        l.forward == FlowsForward(kind) && l.evaluation == IsEvaluation(kind)) {
+    if (l.from() == from && l.to() == to && l.chunk == chunk && l.forward == FlowsForward(kind) &&
+        l.evaluation == IsEvaluation(kind)) {
       return static_cast<int>(i);
     }
   }

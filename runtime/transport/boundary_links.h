@@ -15,10 +15,10 @@
 namespace pipetrain::transport {
 
 struct BoundaryLink {
-  int boundary = 0;  // m, of model stages m -> m + 1
-  int lower = 0;     // the pipeline stage holding model stage m
-  int upper = 0;     // the pipeline stage holding model stage m + 1
-  int chunk = 0;     // floor(m / p)
+  int boundary = 0;         // m, of model stages m -> m + 1
+  int lower = 0;            // the pipeline stage holding model stage m
+  int upper = 0;            // the pipeline stage holding model stage m + 1
+  int chunk = 0;            // floor(m / p)
   bool forward = true;      // towards model stage m + 1 (activations); else back (gradients)
   bool evaluation = false;  // the evaluation's messages (IsEvaluation)
 

@@ -18,7 +18,7 @@ namespace pipetrain::transport {
 struct StageTransportOptions : TransportOptions {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   std::string host = "127.0.0.1";  // where this process listens for Gloo peers
-  bool evaluates = false;  // the job evaluates on held-out data (NCCL: links of its own)
+  bool evaluates = false;          // the job evaluates on held-out data (NCCL: links of its own)
 };
 
 // Gloo for a CPU device, NCCL for a CUDA one. FailedPrecondition for a CUDA device in a

@@ -53,18 +53,12 @@ std::unique_ptr<Transport::PendingReduction> Transport::StartAllReduceMean(
 
 const char* MessageKindName(MessageKind kind) {
   switch (kind) {
-    case MessageKind::kActivation:
-      return "activation";
-    case MessageKind::kGradient:
-      return "gradient";
-    case MessageKind::kControl:
-      return "control message";
-    case MessageKind::kWeightVersion:
-      return "weight version";
-    case MessageKind::kEvalActivation:
-      return "evaluated activation";
-    case MessageKind::kEvalProgress:
-      return "evaluation's progress";
+    case MessageKind::kActivation: return "activation";
+    case MessageKind::kGradient: return "gradient";
+    case MessageKind::kControl: return "control message";
+    case MessageKind::kWeightVersion: return "weight version";
+    case MessageKind::kEvalActivation: return "evaluated activation";
+    case MessageKind::kEvalProgress: return "evaluation's progress";
   }
   return "message";
 }
@@ -84,9 +78,9 @@ std::string Group::ToString() const {
 }
 
 int TransportOptions::chunks_per_rank() const {
-  return model_stage_holders.empty() ? 1
-                                     : static_cast<int>(model_stage_holders.size()) /
-                                           std::max(1, stages);
+  return model_stage_holders.empty()
+             ? 1
+             : static_cast<int>(model_stage_holders.size()) / std::max(1, stages);
 }
 
 std::string TransportOptions::Describe(int pipeline_stage) const {
@@ -103,8 +97,8 @@ absl::Status TransportOptions::Validate() const {
   }
   if (!model_stage_holders.empty()) {
     if (model_stage_holders.size() % static_cast<size_t>(std::max(1, stages)) != 0) {
-      errors.push_back(absl::StrCat(model_stage_holders.size(),
-                                    " model stages do not fill ", stages, " stages alike"));
+      errors.push_back(absl::StrCat(model_stage_holders.size(), " model stages do not fill ",
+                                    stages, " stages alike"));
     }
     for (int holder : model_stage_holders) {
       if (holder < 0 || holder >= stages) {
@@ -128,21 +122,21 @@ int MemberIndex(const Group& group, int member) {
 
 }  // namespace
 
-absl::Status Transport::AllReduce(const Group& group, std::vector<at::Tensor>& tensors,
-                                  ReduceOp op, absl::Time deadline) {
+absl::Status Transport::AllReduce(const Group& group, std::vector<at::Tensor>& tensors, ReduceOp op,
+                                  absl::Time deadline) {
   if (tensors.empty()) return absl::OkStatus();
   std::vector<at::Tensor> flat_parts;
   for (const at::Tensor& t : tensors) {
     if (t.scalar_type() != tensors[0].scalar_type()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "stage ", stage(), ": an AllReduce among ", group.ToString(), " takes tensors of one "
-          "dtype, given ", c10::toString(tensors[0].scalar_type()), " and ",
-          c10::toString(t.scalar_type())));
+          "stage ", stage(), ": an AllReduce among ", group.ToString(),
+          " takes tensors of one "
+          "dtype, given ",
+          c10::toString(tensors[0].scalar_type()), " and ", c10::toString(t.scalar_type())));
     }
     flat_parts.push_back(t.reshape({-1}));
   }
-  absl::StatusOr<std::vector<at::Tensor>> parts =
-      AllGather(group, at::cat(flat_parts), deadline);
+  absl::StatusOr<std::vector<at::Tensor>> parts = AllGather(group, at::cat(flat_parts), deadline);
   if (!parts.ok()) return parts.status();
   at::NoGradGuard no_grad;
   at::Tensor combined = (*parts)[0].clone();
@@ -201,9 +195,7 @@ std::string TensorSpec::ToString() const {
   return absl::StrCat(type, "[", absl::StrJoin(shape, ", "), "]");
 }
 
-TensorSpec SpecOf(const at::Tensor& tensor) {
-  return {tensor.sizes().vec(), tensor.scalar_type()};
-}
+TensorSpec SpecOf(const at::Tensor& tensor) { return {tensor.sizes().vec(), tensor.scalar_type()}; }
 
 bool Matches(const TensorSpec& spec, const at::Tensor& tensor) {
   return tensor.defined() && tensor.scalar_type() == spec.dtype &&

@@ -9,8 +9,9 @@
 // first error). A message travels across one pipeline boundary (between model stages m and
 // m + 1, on different ranks), and its number says which: it is n x v + c, where v is the
 // number of model stages a rank holds and c = floor(m / p) (schedule::ChunkLayout's
-// MessageNumber and MicroBatchOfMessage; with one model stage a rank, just n). Implementations: in_process/ (stages as threads of one
-// process), gloo/ (stages as processes, over TCP), nccl/ (stages as processes on GPUs).
+// MessageNumber and MicroBatchOfMessage; with one model stage a rank, just n). Implementations:
+// in_process/ (stages as threads of one process), gloo/ (stages as processes, over TCP), nccl/
+// (stages as processes on GPUs).
 //
 // Collectives (AllGather, AllReduce, Broadcast, Barrier) run among the members of a Group;
 // every member calls the same collectives on that group in the same order, with tensors of the
@@ -52,8 +53,8 @@ enum class MessageKind {
   kEvalProgress,
 };
 inline constexpr MessageKind kMessageKinds[] = {
-    MessageKind::kActivation,     MessageKind::kGradient,       MessageKind::kControl,
-    MessageKind::kWeightVersion,  MessageKind::kEvalActivation, MessageKind::kEvalProgress};
+    MessageKind::kActivation,    MessageKind::kGradient,       MessageKind::kControl,
+    MessageKind::kWeightVersion, MessageKind::kEvalActivation, MessageKind::kEvalProgress};
 
 // True for the kinds that travel towards the later model stage.
 bool FlowsForward(MessageKind kind);
@@ -142,8 +143,8 @@ class Transport {
                                                                absl::Time deadline);
   // Every member's `mine` (same shape and dtype on all), in member order.
   virtual absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group,
-                                                             const at::Tensor& mine,
-                                                             absl::Time deadline) = 0;
+                                                            const at::Tensor& mine,
+                                                            absl::Time deadline) = 0;
   // Combines `tensors` in place across the members (all of one dtype): their sum or elementwise
   // maximum, taken in member order, so the same on every member to the bit.
   absl::Status AllReduce(const Group& group, std::vector<at::Tensor>& tensors, ReduceOp op,

@@ -15,8 +15,7 @@ namespace {
 class Sgd : public Optimizer {
  public:
   Sgd(OptimizerConfig c, int64_t job_steps) : Optimizer(std::move(c), job_steps) {}
-  void Step(const std::vector<at::Tensor>& params,
-            const std::vector<at::Tensor>& grads) override {
+  void Step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) override {
     at::NoGradGuard no_grad;
     if (momentum_.empty()) momentum_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -66,8 +65,7 @@ class Sgd : public Optimizer {
 class AdamW : public Optimizer {
  public:
   AdamW(OptimizerConfig c, int64_t job_steps) : Optimizer(std::move(c), job_steps) {}
-  void Step(const std::vector<at::Tensor>& params,
-            const std::vector<at::Tensor>& grads) override {
+  void Step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) override {
     at::NoGradGuard no_grad;
     if (state_.empty()) state_.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -144,9 +142,9 @@ class AdamW : public Optimizer {
   };
   // The scalars of one parameter's update at its step-th update.
   struct Coefficients {
-    double decay;                 // 1 - lr * weight_decay (this update's lr, the parameter's decay)
-    double sqrt_bias_correction2; // sqrt(1 - beta2^step)
-    double step_size;             // -lr / (1 - beta1^step)
+    double decay;  // 1 - lr * weight_decay (this update's lr, the parameter's decay)
+    double sqrt_bias_correction2;  // sqrt(1 - beta2^step)
+    double step_size;              // -lr / (1 - beta1^step)
   };
   Coefficients CoefficientsAt(int64_t step, double weight_decay) const {
     return {1 - lr_ * weight_decay, std::sqrt(1 - std::pow(c_.beta2, step)),

@@ -23,35 +23,32 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
     errors.push_back(absl::StrCat("optimizer.momentum must be in [0, 1), got ", c.momentum));
   }
   if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) {
-    errors.push_back(absl::StrCat("optimizer.beta1/beta2 must be in [0, 1), got ", c.beta1, "/",
-                                  c.beta2));
+    errors.push_back(
+        absl::StrCat("optimizer.beta1/beta2 must be in [0, 1), got ", c.beta1, "/", c.beta2));
   }
   if (!(c.eps > 0)) errors.push_back(absl::StrCat("optimizer.eps must be > 0, got ", c.eps));
   const LearningRateSchedule& s = c.schedule;
   if (s.warmup_steps < 0) {
-    errors.push_back(absl::StrCat("optimizer.schedule.warmup_steps must be >= 0, got ",
-                                  s.warmup_steps));
+    errors.push_back(
+        absl::StrCat("optimizer.schedule.warmup_steps must be >= 0, got ", s.warmup_steps));
   }
   if (s.decay_steps < 0) {
-    errors.push_back(absl::StrCat("optimizer.schedule.decay_steps must be >= 0, got ",
-                                  s.decay_steps));
+    errors.push_back(
+        absl::StrCat("optimizer.schedule.decay_steps must be >= 0, got ", s.decay_steps));
   }
   // Against lr only where lr itself is valid (else that one violation is named, not two).
   if (!(s.min_lr >= 0) || (c.lr >= 0 && s.min_lr > c.lr)) {
-    errors.push_back(absl::StrCat("optimizer.schedule.min_lr must be in [0, optimizer.lr = ",
-                                  c.lr, "], got ", s.min_lr));
+    errors.push_back(absl::StrCat("optimizer.schedule.min_lr must be in [0, optimizer.lr = ", c.lr,
+                                  "], got ", s.min_lr));
   }
   return InvalidArgumentList("", errors);
 }
 
 std::string_view LrDecayName(LrDecay decay) {
   switch (decay) {
-    case LrDecay::kConstant:
-      return "constant";
-    case LrDecay::kLinear:
-      return "linear";
-    case LrDecay::kCosine:
-      return "cosine";
+    case LrDecay::kConstant: return "constant";
+    case LrDecay::kLinear: return "linear";
+    case LrDecay::kCosine: return "cosine";
   }
   return "?";
 }
@@ -73,13 +70,12 @@ double LearningRateAt(const OptimizerConfig& c, int64_t step, int64_t job_steps)
   if (s.decay == LrDecay::kConstant) return c.lr;
   const int64_t length = s.decay_steps > 0 ? s.decay_steps : job_steps - s.warmup_steps;
   const double progress =
-      length <= 0 ? 1.0
-                  : std::min(1.0, static_cast<double>(step - s.warmup_steps) /
-                                      static_cast<double>(length));
+      length <= 0
+          ? 1.0
+          : std::min(1.0, static_cast<double>(step - s.warmup_steps) / static_cast<double>(length));
   const double floor = s.min_lr / c.lr;
-  const double shape = s.decay == LrDecay::kLinear
-                           ? 1 - progress
-                           : 0.5 * (1 + std::cos(M_PI * progress));
+  const double shape =
+      s.decay == LrDecay::kLinear ? 1 - progress : 0.5 * (1 + std::cos(M_PI * progress));
   return c.lr * (floor + (1 - floor) * shape);
 }
 

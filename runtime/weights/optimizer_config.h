@@ -40,10 +40,10 @@ struct OptimizerConfig {
   // Kinds of parameter (model::KindBit bits) that weight_decay skips, as a second parameter
   // group with weight_decay 0 would in torch.optim; default none, as torch.optim's one group.
   model::ParameterKinds no_decay = 0;
-  double momentum = 0.9;      // sgd
-  double beta1 = 0.9;         // adamw
-  double beta2 = 0.999;       // adamw
-  double eps = 1e-8;          // adamw
+  double momentum = 0.9;  // sgd
+  double beta1 = 0.9;     // adamw
+  double beta2 = 0.999;   // adamw
+  double eps = 1e-8;      // adamw
   LearningRateSchedule schedule = {};
 };
 

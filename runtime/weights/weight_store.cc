@@ -155,9 +155,9 @@ class DoubleBufferedWeights : public WeightStore {
   absl::StatusOr<model::StageModule*> Holding(int64_t version, const std::string& who) {
     const int slot = static_cast<int>(version % 2);
     if (held_[slot] != version) {
-      return absl::InternalError(absl::StrCat(
-          who, " needs weight version ", version, " but it is no longer held (buffers hold ",
-          held_[0], " and ", held_[1], ")"));
+      return absl::InternalError(absl::StrCat(who, " needs weight version ", version,
+                                              " but it is no longer held (buffers hold ", held_[0],
+                                              " and ", held_[1], ")"));
     }
     return buffers_[slot].get();
   }
@@ -197,9 +197,9 @@ class StashedWeights : public WeightStore {
                                               it->second, ", not ", version));
     }
     if (versions_.count(version) == 0) {
-      return absl::InternalError(absl::StrCat(
-          "micro-batch ", micro_batch, " runs on version ", version, " but this stage holds ",
-          versions_.begin()->first, " to ", newest_, " only"));
+      return absl::InternalError(absl::StrCat("micro-batch ", micro_batch, " runs on version ",
+                                              version, " but this stage holds ",
+                                              versions_.begin()->first, " to ", newest_, " only"));
     }
     assigned_[micro_batch] = version;
     latest_given_ = std::max(latest_given_, version);
@@ -388,10 +388,8 @@ absl::StatusOr<std::unique_ptr<WeightStore>> MakeDoubleBufferedWeights(
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   if (start_version < 0) return absl::InvalidArgumentError("start_version must be >= 0");
   optimizer->UseParameterKinds(module->OwnParameterKinds());
-  return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(std::move(module),
-                                                                std::move(optimizer),
-                                                                micro_batches, start_version,
-                                                                std::move(stale)));
+  return std::unique_ptr<WeightStore>(new DoubleBufferedWeights(
+      std::move(module), std::move(optimizer), micro_batches, start_version, std::move(stale)));
 }
 
 }  // namespace pipetrain::weights

@@ -46,12 +46,12 @@ class WeightStore {
   }
   // Applies mini-batch t's gradient (as the parameters of ModuleFor(t's micro-batches) hold
   // it: the caller averages it over replicas and sums tied copies first, in place) at update
-  // t's learning rate (the optimizer's schedule) and folds its BatchNorm statistics. If any gradient is not finite, the step is
-  // skipped instead: the weights, BatchNorm statistics and optimizer state stay as they were
-  // (2BW: W(t+1) = W(t)), the gradients are cleared, and last_update_skipped() is true.
-  // A non-finite loss makes every gradient upstream of it non-finite, and the replicas'
-  // average is non-finite if any replica's is, so every stage of every replica skips the
-  // same step (docs/design.md section 4.7).
+  // t's learning rate (the optimizer's schedule) and folds its BatchNorm statistics. If any
+  // gradient is not finite, the step is skipped instead: the weights, BatchNorm statistics and
+  // optimizer state stay as they were (2BW: W(t+1) = W(t)), the gradients are cleared, and
+  // last_update_skipped() is true. A non-finite loss makes every gradient upstream of it
+  // non-finite, and the replicas' average is non-finite if any replica's is, so every stage of
+  // every replica skips the same step (docs/design.md section 4.7).
   virtual absl::Status Update(int64_t mini_batch) = 0;
   // The gradient of mini-batch t as Update(t) will apply it: a tensor per parameter of
   // Newest().OwnParameters(), each defined (zeros where a parameter took no part), for the

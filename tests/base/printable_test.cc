@@ -15,8 +15,8 @@ TEST(Printable, EscapesControlCharactersAndBrokenUtf8Only) {
   EXPECT_EQ(Printable("two\nlines\tand\rreturn\x7f"), "two\\nlines\\tand\\x0dreturn\\x7f");
   EXPECT_EQ(Printable(std::string("nul\0byte", 8)), "nul\\x00byte");
   EXPECT_EQ(Printable("bad \xff byte"), "bad \\xff byte");
-  EXPECT_EQ(Printable("cut \xe2\x9c"), "cut \\xe2\\x9c");          // truncated sequence
-  EXPECT_EQ(Printable("c1 \xc2\x9b[31m"), "c1 \\xc2\\x9b[31m");    // U+009B, the 8-bit CSI
+  EXPECT_EQ(Printable("cut \xe2\x9c"), "cut \\xe2\\x9c");        // truncated sequence
+  EXPECT_EQ(Printable("c1 \xc2\x9b[31m"), "c1 \\xc2\\x9b[31m");  // U+009B, the 8-bit CSI
   EXPECT_EQ(Printable("overlong \xc0\xaf"), "overlong \\xc0\\xaf");
 }
 

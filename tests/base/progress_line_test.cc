@@ -42,15 +42,15 @@ TEST(ProgressLine, PlainLinesAboutTwentyTimesARun) {
   EXPECT_EQ(again.Update(At(10, 100, 5)), "");  // the same step again: nothing
   Progress no_state = At(100, 100, 50);
   no_state.state.clear();
-  EXPECT_EQ(again.Update(no_state),
-            "step 100/100 loss 1.2346 30.8k tok/s elapsed 0:50 eta 0:00\n");
+  EXPECT_EQ(again.Update(no_state), "step 100/100 loss 1.2346 30.8k tok/s elapsed 0:50 eta 0:00\n");
   EXPECT_EQ(again.Finish(), "");
 }
 
 TEST(ProgressLine, BarOnATerminalEndsItsLineAtTheLastStep) {
   ProgressLine line(/*terminal=*/true);
-  EXPECT_EQ(line.Update(At(6, 24, 3)),
-            "\r[######..................] running step 6/24  loss 1.2346  30.8k tok/s  ETA 0:09   ");
+  EXPECT_EQ(
+      line.Update(At(6, 24, 3)),
+      "\r[######..................] running step 6/24  loss 1.2346  30.8k tok/s  ETA 0:09   ");
   EXPECT_EQ(line.Update(At(24, 24, 12)),
             "\r[########################] running step 24/24  loss 1.2346  30.8k tok/s  ETA 0:00   "
             "\n");

@@ -67,7 +67,8 @@ TEST(Subprocess, StopKillsAfterTheGrace) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_TRUE(Exited(*stubborn));
 
-  absl::StatusOr<pid_t> polite = Start({"/bin/sh", "-c", "trap 'kill $!; exit 4' TERM; sleep 30 & wait"});
+  absl::StatusOr<pid_t> polite =
+      Start({"/bin/sh", "-c", "trap 'kill $!; exit 4' TERM; sleep 30 & wait"});
   ASSERT_TRUE(polite.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(Stop(*polite, SIGTERM, absl::Seconds(10)), 4);

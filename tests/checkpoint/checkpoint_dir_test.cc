@@ -5,8 +5,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -107,7 +107,9 @@ int64_t PeakResidentBytes() {
   }
   return -1;
 }
-bool ResetPeakResident() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5"); }
+bool ResetPeakResident() {
+  return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5");
+}
 
 // A layer whose manifest says 512 MiB and whose bytes are not the ones hashed there (a 3 GiB
 // one was once read whole before its SHA-256 check failed: +3.1 GB): a file of another size
@@ -139,8 +141,8 @@ TEST_F(CheckpointDirTest, ALayerIsCheckedBySizeFirstAndHashedAsItStreams) {
   ASSERT_FALSE(found.ok());
   EXPECT_THAT(found.status().message(), HasSubstr("its SHA-256 is not the manifest's"));
   const int64_t grew = PeakResidentBytes() - before;
-  std::printf("a 512 MiB layer checked in %.2f s; the peak resident memory grew %.1f MB\n",
-              seconds, grew / 1e6);
+  std::printf("a 512 MiB layer checked in %.2f s; the peak resident memory grew %.1f MB\n", seconds,
+              grew / 1e6);
   EXPECT_LT(grew, int64_t{16} << 20) << "the layer was held whole to be checked";
   // Negative control: reading the layer's bytes holds them, and the measure shows it.
   ASSERT_TRUE(ResetPeakResident());
@@ -190,7 +192,8 @@ TEST_F(CheckpointDirTest, AFailedWriteLeavesLatestAndThePreviousCheckpointIntact
   ASSERT_TRUE(Write(10).ok());
   struct rlimit old {};
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  struct sigaction ignore {}, previous {};
+  struct sigaction ignore {
+  }, previous{};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGXFSZ, &ignore, &previous);
   struct rlimit small = old;
@@ -397,7 +400,8 @@ TEST(Manifest, RoundTripsAndRefusesWhatItCannotTrust) {
     return std::string(parsed.status().message());
   };
   EXPECT_THAT(refused("\"format\": 1", "\"format\": 2"), HasSubstr("format 2"));
-  EXPECT_THAT(refused("layer-00001.pt", "../etc/passwd"), HasSubstr("must be named layer-00001.pt"));
+  EXPECT_THAT(refused("layer-00001.pt", "../etc/passwd"),
+              HasSubstr("must be named layer-00001.pt"));
   EXPECT_THAT(refused("\"layer\": 1", "\"layer\": 0"), HasSubstr("layer 1 comes next"));
   EXPECT_THAT(refused("\"samples_seen\": 20", "\"samples_seen\": 21"), HasSubstr("samples_seen"));
   EXPECT_THAT(refused(Sha256Hex("x"), "XYZ"), HasSubstr("sha256"));

@@ -102,13 +102,15 @@ TEST(LayerState, AMismatchIsRefusedBeforeAnythingChanges) {
   const std::vector<at::Tensor> before = stage->Parameters();
   std::vector<at::Tensor> copies;
   for (const at::Tensor& p : before) copies.push_back(p.clone());
-  auto store = weights::MakeSingleVersionWeights(Stage(0, 2, 5), *weights::MakeOptimizer({"sgd", 0.1}));
+  auto store =
+      weights::MakeSingleVersionWeights(Stage(0, 2, 5), *weights::MakeOptimizer({"sgd", 0.1}));
   std::vector<LayerState> states = StageLayerStates(**store);
   states[1].parameters[0] = states[1].parameters[0].to(at::kFloat);
   auto refused = LoadLayerStates(states, stage.get());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("layer 1 parameter 0"));
-  for (size_t k = 0; k < before.size(); ++k) EXPECT_TRUE(Equal(before[k], copies[k]));  // layer 0 too
+  for (size_t k = 0; k < before.size(); ++k)
+    EXPECT_TRUE(Equal(before[k], copies[k]));  // layer 0 too
   states.pop_back();
   EXPECT_THAT(LoadLayerStates(states, stage.get()).status().message(),
               HasSubstr("the stage has 2 layers; the checkpoint gave 1"));

@@ -26,7 +26,8 @@ TEST_F(CliTest, PlannedRunsStayWithinTheMemoryTheyWereGiven) {
   setenv("PIPETRAIN_CACHE_DIR", (dir_ / "profiles").c_str(), 1);
   for (const int64_t cap : {4'500'000, 4'000'000}) {
     SCOPED_TRACE("cap " + std::to_string(cap));
-    const std::string job = " --planner hippie --steps 10 --memory-per-worker " + std::to_string(cap);
+    const std::string job =
+        " --planner hippie --steps 10 --memory-per-worker " + std::to_string(cap);
     Result planned = Run("plan --workers 2 -o json -q" + job);
     ASSERT_EQ(planned.exit_code, 0) << planned.err;
     const auto plan = AutoRuns(nlohmann::json::parse(planned.out));
@@ -85,14 +86,13 @@ TEST_F(PredictedMemoryTest, PipeDreamStagesHoldTheVersionsThePlanPredicts) {
       "--steps 6 -q";
   for (const bool vertical_sync : {true, false}) {
     SCOPED_TRACE(vertical_sync ? "vertical sync" : "");
-    const PredictedAndRun synced = PredictThenRun(job + " --vertical-sync " +
-                                                  (vertical_sync ? "true" : "false"));
+    const PredictedAndRun synced =
+        PredictThenRun(job + " --vertical-sync " + (vertical_sync ? "true" : "false"));
     ASSERT_EQ(synced.predicted.size(), 4u);
     ASSERT_EQ(synced.per_stage.size(), 4u);
     for (int s = 0; s < 4; ++s) {
       const double expected = synced.predicted[s].get<double>();
-      EXPECT_NEAR(synced.per_stage[s]["peak_tensor_bytes"].get<double>(), expected,
-                  0.15 * expected)
+      EXPECT_NEAR(synced.per_stage[s]["peak_tensor_bytes"].get<double>(), expected, 0.15 * expected)
           << "stage " << s;
       EXPECT_EQ(synced.per_stage[s]["peak_weight_versions"],
                 vertical_sync ? (s == 0 ? 4 : 5) : 4 - s)
@@ -125,8 +125,7 @@ TEST_F(PredictedMemoryTest, SchedulesWithChunksRunWithinTheMemoryThePlanPredicts
     ASSERT_EQ(r.per_stage.size(), 2u);
     for (int rank = 0; rank < 2; ++rank) {
       const double expected = r.predicted[rank].get<double>();
-      EXPECT_NEAR(r.per_stage[rank]["peak_tensor_bytes"].get<double>(), expected,
-                  0.15 * expected)
+      EXPECT_NEAR(r.per_stage[rank]["peak_tensor_bytes"].get<double>(), expected, 0.15 * expected)
           << "rank " << rank;
     }
   }
@@ -145,8 +144,8 @@ TEST_F(CliTest, StageProcessesHoldTheSameTensorsAfterMoreSteps) {
     for (int steps : {10, 80}) {
       const fs::path summary = dir_ / "summary.json";
       Result r = Run(std::string("run --launch processes --stages 2 --schedule ") + schedule +
-                     " --microbatches 2 --microbatch-size 8 -q --steps " +
-                     std::to_string(steps) + " --summary " + summary.string());
+                     " --microbatches 2 --microbatch-size 8 -q --steps " + std::to_string(steps) +
+                     " --summary " + summary.string());
       ASSERT_EQ(r.exit_code, 0) << r.err;
       std::vector<int64_t> peak;
       const auto report = nlohmann::json::parse(ReadFile(summary));

@@ -27,9 +27,9 @@ pipetrain::v1::Job TwoStages() {
     st->set_step(9);  // 10 steps done
     st->set_peak_memory_bytes(int64_t{300} << 20);
     auto* b = st->mutable_breakdown();
-    b->set_forward_s(0.5 + s);   // 50 ms / 150 ms per step
-    b->set_backward_s(1.0);      // 100 ms
-    b->set_optimizer_s(0.02);    // 2 ms
+    b->set_forward_s(0.5 + s);  // 50 ms / 150 ms per step
+    b->set_backward_s(1.0);     // 100 ms
+    b->set_optimizer_s(0.02);   // 2 ms
     b->set_receive_forward_s(s == 1 ? 0.3 : 0);
     b->set_receive_backward_s(s == 0 ? 0.4 : 0);
     b->set_send_forward_s(0.01);
@@ -45,8 +45,13 @@ TEST(StageBreakdown, TableShowsMillisecondsPerStepDoneAndMarksTheStraggler) {
   const std::string table = StageBreakdownTable(TwoStages());
   EXPECT_THAT(table, HasSubstr("job job-0007: step 10/100  loss 1.2500"));
   // stage 0: forward 50, backward 100, optimizer 2, recv_act 0, recv_grad 40, send 4.
-  EXPECT_THAT(table, HasSubstr("worker-1     10            50.00    100.00      2.00      0.00     40.00      4.00      0.00    250.00    0.20       0.80  300.0 MiB\n"));
-  EXPECT_THAT(table, HasSubstr("worker-2     10           150.00    100.00      2.00     30.00      0.00      4.00      0.00    250.00    0.20       1.60  300.0 MiB  <- straggler\n"));
+  EXPECT_THAT(table,
+              HasSubstr("worker-1     10            50.00    100.00      2.00      0.00     40.00  "
+                        "    4.00      0.00    250.00    0.20       0.80  300.0 MiB\n"));
+  EXPECT_THAT(
+      table,
+      HasSubstr("worker-2     10           150.00    100.00      2.00     30.00      0.00      "
+                "4.00      0.00    250.00    0.20       1.60  300.0 MiB  <- straggler\n"));
   EXPECT_EQ(table.find("<- straggler"), table.rfind("<- straggler"));
 }
 

@@ -126,8 +126,7 @@ class OtherGrpcServer {
     return ::testing::AssertionFailure() << "no 'pipetrain: ' error line: " << r.err;
   }
   if (!address.empty() && r.err.find(address) == std::string::npos) {
-    return ::testing::AssertionFailure() << "the error does not name " << address << ": "
-                                         << r.err;
+    return ::testing::AssertionFailure() << "the error does not name " << address << ": " << r.err;
   }
   for (const char* trace : {"terminate called", "internal error", "Aborted", "core dumped"}) {
     if (r.err.find(trace) != std::string::npos) {
@@ -135,8 +134,8 @@ class OtherGrpcServer {
     }
   }
   if (r.seconds > seconds) {
-    return ::testing::AssertionFailure() << "took " << r.seconds << " s (at most " << seconds
-                                         << "): " << r.err;
+    return ::testing::AssertionFailure()
+           << "took " << r.seconds << " s (at most " << seconds << "): " << r.err;
   }
   return ::testing::AssertionSuccess();
 }
@@ -154,9 +153,18 @@ TEST_F(CliTest, EveryJobCommandAtAWrongAddressEndsWithACleanErrorNamingIt) {
       {"gRPC server that is not a coordinator", grpc_not_coordinator.address()},
   };
   const std::vector<std::string> commands = {
-      "submit " + job.string(), "status job-0001", "metrics job-0001", "list",
-      "cancel job-0001",        "flush job-0001",  "switch job-0001",  "checkpoint job-0001",
-      "stop job-0001",          "logs job-0001",   "logs -f job-0001", "workers",
+      "submit " + job.string(),
+      "status job-0001",
+      "metrics job-0001",
+      "list",
+      "cancel job-0001",
+      "flush job-0001",
+      "switch job-0001",
+      "checkpoint job-0001",
+      "stop job-0001",
+      "logs job-0001",
+      "logs -f job-0001",
+      "workers",
       "health",
   };
   for (const auto& [what, address] : places) {

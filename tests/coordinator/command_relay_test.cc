@@ -88,10 +88,9 @@ TEST(CommandRelay, CountsByCommandAndOutcome) {
   relay.Count(v1::STEP_COMMAND_FLUSH, absl::OkStatus());
   relay.Count(v1::STEP_COMMAND_STOP, absl::FailedPreconditionError("not running"));
   relay.Count(v1::STEP_COMMAND_UNSPECIFIED, absl::InvalidArgumentError("no command"));
-  EXPECT_THAT(relay.counts(),
-              UnorderedElementsAre(Pair(Pair("flush", "scheduled"), 2),
-                                   Pair(Pair("stop", "FAILED_PRECONDITION"), 1),
-                                   Pair(Pair("unknown", "INVALID_ARGUMENT"), 1)));
+  EXPECT_THAT(relay.counts(), UnorderedElementsAre(Pair(Pair("flush", "scheduled"), 2),
+                                                   Pair(Pair("stop", "FAILED_PRECONDITION"), 1),
+                                                   Pair(Pair("unknown", "INVALID_ARGUMENT"), 1)));
 }
 
 }  // namespace

@@ -171,9 +171,9 @@ TEST_F(CoordinatorCoreTest, JobsAreListedAPageAtATime) {
 // Oversized fields of worker calls are refused or cut, never stored whole.
 TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   v1::RegisterWorkerRequest r;
-  for (const std::string& address : {std::string(300, 'a'), std::string("no-port"),
-                                    std::string("host:0"), std::string("host:70000"),
-                                    std::string("\x1b[31m:80"), std::string("dns:///x:80")}) {
+  for (const std::string& address :
+       {std::string(300, 'a'), std::string("no-port"), std::string("host:0"),
+        std::string("host:70000"), std::string("\x1b[31m:80"), std::string("dns:///x:80")}) {
     r.set_address(address);
     EXPECT_EQ(RegisterAsNewProcess(r).status().code(), absl::StatusCode::kInvalidArgument)
         << address;
@@ -184,7 +184,8 @@ TEST_F(CoordinatorCoreTest, WorkerCallsAreBoundedBySize) {
   v1::HeartbeatRequest h;
   h.set_worker_id(w1);
   h.set_action(std::string(1000, 'F'));
-  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w1], h).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w1], h).code(),
+            absl::StatusCode::kInvalidArgument);
   EndRank(w1, job.id(), 0, false, std::string(1 << 20, 'e'));
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
@@ -255,11 +256,17 @@ TEST_F(CoordinatorCoreTest, AnAddressNobodyElseCanReachIsRefused) {
   EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(remote.status().message(),
               HasSubstr("is a loopback address, but the worker registered from 10.0.0.2"));
-  EXPECT_EQ(coordinator_->workers().Register(request("[::1]:7000"), "ipv6:[fd00::2]:5555").status().code(),
+  EXPECT_EQ(coordinator_->workers()
+                .Register(request("[::1]:7000"), "ipv6:[fd00::2]:5555")
+                .status()
+                .code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(coordinator_->workers().Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
-  EXPECT_TRUE(coordinator_->workers().Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
-  EXPECT_TRUE(coordinator_->workers().Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
+  EXPECT_TRUE(
+      coordinator_->workers().Register(request("127.0.0.1:7001"), "ipv4:127.0.0.1:5555").ok());
+  EXPECT_TRUE(
+      coordinator_->workers().Register(request("10.0.0.2:7000"), "ipv4:10.0.0.2:5555").ok());
+  EXPECT_TRUE(
+      coordinator_->workers().Register(request("127.0.0.1:7002"), "").ok());  // peer unknown
   EXPECT_EQ(coordinator_->workers().Workers().size(), 3u);
 }
 
@@ -281,9 +288,10 @@ TEST_F(CoordinatorCoreTest, AWorkersHostIsKeptAndListedAndABadOneRefused) {
   EXPECT_EQ(host_of["10.0.0.2:7000"], "node-3");
   EXPECT_EQ(host_of["10.0.0.2:7001"], "node-3");
   EXPECT_EQ(host_of["10.0.0.3:7000"], "");
-  for (const std::string& bad : {std::string("node 3"), std::string("node\x1b[2J"),
-                                 std::string(256, 'n')}) {
-    const absl::Status refused = coordinator_->workers().Register(request("10.0.0.4:7000", bad), "").status();
+  for (const std::string& bad :
+       {std::string("node 3"), std::string("node\x1b[2J"), std::string(256, 'n')}) {
+    const absl::Status refused =
+        coordinator_->workers().Register(request("10.0.0.4:7000", bad), "").status();
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(refused.message(), HasSubstr("--host-name"));
   }

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/base/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/worker_client.h"
 #include "pipetrain/v1/job.pb.h"
+#include "runtime/base/clock.h"
 
 namespace pipetrain::coordinator::testing_fakes {
 

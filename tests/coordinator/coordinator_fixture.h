@@ -5,20 +5,20 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
-#include <map>
-#include <mutex>
-#include <thread>
-#include <memory>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/coordinator.h"
@@ -53,8 +53,8 @@ class CoordinatorCoreTest : public ::testing::Test {
     CoordinatorDeps deps;
     deps.store = std::make_unique<FakeStore>(data_);
     deps.clock = clock_;
-    deps.connect = [this](const std::string& address, const std::string& key)
-        -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+    deps.connect = [this](const std::string& address,
+                          const std::string& key) -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
       auto& w = workers_[address];
       if (!w) w = std::make_shared<FakeWorker>();
       return std::shared_ptr<WorkerClient>(std::make_shared<KeyedClient>(w, key));

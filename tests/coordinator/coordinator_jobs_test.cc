@@ -1,6 +1,7 @@
-// A job's life on the coordinator: queued and placed, run and ended, a lost worker, a held failure, restarts recorded, requeued, commands, metrics.
-// The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
-// daemon tests (tests/daemons) check the same rules end to end over gRPC.
+// A job's life on the coordinator: queued and placed, run and ended, a lost worker, a held failure,
+// restarts recorded, requeued, commands, metrics. The coordinator's rules without processes,
+// sockets or sleeps (coordinator_fixture.h); the daemon tests (tests/daemons) check the same rules
+// end to end over gRPC.
 #include "tests/coordinator/coordinator_fixture.h"
 
 #include "absl/strings/match.h"
@@ -66,8 +67,9 @@ TEST_F(CoordinatorCoreTest, AQueuedJobSaysWhyItWaitsAndStartsOnWorkersWithEnough
   spec.set_threads_per_stage(4);
   const v1::Job job = Submit(spec);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_QUEUED);
-  const std::string why = "needs 2 workers with at least 4 cores (threads_per_stage); the pool "
-                          "has 0 such (of 2): it waits for more to register";
+  const std::string why =
+      "needs 2 workers with at least 4 cores (threads_per_stage); the pool "
+      "has 0 such (of 2): it waits for more to register";
   EXPECT_EQ(Get(job.id()).message(), why);
   EXPECT_THAT(EventTexts(job.id()), ::testing::Contains("queued: " + why));
   const std::string big1 = register_with(3, 8), big2 = register_with(4, 4);
@@ -98,7 +100,8 @@ TEST_F(CoordinatorCoreTest, AJobRunsOnOneWorkerPerRankAndSucceedsWhenEveryRankEn
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
   EndRank(w2, job.id(), 1);
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_SUCCEEDED);
-  for (const v1::WorkerInfo& w : coordinator_->workers().Workers()) EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
+  for (const v1::WorkerInfo& w : coordinator_->workers().Workers())
+    EXPECT_EQ(w.state(), v1::WORKER_STATE_IDLE);
   // Durable: the stored record says so too.
   v1::Job stored;
   ASSERT_TRUE(stored.ParseFromString(data_->jobs.at(job.id()).job));
@@ -113,12 +116,12 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   Heartbeat(w1, job.id(), 0);
   coordinator_->Tick();
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);  // 1.5 s of silence: not yet
-  clock_->Advance(absl::Milliseconds(600));                  // worker-2: 2.1 s
+  clock_->Advance(absl::Milliseconds(600));                 // worker-2: 2.1 s
   coordinator_->Tick();
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.message(), HasSubstr(w2 + " (host-2:7000) running stage 1 stopped sending "
-                                          "heartbeats (none for 2.1s)"));
+                                               "heartbeats (none for 2.1s)"));
   RunLater();
   ASSERT_EQ(Worker(1).stopped.size(), 1u);  // the survivor is told to stop
   EXPECT_TRUE(Worker(2).stopped.empty());   // the lost one is not called
@@ -128,7 +131,8 @@ TEST_F(CoordinatorCoreTest, AWorkerSilentForTwoIntervalsIsLostAndFailsItsJobByNa
   // A lost worker's heartbeat is refused: it must register again.
   v1::HeartbeatRequest h;
   h.set_worker_id(w2);
-  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w2], h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[w2], h).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, ARankFailureIsHeldBackUntilThePeersShowTheyAreAlive) {
@@ -174,8 +178,9 @@ TEST_F(CoordinatorCoreTest, TheRealCauseWinsOverAFailureThatFollowedIt) {
   consequence.set_worker_id(w2);
   consequence.set_job_id(job.id());
   consequence.set_rank(1);
-  consequence.set_error("rank 0 (stage 0) failed first: layer 1 cannot be unpickled (here: "
-                        "Connection closed by peer)");
+  consequence.set_error(
+      "rank 0 (stage 0) failed first: layer 1 cannot be unpickled (here: "
+      "Connection closed by peer)");
   consequence.set_failed_after_peer(true);
   ASSERT_TRUE(coordinator_->reports().ReportStageEnd(sessions_[w2], consequence).ok());
   EndRank(w1, job.id(), 0, /*ok=*/false, "layer 1 cannot be unpickled");
@@ -281,7 +286,8 @@ TEST_F(CoordinatorCoreTest, AnAddressIsTakenOverOnlyFromAWorkerThatNoLongerAnswe
   EXPECT_EQ(Get(job.id()).restarts(), 0);
   v1::RegisterWorkerRequest keyless;
   keyless.set_address("host-7:7000");
-  EXPECT_EQ(coordinator_->workers().Register(keyless).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->workers().Register(keyless).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // The worker at host-2 restarts: the new process there answers with another key.
   v1::RegisterWorkerRequest restarted;
   restarted.set_address("host-2:7000");
@@ -410,8 +416,9 @@ TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplac
   EXPECT_TRUE(coordinator_->workers().Deregister(sessions_[w2], leave).ok());
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(failed.message(), HasSubstr(w2 + " (host-2:7000) running stage 1 stopped (it was shut "
-                                          "down)"));
+  EXPECT_THAT(failed.message(),
+              HasSubstr(w2 + " (host-2:7000) running stage 1 stopped (it was shut "
+                             "down)"));
   EXPECT_EQ(coordinator_->workers().Workers().size(), 1u);
 
   // Lost, listed as lost, then forgotten (TTL 1 minute).
@@ -431,7 +438,8 @@ TEST_F(CoordinatorCoreTest, WorkersLeaveWhenStoppedAreForgottenWhenLostAndReplac
   EXPECT_EQ(workers[0].id(), second);
   v1::HeartbeatRequest h;
   h.set_worker_id(first);
-  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[first], h).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->workers().Heartbeat(sessions_[first], h).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorCoreTest, StepCommandsGoToTheWorkerOfRankZero) {

@@ -1,6 +1,7 @@
-// The coordinator plans `stages: auto` at submission: for the workers there are, bounded in CPU and time, one plan at a time.
-// The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
-// daemon tests (tests/daemons) check the same rules end to end over gRPC.
+// The coordinator plans `stages: auto` at submission: for the workers there are, bounded in CPU and
+// time, one plan at a time. The coordinator's rules without processes, sockets or sleeps
+// (coordinator_fixture.h); the daemon tests (tests/daemons) check the same rules end to end over
+// gRPC.
 #include "tests/coordinator/coordinator_fixture.h"
 
 namespace pipetrain::coordinator::core_test {
@@ -33,8 +34,8 @@ TEST_F(CoordinatorCoreTest, StagesAutoIsPlannedForTheWorkersThereAre) {
       planner::MicroBatchProfile size;
       size.micro_batch_size = b;
       for (int l = 0; l < layers; ++l) {
-        size.layers.push_back({"layer", 0.01 * b, 0.02 * b, 0.001, 1000 * b, 1 << 20, 2 << 20,
-                               4000 * b, 100});
+        size.layers.push_back(
+            {"layer", 0.01 * b, 0.02 * b, 0.001, 1000 * b, 1 << 20, 2 << 20, 4000 * b, 100});
       }
       p.sizes.push_back(size);
     }
@@ -100,8 +101,8 @@ std::string ProfileAtThePlanningLimits(int sizes) {
     planner::MicroBatchProfile size;
     size.micro_batch_size = b;
     for (int l = 0; l < 256; ++l) {
-      size.layers.push_back({"layer", 0.001 * b * (1 + l % 3), 0.002 * b, 0.0001, 1000 * b,
-                             1 << 16, 2 << 16, 4000 * b * (1 + l % 5), 100});
+      size.layers.push_back({"layer", 0.001 * b * (1 + l % 3), 0.002 * b, 0.0001, 1000 * b, 1 << 16,
+                             2 << 16, 4000 * b * (1 + l % 5), 100});
     }
     p.sizes.push_back(size);
   }
@@ -120,9 +121,11 @@ TEST_F(CoordinatorCoreTest, PlanningAtTheLimitsIsBounded) {
   EXPECT_LT(seconds, 20.0);
   std::printf("planned 256 layers x 8 sizes for 16 workers in %.2f s (%d layouts)\n", seconds,
               job.plan().layouts_considered());
-  absl::StatusOr<v1::Job> refused = coordinator_->jobs().Submit(spec, ProfileAtThePlanningLimits(9));
+  absl::StatusOr<v1::Job> refused =
+      coordinator_->jobs().Submit(spec, ProfileAtThePlanningLimits(9));
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plans at most 256 layers at 8 sizes"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("plans at most 256 layers at 8 sizes"));
 }
 
 // Planning at submission is bounded: one plan at a time (at most two more wait; the rest are
@@ -135,15 +138,17 @@ TEST_F(CoordinatorCoreTest, PlanningIsOneAtATimeWithinItsBudgetAndTheCoordinator
   std::vector<absl::Status> results(6);
   std::vector<std::thread> submitters;
   for (size_t i = 0; i < results.size(); ++i) {
-    submitters.emplace_back([&, i] { results[i] = coordinator_->jobs().Submit(spec, profile).status(); });
+    submitters.emplace_back(
+        [&, i] { results[i] = coordinator_->jobs().Submit(spec, profile).status(); });
   }
   double slowest_list_ms = 0;
   for (int i = 0; i < 20; ++i) {
     const auto start = std::chrono::steady_clock::now();
     (void)coordinator_->jobs().List(10);
-    slowest_list_ms = std::max(
-        slowest_list_ms, std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - start).count());
+    slowest_list_ms =
+        std::max(slowest_list_ms,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (auto& t : submitters) t.join();
@@ -160,8 +165,10 @@ TEST_F(CoordinatorCoreTest, PlanningIsOneAtATimeWithinItsBudgetAndTheCoordinator
       }
     }
   }
-  std::printf("6 plans at once: %d planned, %d refused at once, %d without a turn; slowest "
-              "List %.1f ms\n", planned, refused_at_once, no_turn, slowest_list_ms);
+  std::printf(
+      "6 plans at once: %d planned, %d refused at once, %d without a turn; slowest "
+      "List %.1f ms\n",
+      planned, refused_at_once, no_turn, slowest_list_ms);
   EXPECT_EQ(planned + refused_at_once + no_turn, 6);
   EXPECT_EQ(refused_at_once, 3);  // one running, two waiting: the rest refused at once
   EXPECT_GE(planned, 1);
@@ -177,8 +184,8 @@ TEST(CoordinatorPlanningBudget, APlanOverItsCpuBudgetIsRefusedNamingIt) {
   deps.store = std::make_unique<FakeStore>(data);
   deps.clock = std::make_shared<FakeClock>();
   auto worker = std::make_shared<FakeWorker>();
-  deps.connect = [worker](const std::string&, const std::string& key)
-      -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
+  deps.connect = [worker](const std::string&,
+                          const std::string& key) -> absl::StatusOr<std::shared_ptr<WorkerClient>> {
     return std::shared_ptr<WorkerClient>(std::make_shared<KeyedClient>(worker, key));
   };
   deps.run_later = [](std::function<void()> call) { call(); };

@@ -1,6 +1,7 @@
-// Recovery: the next generation from the checkpoint, shrinking after the grace, memory for a rank, skipped steps, a coordinator restart, store writes that fail.
-// The coordinator's rules without processes, sockets or sleeps (coordinator_fixture.h); the
-// daemon tests (tests/daemons) check the same rules end to end over gRPC.
+// Recovery: the next generation from the checkpoint, shrinking after the grace, memory for a rank,
+// skipped steps, a coordinator restart, store writes that fail. The coordinator's rules without
+// processes, sockets or sleeps (coordinator_fixture.h); the daemon tests (tests/daemons) check the
+// same rules end to end over gRPC.
 #include "tests/coordinator/coordinator_fixture.h"
 
 namespace pipetrain::coordinator::core_test {
@@ -127,11 +128,14 @@ TEST_F(CoordinatorCoreTest, ARecoveringJobShrinksAfterTheGraceAndFailsOnceOutOfR
   EXPECT_EQ(Get(job.id()).restarts(), 1);
   RunLater();
   // worker-4 leaves; the others end their stages.
-  ASSERT_TRUE(coordinator_->workers().Deregister(sessions_[w[3]], [&] {
-    v1::DeregisterWorkerRequest r;
-    r.set_worker_id(w[3]);
-    return r;
-  }()).ok());
+  ASSERT_TRUE(coordinator_->workers()
+                  .Deregister(sessions_[w[3]],
+                              [&] {
+                                v1::DeregisterWorkerRequest r;
+                                r.set_worker_id(w[3]);
+                                return r;
+                              }())
+                  .ok());
   for (int n = 0; n < 3; ++n) EndRank(w[n], job.id(), n, false, "stopped", 1);
   RunLater();
   EXPECT_EQ(Get(job.id()).generation(), 1);  // 3 idle of 4: waits for the grace
@@ -221,8 +225,9 @@ TEST_F(CoordinatorCoreTest, SkippedStepsAreCountedOnceAndSaidInTheEvents) {
   const std::vector<std::string> events = EventTexts(job.id());
   EXPECT_EQ(std::count_if(events.begin(), events.end(),
                           [](const std::string& e) {
-                            return e.find("step 1 skipped: its loss or gradients were not "
-                                          "finite") != std::string::npos;
+                            return e.find(
+                                       "step 1 skipped: its loss or gradients were not "
+                                       "finite") != std::string::npos;
                           }),
             1);
 }

@@ -1,5 +1,5 @@
-// The survivors of a fault (job_controller.h, report_manager.h) without processes, sockets or sleeps
-// (coordinator_fixture.h): a generation with the step commit whose rank is lost goes on from
+// The survivors of a fault (job_controller.h, report_manager.h) without processes, sockets or
+// sleeps (coordinator_fixture.h): a generation with the step commit whose rank is lost goes on from
 // its survivors' newest common step, every step before it committed once; survivors that
 // cannot agree (negative control), a write that fails, a rank that never reports, and a job
 // that cannot keep survivors leave the restart point at the last checkpoint. The daemon test
@@ -236,8 +236,7 @@ TEST_F(SurvivorsTest, TheNextGenerationTakesTheSurvivorsStateFromTheWorkersHoldi
       EXPECT_EQ(state.state_key(), key);
       ASSERT_EQ(state.layers_size(), 4) << state.DebugString();
       for (const auto& layer : state.layers()) {
-        const std::vector<std::string> holders(layer.addresses().begin(),
-                                               layer.addresses().end());
+        const std::vector<std::string> holders(layer.addresses().begin(), layer.addresses().end());
         if (layer.layer() < 2) {
           EXPECT_THAT(holders, ::testing::ElementsAre("host-1:7000", "host-3:7000"));
         } else {  // rank 3's worker (host-4) was lost

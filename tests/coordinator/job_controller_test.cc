@@ -72,8 +72,9 @@ class JobControllerTest : public ::testing::Test {
   // Its next generation placed on `workers` (worker-r for rank r if none given).
   void Start(JobController& c, int64_t start_step, std::vector<std::string> workers = {}) {
     for (int r = static_cast<int>(workers.size()); r < kRanks; ++r) workers.push_back(WorkerOf(r));
-    c.StartGeneration(workers, [](const std::string&) { return std::string("host-a"); },
-                      v1::JobSpec(), start_step, LiveAddress());
+    c.StartGeneration(
+        workers, [](const std::string&) { return std::string("host-a"); }, v1::JobSpec(),
+        start_step, LiveAddress());
   }
 
   // A worker's address while it is not in `lost_`.
@@ -149,7 +150,7 @@ TEST_F(JobControllerTest, AStepIsCommittedOnceEveryRankFinishedItWithItsReplicas
   EXPECT_EQ(committed.steps[0].generation, 1);
   ASSERT_TRUE(committed.steps[0].has_loss);
   EXPECT_EQ(committed.steps[0].loss, (1.0 + 2.0) / 2);  // replicas' losses 1 and 2
-  EXPECT_EQ(committed.write, Write::kProgress);          // progress: at most once a second
+  EXPECT_EQ(committed.write, Write::kProgress);         // progress: at most once a second
   EXPECT_EQ(c.job().step(), 0);
   EXPECT_EQ(c.job().loss(), 1.5);
 }
@@ -362,8 +363,7 @@ TEST_F(JobControllerTest, AJobFoundRunningAfterARestartRecoversOrIsMarkedInterru
   job::JobSpec config;
   config.set_steps(kSteps);
   config.set_max_restarts(1);
-  JobController restartable =
-      JobController::FromRecord({clock_, absl::Seconds(1)}, record, config);
+  JobController restartable = JobController::FromRecord({clock_, absl::Seconds(1)}, record, config);
   const JobEffects recovering = restartable.TakeEffects();
   EXPECT_EQ(restartable.phase(), Phase::kRecovering);
   EXPECT_THAT(recovering.events,
@@ -377,8 +377,8 @@ TEST_F(JobControllerTest, AJobFoundRunningAfterARestartRecoversOrIsMarkedInterru
   EXPECT_THAT(ended.job().message(), HasSubstr("interrupted by a coordinator restart (7 of 20"));
   EXPECT_THAT(ended.TakeEffects().events, ElementsAre(ended.job().message()));
   // A spec this version no longer reads cannot restart either.
-  JobController unreadable = JobController::FromRecord(
-      {clock_, absl::Seconds(1)}, record, absl::InvalidArgumentError("unknown field"));
+  JobController unreadable = JobController::FromRecord({clock_, absl::Seconds(1)}, record,
+                                                       absl::InvalidArgumentError("unknown field"));
   EXPECT_EQ(unreadable.phase(), Phase::kFailed);
 }
 

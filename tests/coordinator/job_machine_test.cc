@@ -23,8 +23,9 @@ std::string Describe(const JobCommand& command) {
     return absl::StrCat("stop [", absl::StrJoin(c->ranks, ","), "]: ", c->reason);
   }
   if (const auto* c = std::get_if<MarkStage>(&command)) {
-    const char* mark = c->mark == StageMark::kDone ? "done"
-                       : c->mark == StageMark::kFailed ? "failed" : "lost";
+    const char* mark = c->mark == StageMark::kDone     ? "done"
+                       : c->mark == StageMark::kFailed ? "failed"
+                                                       : "lost";
     return absl::StrCat("mark ", c->rank, " ", mark);
   }
   if (const auto* c = std::get_if<Announce>(&command)) return "say: " + c->text;
@@ -112,9 +113,9 @@ TEST(JobMachine, AWorkerLostDuringTheHoldIsTheCauseNotTheSurvivor) {
   t = Apply(t.run, RankLost{1, "worker-2 (h:1) running stage 1 stopped sending heartbeats"},
             kNoRestarts);
   EXPECT_EQ(t.run.phase, Phase::kFailed);
-  EXPECT_THAT(Describe(t),
-              ElementsAre("mark 1 lost",
-                          "end: worker-2 (h:1) running stage 1 stopped sending heartbeats"));
+  EXPECT_THAT(
+      Describe(t),
+      ElementsAre("mark 1 lost", "end: worker-2 (h:1) running stage 1 stopped sending heartbeats"));
 }
 
 // The first failure that was not a consequence of another's replaces one that was; the
@@ -153,8 +154,8 @@ TEST(JobMachine, AFaultWithRestartsLeftRecoversAndThenFailsWhenNoneAreLeft) {
                           "recover: the coordinator restarted"));  // no survivors after a Fault
   // Reports, losses and ends of the ended generation change nothing while it recovers.
   for (const JobEvent& stale :
-       std::vector<JobEvent>{Ok(0), RankLost{1, "x"}, PeersAlive{}, Fault{"y"},
-                             Unplaceable{0, "z"}, StopScheduled{2}}) {
+       std::vector<JobEvent>{Ok(0), RankLost{1, "x"}, PeersAlive{}, Fault{"y"}, Unplaceable{0, "z"},
+                             StopScheduled{2}}) {
     Transition same = Apply(t.run, stale, kTwoRestarts);
     EXPECT_EQ(same.run.phase, Phase::kRecovering);
     EXPECT_THAT(Describe(same), IsEmpty());
@@ -194,8 +195,8 @@ TEST(JobMachine, AnUnplaceableRankRequeuesTheJobWithoutARestart) {
 }
 
 TEST(JobMachine, AnAssignmentRefusedEndsItsRankAndTheGeneration) {
-  Transition t = Apply(Running(2), Fault{"assigning stage 1 failed: no such device", 1},
-                       kNoRestarts);
+  Transition t =
+      Apply(Running(2), Fault{"assigning stage 1 failed: no such device", 1}, kNoRestarts);
   EXPECT_EQ(t.run.phase, Phase::kFailed);
   EXPECT_THAT(Describe(t), ElementsAre("end: assigning stage 1 failed: no such device",
                                        "stop [0]: assigning stage 1 failed: no such device"));
@@ -206,8 +207,8 @@ TEST(JobMachine, CancelEndsAnyJobNotEndedAndStopsOnlyRunningRanks) {
               ElementsAre("end: cancelled by the user"));
   Transition running = Apply(Running(2), CancelRequested{}, kNoRestarts);
   EXPECT_EQ(running.run.phase, Phase::kCancelled);
-  EXPECT_THAT(Describe(running), ElementsAre("end: cancelled by the user",
-                                             "stop [0,1]: cancelled by the user"));
+  EXPECT_THAT(Describe(running),
+              ElementsAre("end: cancelled by the user", "stop [0,1]: cancelled by the user"));
   JobRun recovering = Running(2);
   recovering.phase = Phase::kRecovering;
   EXPECT_THAT(Describe(Apply(recovering, CancelRequested{}, kNoRestarts)),

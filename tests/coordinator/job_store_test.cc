@@ -113,7 +113,8 @@ TEST_F(JobStoreTest, AForeignDatabaseOrATableOfAnotherShapeIsRefused) {
   Sqlite(other, "PRAGMA application_id = 1234; CREATE TABLE t (x)");
   store = OpenSqliteJobStore(other);
   ASSERT_FALSE(store.ok());
-  EXPECT_THAT(store.status().message(), HasSubstr("is not a pipetrain job store (application_id 1234)"));
+  EXPECT_THAT(store.status().message(),
+              HasSubstr("is not a pipetrain job store (application_id 1234)"));
 
   const std::string newer = (dir_ / "newer.db").string();
   { ASSERT_TRUE(OpenSqliteJobStore(newer).ok()); }

@@ -16,8 +16,8 @@ std::vector<std::string> WaitingIds(const PlacementPlan& plan) {
 }
 
 TEST(Placement, JobsInOrderWithBackfill) {
-  const PlacementPlan plan = PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}},
-                                             {{"w1"}, {"w2"}, {"w3"}, {"w4"}});
+  const PlacementPlan plan =
+      PlaceQueuedJobs({{"a", 2}, {"b", 3}, {"c", 1}, {"d", 1}}, {{"w1"}, {"w2"}, {"w3"}, {"w4"}});
   ASSERT_EQ(plan.started.size(), 3u);
   EXPECT_EQ(plan.started[0].job_id, "a");
   EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"w1", "w2"}));
@@ -28,14 +28,15 @@ TEST(Placement, JobsInOrderWithBackfill) {
   EXPECT_EQ(plan.waiting[0].reason, "needs 3 workers, 2 idle (2 more taken by earlier jobs)");
   const PlacementPlan none = PlaceQueuedJobs({{"a", 1}}, {});
   EXPECT_EQ(WaitingIds(none), (std::vector<std::string>{"a"}));
-  EXPECT_EQ(none.waiting[0].reason, "needs 1 worker; the pool has 0: it waits for more to register");
+  EXPECT_EQ(none.waiting[0].reason,
+            "needs 1 worker; the pool has 0: it waits for more to register");
 }
 
 // threads_per_stage is a machine-bound field: a job runs only on workers with at least that
 // many cores (or that did not say), and one the pool cannot hold says so while it waits.
 TEST(Placement, ThreadsPerStageNeedWorkersWithThatManyCores) {
-  const std::vector<PoolWorker> pool = {{"small1", 2}, {"big1", 16}, {"small2", 2},
-                                        {"busy-big", 16, /*idle=*/false}, {"unknown", 0}};
+  const std::vector<PoolWorker> pool = {
+      {"small1", 2}, {"big1", 16}, {"small2", 2}, {"busy-big", 16, /*idle=*/false}, {"unknown", 0}};
   PlacementPlan plan = PlaceQueuedJobs({{"a", 2, 8}, {"b", 2, 0}}, pool);
   ASSERT_EQ(plan.started.size(), 2u);
   EXPECT_EQ(plan.started[0].rank_workers, (std::vector<std::string>{"big1", "unknown"}));
@@ -122,13 +123,12 @@ TEST(Placement, SurvivorsKeepTheStagesTheyHoldWithinTheirHosts) {
             (std::vector<std::string>{"w1", "w0", "w4", "w3", "w2", "w5"}));
   // Two hosts: ranks 0..2 on host a (w0..w2), 3..5 on host b (w3..w5): a survivor moves only
   // within its host, so rank 2 (stage 0) takes a's spare rather than b's stage-0 holder w4.
-  const auto two_hosts = [](const std::string& id) {
-    return std::string(id < "w3" ? "a" : "b");
-  };
+  const auto two_hosts = [](const std::string& id) { return std::string(id < "w3" ? "a" : "b"); };
   EXPECT_EQ(KeepStagesOnTheirHolders(placed, 2, held_stage, two_hosts),
             (std::vector<std::string>{"w1", "w0", "w2", "w3", "w4", "w5"}));
   // Negative control: nothing held, nothing moves.
-  EXPECT_EQ(KeepStagesOnTheirHolders(placed, 2, [](const std::string&) { return -1; }, one_host),
+  EXPECT_EQ(KeepStagesOnTheirHolders(
+                placed, 2, [](const std::string&) { return -1; }, one_host),
             placed);
 }
 

@@ -47,12 +47,13 @@ std::vector<std::string> Feed(const std::vector<Input>& inputs, int64_t restart_
       const RestartPoint::Decision decision =
           point.Committed(std::get<CommitThrough>(input).step, restart_point, kSteps);
       if (decision.final_one) {
-        out.push_back(absl::StrCat("final ", decision.final_one->step, " ", decision.final_one->dir));
+        out.push_back(
+            absl::StrCat("final ", decision.final_one->step, " ", decision.final_one->dir));
       }
       if (decision.restart_point) {
         restart_point = decision.restart_point->step;
-        out.push_back(absl::StrCat("restart point ", restart_point, " ",
-                                   decision.restart_point->dir));
+        out.push_back(
+            absl::StrCat("restart point ", restart_point, " ", decision.restart_point->dir));
       }
       if (decision.drained) out.push_back("end: " + *decision.drained);
     }
@@ -62,7 +63,7 @@ std::vector<std::string> Feed(const std::vector<Input>& inputs, int64_t restart_
 
 TEST(RestartPoint, MovesOnlyOnceEveryStepBeforeTheCheckpointIsCommitted) {
   EXPECT_THAT(Feed({ReportCheckpoint{50, "c/step-50"}, CommitThrough{47}, CommitThrough{48},
-                   CommitThrough{49}, CommitThrough{50}}),
+                    CommitThrough{49}, CommitThrough{50}}),
               ElementsAre("restart point 50 c/step-50"));
 }
 
@@ -82,19 +83,19 @@ TEST(RestartPoint, ACheckpointNotNewerThanTheRestartPointCountsForNothing) {
 
 TEST(RestartPoint, ANewerReportReplacesAPendingOne) {
   EXPECT_THAT(Feed({ReportCheckpoint{50, "c/50"}, ReportCheckpoint{60, "c/60"}, CommitThrough{55},
-                   CommitThrough{59}}),
+                    CommitThrough{59}}),
               ElementsAre("restart point 60 c/60"));
 }
 
 TEST(RestartPoint, MovesOncePerCheckpoint) {
   EXPECT_THAT(Feed({ReportCheckpoint{50, "c/50"}, CommitThrough{49}, CommitThrough{50},
-                   CommitThrough{51}, ReportCheckpoint{60, "c/60"}, CommitThrough{59}}),
+                    CommitThrough{51}, ReportCheckpoint{60, "c/60"}, CommitThrough{59}}),
               ElementsAre("restart point 50 c/50", "restart point 60 c/60"));
 }
 
 TEST(RestartPoint, TheFinalCheckpointIsAnnouncedNotARestartPoint) {
   EXPECT_THAT(Feed({ReportCheckpoint{kSteps, "c/final"}, CommitThrough{kSteps - 1},
-                   CommitThrough{kSteps - 1}}),
+                    CommitThrough{kSteps - 1}}),
               ElementsAre(absl::StrCat("final ", kSteps, " c/final")));
 }
 

@@ -241,8 +241,8 @@ TEST(SchedulerRetry, AnUnreachableWorkersRankMovesWhileAttemptsAreLeft) {
   EXPECT_TRUE(std::holds_alternative<RetryOnWorker>(
       scheduler.PlanRetry(absl::DeadlineExceededError("slow"), 2, {"worker-6"})));
   // The third failure in all, or no idle worker: back to the queue (no restart spent).
-  EXPECT_TRUE(std::holds_alternative<NoWorkerForRank>(
-      scheduler.PlanRetry(unreachable, 3, {"worker-6"})));
+  EXPECT_TRUE(
+      std::holds_alternative<NoWorkerForRank>(scheduler.PlanRetry(unreachable, 3, {"worker-6"})));
   EXPECT_TRUE(std::holds_alternative<NoWorkerForRank>(scheduler.PlanRetry(unreachable, 1, {})));
   // A worker that answered and refused: the job's fault, whatever is idle.
   EXPECT_TRUE(std::holds_alternative<RankRefused>(scheduler.PlanRetry(
@@ -251,12 +251,12 @@ TEST(SchedulerRetry, AnUnreachableWorkersRankMovesWhileAttemptsAreLeft) {
 
 TEST(SchedulerQueue, LostWorkersAreNeverPlacedAndBusyOnesOnlyCount) {
   const Scheduler scheduler({kBeat, 3});
-  std::vector<v1::WorkerInfo> workers = {
-      Worker("worker-1", v1::WORKER_STATE_LOST), Worker("worker-2", v1::WORKER_STATE_IDLE),
-      Worker("worker-3", v1::WORKER_STATE_BUSY, "job-0001"),
-      Worker("worker-4", v1::WORKER_STATE_IDLE)};
-  PlacementPlan plan = scheduler.PlanQueue({{"job-0002", 2, 0, "cpu"}, {"job-0003", 2, 0, "cpu"}},
-                                           workers);
+  std::vector<v1::WorkerInfo> workers = {Worker("worker-1", v1::WORKER_STATE_LOST),
+                                         Worker("worker-2", v1::WORKER_STATE_IDLE),
+                                         Worker("worker-3", v1::WORKER_STATE_BUSY, "job-0001"),
+                                         Worker("worker-4", v1::WORKER_STATE_IDLE)};
+  PlacementPlan plan =
+      scheduler.PlanQueue({{"job-0002", 2, 0, "cpu"}, {"job-0003", 2, 0, "cpu"}}, workers);
   ASSERT_EQ(plan.started.size(), 1u);
   EXPECT_THAT(plan.started[0].rank_workers, ElementsAre("worker-2", "worker-4"));
   ASSERT_EQ(plan.waiting.size(), 1u);
@@ -294,7 +294,7 @@ job::JobSpec TwoByTwo(const std::string& model, int b) {
     s.mutable_model()->set_hidden(1024);  // 3 x 1M parameters, activations of 1024 a row
     s.mutable_model()->set_hidden_layers(3);
   } else {
-    s.mutable_model()->set_d_model(16);   // 3 K parameters a block, 4 K of activations a row
+    s.mutable_model()->set_d_model(16);  // 3 K parameters a block, 4 K of activations a row
     s.mutable_model()->set_n_heads(2);
     s.mutable_model()->set_n_layers(2);
     s.mutable_data()->set_seq_len(256);

@@ -180,8 +180,8 @@ TEST(StepLedger, StepTimeIsTheMedianOfRankZerosStepToStepTimes) {
   std::vector<double> gaps;
   for (size_t step = 0; step < ends.size(); ++step) {
     ledger.Record(Report(1, static_cast<int64_t>(step), 0, 1.0, 100.0 * step));  // not rank 0
-    const StepLedger::Recorded r = ledger.Record(Report(0, static_cast<int64_t>(step), 0,
-                                                        std::nullopt, ends[step]));
+    const StepLedger::Recorded r =
+        ledger.Record(Report(0, static_cast<int64_t>(step), 0, std::nullopt, ends[step]));
     if (step == 0) {
       EXPECT_FALSE(r.step_time_s);
       continue;
@@ -229,24 +229,30 @@ TEST(ReportChecks, EachBadFieldIsNamed) {
        "negative byte counts"},
       {"relative checkpoint", [](v1::StepReport& r) { r.set_checkpoint_committed("ckpt/x"); },
        "absolute path"},
-      {"checkpoint from replica 1", [](v1::StepReport& r) {
+      {"checkpoint from replica 1",
+       [](v1::StepReport& r) {
          r.set_rank(2);
          r.set_checkpoint_committed("/ckpt/x");
-       }, "rank of replica 0"},
+       },
+       "rank of replica 0"},
       {"control character", [](v1::StepReport& r) { r.set_checkpoint_committed("/a\nb"); },
        "without control characters"},
       {"resumed_from not from rank 0", [](v1::StepReport& r) { r.set_resumed_from("/c"); },
        "reported by rank 0"},
-      {"infinite breakdown", [](v1::StepReport& r) {
+      {"infinite breakdown",
+       [](v1::StepReport& r) {
          r.mutable_breakdown()->set_forward_s(std::numeric_limits<double>::infinity());
-       }, "breakdown times must be finite"},
-      {"layers not a range", [](v1::StepReport& r) {
+       },
+       "breakdown times must be finite"},
+      {"layers not a range",
+       [](v1::StepReport& r) {
          r.set_layers_begin(4);
          r.set_layers_end(2);
-       }, "are not a range"},
-      {"bubble above 1", [](v1::StepReport& r) {
-         r.mutable_breakdown()->set_last_step_bubble_ratio(1.5);
-       }, "a bubble ratio is at most 1"},
+       },
+       "are not a range"},
+      {"bubble above 1",
+       [](v1::StepReport& r) { r.mutable_breakdown()->set_last_step_bubble_ratio(1.5); },
+       "a bubble ratio is at most 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -43,7 +43,7 @@ TEST(WorkerPool, EveryLossReachesTheListenerWithTheRankItRan) {
   EXPECT_EQ(heard[0].silent, absl::Seconds(5));
   EXPECT_THAT(heard[0].why, HasSubstr("stopped sending heartbeats (none for 5s)"));
   EXPECT_EQ(pool.Find("worker-1")->info.state(), v1::WORKER_STATE_LOST);
-  EXPECT_FALSE(pool.Heartbeat("worker-1", t0 + absl::Seconds(6)).ok());  // register again
+  EXPECT_FALSE(pool.Heartbeat("worker-1", t0 + absl::Seconds(6)).ok());      // register again
   EXPECT_EQ(pool.ExpireSilent(t0 + absl::Seconds(6), absl::Seconds(4)), 0);  // told once
 
   // Marked by the coordinator: the rank goes with it.

@@ -73,8 +73,7 @@ template <typename S>
 std::vector<std::string> MethodPaths() {
   [[maybe_unused]] typename S::Service linked;
   const google::protobuf::ServiceDescriptor* descriptor =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          S::service_full_name());
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(S::service_full_name());
   std::vector<std::string> paths;
   if (descriptor == nullptr) return paths;
   for (int i = 0; i < descriptor->method_count(); ++i) {
@@ -96,9 +95,10 @@ TEST_F(AuthTest, TheJoinTokenCannotCommandAWorkerNorTakeItsAddress) {
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   Result submitted = cluster.Cli("submit " + job_ + " --steps 400");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  ASSERT_FALSE(cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
-                        return Int64Of(j, "step", -1) >= 2;
-                      }).is_null());
+  ASSERT_FALSE(cluster
+                   .WaitForJob("job-0001",
+                               [](const nlohmann::json& j) { return Int64Of(j, "step", -1) >= 2; })
+                   .is_null());
   rpc::SecurityOptions security;
   security.token = kToken;
   const auto workers = cluster.Workers();
@@ -183,7 +183,8 @@ TEST_F(AuthTest, TheJoinTokenCannotCommandAWorkerNorTakeItsAddress) {
     EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS) << taken.error_message();
   }
   const nlohmann::json done = cluster.WaitForJob(
-      "job-0001", [](const nlohmann::json& j) {
+      "job-0001",
+      [](const nlohmann::json& j) {
         const std::string s = StateOf(j);
         return s == "JOB_STATE_SUCCEEDED" || s == "JOB_STATE_FAILED";
       },
@@ -244,8 +245,8 @@ TEST_F(AuthTest, DirectCallsWithoutTheTokenGetUnauthenticatedOnEveryService) {
     const Call health = CallWithoutToken(channel, "/grpc.health.v1.Health/Check");
     EXPECT_TRUE(health.status.ok()) << address << ": " << health.status.error_message();
     EXPECT_EQ(health.responses, 1) << address;
-    const Call reflection = CallWithoutToken(
-        channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo");
+    const Call reflection =
+        CallWithoutToken(channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo");
     EXPECT_FALSE(unauthenticated(reflection.status)) << address;
     EXPECT_EQ(reflection.responses, 1) << address;
   }

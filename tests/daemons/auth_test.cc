@@ -29,9 +29,8 @@ TEST_F(AuthTest, CallsWithoutTheTokenExit4AndChangeNothingThenTheRightTokenRunsA
   cluster.StartWorker({"--token-file", token_});
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2)) << ReadFile(cluster.worker_log(0));
 
-  const std::vector<std::string> commands = {"submit " + job_,  "cancel job-0001",
-                                             "list",            "status job-0001",
-                                             "logs job-0001",   "workers",
+  const std::vector<std::string> commands = {"submit " + job_,  "cancel job-0001", "list",
+                                             "status job-0001", "logs job-0001",   "workers",
                                              "stop job-0001"};
   const std::vector<std::pair<std::string, std::string>> wrong_ways = {
       {"no token", ""},
@@ -69,13 +68,13 @@ TEST_F(AuthTest, CallsWithoutTheTokenExit4AndChangeNothingThenTheRightTokenRunsA
 
   // With the token a job runs to the end, on workers that present the same token.
   Result submitted = cluster.Cli("submit " + job_ + " --follow");
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
-                                    << ReadFile(cluster.coordinator_log());
+  ASSERT_EQ(submitted.exit_code, 0)
+      << submitted.out << submitted.err << ReadFile(cluster.coordinator_log());
   EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
   // The token from the environment works as well as from a file.
-  Result by_env = cluster.Shell(std::string("env PIPETRAIN_TOKEN=") + kToken + " " +
-                                LocalCluster::cli_path() + " list -o json --coordinator " +
-                                cluster.address());
+  Result by_env =
+      cluster.Shell(std::string("env PIPETRAIN_TOKEN=") + kToken + " " + LocalCluster::cli_path() +
+                    " list -o json --coordinator " + cluster.address());
   ASSERT_EQ(by_env.exit_code, 0) << by_env.err;
   const auto jobs = JsonLines(by_env.out);
   ASSERT_EQ(jobs.size(), 1u);
@@ -99,7 +98,8 @@ TEST_F(AuthTest, PeopleAndWorkersHaveSeparateTokens) {
   EXPECT_EQ(cluster.StopWorker(with_user_token), 4) << ReadFile(cluster.worker_log(0));
   cluster.StartWorker({"--token-file", join});
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1)) << ReadFile(cluster.worker_log(1));
-  for (const std::string& command : {std::string("list"), "submit " + job_, std::string("workers")}) {
+  for (const std::string& command :
+       {std::string("list"), "submit " + job_, std::string("workers")}) {
     Result r = Bare(cluster, command + " --token-file " + join);
     EXPECT_EQ(r.exit_code, 4) << command << ": " << r.err;
   }
@@ -107,8 +107,8 @@ TEST_F(AuthTest, PeopleAndWorkersHaveSeparateTokens) {
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_EQ(list.out, "");  // nothing was submitted with the workers' token
   Result submitted = cluster.Cli("submit " + job_ + " --stages 1 --follow");
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
-                                    << ReadFile(cluster.coordinator_log());
+  ASSERT_EQ(submitted.exit_code, 0)
+      << submitted.out << submitted.err << ReadFile(cluster.coordinator_log());
   EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
 }
 
@@ -144,7 +144,8 @@ TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {
   // certificate from another CA that must not be accepted.
   const std::string d = dir_.string();
   const std::string make_certs =
-      "set -e; cd " + d + "; "
+      "set -e; cd " + d +
+      "; "
       "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n"
       "extendedKeyUsage=serverAuth,clientAuth\\n' > ext.cnf; "
       "for ca in ca rogue; do "
@@ -158,8 +159,8 @@ TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {
       "done";
   ASSERT_EQ(std::system(("(" + make_certs + ") >" + d + "/openssl.log 2>&1").c_str()), 0)
       << ReadFile(dir_ / "openssl.log");
-  const std::vector<std::string> tls = {"--tls-cert", d + "/node.pem", "--tls-key",
-                                        d + "/node.key", "--tls-ca", d + "/ca.pem"};
+  const std::vector<std::string> tls = {"--tls-cert",    d + "/node.pem", "--tls-key",
+                                        d + "/node.key", "--tls-ca",      d + "/ca.pem"};
   ClusterOptions o = WithToken();
   o.coordinator_args.insert(o.coordinator_args.end(), tls.begin(), tls.end());
   o.worker_args = {"--token-file", token_};
@@ -182,8 +183,8 @@ TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {
     EXPECT_EQ(r.out, "") << how;
   }
   // A good certificate without the token: still refused by the token check.
-  Result no_token = Bare(cluster, "list" + ca + " --tls-cert " + d + "/node.pem --tls-key " + d +
-                                      "/node.key");
+  Result no_token =
+      Bare(cluster, "list" + ca + " --tls-cert " + d + "/node.pem --tls-key " + d + "/node.key");
   EXPECT_EQ(no_token.exit_code, 4) << no_token.err;
   EXPECT_THAT(no_token.err, HasSubstr(kRefused));
 
@@ -191,8 +192,8 @@ TEST_F(AuthTest, MutualTlsRunsAJobAndRefusesClientsWithoutAValidCertificate) {
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_EQ(list.out, "");  // nothing got through
   Result submitted = cluster.Cli("submit " + job_ + " --follow");
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
-                                    << ReadFile(cluster.coordinator_log());
+  ASSERT_EQ(submitted.exit_code, 0)
+      << submitted.out << submitted.err << ReadFile(cluster.coordinator_log());
   EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
 }
 

@@ -30,8 +30,8 @@ inline std::map<int64_t, int> CommittedSteps(const std::filesystem::path& db,
                      nullptr);
   sqlite3_bind_blob(st, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
   while (sqlite3_step(st) == SQLITE_ROW) {
-    const auto [it, fresh] = steps.emplace(sqlite3_column_int64(st, 0),
-                                           static_cast<int>(sqlite3_column_int64(st, 1)));
+    const auto [it, fresh] =
+        steps.emplace(sqlite3_column_int64(st, 0), static_cast<int>(sqlite3_column_int64(st, 1)));
     EXPECT_TRUE(fresh) << "step " << it->first << " committed twice";
   }
   sqlite3_finalize(st);

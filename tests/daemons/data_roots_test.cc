@@ -23,7 +23,8 @@ using ::testing::Not;
 // A two-stage GPT job of two steps, with `extra` YAML lines.
 std::string Job(const std::string& extra) {
   return "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\nschedule: 1f1b\n"
-         "stages: 2\nmicrobatches: 2\nmicrobatch_size: 2\nsteps: 2\n" + extra;
+         "stages: 2\nmicrobatches: 2\nmicrobatch_size: 2\nsteps: 2\n" +
+         extra;
 }
 
 class DataRootsTest : public ::pipetrain::test::DaemonTest {};
@@ -57,16 +58,17 @@ TEST_F(DataRootsTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
     fs::path data;
     std::string why;
   } refused[] = {
-      {outside, "is outside the directories this worker reads jobs' files from (" +
-                    root.string() + ")"},
+      {outside,
+       "is outside the directories this worker reads jobs' files from (" + root.string() + ")"},
       {root / "link-out.txt", "is outside the directories"},
       {fifo, "is not a regular file"},
   };
   int n = 0;
   for (const auto& r : refused) {
     SCOPED_TRACE(r.data.string());
-    Result result = cluster.Cli("submit " + Write("job" + std::to_string(n++) + ".yaml",
-                                                  job(r.data)).string() + " --follow");
+    Result result =
+        cluster.Cli("submit " + Write("job" + std::to_string(n++) + ".yaml", job(r.data)).string() +
+                    " --follow");
     EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
     EXPECT_THAT(result.out + result.err, HasSubstr("data.path: " + r.data.string()));
     EXPECT_THAT(result.out + result.err, HasSubstr(r.why));
@@ -87,8 +89,8 @@ TEST_F(DataRootsTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
   for (const auto& c : confined) {
     SCOPED_TRACE(c.field);
     std::string spec = job(inside) + c.key + ": " + c.value + "\n";
-    Result result = cluster.Cli("submit " + Write("confined" + std::to_string(n++) + ".yaml", spec)
-                                    .string() + " --follow");
+    Result result = cluster.Cli(
+        "submit " + Write("confined" + std::to_string(n++) + ".yaml", spec).string() + " --follow");
     EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
     EXPECT_THAT(result.out + result.err,
                 HasSubstr(c.field + ": " + c.value.substr(c.value.find('/')).substr(0, 20)));
@@ -96,10 +98,11 @@ TEST_F(DataRootsTest, WorkersReadJobFilesOnlyUnderTheirDataRoots) {
     EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
   }
   EXPECT_FALSE(fs::exists(outside_dir));
-  Result in_root = cluster.Cli(
-      "submit " + Write("in-root.yaml", job(inside) + "checkpoint: {dir: " +
-                                            (root / "ckpt").string() + ", every: 1}\n")
-                      .string() + " --follow");
+  Result in_root = cluster.Cli("submit " +
+                               Write("in-root.yaml", job(inside) + "checkpoint: {dir: " +
+                                                         (root / "ckpt").string() + ", every: 1}\n")
+                                   .string() +
+                               " --follow");
   EXPECT_EQ(in_root.exit_code, 0) << in_root.out << in_root.err;
   EXPECT_TRUE(fs::exists(root / "ckpt" / "latest"));
 }
@@ -121,8 +124,9 @@ TEST_F(DataRootsTest, AWorkerWithoutDataRootsLetsAJobNameNoFileButUnderItsCheckp
   const struct {
     std::string line, says;
   } refused[] = {
-      {"resume_from: /etc", "resume_from: /etc is outside the directories this worker lets "
-                            "jobs write to and resume from ("},
+      {"resume_from: /etc",
+       "resume_from: /etc is outside the directories this worker lets "
+       "jobs write to and resume from ("},
       {"weights_dir: " + elsewhere.string(), "weights_dir: " + elsewhere.string()},
       {"checkpoint: {dir: " + elsewhere.string() + ", every: 1}",
        "checkpoint.dir: " + elsewhere.string()},
@@ -134,15 +138,15 @@ TEST_F(DataRootsTest, AWorkerWithoutDataRootsLetsAJobNameNoFileButUnderItsCheckp
   for (const auto& r : refused) {
     SCOPED_TRACE(r.line);
     Result result = cluster.Cli(
-        "submit " + Write("refused" + std::to_string(n++) + ".yaml", Job(r.line + "\n"))
-                        .string() + " --follow");
+        "submit " + Write("refused" + std::to_string(n++) + ".yaml", Job(r.line + "\n")).string() +
+        " --follow");
     EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
     EXPECT_THAT(result.out + result.err, HasSubstr(r.says));
     EXPECT_TRUE(cluster.WaitForIdleWorkers(2, std::chrono::seconds(10)));
   }
   EXPECT_FALSE(fs::exists(elsewhere));
-  Result own = cluster.Cli("submit " + Write("own.yaml", Job("checkpoint: {every: 1}\n"))
-                                           .string() + " --follow");
+  Result own = cluster.Cli("submit " + Write("own.yaml", Job("checkpoint: {every: 1}\n")).string() +
+                           " --follow");
   EXPECT_EQ(own.exit_code, 0) << own.out << own.err;
   // Negative control: a worker reading anywhere takes /etc as a checkpoint to resume from.
   pipetrain::test::ClusterOptions anywhere;

@@ -57,7 +57,8 @@ TEST_F(ExamplesSubmitTest, EveryExampleIsAcceptedByTheCoordinator) {
 TEST_F(ExamplesSubmitTest, AnInvalidJobFileIsRefused) {
   LocalCluster cluster(dir_, 0);
   ASSERT_FALSE(cluster.address().empty());
-  const fs::path bad = Write("bad.yaml", "model: {name: gpt, n_layers: 4}\nstages: [[0, 3], [3, 9]]\n");
+  const fs::path bad =
+      Write("bad.yaml", "model: {name: gpt, n_layers: 4}\nstages: [[0, 3], [3, 9]]\n");
   Result r = cluster.Cli("submit " + bad.string() + " -o json");
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("stages"));
@@ -70,8 +71,8 @@ TEST_F(ExamplesSubmitTest, OneJobFromAFileOrFromFlagsIsStoredAsThatJob) {
   LocalCluster cluster(dir_, 0);
   ASSERT_FALSE(cluster.address().empty());
   const std::string weights = " --weights-dir /tmp/one-job-weights";
-  absl::StatusOr<v1::JobSpec> spec = jobspec::JobSpecFromYaml(
-      std::string(kOneJobYaml) + "weights_dir: /tmp/one-job-weights\n");
+  absl::StatusOr<v1::JobSpec> spec =
+      jobspec::JobSpecFromYaml(std::string(kOneJobYaml) + "weights_dir: /tmp/one-job-weights\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<job::JobSpec> expected = job::Validated(*spec);
   ASSERT_TRUE(expected.ok()) << expected.status();

@@ -68,13 +68,28 @@ class Chaos {
   int Pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
   bool Coin() { return Pick(2) == 0; }
   int64_t Int() {
-    static const int64_t values[] = {0, 1, -1, 2, 599, 600, 601, 1LL << 31, -(1LL << 31),
-                                     100000000000LL, std::numeric_limits<int64_t>::max(),
+    static const int64_t values[] = {0,
+                                     1,
+                                     -1,
+                                     2,
+                                     599,
+                                     600,
+                                     601,
+                                     1LL << 31,
+                                     -(1LL << 31),
+                                     100000000000LL,
+                                     std::numeric_limits<int64_t>::max(),
                                      std::numeric_limits<int64_t>::min()};
     return Pick(3) == 0 ? static_cast<int64_t>(rng_()) : values[Pick(12)];
   }
   double Real() {
-    static const double values[] = {0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 1e-320,
+    static const double values[] = {0.0,
+                                    -0.0,
+                                    1.0,
+                                    -1.0,
+                                    1e308,
+                                    -1e308,
+                                    1e-320,
                                     std::numeric_limits<double>::infinity(),
                                     -std::numeric_limits<double>::infinity(),
                                     std::numeric_limits<double>::quiet_NaN()};
@@ -115,9 +130,9 @@ void OneCall(Stubs& stubs, Chaos& chaos, const std::string& real_job,
   if (who == 1) {  // a guess (metadata must be printable, or the client library aborts)
     ctx.AddMetadata(rpc::WorkerSession::kHeader, std::to_string(chaos.Int()) + "deadbeef");
   }
-  const std::string someone =
-      chaos.Coin() ? real_workers[chaos.Pick(static_cast<int>(real_workers.size()))]
-                   : (chaos.Coin() ? own_id : chaos.Text());
+  const std::string someone = chaos.Coin()
+                                  ? real_workers[chaos.Pick(static_cast<int>(real_workers.size()))]
+                                  : (chaos.Coin() ? own_id : chaos.Text());
   const std::string job = chaos.Pick(3) == 0 ? real_job : chaos.Text();
   const int rank = static_cast<int>(chaos.Pick(3) == 0 ? chaos.Pick(2) : chaos.Int());
   grpc::Status s;
@@ -301,7 +316,8 @@ bool Serving(const std::shared_ptr<grpc::Channel>& channel) {
 // The final loss of job `id` once it ended, or NaN.
 double FinalLoss(LocalCluster& cluster, const std::string& id, std::string* state) {
   nlohmann::json job = cluster.WaitForJob(
-      id, [](const nlohmann::json& j) {
+      id,
+      [](const nlohmann::json& j) {
         const std::string s = StateOf(j);
         return s == "JOB_STATE_SUCCEEDED" || s == "JOB_STATE_FAILED" || s == "JOB_STATE_CANCELLED";
       },
@@ -312,8 +328,8 @@ double FinalLoss(LocalCluster& cluster, const std::string& id, std::string* stat
 
 TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUntouched) {
   // This client sends strings that are not UTF-8 on purpose: its own protobuf need not say so.
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
-                                     const std::string&) {});
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   LocalCluster cluster(dir_, 2);
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
@@ -390,10 +406,11 @@ TEST_F(HostileClientTest, TenThousandHostileCallsLeaveARunningJobAndTheDaemonsUn
   std::sort(health_us.begin(), health_us.end());
   const int64_t median_health_us = health_us[health_us.size() / 2];
   const int64_t slowest_health_us = health_us.back();
-  std::fprintf(stderr, "%d hostile calls in %.1f s; health over %zu probes: median %.1f ms, "
-                       "slowest %.1f ms; coordinator RSS %.1f -> %.1f MB\n",
-               calls, seconds, health_us.size(), median_health_us / 1e3,
-               slowest_health_us / 1e3, rss_before / 1e6, rss_after / 1e6);
+  std::fprintf(stderr,
+               "%d hostile calls in %.1f s; health over %zu probes: median %.1f ms, "
+               "slowest %.1f ms; coordinator RSS %.1f -> %.1f MB\n",
+               calls, seconds, health_us.size(), median_health_us / 1e3, slowest_health_us / 1e3,
+               rss_before / 1e6, rss_after / 1e6);
 
   EXPECT_EQ(calls, 10000) << "only " << calls << " calls in 60 s";
   EXPECT_EQ(state, "JOB_STATE_SUCCEEDED");

@@ -81,50 +81,69 @@ std::vector<Case> Cases() {
       {"unknown key", Spec({{"stepz", "3"}}), {"stepz: unknown key (known: name, model,"}, true},
       {"unknown nested key",
        Spec({{"model", "{name: gpt, d_modell: 16, n_heads: 2, n_layers: 2}"}}),
-       {"model.d_modell: unknown key"}, true},
+       {"model.d_modell: unknown key"},
+       true},
       {"wrong type", Spec({{"steps", "many"}}), {"steps: expected an integer, got 'many'"}, true},
-      {"wrong nested type", Spec({{"optimizer", "{name: adamw, lr: fast}"}}),
-       {"optimizer.lr: expected a number, got 'fast'"}, true},
-      {"negative seed", Spec({{"seed", "-1"}}),
-       {"seed: expected a non-negative integer, got '-1'"}, true},
-      {"a section that is not a mapping", Spec({{"model", "gpt"}}),
-       {"model: expected a mapping"}, true},
+      {"wrong nested type",
+       Spec({{"optimizer", "{name: adamw, lr: fast}"}}),
+       {"optimizer.lr: expected a number, got 'fast'"},
+       true},
+      {"negative seed",
+       Spec({{"seed", "-1"}}),
+       {"seed: expected a non-negative integer, got '-1'"},
+       true},
+      {"a section that is not a mapping",
+       Spec({{"model", "gpt"}}),
+       {"model: expected a mapping"},
+       true},
       {"a job that is not a mapping", "- steps: 3\n", {"job: expected a mapping"}, true},
-      {"stages neither a count nor ranges", Spec({{"stages", "0-2"}}),
-       {"stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '0-2'"}, true},
+      {"stages neither a count nor ranges",
+       Spec({{"stages", "0-2"}}),
+       {"stages: expected a count, auto, \"0:2,2:7\" or [[0, 2], [2, 7]], got '0-2'"},
+       true},
       {"every structural error at once",
        Spec({{"stepz", "3"}, {"microbatches", "lots"}, {"data", "{kind: synthetic, vocabb: 3}"}}),
        {"stepz: unknown key", "microbatches: expected an integer, got 'lots'",
         "data.vocabb: unknown key"},
        true},
       // The partition against the model's layers.
-      {"more stages than layers", Spec({{"stages", "6"}}),
+      {"more stages than layers",
+       Spec({{"stages", "6"}}),
        {"stages: 6 stages for a model of 5 layers (embedding, block0, block1, final_norm, "
         "lm_head): each stage needs at least one layer"}},
-      {"overlapping stage ranges", Spec({{"stages", "[[0, 3], [2, 5]]"}}),
+      {"overlapping stage ranges",
+       Spec({{"stages", "[[0, 3], [2, 5]]"}}),
        {"stages: stage 1 [2, 5) overlaps stage 0: layer 2 (block1) would be in both"}},
-      {"a gap between stage ranges", Spec({{"stages", "[[0, 2], [3, 5]]"}}),
+      {"a gap between stage ranges",
+       Spec({{"stages", "[[0, 2], [3, 5]]"}}),
        {"stages: layer 2 (block1) belong to no stage"}},
-      {"stage ranges out of order", Spec({{"stages", "[[2, 5], [0, 2]]"}}),
+      {"stage ranges out of order",
+       Spec({{"stages", "[[2, 5], [0, 2]]"}}),
        {"stages: stage 1 [0, 2) starts before stage 0: stages must be in layer order"}},
-      {"a stage of no layers", Spec({{"stages", "[[0, 2], [2, 2], [2, 5]]"}}),
+      {"a stage of no layers",
+       Spec({{"stages", "[[0, 2], [2, 2], [2, 5]]"}}),
        {"stages: stage 1 [2, 2) is empty or reversed"}},
-      {"a stage past the last layer", Spec({{"stages", "0:2,2:7"}}),
+      {"a stage past the last layer",
+       Spec({{"stages", "0:2,2:7"}}),
        {"stages: stage 1 [2, 7) runs past the last layer 4 (the model has 5 layers)"}},
       {"zero stages", Spec({{"stages", "0"}}), {"stages: must be >= 1, got 0"}},
-      {"recompute of a layer that does not exist", Spec({{"recompute", "layers:1,9"}}),
+      {"recompute of a layer that does not exist",
+       Spec({{"recompute", "layers:1,9"}}),
        {"recompute: layer 9 does not exist (the model has 5 layers)"}},
       // The schedule.
       {"no micro-batches", Spec({{"microbatches", "0"}}), {"microbatches: must be >= 1, got 0"}},
       {"2bw with fewer micro-batches than stages",
        Spec({{"schedule", "2bw"}, {"stages", "4"}, {"microbatches", "2"}}),
        {"schedule: 2bw needs micro_batches >= stages: got m=2 < p=4"}},
-      {"unknown schedule", Spec({{"schedule", "zigzag"}}),
+      {"unknown schedule",
+       Spec({{"schedule", "zigzag"}}),
        {"schedule: unknown schedule kind 'zigzag', accepted: gpipe, 1f1b"}},
       // The model, the data, the optimizer.
-      {"unknown model", Spec({{"model", "{name: resnet}"}}),
+      {"unknown model",
+       Spec({{"model", "{name: resnet}"}}),
        {"model.name: unknown model 'resnet' (known: gpt, mlp, cnn, vgg, torchscript)"}},
-      {"no layers", Spec({{"model", "{name: gpt, d_model: 16, n_heads: 2, n_layers: 0}"}}),
+      {"no layers",
+       Spec({{"model", "{name: gpt, d_model: 16, n_heads: 2, n_layers: 0}"}}),
        {"model.n_layers: must be > 0, got 0"}},
       {"heads that do not divide the width",
        Spec({{"model", "{name: gpt, d_model: 30, n_heads: 4, n_layers: 2}"}}),
@@ -132,33 +151,42 @@ std::vector<Case> Cases() {
       {"dropout of 1.5",
        Spec({{"model", "{name: gpt, d_model: 16, n_heads: 2, n_layers: 2, dropout: 1.5}"}}),
        {"model.dropout: must be in [0, 1), got 1.5"}},
-      {"unknown data kind", Spec({{"data", "{kind: images}"}}),
+      {"unknown data kind",
+       Spec({{"data", "{kind: images}"}}),
        {"data.kind: unknown 'images' (known: synthetic, bytes, uint16, classification)"}},
       {"token data for a classifier",
        Spec({{"model", "{name: mlp, hidden: 8, hidden_layers: 1, input_dim: 4, num_classes: 2}"},
              {"data", "{kind: synthetic}"}}),
        {"data.kind: model mlp needs feature data (classification), got synthetic"}},
-      {"a data file not named", Spec({{"data", "{kind: bytes}"}}),
+      {"a data file not named",
+       Spec({{"data", "{kind: bytes}"}}),
        {"data.path: required for data.kind bytes"}},
-      {"unknown optimizer", Spec({{"optimizer", "{name: lion, lr: 0.01}"}}),
+      {"unknown optimizer",
+       Spec({{"optimizer", "{name: lion, lr: 0.01}"}}),
        {"optimizer.name: unknown optimizer 'lion' (known: sgd, adamw)"}},
-      {"negative learning rate", Spec({{"optimizer", "{name: sgd, lr: -0.1}"}}),
+      {"negative learning rate",
+       Spec({{"optimizer", "{name: sgd, lr: -0.1}"}}),
        {"optimizer.lr: must be >= 0, got -0.1"}},
       // The rest of the job.
       {"no steps", Spec({{"steps", "0"}}), {"steps: must be >= 1, got 0"}},
       {"no replicas", Spec({{"replicas", "0"}}), {"replicas: must be >= 1, got 0"}},
-      {"empty micro-batches", Spec({{"microbatch_size", "0"}}),
+      {"empty micro-batches",
+       Spec({{"microbatch_size", "0"}}),
        {"microbatch_size: must be >= 1, got 0"}},
-      {"unknown dtype", Spec({{"dtype", "float16"}}),
+      {"unknown dtype",
+       Spec({{"dtype", "float16"}}),
        {"dtype: expected float32, float64 or bfloat16, got 'float16'"}},
-      {"unknown recompute", Spec({{"recompute", "sometimes"}}),
+      {"unknown recompute",
+       Spec({{"recompute", "sometimes"}}),
        {"recompute: expected none, all, stages:I,J,... or layers:I,J,..., got 'sometimes'"}},
       {"no time to wait", Spec({{"timeout_s", "0"}}), {"timeout_s: must be > 0, got 0"}},
-      {"negative threads", Spec({{"threads_per_stage", "-1"}}),
+      {"negative threads",
+       Spec({{"threads_per_stage", "-1"}}),
        {"threads_per_stage: must be >= 0, got -1"}},
       {"empty gradient buckets", Spec({{"bucket_kib", "0"}}), {"bucket_kib: must be >= 1, got 0"}},
       {"an unknown device", Spec({{"device", "tpu"}}), {"device: expected cpu or cuda, got 'tpu'"}},
-      {"an empty weights_dir", Spec({{"weights_dir", "\"\""}}),
+      {"an empty weights_dir",
+       Spec({{"weights_dir", "\"\""}}),
        {"weights_dir: must not be empty when set"}},
       // Many at once: every one is listed.
       {"every semantic error at once",
@@ -175,9 +203,8 @@ std::vector<Case> Cases() {
        {"model.d_model (30) must be divisible by model.n_heads (4)",
         "optimizer.lr: must be >= 0, got -1", "data.vocab: must be >= 2, got 1",
         "data.branching: must be in [1, vocab], got 4",
-        "stages: layer 2 (block1) belong to no stage",
-        "replicas: must be >= 1, got 0", "microbatch_size: must be >= 1, got 0",
-        "steps: must be >= 1, got 0",
+        "stages: layer 2 (block1) belong to no stage", "replicas: must be >= 1, got 0",
+        "microbatch_size: must be >= 1, got 0", "steps: must be >= 1, got 0",
         "schedule: 2bw needs micro_batches >= stages: got m=1 < p=2",
         "dtype: expected float32, float64 or bfloat16, got 'float16'"}},
   };
@@ -195,18 +222,32 @@ std::vector<std::string> Violations(const std::string& err) {
 // Starts with a field path of the job ("model.d_model", "stages", "job" for the whole of
 // it), then ": " (or " (" for a value quoted after the path).
 bool StartsWithFieldPath(const std::string& violation) {
-  static const std::set<std::string> kKeys = {
-      "job",    "name",      "model",       "data",           "schedule",          "stages",
-      "replicas", "overlap_allreduce", "bucket_kib", "microbatches", "microbatch_size", "steps",
-      "optimizer", "recompute", "seed",     "dtype",          "threads_per_stage", "timeout_s",
-      "weights_dir", "device"};
+  static const std::set<std::string> kKeys = {"job",
+                                              "name",
+                                              "model",
+                                              "data",
+                                              "schedule",
+                                              "stages",
+                                              "replicas",
+                                              "overlap_allreduce",
+                                              "bucket_kib",
+                                              "microbatches",
+                                              "microbatch_size",
+                                              "steps",
+                                              "optimizer",
+                                              "recompute",
+                                              "seed",
+                                              "dtype",
+                                              "threads_per_stage",
+                                              "timeout_s",
+                                              "weights_dir",
+                                              "device"};
   static const std::regex kPath(
       "^([a-z_0-9]+)(\\[[0-9]*\\])*(\\.[a-z_0-9]+(\\[[0-9]*\\])*)*(/[a-z_0-9]+)?(: | \\()");
   std::smatch m;
   if (!std::regex_search(violation, m, kPath)) return false;
   // An unknown key is its own path; any other starts with a key of the job.
-  return kKeys.count(m[1].str()) > 0 ||
-         violation.compare(m[0].length(), 12, "unknown key ") == 0;
+  return kKeys.count(m[1].str()) > 0 || violation.compare(m[0].length(), 12, "unknown key ") == 0;
 }
 
 class InvalidSpecTest : public ::pipetrain::test::DaemonTest {};
@@ -308,8 +349,7 @@ TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheFiel
     std::string yaml, field;
   };
   std::vector<Case> cases = {
-      {Spec({{"data", "{kind: bytes, path: /nonexistent/corpus.txt}"}}),
-       "data.path: cannot open"},
+      {Spec({{"data", "{kind: bytes, path: /nonexistent/corpus.txt}"}}), "data.path: cannot open"},
       {Spec({{"model", "{name: torchscript, path: /nonexistent/model.pt}"},
              {"data", "{kind: classification}"}}),
        "model.path: cannot open /nonexistent/model.pt"},
@@ -335,8 +375,8 @@ TEST_F(InvalidSpecTest, WhatNeedsTheDataOrTheModelFailsOnTheWorkersNamingTheFiel
   for (const auto& c : cases) {
     SCOPED_TRACE(c.field);
     const auto started = std::chrono::steady_clock::now();
-    Result r = cluster.Cli("submit " + Write("job" + std::to_string(n++) + ".yaml", c.yaml).string() +
-                           " --follow");
+    Result r = cluster.Cli(
+        "submit " + Write("job" + std::to_string(n++) + ".yaml", c.yaml).string() + " --follow");
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;  // accepted, then failed: not a usage error
     EXPECT_THAT(r.out + r.err, HasSubstr(c.field));
     EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
@@ -375,12 +415,12 @@ TEST_F(InvalidSpecTest, ACudaJobWaitsForGpuWorkersAndAWorkerWithoutItsGpuDoesNot
   EXPECT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
   EXPECT_EQ(cluster.Cli("cancel job-0001").exit_code, 0);
 
-  Result worker = cluster.Shell(std::string(LocalCluster::worker_path()) +
-                                " --coordinator " + cluster.address() + " --device cuda");
+  Result worker = cluster.Shell(std::string(LocalCluster::worker_path()) + " --coordinator " +
+                                cluster.address() + " --device cuda");
   EXPECT_EQ(worker.exit_code, 2);
   EXPECT_THAT(worker.err, HasSubstr("--device cuda: this process sees 0 CUDA devices"));
-  Result bad = cluster.Shell(std::string(LocalCluster::worker_path()) +
-                             " --coordinator " + cluster.address() + " --device tpu");
+  Result bad = cluster.Shell(std::string(LocalCluster::worker_path()) + " --coordinator " +
+                             cluster.address() + " --device tpu");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--device tpu: expected cpu, cuda or cuda:N"));
 }

@@ -42,7 +42,8 @@ constexpr int kHeartbeatMs = 500;
 std::string TwoStageJob(int steps) {
   return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
          "schedule: 1f1b\nstages: 2\nmicrobatches: 4\nmicrobatch_size: 4\n"
-         "steps: " + std::to_string(steps) + "\n";
+         "steps: " +
+         std::to_string(steps) + "\n";
 }
 
 // Polls GetJob every `every` until `done(job)`; returns the last job seen.
@@ -139,15 +140,17 @@ class LifecycleTest : public ::pipetrain::test::DaemonTest {
 // progress is written at most once a second, so it waits for a step reported more than a
 // second after the job started.
 void WaitUntilRunningWithPersistedSteps(v1::JobService::Stub& stub, const std::string& id) {
-  v1::Job job = PollJob(stub, id, [](const v1::Job& j) {
-    return j.state() == v1::JOB_STATE_RUNNING && j.step() >= 0;
-  }, milliseconds(30000));
+  v1::Job job = PollJob(
+      stub, id,
+      [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING && j.step() >= 0; },
+      milliseconds(30000));
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
   std::this_thread::sleep_for(milliseconds(1200));
   const int64_t seen = GetJob(stub, id).step();
-  job = PollJob(stub, id, [seen](const v1::Job& j) {
-    return j.state() != v1::JOB_STATE_RUNNING || j.step() > seen;
-  }, milliseconds(10000));
+  job = PollJob(
+      stub, id,
+      [seen](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING || j.step() > seen; },
+      milliseconds(10000));
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString();
   ASSERT_GT(job.step(), seen) << "no progress";
 }
@@ -159,8 +162,7 @@ TEST_F(LifecycleTest, CoordinatorKilledMidJobKeepsEveryJobAndItsHistory) {
   ASSERT_TRUE(WaitForIdleWorkers(*stub, 2));
 
   // A job that finishes, then one that is running when the coordinator dies.
-  Result done =
-      cluster.Cli("submit " + Write("short.yaml", TwoStageJob(8)).string() + " --follow");
+  Result done = cluster.Cli("submit " + Write("short.yaml", TwoStageJob(8)).string() + " --follow");
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   EXPECT_THAT(done.out, HasSubstr("job-0001 succeeded"));
   const nlohmann::json finished_before = cluster.JobStatus("job-0001");
@@ -210,8 +212,9 @@ TEST_F(LifecycleTest, CoordinatorKilledMidJobKeepsEveryJobAndItsHistory) {
   const std::string message = interrupted.value("message", "");
   EXPECT_EQ(jobs[1].value("message", ""), message);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(message, m, std::regex(
-      "^interrupted by a coordinator restart \\(([0-9]+) of 100000 steps recorded\\)")))
+  ASSERT_TRUE(std::regex_search(
+      message, m,
+      std::regex("^interrupted by a coordinator restart \\(([0-9]+) of 100000 steps recorded\\)")))
       << message;
   const int64_t recorded = std::stoll(m[1].str());
   EXPECT_GE(recorded, 1) << "progress was written before the kill";
@@ -246,8 +249,7 @@ TEST_F(LifecycleTest, CoordinatorKilledMidJobKeepsEveryJobAndItsHistory) {
     EXPECT_TRUE(WaitForLog(cluster.worker_log(w), "of job-0002 failed"))
         << ReadFile(cluster.worker_log(w));
   }
-  Result next =
-      cluster.Cli("submit " + Write("next.yaml", TwoStageJob(8)).string() + " --follow");
+  Result next = cluster.Cli("submit " + Write("next.yaml", TwoStageJob(8)).string() + " --follow");
   ASSERT_EQ(next.exit_code, 0) << next.out << next.err << ReadFile(cluster.coordinator_log());
   EXPECT_THAT(next.out, HasSubstr("job-0003 succeeded"));
 }
@@ -302,9 +304,10 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   ASSERT_TRUE(WaitForIdleWorkers(*stub, 3));
   Result submitted = cluster.Cli("submit " + Write("long.yaml", TwoStageJob(100000)).string());
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  const v1::Job running = PollJob(*stub, "job-0001", [](const v1::Job& j) {
-    return j.state() != v1::JOB_STATE_RUNNING || j.step() >= 2;
-  }, milliseconds(30000));
+  const v1::Job running = PollJob(
+      *stub, "job-0001",
+      [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING || j.step() >= 2; },
+      milliseconds(30000));
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
   ASSERT_GE(running.step(), 2);
   ASSERT_EQ(running.stage_status_size(), 2);
@@ -317,11 +320,10 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   const auto killed = Clock::now();
   cluster.KillWorker(victim_index);
   // GetJob every 10 ms until the job has ended.
-  const v1::Job failed = PollJob(*stub, "job-0001", [](const v1::Job& j) {
-    return j.state() != v1::JOB_STATE_RUNNING;
-  }, milliseconds(10000), milliseconds(10));
-  const auto seen_ms =
-      std::chrono::duration_cast<milliseconds>(Clock::now() - killed).count();
+  const v1::Job failed = PollJob(
+      *stub, "job-0001", [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; },
+      milliseconds(10000), milliseconds(10));
+  const auto seen_ms = std::chrono::duration_cast<milliseconds>(Clock::now() - killed).count();
   ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.DebugString();
   // Within two heartbeat intervals of the kill. Slack: 500 ms for the coordinator's own
   // clock (its monitor thread waking on a loaded two-core machine), 1000 ms for when a
@@ -329,9 +331,10 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   const int64_t decided_ms = failed.finished_unix_ms() - killed_unix_ms;
   EXPECT_LE(decided_ms, 2 * kHeartbeatMs + 500) << failed.DebugString();
   EXPECT_LE(seen_ms, 2 * kHeartbeatMs + 1000);
-  std::printf("worker killed: job failed %lld ms later (coordinator's clock), seen by status "
-              "after %lld ms\n", static_cast<long long>(decided_ms),
-              static_cast<long long>(seen_ms));
+  std::printf(
+      "worker killed: job failed %lld ms later (coordinator's clock), seen by status "
+      "after %lld ms\n",
+      static_cast<long long>(decided_ms), static_cast<long long>(seen_ms));
 
   // The message names the dead worker and its stage, not the survivor that noticed first.
   const nlohmann::json status = cluster.JobStatus("job-0001");
@@ -354,8 +357,7 @@ TEST_F(LifecycleTest, WorkerKilledMidJobFailsItNamingTheWorkerAndTheRestTakeTheN
   }
   EXPECT_EQ(idle.size(), 2u);
   EXPECT_EQ(idle.count(survivor), 1u);
-  Result next =
-      cluster.Cli("submit " + Write("next.yaml", TwoStageJob(8)).string() + " --follow");
+  Result next = cluster.Cli("submit " + Write("next.yaml", TwoStageJob(8)).string() + " --follow");
   ASSERT_EQ(next.exit_code, 0) << next.out << next.err << ReadFile(cluster.coordinator_log());
   EXPECT_THAT(next.out, HasSubstr("job-0002 succeeded"));
   std::set<std::string> ran_on;
@@ -394,9 +396,9 @@ TEST_F(LifecycleTest, ADaemonStartedOnAnAddressInUseIsRefusedAndTheOneThereServe
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   const std::string worker_address = cluster.Workers().at(0).at("address");
-  const std::string second_worker =
-      std::string(LocalCluster::worker_path()) + " --coordinator " + cluster.address() +
-      " --listen " + worker_address + " --metrics-listen '' --register-timeout 5";
+  const std::string second_worker = std::string(LocalCluster::worker_path()) + " --coordinator " +
+                                    cluster.address() + " --listen " + worker_address +
+                                    " --metrics-listen '' --register-timeout 5";
   Result refused = cluster.Shell(second_worker);
   EXPECT_EQ(refused.exit_code, 5) << refused.err;
   EXPECT_THAT(refused.err, HasSubstr("--listen " + worker_address +
@@ -413,8 +415,7 @@ TEST_F(LifecycleTest, ADaemonStartedOnAnAddressInUseIsRefusedAndTheOneThereServe
                           cluster.address() + " --advertise-address '\x1b[31m127.0.0.1:5' " +
                           "--metrics-listen '' --register-timeout 5");
   EXPECT_EQ(refused.exit_code, 2) << refused.err;
-  EXPECT_THAT(refused.err,
-              HasSubstr("--advertise-address '\\x1b[31m127.0.0.1:5' is not a host"));
+  EXPECT_THAT(refused.err, HasSubstr("--advertise-address '\\x1b[31m127.0.0.1:5' is not a host"));
   EXPECT_THAT(refused.err, ::testing::Not(HasSubstr("\x1b")));
   // The coordinator restarts on its address; both workers (the first at its own address)
   // register again and take a job.
@@ -439,9 +440,10 @@ TEST_F(LifecycleTest, SigtermStopsEachDaemonWithinTwoSecondsWhileAJobRuns) {
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   Result submitted = cluster.Cli("submit " + Write("long.yaml", TwoStageJob(100000)).string());
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  ASSERT_FALSE(cluster.WaitForJob("job-0001", [](const nlohmann::json& j) {
-                        return Int64Of(j, "step", -1) >= 3;
-                      }).is_null());
+  ASSERT_FALSE(cluster
+                   .WaitForJob("job-0001",
+                               [](const nlohmann::json& j) { return Int64Of(j, "step", -1) >= 3; })
+                   .is_null());
   // A client following the job's events, as `pipetrain logs -f` does.
   const std::string follower = std::string(LocalCluster::cli_path()) +
                                " logs -f job-0001 --coordinator " + cluster.address() +

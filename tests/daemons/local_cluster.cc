@@ -1,15 +1,15 @@
 #include "tests/daemons/local_cluster.h"
 
 #include "client/daemon_process.h"
-#include "runtime/base/subprocess.h"
 #include "runtime/base/host_port.h"
+#include "runtime/base/subprocess.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cctype>
 #include <cstdlib>
@@ -74,8 +74,7 @@ void DaemonTest::SetUp() {
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
   }
-  dir_ = fs::temp_directory_path() /
-         ("pipetrain_" + name + "_" + std::to_string(getpid()));
+  dir_ = fs::temp_directory_path() / ("pipetrain_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(dir_);
   fs::create_directories(dir_);
 }
@@ -105,11 +104,12 @@ const char* LocalCluster::cli_path() { return PIPETRAIN_CLI; }
 const char* LocalCluster::coordinator_path() { return PIPETRAIN_COORDINATOR; }
 const char* LocalCluster::worker_path() { return PIPETRAIN_WORKER; }
 
-LocalCluster::LocalCluster(const fs::path& dir, int workers) : LocalCluster(dir, [workers] {
-  ClusterOptions o;
-  o.workers = workers;
-  return o;
-}()) {}
+LocalCluster::LocalCluster(const fs::path& dir, int workers)
+    : LocalCluster(dir, [workers] {
+        ClusterOptions o;
+        o.workers = workers;
+        return o;
+      }()) {}
 
 LocalCluster::LocalCluster(const fs::path& dir, ClusterOptions options)
     : dir_(dir), options_(std::move(options)) {
@@ -135,13 +135,9 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
   }
   ++coordinator_starts_;
   const fs::path log = coordinator_log();
-  std::vector<std::string> args = {coordinator_path(),
-                                   "--listen",
-                                   "127.0.0.1:" + std::to_string(port),
-                                   "--db",
-                                   (dir_ / "jobs.db").string(),
-                                   "--heartbeat-ms",
-                                   std::to_string(options_.heartbeat_ms)};
+  std::vector<std::string> args = {
+      coordinator_path(),          "--listen",       "127.0.0.1:" + std::to_string(port),  "--db",
+      (dir_ / "jobs.db").string(), "--heartbeat-ms", std::to_string(options_.heartbeat_ms)};
   args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   const fs::path port_file = dir_ / "coordinator.port";
@@ -150,9 +146,8 @@ bool LocalCluster::StartCoordinator(int port, const std::vector<std::string>& ex
   args.insert(args.end(), {"--port-file", port_file.string()});
   coordinator_pid_ = Spawn(args, log);
   if (coordinator_pid_ <= 0) return false;
-  absl::StatusOr<std::string> address =
-      client::WaitForPortFile(port_file.string(), coordinator_pid_, absl::Seconds(20),
-                              log.string());
+  absl::StatusOr<std::string> address = client::WaitForPortFile(
+      port_file.string(), coordinator_pid_, absl::Seconds(20), log.string());
   if (!address.ok()) {
     if (subprocess::Exited(coordinator_pid_)) coordinator_pid_ = -1;
     ADD_FAILURE() << "the coordinator did not serve: " << address.status().message();
@@ -222,16 +217,15 @@ Result LocalCluster::Cli(const std::string& args) {
 
 Result LocalCluster::Shell(const std::string& command) {
   const fs::path out = dir_ / "cli.out", err = dir_ / "cli.err";
-  const int status = std::system(
-      (command + " >" + out.string() + " 2>" + err.string() + " </dev/null").c_str());
+  const int status =
+      std::system((command + " >" + out.string() + " 2>" + err.string() + " </dev/null").c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
 }
 
 std::vector<Result> LocalCluster::CliAll(const std::vector<std::string>& args, int parallel) {
   std::vector<std::string> commands;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string command =
-        std::string(cli_path()) + " " + args[i] + " --coordinator " + address_;
+    std::string command = std::string(cli_path()) + " " + args[i] + " --coordinator " + address_;
     for (const std::string& a : options_.cli_args) command += " " + Quote(a);
     const fs::path out = dir_ / ("cli." + std::to_string(i) + ".out");
     const fs::path err = dir_ / ("cli." + std::to_string(i) + ".err");
@@ -302,8 +296,7 @@ nlohmann::json LocalCluster::WaitForJob(const std::string& id,
 }
 
 std::unique_ptr<v1::JobService::Stub> LocalCluster::JobStub() const {
-  return v1::JobService::NewStub(
-      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  return v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
 }
 
 v1::Job GetJob(v1::JobService::Stub& stub, const std::string& id) {

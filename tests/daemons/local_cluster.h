@@ -47,7 +47,7 @@ struct Result {
 std::vector<nlohmann::json> JsonLines(const std::string& text);
 
 struct ClusterOptions {
-  int workers = 0;          // started with the cluster
+  int workers = 0;  // started with the cluster
   // The coordinator's --heartbeat-ms: a worker is lost after two silent intervals. A second,
   // so that a worker starved of the CPU for a second (seven daemons and a second test on two
   // cores) is not a fault the test did not make.
@@ -107,8 +107,8 @@ class LocalCluster {
   // host:port of the /metrics endpoint of the coordinator / of worker `index` (from their
   // port files; a worker's is there once it registered: waits up to `timeout`); "" if none.
   std::string CoordinatorMetricsAddress() const;
-  std::string WorkerMetricsAddress(int index,
-                                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
+  std::string WorkerMetricsAddress(
+      int index, std::chrono::milliseconds timeout = std::chrono::seconds(20)) const;
   int workers_started() const { return static_cast<int>(worker_pids_.size()); }
 
   // --- Asking the coordinator.

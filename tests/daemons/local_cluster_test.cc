@@ -4,14 +4,14 @@
 
 #include <chrono>
 #include <filesystem>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/daemons/local_cluster.h"
 
@@ -46,10 +46,11 @@ TEST_F(LocalClusterTest, JobSubmittedWithTheCliMatchesTheRunWithoutDaemons) {
     EXPECT_GT(pipetrain::test::Int64Of(w, "memory_bytes"), int64_t{1} << 20) << w.dump();
   }
   const fs::path weights = dir_ / "weights";
-  const fs::path spec = Write("job.yaml", std::string(kJob) + "weights_dir: " + weights.string() + "\n");
+  const fs::path spec =
+      Write("job.yaml", std::string(kJob) + "weights_dir: " + weights.string() + "\n");
   Result submitted = cluster.Cli("submit " + spec.string() + " --follow");
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
-                                    << ReadFile(dir_ / "coordinator.log");
+  ASSERT_EQ(submitted.exit_code, 0)
+      << submitted.out << submitted.err << ReadFile(dir_ / "coordinator.log");
   EXPECT_THAT(submitted.out, HasSubstr("job-0001 succeeded"));
 
   Result status = cluster.Cli("status job-0001 -o json");
@@ -116,8 +117,8 @@ TEST_F(LocalClusterTest, AJobWhoseRanksHoldSeveralStagesRunsOnTheDaemons) {
   Result submitted = cluster.Cli(
       "submit " + Write("zbv.yaml", job + "weights_dir: " + on_daemons.string() + "\n").string() +
       " --follow");
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err
-                                    << ReadFile(dir_ / "coordinator.log");
+  ASSERT_EQ(submitted.exit_code, 0)
+      << submitted.out << submitted.err << ReadFile(dir_ / "coordinator.log");
   Result ran = cluster.Shell(
       std::string(LocalCluster::cli_path()) + " run --launch threads -q " +
       Write("zbv-threads.yaml", job + "weights_dir: " + as_threads.string() + "\n").string());
@@ -132,8 +133,8 @@ TEST_F(LocalClusterTest, AJobWhoseRanksHoldSeveralStagesRunsOnTheDaemons) {
       const double denom = std::max(expected[i].norm().item<double>(), 1e-30);
       EXPECT_LE((got[i] - expected[i]).norm().item<double>() / denom, 1e-10) << file << " " << i;
     }
-    const auto meta = nlohmann::json::parse(
-        ReadFile(on_daemons / ("stage" + std::to_string(rank) + ".json")));
+    const auto meta =
+        nlohmann::json::parse(ReadFile(on_daemons / ("stage" + std::to_string(rank) + ".json")));
     EXPECT_EQ(meta.at("model_stages").size(), 2u) << meta.dump();
   }
 }
@@ -159,7 +160,8 @@ dtype: float16
     EXPECT_THAT(r.err, HasSubstr(needle));
   }
   // Structural errors are caught before anything is sent.
-  Result unknown = cluster.Cli("submit " + Write("typo.yaml", "stepz: 3\nmodel: {d_modell: 8}\n").string());
+  Result unknown =
+      cluster.Cli("submit " + Write("typo.yaml", "stepz: 3\nmodel: {d_modell: 8}\n").string());
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, HasSubstr("stepz: unknown key"));
   EXPECT_THAT(unknown.err, HasSubstr("model.d_modell: unknown key"));
@@ -178,22 +180,24 @@ dtype: float16
 TEST_F(LocalClusterTest, RunStartsALocalClusterAndCleansUp) {
   LocalCluster tools(dir_, 0);  // only for Shell()
   const std::string cli = LocalCluster::cli_path();
-  Result r = tools.Shell(cli + " run --stages 2 --replicas 2 --schedule 1f1b --d-model 32 "
-                               "--n-layers 2 --microbatches 4 --steps 6 --dtype float64");
+  Result r = tools.Shell(cli +
+                         " run --stages 2 --replicas 2 --schedule 1f1b --d-model 32 "
+                         "--n-layers 2 --microbatches 4 --steps 6 --dtype float64");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("2 stages x 2 replicas on a local cluster of 4 workers"));
   EXPECT_THAT(r.out, HasSubstr("job-0001 succeeded"));
   const std::string marker = "logs in ";
   const size_t at = r.err.find(marker);
   ASSERT_NE(at, std::string::npos);
-  const std::string logs = r.err.substr(at + marker.size(), r.err.find(')', at) - at - marker.size());
+  const std::string logs =
+      r.err.substr(at + marker.size(), r.err.find(')', at) - at - marker.size());
   EXPECT_FALSE(fs::exists(logs)) << logs;
   const size_t port_at = r.err.find("(coordinator ");
   ASSERT_NE(port_at, std::string::npos);
   const std::string address = r.err.substr(port_at + 13, r.err.find(',', port_at) - port_at - 13);
   // "[p]" keeps the pattern from matching the shell that runs pgrep.
-  Result left = tools.Shell("pgrep -fa '[p]ipetrain-(coordinator|worker).*(" + address + "|" +
-                            logs + ")'");
+  Result left =
+      tools.Shell("pgrep -fa '[p]ipetrain-(coordinator|worker).*(" + address + "|" + logs + ")'");
   EXPECT_EQ(left.exit_code, 1) << "still running (or no pgrep): " << left.out << left.err;
 
   // Too few workers for the job: refused at once, nothing left running; --trace needs the
@@ -215,13 +219,15 @@ TEST_F(LocalClusterTest, StatusShowsWhoWaitsForWhom) {
   options.heartbeat_ms = 2000;  // lost after 4 s: the freeze stays well under that
   LocalCluster cluster(dir_, options);
   ASSERT_TRUE(cluster.WaitForIdleWorkers(3));
-  Result submitted = cluster.Cli("submit " + Write("job.yaml", R"(model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 3}
+  Result submitted = cluster.Cli(
+      "submit " + Write("job.yaml", R"(model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 3}
 schedule: 1f1b
 stages: 3
 microbatches: 4
 microbatch_size: 4
 steps: 100000
-)").string());
+)")
+                      .string());
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   auto stub = cluster.JobStub();
   auto get = [&] {

@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include "tests/daemons/local_cluster.h"
 #include "runtime/base/host_port.h"
+#include "tests/daemons/local_cluster.h"
 
 namespace {
 
@@ -88,7 +88,8 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
   LocalCluster cluster(dir_, 2);
   ASSERT_TRUE(cluster.WaitForIdleWorkers(2));
   const std::string coordinator = cluster.CoordinatorMetricsAddress();
-  const std::string worker0 = cluster.WorkerMetricsAddress(0), worker1 = cluster.WorkerMetricsAddress(1);
+  const std::string worker0 = cluster.WorkerMetricsAddress(0),
+                    worker1 = cluster.WorkerMetricsAddress(1);
   ASSERT_FALSE(coordinator.empty());
   ASSERT_FALSE(worker0.empty());
   ASSERT_FALSE(worker1.empty());
@@ -97,9 +98,9 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
 
   // While it runs: the series the Job dashboard reads, scraped as often as a client likes.
-  ASSERT_FALSE(cluster.WaitForJob(id, [](const nlohmann::json& j) {
-                        return Int64Of(j, "step", -1) >= 3;
-                      }).is_null());
+  ASSERT_FALSE(
+      cluster.WaitForJob(id, [](const nlohmann::json& j) { return Int64Of(j, "step", -1) >= 3; })
+          .is_null());
   int scrapes = 0;
   bool saw_running_series = false;
   for (int i = 0; i < 200 && StateOf(cluster.JobStatus(id)) == "JOB_STATE_RUNNING"; ++i) {
@@ -159,7 +160,8 @@ TEST_F(MetricsDaemonsTest, EveryDaemonServesCheckedMetricsThatAgreeWithTheJob) {
     EXPECT_EQ(Value(w, "pipetrain_worker_memory_bytes", {"kind=\"held_state\""}), 0) << text;
     // The rank's tensors, counted at the allocator: its weights at least, and at its peak
     // more than it holds between jobs.
-    const double tensors_peak = Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors_peak\""});
+    const double tensors_peak =
+        Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors_peak\""});
     EXPECT_GT(tensors_peak, 0) << text;
     EXPECT_GE(tensors_peak, Value(w, "pipetrain_worker_memory_bytes", {"kind=\"tensors\""}));
     // Each stage sent as many activation bytes as the other received, and back for gradients.
@@ -227,14 +229,14 @@ TEST_F(MetricsDaemonsTest, AMetricsPortInUseIsAClearErrorAtStart) {
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1));
   const std::string taken = cluster.WorkerMetricsAddress(0);
   ASSERT_FALSE(taken.empty());
-  Result worker = cluster.Shell(std::string(LocalCluster::worker_path()) + " --coordinator " +
-                                cluster.address() + " --metrics-listen " + taken +
-                                " --register-timeout 5");
+  Result worker =
+      cluster.Shell(std::string(LocalCluster::worker_path()) + " --coordinator " +
+                    cluster.address() + " --metrics-listen " + taken + " --register-timeout 5");
   EXPECT_EQ(worker.exit_code, 5);
   EXPECT_THAT(worker.err, HasSubstr("--metrics-listen " + taken + ": cannot listen there"));
-  Result coordinator = cluster.Shell(std::string(LocalCluster::coordinator_path()) +
-                                     " --listen 127.0.0.1:0 --db " + (dir_ / "other.db").string() +
-                                     " --metrics-listen " + taken);
+  Result coordinator =
+      cluster.Shell(std::string(LocalCluster::coordinator_path()) + " --listen 127.0.0.1:0 --db " +
+                    (dir_ / "other.db").string() + " --metrics-listen " + taken);
   EXPECT_EQ(coordinator.exit_code, 5);
   EXPECT_THAT(coordinator.err, HasSubstr("is the port in use?"));
   // The first worker serves on, undisturbed.

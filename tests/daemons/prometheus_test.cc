@@ -2,8 +2,8 @@
 // configuration and alert rules, scrapes a real coordinator and two workers while a real job
 // runs. Every target is up, the alert rules load and evaluate without error, and every
 // query the alert rules are built from, and every query of every Grafana dashboard panel
-// (deploy/grafana/dashboards, its job_id variable set), returns data. promtool checks the configuration and
-// the rules, and runs the rules' unit tests (deploy/prometheus/alerts_test.yml).
+// (deploy/grafana/dashboards, its job_id variable set), returns data. promtool checks the
+// configuration and the rules, and runs the rules' unit tests (deploy/prometheus/alerts_test.yml).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -162,9 +162,9 @@ TEST_F(PrometheusTest, ARealServerScrapesARunningJobAndEveryRuleQueryHasData) {
       "--lr-decay cosine --clip-grad-norm 1.0 --eval-every 2 --eval-split 0.1");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
-  ASSERT_FALSE(cluster.WaitForJob(id, [](const nlohmann::json& j) {
-                        return Int64Of(j, "step", -1) >= 3;
-                      }).is_null());
+  ASSERT_FALSE(
+      cluster.WaitForJob(id, [](const nlohmann::json& j) { return Int64Of(j, "step", -1) >= 3; })
+          .is_null());
 
   // Every target up, then enough scrapes for a rate over them.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);

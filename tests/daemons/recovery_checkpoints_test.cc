@@ -39,15 +39,16 @@ TEST_F(RecoveryTest, AFailedCheckpointIsReportedAndTheJobGoesOn) {
 
 // A small job of 2 stages: what the checkpoint tests below run and resume (their steps,
 // checkpoint and resume_from appended).
-constexpr char kSmallJob[] = "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
-                             "stages: 2\noptimizer: {name: sgd, lr: 0.05}\n";
+constexpr char kSmallJob[] =
+    "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 2}\n"
+    "stages: 2\noptimizer: {name: sgd, lr: 0.05}\n";
 
 // Runs kSmallJob for `steps` steps with a checkpoint every `every` in `ckpt` (its file
 // written to `file`); whether it succeeded.
-bool RunSmallJobWithCheckpoints(LocalCluster& cluster, const fs::path& file,
-                                const fs::path& ckpt, int steps, int every) {
-  std::ofstream(file) << kSmallJob << "steps: " << steps << "\ncheckpoint: {dir: "
-                      << ckpt.string() << ", every: " << every << "}\n";
+bool RunSmallJobWithCheckpoints(LocalCluster& cluster, const fs::path& file, const fs::path& ckpt,
+                                int steps, int every) {
+  std::ofstream(file) << kSmallJob << "steps: " << steps << "\ncheckpoint: {dir: " << ckpt.string()
+                      << ", every: " << every << "}\n";
   Result done = cluster.Cli("submit " + file.string() + " --follow");
   EXPECT_EQ(done.exit_code, 0) << done.err;
   return done.exit_code == 0;

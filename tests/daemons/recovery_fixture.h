@@ -18,8 +18,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "pipetrain/v1/job_service.grpc.pb.h"
 #include "tests/daemons/committed_steps.h"
@@ -44,17 +44,20 @@ class RecoveryTest : public ::pipetrain::test::DaemonTest {};
 // The job without its checkpoint policy and max_restarts (see WithRecovery).
 inline std::string Job(int steps, const std::string& schedule = "1f1b") {
   return "model: {name: gpt, d_model: 32, n_heads: 4, n_layers: 2}\n"
-         "schedule: " + schedule + "\nstages: 2\nreplicas: 2\nmicrobatches: 4\n"
-         "microbatch_size: 4\nsteps: " + std::to_string(steps) + "\ndtype: float64\n"
+         "schedule: " +
+         schedule +
+         "\nstages: 2\nreplicas: 2\nmicrobatches: 4\n"
+         "microbatch_size: 4\nsteps: " +
+         std::to_string(steps) +
+         "\ndtype: float64\n"
          "optimizer: {name: adamw, lr: 0.003}\ntimeout_s: 30\n";
 }
 
 // `job` with a checkpoint every `every` steps (keeping 2) and `max_restarts`.
 inline std::string WithRecovery(const std::string& job, const fs::path& checkpoints, int every,
                                 int max_restarts) {
-  return job + "checkpoint: {dir: " + checkpoints.string() + ", every: " +
-         std::to_string(every) + ", keep: 2}\nmax_restarts: " + std::to_string(max_restarts) +
-         "\n";
+  return job + "checkpoint: {dir: " + checkpoints.string() + ", every: " + std::to_string(every) +
+         ", keep: 2}\nmax_restarts: " + std::to_string(max_restarts) + "\n";
 }
 
 // The number (start order) of the worker registered as `worker_id` (its log says so);
@@ -111,7 +114,8 @@ inline std::vector<at::Tensor> GatherWeights(const fs::path& dir, int stages) {
   }
   std::vector<at::Tensor> all;
   for (const auto& [stage, tensors] : params) all.insert(all.end(), tensors.begin(), tensors.end());
-  for (const auto& [stage, tensors] : buffers) all.insert(all.end(), tensors.begin(), tensors.end());
+  for (const auto& [stage, tensors] : buffers)
+    all.insert(all.end(), tensors.begin(), tensors.end());
   return all;
 }
 

@@ -5,20 +5,20 @@
 // independently by the un-pipelined reference trainer).
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <tuple>
-#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "jobspec/spec_yaml.h"
 #include "rpc/status.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/layer_state.h"
 #include "runtime/control/step_commands.h"
-#include "jobspec/spec_yaml.h"
 #include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/job/reference/reference_trainer.h"
@@ -42,7 +42,6 @@ steps: 60
 dtype: float64
 optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
 )";
-
 
 TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
   LocalCluster cluster(dir_, 3);
@@ -100,7 +99,8 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
   });
   ASSERT_EQ(StateOf(done), "JOB_STATE_SUCCEEDED") << done.dump();
   EXPECT_EQ(Int64Of(done, "step", -1), n_stop - 1);
-  EXPECT_THAT(done.value("message", ""), HasSubstr("stopped before step " + std::to_string(n_stop)));
+  EXPECT_THAT(done.value("message", ""),
+              HasSubstr("stopped before step " + std::to_string(n_stop)));
 
   // The coordinator saw every rank report each command at its boundary.
   Result logs = cluster.Cli("logs job-0001");
@@ -141,8 +141,7 @@ TEST_F(StepCommandsTest, TakeEffectAtTheNamedStepOnEveryStageWithoutStalling) {
       // a wait for an RPC or a command, would take far longer).
       EXPECT_LE(intervals[n - 1], 2 * median + 0.1) << "step " << n << ", median " << median;
     }
-    final_params.insert(final_params.end(), outcome->parameters.begin(),
-                        outcome->parameters.end());
+    final_params.insert(final_params.end(), outcome->parameters.begin(), outcome->parameters.end());
   }
   // `pipetrain checkpoint` wrote the job's checkpoint keyed by layer, committed by one rank.
   absl::StatusOr<checkpoint::FoundCheckpoint> found =
@@ -191,17 +190,15 @@ TEST_F(StepCommandsTest, CliStopEndsALongJobCleanly) {
   spec.replace(spec.find("steps: 60"), 9, "steps: 100000");
   Result submitted = cluster.Cli("submit " + Write("job.yaml", spec).string());
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
-  nlohmann::json running = cluster.WaitForJob("job-0001", [](const nlohmann::json& job) {
-    return StateOf(job) != "JOB_STATE_QUEUED";
-  });
+  nlohmann::json running = cluster.WaitForJob(
+      "job-0001", [](const nlohmann::json& job) { return StateOf(job) != "JOB_STATE_QUEUED"; });
   ASSERT_EQ(StateOf(running), "JOB_STATE_RUNNING") << running.dump();
   Result stop = cluster.Cli("stop job-0001");
   ASSERT_EQ(stop.exit_code, 0) << stop.err;
   EXPECT_THAT(stop.out, HasSubstr("stop scheduled before step "));
   const int64_t n = std::stoll(stop.out.substr(stop.out.find("before step ") + 12));
-  nlohmann::json done = cluster.WaitForJob("job-0001", [](const nlohmann::json& job) {
-    return StateOf(job) != "JOB_STATE_RUNNING";
-  });
+  nlohmann::json done = cluster.WaitForJob(
+      "job-0001", [](const nlohmann::json& job) { return StateOf(job) != "JOB_STATE_RUNNING"; });
   EXPECT_EQ(StateOf(done), "JOB_STATE_SUCCEEDED") << done.dump();
   EXPECT_EQ(Int64Of(done, "step", -1), n - 1);
   EXPECT_TRUE(cluster.WaitForIdleWorkers(2));

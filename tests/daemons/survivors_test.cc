@@ -1,12 +1,12 @@
 // A lost replica costs no step (coordinator/job_controller.h, worker/survivor_handoff.h), with
 // real daemons on loopback: a job of 2 stages x 3 replicas on six workers commits its steps;
-// a worker is SIGKILLed (or SIGSTOPped: hung) mid-step; the survivors report where they stand, go on from their
-// newest common step (the two lowest surviving replicas write their stages' state as the
-// checkpoint before it), and the job runs on the five workers left with the global batch
-// kept. Every step is committed exactly once, none is run again, and the final
-// parameters equal a run without faults (float64, 1e-10). The next generation's ranks read
-// no checkpoint: each takes its layers from the survivors' workers, which hold them in
-// memory (a spare worker fetches them). The fixture is recovery_fixture.h.
+// a worker is SIGKILLed (or SIGSTOPped: hung) mid-step; the survivors report where they stand, go
+// on from their newest common step (the two lowest surviving replicas write their stages' state as
+// the checkpoint before it), and the job runs on the five workers left with the global batch kept.
+// Every step is committed exactly once, none is run again, and the final parameters equal a run
+// without faults (float64, 1e-10). The next generation's ranks read no checkpoint: each takes its
+// layers from the survivors' workers, which hold them in memory (a spare worker fetches them). The
+// fixture is recovery_fixture.h.
 #include <signal.h>
 
 #include <algorithm>
@@ -36,8 +36,8 @@ std::string ThreeReplicas(int steps, const std::string& schedule) {
 // again, the spare taking the lost rank's place with the state it fetched from a survivor.
 // With `hang`, the worker is SIGSTOPped instead of killed (no heartbeat, no progress, its
 // connections open): the round passes it over at its deadline; it is continued at the end.
-void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
-                               bool spare = false, bool hang = false) {
+void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule, bool spare = false,
+                               bool hang = false) {
   const int workers = spare ? 7 : 6;
   LocalCluster cluster(dir, workers);
   ASSERT_FALSE(cluster.address().empty());
@@ -48,17 +48,16 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
                                   << "weights_dir: " << weights.string() << "\n";
   auto stub = cluster.JobStub();
   const std::string id = Submit(cluster, dir / "job.yaml");
-  v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
-    return Ended(j) || j.step() >= 60;
-  }, milliseconds(180000));
+  v1::Job running = PollJob(
+      *stub, id, [](const v1::Job& j) { return Ended(j) || j.step() >= 60; }, milliseconds(180000));
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
   // Stage 1 of replica 1 (rank 3), mid-step.
   const std::string victim = running.stage_status(3).worker_id();
   const int index = WorkerIndex(cluster, victim);
   ASSERT_GE(index, 0) << victim;
-  const int64_t hit_unix_ms = std::chrono::duration_cast<milliseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count();
+  const int64_t hit_unix_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   if (hang) {
     kill(cluster.worker_pid(index), SIGSTOP);
   } else {
@@ -82,20 +81,21 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
   } else {
     EXPECT_LE(r.stages() * r.replicas(), 5);
   }
-  std::printf("%s: the survivors went on from step %lld (%lld committed when the fault was "
-              "seen); detected after %lld ms, placed after %lld ms more, first good step "
-              "%lld ms after detection; layout %d x %d x %d\n",
-              schedule.c_str(), static_cast<long long>(r.resumed_at_step()),
-              static_cast<long long>(r.failed_after_step() + 1),
-              static_cast<long long>(r.detected_unix_ms() - hit_unix_ms),
-              static_cast<long long>(r.placed_unix_ms() - r.detected_unix_ms()),
-              static_cast<long long>(r.first_step_unix_ms() - r.detected_unix_ms()), r.stages(),
-              r.replicas(), r.microbatches());
+  std::printf(
+      "%s: the survivors went on from step %lld (%lld committed when the fault was "
+      "seen); detected after %lld ms, placed after %lld ms more, first good step "
+      "%lld ms after detection; layout %d x %d x %d\n",
+      schedule.c_str(), static_cast<long long>(r.resumed_at_step()),
+      static_cast<long long>(r.failed_after_step() + 1),
+      static_cast<long long>(r.detected_unix_ms() - hit_unix_ms),
+      static_cast<long long>(r.placed_unix_ms() - r.detected_unix_ms()),
+      static_cast<long long>(r.first_step_unix_ms() - r.detected_unix_ms()), r.stages(),
+      r.replicas(), r.microbatches());
   ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir / "jobs.db", id), 160, 2);
   ExpectWithin(GatherWeights(weights, done.stages()), Uninterrupted(cluster, dir, body), 1e-10);
   Result logs = cluster.Cli("logs " + id);
-  EXPECT_THAT(logs.out, HasSubstr("the survivors go on from step " +
-                                  std::to_string(r.resumed_at_step())));
+  EXPECT_THAT(logs.out,
+              HasSubstr("the survivors go on from step " + std::to_string(r.resumed_at_step())));
   EXPECT_THAT(logs.out, HasSubstr("(no step to run again)"));
   // No rank of the next generation read the checkpoint: each took its layers from its own
   // worker's hold or fetched them from a survivor's worker.
@@ -104,9 +104,8 @@ void KilledMidStepNoStepIsLost(const fs::path& dir, const std::string& schedule,
       << logs.out;
   const int ranks = r.stages() * r.replicas();
   int took = 0, fetched = 0;
-  for (size_t at = 0; (at = logs.out.find("took its state at step " + step, at)) !=
-                      std::string::npos;
-       ++at) {
+  for (size_t at = 0;
+       (at = logs.out.find("took its state at step " + step, at)) != std::string::npos; ++at) {
     ++took;
     const std::string line = logs.out.substr(at, logs.out.find('\n', at) - at);
     if (line.find("fetched from") != std::string::npos) ++fetched;

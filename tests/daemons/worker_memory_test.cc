@@ -51,7 +51,6 @@ int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   return -1;
 }
 
-
 class WorkerMemoryTest : public DaemonTest {};
 
 TEST_F(WorkerMemoryTest, AMillionStepsWithinTenMegabytesOfAThousand) {
@@ -94,11 +93,12 @@ TEST_F(WorkerMemoryTest, AMillionStepsWithinTenMegabytesOfAThousand) {
   EXPECT_EQ(job.step(), kSteps - 1);
   const int64_t final_peak = ProcStatusBytes(worker, "VmHWM");
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("worker peak resident memory: %.1f MB after step %lld, %.1f MB after step %lld, "
-              "%.1f MB after %lld steps (%.0f s)\n",
-              early_peak / 1e6, static_cast<long long>(early_step), middle_peak / 1e6,
-              static_cast<long long>(middle_step), final_peak / 1e6,
-              static_cast<long long>(kSteps), seconds);
+  std::printf(
+      "worker peak resident memory: %.1f MB after step %lld, %.1f MB after step %lld, "
+      "%.1f MB after %lld steps (%.0f s)\n",
+      early_peak / 1e6, static_cast<long long>(early_step), middle_peak / 1e6,
+      static_cast<long long>(middle_step), final_peak / 1e6, static_cast<long long>(kSteps),
+      seconds);
   RecordProperty("early_peak_bytes", std::to_string(early_peak));
   RecordProperty("middle_peak_bytes", std::to_string(middle_peak));
   RecordProperty("final_peak_bytes", std::to_string(final_peak));

@@ -18,9 +18,10 @@
 namespace pipetrain::kubernetes_test {
 
 // A rendered pod's container as this machine runs it: $(VAR) from the container's env
-// (POD_IP: `pod_ip`; the node's name: "node-" and `pod_ip`, a node per pod), a Service's name:port as the address of the host its pods run on (as
-// SetServiceHost says; 127.0.0.1 unless said) and the port its targetPort names, each mount
-// path as a directory under `root` holding what the volume would.
+// (POD_IP: `pod_ip`; the node's name: "node-" and `pod_ip`, a node per pod), a Service's name:port
+// as the address of the host its pods run on (as SetServiceHost says; 127.0.0.1 unless said) and
+// the port its targetPort names, each mount path as a directory under `root` holding what the
+// volume would.
 struct Launch {
   std::vector<std::string> argv;
   std::string log;
@@ -53,7 +54,8 @@ class ContainerRunner {
           std::ofstream(local / "token") << kToken << "\n";
         }
         if (v["configMap"]) {
-          const YAML::Node* map = Find(objects_, "ConfigMap", v["configMap"]["name"].as<std::string>());
+          const YAML::Node* map =
+              Find(objects_, "ConfigMap", v["configMap"]["name"].as<std::string>());
           EXPECT_NE(map, nullptr) << v["configMap"]["name"].as<std::string>();
           if (map == nullptr) continue;
           for (const auto& kv : (*map)["data"]) {

@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <yaml-cpp/yaml.h>
@@ -122,7 +122,8 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
   const Launch c = runner.Prepare(coordinator, "127.0.99.1", "coordinator");
   pids.push_back(pipetrain::client::SpawnDaemon(c.argv, c.log, SIGKILL));
   ASSERT_TRUE(WaitUntilServing(pids.back(), "127.0.0.1:" + std::to_string(coordinator_port), ""))
-      << "the coordinator's readiness probe never passed:\n" << pipetrain::client::LogTail(c.log);
+      << "the coordinator's readiness probe never passed:\n"
+      << pipetrain::client::LogTail(c.log);
   const auto annotations = StringMap(coordinator["spec"]["template"]["metadata"]["annotations"]);
   const auto [code, text] = Scrape("127.0.0.1", std::stoi(annotations.at("prometheus.io/port")),
                                    annotations.at("prometheus.io/path"));
@@ -136,7 +137,8 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
     const std::string pod_ip = "127.0.99." + std::to_string(10 + i);
     const Launch w = runner.Prepare(workers, pod_ip, "worker-" + std::to_string(i));
     pids.push_back(pipetrain::client::SpawnDaemon(w.argv, w.log, SIGKILL));
-    ASSERT_TRUE(WaitUntilServing(pids.back(), pod_ip + ":" + std::to_string(ContainerPort(wc, "grpc")),
+    ASSERT_TRUE(WaitUntilServing(pids.back(),
+                                 pod_ip + ":" + std::to_string(ContainerPort(wc, "grpc")),
                                  wc["readinessProbe"]["grpc"]["service"].as<std::string>()))
         << "worker " << i << "'s readiness probe never passed:\n"
         << pipetrain::client::LogTail(w.log);
@@ -149,8 +151,9 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
 
   const Launch s = runner.Prepare(submit, "127.0.99.200", "submit");
   const int exit_code = RunToEnd(s, std::chrono::seconds(180));
-  EXPECT_EQ(exit_code, 0) << "the submit Job's command:\n" << pipetrain::client::LogTail(s.log, 20)
-                          << "\ncoordinator:\n" << pipetrain::client::LogTail(c.log, 20);
+  EXPECT_EQ(exit_code, 0) << "the submit Job's command:\n"
+                          << pipetrain::client::LogTail(s.log, 20) << "\ncoordinator:\n"
+                          << pipetrain::client::LogTail(c.log, 20);
   EXPECT_THAT(ReadFile(s.log), HasSubstr("succeeded"));
 }
 
@@ -159,8 +162,8 @@ TEST_F(KubernetesTest, TheCpuOverlaysCommandLinesStartTheDaemonsAndTrainTheJob) 
 TEST_F(KubernetesTest, TheGpuOverlaysWorkerCommandLineParsesAndAsksForCuda) {
   const std::vector<YAML::Node> objects = Render("gpu");
   ContainerRunner runner(objects, dir_);
-  const Launch w = runner.Prepare(*Find(objects, "StatefulSet", "pipetrain-worker"),
-                                  "127.0.99.50", "gpu-worker");
+  const Launch w = runner.Prepare(*Find(objects, "StatefulSet", "pipetrain-worker"), "127.0.99.50",
+                                  "gpu-worker");
   EXPECT_EQ(RunToEnd(w, std::chrono::seconds(30)), pipetrain::exit_code::kUsage) << ReadFile(w.log);
   EXPECT_THAT(ReadFile(w.log), HasSubstr("--device cuda: this process sees 0 CUDA devices"));
 }

@@ -21,8 +21,8 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
-#include "tests/daemons/local_cluster.h"
 #include "runtime/base/host_port.h"
+#include "tests/daemons/local_cluster.h"
 
 namespace pipetrain::kubernetes_test {
 

@@ -56,7 +56,8 @@ TEST_F(KubernetesTest, EachPodOnAHostOfItsOwnTrainsTheJobThroughItsServices) {
   const YAML::Node wc = (*workers)["spec"]["template"]["spec"]["containers"][0];
   const int worker_port = ContainerPort(wc, "grpc");
   for (int i = 0; i < replicas; ++i) {
-    const Launch w = runner.Prepare(*workers, hosts.DataAddress(1 + i), "worker-" + std::to_string(i));
+    const Launch w =
+        runner.Prepare(*workers, hosts.DataAddress(1 + i), "worker-" + std::to_string(i));
     ASSERT_TRUE(hosts.Start(1 + i, w.argv, w.log).ok());
   }
 
@@ -68,17 +69,18 @@ TEST_F(KubernetesTest, EachPodOnAHostOfItsOwnTrainsTheJobThroughItsServices) {
     if (s.argv[k].rfind("--coordinator=", 0) == 0) coordinator_address = s.argv[k].substr(14);
     if (s.argv[k].rfind("--token-file=", 0) == 0) token_file = s.argv[k].substr(13);
   }
-  ASSERT_EQ(coordinator_address, absl::StrCat(hosts.DataAddress(0), ":", ContainerPort(
-      (*coordinator)["spec"]["template"]["spec"]["containers"][0], "grpc")));
+  ASSERT_EQ(coordinator_address,
+            absl::StrCat(hosts.DataAddress(0), ":",
+                         ContainerPort((*coordinator)["spec"]["template"]["spec"]["containers"][0],
+                                       "grpc")));
   // `pipetrain workers -o json`: a worker per line. Up to 60 s for every worker to register.
   std::vector<std::string> addresses;
   std::string listed;
   int idle = 0;
   for (int attempt = 0; attempt < 300 && idle < replicas; ++attempt) {
-    const NamespaceHosts::Ran ran =
-        hosts.Run(submit_host, {LocalCluster::cli_path(), "workers", "--coordinator",
-                                coordinator_address, "--token-file", token_file, "-o", "json",
-                                "--timeout", "5"});
+    const NamespaceHosts::Ran ran = hosts.Run(
+        submit_host, {LocalCluster::cli_path(), "workers", "--coordinator", coordinator_address,
+                      "--token-file", token_file, "-o", "json", "--timeout", "5"});
     idle = 0;
     addresses.clear();
     listed = ran.out;
@@ -95,15 +97,16 @@ TEST_F(KubernetesTest, EachPodOnAHostOfItsOwnTrainsTheJobThroughItsServices) {
   // Each worker registered at its own pod's address and the port its container declares, and
   // its node's name (the downward API's spec.nodeName) as its host.
   for (int i = 0; i < replicas; ++i) {
-    EXPECT_THAT(addresses, ::testing::Contains(absl::StrCat(
-                               hosts.DataAddress(1 + i), ":", worker_port, " on node-",
-                               hosts.DataAddress(1 + i))));
+    EXPECT_THAT(addresses,
+                ::testing::Contains(absl::StrCat(hosts.DataAddress(1 + i), ":", worker_port,
+                                                 " on node-", hosts.DataAddress(1 + i))));
   }
 
   std::vector<int64_t> sent_before;
   for (int i = 0; i < replicas; ++i) sent_before.push_back(hosts.TxBytes(1 + i, "eth0"));
   const NamespaceHosts::Ran ran = hosts.Run(submit_host, s.argv);
-  EXPECT_EQ(ran.exit_code, 0) << "the submit Job's command:\n" << ran.out << "\ncoordinator:\n"
+  EXPECT_EQ(ran.exit_code, 0) << "the submit Job's command:\n"
+                              << ran.out << "\ncoordinator:\n"
                               << pipetrain::client::LogTail(c.log, 20);
   EXPECT_THAT(ran.out, HasSubstr("succeeded"));
   // The pipeline's activations, gradients and AllReduces crossed the worker hosts' links.

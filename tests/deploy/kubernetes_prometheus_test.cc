@@ -18,8 +18,8 @@ namespace pipetrain::kubernetes_test {
 namespace {
 
 // Prometheus's relabelling (keep and replace; regexes anchored at both ends) of one target.
-std::optional<std::map<std::string, std::string>> Relabel(
-    std::map<std::string, std::string> labels, const YAML::Node& configs) {
+std::optional<std::map<std::string, std::string>> Relabel(std::map<std::string, std::string> labels,
+                                                          const YAML::Node& configs) {
   for (const YAML::Node& rc : configs) {
     std::string value;
     const std::string separator = rc["separator"].as<std::string>(";");
@@ -56,7 +56,8 @@ std::optional<std::map<std::string, std::string>> Relabel(
 // the pod's annotations and labels as meta labels); the configuration keeps one per
 // scraped pod, at the annotated port and path: the daemon's --metrics-listen port.
 TEST_F(KubernetesTest, PrometheusPodDiscoveryScrapesEachDaemonsMetricsPort) {
-  const YAML::Node config = YAML::LoadFile((kDeploy / "prometheus" / "prometheus-kubernetes.yml").string());
+  const YAML::Node config =
+      YAML::LoadFile((kDeploy / "prometheus" / "prometheus-kubernetes.yml").string());
   const YAML::Node scrape = config["scrape_configs"][0];
   ASSERT_EQ(scrape["kubernetes_sd_configs"][0]["role"].as<std::string>(), "pod");
   EXPECT_EQ(scrape["kubernetes_sd_configs"][0]["namespaces"]["names"][0].as<std::string>(),
@@ -77,10 +78,12 @@ TEST_F(KubernetesTest, PrometheusPodDiscoveryScrapesEachDaemonsMetricsPort) {
             {"__meta_kubernetes_pod_name", o["metadata"]["name"].as<std::string>() + "-0"},
             {"__meta_kubernetes_pod_container_port_name", p["name"].as<std::string>("")}};
         for (const auto& [k, v] : StringMap(pod["metadata"]["annotations"])) {
-          labels["__meta_kubernetes_pod_annotation_" + std::regex_replace(k, std::regex("[^a-zA-Z0-9]"), "_")] = v;
+          labels["__meta_kubernetes_pod_annotation_" +
+                 std::regex_replace(k, std::regex("[^a-zA-Z0-9]"), "_")] = v;
         }
         for (const auto& [k, v] : StringMap(pod["metadata"]["labels"])) {
-          labels["__meta_kubernetes_pod_label_" + std::regex_replace(k, std::regex("[^a-zA-Z0-9]"), "_")] = v;
+          labels["__meta_kubernetes_pod_label_" +
+                 std::regex_replace(k, std::regex("[^a-zA-Z0-9]"), "_")] = v;
         }
         const auto target = Relabel(labels, scrape["relabel_configs"]);
         if (!target) continue;

@@ -34,10 +34,9 @@ TEST_F(KubernetesTest, EveryOverlayRendersTheWholeDeployment) {
                 "pipetrain")
           << KindName(o);
     }
-    for (const char* want :
-         {"Namespace/pipetrain", "Service/pipetrain-coordinator", "Service/pipetrain-worker",
-          "StatefulSet/pipetrain-coordinator", "StatefulSet/pipetrain-worker",
-          "Job/pipetrain-submit"}) {
+    for (const char* want : {"Namespace/pipetrain", "Service/pipetrain-coordinator",
+                             "Service/pipetrain-worker", "StatefulSet/pipetrain-coordinator",
+                             "StatefulSet/pipetrain-worker", "Job/pipetrain-submit"}) {
       EXPECT_EQ(names.count(want), 1u) << want;
     }
     EXPECT_NE(Find(objects, "ConfigMap", "pipetrain-job"), nullptr);
@@ -88,8 +87,8 @@ TEST_F(KubernetesTest, SelectorsMatchTheLabelsOfThePodsTheyMeanToSelect) {
         const YAML::Node pod = PodTemplate(o);
         if (pod && Subset(selector, StringMap(pod["metadata"]["labels"]))) selected.push_back(&o);
       }
-      ASSERT_EQ(selected.size(), 1u) << KindName(service) << " selects " << selected.size()
-                                     << " workloads";
+      ASSERT_EQ(selected.size(), 1u)
+          << KindName(service) << " selects " << selected.size() << " workloads";
       EXPECT_EQ((*selected[0])["kind"].as<std::string>(), "StatefulSet");
       // Each Service port targets a port the selected container declares, by name, with the
       // same number (clients use the Service port, the daemons' flags the container port).
@@ -101,8 +100,9 @@ TEST_F(KubernetesTest, SelectorsMatchTheLabelsOfThePodsTheyMeanToSelect) {
         EXPECT_EQ(p["port"].as<int>(), target) << KindName(service);
       }
     }
-    EXPECT_EQ((*Find(objects, "Service", "pipetrain-worker"))["spec"]["clusterIP"].as<std::string>(""),
-              "None");
+    EXPECT_EQ(
+        (*Find(objects, "Service", "pipetrain-worker"))["spec"]["clusterIP"].as<std::string>(""),
+        "None");
   }
 }
 
@@ -171,9 +171,9 @@ TEST_F(KubernetesTest, ProbeScrapeAndPeerPortsAreThoseTheDaemonsOpen) {
           EXPECT_EQ(Flag(c, "--advertise-address"), "$(POD_IP)");
           bool pod_ip = false;
           for (const YAML::Node& e : c["env"]) {
-            pod_ip |= e["name"].as<std::string>() == "POD_IP" &&
-                      At(e, {"valueFrom", "fieldRef", "fieldPath"}).as<std::string>("") ==
-                          "status.podIP";
+            pod_ip |=
+                e["name"].as<std::string>() == "POD_IP" &&
+                At(e, {"valueFrom", "fieldRef", "fieldPath"}).as<std::string>("") == "status.podIP";
           }
           EXPECT_TRUE(pod_ip) << "POD_IP is not the pod's IP";
         }

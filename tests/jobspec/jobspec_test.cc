@@ -22,16 +22,16 @@
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
 #include "jobspec/spec_yaml.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/job/job_limits.h"
+#include "runtime/job/job_spec.h"
 
 namespace pipetrain::jobspec {
 namespace {
 
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 // One non-default value of one field: as YAML writes it, as its flag takes it, and as
 // JobToJson shows the runtime's field. Each is valid on its own over the defaults.
@@ -168,8 +168,7 @@ std::string YamlOf(const std::string& path, const std::string& value) {
 
 // The YAML of a field and its companion (CompanionOf; none: the field's alone), the two in one
 // mapping where they share a parent (eval.every and eval.split: `eval: {every: .., split: ..}`).
-std::string YamlOfBoth(const std::string& path, const std::string& value,
-                       const FieldValue* with) {
+std::string YamlOfBoth(const std::string& path, const std::string& value, const FieldValue* with) {
   if (with == nullptr) return YamlOf(path, value);
   const std::vector<std::string> a = absl::StrSplit(path, '.');
   const std::vector<std::string> b = absl::StrSplit(with->path, '.');
@@ -198,8 +197,7 @@ json Expected(const std::vector<std::pair<std::string, json>>& changes) {
 }
 
 // The spec of a command line: the job file `file` (none if empty), the flags `args`.
-absl::StatusOr<v1::JobSpec> FromFlags(std::vector<std::string> args,
-                                      const std::string& file = "") {
+absl::StatusOr<v1::JobSpec> FromFlags(std::vector<std::string> args, const std::string& file = "") {
   CLI::App app;
   SpecFlags flags(&app);
   std::reverse(args.begin(), args.end());  // CLI11 takes them last first
@@ -296,10 +294,9 @@ TEST(JobSpec, FlagsOverrideTheFileFieldByField) {
   absl::StatusOr<v1::JobSpec> spec = FromFlags({"--lr", "0.25", "--stages", "3"}, file);
   ASSERT_TRUE(spec.ok()) << spec.status();
   // The flags win; what they do not name stays as the file says.
-  EXPECT_EQ(ConfigJson(*spec), Expected({{"steps", 5},
-                                         {"stages", 3},
-                                         {"optimizer.name", "sgd"},
-                                         {"optimizer.lr", 0.25}}));
+  EXPECT_EQ(
+      ConfigJson(*spec),
+      Expected({{"steps", 5}, {"stages", 3}, {"optimizer.name", "sgd"}, {"optimizer.lr", 0.25}}));
 }
 
 TEST(JobSpec, BadFlagValuesAreAllListedWithFlagAndField) {
@@ -377,7 +374,8 @@ TEST(JobLimits, EveryNumericFieldHasABoundAndDocsLimitsIsTheTable) {
   std::stringstream doc;
   doc << in.rdbuf();
   EXPECT_THAT(doc.str(), HasSubstr(job::LimitsMarkdown()))
-      << "docs/limits.md is out of date; its table is:\n" << job::LimitsMarkdown();
+      << "docs/limits.md is out of date; its table is:\n"
+      << job::LimitsMarkdown();
 }
 
 // Past each bound, and not finite: refused naming the field and the reason; the bound itself
@@ -399,8 +397,8 @@ TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
     ASSERT_FALSE(config.ok());
     EXPECT_THAT(config.status().message(), HasSubstr(l.path));
   }
-  for (const char* yaml : {"optimizer: {lr: .inf}\n", "optimizer: {eps: .nan}\n",
-                           "timeout_s: -.inf\n"}) {
+  for (const char* yaml :
+       {"optimizer: {lr: .inf}\n", "optimizer: {eps: .nan}\n", "timeout_s: -.inf\n"}) {
     absl::StatusOr<v1::JobSpec> spec = JobSpecFromYaml(yaml);
     EXPECT_FALSE(spec.ok()) << yaml;  // the reader refuses them first
     if (!spec.ok()) {
@@ -426,7 +424,7 @@ TEST(JobLimits, EveryBoundIsEnforcedWithItsReason) {
 
 TEST(JobLimits, NamesArePrintableUtf8OfAtMost256Bytes) {
   for (const std::string& name : {std::string(257, 'a'), std::string("red\x1b[31m"),
-                                 std::string("bad \xff utf8"), std::string("c1 \xc2\x9b")}) {
+                                  std::string("bad \xff utf8"), std::string("c1 \xc2\x9b")}) {
     v1::JobSpec spec;
     spec.set_name(name);
     absl::StatusOr<job::JobSpec> config = job::Validated(spec);

@@ -63,7 +63,8 @@ TEST(RunMarkedSchedule, AutoRunsTheScheduleThePlanMarksAsAJobThatValidates) {
   EXPECT_THAT(line, HasSubstr("runs " + std::string(schedule::ScheduleKindName(marked))));
   EXPECT_THAT(line, HasSubstr("against 1f1b's"));
   EXPECT_EQ(plan.chosen.layout.schedule, marked);
-  EXPECT_LT(plan.chosen.prediction.step_time_s, PlanOf(profile, cluster, chosen).chosen.prediction.step_time_s);
+  EXPECT_LT(plan.chosen.prediction.step_time_s,
+            PlanOf(profile, cluster, chosen).chosen.prediction.step_time_s);
   EXPECT_GT(plan.chosen.memory_efficiency, 0);
 
   const job::JobSpec planned = WithLayout(config, plan.chosen.layout);

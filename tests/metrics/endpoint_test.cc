@@ -12,10 +12,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,8 +27,8 @@
 
 #include "metrics/endpoint.h"
 #include "metrics/metrics.h"
-#include "tests/metrics/promtool.h"
 #include "runtime/base/host_port.h"
+#include "tests/metrics/promtool.h"
 
 namespace pipetrain::metrics {
 namespace {
@@ -99,7 +99,8 @@ int64_t OwnResidentBytes() {
 
 int OpenDescriptors() {
   int n = 0;
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    ++n;
   return n;
 }
 
@@ -138,7 +139,7 @@ TEST_F(MetricsEndpointTest, ServesMetricsAnswers404ElsewhereAndRefusesAPortInUse
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("is the port in use?"));
   EXPECT_FALSE(MetricsEndpoint::Start("nonsense", &registry_).ok());
   EXPECT_FALSE(MetricsEndpoint::Start("127.0.0.1:70000", &registry_).ok());
-  EXPECT_FALSE(MetricsEndpoint::Start("::1:0", &registry_).ok());  // IPv6 needs brackets
+  EXPECT_FALSE(MetricsEndpoint::Start("::1:0", &registry_).ok());        // IPv6 needs brackets
   EXPECT_FALSE(MetricsEndpoint::Start("localhost:0", &registry_).ok());  // an IP address
   // IPv6, where this host has a loopback address for it.
   const int probe = socket(AF_INET6, SOCK_STREAM, 0);
@@ -174,15 +175,14 @@ TEST_F(MetricsEndpointTest, ServesGzipToScrapersThatAcceptIt) {
   // The response's head and body, split at the empty line.
   const auto split = [](const std::string& response) {
     const size_t end = response.find("\r\n\r\n");
-    return end == std::string::npos
-               ? std::pair<std::string, std::string>{response, ""}
-               : std::pair<std::string, std::string>{response.substr(0, end + 2),
-                                                     response.substr(end + 4)};
+    return end == std::string::npos ? std::pair<std::string, std::string>{response, ""}
+                                    : std::pair<std::string, std::string>{
+                                          response.substr(0, end + 2), response.substr(end + 4)};
   };
   {
-    const auto [head, body] =
-        split(Request(port_, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n"
-                             "Accept-Encoding: deflate, GZIP;q=0.5\r\n\r\n"));
+    const auto [head, body] = split(Request(port_,
+                                            "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n"
+                                            "Accept-Encoding: deflate, GZIP;q=0.5\r\n\r\n"));
     EXPECT_EQ(StatusOf(head), 200) << head;
     EXPECT_THAT(head, HasSubstr("Content-Encoding: gzip\r\n"));
     EXPECT_THAT(head, HasSubstr("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
@@ -193,9 +193,8 @@ TEST_F(MetricsEndpointTest, ServesGzipToScrapersThatAcceptIt) {
     EXPECT_LT(body.size(), plain.size() / 2);
   }
   for (const char* refused : {"", "Accept-Encoding: gzip;q=0\r\n", "Accept-Encoding: br\r\n"}) {
-    const auto [head, body] =
-        split(Request(port_, std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n") + refused +
-                                 "\r\n"));
+    const auto [head, body] = split(
+        Request(port_, std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n") + refused + "\r\n"));
     EXPECT_EQ(StatusOf(head), 200) << head;
     EXPECT_THAT(head, ::testing::Not(HasSubstr("Content-Encoding")));
     EXPECT_THAT(head, HasSubstr("Content-Length: " + std::to_string(body.size()) + "\r\n"));
@@ -216,8 +215,10 @@ TEST_F(MetricsEndpointTest, ServesGzipToScrapersThatAcceptIt) {
 // (and bytes that are not UTF-8) escaped as every text from elsewhere is (Printable), never
 // raw.
 TEST_F(MetricsEndpointTest, A404ShowsThePathTruncatedAndEscaped) {
-  const std::string hostile = "GET /\x1b[2J\x07" "bell\x7f" + std::string(1000, 'p') +
-                              " HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string hostile =
+      "GET /\x1b[2J\x07"
+      "bell\x7f" +
+      std::string(1000, 'p') + " HTTP/1.1\r\nHost: x\r\n\r\n";
   const std::string response = Request(port_, hostile);
   EXPECT_EQ(StatusOf(response), 404) << response;
   const std::string body = response.substr(response.find("\r\n\r\n") + 4);
@@ -242,13 +243,15 @@ TEST_F(MetricsEndpointTest, AnswersOnlyGetAndNeverReadsABody) {
   const std::string with_body =
       Request(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 536870912\r\n\r\n");
   EXPECT_EQ(StatusOf(with_body), 413) << with_body;
-  EXPECT_EQ(StatusOf(Request(port_, "GET /metrics HTTP/1.1\r\nHost: x\r\n"
-                                    "Transfer-Encoding: chunked\r\n\r\n")),
+  EXPECT_EQ(StatusOf(Request(port_,
+                             "GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                             "Transfer-Encoding: chunked\r\n\r\n")),
             413);
   {
     const int fd = Connect(port_);
     ASSERT_GE(fd, 0);
-    ASSERT_TRUE(SendAll(fd, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1610612736\r\n\r\n"));
+    ASSERT_TRUE(
+        SendAll(fd, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1610612736\r\n\r\n"));
     const std::string chunk(1 << 20, 'x');
     int sent_mib = 0;
     for (; sent_mib < 64 && SendAll(fd, chunk); ++sent_mib) {
@@ -297,8 +300,8 @@ TEST_F(MetricsEndpointTest, SlowHeadersAreCutOffAndScrapesGoOn) {
   std::atomic<bool> stop{false};
   std::atomic<int> cut{0};
   std::thread dribbler([&] {
-    const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " +
-                                std::string(200, 'a') + "\r\n\r\n";
+    const std::string request =
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + std::string(200, 'a') + "\r\n\r\n";
     std::vector<bool> open(slow.size(), true);
     for (size_t byte = 0; byte < request.size() && !stop; ++byte) {
       for (size_t i = 0; i < slow.size(); ++i) {
@@ -427,8 +430,9 @@ TimedResponse TimedScrape(int port, double deadline_s) {
                                     std::chrono::duration<double>(deadline_s));
   const auto left_ms = [&] {
     return static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(
-               deadline - std::chrono::steady_clock::now()).count()));
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+               .count()));
   };
   TimedResponse result;
   const int fd = ConnectIdle(port);
@@ -458,8 +462,7 @@ TimedResponse TimedScrape(int port, double deadline_s) {
     }
   }
   close(fd);
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (complete && result.seconds <= deadline_s) result.status = StatusOf(response);
   return result;
 }
@@ -585,8 +588,8 @@ TEST(MetricsEndpointFloodControl, ABlockingServerKeepsScrapesWaitingThroughTheSa
     IdleFlood flood(server.port());
     flood.StartChurn();
     int answered = 0;
-    for (const TimedResponse& scrape : ScrapesDuringFlood(server.port(), flood,
-                                                          "a blocking server")) {
+    for (const TimedResponse& scrape :
+         ScrapesDuringFlood(server.port(), flood, "a blocking server")) {
       answered += scrape.status == 200;
       EXPECT_GT(scrape.churned, 0);
     }

@@ -42,11 +42,14 @@ std::vector<std::pair<std::string, std::string>> Samples(const std::string& text
 TEST(Metrics, CountersGaugesAndHistogramsRenderAsTheFormatSays) {
   Registry r;
   r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
-               {"job-0001", "0"}).Increment(3);
+               {"job-0001", "0"})
+      .Increment(3);
   r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
-               {"job-0001", "0"}).Increment(2);  // the same series again
+               {"job-0001", "0"})
+      .Increment(2);  // the same series again
   r.GetCounter("pipetrain_steps_total", "Steps completed.", {"job_id", "pp_stage"},
-               {"job-0001", "0"}).Increment(-7);  // a counter never goes down
+               {"job-0001", "0"})
+      .Increment(-7);  // a counter never goes down
   r.GetGauge("pipetrain_bubble_ratio", "Idle share of the last step.", {}, {}).Set(0.25);
   Histogram& h = r.GetHistogram("pipetrain_step_duration_seconds", "Step time.", {"pp_stage"},
                                 {"1"}, {0.1, 1, 10});
@@ -71,10 +74,9 @@ TEST(Metrics, CountersGaugesAndHistogramsRenderAsTheFormatSays) {
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("# TYPE ", 0) == 0) types.push_back(line);
   }
-  EXPECT_EQ(types, (std::vector<std::string>{
-                       "# TYPE pipetrain_bubble_ratio gauge",
-                       "# TYPE pipetrain_step_duration_seconds histogram",
-                       "# TYPE pipetrain_steps_total counter"}));
+  EXPECT_EQ(types, (std::vector<std::string>{"# TYPE pipetrain_bubble_ratio gauge",
+                                             "# TYPE pipetrain_step_duration_seconds histogram",
+                                             "# TYPE pipetrain_steps_total counter"}));
   EXPECT_THAT(text, HasSubstr("# HELP pipetrain_steps_total Steps completed.\n"));
   const auto [status, out] = Promtool(text);
   EXPECT_EQ(status, 0) << out;
@@ -105,7 +107,8 @@ TEST(Metrics, HistogramsStayConsistentUnderConcurrentUpdates) {
     for (const auto& [series, value] : Samples(text)) {
       EXPECT_EQ(++seen[series], 1) << "twice: " << series;
       std::smatch m;
-      static const std::regex bucket(R"re(pipetrain_wait_seconds_bucket\{pp_stage="(\d)",le="([^"]+)"\})re");
+      static const std::regex bucket(
+          R"re(pipetrain_wait_seconds_bucket\{pp_stage="(\d)",le="([^"]+)"\})re");
       if (std::regex_match(series, m, bucket)) {
         const double v = std::stod(value);
         EXPECT_GE(v, last_bucket[m[1]]) << "buckets decrease: " << series;
@@ -126,11 +129,12 @@ TEST(Metrics, HistogramsStayConsistentUnderConcurrentUpdates) {
 TEST(Metrics, LabelValuesAndHelpAreEscaped) {
   Registry r;
   r.GetGauge("pipetrain_info", "A \\ backslash\nand a newline.", {"name"},
-             {"a \"quoted\" \\ name\nwith a newline"}).Set(1);
+             {"a \"quoted\" \\ name\nwith a newline"})
+      .Set(1);
   const std::string text = r.Render();
   EXPECT_THAT(text, HasSubstr("# HELP pipetrain_info A \\\\ backslash\\nand a newline.\n"));
-  EXPECT_THAT(text,
-              HasSubstr("pipetrain_info{name=\"a \\\"quoted\\\" \\\\ name\\nwith a newline\"} 1\n"));
+  EXPECT_THAT(
+      text, HasSubstr("pipetrain_info{name=\"a \\\"quoted\\\" \\\\ name\\nwith a newline\"} 1\n"));
   const auto [status, out] = Promtool(text);
   EXPECT_EQ(status, 0) << out;
 }
@@ -142,19 +146,21 @@ TEST(Metrics, NamesAndLabelsFollowPrometheusRules) {
   EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"instance"}, {"a"}), std::invalid_argument);
   EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"__reserved"}, {"a"}), std::invalid_argument);
   EXPECT_THROW(r.GetCounter("pipetrain_steps", "", {}, {}), std::invalid_argument);  // _total
-  EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"a"}, {}), std::invalid_argument);  // arity
+  EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"a"}, {}), std::invalid_argument);     // arity
   r.GetGauge("pipetrain_x", "", {"a"}, {"1"});
   EXPECT_THROW(r.GetCounter("pipetrain_x", "", {"a"}, {"1"}), std::invalid_argument);  // type
-  EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"b"}, {"1"}), std::invalid_argument);  // labels
+  EXPECT_THROW(r.GetGauge("pipetrain_x", "", {"b"}, {"1"}), std::invalid_argument);    // labels
   EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 1}), std::invalid_argument);
   EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {2, 1}), std::invalid_argument);
   EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 1.0 / 0.0}), std::invalid_argument);
   r.GetHistogram("pipetrain_h", "", {}, {}, {1, 2});
   EXPECT_THROW(r.GetHistogram("pipetrain_h", "", {}, {}, {1, 3}), std::invalid_argument);
-  EXPECT_THROW(r.AddCollector("pipetrain_x", "", {"a"}, [] { return std::vector<CollectedSample>{}; }),
-               std::invalid_argument);  // already a metric
-  EXPECT_THROW(r.AddCollector("pipetrain_y", "", {"job"}, [] { return std::vector<CollectedSample>{}; }),
-               std::invalid_argument);
+  EXPECT_THROW(
+      r.AddCollector("pipetrain_x", "", {"a"}, [] { return std::vector<CollectedSample>{}; }),
+      std::invalid_argument);  // already a metric
+  EXPECT_THROW(
+      r.AddCollector("pipetrain_y", "", {"job"}, [] { return std::vector<CollectedSample>{}; }),
+      std::invalid_argument);
 }
 
 TEST(Metrics, SeriesOfAFinishedJobGoAndCollectorsAreReadAtScrapeTime) {

@@ -72,8 +72,8 @@ TEST_F(DenseKernels, LinearWithoutBiasOfANonContiguousInputMatchesFloat64) {
   const at::Tensor x32 = in.f32[0].narrow(1, 2, 33);  // columns 2..34: rows are not dense
   const at::Tensor x64 = in.f64[0].narrow(1, 2, 33);
   ASSERT_FALSE(x32.is_contiguous());
-  ExpectGradientsAgree(Linear(x32, in.f32[1], at::Tensor()),
-                       Linear(x64, in.f64[1], at::Tensor()), in, 1e-5);
+  ExpectGradientsAgree(Linear(x32, in.f32[1], at::Tensor()), Linear(x64, in.f64[1], at::Tensor()),
+                       in, 1e-5);
 }
 
 TEST_F(DenseKernels, LinearComputesOnlyTheGradientsAskedFor) {
@@ -117,9 +117,10 @@ TEST_F(DenseKernels, CausalSelfAttentionMatchesFloat64) {
   struct Shape {
     int64_t b, t, d, heads;
   };
-  for (const auto& [b, t, d, heads] : {Shape{2, 16, 32, 4}, Shape{3, 7, 12, 3}, Shape{1, 1, 8, 2}}) {
-    SCOPED_TRACE(::testing::Message() << "b " << b << " t " << t << " d " << d << " heads "
-                                      << heads);
+  for (const auto& [b, t, d, heads] :
+       {Shape{2, 16, 32, 4}, Shape{3, 7, 12, 3}, Shape{1, 1, 8, 2}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "b " << b << " t " << t << " d " << d << " heads " << heads);
     Inputs in = LeavesOf({at::randn({b, t, 3 * d})});
     ExpectGradientsAgree(CausalSelfAttention(in.f32[0], heads),
                          CausalSelfAttention(in.f64[0], heads), in, 1e-5);

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "runtime/job/launch/in_process.h"
-#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/job/plan.h"
+#include "runtime/job/reference/reference_trainer.h"
 #include "runtime/model/mixed_precision.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/stage_module.h"
@@ -28,7 +28,6 @@ namespace {
 using job::JobSpec;
 using model::LayerRange;
 using model::ModelConfig;
-
 
 TEST(BuiltinModels, LayerNamesCountsAndShapesWithoutBuildingEqualTheBuiltModel) {
   for (const ModelConfig& c : BuiltinConfigs()) {

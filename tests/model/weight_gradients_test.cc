@@ -7,9 +7,9 @@
 // bit, as B<0> B<1> of a stage that does not split. So does B through the generic path.
 // Negative controls: after the I's alone no parameter has a gradient but the batch norms'
 // (every other waits for W: the linear products' and, through the generic path, the layer
-// norms', embeddings' and convolutions'), and without the generic path more do. A weight used twice on one path gets
-// its two uses' gradients once each: the full backward's gradient, not twice it (the bug
-// upstream split backwards had); in a TorchScript module too.
+// norms', embeddings' and convolutions'), and without the generic path more do. A weight used twice
+// on one path gets its two uses' gradients once each: the full backward's gradient, not twice it
+// (the bug upstream split backwards had); in a TorchScript module too.
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -42,9 +42,9 @@ Stage BuildStage(const ModelConfig& config, int first, bool recompute, bool spli
   absl::StatusOr<LayerList> layers = BuildLayers(config, first, -1);
   EXPECT_TRUE(layers.ok()) << layers.status();
   const size_t n = layers.ok() ? layers->size() : 0;
-  Stage stage{std::make_unique<StageModule>(first, *std::move(layers),
-                                            std::vector<bool>(n, recompute)),
-              first};
+  Stage stage{
+      std::make_unique<StageModule>(first, *std::move(layers), std::vector<bool>(n, recompute)),
+      first};
   stage.module->weight_gradients().set_splits(splits);
   return stage;
 }
@@ -108,7 +108,7 @@ Gradients FullBackward(StageModule& module, const std::vector<MicroBatch>& batch
 
 // I<j> for every micro-batch, then (with `run_w`) W<j> for every one.
 Gradients IThenW(StageModule& module, const std::vector<MicroBatch>& batches, bool run_w,
-                        size_t* deferred) {
+                 size_t* deferred) {
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> losses = Forwards(module, batches, &inputs);
   std::vector<WeightGradientQueue> queues(batches.size());
@@ -187,8 +187,7 @@ TEST(SplitBackward, IThenWEqualsTheFullBackwardBitwiseForEveryBuiltinModel) {
           // Without the generic path only the linear products wait: the mlp's parameters are
           // all theirs; every other model has norms, embeddings or convolutions.
           Stage linear_only = BuildStage(config, first, recompute, /*splits=*/false);
-          const Gradients in_i =
-              IThenW(*linear_only.module, batches, /*run_w=*/false, &deferred);
+          const Gradients in_i = IThenW(*linear_only.module, batches, /*run_w=*/false, &deferred);
           EXPECT_EQ(NoParameterGradient(in_i), config.name == "mlp");
         }
       }
@@ -268,7 +267,8 @@ std::string SaveScriptedNormAndSharedWeight(const std::string& path) {
 }
 
 TEST(SplitBackward, ATorchScriptModuleSplitsItsBackwardToo) {
-  const std::string path = SaveScriptedNormAndSharedWeight(::testing::TempDir() + "/norm_shared.pt");
+  const std::string path =
+      SaveScriptedNormAndSharedWeight(::testing::TempDir() + "/norm_shared.pt");
   auto build = [&](bool splits) {
     absl::StatusOr<LayerList> layers = LoadTorchScript(path);
     EXPECT_TRUE(layers.ok()) << layers.status();

@@ -49,10 +49,9 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   ASSERT_TRUE(WaitForIdleWorkers(kWorkerHosts * kWorkersPerHost))
       << Slurp(dir_ / "coordinator.log");
   const int steps = 160;
-  const fs::path job = WriteJob(
-      "faulted", 2, 2, steps, /*timeout_s=*/20,
-      absl::StrCat("checkpoint: {dir: ", (dir_ / "checkpoints").string(),
-                   ", every: 10, keep: 2}\nmax_restarts: 1\n"));
+  const fs::path job = WriteJob("faulted", 2, 2, steps, /*timeout_s=*/20,
+                                absl::StrCat("checkpoint: {dir: ", (dir_ / "checkpoints").string(),
+                                             ", every: 10, keep: 2}\nmax_restarts: 1\n"));
   const NamespaceHosts::Ran submitted = Cli({"submit", job.string()});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const std::string id(absl::StripAsciiWhitespace(submitted.out));
@@ -71,12 +70,8 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   ASSERT_GE(victim, 1) << "rank 1 runs on " << victim_worker;
   const int64_t fault_ms = absl::ToUnixMillis(absl::Now());
   switch (fault) {
-    case HostFault::kLinkDown:
-      ASSERT_TRUE(hosts_->SetLink(victim, "eth0", false).ok());
-      break;
-    case HostFault::kHostDies:
-      hosts_->KillHost(victim);
-      break;
+    case HostFault::kLinkDown: ASSERT_TRUE(hosts_->SetLink(victim, "eth0", false).ok()); break;
+    case HostFault::kHostDies: hosts_->KillHost(victim); break;
     case HostFault::kCutFromTheCoordinator:
       ASSERT_TRUE(hosts_->Cut(victim, kCoordinatorHost).ok());
       break;
@@ -87,10 +82,12 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
       break;
   }
   const nlohmann::json done = WaitForJob(
-      id, [](const nlohmann::json& j) {
+      id,
+      [](const nlohmann::json& j) {
         const std::string state = j.value("state", "");
         return state != "JOB_STATE_RUNNING" && state != "JOB_STATE_QUEUED";
-      }, 240);
+      },
+      240);
   ASSERT_EQ(done.value("state", ""), "JOB_STATE_SUCCEEDED")
       << done.dump() << Slurp(dir_ / "coordinator.log");
   ASSERT_GE(IntField(done, "restarts"), 1);
@@ -99,7 +96,8 @@ TEST_P(HostFaultTest, TheJobResumesFromItsCheckpointAndEndsAsTheReference) {
   const int64_t detected_ms = IntField(recovery, "detected_unix_ms");
   const int64_t resumed_at = IntField(recovery, "resumed_at_step");
   std::printf(
-      "%s: detected %lld ms after the fault, the next generation placed %lld ms later (after a lost "
+      "%s: detected %lld ms after the fault, the next generation placed %lld ms later (after a "
+      "lost "
       "worker's lease unless the survivors went on), its first good step %lld ms after the "
       "fault; resumed at step %lld from %s, %lld steps run again; cause: %s\n",
       FaultName(fault).c_str(), static_cast<long long>(detected_ms - fault_ms),

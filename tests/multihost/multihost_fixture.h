@@ -17,14 +17,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "jobspec/spec_yaml.h"
-#include "runtime/job/job_spec.h"
 #include "runtime/base/subprocess.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "tests/multihost/namespace_hosts.h"
 
@@ -54,15 +54,13 @@ class MultihostTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  std::string Coordinator() const {
-    return hosts_->DataAddress(kCoordinatorHost) + ":7070";
-  }
+  std::string Coordinator() const { return hosts_->DataAddress(kCoordinatorHost) + ":7070"; }
   // The coordinator on host 0, on every address of it (the data and management networks),
   // with `flags` besides.
   void StartCoordinator(const std::vector<std::string>& flags = {}) {
-    std::vector<std::string> argv = {PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070", "--db",
-                                     (dir_ / "jobs.db").string(), "--heartbeat-ms", "500",
-                                     "--metrics-listen", ""};
+    std::vector<std::string> argv = {
+        PIPETRAIN_COORDINATOR, "--listen", "0.0.0.0:7070",     "--db", (dir_ / "jobs.db").string(),
+        "--heartbeat-ms",      "500",      "--metrics-listen", ""};
     argv.insert(argv.end(), flags.begin(), flags.end());
     ASSERT_TRUE(hosts_->Start(kCoordinatorHost, argv, dir_ / "coordinator.log").ok());
   }
@@ -70,10 +68,17 @@ class MultihostTest : public ::testing::Test {
                     const std::string& coordinator, const std::string& name) {
     // Named after its host, as a worker on a machine of its own would be by its hostname;
     // its jobs write their weights and checkpoints under the test's directory.
-    std::vector<std::string> argv = {PIPETRAIN_WORKER, "--coordinator", coordinator,
-                                     "--metrics-listen", "", "--register-timeout", "30",
-                                     "--host-name", "host" + std::to_string(host),
-                                     "--data-root", dir_.string()};
+    std::vector<std::string> argv = {PIPETRAIN_WORKER,
+                                     "--coordinator",
+                                     coordinator,
+                                     "--metrics-listen",
+                                     "",
+                                     "--register-timeout",
+                                     "30",
+                                     "--host-name",
+                                     "host" + std::to_string(host),
+                                     "--data-root",
+                                     dir_.string()};
     argv.insert(argv.end(), address_flags.begin(), address_flags.end());
     absl::StatusOr<pid_t> pid = hosts_->Start(host, argv, dir_ / (name + ".log"));
     EXPECT_TRUE(pid.ok()) << pid.status();

@@ -43,8 +43,7 @@ TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
   StartCoordinator();
   for (int host = 1; host <= kWorkerHosts; ++host) {
     // --iface alone: its service listens on eth0's address (not the default loopback).
-    StartWorker(host, {"--iface", "eth0"}, Coordinator(),
-                absl::StrCat("worker-h", host, "-iface"));
+    StartWorker(host, {"--iface", "eth0"}, Coordinator(), absl::StrCat("worker-h", host, "-iface"));
     StartWorker(host, {"--listen", "0.0.0.0:0", "--advertise-address", hosts_->DataAddress(host)},
                 Coordinator(), absl::StrCat("worker-h", host, "-advertised"));
   }
@@ -113,11 +112,12 @@ TEST_F(MultihostTest, JobsAcrossHostsEqualTheReferenceAndCrossTheLinks) {
       ++replica_groups_crossing;
       least += int64_t{steps} * stage_bytes[s];
     }
-    std::printf("%d stages x 2 replicas: parameters within %.2g of the reference; %d pipeline "
-                "links and %d AllReduce pairs between hosts; eth0 sent %lld bytes (at least "
-                "%lld for the activations, gradients and AllReduces crossing)\n",
-                stages, difference, crossing, replica_groups_crossing,
-                static_cast<long long>(sent_on_links), static_cast<long long>(least));
+    std::printf(
+        "%d stages x 2 replicas: parameters within %.2g of the reference; %d pipeline "
+        "links and %d AllReduce pairs between hosts; eth0 sent %lld bytes (at least "
+        "%lld for the activations, gradients and AllReduces crossing)\n",
+        stages, difference, crossing, replica_groups_crossing,
+        static_cast<long long>(sent_on_links), static_cast<long long>(least));
     EXPECT_GT(crossing + replica_groups_crossing, 0) << "one host for all: nothing would cross";
     EXPECT_GE(sent_on_links, least);
   }
@@ -134,9 +134,9 @@ TEST_F(MultihostTest, ALoopbackAddressFromAnotherHostIsRefusedAtOnce) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(subprocess::ExitCode(status), 2);
   EXPECT_LT(waited_s, 10) << "refused at once, not after --register-timeout";
-  EXPECT_THAT(Slurp(dir_ / "loopback-worker.log"),
-              HasSubstr("is a loopback address, but the worker registered from " +
-                        hosts_->DataAddress(1)));
+  EXPECT_THAT(
+      Slurp(dir_ / "loopback-worker.log"),
+      HasSubstr("is a loopback address, but the worker registered from " + hosts_->DataAddress(1)));
   EXPECT_THAT(Slurp(dir_ / "loopback-worker.log"), HasSubstr("--advertise-address"));
 }
 

@@ -105,8 +105,7 @@ absl::StatusOr<std::unique_ptr<NamespaceHosts>> NamespaceHosts::Create(int hosts
     const std::string link = absl::StrCat(h->prefix_, "-d", host);
     for (const std::vector<std::string>& args :
          {std::vector<std::string>{"netns", "add", ns},
-          {"link", "add", link, "netns", net, "type", "veth", "peer", "name", "eth0", "netns",
-           ns},
+          {"link", "add", link, "netns", net, "type", "veth", "peer", "name", "eth0", "netns", ns},
           {"-n", net, "link", "set", link, "master", "br0", "up"},
           {"-n", ns, "link", "set", "lo", "up"},
           {"-n", ns, "addr", "add", h->DataAddress(host) + "/24", "dev", "eth0"},

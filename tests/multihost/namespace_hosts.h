@@ -76,8 +76,8 @@ class NamespaceHosts {
   absl::Status Ip(const std::vector<std::string>& args);
 
   const int hosts_;
-  const std::string prefix_;  // pt<pid>
-  const int subnet_;          // N in 10.231.N.0/24 and 10.232.N.0/24
+  const std::string prefix_;                    // pt<pid>
+  const int subnet_;                            // N in 10.231.N.0/24 and 10.232.N.0/24
   std::vector<std::pair<pid_t, int>> started_;  // pid, host
 };
 

@@ -74,24 +74,25 @@ TEST_P(ChunkedSchedules, EqualTheUnpipelinedRunAndOneFOneBBitwise) {
   // The parameters moved: the comparison is not between two untouched initializations.
   JobSpec untouched = ChunkedGpt(k, 1, "none");
   untouched.mutable_optimizer()->set_lr(1e-12);
-  EXPECT_GT(MaxRelativeDifference(MustReference(untouched),
-                                  MustReference(ChunkedGpt(k, 1, "none"))),
-            1e-3);
+  EXPECT_GT(
+      MaxRelativeDifference(MustReference(untouched), MustReference(ChunkedGpt(k, 1, "none"))),
+      1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedules, ChunkedSchedules,
-    ::testing::Values(ChunkedCase{ScheduleKind::kInterleaved, 2, 2},
-                      ChunkedCase{ScheduleKind::kInterleaved, 4, 2},
-                      ChunkedCase{ScheduleKind::kZeroBubble, 2, 1},
-                      ChunkedCase{ScheduleKind::kZeroBubble, 4, 1},
-                      ChunkedCase{ScheduleKind::kZeroBubble, 2, 2},
-                      ChunkedCase{ScheduleKind::kZeroBubble, 4, 2},
-                      ChunkedCase{ScheduleKind::kZeroBubbleV, 2, 2},
-                      ChunkedCase{ScheduleKind::kZeroBubbleV, 4, 2},
-                      ChunkedCase{ScheduleKind::kDualPipeV, 2, 2},
-                      ChunkedCase{ScheduleKind::kDualPipeV, 4, 2}),
-    [](const ::testing::TestParamInfo<ChunkedCase>& info) { return Name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Schedules, ChunkedSchedules,
+                         ::testing::Values(ChunkedCase{ScheduleKind::kInterleaved, 2, 2},
+                                           ChunkedCase{ScheduleKind::kInterleaved, 4, 2},
+                                           ChunkedCase{ScheduleKind::kZeroBubble, 2, 1},
+                                           ChunkedCase{ScheduleKind::kZeroBubble, 4, 1},
+                                           ChunkedCase{ScheduleKind::kZeroBubble, 2, 2},
+                                           ChunkedCase{ScheduleKind::kZeroBubble, 4, 2},
+                                           ChunkedCase{ScheduleKind::kZeroBubbleV, 2, 2},
+                                           ChunkedCase{ScheduleKind::kZeroBubbleV, 4, 2},
+                                           ChunkedCase{ScheduleKind::kDualPipeV, 2, 2},
+                                           ChunkedCase{ScheduleKind::kDualPipeV, 4, 2}),
+                         [](const ::testing::TestParamInfo<ChunkedCase>& info) {
+                           return Name(info.param);
+                         });
 
 // The trace of a zero-bubble rank: every F, I and W of each of its stages, the W's after their
 // I's, all before the step's update; and the stash of each stage empty at every update.

@@ -86,8 +86,7 @@ TEST(GradientClipping, EqualsClipGradNormOverTheWholeModel) {
         EXPECT_GT(MaxRelativeDifference(report.final_parameters, *alone), 1e-6);
         JobSpec unclipped = c;
         unclipped.mutable_optimizer()->set_clip_grad_norm(0);
-        EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(unclipped)),
-                  1e-6);
+        EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(unclipped)), 1e-6);
       }
     }
   }

@@ -110,9 +110,8 @@ TEST(DataParallel, OverlappedAllReduceTimingAndIdenticalParameters) {
           // ... and so, in wall-clock time, before stage 0 ends that backward: the
           // AllReduce of stage s overlaps the backward still running upstream.
           const double stage0_end = last_backward(stage0, a.step).end_s;
-          EXPECT_LT(a.start_s, stage0_end) << "stage " << s << " step " << a.step
-                                           << ": margin " << (stage0_end - a.start_s) * 1e3
-                                           << " ms";
+          EXPECT_LT(a.start_s, stage0_end) << "stage " << s << " step " << a.step << ": margin "
+                                           << (stage0_end - a.start_s) * 1e3 << " ms";
         }
       }
       // Without overlap, stage 0 reduces once per step, after its last backward.

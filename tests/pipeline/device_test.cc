@@ -36,10 +36,8 @@ TEST(Device, CudaWithoutAGpuIsOneClearErrorBeforeAnythingRuns) {
   const absl::StatusOr<JobReport> report = RunInProcess(c);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition) << report.status();
-  EXPECT_NE(report.status().message().find("device: cuda"), std::string::npos)
-      << report.status();
-  EXPECT_NE(report.status().message().find("no CUDA device"), std::string::npos)
-      << report.status();
+  EXPECT_NE(report.status().message().find("device: cuda"), std::string::npos) << report.status();
+  EXPECT_NE(report.status().message().find("no CUDA device"), std::string::npos) << report.status();
 }
 
 TEST(Device, Float64OnOneGpuEverySchedulesFourStagesEqualTheCpuReference) {

@@ -3,8 +3,9 @@
 // - every evaluation's loss and accuracy equal the reference's (<= 1e-10: the un-pipelined
 //   model of W(N) in evaluation mode on each replica's held-out micro-batches) under GPipe,
 //   1F1B, 2BW, PipeDream and ZB-V, 4 stages (ZB-V: 2 x 2 chunks) x 2 replicas, a GPT with
-//   dropout, and a CNN with BatchNorm (one replica: its running statistics are its own); negative control: the reference one update earlier
-//   (under 2BW, the W(N - 1) that mini-batch N runs on) differs;
+//   dropout, and a CNN with BatchNorm (one replica: its running statistics are its own); negative
+//   control: the reference one update earlier (under 2BW, the W(N - 1) that mini-batch N runs on)
+//   differs;
 // - training is the same with and without evaluation, bitwise: weights, BatchNorm running
 //   statistics, every step's loss;
 // - the held-out samples are never trained on (token data: one window between the two);
@@ -37,7 +38,7 @@ JobSpec Evaluated(const Case& k) {
     c.mutable_model()->set_hidden(4);
     c.mutable_model()->set_hidden_layers(3);
     c.mutable_model()->clear_image_shape();
-  for (int64_t d : {2, 6, 6}) c.mutable_model()->add_image_shape(d);
+    for (int64_t d : {2, 6, 6}) c.mutable_model()->add_image_shape(d);
     c.mutable_model()->set_num_classes(5);
     c.clear_data();
     c.mutable_data()->set_kind("classification");
@@ -75,8 +76,8 @@ TEST(Evaluation, EqualsTheReferenceModelOnTheHeldOutBatches) {
     JobSpec every_step = c;
     every_step.mutable_eval()->set_every(1);
     std::vector<EvalPoint> reference;
-    auto trained = TrainReference(every_step, {}, ReferenceClipping::kWholeModel, nullptr,
-                                  &reference);
+    auto trained =
+        TrainReference(every_step, {}, ReferenceClipping::kWholeModel, nullptr, &reference);
     ASSERT_TRUE(trained.ok()) << trained.status();
     EXPECT_LE(MaxRelativeDifference(report.final_parameters, *trained), 1e-10);
     ASSERT_EQ(reference.size(), 6u);

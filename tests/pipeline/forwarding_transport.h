@@ -27,8 +27,8 @@ class ForwardingTransport : public transport::Transport {
     return inner_->AllReduceMean(tensors, deadline);
   }
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
-                                                     const at::Tensor& mine,
-                                                     absl::Time deadline) override {
+                                                    const at::Tensor& mine,
+                                                    absl::Time deadline) override {
     return inner_->AllGather(group, mine, deadline);
   }
   c10::Device device() const override { return inner_->device(); }

@@ -47,8 +47,10 @@ TEST(LearningRateSchedule, TheRatesAreTheFormulasWorkedOutByHand) {
   o.lr = 0.1;
   o.schedule = {2, LrDecay::kCosine, 4, 0.01};
   // Warm-up 0.05, 0.1; cosine over steps 2..6 from 0.1 to 0.01: 0.01 + 0.09 (1 + cos(pi q))/2.
-  const double cosine[] = {0.05, 0.1, 0.1, 0.01 + 0.09 * (1 + std::sqrt(0.5)) / 2, 0.055,
-                           0.01 + 0.09 * (1 - std::sqrt(0.5)) / 2, 0.01, 0.01};
+  const double cosine[] = {0.05,  0.1,
+                           0.1,   0.01 + 0.09 * (1 + std::sqrt(0.5)) / 2,
+                           0.055, 0.01 + 0.09 * (1 - std::sqrt(0.5)) / 2,
+                           0.01,  0.01};
   for (int t = 0; t < 8; ++t) {
     EXPECT_NEAR(weights::LearningRateAt(o, t, 8), cosine[t], 1e-15) << "cosine, step " << t;
   }
@@ -74,8 +76,8 @@ TEST(LearningRateSchedule, TheWorkedExampleAndThePeersSchedulesInPipetrainsTerms
   weights::OptimizerConfig o;
   o.lr = 0.003;
   o.schedule = {/*warmup_steps=*/5, LrDecay::kCosine, /*decay_steps=*/0, /*min_lr=*/0};
-  const double example[] = {0.0006, 0.0012, 0.0018, 0.0024, 0.003, 0.003, 0.002967, 0.00287,
-                            0.002714};
+  const double example[] = {0.0006, 0.0012,   0.0018,  0.0024,  0.003,
+                            0.003,  0.002967, 0.00287, 0.002714};
   for (int t = 0; t < 9; ++t) {
     EXPECT_NEAR(weights::LearningRateAt(o, t, 20), example[t], 5e-7) << "step " << t;
   }
@@ -129,9 +131,9 @@ TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
               (decay == LrDecay::kLinear) != ((i + adamw) % 2 == 1)) {
             continue;
           }
-          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
-                                    optimizer, " ", std::string(weights::LrDecayName(decay)),
-                                    " replicas ", replicas));
+          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer,
+                                    " ", std::string(weights::LrDecayName(decay)), " replicas ",
+                                    replicas));
           JobSpec c = Scheduled(k, optimizer, decay);
           c.set_replicas(replicas);
           const JobReport report = MustRun(c);
@@ -140,13 +142,13 @@ TEST(LearningRateSchedule, EqualsTorchOptimWithLambdaLr) {
           EXPECT_LE(MaxRelativeDifference(report.final_parameters, reference), 1e-10);
           ASSERT_EQ(report.learning_rates.size(), 8u);
           for (int t = 0; t < 8; ++t) {
-            EXPECT_EQ(report.learning_rates[t], weights::LearningRateAt(OptimizerConfigOf(c), t, 8));
+            EXPECT_EQ(report.learning_rates[t],
+                      weights::LearningRateAt(OptimizerConfigOf(c), t, 8));
           }
           // Negative control: at a constant rate the reference is another.
           JobSpec constant = c;
           constant.mutable_optimizer()->clear_schedule();
-          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(constant)),
-                    1e-6);
+          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(constant)), 1e-6);
         }
       }
     }

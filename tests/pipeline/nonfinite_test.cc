@@ -1,6 +1,6 @@
 // Non-finite steps (stages as threads, 2 ranks x 2 replicas, float64, AdamW; under every kind
-// of schedule, pipeline_test::EveryScheduleKind, m = 4 where a kind needs more than 2): a NaN put into
-// one replica's activations at step s makes its loss NaN; every rank of both replicas skips
+// of schedule, pipeline_test::EveryScheduleKind, m = 4 where a kind needs more than 2): a NaN put
+// into one replica's activations at step s makes its loss NaN; every rank of both replicas skips
 // step s together, so the weights, BatchNorm statistics and optimizer state after step s are
 // bitwise those before it (compared through the checkpoints of the two boundaries); the skip is
 // counted; nonfinite_limit consecutive skips fail the job with a clear error.
@@ -66,8 +66,8 @@ JobSpec Gpt(const ScheduleCase& k, int steps) {
 JobSpec Gpt(int steps) { return Gpt({ScheduleKind::kOneFOneB, 2, 0}, steps); }
 
 fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("pipetrain_nonfinite_" + std::to_string(getpid()) + "_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("pipetrain_nonfinite_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -77,7 +77,9 @@ class PoisoningTransport : public ForwardingTransport {
  public:
   PoisoningTransport(std::unique_ptr<transport::Transport> inner, schedule::ChunkLayout layout,
                      int micro_batches, std::set<int64_t> steps)
-      : ForwardingTransport(std::move(inner)), layout_(layout), m_(micro_batches),
+      : ForwardingTransport(std::move(inner)),
+        layout_(layout),
+        m_(micro_batches),
         steps_(std::move(steps)) {}
   absl::Status SendMessage(int peer, transport::MessageKind kind, int64_t number,
                            const at::Tensor& t) override {
@@ -97,9 +99,9 @@ class PoisoningTransport : public ForwardingTransport {
 RunOptions Poison(const JobSpec& c, std::set<int64_t> steps) {
   RunOptions options;
   auto stage0_calls = std::make_shared<int>(0);
-  options.wrap_transport = [m = c.microbatches(), layout = schedule::LayoutOf(ScheduleParamsOf(c, c.steps())),
-                            steps, stage0_calls](std::unique_ptr<transport::Transport> t,
-                                                 int stage) {
+  options.wrap_transport = [m = c.microbatches(),
+                            layout = schedule::LayoutOf(ScheduleParamsOf(c, c.steps())), steps,
+                            stage0_calls](std::unique_ptr<transport::Transport> t, int stage) {
     // Stages are built replica by replica: the first stage 0 is replica 0's.
     if (stage != 0 || (*stage0_calls)++ != 0) return t;
     return std::unique_ptr<transport::Transport>(
@@ -195,8 +197,8 @@ TEST(NonFinite, AllFiniteFindsEveryKindOfNonFiniteValueAnywhere) {
     }
   }
   // Large finite values are finite; undefined and empty tensors have nothing to check.
-  EXPECT_TRUE(weights::AllFinite({at::full({5}, 3e38f), at::full({5}, 1e308, at::kDouble),
-                                  at::Tensor(), at::empty({0})}));
+  EXPECT_TRUE(weights::AllFinite(
+      {at::full({5}, 3e38f), at::full({5}, 1e308, at::kDouble), at::Tensor(), at::empty({0})}));
 }
 
 TEST(NonFinite, LimitConsecutiveSkipsFailTheJobNamingTheSteps) {

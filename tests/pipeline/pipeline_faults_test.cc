@@ -34,10 +34,8 @@ class FaultyTransport : public ForwardingTransport {
     switch (fault_) {
       case Fault::kWrongShape:
         return inner_->Send(peer, kind, j, at::cat({t, t.narrow(-1, 0, 1)}, -1));
-      case Fault::kWrongDtype:
-        return inner_->Send(peer, kind, j, t.to(at::kFloat));
-      case Fault::kDrop:
-        return absl::OkStatus();
+      case Fault::kWrongDtype: return inner_->Send(peer, kind, j, t.to(at::kFloat));
+      case Fault::kDrop: return absl::OkStatus();
     }
     return absl::OkStatus();
   }
@@ -107,7 +105,8 @@ TEST(Stop, EndsAStageThatNeverWaitsForAPeer) {
   absl::StatusOr<StageParts> parts = BuildStage(c, *plan, reader, 0);
   ASSERT_TRUE(parts.ok()) << parts.status();
   auto hub = transport::MakeInProcessHub();
-  std::unique_ptr<transport::Transport> transport = transport::MakeInProcessTransport(hub, 0, 1, 0, 1);
+  std::unique_ptr<transport::Transport> transport =
+      transport::MakeInProcessTransport(hub, 0, 1, 0, 1);
   std::atomic<int64_t> steps_done{0};
   executor::StageExecutor executor(parts->config, parts->weight_stores(), transport.get(),
                                    [&](const executor::StepRecord&) { ++steps_done; });

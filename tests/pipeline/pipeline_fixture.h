@@ -17,8 +17,8 @@
 #include "runtime/job/plan.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/schedule/schedule.h"
-#include "tests/pipeline/schedule_cases.h"
 #include "runtime/transport/in_process/in_process_transport.h"
+#include "tests/pipeline/schedule_cases.h"
 
 namespace pipetrain::job::pipeline_test {
 

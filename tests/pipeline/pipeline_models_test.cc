@@ -61,8 +61,8 @@ TEST(BatchNorm, MicroBatchStatisticsAndOneRunningUpdatePerMiniBatch) {
   at::Tensor conv_w = (*layers)[0]->Parameters()[0];
   ASSERT_EQ(conv_w.dim(), 4);
   // Statistics of conv0's output over the whole mini-batch (unbiased variance).
-  at::Tensor whole = at::conv2d(to_tensor((*dataset)->Read(sampler.GlobalBatchIds(0))), conv_w,
-                                {}, 1, 1).detach();
+  at::Tensor whole =
+      at::conv2d(to_tensor((*dataset)->Read(sampler.GlobalBatchIds(0))), conv_w, {}, 1, 1).detach();
   at::Tensor mean = whole.mean({0, 2, 3});
   at::Tensor var = whole.var({0, 2, 3}, /*unbiased=*/true);
   // Buffers of conv0 come first: running_mean, running_var (initially 0 and 1).
@@ -129,7 +129,8 @@ std::string SaveScriptedSequential(const std::string& path) {
     m.register_parameter("weight", torch::randn({out, in}) / std::sqrt(double(in)), false);
     m.register_parameter("bias", torch::zeros({out}), false);
     m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias"
-                         "\n  return ") + (relu ? "torch.relu(y)\n" : "y\n"));
+                         "\n  return ") +
+             (relu ? "torch.relu(y)\n" : "y\n"));
     return m;
   };
   torch::jit::Module dropout("Dropout");

@@ -41,7 +41,8 @@ class FlushEquivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(FlushEquivalence, ParametersEqualUnpipelinedRun) {
   const Case k = GetParam();
   JobSpec c = TinyGpt(k.kind, k.stages, k.m);
-  SetPrecision(c, k.float64 ? pipetrain::job::Precision::kFloat64 : pipetrain::job::Precision::kFloat32);
+  SetPrecision(
+      c, k.float64 ? pipetrain::job::Precision::kFloat64 : pipetrain::job::Precision::kFloat32);
   SetRecompute(c, *ParseRecompute(k.recompute));
   JobReport report = MustRun(c);
   auto reference = MustReference(c);
@@ -55,24 +56,24 @@ TEST_P(FlushEquivalence, ParametersEqualUnpipelinedRun) {
   EXPECT_GT(MaxRelativeDifference(MustReference(zero_steps), reference), 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedules, FlushEquivalence,
-    ::testing::Values(Case{ScheduleKind::kGPipe, 3, 4, "none", true},
-                      Case{ScheduleKind::kGPipe, 3, 4, "all", true},
-                      Case{ScheduleKind::kGPipe, 2, 3, "layers:1,2", false},
-                      Case{ScheduleKind::kOneFOneB, 4, 4, "none", true},
-                      Case{ScheduleKind::kOneFOneB, 4, 2, "stages:0,2", true},
-                      Case{ScheduleKind::kOneFOneB, 2, 4, "none", false},
-                      Case{ScheduleKind::kOneFOneB, 1, 4, "all", true}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string recompute = info.param.recompute;
-      for (char& ch : recompute) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return std::string(schedule::ScheduleKindName(info.param.kind)) + "_p" +
-             std::to_string(info.param.stages) + "_m" + std::to_string(info.param.m) +
-             "_recompute_" + recompute + (info.param.float64 ? "_float64" : "_float32");
-    });
+INSTANTIATE_TEST_SUITE_P(Schedules, FlushEquivalence,
+                         ::testing::Values(Case{ScheduleKind::kGPipe, 3, 4, "none", true},
+                                           Case{ScheduleKind::kGPipe, 3, 4, "all", true},
+                                           Case{ScheduleKind::kGPipe, 2, 3, "layers:1,2", false},
+                                           Case{ScheduleKind::kOneFOneB, 4, 4, "none", true},
+                                           Case{ScheduleKind::kOneFOneB, 4, 2, "stages:0,2", true},
+                                           Case{ScheduleKind::kOneFOneB, 2, 4, "none", false},
+                                           Case{ScheduleKind::kOneFOneB, 1, 4, "all", true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string recompute = info.param.recompute;
+                           for (char& ch : recompute) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return std::string(schedule::ScheduleKindName(info.param.kind)) + "_p" +
+                                  std::to_string(info.param.stages) + "_m" +
+                                  std::to_string(info.param.m) + "_recompute_" + recompute +
+                                  (info.param.float64 ? "_float64" : "_float32");
+                         });
 
 // Recomputation on vs off gives bitwise identical parameters, with dropout active.
 TEST(Recompute, BitwiseEqualWithDropout) {
@@ -82,8 +83,8 @@ TEST(Recompute, BitwiseEqualWithDropout) {
     SetPrecision(c, pipetrain::job::Precision::kFloat32);
     c.mutable_model()->set_dropout(0.2);
     c.clear_optimizer();
-  c.mutable_optimizer()->set_name("adamw");
-  c.mutable_optimizer()->set_lr(1e-2);
+    c.mutable_optimizer()->set_name("adamw");
+    c.mutable_optimizer()->set_lr(1e-2);
     JobReport off = MustRun(c);
     SetRecompute(c, *ParseRecompute("all"));
     JobReport all = MustRun(c);
@@ -269,7 +270,8 @@ TEST(Stash, PeakPerStageMatchesTheListsAndTheTable) {
   const int p = 4, m = 6;
   std::map<ScheduleKind, std::vector<int>> peaks;
   for (const ScheduleCase& k : EveryScheduleKind(p)) {
-    if (schedule::SplitsBackward(k.kind)) continue;  // its stash ends at W, which the list's peak does not count
+    if (schedule::SplitsBackward(k.kind))
+      continue;  // its stash ends at W, which the list's peak does not count
     SCOPED_TRACE(schedule::ScheduleKindName(k.kind));
     JobSpec c = TinyGpt(k, m);
     c.set_steps(3);
@@ -335,8 +337,8 @@ TEST(History, StageStatsKeepTheMostRecentRecordsOnly) {
     for (size_t i = 0; i < 5; ++i) EXPECT_EQ(st.steps[i].step, 35 + static_cast<int64_t>(i));
     // The last kept action is the last STEP; the window's actions are consecutive.
     EXPECT_EQ(schedule::ToString(st.records.back().action), "STEP39");
-    absl::StatusOr<std::vector<schedule::Action>> all = schedule::BuildStageSchedule(
-        {ScheduleKind::kTwoBW, 2, c.microbatches(), c.steps()}, s);
+    absl::StatusOr<std::vector<schedule::Action>> all =
+        schedule::BuildStageSchedule({ScheduleKind::kTwoBW, 2, c.microbatches(), c.steps()}, s);
     ASSERT_TRUE(all.ok());
     for (size_t i = 0; i < 10; ++i) {
       EXPECT_EQ(st.records[i].action, (*all)[all->size() - 10 + i]) << "stage " << s;

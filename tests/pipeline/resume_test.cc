@@ -66,8 +66,8 @@ JobSpec Gpt(const ScheduleCase& k, const std::string& dir) {
 JobSpec Gpt(const std::string& dir) { return Gpt({ScheduleKind::kOneFOneB, 4, 0}, dir); }
 
 fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("pipetrain_resume_" + std::to_string(getpid()) + "_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("pipetrain_resume_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -115,7 +115,8 @@ TEST_P(ResumeTest, AJobKilledAfterItsCheckpointResumesBitwiseEqual) {
   JobSpec crashing = Gpt(GetParam(), crash_dir.string());
   RunOptions options;
   options.wrap_transport = [m = crashing.microbatches(),
-                            layout = schedule::LayoutOf(ScheduleParamsOf(crashing, crashing.steps()))](
+                            layout =
+                                schedule::LayoutOf(ScheduleParamsOf(crashing, crashing.steps()))](
                                std::unique_ptr<transport::Transport> t, int rank) {
     if (rank != 1) return t;
     return std::unique_ptr<transport::Transport>(
@@ -255,10 +256,10 @@ TEST_P(ResumeElsewhereTest, AFinishedJobsFinalCheckpointIsWhereALongerJobContinu
 // Checkpoints are invisible to the math: with a checkpoint every 3 steps (3, 6 and the final
 // 8) a job's parameters and losses are bitwise those of the job without, under every schedule
 // but those that stash weights (pipedream: its drain starts every stage on its newest version;
-// docs/checkpoints.md). A double-buffered (2BW) checkpoint carries W(N-1), which mini-batch N runs on: resumed from step 3 on the same
-// layout it ends bitwise as the job that never stopped, and on 2 stages x 2 replicas within
-// 1e-10. Negative control: the switch a 2BW checkpoint once was (mini-batch 3 on W(3)) moves
-// the reference by far more.
+// docs/checkpoints.md). A double-buffered (2BW) checkpoint carries W(N-1), which mini-batch N runs
+// on: resumed from step 3 on the same layout it ends bitwise as the job that never stopped, and on
+// 2 stages x 2 replicas within 1e-10. Negative control: the switch a 2BW checkpoint once was
+// (mini-batch 3 on W(3)) moves the reference by far more.
 TEST(Checkpoints, LeaveEverySchedulesMathUnchanged) {
   for (const ScheduleCase& k : EveryScheduleKind(4)) {
     if (schedule::WeightsOf(k.kind) == schedule::WeightPolicy::kStashed) continue;

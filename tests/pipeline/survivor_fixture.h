@@ -70,8 +70,8 @@ inline JobSpec Job(ScheduleKind kind, const fs::path& dir) {
 }
 
 inline fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("pipetrain_survivors_" + std::to_string(getpid()) + "_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("pipetrain_survivors_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -104,15 +104,17 @@ class DyingTransport : public ForwardingTransport {
                  std::function<void()> before_dying, std::function<void()> after_dying)
       : ForwardingTransport(std::move(inner)),
         layout_(schedule::LayoutOf(ScheduleParamsOf(job, job.steps()))),
-        micro_batches_(job.microbatches()), fault_(fault),
-        before_dying_(std::move(before_dying)), after_dying_(std::move(after_dying)) {}
+        micro_batches_(job.microbatches()),
+        fault_(fault),
+        before_dying_(std::move(before_dying)),
+        after_dying_(std::move(after_dying)) {}
 
   absl::Status SendMessage(int peer, MessageKind kind, int64_t number,
                            const at::Tensor& t) override {
     const int64_t j = layout_.MicroBatchOfMessage(number);
     const int64_t second = fault_.step * micro_batches_ + 1;
-    if (dead_ || (fault_.point == Point::kForward && kind == MessageKind::kActivation &&
-                  j == second) ||
+    if (dead_ ||
+        (fault_.point == Point::kForward && kind == MessageKind::kActivation && j == second) ||
         (fault_.point == Point::kBackward && kind == MessageKind::kGradient && j == second) ||
         (fault_.point == Point::kAfterCommit && kind == MessageKind::kActivation &&
          j == second + micro_batches_)) {
@@ -137,13 +139,13 @@ class DyingTransport : public ForwardingTransport {
     return inner_->AllReduceMean(tensors, deadline);
   }
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
-                                                     const at::Tensor& mine,
-                                                     absl::Time deadline) override {
+                                                    const at::Tensor& mine,
+                                                    absl::Time deadline) override {
     // The step commit's barrier of the pipeline: one int64 a rank, one a step.
     const bool commit = !group.replicas() && group.stages().empty() &&
                         mine.scalar_type() == at::kLong && mine.numel() == 1;
-    if (dead_ || (fault_.point == Point::kCommitMessage && commit &&
-                  commit_barriers_++ == fault_.step)) {
+    if (dead_ ||
+        (fault_.point == Point::kCommitMessage && commit && commit_barriers_++ == fault_.step)) {
       return Die();
     }
     return inner_->AllGather(group, mine, deadline);
@@ -168,7 +170,6 @@ class DyingTransport : public ForwardingTransport {
   int64_t gradient_reductions_ = 0;
   int64_t commit_barriers_ = 0;
 };
-
 
 // The suite's runs: with the step commit (what the host that may go on from survivors sets,
 // job::Generation), on top of `options`.

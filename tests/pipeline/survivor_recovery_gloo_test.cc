@@ -167,8 +167,7 @@ void LoseOverGloo(const JobSpec& job, const JobReport& whole, const Fault& fault
     // The hook saw the error RunStage returns: the lost rank failed first, the others say so.
     EXPECT_EQ(errors[rank], ended[rank]) << rank;
     if (rank != lost) {
-      EXPECT_EQ(errors[rank].GetPayload(kFailedAfterPeerPayload),
-                absl::Cord(std::to_string(lost)))
+      EXPECT_EQ(errors[rank].GetPayload(kFailedAfterPeerPayload), absl::Cord(std::to_string(lost)))
           << "rank " << rank << ": " << errors[rank];
     }
   }
@@ -177,7 +176,8 @@ void LoseOverGloo(const JobSpec& job, const JobReport& whole, const Fault& fault
   EXPECT_GE((*plan)->step, fault.first_expected);
   EXPECT_LE((*plan)->step, fault.last_expected);
   EXPECT_EQ(fs::path(committed).filename(), checkpoint::StepDirName((*plan)->step));
-  absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, (*plan)->step), Committed());
+  absl::StatusOr<JobReport> finished =
+      RunInProcess(OnTheSurvivors(job, (*plan)->step), Committed());
   ASSERT_TRUE(finished.ok()) << finished.status();
   EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
   EXPECT_LE(MaxRelativeDifference(finished->final_parameters, whole.final_parameters), 1e-10);

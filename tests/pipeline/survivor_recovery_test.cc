@@ -1,16 +1,16 @@
-// Going on from the survivors of a lost rank, with the step commit (StageConfig::commit_steps; job::Generation),
-// stages as threads: a job of 2 stages x 3 replicas (float64, AdamW, dropout) loses one rank of
-// replica 1 at a point of its schedule (a forward, a backward, the gradient AllReduce, the
-// commit itself, just after it); the survivors agree on a step (recovery::PlanSurvivorStep),
-// those holding its update apply it, the lowest surviving replica of each stage writes the
-// state at that step, and the job goes on from it on 2 replicas with the global batch kept
-// (3 micro-batches each instead of 2; DualPipeV, which needs m >= 4 on 2 ranks, 6 instead of
-// 4). It ends within 1e-10 of the run that never failed, with every step run exactly once, no
-// step before the one in progress lost, under every kind of schedule the commit runs under
+// Going on from the survivors of a lost rank, with the step commit (StageConfig::commit_steps;
+// job::Generation), stages as threads: a job of 2 stages x 3 replicas (float64, AdamW, dropout)
+// loses one rank of replica 1 at a point of its schedule (a forward, a backward, the gradient
+// AllReduce, the commit itself, just after it); the survivors agree on a step
+// (recovery::PlanSurvivorStep), those holding its update apply it, the lowest surviving replica of
+// each stage writes the state at that step, and the job goes on from it on 2 replicas with the
+// global batch kept (3 micro-batches each instead of 2; DualPipeV, which needs m >= 4 on 2 ranks, 6
+// instead of 4). It ends within 1e-10 of the run that never failed, with every step run exactly
+// once, no step before the one in progress lost, under every kind of schedule the commit runs under
 // (all but pipedream);
 // also under ZB-V lost at the commit with tied weights and clipping. The commit changes no
-// bit of a run that does not fail. Negative control: without the commit, a stage updates a step its neighbour never
-// will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
+// bit of a run that does not fail. Negative control: without the commit, a stage updates a step its
+// neighbour never will, and the plan is refused. (Over Gloo: survivor_recovery_gloo_test.cc.)
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -40,7 +40,7 @@ namespace {
 using ::testing::HasSubstr;
 
 struct SurvivorRun {
-  absl::Status failure;             // the run's
+  absl::Status failure;                       // the run's
   std::vector<recovery::Survivor> survivors;  // as they stood, before any applied its update
   absl::StatusOr<recovery::SurvivorPlan> plan = absl::UnknownError("no failure");
   absl::Status saved = absl::UnknownError("not saved");
@@ -70,7 +70,8 @@ SurvivorRun RunAndLose(const JobSpec& c, const Fault& fault, const Losing& losin
   auto built = std::make_shared<int>(0);  // wrap_transport is called replica-major
   options.wrap_transport = [=](std::unique_ptr<transport::Transport> t, int) {
     const int index = (*built)++;
-    if (index != lost) return losing.wrap_survivor ? losing.wrap_survivor(std::move(t), index) : std::move(t);
+    if (index != lost)
+      return losing.wrap_survivor ? losing.wrap_survivor(std::move(t), index) : std::move(t);
     return std::unique_ptr<transport::Transport>(
         new DyingTransport(std::move(t), c, fault, losing.before_dying, losing.after_dying));
   };
@@ -107,7 +108,6 @@ SurvivorRun RunAndLose(const JobSpec& c, const Fault& fault, const Losing& losin
   out.failure = report.status();
   return out;
 }
-
 
 // The job continued on the survivors from `step`: it runs every step after it once; returns
 // the largest relative difference of its final parameters from `whole`'s (infinite if it
@@ -190,7 +190,8 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
     EXPECT_GE(lost.plan->step, fault.first_expected);
     EXPECT_LE(lost.plan->step, fault.last_expected);
 
-    absl::StatusOr<JobReport> finished = RunInProcess(OnTheSurvivors(job, lost.plan->step), Committed());
+    absl::StatusOr<JobReport> finished =
+        RunInProcess(OnTheSurvivors(job, lost.plan->step), Committed());
     ASSERT_TRUE(finished.ok()) << finished.status();
     EXPECT_EQ(finished->first_step, lost.plan->step);
     EXPECT_EQ(finished->first_step + static_cast<int64_t>(finished->losses.size()), kSteps);
@@ -203,8 +204,7 @@ TEST_P(SurvivorRecoveryTest, ALostRankCostsNoStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, SurvivorRecoveryTest,
-                         ::testing::ValuesIn(KindsTheSurvivorsGoOnUnder()),
-                         [](const auto& info) {
+                         ::testing::ValuesIn(KindsTheSurvivorsGoOnUnder()), [](const auto& info) {
                            return std::string(schedule::ScheduleKindName(info.param));
                          });
 
@@ -227,8 +227,8 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
     // its result is held back until the lost rank has died, and is then the failure the
     // aborted transport gives (what a receive of nothing says now), as if the end came late.
     absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
-                                                       const at::Tensor& mine,
-                                                       absl::Time deadline) override {
+                                                      const at::Tensor& mine,
+                                                      absl::Time deadline) override {
       absl::StatusOr<std::vector<at::Tensor>> got = inner_->AllGather(group, mine, deadline);
       const bool commit = group.replicas() && mine.scalar_type() == at::kLong && mine.numel() == 1;
       if (!commit || commits_++ != 3) return got;
@@ -272,9 +272,10 @@ TEST(SurvivorRecovery, ASurvivorThatMissedTheCommitsEndAppliesItsHeldUpdate) {
   fs::remove_all(dir);
 }
 
-// Stage 1 of replica 1 dies entering step 3's commit once every other rank has entered it: every survivor holds step 3's final gradient and none has applied it. The
-// step is completed, not run again: every survivor applies its held update. The last stage's
-// survivors hold the step's loss as the job reports it too.
+// Stage 1 of replica 1 dies entering step 3's commit once every other rank has entered it: every
+// survivor holds step 3's final gradient and none has applied it. The step is completed, not run
+// again: every survivor applies its held update. The last stage's survivors hold the step's loss as
+// the job reports it too.
 TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
   const fs::path dir = TempDir("all_hold");
   const JobSpec job = Job(ScheduleKind::kOneFOneB, dir);
@@ -286,8 +287,8 @@ TEST(SurvivorRecovery, AStepEveryRankHoldsIsCompletedThoughNoOneAppliedIt) {
     Counting(std::unique_ptr<transport::Transport> inner, std::shared_ptr<std::atomic<int>> n)
         : ForwardingTransport(std::move(inner)), n_(std::move(n)) {}
     absl::StatusOr<std::vector<at::Tensor>> AllGather(const transport::Group& group,
-                                                       const at::Tensor& mine,
-                                                       absl::Time deadline) override {
+                                                      const at::Tensor& mine,
+                                                      absl::Time deadline) override {
       // The commit's barrier of the pipeline (one int64, once a step): counted on the way in.
       if (!group.replicas() && group.stages().empty() && mine.scalar_type() == at::kLong &&
           barriers_++ == 3) {
@@ -365,9 +366,9 @@ TEST(SurvivorRecovery, WithTiedWeightsAndClippingTheSurvivorsLoseNoStep) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_FALSE(whole->grad_norms.empty());
   EXPECT_GT(whole->grad_norms.front(), job.optimizer().clip_grad_norm());  // clipping acts
-  for (const Fault& fault : {Fault{Point::kBackward, 2, 1, 2, 2},
-                             Fault{Point::kGradientAllReduce, 3, 1, 3, 3},
-                             Fault{Point::kAfterCommit, 3, 0, 4, 4}}) {
+  for (const Fault& fault :
+       {Fault{Point::kBackward, 2, 1, 2, 2}, Fault{Point::kGradientAllReduce, 3, 1, 3, 3},
+        Fault{Point::kAfterCommit, 3, 0, 4, 4}}) {
     SCOPED_TRACE(testing::Message() << "stage " << fault.stage << " of replica 1 lost at point "
                                     << static_cast<int>(fault.point) << " of step " << fault.step);
     fs::remove_all(dir);
@@ -421,8 +422,8 @@ TEST(SurvivorRecovery, WithoutTheCommitTheSurvivorsHoldNoOneStep) {
   ASSERT_GE(stage1_moved_on->load(), kReplicas) << "stage 1 did not update step 3 in 30 s";
   // The hazard: stage 1 stands at W(4), stage 0 at W(3) holding no final gradient.
   for (const recovery::Survivor& s : lost.survivors) {
-    EXPECT_EQ(s.state.next_step, s.rank == 1 ? 4 : 3) << "rank " << s.rank << " replica "
-                                                      << s.replica;
+    EXPECT_EQ(s.state.next_step, s.rank == 1 ? 4 : 3)
+        << "rank " << s.rank << " replica " << s.replica;
     EXPECT_EQ(s.state.held_step, -1);
   }
   ASSERT_FALSE(lost.plan.ok());

@@ -52,14 +52,13 @@ TEST(TiedEmbeddings, EqualTheOneParameterReferenceUnderEverySchedule) {
   };
   for (const Case k : {Case{ScheduleKind::kGPipe, 3, 0}, Case{ScheduleKind::kOneFOneB, 3, 0},
                        Case{ScheduleKind::kZeroBubble, 3, 1}, Case{ScheduleKind::kTwoBW, 3, 0},
-                       Case{ScheduleKind::kPipeDream, 3, 0},
-                       Case{ScheduleKind::kInterleaved, 2, 2},
-                       Case{ScheduleKind::kZeroBubbleV, 2, 2},
-                       Case{ScheduleKind::kDualPipeV, 2, 2}, Case{ScheduleKind::kOneFOneB, 1, 0},
-                       Case{ScheduleKind::kTwoBW, 1, 0}, Case{ScheduleKind::kPipeDream, 1, 0}}) {
+                       Case{ScheduleKind::kPipeDream, 3, 0}, Case{ScheduleKind::kInterleaved, 2, 2},
+                       Case{ScheduleKind::kZeroBubbleV, 2, 2}, Case{ScheduleKind::kDualPipeV, 2, 2},
+                       Case{ScheduleKind::kOneFOneB, 1, 0}, Case{ScheduleKind::kTwoBW, 1, 0},
+                       Case{ScheduleKind::kPipeDream, 1, 0}}) {
     for (const int replicas : {1, 2}) {
-      SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=",
-                                k.stages, " replicas ", replicas));
+      SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=", k.stages,
+                                " replicas ", replicas));
       JobSpec c = TiedGpt(k.kind, k.stages, k.virtual_stages);
       c.set_replicas(replicas);
       const JobReport report = MustRun(c);
@@ -114,14 +113,14 @@ TEST(TiedEmbeddings, OnOneRankTheTiedLayersAreOneParameter) {
     ScheduleKind kind;
     int stages, virtual_stages;
   };
-  for (const Case k : {Case{ScheduleKind::kZeroBubbleV, 2, 2},
-                       Case{ScheduleKind::kDualPipeV, 2, 2}, Case{ScheduleKind::kOneFOneB, 1, 0},
-                       Case{ScheduleKind::kTwoBW, 1, 0}, Case{ScheduleKind::kPipeDream, 1, 0}}) {
-    SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=",
-                              k.stages));
+  for (const Case k : {Case{ScheduleKind::kZeroBubbleV, 2, 2}, Case{ScheduleKind::kDualPipeV, 2, 2},
+                       Case{ScheduleKind::kOneFOneB, 1, 0}, Case{ScheduleKind::kTwoBW, 1, 0},
+                       Case{ScheduleKind::kPipeDream, 1, 0}}) {
+    SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(k.kind)), " p=", k.stages));
     JobSpec c = TiedGpt(k.kind, k.stages, k.virtual_stages);
     StagesRun run;
-    RunStages(c, [](StageParts&) {}, run);
+    RunStages(
+        c, [](StageParts&) {}, run);
     for (const absl::Status& r : run.results) ASSERT_TRUE(r.ok()) << r;
     const StageParts& rank0 = run.parts[0];
     const model::StageModule& embedding = rank0.weights.front()->Newest();
@@ -221,13 +220,12 @@ std::string SaveScriptedWithEqualWeights(const std::string& path) {
   auto linear = [&](const char* type, int64_t in, int64_t out, bool relu, bool tied) {
     torch::jit::Module m(type);
     m.register_attribute("training", c10::BoolType::get(), true);
-    m.register_parameter("weight",
-                         tied ? shared.clone() : torch::randn({out, in}) / std::sqrt(double(in)),
-                         false);
-    m.register_parameter("bias", torch::full({out}, std::string(type) == "L1" ? 0.1 : 0.0),
-                         false);
+    m.register_parameter(
+        "weight", tied ? shared.clone() : torch::randn({out, in}) / std::sqrt(double(in)), false);
+    m.register_parameter("bias", torch::full({out}, std::string(type) == "L1" ? 0.1 : 0.0), false);
     m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + "
-                         "self.bias\n  return ") + (relu ? "torch.relu(y)\n" : "y\n"));
+                         "self.bias\n  return ") +
+             (relu ? "torch.relu(y)\n" : "y\n"));
     return m;
   };
   root.register_module("0", linear("L0", 32, 24, true, false));
@@ -268,12 +266,14 @@ TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
   JobSpec c = ScriptTieJob(path);
   c.mutable_model()->clear_tie();
   for (const char* t : {"1.weight", "9.weight=2.weight", "1.nope=3.bias", "0.weight=3.weight",
-                 "0.bias=2.bias=2.bias"}) c.mutable_model()->add_tie(t);
+                        "0.bias=2.bias=2.bias"})
+    c.mutable_model()->add_tie(t);
   absl::StatusOr<JobReport> run = RunInProcess(c, {});
   ASSERT_FALSE(run.ok());
   const std::string message(run.status().message());
   for (const char* expected :
-       {"'1.weight': a group ties two or more", "no layer '9' for 9.weight (the layers: 0, 1, 2, 3)",
+       {"'1.weight': a group ties two or more",
+        "no layer '9' for 9.weight (the layers: 0, 1, 2, 3)",
         "layer 1 has no parameter 'nope' (its parameters: weight, bias)",
         "'0.weight=3.weight': the parameters' shapes differ", "2.bias is tied twice"}) {
     EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
@@ -296,8 +296,9 @@ TEST(TiedTorchScript, EveryViolationOfTheGroupsIsNamedInOneError) {
   for (const char* t : {"0.token=3.weight"}) gpt.mutable_model()->add_tie(t);
   absl::StatusOr<JobReport> builtin = RunInProcess(gpt, {});
   ASSERT_FALSE(builtin.ok());
-  EXPECT_NE(std::string(builtin.status().message()).find("only a torchscript model names tie "
-                                                         "groups"),
+  EXPECT_NE(std::string(builtin.status().message())
+                .find("only a torchscript model names tie "
+                      "groups"),
             std::string::npos);
 }
 

@@ -80,8 +80,9 @@ TEST(ParameterKinds, ATorchScriptModelsByItsModulesClassesAndParameterNames) {
   block.register_attribute("training", c10::BoolType::get(), true);
   block.register_module("norm", module("RMSNorm", {"weight"}));
   block.register_module("proj", module("Linear", {"weight", "bias"}));
-  block.define("def forward(self, x):\n  return x * self.norm.weight * self.proj.weight + "
-               "self.proj.bias\n");
+  block.define(
+      "def forward(self, x):\n  return x * self.norm.weight * self.proj.weight + "
+      "self.proj.bias\n");
   torch::jit::Module embedding = module("Embedding", {"weight"});
   embedding.define("def forward(self, x):\n  return x * self.weight\n");
   torch::jit::Module norm = module("LayerNorm", {"weight", "bias"});
@@ -105,7 +106,8 @@ JobSpec Decayed(const ScheduleCase& k, const char* optimizer, ParameterKinds no_
   c.set_steps(5);
   c.mutable_optimizer()->set_name(optimizer);
   c.mutable_optimizer()->set_lr(std::string(optimizer) == "sgd" ? 0.1 : 0.02);
-  c.mutable_optimizer()->set_weight_decay(0.5);  // large: the groups' difference shows within 5 steps
+  c.mutable_optimizer()->set_weight_decay(
+      0.5);  // large: the groups' difference shows within 5 steps
   for (model::ParameterKind kind : model::kAllParameterKinds) {
     if (no_decay & model::KindBit(kind)) {
       c.mutable_optimizer()->add_no_decay(std::string(model::ParameterKindName(kind)));
@@ -128,8 +130,8 @@ TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
           // turning with the set and the kind (every kind meets both optimizers and both).
           const bool adamw = std::string(optimizer) == "adamw";
           if (adamw != ((i + n) % 2 == 1) || tied != ((i + n + 1) % 2 == 1)) continue;
-          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ",
-                                    optimizer, " no_decay ", model::ParameterKindsName(no_decay),
+          SCOPED_TRACE(absl::StrCat(std::string(schedule::ScheduleKindName(kind)), " ", optimizer,
+                                    " no_decay ", model::ParameterKindsName(no_decay),
                                     tied ? " tied" : ""));
           JobSpec c = Decayed(k, optimizer, no_decay);
           c.mutable_model()->set_tie_embeddings(tied);
@@ -140,8 +142,7 @@ TEST(WeightDecayGroups, EqualTorchOptimWithTwoParameterGroups) {
           // Negative control: every parameter decayed (one group) is another trajectory.
           JobSpec one_group = c;
           one_group.mutable_optimizer()->clear_no_decay();
-          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(one_group)),
-                    1e-6);
+          EXPECT_GT(MaxRelativeDifference(report.final_parameters, MustReference(one_group)), 1e-6);
         }
       }
     }

@@ -45,8 +45,8 @@ TEST(PipeDream, EqualsItsWeightStashingReference) {
     for (const int m : {1, 2, 4}) {
       for (const int replicas : {1, 2}) {
         for (const char* recompute : {"none", "all"}) {
-          SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ",
-                                    recompute));
+          SCOPED_TRACE(
+              absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ", recompute));
           const JobSpec c = PipeDreamGpt(p, m, replicas, recompute);
           const JobReport report = MustRun(c);
           const std::vector<at::Tensor> reference = MustReference(c);
@@ -184,8 +184,8 @@ TEST(PipeDreamVerticalSync, EqualsItsReferenceWhereEveryStageRunsOnStageZerosVer
     for (const int m : {1, 4}) {
       for (const int replicas : {1, 2}) {
         for (const char* recompute : {"none", "all"}) {
-          SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ",
-                                    recompute));
+          SCOPED_TRACE(
+              absl::StrCat("p=", p, " m=", m, " replicas ", replicas, " recompute ", recompute));
           JobSpec c = PipeDreamGpt(p, m, replicas, recompute);
           c.set_vertical_sync(true);
           const JobReport report = MustRun(c);

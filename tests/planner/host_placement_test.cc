@@ -91,17 +91,20 @@ TEST(HostPlacement, ReplicasCrossingOneLinkAtOnceShareItsBandwidth) {
   EXPECT_NEAR(one_link - together, 2 * (0.002 + 2 * 5000 / 1e6), 1e-12);
   // Four hosts of one: each replica crosses a link of its own (0 -> 1, 2 -> 3).
   cluster.host_workers = {1, 1, 1, 1};
-  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 2, 3}) - together,
-              2 * (0.002 + 5000 / 1e6), 1e-12);
+  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 2, 3}) - together, 2 * (0.002 + 5000 / 1e6),
+              1e-12);
   // Opposite directions of one link (0 -> 1 and 1 -> 0) do not share either.
   cluster.host_workers = {2, 2};
-  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 1, 0}) - together,
-              2 * (0.002 + 5000 / 1e6), 1e-12);
-  EXPECT_EQ(ReplicasSharingLink([&] {
-              Layout l = layout;
-              l.rank_hosts = {0, 1, 0, 1};
-              return l;
-            }(), 0, 1), 2);
+  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1, 1, 0}) - together, 2 * (0.002 + 5000 / 1e6),
+              1e-12);
+  EXPECT_EQ(ReplicasSharingLink(
+                [&] {
+                  Layout l = layout;
+                  l.rank_hosts = {0, 1, 0, 1};
+                  return l;
+                }(),
+                0, 1),
+            2);
 }
 
 TEST(HostPlacement, AnAllReduceRingThatSpansHostsRunsAtTheirLink) {
@@ -116,8 +119,8 @@ TEST(HostPlacement, AnAllReduceRingThatSpansHostsRunsAtTheirLink) {
   EXPECT_NEAR(apart - together, 2 * (0.003 + 500'000 / 2e6), 1e-9);
   // Without an AllReduce link of its own the ring takes the hosts' message link.
   cluster.between_hosts_allreduce = {0, 0};
-  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1}) - together,
-              2 * (0.001 + 500'000 / 1e6), 1e-9);
+  EXPECT_NEAR(StepTime(profile, cluster, layout, {0, 1}) - together, 2 * (0.001 + 500'000 / 1e6),
+              1e-9);
 }
 
 TEST(HostPlacement, FillHostsKeepsGroupsWholeOnTheTightestHostThatHoldsThem) {
@@ -171,7 +174,9 @@ TEST(HostPlacement, TheHeavierTrafficStaysWithinHostsAsFastAsTheBestOfEveryAssig
   };
   const Case cases[] = {
       {"large parameters", Layers(4, 0.002, 4'000, 2'000'000), HostOrder::kStages, {0, 1, 0, 1}},
-      {"large activations", Layers(4, 0.002, 2'000'000, 4'000), HostOrder::kPipelines,
+      {"large activations",
+       Layers(4, 0.002, 2'000'000, 4'000),
+       HostOrder::kPipelines,
        {0, 0, 1, 1}},
   };
   for (const Case& c : cases) {
@@ -261,8 +266,9 @@ TEST(HostPlacement, HostLinksSurviveJsonAloneAndInAProfile) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->p2p.latency_s, 2e-4);
   EXPECT_EQ(back->allreduce.bytes_per_s, 2e7);
-  EXPECT_THAT(HostLinksFromJson(R"({"p2p": {"latency_s": 0, "bytes_per_s": 0}})").status().message(),
-              HasSubstr("p2p.bytes_per_s: must be > 0"));
+  EXPECT_THAT(
+      HostLinksFromJson(R"({"p2p": {"latency_s": 0, "bytes_per_s": 0}})").status().message(),
+      HasSubstr("p2p.bytes_per_s: must be > 0"));
 
   ModelProfile profile = Layers(2, 0.01, 100, 100);
   profile.p2p = {1e-5, 1e9};

@@ -149,7 +149,8 @@ TEST(PipeDreamPlanner, UniformReplicaPartitionEqualsBruteForce) {
       EXPECT_EQ(st.begin, next);
       EXPECT_EQ(st.replicas, w);
       slowest = std::max(slowest, StageTime(layers, st.begin, st.end, w, link));
-      if (s + 1 < plan->stages.size()) slowest = std::max(slowest, BoundaryTime(layers, st.end - 1, link));
+      if (s + 1 < plan->stages.size())
+        slowest = std::max(slowest, BoundaryTime(layers, st.end - 1, link));
       next = st.end;
     }
     EXPECT_EQ(next, L);

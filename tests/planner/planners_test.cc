@@ -66,8 +66,8 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
     if (!layout.recomputes(l)) return layers[l].stash_bytes + layers[l].output_bytes;
     return l + 1 == end || !layout.recomputes(l + 1) ? layers[l].output_bytes : 0;
   };
-  schedule::ScheduleParams params{layout.schedule, layout.stages(),
-                                  layout.pipeline.micro_batches, 3};
+  schedule::ScheduleParams params{layout.schedule, layout.stages(), layout.pipeline.micro_batches,
+                                  3};
   absl::StatusOr<std::vector<schedule::Action>> list = schedule::BuildStageSchedule(params, s);
   EXPECT_TRUE(list.ok());
   // With replicas the gradient is averaged on a flat copy of it: stage 0 with the AllReduce
@@ -135,8 +135,7 @@ int64_t CountedMemory(const ModelProfile& profile, const Layout& layout, int s) 
         if (has_gradient) live -= gradient;
         has_gradient = false;
         break;
-      default:
-        break;
+      default: break;
     }
   }
   EXPECT_EQ(live, 0);
@@ -196,8 +195,8 @@ TEST(HippiePlanner, RecomputesAPrefixOfTheGreedyOrder) {
   EXPECT_EQ(order, (std::vector<int>{0, 4, 2, 6, 7, 5, 1}));
   PlanRequest request{PlannerKind::kHippie, 16, {}};
   int recomputed_some = 0;
-  for (int64_t cap : {int64_t{0}, int64_t{60} << 20, int64_t{45} << 20, int64_t{36} << 20,
-                      int64_t{30} << 20}) {
+  for (int64_t cap :
+       {int64_t{0}, int64_t{60} << 20, int64_t{45} << 20, int64_t{36} << 20, int64_t{30} << 20}) {
     SCOPED_TRACE("cap " + std::to_string(cap));
     const ClusterProfile cluster = Cluster(4, cap);
     absl::StatusOr<PlanResult> plan = MakePlan(profile, cluster, request);

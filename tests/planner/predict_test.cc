@@ -63,8 +63,10 @@ TEST(Predict, RanksSharingOneCoreTakeTheSumOfTheirWork) {
   }
   // Two cores for two ranks: as if each had its own.
   cluster.shared_cores = 2;
-  absl::StatusOr<Prediction> shared = Predict(profile, cluster, Even(ScheduleKind::kOneFOneB, 4, 2, 4));
-  absl::StatusOr<Prediction> own = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
+  absl::StatusOr<Prediction> shared =
+      Predict(profile, cluster, Even(ScheduleKind::kOneFOneB, 4, 2, 4));
+  absl::StatusOr<Prediction> own =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
   ASSERT_TRUE(shared.ok() && own.ok());
   EXPECT_NEAR(shared->step_time_s, own->step_time_s, 1e-12);
 }
@@ -169,7 +171,8 @@ TEST(MessageCostAt, InterpolatesBetweenMeasuredSizesAndExtrapolatesBeyond) {
 
 TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   const ModelProfile profile = Uniform(4, 0.01);
-  absl::StatusOr<Prediction> p = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
+  absl::StatusOr<Prediction> p =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
   ASSERT_TRUE(p.ok());
   ASSERT_EQ(p->stages.size(), 2u);
   // 1F1B holds p - s micro-batches: 2 on stage 0, 1 on stage 1.
@@ -187,7 +190,8 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   // One micro-batch a step: its backward frees the stash layer by layer as the gradient
   // appears layer by layer; the most is at layer 0: its own stash and output (500), its
   // working bytes and all four layers' gradients.
-  absl::StatusOr<Prediction> one = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1));
+  absl::StatusOr<Prediction> one =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 1, 1));
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->stages[0].activation_bytes, 500 + 50 + 4 * 1000);
   // Two replicas: the AllReduce averages a flat copy of the gradient. At the update, the
@@ -211,10 +215,12 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   // 2BW: two versions; GPipe: all m micro-batches in flight, the gradient only once they
   // are going back: 3 waiting, and the first going back, at its last layer (layer 2): its
   // input and layer 2's stash and output (600), the working bytes and both gradients.
-  absl::StatusOr<Prediction> twobw = Predict(profile, FreeLinks(), Even(ScheduleKind::kTwoBW, 4, 2, 4));
+  absl::StatusOr<Prediction> twobw =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kTwoBW, 4, 2, 4));
   ASSERT_TRUE(twobw.ok());
   EXPECT_EQ(twobw->stages[0].weight_bytes, 2 * 2 * 1000 + 2 * 2000);
-  absl::StatusOr<Prediction> gpipe = Predict(profile, FreeLinks(), Even(ScheduleKind::kGPipe, 4, 2, 4));
+  absl::StatusOr<Prediction> gpipe =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kGPipe, 4, 2, 4));
   ASSERT_TRUE(gpipe.ok());
   EXPECT_EQ(gpipe->stages[1].peak_in_flight, 4);
   EXPECT_EQ(gpipe->stages[1].activation_bytes, 3 * 1100 + 600 + 50 + 2 * 1000);
@@ -226,7 +232,8 @@ TEST(Predict, MemoryCountsWeightsAndTheMicroBatchesInFlight) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->stages[0].activation_bytes, 2 * 100 + 2000 + 2 * 500 + 50);
   // And pays a forward again in each backward: 4 micro-batches x 2 layers x 0.01 more.
-  absl::StatusOr<Prediction> plain = Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
+  absl::StatusOr<Prediction> plain =
+      Predict(profile, FreeLinks(), Even(ScheduleKind::kOneFOneB, 4, 2, 4));
   EXPECT_NEAR(r->stages[0].compute_s - plain->stages[0].compute_s, 4 * 2 * 0.01, 1e-12);
 }
 

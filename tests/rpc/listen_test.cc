@@ -45,9 +45,9 @@ TEST(ListenTest, ASecondServerOnALivePortIsRefusedNamingWhy) {
   }
   const absl::Status why = CannotListen("--listen", taken);
   EXPECT_TRUE(absl::IsUnavailable(why));
-  EXPECT_THAT(std::string(why.message()),
-              HasSubstr("--listen " + taken + ": cannot listen there (the port is in use: "
-                        "another process listens there)"));
+  EXPECT_THAT(std::string(why.message()), HasSubstr("--listen " + taken +
+                                                    ": cannot listen there (the port is in use: "
+                                                    "another process listens there)"));
   // Once the first is gone the address is free again (SO_REUSEADDR, as before).
   first->Shutdown();
   first.reset();

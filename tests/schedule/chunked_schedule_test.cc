@@ -11,11 +11,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/schedule/communication.h"
 #include "runtime/schedule/compute_lists.h"
 #include "runtime/schedule/schedule.h"
 #include "runtime/schedule/simulator.h"
-#include "absl/strings/str_cat.h"
 
 namespace pipetrain::schedule {
 namespace {
@@ -87,8 +87,7 @@ TEST(ChunkedSchedule, UnitCostBubblesAndStashesAsTheRulesGive) {
   }
   // 1F1B, the baseline they improve on (the classic lists and simulator): 33, 27.3%; 17.9%.
   const auto one_f_one_b = [](int p, int m) {
-    return *Simulate(*BuildSchedule({ScheduleKind::kOneFOneB, p, m, 1}),
-                     CostModel::Uniform(1, 2));
+    return *Simulate(*BuildSchedule({ScheduleKind::kOneFOneB, p, m, 1}), CostModel::Uniform(1, 2));
   };
   EXPECT_DOUBLE_EQ(one_f_one_b(4, 8).makespan_s, 33);
   EXPECT_NEAR(1 - 8 * 3.0 / 33, 0.273, 0.0005);
@@ -108,8 +107,8 @@ int ForEachValidShape(int max_p, int max_v, int max_m,
         for (int m = 1; m <= max_m; ++m) {
           const ScheduleParams params = Chunked(kind, p, v, m);
           if (!ValidateScheduleParams(params).ok()) continue;
-          SCOPED_TRACE(absl::StrCat(std::string(ScheduleKindName(kind)), " p=", p, " v=", v,
-                                    " m=", m));
+          SCOPED_TRACE(
+              absl::StrCat(std::string(ScheduleKindName(kind)), " p=", p, " v=", v, " m=", m));
           check(params);
           ++shapes;
         }
@@ -201,8 +200,8 @@ TEST(ChunkedSchedule, BrokenListsAreRefusedAndADeadlockNamesTheWaits) {
   EXPECT_THAT(CheckComputeLists(layout, 2, missing_w).message(), HasSubstr("1I1 has no W"));
 
   // Rank 0 wants stage 1's I0 before it runs F1; rank 1 runs F1 before I0.
-  const std::vector<std::vector<Action>> crossed = {
-      *ParseActions("0F0 0I0 0W0 0F1 0I1 0W1"), *ParseActions("1F0 1F1 1I0 1W0 1I1 1W1")};
+  const std::vector<std::vector<Action>> crossed = {*ParseActions("0F0 0I0 0W0 0F1 0I1 0W1"),
+                                                    *ParseActions("1F0 1F1 1I0 1W0 1I1 1W1")};
   absl::StatusOr<ComputeSimulation> stuck = SimulateComputeLists(layout, 2, crossed);
   EXPECT_EQ(stuck.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(stuck.status().message(),
@@ -252,7 +251,8 @@ TEST(ChunkedCommunication, EveryValidShapeGetsEveryMessageOnceAndRunsToTheEnd) {
     absl::StatusOr<std::vector<std::vector<Action>>> lowered = AddCommunication(layout, m, compute);
     ASSERT_TRUE(lowered.ok()) << lowered.status();
     ASSERT_TRUE(CheckCommunication(layout, m, *lowered).ok())
-        << CheckCommunication(layout, m, *lowered) << "\n" << FormatRankLists(*lowered);
+        << CheckCommunication(layout, m, *lowered) << "\n"
+        << FormatRankLists(*lowered);
     // The compute actions are the lists' own, in their order; a message only where
     // neighbouring stages sit on different ranks (none on one rank, none at the V's turn).
     int64_t messages = 0;
@@ -349,13 +349,15 @@ TEST(ChunkedCommunication, BrokenMessagesAreRefusedAndADeadlockNamesTheWaits) {
           .message(),
       HasSubstr("rank 1: 1RECV_ACT1 comes after the action that uses it"));
   EXPECT_THAT(CheckCommunication(layout, 2,
-                                 lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 "
-                                           "1RECV_ACT1 1I1 1SEND_GRAD1 1W0 1W1"))
+                                 lists(r0,
+                                       "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 "
+                                       "1RECV_ACT1 1I1 1SEND_GRAD1 1W0 1W1"))
                   .message(),
               HasSubstr("1RECV_ACT1 comes twice"));
   EXPECT_THAT(CheckCommunication(layout, 2,
-                                 lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 "
-                                           "1SEND_GRAD1 1SEND_GRAD2 1W0 1W1"))
+                                 lists(r0,
+                                       "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0 1F1 1I1 "
+                                       "1SEND_GRAD1 1SEND_GRAD2 1W0 1W1"))
                   .message(),
               HasSubstr("rank 1: 1SEND_GRAD2 is outside micro-batches 0 .. 1"));
   EXPECT_THAT(CheckCommunication(layout, 2, lists(r0, "1RECV_ACT0 1F0 1RECV_ACT1 1I0 1SEND_GRAD0"))
@@ -369,8 +371,7 @@ TEST(ChunkedCommunication, BrokenMessagesAreRefusedAndADeadlockNamesTheWaits) {
   EXPECT_THAT(crossed.message(), HasSubstr("deadlock: rank 0 waits at 0RECV_GRAD0; rank 1 "
                                            "waits at 1RECV_ACT1"));
   // Compute lists that deadlock cannot be given messages.
-  EXPECT_EQ(AddCommunication(layout, 2,
-                             lists("0F0 0I0 0W0 0F1 0I1 0W1", "1F0 1F1 1I0 1W0 1I1 1W1"))
+  EXPECT_EQ(AddCommunication(layout, 2, lists("0F0 0I0 0W0 0F1 0I1 0W1", "1F0 1F1 1I0 1W0 1I1 1W1"))
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);

@@ -60,8 +60,8 @@ TEST(ScheduleKindTest, NamesAndAliases) {
   absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("zb-h1");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("'zb-h1'"));
-  for (const char* name : {"gpipe", "1f1b", "2bw", "flush", "pipedream-flush", "pipedream-2bw",
-                           "last-stage"}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "2bw", "flush", "pipedream-flush", "pipedream-2bw", "last-stage"}) {
     EXPECT_THAT(bad.status().message(), HasSubstr(name));
   }
 }
@@ -318,11 +318,11 @@ TEST(TwoBWFlushTest, DrainsAtTheBoundaryAndKeepsThePrefixWhereCommandsArrive) {
           const std::vector<Action> with = (*lists)[s];
           const std::vector<Action> without = *BuildStageSchedule(plain, s);
           // Two jobs back to back: steps [0, n), then [n, steps).
-          std::vector<Action> expected = *BuildStageSchedule({ScheduleKind::kTwoBW, p, m,
-                                                              static_cast<int>(n)}, s);
+          std::vector<Action> expected =
+              *BuildStageSchedule({ScheduleKind::kTwoBW, p, m, static_cast<int>(n)}, s);
           const std::vector<Action> rest = Shifted(
-              *BuildStageSchedule({ScheduleKind::kTwoBW, p, m, static_cast<int>(steps - n)}, s),
-              n, m);
+              *BuildStageSchedule({ScheduleKind::kTwoBW, p, m, static_cast<int>(steps - n)}, s), n,
+              m);
           expected.insert(expected.end(), rest.begin(), rest.end());
           EXPECT_EQ(FormatActions(with), FormatActions(expected)) << "stage " << s;
           // Where the commands become known, the lists still agree.

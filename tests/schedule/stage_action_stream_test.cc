@@ -47,9 +47,9 @@ TEST(StageActionStreamTest, IsTheListBuildStageScheduleMakes) {
               if (mask & (1 << (n - 1))) params.flush_before.push_back(n);
             }
             for (int s = 0; s < p; ++s) {
-              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p
-                                              << " m=" << m << " steps=" << steps
-                                              << " mask=" << mask << " stage " << s);
+              SCOPED_TRACE(testing::Message()
+                           << ScheduleKindName(kind) << " p=" << p << " m=" << m
+                           << " steps=" << steps << " mask=" << mask << " stage " << s);
               absl::StatusOr<StageActionStream> stream = StageActionStream::Create(params, s);
               ASSERT_TRUE(stream.ok()) << stream.status();
               EXPECT_EQ(FormatActions(Drained(*stream)),
@@ -83,9 +83,9 @@ TEST(StageActionStreamTest, AResumedListIsTheDrainedListFromItsFirstStep) {
               resumed.flush_before.push_back(first + 1);
             }
             for (int s = 0; s < p; ++s) {
-              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p
-                                              << " m=" << m << " steps=" << steps
-                                              << " first=" << first << " stage " << s);
+              SCOPED_TRACE(testing::Message()
+                           << ScheduleKindName(kind) << " p=" << p << " m=" << m
+                           << " steps=" << steps << " first=" << first << " stage " << s);
               const std::vector<Action> whole = *BuildStageSchedule(drained, s);
               auto mini_batch = [m](const Action& a) {
                 return a.kind == ActionKind::kOptimizerStep ? a.index : a.index / m;
@@ -134,16 +134,16 @@ TEST(StageActionStreamTest, RebaseFollowsTheNewListOrRefusesAChangedPast) {
               changed.flush_before = {n};
             }
             for (int s = 0; s < p; ++s) {
-              SCOPED_TRACE(testing::Message() << ScheduleKindName(kind) << " p=" << p << " m="
-                                              << m << (stop ? " stop " : " drain ") << n
-                                              << " stage " << s);
+              SCOPED_TRACE(testing::Message()
+                           << ScheduleKindName(kind) << " p=" << p << " m=" << m
+                           << (stop ? " stop " : " drain ") << n << " stage " << s);
               const std::vector<Action> before = *BuildStageSchedule(plain, s);
               const std::vector<Action> after = *BuildStageSchedule(changed, s);
               StageActionStream stream = *StageActionStream::Create(plain, s);
               for (size_t i = 0; i < before.size(); ++i, stream.Advance()) {
                 const bool same_past =
-                    i < after.size() && std::equal(before.begin(), before.begin() + i + 1,
-                                                   after.begin());
+                    i < after.size() &&
+                    std::equal(before.begin(), before.begin() + i + 1, after.begin());
                 absl::StatusOr<StageActionStream> rebased = stream.Rebase(changed);
                 if (!same_past) {
                   EXPECT_FALSE(rebased.ok()) << "at " << i;
@@ -152,8 +152,8 @@ TEST(StageActionStreamTest, RebaseFollowsTheNewListOrRefusesAChangedPast) {
                 ASSERT_TRUE(rebased.ok()) << "at " << i << ": " << rebased.status();
                 EXPECT_EQ(rebased->position(), static_cast<int64_t>(i));
                 const std::vector<Action> rest = Drained(*rebased);
-                EXPECT_EQ(FormatActions(rest), FormatActions(std::vector<Action>(
-                                                   after.begin() + i, after.end())))
+                EXPECT_EQ(FormatActions(rest),
+                          FormatActions(std::vector<Action>(after.begin() + i, after.end())))
                     << "at " << i;
               }
             }

@@ -32,14 +32,12 @@ TransportOptions OptionsOf(const Case& c) {
 }
 
 TEST(BoundaryLinks, EveryBoundaryDirectionAndLaneHasALinkOfItsOwn) {
-  for (const Case c : {Case{schedule::ChunkPlacement::kLoop, 4, 1},
-                       Case{schedule::ChunkPlacement::kLoop, 2, 2},
-                       Case{schedule::ChunkPlacement::kLoop, 4, 3},
-                       Case{schedule::ChunkPlacement::kLoop, 2, 4},
-                       Case{schedule::ChunkPlacement::kV, 2, 2},
-                       Case{schedule::ChunkPlacement::kV, 4, 2}}) {
-    SCOPED_TRACE(absl::StrCat(c.placement == schedule::ChunkPlacement::kV ? "V" : "loop", " p=",
-                              c.ranks, " v=", c.chunks));
+  for (const Case c :
+       {Case{schedule::ChunkPlacement::kLoop, 4, 1}, Case{schedule::ChunkPlacement::kLoop, 2, 2},
+        Case{schedule::ChunkPlacement::kLoop, 4, 3}, Case{schedule::ChunkPlacement::kLoop, 2, 4},
+        Case{schedule::ChunkPlacement::kV, 2, 2}, Case{schedule::ChunkPlacement::kV, 4, 2}}) {
+    SCOPED_TRACE(absl::StrCat(c.placement == schedule::ChunkPlacement::kV ? "V" : "loop",
+                              " p=", c.ranks, " v=", c.chunks));
     const TransportOptions o = OptionsOf(c);
     const std::vector<BoundaryLink> links = PipelineLinks(o, /*evaluation_links=*/true);
     const int p = c.ranks, v = c.chunks, stages = p * v;
@@ -88,7 +86,8 @@ TEST(BoundaryLinks, WithoutEvaluationLinksOnlyTrainingsAndNoneWithinARank) {
     EXPECT_NE(l.boundary, 1);
   }
   EXPECT_EQ(LinkOf(links, 2, 0, 1, MessageKind::kEvalActivation, 0), -1);
-  EXPECT_EQ(links[0].Name(o, 0), "the link for activations to stage 1 (rank 1) across boundary 0-1");
+  EXPECT_EQ(links[0].Name(o, 0),
+            "the link for activations to stage 1 (rank 1) across boundary 0-1");
 }
 
 }  // namespace

@@ -41,8 +41,8 @@ std::vector<std::unique_ptr<Transport>> MakeJob(Kind kind, int stages, int repli
   if (kind == Kind::kInProcess) {
     auto hub = MakeInProcessHub();
     for (int r = 0; r < ranks; ++r) {
-      out[static_cast<size_t>(r)] = MakeInProcessTransport(hub, r % stages, stages, r / stages,
-                                                           replicas);
+      out[static_cast<size_t>(r)] =
+          MakeInProcessTransport(hub, r % stages, stages, r / stages, replicas);
     }
     return out;
   }
@@ -99,8 +99,8 @@ TEST_P(Collectives, AllReduceOverThePipelineSumsInRankOrderAlikeOnEveryMember) {
     absl::Status s = job[r]->AllReduce(Group::Pipeline(), v, ReduceOp::kSum, Soon());
     EXPECT_TRUE(s.ok()) << s;
     sums[r] = torch::cat({v[0], v[1]});
-    std::vector<at::Tensor> m = {torch::full({1}, static_cast<double>(10 * stage - r),
-                                             torch::kDouble)};
+    std::vector<at::Tensor> m = {
+        torch::full({1}, static_cast<double>(10 * stage - r), torch::kDouble)};
     s = job[r]->AllReduce(Group::Pipeline(), m, ReduceOp::kMax, Soon());
     EXPECT_TRUE(s.ok()) << s;
     maxima[r] = m[0];
@@ -124,8 +124,8 @@ TEST_P(Collectives, AGroupOfSomeStagesRunsAmongThemAlone) {
   // Stages 0 and 3 (a tied embedding's copies) reduce twice while 1 and 2 reduce among
   // themselves, then all four meet in a barrier.
   OnEach(All(4), [&](int s) {
-    const Group group = (s == 0 || s == 3) ? Group::PipelineStages({0, 3})
-                                           : Group::PipelineStages({1, 2});
+    const Group group =
+        (s == 0 || s == 3) ? Group::PipelineStages({0, 3}) : Group::PipelineStages({1, 2});
     std::vector<at::Tensor> v = {torch::full({3}, static_cast<double>(s + 1), torch::kDouble)};
     for (int round = 0; round < 2; ++round) {
       absl::Status st = job[s]->AllReduce(group, v, ReduceOp::kSum, Soon());
@@ -136,7 +136,8 @@ TEST_P(Collectives, AGroupOfSomeStagesRunsAmongThemAlone) {
     EXPECT_TRUE(st.ok()) << st;
   });
   // Round one: 1 + 4 = 5 and 2 + 3 = 5; round two doubles it.
-  for (int s = 0; s < 4; ++s) EXPECT_TRUE(torch::equal(got[s], torch::full({3}, 10.0, torch::kDouble)));
+  for (int s = 0; s < 4; ++s)
+    EXPECT_TRUE(torch::equal(got[s], torch::full({3}, 10.0, torch::kDouble)));
 }
 
 TEST_P(Collectives, ReplicasGatherBroadcastAndMeet) {

@@ -153,7 +153,8 @@ TEST(GlooTransport, MovesTensorsWithTheirShapeAndDtype) {
   // bfloat16 travels as two bytes an element.
   const at::Tensor half = torch::randn({4, 8, 16}).to(at::kBFloat16);
   ASSERT_TRUE(pair.stage0->Send(1, MessageKind::kActivation, 10, half).ok());
-  auto got_half = pair.stage1->Recv(0, MessageKind::kActivation, 10, absl::Now() + absl::Seconds(10));
+  auto got_half =
+      pair.stage1->Recv(0, MessageKind::kActivation, 10, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(got_half.ok());
   EXPECT_EQ(got_half->scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(*got_half, half));
@@ -179,13 +180,13 @@ TEST(GlooTransport, MovesSmallAndLargePayloadsInAnyOrder) {
   }
   // The last first, then the rest in order.
   const size_t last = sent.size() - 1;
-  auto got_last = pair.stage1->Recv(0, MessageKind::kActivation, 100 + last,
-                                    absl::Now() + absl::Seconds(10));
+  auto got_last =
+      pair.stage1->Recv(0, MessageKind::kActivation, 100 + last, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(got_last.ok()) << got_last.status();
   EXPECT_TRUE(at::equal(*got_last, sent[last]));
   for (size_t j = 0; j < last; ++j) {
-    auto got = pair.stage1->Recv(0, MessageKind::kActivation, 100 + j,
-                                 absl::Now() + absl::Seconds(10));
+    auto got =
+        pair.stage1->Recv(0, MessageKind::kActivation, 100 + j, absl::Now() + absl::Seconds(10));
     ASSERT_TRUE(got.ok()) << "message " << j << ": " << got.status();
     EXPECT_EQ(got->sizes(), sent[j].sizes()) << "message " << j;
     EXPECT_EQ(got->scalar_type(), sent[j].scalar_type()) << "message " << j;
@@ -228,8 +229,9 @@ TEST(Rendezvous, NamesEveryRankThatDidNotArrive) {
   auto other = std::async(std::launch::async, [port] {
     return rendezvous::Rendezvous(*Connect(port), "job", 2, 4, absl::Seconds(1), nullptr);
   });
-  absl::Status s = rendezvous::Rendezvous(**server, "job", 0, 4, absl::Seconds(1),
-                                          [](int r) { return absl::StrCat("rank ", r, " (stage ", r, ")"); });
+  absl::Status s = rendezvous::Rendezvous(**server, "job", 0, 4, absl::Seconds(1), [](int r) {
+    return absl::StrCat("rank ", r, " (stage ", r, ")");
+  });
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("2 of 4 ranks did not arrive within 1s: rank 1 (stage 1), "
                                      "rank 3 (stage 3)"));

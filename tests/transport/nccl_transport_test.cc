@@ -93,8 +93,7 @@ TEST(NcclTransport, ReceivingOutOfSendOrderIsAClearError) {
                         "(rank 0) but the next message from stage 0 (rank 0) is the activation "
                         "of micro-batch 4"));
   // The link is out of step: the transport stays failed with that error.
-  EXPECT_EQ(transport->Send(0, MessageKind::kGradient, 0, torch::ones({1}).to(kGpu)),
-            got.status());
+  EXPECT_EQ(transport->Send(0, MessageKind::kGradient, 0, torch::ones({1}).to(kGpu)), got.status());
 }
 
 // With one replica the mean, the sum and doing nothing all give the same values, so this cannot

@@ -48,12 +48,11 @@ TEST(WireHeader, EveryFieldOutOfRangeIsRefusedNamingIt) {
     const char* named;
   };
   const int64_t kMax = std::numeric_limits<int64_t>::max();
-  for (const Case& c : {Case{0, 6, "kind 6"}, Case{0, -1, "kind -1"},
-                        Case{1, -5, "micro-batch -5"}, Case{2, 4, "dtype 4"},
-                        Case{2, -1, "dtype -1"}, Case{3, 9, "ndim 9"}, Case{3, -1, "ndim -1"},
-                        Case{4, 2, "inline flag 2"}, Case{5, -3, "dim 0 is -3"},
-                        Case{6, kMax, "more than 2^40 elements"},
-                        Case{15, 1, "word 15 past the dims"}}) {
+  for (const Case& c :
+       {Case{0, 6, "kind 6"}, Case{0, -1, "kind -1"}, Case{1, -5, "micro-batch -5"},
+        Case{2, 4, "dtype 4"}, Case{2, -1, "dtype -1"}, Case{3, 9, "ndim 9"},
+        Case{3, -1, "ndim -1"}, Case{4, 2, "inline flag 2"}, Case{5, -3, "dim 0 is -3"},
+        Case{6, kMax, "more than 2^40 elements"}, Case{15, 1, "word 15 past the dims"}}) {
     int64_t words[kWireHeaderWords];
     WireHeader h;
     h.dtype = 2;

@@ -57,8 +57,8 @@ TEST(AdvertisedAddress, AWildcardOrAnUnknownInterfaceIsRefusedNamingTheFlags) {
 // taken, and the worker registered at "127.0.0.1:5:PORT"), a malformed name or address, and
 // control characters are refused, the text shown escaped; addresses and names are taken.
 TEST(AdvertisedAddress, AnAdvertisedAddressMustBeAHostWithoutAPort) {
-  for (const char* bad : {"127.0.0.1:5", "[fd00::2]:7071", "node-3:80", "300.1.2.3", "a..b",
-                          "-", "node_3", "10.0.0.2 ", "\x1b[31mevil"}) {
+  for (const char* bad : {"127.0.0.1:5", "[fd00::2]:7071", "node-3:80", "300.1.2.3", "a..b", "-",
+                          "node_3", "10.0.0.2 ", "\x1b[31mevil"}) {
     absl::StatusOr<AdvertisedAddress> a = ChooseAdvertisedAddress("0.0.0.0:7071", bad, "");
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -69,8 +69,8 @@ TEST(AdvertisedAddress, AnAdvertisedAddressMustBeAHostWithoutAPort) {
   EXPECT_THAT(ChooseAdvertisedAddress("0.0.0.0:0", "\x1b[31mevil", "").status().message(),
               HasSubstr("'\\x1b[31mevil'"));
   // Negative control: hosts are taken.
-  for (const char* good : {"10.0.0.2", "fd00::2", "[fd00::2]", "node-3", "node-3.cluster.local",
-                           "::1"}) {
+  for (const char* good :
+       {"10.0.0.2", "fd00::2", "[fd00::2]", "node-3", "node-3.cluster.local", "::1"}) {
     EXPECT_TRUE(ChooseAdvertisedAddress("0.0.0.0:7071", good, "").ok()) << good;
   }
 }

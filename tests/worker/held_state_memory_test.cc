@@ -141,8 +141,8 @@ TEST(HeldStateMemoryTest, TwoHundredConcurrentFetchesAreBoundedAndTheMemoryGoesB
     callers.emplace_back([&, i] {
       grpc::ChannelArguments args;
       args.SetInt("grpc.channel_id", i);  // no shared subchannel: a connection each
-      auto stub = v1::WorkerService::NewStub(grpc::CreateCustomChannel(
-          server.address(), grpc::InsecureChannelCredentials(), args));
+      auto stub = v1::WorkerService::NewStub(
+          grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
       results[i] = Fetch(*stub, "the-key");
     });
   }
@@ -163,9 +163,10 @@ TEST(HeldStateMemoryTest, TwoHundredConcurrentFetchesAreBoundedAndTheMemoryGoesB
   EXPECT_GE(served, WorkerServiceAdapter::kMaxFetches);
   EXPECT_EQ(served + busy, kFetches);
   EXPECT_LE(server.in_flight_seen(), WorkerServiceAdapter::kMaxFetches);
-  std::printf("200 fetches: %d served, %d refused busy; resident %.1f MB before the hold, "
-              "%.1f holding, %.1f at most while serving\n",
-              served, busy, before / 1e6, holding / 1e6, peak / 1e6);
+  std::printf(
+      "200 fetches: %d served, %d refused busy; resident %.1f MB before the hold, "
+      "%.1f holding, %.1f at most while serving\n",
+      served, busy, before / 1e6, holding / 1e6, peak / 1e6);
   // Bounded by what is served at once, not by the callers: 4 fetches' chunks in gRPC's
   // buffers and the layer itself (before: +387 MB).
   EXPECT_LT(peak - holding, 48 * kMiB);
@@ -234,9 +235,8 @@ TEST(HeldStateMemoryTest, RefusalsForTheKeyAreAnsweredLateAndBoundedInNumber) {
     callers.emplace_back([&, i] {
       ++ready;
       while (ready.load() < kAtOnce) std::this_thread::yield();
-      seconds[i] = SecondsOf([&] {
-        EXPECT_EQ(Fetch(*stub, "guess").code, grpc::StatusCode::PERMISSION_DENIED);
-      });
+      seconds[i] = SecondsOf(
+          [&] { EXPECT_EQ(Fetch(*stub, "guess").code, grpc::StatusCode::PERMISSION_DENIED); });
     });
   }
   for (std::thread& t : callers) t.join();

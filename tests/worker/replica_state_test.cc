@@ -8,8 +8,8 @@
 #include <string>
 
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "runtime/checkpoint/layer_state.h"
@@ -160,9 +160,11 @@ class ReplicaStateFetchTest : public ::testing::Test {
 };
 
 TEST_F(ReplicaStateFetchTest, TakesItsLayersFromItsOwnHoldAndFetchesTheRestBitwise) {
-  const v1::ReplicaState state =
-      StateAt(63, "key", {{0, {source_.own_address}}, {1, {source_.own_address}},
-                          {2, {holder_.address()}}, {3, {holder_.address()}}});
+  const v1::ReplicaState state = StateAt(63, "key",
+                                         {{0, {source_.own_address}},
+                                          {1, {source_.own_address}},
+                                          {2, {holder_.address()}},
+                                          {3, {holder_.address()}}});
   ReplicaStateFetch report;
   absl::StatusOr<std::vector<checkpoint::LayerState>> got =
       FetchReplicaState(state, {{0, 2}, {2, 4}}, source_, &report);
@@ -173,8 +175,8 @@ TEST_F(ReplicaStateFetchTest, TakesItsLayersFromItsOwnHoldAndFetchesTheRestBitwi
   EXPECT_EQ(report.fetched, 2);
   EXPECT_GT(report.bytes_fetched, int64_t{1} << 20);
   EXPECT_THAT(report.sources, ::testing::ElementsAre(holder_.address()));
-  EXPECT_THAT(report.Describe(), HasSubstr("2 layers held here, 2 fetched from " +
-                                           holder_.address()));
+  EXPECT_THAT(report.Describe(),
+              HasSubstr("2 layers held here, 2 fetched from " + holder_.address()));
   // Negative control: the comparison tells layers apart.
   EXPECT_FALSE(Equal((*got)[2], states_[3]));
 }
@@ -200,8 +202,7 @@ TEST_F(ReplicaStateFetchTest, TheRanksOfAPlaceStartAtDifferentHolders) {
               {{2, checkpoint::SerializeLayerState(states_[2])}});
   Holder other(&second);
   source_.local = nullptr;
-  const v1::ReplicaState state =
-      StateAt(63, "key", {{2, {holder_.address(), other.address()}}});
+  const v1::ReplicaState state = StateAt(63, "key", {{2, {holder_.address(), other.address()}}});
   for (int spread : {0, 1, 2}) {
     source_.spread = spread;
     ReplicaStateFetch report;
@@ -209,30 +210,27 @@ TEST_F(ReplicaStateFetchTest, TheRanksOfAPlaceStartAtDifferentHolders) {
         FetchReplicaState(state, {{2, 3}}, source_, &report);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(Equal(got->front(), states_[2]));
-    EXPECT_THAT(report.sources, ::testing::ElementsAre(spread % 2 == 0 ? holder_.address()
-                                                                      : other.address()))
+    EXPECT_THAT(report.sources,
+                ::testing::ElementsAre(spread % 2 == 0 ? holder_.address() : other.address()))
         << spread;
   }
 }
 
 TEST_F(ReplicaStateFetchTest, AWrongKeyALayerNobodyHoldsOrAHoldLetGoIsAnErrorNamingTheLayer) {
-  absl::StatusOr<std::vector<checkpoint::LayerState>> wrong_key =
-      FetchReplicaState(StateAt(63, "other", {{2, {holder_.address()}}}), {{2, 3}}, source_,
-                        nullptr);
+  absl::StatusOr<std::vector<checkpoint::LayerState>> wrong_key = FetchReplicaState(
+      StateAt(63, "other", {{2, {holder_.address()}}}), {{2, 3}}, source_, nullptr);
   ASSERT_FALSE(wrong_key.ok());
   EXPECT_THAT(wrong_key.status().message(), HasSubstr("layer 2"));
   EXPECT_THAT(wrong_key.status().message(), HasSubstr("PERMISSION_DENIED"));
 
   absl::StatusOr<std::vector<checkpoint::LayerState>> unheld =
-      FetchReplicaState(StateAt(63, "key", {{2, {holder_.address()}}}), {{2, 6}}, source_,
-                        nullptr);
+      FetchReplicaState(StateAt(63, "key", {{2, {holder_.address()}}}), {{2, 6}}, source_, nullptr);
   ASSERT_FALSE(unheld.ok());
   EXPECT_THAT(unheld.status().message(), HasSubstr("no worker holds layer 3"));
 
   remote_.KeepOnly({}, clock_->Now() + absl::Seconds(1));  // the coordinator let it go
   absl::StatusOr<std::vector<checkpoint::LayerState>> let_go =
-      FetchReplicaState(StateAt(63, "key", {{2, {holder_.address()}}}), {{2, 3}}, source_,
-                        nullptr);
+      FetchReplicaState(StateAt(63, "key", {{2, {holder_.address()}}}), {{2, 3}}, source_, nullptr);
   ASSERT_FALSE(let_go.ok());
   EXPECT_THAT(let_go.status().message(), HasSubstr("PERMISSION_DENIED"));
   EXPECT_THAT(let_go.status().message(), HasSubstr("the hold ended"));

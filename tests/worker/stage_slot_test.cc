@@ -25,9 +25,8 @@ using ::testing::ElementsAre;
 struct FakeStage {
   void Body(StageSlot* slot, bool install_stopper = true) {
     if (install_stopper) {
-      slot->SetStopper([this](const absl::Status& why) {
-        stops.push_back(std::string(why.message()));
-      });
+      slot->SetStopper(
+          [this](const absl::Status& why) { stops.push_back(std::string(why.message())); });
     }
     running.Notify();
     finish.WaitForNotification();
@@ -46,10 +45,12 @@ TEST(StageSlot, ARankStartsARetriedAssignmentStartsNothingAnotherIsRefused) {
   StageSlot slot(clock);
   FakeStage stage;
   std::atomic<int> started{0};
-  ASSERT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(), [&] {
-    ++started;
-    stage.Body(&slot);
-  }).ok());
+  ASSERT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(),
+                         [&] {
+                           ++started;
+                           stage.Body(&slot);
+                         })
+                  .ok());
   stage.running.WaitForNotification();
   EXPECT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(), [&] { ++started; }).ok());
   const absl::Status busy = slot.Start("job-2", 1, 1, absl::ZeroDuration(), [&] { ++started; });
@@ -70,11 +71,14 @@ TEST(StageSlot, AStopReachesItsStageOnlyAndOnceItHasAStopperAlsoWhenAskedBefore)
   StageSlot slot(clock);
   FakeStage stage;
   absl::Notification stopped_early;
-  ASSERT_TRUE(slot.Start("job-1", 0, 2, absl::ZeroDuration(), [&] {
-    stopped_early.WaitForNotification();  // told to stop while still being built
-    stage.Body(&slot);
-  }).ok());
-  slot.Stop("job-2", 0, "not mine");           // another job
+  ASSERT_TRUE(
+      slot.Start("job-1", 0, 2, absl::ZeroDuration(),
+                 [&] {
+                   stopped_early.WaitForNotification();  // told to stop while still being built
+                   stage.Body(&slot);
+                 })
+          .ok());
+  slot.Stop("job-2", 0, "not mine");             // another job
   slot.Stop("job-1", 1, "an older generation");  // sent before this rank was assigned
   EXPECT_EQ(slot.occupant().stop_reason, "");
   slot.Stop("job-1", 2, "stopped: restarting");
@@ -103,9 +107,7 @@ TEST(StageSlot, TheNextRankWaitsForOneOnItsWayOutUpToItsPatienceOnTheClock) {
 
   // Its patience runs out on the clock, however long it waits in real time.
   absl::Status refused;
-  std::thread impatient([&] {
-    refused = slot.Start("job-2", 0, 1, absl::Seconds(8), [] {});
-  });
+  std::thread impatient([&] { refused = slot.Start("job-2", 0, 1, absl::Seconds(8), [] {}); });
   absl::SleepFor(absl::Milliseconds(200));
   clock->Advance(absl::Seconds(9));
   impatient.join();
@@ -114,9 +116,8 @@ TEST(StageSlot, TheNextRankWaitsForOneOnItsWayOutUpToItsPatienceOnTheClock) {
   // Released within its patience: it starts.
   FakeStage second;
   absl::Status started;
-  std::thread patient([&] {
-    started = slot.Start("job-2", 0, 1, absl::Seconds(8), [&] { second.Body(&slot); });
-  });
+  std::thread patient(
+      [&] { started = slot.Start("job-2", 0, 1, absl::Seconds(8), [&] { second.Body(&slot); }); });
   absl::SleepFor(absl::Milliseconds(200));
   first.may_release.Notify();
   patient.join();
@@ -153,10 +154,12 @@ TEST(StageSlot, Rank0sCommandQueueOnlyWhileItRunsAndIsNotStopped) {
   StageSlot slot(clock);
   FakeStage stage;
   auto queue = std::make_shared<control::StepCommandQueue>(100);
-  ASSERT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(), [&] {
-    slot.SetCommandQueue(queue);
-    stage.Body(&slot);
-  }).ok());
+  ASSERT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(),
+                         [&] {
+                           slot.SetCommandQueue(queue);
+                           stage.Body(&slot);
+                         })
+                  .ok());
   stage.running.WaitForNotification();
   EXPECT_EQ(slot.CommandQueueOf("job-1"), queue);
   EXPECT_EQ(slot.CommandQueueOf("job-2"), nullptr);
@@ -174,13 +177,15 @@ TEST(StageSlot, ADrainsWaitEndsWithTheRankOrAtItsDeadlineOnTheClock) {
   ASSERT_TRUE(slot.Start("job-1", 0, 1, absl::ZeroDuration(), [&] { stage.Body(&slot); }).ok());
   stage.running.WaitForNotification();
   bool ended = true;
-  std::thread waiter([&] { ended = slot.WaitUntilNotRunning("job-1", clock->Now() + absl::Minutes(1)); });
+  std::thread waiter(
+      [&] { ended = slot.WaitUntilNotRunning("job-1", clock->Now() + absl::Minutes(1)); });
   absl::SleepFor(absl::Milliseconds(100));
   clock->Advance(absl::Minutes(2));
   waiter.join();
   EXPECT_FALSE(ended);  // the clock passed the deadline; the rank still runs
 
-  std::thread waiter2([&] { ended = slot.WaitUntilNotRunning("job-1", clock->Now() + absl::Minutes(1)); });
+  std::thread waiter2(
+      [&] { ended = slot.WaitUntilNotRunning("job-1", clock->Now() + absl::Minutes(1)); });
   stage.finish.Notify();
   stage.may_release.Notify();
   waiter2.join();

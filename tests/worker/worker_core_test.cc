@@ -218,7 +218,8 @@ v1::StageAssignment OneStageJob(int steps) {
       "model: {name: gpt, d_model: 16, n_heads: 2, n_layers: 1}\n"
       "data: {kind: synthetic, seq_len: 8, vocab: 16, num_tokens: 2048}\n"
       "schedule: gpipe\nstages: 1\nmicrobatches: 2\nthreads_per_stage: 1\ntimeout_s: 30\n"
-      "steps: ", steps, "\n"));
+      "steps: ",
+      steps, "\n"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   v1::StageAssignment a;
   a.set_job_id("job-0001");
@@ -231,8 +232,8 @@ v1::StageAssignment OneStageJob(int steps) {
 // Calls the worker at `address` as the coordinator does: with its command key, 20 s at most.
 template <typename Call>
 grpc::Status AsCoordinator(const std::string& address, const std::string& key, Call call) {
-  auto stub = v1::WorkerService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   rpc::AddCommandKey(ctx, key);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
@@ -310,8 +311,9 @@ TEST(WorkerCore, AnEarlyAssignmentRunsAndLostRepliesAreResent) {
   const v1::RegisterWorkerRequest registered = fake->registrations[0];
   constexpr int kSteps = 6;
   grpc::Status assigned;
-  std::thread assign(
-      [&] { assigned = Assign(registered.address(), registered.command_key(), OneStageJob(kSteps)); });
+  std::thread assign([&] {
+    assigned = Assign(registered.address(), registered.command_key(), OneStageJob(kSteps));
+  });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the assignment is waiting
   fake->Release();
   start.join();
@@ -370,14 +372,16 @@ TEST(WorkerCore, ADrainEndsWithItsStageWhicheverEndsIt) {
     const v1::RegisterWorkerRequest registered = fake->registrations[0];
     constexpr int kSteps = 400;  // about a second: the drain comes while it runs
     ASSERT_TRUE(Assign(registered.address(), registered.command_key(),
-                       OneStageJob(stopped_by_coordinator ? 1000000 : kSteps)).ok());
+                       OneStageJob(stopped_by_coordinator ? 1000000 : kSteps))
+                    .ok());
     ASSERT_TRUE(fake->WaitFor([&] { return !fake->steps.empty(); }));  // it runs
     std::thread coordinator;
     if (stopped_by_coordinator) {
       coordinator = std::thread([&] {
         ASSERT_TRUE(fake->WaitFor([&] { return !fake->order.empty(); }));  // the drain came
         EXPECT_TRUE(StopStage(registered.address(), registered.command_key(), "job-0001",
-                              "restarting without worker-1 (drained)").ok());
+                              "restarting without worker-1 (drained)")
+                        .ok());
       });
     }
     const absl::Time start = absl::Now();
@@ -442,8 +446,10 @@ TEST(WorkerCore, HeartbeatsKeepTheirRateWhenTheCoordinatorAnswersSlowly) {
   }
   std::sort(gaps_ms.begin(), gaps_ms.end());
   const double median_ms = gaps_ms[gaps_ms.size() / 2];
-  std::printf("heartbeat gaps: median %.1f ms, longest %.1f ms (interval 50 ms, answers after "
-              "45 ms)\n", median_ms, gaps_ms.back());
+  std::printf(
+      "heartbeat gaps: median %.1f ms, longest %.1f ms (interval 50 ms, answers after "
+      "45 ms)\n",
+      median_ms, gaps_ms.back());
   EXPECT_GE(median_ms, 45.0);
   EXPECT_LT(median_ms, 80.0);
 }

@@ -25,7 +25,8 @@ absl::StatusOr<JobReport> RunInProcess(const JobSpec& c, const RunOptions& optio
   PT_RETURN_IF_ERROR(CheckWeightsDir(c));
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.ranks(), w = c.replicas();
-  PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume, checkpoint::FindResumePoint(c, plan));
+  PT_ASSIGN_OR_RETURN(std::optional<checkpoint::FoundCheckpoint> resume,
+                      checkpoint::FindResumePoint(c, plan));
   if (resume) {
     for (const std::string& why : resume->skipped) {
       std::fprintf(stderr, "pipetrain: resume_from: passed over %s\n", why.c_str());
@@ -67,13 +68,13 @@ absl::StatusOr<JobReport> RunInProcess(const JobSpec& c, const RunOptions& optio
         model_stages.emplace_back(parts.model_stages[k], parts.weights[k].get());
       }
       auto on_step = [&tracker, &sink, &c, model_stages, s, r](const executor::StepRecord& step) {
-        if (r == 0 && (step.commands_after & control::kCheckpoint) && !c.checkpoint().dir().empty()) {
+        if (r == 0 && (step.commands_after & control::kCheckpoint) &&
+            !c.checkpoint().dir().empty()) {
           // A failed checkpoint costs only itself: the job goes on (the error is reported).
           for (const auto& [stage, weights] : model_stages) {
             if (absl::Status saved = sink.Deliver(step.step + 1, stage, *weights); !saved.ok()) {
-              std::fprintf(stderr,
-                           "pipetrain: stage %d: checkpoint before step %lld failed: %s\n", stage,
-                           static_cast<long long>(step.step + 1),
+              std::fprintf(stderr, "pipetrain: stage %d: checkpoint before step %lld failed: %s\n",
+                           stage, static_cast<long long>(step.step + 1),
                            std::string(saved.message()).c_str());
             }
           }
@@ -135,8 +136,7 @@ absl::StatusOr<JobReport> RunInProcess(const JobSpec& c, const RunOptions& optio
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
                       AssembleReport(c, plan, std::move(outcomes), tracker.Losses(),
-                                     tracker.GradNorms(), tracker.Evals(), first_step,
-                                     start_s));
+                                     tracker.GradNorms(), tracker.Evals(), first_step, start_s));
   return report;
 }
 

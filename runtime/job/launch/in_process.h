@@ -1,8 +1,8 @@
 // Runs a job in this process: one thread per (replica, stage) over the in-process transport.
 //
 // The runner plans the job, builds each stage's own layers (never a whole-model copy beside
-// them; explicit ranges or a balanced split), gives each stage its weight store (one version, or two for
-// 2BW), its schedule and its data (stage 0 reads inputs, the last stage reads targets, both
+// them; explicit ranges or a balanced split), gives each stage its weight store (one version, or
+// two for 2BW), its schedule and its data (stage 0 reads inputs, the last stage reads targets, both
 // from the same deterministic sampler), runs all stages to the end and gathers the report.
 // The un-pipelined reference it is checked against is runtime/job/reference.
 #pragma once
@@ -13,7 +13,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
 
 #include "absl/status/statusor.h"
 #include "runtime/control/step_commands.h"

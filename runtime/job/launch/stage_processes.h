@@ -30,8 +30,7 @@ struct ProcessRunOptions {
   absl::Duration stop_grace = absl::Seconds(10);
 };
 
-absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& config,
-                                         const ProcessRunOptions& options);
+absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& config, const ProcessRunOptions& options);
 
 // What a stage process is told by the launcher.
 struct StageProcessArgs {

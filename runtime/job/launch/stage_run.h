@@ -5,8 +5,8 @@
 // data plane through `store` (every rank of the job meets there), runs the stage's schedule
 // and returns its measurements and final weights; its host listens (StageListener) and may
 // stop it from any thread (StageHandle). It writes the job's checkpoints with the
-// other ranks and resumes from one (runtime/checkpoint/job_checkpoints.h); in the store it uses only
-// the transport's rendezvous keys and those of checkpointing (ckpt/, resume/) and leaving
+// other ranks and resumes from one (runtime/checkpoint/job_checkpoints.h); in the store it uses
+// only the transport's rendezvous keys and those of checkpointing (ckpt/, resume/) and leaving
 // (exit/).
 #pragma once
 
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/control/step_commands.h"
 #include "runtime/executor/stage_executor.h"
-#include "runtime/checkpoint/job_checkpoints.h"
 #include "runtime/job/job_spec.h"
 #include "runtime/job/launch/stage_handle.h"
 #include "runtime/job/launch/stopped_rank.h"

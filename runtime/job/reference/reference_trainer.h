@@ -26,9 +26,9 @@ namespace pipetrain::job {
 // weights (model::TiedParameters) are one parameter: the group's first member, the others
 // aliases whose gradients add to its gradient and which take its new value.
 // Clipping (the optimizer's norm threshold): LibTorch's torch::nn::utils norm clipping over
-// every trained parameter (a tie once) before each update, on the gradient that update applies (2BW's:
-// mini-batch t's, taken on W(t-1)); each update's norm is appended to `grad_norms` when given.
-// Parameters of a kind in optimizer.no_decay are a second torch.optim parameter group, with
+// every trained parameter (a tie once) before each update, on the gradient that update applies
+// (2BW's: mini-batch t's, taken on W(t-1)); each update's norm is appended to `grad_norms` when
+// given. Parameters of a kind in optimizer.no_decay are a second torch.optim parameter group, with
 // weight_decay 0.
 // Returns the final parameters in layer order. Float64 when the job says so.
 enum class ReferenceClipping {

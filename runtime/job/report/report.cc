@@ -113,8 +113,9 @@ absl::Status StoppedStagesError(const std::vector<absl::Status>& results,
     positions.push_back(absl::StrCat(
         "stage ", s, " ", stopped_at[s] ? schedule::ToString(*stopped_at[s]) : "finished"));
   }
-  return absl::Status(root->code(), absl::StrCat(root->message(), " [stopped at: ",
-                                                 absl::StrJoin(positions, ", "), "]"));
+  return absl::Status(
+      root->code(),
+      absl::StrCat(root->message(), " [stopped at: ", absl::StrJoin(positions, ", "), "]"));
 }
 
 void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome) {
@@ -134,8 +135,7 @@ void CopyNewestWeights(const StageParts& parts, StageOutcome& outcome) {
 }
 
 ProgressTracker::ProgressTracker(const JobSpec& c, const JobPlan& plan, double start_s,
-                                 std::function<void(const Progress&)> sink,
-                                 int64_t first_step)
+                                 std::function<void(const Progress&)> sink, int64_t first_step)
     : steps_(c.steps()),
       start_s_(start_s),
       rows_per_step_(int64_t{c.replicas()} * c.microbatches() * c.microbatch_size()),
@@ -219,8 +219,7 @@ std::vector<double> ProgressTracker::GradNorms() const {
 
 absl::StatusOr<JobReport> AssembleReport(const JobSpec& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses,
-                                         std::vector<double> grad_norms,
+                                         std::vector<double> losses, std::vector<double> grad_norms,
                                          std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s) {
   const int p = plan.ranks();
@@ -260,8 +259,7 @@ absl::StatusOr<JobReport> AssembleReport(const JobSpec& c, const JobPlan& plan,
     report.per_stage.push_back({s, RankLayers(plan, s), out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
                                 out.stats.wait_s, out.stats.allreduce_s, out.parameter_bytes,
-                                out.peak_memory_bytes, out.peak_tensor_bytes,
-                                out.bytes_sent});
+                                out.peak_memory_bytes, out.peak_tensor_bytes, out.bytes_sent});
     size_t next_parameter = 0, next_buffer = 0;
     for (size_t k = 0; k < out.model_stages.size(); ++k) {
       const int stage = out.model_stages[k];

@@ -30,7 +30,7 @@ struct StageReport {
   double compute_s = 0;
   double wait_s = 0;
   double allreduce_s = 0;
-  int64_t parameter_bytes = 0;    // one version of the stage's own parameters
+  int64_t parameter_bytes = 0;  // one version of the stage's own parameters
   // The resident high-water mark of the process that ran the stage (VmHWM). With stages as
   // threads of one process, that one process's figure for every stage.
   int64_t peak_memory_bytes = 0;
@@ -60,13 +60,13 @@ struct JobReport {
   std::string model_summary;  // "gpt: 7 layers, 221k parameters"
   std::string data_summary;
   std::vector<model::LayerRange> partition;
-  std::vector<double> losses;  // one per step run, mean over the step's micro-batches
+  std::vector<double> losses;          // one per step run, mean over the step's micro-batches
   std::vector<double> learning_rates;  // the rate each of those steps' updates used
   // With clipping (the optimizer's threshold), each of those steps' gradient norm before
   // clipping; empty without.
   std::vector<double> grad_norms;
   std::vector<EvalPoint> evals;  // every evaluation the run made, in order
-  int64_t first_step = 0;      // of losses[0]: a resumed job's checkpoint step
+  int64_t first_step = 0;        // of losses[0]: a resumed job's checkpoint step
   std::optional<double> data_entropy;
   double step_time_s = 0;        // median over steps after the first
   double ideal_step_time_s = 0;  // simulator, fed with this run's measured compute times
@@ -76,9 +76,9 @@ struct JobReport {
   double exposed_allreduce_s = 0;
   double allreduce_s = 0;
   double wall_s = 0;
-  double samples_per_s = 0;      // rows (sequences or examples) per second after step 0
-  double tokens_per_s = 0;       // target tokens per second after step 0 (token data)
-  bool token_data = false;       // tokens_per_s is meaningful
+  double samples_per_s = 0;  // rows (sequences or examples) per second after step 0
+  double tokens_per_s = 0;   // target tokens per second after step 0 (token data)
+  bool token_data = false;   // tokens_per_s is meaningful
   int threads_per_stage = 1;
   std::vector<StageReport> per_stage;
   std::optional<double> max_param_rel_diff;  // against the reference trainer (--reference)
@@ -110,7 +110,7 @@ struct StageOutcome {
   std::vector<at::Tensor> buffers;
   std::vector<int> model_stages;
   std::vector<int> parameter_counts, buffer_counts;  // per model stage
-  int64_t parameter_bytes = 0;    // as in StageReport
+  int64_t parameter_bytes = 0;                       // as in StageReport
   int64_t peak_memory_bytes = 0;  // measured when the stage ended, before the copies above
   int64_t peak_tensor_bytes = 0;  // likewise (0: tensor memory not counted in this process)
   int64_t bytes_sent = 0;         // as in StageReport
@@ -127,8 +127,7 @@ struct StageOutcome {
 // (MonotonicSeconds).
 absl::StatusOr<JobReport> AssembleReport(const JobSpec& config, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
-                                         std::vector<double> losses,
-                                         std::vector<double> grad_norms,
+                                         std::vector<double> losses, std::vector<double> grad_norms,
                                          std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s);
 
@@ -172,10 +171,10 @@ class ProgressTracker {
   int replicas_;
   std::map<int64_t, int> loss_count_;
   std::function<void(const Progress&)> sink_;
-  std::map<int64_t, double> ends_, losses_;  // of steps not yet emitted
-  std::map<int64_t, double> grad_norms_;      // likewise
+  std::map<int64_t, double> ends_, losses_;             // of steps not yet emitted
+  std::map<int64_t, double> grad_norms_;                // likewise
   std::map<int64_t, std::pair<int, EvalPoint>> evals_;  // by step: replicas so far, the sum
-  double first_end_s_ = 0;                   // of the first step
+  double first_end_s_ = 0;                              // of the first step
   std::vector<double> emitted_losses_, emitted_grad_norms_;
   int64_t first_step_, next_;
 };

@@ -65,7 +65,6 @@ class GlooTransport : public Transport {
         options_(std::move(options)),
         reaper_([this] { ReapSends(); }) {}
 
-
   int stage() const override { return options_.stage; }
 
   absl::Status SendMessage(int peer, MessageKind kind, int64_t micro_batch,
@@ -73,8 +72,7 @@ class GlooTransport : public Transport {
     if (absl::Status s = aborted(); !s.ok()) return s;
     if (tensor.dim() > kWireMaxDims) {
       return absl::InvalidArgumentError(absl::StrCat("cannot send a tensor of ", tensor.dim(),
-                                                     " dimensions (at most ", kWireMaxDims,
-                                                     ")"));
+                                                     " dimensions (at most ", kWireMaxDims, ")"));
     }
     at::Tensor payload = tensor.detach().contiguous();
     const int64_t nbytes = payload.numel() * static_cast<int64_t>(payload.element_size());
@@ -97,8 +95,7 @@ class GlooTransport : public Transport {
       pending_.push_back({group_->send(fv, RankOf(peer), Tag(kind, micro_batch, false)), first});
       if (!inline_payload) {
         std::vector<at::Tensor> pv = {payload};
-        pending_.push_back(
-            {group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
+        pending_.push_back({group_->send(pv, RankOf(peer), Tag(kind, micro_batch, true)), payload});
       }
       send_cv_.notify_all();
     } catch (const std::exception& e) {
@@ -143,7 +140,8 @@ class GlooTransport : public Transport {
       // so a stashed activation does not hold on to a mostly empty buffer.
       at::Tensor buffer = first;
       void* data = buffer.data_ptr<uint8_t>() + kHeaderBytes;
-      at::Tensor in_place = at::from_blob(data, shape, [buffer](void*) {}, options);
+      at::Tensor in_place = at::from_blob(
+          data, shape, [buffer](void*) {}, options);
       return 2 * nbytes >= kInlinePayloadBytes ? in_place : in_place.clone();
     }
     PostedRecv payload;
@@ -221,7 +219,7 @@ class GlooTransport : public Transport {
   // over the pipeline's group (tagged by the calls between the pair); among the replicas,
   // Gloo's allgather on their group.
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
-                                                     absl::Time deadline) override {
+                                                    absl::Time deadline) override {
     if (absl::Status s = aborted(); !s.ok()) return s;
     const std::string what = absl::StrCat("gathering among ", group.ToString());
     const at::Tensor input = mine.detach().contiguous();
@@ -269,9 +267,9 @@ class GlooTransport : public Transport {
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(50));
       send_cv_.wait_until(lock, absl::ToChronoTime(slice));
       if (absl::Now() >= deadline && !pending_.empty()) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "stage ", options_.stage, ": ", pending_.size(),
-            " sent messages not delivered by the deadline"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("stage ", options_.stage, ": ", pending_.size(),
+                         " sent messages not delivered by the deadline"));
       }
     }
     return send_error_;
@@ -326,9 +324,9 @@ class GlooTransport : public Transport {
         }
         if (absl::Now() >= deadline) {
           return what.empty() ? ReductionError("timed out")
-                              : absl::DeadlineExceededError(absl::StrCat(
-                                    "stage ", options_.stage, " replica ", options_.replica,
-                                    " timed out ", what));
+                              : absl::DeadlineExceededError(
+                                    absl::StrCat("stage ", options_.stage, " replica ",
+                                                 options_.replica, " timed out ", what));
         }
       }
     }
@@ -355,8 +353,8 @@ class GlooTransport : public Transport {
       return parts;
     }
     if (!pipeline_group_) {
-      return absl::InvalidArgumentError(absl::StrCat("stage ", options_.stage, ": ", what,
-                                                     " in a pipeline of one stage"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", options_.stage, ": ", what, " in a pipeline of one stage"));
     }
     std::vector<std::pair<size_t, c10::intrusive_ptr<c10d::Work>>> sends, receives;
     try {
@@ -377,15 +375,15 @@ class GlooTransport : public Transport {
     }
     for (auto& [k, work] : receives) {
       PostedRecv posted{{parts[k]}, work};
-      PT_RETURN_IF_ERROR(Wait(posted, stages[k], deadline,
-                              absl::StrCat("the part of ", what, " from ",
-                                           options_.Describe(stages[k]))));
+      PT_RETURN_IF_ERROR(
+          Wait(posted, stages[k], deadline,
+               absl::StrCat("the part of ", what, " from ", options_.Describe(stages[k]))));
     }
     for (auto& [k, work] : sends) {
       PostedRecv posted{{input}, work};
       PT_RETURN_IF_ERROR(Wait(posted, stages[k], deadline,
-                              absl::StrCat("the delivery of this stage's part of ", what,
-                                           " from ", options_.Describe(stages[k]))));
+                              absl::StrCat("the delivery of this stage's part of ", what, " from ",
+                                           options_.Describe(stages[k]))));
     }
     return parts;
   }
@@ -442,10 +440,9 @@ class GlooTransport : public Transport {
   }
 
   absl::Status Lost(int peer, const std::string& what, absl::string_view why) const {
-    return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " lost ",
-                                               Describe(peer), " while waiting for the ",
-                                               what.substr(4, what.find(" from ") - 4), ": ",
-                                               why));
+    return absl::UnavailableError(absl::StrCat("stage ", options_.stage, " lost ", Describe(peer),
+                                               " while waiting for the ",
+                                               what.substr(4, what.find(" from ") - 4), ": ", why));
   }
 
   // Registers `work` as waited on (Abort() wakes it); false if the transport is aborted.
@@ -500,8 +497,8 @@ class GlooTransport : public Transport {
         try {
           if (!work->wait(kUntilDone)) outcome = aborted();
         } catch (const std::exception& e) {
-          outcome = absl::UnavailableError(
-              absl::StrCat("stage ", options_.stage, ": delivering a sent message: ", FirstLine(e)));
+          outcome = absl::UnavailableError(absl::StrCat(
+              "stage ", options_.stage, ": delivering a sent message: ", FirstLine(e)));
         }
         EndWait(work.get());
         if (absl::Status s = aborted(); !s.ok()) outcome = s;
@@ -562,8 +559,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     // The replicas of this stage: their own group, so the AllReduce involves no one else.
     c10::intrusive_ptr<c10d::ProcessGroupGloo> replica_group;
     if (options.replicas > 1) {
-      auto stage_store = c10::make_intrusive<c10d::PrefixStore>(
-          absl::StrCat("stage", options.stage), c10d_store);
+      auto stage_store =
+          c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("stage", options.stage), c10d_store);
       replica_group = c10::make_intrusive<c10d::ProcessGroupGloo>(stage_store, options.replica,
                                                                   options.replicas, opts);
     }
@@ -572,11 +569,11 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeGlooTransport(
     if (options.stages > 1) {
       auto pipeline_store = c10::make_intrusive<c10d::PrefixStore>(
           absl::StrCat("replica", options.replica, "/pipeline"), c10d_store);
-      pipeline_group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          pipeline_store, options.stage, options.stages, opts);
+      pipeline_group = c10::make_intrusive<c10d::ProcessGroupGloo>(pipeline_store, options.stage,
+                                                                   options.stages, opts);
     }
-    return std::unique_ptr<Transport>(new GlooTransport(std::move(store), group, replica_group,
-                                                        pipeline_group, options));
+    return std::unique_ptr<Transport>(
+        new GlooTransport(std::move(store), group, replica_group, pipeline_group, options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         describe(rank), " at ", options.host, ": connecting the Gloo data plane within ",

@@ -25,8 +25,7 @@ std::string PeersNamed(rendezvous::KeyValueStore& store, const std::string& erro
   std::vector<std::pair<int, std::string>> peers;
   for (int r = 0; r < world; ++r) {
     if (r == rank) continue;
-    absl::StatusOr<std::string> address =
-        store.Get(AddressKey(r), absl::Milliseconds(100));
+    absl::StatusOr<std::string> address = store.Get(AddressKey(r), absl::Milliseconds(100));
     if (address.ok()) peers.push_back({r, *address});
   }
   auto unreached = [&](int r, const std::string& address) {

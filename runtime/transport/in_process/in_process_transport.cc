@@ -37,10 +37,10 @@ class InProcessHub {
     if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     auto it = mailbox_.find(key);
     if (it == mailbox_.end()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "stage ", std::get<1>(key), " timed out waiting for the ",
-          MessageKindName(std::get<2>(key)), " of micro-batch ", std::get<3>(key),
-          " from stage ", std::get<0>(key)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("stage ", std::get<1>(key), " timed out waiting for the ",
+                       MessageKindName(std::get<2>(key)), " of micro-batch ", std::get<3>(key),
+                       " from stage ", std::get<0>(key)));
     }
     at::Tensor tensor = std::move(it->second);
     mailbox_.erase(it);
@@ -74,8 +74,8 @@ class InProcessHub {
     Reduction& done = reductions_[{stage, call}];
     if (done.arrived < replicas) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "stage ", stage, " replica ", replica, " timed out in gradient AllReduce ", call,
-          ": ", replicas - done.arrived, " of ", replicas, " replicas did not arrive"));
+          "stage ", stage, " replica ", replica, " timed out in gradient AllReduce ", call, ": ",
+          replicas - done.arrived, " of ", replicas, " replicas did not arrive"));
     }
     if (done.mean.empty()) {
       for (size_t i = 0; i < tensors.size(); ++i) {
@@ -91,9 +91,9 @@ class InProcessHub {
 
   // Call number `call` of a collective among `members` threads, keyed by `group` (the group
   // and whose it is): member `index` hands in `mine` and waits for every member's.
-  absl::StatusOr<std::vector<at::Tensor>> Gather(const std::string& group, int64_t call,
-                                                 int index, int members, at::Tensor mine,
-                                                 absl::Time deadline, const std::string& who) {
+  absl::StatusOr<std::vector<at::Tensor>> Gather(const std::string& group, int64_t call, int index,
+                                                 int members, at::Tensor mine, absl::Time deadline,
+                                                 const std::string& who) {
     absl::MutexLock lock(&mu_);
     if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     const std::pair<std::string, int64_t> key{group, call};
@@ -108,9 +108,9 @@ class InProcessHub {
     if (absl::Status aborted = abort_.reason(); !aborted.ok()) return aborted;
     Gathering& done = gatherings_[key];
     if (done.arrived < members) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          who, " timed out in collective ", call, ": ", members - done.arrived, " of ",
-          members, " members did not arrive"));
+      return absl::DeadlineExceededError(absl::StrCat(who, " timed out in collective ", call, ": ",
+                                                      members - done.arrived, " of ", members,
+                                                      " members did not arrive"));
     }
     std::vector<at::Tensor> parts = done.parts;
     if (++done.left == members) gatherings_.erase(key);
@@ -170,7 +170,7 @@ class InProcessTransport : public Transport {
 
   // The tensor itself is handed to the other members (no copy), so each gets a clone.
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
-                                                     absl::Time deadline) override {
+                                                    absl::Time deadline) override {
     int index = 0, members = 0;
     std::string key;
     if (group.replicas()) {
@@ -194,9 +194,9 @@ class InProcessTransport : public Transport {
     }
     if (members == 1) return std::vector<at::Tensor>{mine.clone()};
     const int64_t call = collectives_[key]++;
-    return hub_->Gather(key, call, index, members, mine.clone(), deadline,
-                        absl::StrCat("stage ", stage_, " replica ", replica_, " (", group.ToString(),
-                                     ")"));
+    return hub_->Gather(
+        key, call, index, members, mine.clone(), deadline,
+        absl::StrCat("stage ", stage_, " replica ", replica_, " (", group.ToString(), ")"));
   }
 
  private:

@@ -17,8 +17,7 @@ absl::Status NcclTransport::SendMessage(int peer, MessageKind kind, int64_t micr
                                                 micro_batch, " to ", Describe(peer));
   Channel* channel = Link(peer, kind, micro_batch, /*sending=*/true);
   if (channel == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Self(), " has no link to send ", message_name));
+    return absl::InvalidArgumentError(absl::StrCat(Self(), " has no link to send ", message_name));
   }
   if (absl::Status s = CheckTensor(tensor, "send " + message_name); !s.ok()) return s;
   DeviceGuard device(options_.device);
@@ -101,22 +100,21 @@ absl::StatusOr<at::Tensor> NcclTransport::Recv(int peer, MessageKind kind, int64
     if (absl::Status s = UploadHeader(*channel, *source, what); !s.ok()) return failed(s);
   }
   header = at::empty({kHeaderSize}, CudaOptions(at::kLong));
-  header_host =
-      at::empty({kHeaderSize}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  if (absl::Status s = Receive(*channel, source ? &source->header : nullptr, header,
-                               &header_host, deadline, what);
+  header_host = at::empty({kHeaderSize}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  if (absl::Status s = Receive(*channel, source ? &source->header : nullptr, header, &header_host,
+                               deadline, what);
       !s.ok()) {
     return failed(s);
   }
-  absl::StatusOr<WireHeader> h = DecodeWireHeader(
-      header_host.data_ptr<int64_t>(), [](int64_t dtype) -> int64_t {
+  absl::StatusOr<WireHeader> h =
+      DecodeWireHeader(header_host.data_ptr<int64_t>(), [](int64_t dtype) -> int64_t {
         const int64_t size = WireElementSize(dtype);
         return size > 0 && NcclTypeOf(static_cast<at::ScalarType>(dtype)) ? size : 0;
       });
   if (!h.ok() || h->inline_payload) {
-    return Fail(absl::DataLossError(absl::StrCat(
-        Self(), " received a malformed header while ", what,
-        h.ok() ? std::string() : absl::StrCat(": ", h.status().message()))));
+    return Fail(absl::DataLossError(
+        absl::StrCat(Self(), " received a malformed header while ", what,
+                     h.ok() ? std::string() : absl::StrCat(": ", h.status().message()))));
   }
   if (h->kind != static_cast<int64_t>(kind) || h->micro_batch != micro_batch) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -126,8 +124,8 @@ absl::StatusOr<at::Tensor> NcclTransport::Recv(int peer, MessageKind kind, int64
   }
   payload = at::empty(h->shape, CudaOptions(static_cast<at::ScalarType>(h->dtype)));
   if (payload.numel() > 0) {
-    if (absl::Status s = Receive(*channel, source ? &source->payload : nullptr, payload,
-                                 nullptr, deadline, what);
+    if (absl::Status s = Receive(*channel, source ? &source->payload : nullptr, payload, nullptr,
+                                 deadline, what);
         !s.ok()) {
       return failed(s);
     }
@@ -139,8 +137,7 @@ absl::Status NcclTransport::Flush(absl::Time deadline) {
   DeviceGuard device(options_.device);
   std::lock_guard<std::mutex> lock(send_mu_);
   for (InFlight& sent : in_flight_) {
-    if (absl::Status s = AwaitEvent(*sent.channel, sent.done.get(), deadline, sent.what);
-        !s.ok()) {
+    if (absl::Status s = AwaitEvent(*sent.channel, sent.done.get(), deadline, sent.what); !s.ok()) {
       return s;
     }
   }
@@ -173,9 +170,8 @@ absl::Status NcclTransport::CheckTensor(const at::Tensor& tensor, const std::str
         Self(), " cannot ", doing, ": NCCL does not carry ", SpecOf(tensor).ToString()));
   }
   if (tensor.dim() > kMaxDims) {
-    return absl::InvalidArgumentError(absl::StrCat(Self(), " cannot ", doing, ": ",
-                                                   tensor.dim(), " dimensions (at most ",
-                                                   kMaxDims, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(Self(), " cannot ", doing, ": ", tensor.dim(),
+                                                   " dimensions (at most ", kMaxDims, ")"));
   }
   return absl::OkStatus();
 }
@@ -198,9 +194,8 @@ absl::Status NcclTransport::Receive(Channel& channel, const at::Tensor* loopback
 
 absl::Status NcclTransport::UploadHeader(Channel& channel, const Message& message,
                                          const std::string& what) {
-  const cudaError_t e = cudaMemcpyAsync(message.header.data_ptr(),
-                                        message.header_host.data_ptr(), kHeaderBytes,
-                                        cudaMemcpyHostToDevice, channel.stream);
+  const cudaError_t e = cudaMemcpyAsync(message.header.data_ptr(), message.header_host.data_ptr(),
+                                        kHeaderBytes, cudaMemcpyHostToDevice, channel.stream);
   return e == cudaSuccess ? absl::OkStatus() : Fail(CudaError(e, what));
 }
 

@@ -71,8 +71,8 @@ absl::Status NcclTransport::StartReduction(NcclReduction& reduction, absl::Time 
 }
 
 absl::StatusOr<std::vector<at::Tensor>> NcclTransport::AllGather(const Group& group,
-                                                                  const at::Tensor& mine,
-                                                                  absl::Time deadline) {
+                                                                 const at::Tensor& mine,
+                                                                 absl::Time deadline) {
   if (absl::Status s = aborted(); !s.ok()) return s;
   const std::string what = absl::StrCat("gathering among ", group.ToString());
   if (absl::Status s = CheckTensor(mine, "take part in " + what); !s.ok()) return s;
@@ -83,8 +83,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclTransport::AllGather(const Group& gr
   if (!stages.empty()) {
     const auto it = std::find(stages.begin(), stages.end(), options_.stage);
     if (it == stages.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Self(), " is not one of the members ", what));
+      return absl::InvalidArgumentError(absl::StrCat(Self(), " is not one of the members ", what));
     }
     members = static_cast<int>(stages.size());
     index = static_cast<int>(it - stages.begin());
@@ -110,8 +109,7 @@ absl::StatusOr<std::vector<at::Tensor>> NcclTransport::AllGather(const Group& gr
     if (n > 0) {
       absl::Status issued = IssueGroup(*channel, what, [&](ncclComm_t comm) {
         if (stages.empty()) {
-          return ncclAllGather(input.data_ptr(), output.data_ptr(), n, type, comm,
-                               channel->stream);
+          return ncclAllGather(input.data_ptr(), output.data_ptr(), n, type, comm, channel->stream);
         }
         for (size_t k = 0; k < stages.size(); ++k) {
           if (static_cast<int>(k) == index) continue;

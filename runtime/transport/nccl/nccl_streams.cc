@@ -30,12 +30,12 @@ absl::Status NcclTransport::Issue(Channel& channel, const at::Tensor* outgoing,
   return IssueGroup(channel, what, [&](ncclComm_t comm) {
     ncclResult_t r = ncclSuccess;
     if (outgoing != nullptr) {
-      r = ncclSend(outgoing->data_ptr(), outgoing->numel(),
-                   *NcclTypeOf(outgoing->scalar_type()), channel.peer, comm, channel.stream);
+      r = ncclSend(outgoing->data_ptr(), outgoing->numel(), *NcclTypeOf(outgoing->scalar_type()),
+                   channel.peer, comm, channel.stream);
     }
     if (r == ncclSuccess && incoming != nullptr) {
-      r = ncclRecv(incoming->data_ptr(), incoming->numel(),
-                   *NcclTypeOf(incoming->scalar_type()), channel.peer, comm, channel.stream);
+      r = ncclRecv(incoming->data_ptr(), incoming->numel(), *NcclTypeOf(incoming->scalar_type()),
+                   channel.peer, comm, channel.stream);
     }
     return r;
   });
@@ -43,8 +43,7 @@ absl::Status NcclTransport::Issue(Channel& channel, const at::Tensor* outgoing,
 
 absl::Status NcclTransport::FollowCompute(Channel& channel, const std::string& what) {
   cudaEvent_t event;
-  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      e != cudaSuccess) {
+  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
     return Fail(CudaError(e, what));
   }
   const Event owned(event);  // destroying a recorded event is fine: CUDA defers it
@@ -59,8 +58,7 @@ absl::Status NcclTransport::FollowCompute(Channel& channel, const std::string& w
 
 absl::StatusOr<Event> NcclTransport::RecordEvent(Channel& channel, const std::string& what) {
   cudaEvent_t event;
-  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      e != cudaSuccess) {
+  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
     return Fail(CudaError(e, what));
   }
   Event owned(event);

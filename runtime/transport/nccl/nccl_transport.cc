@@ -73,17 +73,16 @@ absl::Status NcclTransport::Connect() {
     ncclResult_t result;
     {
       std::lock_guard<std::mutex> lock(nccl_mu_);
-      result = ncclCommInitRankConfig(&channel.comm, channel.ranks, (*ids)[i], channel.rank,
-                                      &config);
+      result =
+          ncclCommInitRankConfig(&channel.comm, channel.ranks, (*ids)[i], channel.rank, &config);
     }
     if (result != ncclSuccess && result != ncclInProgress) {
-      return Fail(absl::UnavailableError(absl::StrCat(
-          Self(), ": NCCL failed creating ", channel.name, ": ", NcclErrorText(result))));
+      return Fail(absl::UnavailableError(absl::StrCat(Self(), ": NCCL failed creating ",
+                                                      channel.name, ": ", NcclErrorText(result))));
     }
   }
   for (auto& channel : channels_) {
-    if (absl::Status s = AwaitLaunch(*channel, deadline, "connecting " + channel->name);
-        !s.ok()) {
+    if (absl::Status s = AwaitLaunch(*channel, deadline, "connecting " + channel->name); !s.ok()) {
       return s;
     }
   }
@@ -98,15 +97,14 @@ void NcclTransport::AddLinks() {
     if (link.from() != self && link.to() != self) continue;
     // In each 2-rank communicator the sender is rank 0.
     const bool sends = link.from() == self;
-    link_channels_[static_cast<int>(i)] =
-        AddChannel(sends ? Channel::Role::kSend : Channel::Role::kReceive,
-                   link.Name(options_, self), "nccl/" + link.Key(options_.replica), 2,
-                   sends ? 0 : 1, sends ? 1 : 0);
+    link_channels_[static_cast<int>(i)] = AddChannel(
+        sends ? Channel::Role::kSend : Channel::Role::kReceive, link.Name(options_, self),
+        "nccl/" + link.Key(options_.replica), 2, sends ? 0 : 1, sends ? 1 : 0);
   }
 }
 
-Channel* NcclTransport::AddChannel(Channel::Role role, std::string name, std::string key,
-                                   int ranks, int rank, int peer) {
+Channel* NcclTransport::AddChannel(Channel::Role role, std::string name, std::string key, int ranks,
+                                   int rank, int peer) {
   auto channel = std::make_unique<Channel>();
   channel->role = role;
   channel->name = std::move(name);
@@ -131,8 +129,8 @@ absl::StatusOr<std::vector<ncclUniqueId>> NcclTransport::ExchangeIds(absl::Time 
   }
   for (size_t i = 0; i < channels_.size(); ++i) {
     if (channels_[i]->rank == 0) continue;
-    absl::StatusOr<std::string> id = store_->Get(
-        channels_[i]->key, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    absl::StatusOr<std::string> id =
+        store_->Get(channels_[i]->key, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     if (!id.ok()) {
       return absl::Status(id.status().code(),
                           absl::StrCat(Self(), " did not receive the NCCL id of ",
@@ -236,9 +234,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeNcclTransport(
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   const int rank = options.rank();
   if (options.loopback && (options.stages != 1 || options.replicas != 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the NCCL loopback needs 1 stage and 1 replica, not ", options.stages, " and ",
-        options.replicas));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the NCCL loopback needs 1 stage and 1 replica, not ", options.stages, " and ",
+                     options.replicas));
   }
   int devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
@@ -246,8 +244,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeNcclTransport(
         absl::StrCat("rank ", rank, ": no CUDA device: ", cudaGetErrorString(e)));
   }
   if (options.device < 0 || options.device >= devices) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, ": no CUDA device ", options.device, " (", devices, " visible)"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, ": no CUDA device ",
+                                                      options.device, " (", devices, " visible)"));
   }
   DeviceGuard device(options.device);
   auto transport = std::make_unique<NcclTransport>(std::move(store), options);

@@ -91,11 +91,11 @@
 //
 // Loopback (tests on one GPU): with `loopback`, a 1-stage, 1-replica transport is its own
 // neighbour: Send(own stage, ...) and Recv(own stage, ...) travel over 1-rank communicators,
-// and AllReduceMean and AllGather among the replicas really run over a 1-rank communicator. NCCL requires a send to self to be
-// issued in the same group as its receive, so Send only stages the message (header and
-// payload kept alive) and the matching Recv copies the header to the GPU and issues each send
-// together with its receive (so Flush has nothing to wait for); everything else (headers, checks, allocation, streams, events,
-// deadlines, Abort) is the code multi-GPU jobs run.
+// and AllReduceMean and AllGather among the replicas really run over a 1-rank communicator. NCCL
+// requires a send to self to be issued in the same group as its receive, so Send only stages the
+// message (header and payload kept alive) and the matching Recv copies the header to the GPU and
+// issues each send together with its receive (so Flush has nothing to wait for); everything else
+// (headers, checks, allocation, streams, events, deadlines, Abort) is the code multi-GPU jobs run.
 //
 // Thread-safe for one sending, one receiving and one reducing thread (the gradient AllReduce
 // and the collectives) at a time; Abort() may be called from any thread.
@@ -111,8 +111,8 @@
 namespace pipetrain::transport {
 
 struct NcclTransportOptions : TransportOptions {
-  int device = 0;  // the CUDA device this process's tensors live on
-  bool loopback = false;  // see "Loopback" above; needs stages == replicas == 1
+  int device = 0;                 // the CUDA device this process's tensors live on
+  bool loopback = false;          // see "Loopback" above; needs stages == replicas == 1
   bool evaluation_links = false;  // the job evaluates: links for its messages (above)
 };
 

@@ -11,9 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/rendezvous/key_value_store.h"
-#include "runtime/transport/boundary_links.h"
 #include "runtime/transport/abort_latch.h"
+#include "runtime/transport/boundary_links.h"
 #include "runtime/transport/nccl/nccl_cuda.h"
 #include "runtime/transport/nccl/nccl_transport.h"
 #include "runtime/transport/transport.h"
@@ -95,9 +95,11 @@ class NcclTransport : public Transport {
                                                        absl::Time deadline) override;
 
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const Group& group, const at::Tensor& mine,
-                                                     absl::Time deadline) override;
+                                                    absl::Time deadline) override;
 
-  c10::Device device() const override { return c10::Device(c10::DeviceType::CUDA, options_.device); }
+  c10::Device device() const override {
+    return c10::Device(c10::DeviceType::CUDA, options_.device);
+  }
 
   void Abort(const absl::Status& reason) override;
 
@@ -250,11 +252,11 @@ class NcclTransport : public Transport {
   Channel* loopback_backward_ = nullptr;
   Channel* pipeline_ = nullptr;  // null with one stage
   Channel* replicas_ = nullptr;  // null with one replica (outside loopback)
-  std::mutex nccl_mu_;    // serializes NCCL calls against AbortCommunicators()
-  std::mutex staged_mu_;  // guards Channel::staged
+  std::mutex nccl_mu_;           // serializes NCCL calls against AbortCommunicators()
+  std::mutex staged_mu_;         // guards Channel::staged
   std::mutex send_mu_;
   std::vector<InFlight> in_flight_;  // guarded by send_mu_
-  AbortLatch abort_;  // its lock a leaf, after every other
+  AbortLatch abort_;                 // its lock a leaf, after every other
   std::mutex graveyard_mu_;
   std::vector<at::Tensor> graveyard_;  // guarded by graveyard_mu_; see Bury()
 };
