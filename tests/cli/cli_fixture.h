@@ -50,9 +50,11 @@ inline nlohmann::json AutoRuns(const nlohmann::json& plan) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pipetrain_cli_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    // A parameterized test's name is "Test/case": one folder, not two.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ =
+        fs::temp_directory_path() / ("pipetrain_cli_test_" + std::to_string(getpid()) + "_" + name);
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -98,6 +100,5 @@ class CliTest : public ::testing::Test {
 
   fs::path dir_;
 };
-
 
 }  // namespace pipetrain::cli_test

@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,12 +22,16 @@
 
 #include "jobspec/spec_yaml.h"
 #include "runtime/job/job_spec.h"
+#include "runtime/schedule/schedule.h"
 #include "tests/cli/cli_fixture.h"
 #include "tests/jobspec/one_job.h"
+#include "tests/pipeline/schedule_cases.h"
 
 namespace {
 
 using namespace pipetrain::cli_test;  // NOLINT: the fixture's helpers
+namespace pipeline_test = pipetrain::job::pipeline_test;
+namespace schedule = pipetrain::schedule;
 
 // The README's main command: the built-in GPT, built-in corpus, 4 stages, 2BW.
 TEST_F(CliTest, DefaultRunIsFastAndLearnsTheCorpus) {
@@ -132,12 +136,13 @@ TEST_F(CliTest, PlanPrintsALayoutThatStagesAutoRuns) {
   EXPECT_EQ(ran["replicas"], plan["replicas"]);
   EXPECT_EQ(ran["microbatches"], plan["microbatches"]);
   EXPECT_EQ(ran["microbatch_size"], plan["microbatch_size"]);
-  EXPECT_EQ(ran["config"]["recompute"],
-            plan["recompute"].empty() ? "none" : "layers:" + [&] {
-              std::string s;
-              for (const auto& l : plan["recompute"]) s += (s.empty() ? "" : ",") + std::to_string(l.get<int>());
-              return s;
-            }());
+  EXPECT_EQ(
+      ran["config"]["recompute"], plan["recompute"].empty() ? "none" : "layers:" + [&] {
+        std::string s;
+        for (const auto& l : plan["recompute"])
+          s += (s.empty() ? "" : ",") + std::to_string(l.get<int>());
+        return s;
+      }());
   EXPECT_THAT(run.err, HasSubstr("hippie planner:"));
   if (runs["schedule"] != plan["schedule"]) {
     EXPECT_THAT(run.err, HasSubstr("runs " + runs["schedule"].get<std::string>() +
@@ -163,8 +168,8 @@ TEST_F(CliTest, StagesAutoOnDaemonsRunsThePlannedLayout) {
   const auto plan = nlohmann::json::parse(planned.out);
   const nlohmann::json runs = AutoRuns(plan);
   const fs::path summary = dir_ / "summary.json";
-  Result run = Run("run --launch cluster --stages auto --workers 2 --summary " +
-                   summary.string() + job);
+  Result run =
+      Run("run --launch cluster --stages auto --workers 2 --summary " + summary.string() + job);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_THAT(run.err, HasSubstr("planned by hippie: "));
   const auto ran = nlohmann::json::parse(ReadFile(summary));
@@ -257,16 +262,26 @@ TEST_F(CliTest, ProfileLinkMeasuresALinkAndPlanPlacesRanksOnHosts) {
   EXPECT_THAT(alone.err, HasSubstr("--connect needs --address"));
 }
 
+// Every kind of schedule (the one list) in threads: kinds whose ranks hold one stage on the
+// explicit layout 0:2,2:4,4:5; kinds with chunks on their default layout of ranks.
 TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
-  for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
+  for (const pipeline_test::ScheduleCase& k : pipeline_test::EveryScheduleKind(3)) {
+    const std::string name(schedule::ScheduleKindName(k.kind));
+    SCOPED_TRACE(name);
+    std::string layout = " --stages 0:2,2:4,4:5";
+    if (schedule::HoldsChunks(k.kind)) {
+      layout = " --stages " + std::to_string(k.stages);
+      if (k.virtual_stages > 0) layout += " --virtual-stages " + std::to_string(k.virtual_stages);
+    }
     const fs::path summary = dir_ / "summary.json";
-    Result r = Run(std::string("run -q --reference --dtype float64 --schedule ") + schedule +
-                   " --stages 0:2,2:4,4:5 --microbatches 4 --steps 5 --d-model 16 --n-heads 2"
-                   " --n-layers 2 --seq-len 8 --vocab 16 --summary " + summary.string());
+    Result r = Run("run -q --reference --dtype float64 --schedule " + name + layout +
+                   " --microbatches 4 --steps 5 --d-model 16 --n-heads 2"
+                   " --n-layers 2 --seq-len 8 --vocab 16 --summary " +
+                   summary.string());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto j = nlohmann::json::parse(ReadFile(summary));
-    EXPECT_EQ(j["schedule"], schedule);
-    EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10) << schedule;
+    EXPECT_EQ(j["schedule"], name);
+    EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10) << name;
   }
 }
 
@@ -280,8 +295,7 @@ TEST_F(CliTest, AdamWFlagsReachTheOptimizer) {
   const fs::path plain = dir_ / "plain.json", tuned = dir_ / "tuned.json";
   Result a = Run(job + plain.string());
   ASSERT_EQ(a.exit_code, 0) << a.err;
-  Result b = Run(job + tuned.string() +
-                 " --beta1 0.5 --beta2 0.9 --eps 1e-3 --weight-decay 0.1");
+  Result b = Run(job + tuned.string() + " --beta1 0.5 --beta2 0.9 --eps 1e-3 --weight-decay 0.1");
   ASSERT_EQ(b.exit_code, 0) << b.err;
   auto ja = nlohmann::json::parse(ReadFile(plain)), jb = nlohmann::json::parse(ReadFile(tuned));
   EXPECT_NE(ja["final_loss"].get<double>(), jb["final_loss"].get<double>());
@@ -301,8 +315,7 @@ optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
 dtype: float64
 )");
   const fs::path summary = dir_ / "summary.json";
-  Result r = Run("run " + job.string() + " --steps 3 -q --reference --summary " +
-                 summary.string());
+  Result r = Run("run " + job.string() + " --steps 3 -q --reference --summary " + summary.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(ReadFile(summary));
   EXPECT_EQ(j["steps"], 3);  // the flag won
@@ -323,14 +336,17 @@ std::vector<std::string> KeysOf(const nlohmann::json& object) {
 // (docs/design.md section 8.8).
 void ExpectOneSummarySchema(const std::map<std::string, nlohmann::json>& summaries) {
   const std::map<std::string, std::set<std::string>> nulls = {
-      {"threads", {"job_id", "plan", "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s",
-                   "stage.worker"}},
-      {"processes", {"job_id", "plan", "max_param_rel_diff", "allreduce_s",
-                     "exposed_allreduce_s", "stage.worker"}},
-      {"cluster", {"model", "data", "ideal_step_time_s", "pipeline_efficiency", "plan",
-                   "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s", "data_entropy",
-                   "threads_per_stage", "stage.allreduce_s", "stage.peak_stashed_microbatches",
-                   "stage.peak_weight_versions", "stage.bytes_sent"}},
+      {"threads",
+       {"job_id", "plan", "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s",
+        "stage.worker"}},
+      {"processes",
+       {"job_id", "plan", "max_param_rel_diff", "allreduce_s", "exposed_allreduce_s",
+        "stage.worker"}},
+      {"cluster",
+       {"model", "data", "ideal_step_time_s", "pipeline_efficiency", "plan", "max_param_rel_diff",
+        "allreduce_s", "exposed_allreduce_s", "data_entropy", "threads_per_stage",
+        "stage.allreduce_s", "stage.peak_stashed_microbatches", "stage.peak_weight_versions",
+        "stage.bytes_sent"}},
   };
   const nlohmann::json& first = summaries.begin()->second;
   for (const auto& [launch, j] : summaries) {
@@ -349,10 +365,10 @@ void ExpectOneSummarySchema(const std::map<std::string, nlohmann::json>& summari
       }
     }
     EXPECT_EQ(null_keys, nulls.at(launch));
-    for (const char* same : {"state", "schedule", "stages", "replicas", "microbatches",
-                             "microbatch_size", "steps", "partition", "first_step", "losses",
-                             "learning_rates", "grad_norms", "evals", "first_loss",
-                             "final_loss", "skipped_steps"}) {
+    for (const char* same :
+         {"state", "schedule", "stages", "replicas", "microbatches", "microbatch_size", "steps",
+          "partition", "first_step", "losses", "learning_rates", "grad_norms", "evals",
+          "first_loss", "final_loss", "skipped_steps"}) {
       EXPECT_EQ(j[same], first[same]) << same;
     }
     // The job evaluates before every step after the first, on held-out data.
@@ -394,8 +410,7 @@ TEST_F(CliTest, OneJobMeansTheSameInEveryLaunchMode) {
   absl::StatusOr<pipetrain::v1::JobSpec> spec =
       pipetrain::jobspec::JobSpecFromYaml(pipetrain::test::kOneJobYaml);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<pipetrain::job::JobSpec> config =
-      pipetrain::job::Validated(*spec);
+  absl::StatusOr<pipetrain::job::JobSpec> config = pipetrain::job::Validated(*spec);
   ASSERT_TRUE(config.ok()) << config.status();
   nlohmann::json expected = nlohmann::json::parse(pipetrain::job::JobToJson(*config));
   const fs::path job_file = Write("one.yaml", pipetrain::test::kOneJobYaml);
@@ -454,8 +469,8 @@ TEST_F(CliTest, UnknownModelAndSchedule) {
 }
 
 TEST_F(CliTest, UnreadableDataAndTorchScript) {
-  ExpectRejected("run --data bytes --data-path /nonexistent/corpus.txt",
-                 "/nonexistent/corpus.txt", /*exit_code=*/3);  // NotFound: 3, as the CLI's
+  ExpectRejected("run --data bytes --data-path /nonexistent/corpus.txt", "/nonexistent/corpus.txt",
+                 /*exit_code=*/3);  // NotFound: 3, as the CLI's
   ExpectRejected("run --data uint16", "data.path: required for data.kind uint16");
   const fs::path junk = Write("junk.pt", "this is not a TorchScript archive");
   ExpectRejected("run --torchscript " + junk.string(), "cannot load TorchScript model");
@@ -463,17 +478,18 @@ TEST_F(CliTest, UnreadableDataAndTorchScript) {
 }
 
 TEST_F(CliTest, MalformedYamlAndEveryViolationListed) {
-  ExpectRejected("run " + Write("broken.yaml", "model: {name: gpt\nsteps: [").string(),
-                 "not YAML");
+  ExpectRejected("run " + Write("broken.yaml", "model: {name: gpt\nsteps: [").string(), "not YAML");
   const std::string job =
-      Write("bad.yaml", "steps: many\nmicrobatches: 0\nlearning_rate: 3\nmodel: {name: gpt, "
-                        "d_model: 30, n_heads: 4}\n")
+      Write("bad.yaml",
+            "steps: many\nmicrobatches: 0\nlearning_rate: 3\nmodel: {name: gpt, "
+            "d_model: 30, n_heads: 4}\n")
           .string();
   ExpectRejected("run " + job, "steps: expected an integer, got 'many'");
   ExpectRejected("run " + job, "learning_rate: unknown key");
   // Type errors stop before semantic checks; semantic errors are all listed together.
-  ExpectRejected("run " + Write("bad2.yaml", "microbatches: 0\nsteps: 0\nmodel: {d_model: 30, "
-                                             "n_heads: 4}\n")
+  ExpectRejected("run " + Write("bad2.yaml",
+                                "microbatches: 0\nsteps: 0\nmodel: {d_model: 30, "
+                                "n_heads: 4}\n")
                               .string(),
                  "model.d_model (30) must be divisible by model.n_heads (4); ");
   ExpectRejected("run " + dir_.string() + "/bad2.yaml", "steps: must be >= 1, got 0");

@@ -17,9 +17,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/schedule/schedule.h"
 #include "tests/cli/cli_fixture.h"
+#include "tests/pipeline/schedule_cases.h"
 
 using namespace pipetrain::cli_test;  // NOLINT: the fixture's helpers
+namespace pipeline_test = pipetrain::job::pipeline_test;
+namespace schedule = pipetrain::schedule;
 
 namespace {
 
@@ -30,8 +34,7 @@ TEST_F(CliTest, EveryExampleJobRuns) {
     if (entry.path().extension() != ".yaml") continue;
     SCOPED_TRACE(entry.path().string());
     const fs::path summary = dir_ / "summary.json";
-    Result r = Run("run " + entry.path().string() + " --steps 2 -q --summary " +
-                   summary.string());
+    Result r = Run("run " + entry.path().string() + " --steps 2 -q --summary " + summary.string());
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(nlohmann::json::parse(ReadFile(summary))["losses"].size(), 2u);
     ++count;
@@ -43,50 +46,50 @@ TEST_F(CliTest, EveryExampleJobRuns) {
 
 namespace {
 
-// One OS process per stage over Gloo: the same parameters as the un-pipelined reference.
-// p=2 w=1, p=4 w=1, p=2 w=2, p=4 w=2 (8 processes), for every schedule.
-TEST_F(CliTest, ProcessesPerStageMatchTheReference) {
-  for (const char* replicas : {"1", "2"}) {
-  for (const char* stages : {"2", "4"}) {
-    for (const char* schedule : {"gpipe", "1f1b", "2bw"}) {
-      SCOPED_TRACE(std::string(schedule) + " stages " + stages + " replicas " + replicas);
-      const fs::path summary = dir_ / "summary.json";
-      Result r = Run(std::string("run -q --launch processes --reference --dtype float64 "
-                                 "--schedule ") + schedule + " --stages " + stages +
-                     " --replicas " + replicas +
-                     " --microbatches 4 --steps 4 --d-model 16 --n-heads 2 --n-layers 3"
-                     " --seq-len 8 --vocab 16 --summary " + summary.string());
-      ASSERT_EQ(r.exit_code, 0) << r.err;
-      auto j = nlohmann::json::parse(ReadFile(summary));
-      EXPECT_EQ(j["stages"], std::stoi(stages));
-      EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
-      EXPECT_EQ(j["losses"].size(), 4u);
-      EXPECT_EQ(j["replicas"], std::stoi(replicas));
+// One OS process per rank over Gloo: the same parameters as the un-pipelined reference, for
+// every kind of schedule (the one list, tests/pipeline/schedule_cases.h), 1 and 2 replicas.
+// Kinds whose ranks hold one stage run 2 and 4 stages; kinds with chunks run 2 ranks of their
+// default chunks, and of 2 where that default is 1 (zb1p's ZB-H1 and its interleaved form),
+// so two ranks exchange the tensors of several stage boundaries.
+TEST_F(CliTest, ProcessesOfEveryScheduleMatchTheReference) {
+  struct Layout {
+    int ranks, virtual_stages;  // 0: the kind's default
+  };
+  for (const pipeline_test::ScheduleCase& k : pipeline_test::EveryScheduleKind(2)) {
+    std::vector<Layout> layouts = {{k.stages, k.virtual_stages}};
+    if (!schedule::HoldsChunks(k.kind)) layouts.push_back({4, 0});
+    if (schedule::HoldsChunks(k.kind) && schedule::DefaultVirtualStages(k.kind) == 1) {
+      layouts.push_back({2, 2});
     }
-  }
-  }
-}
-
-// Ranks holding several model stages as processes over Gloo, where two ranks exchange the
-// tensors of several stage boundaries: the same parameters as the un-pipelined reference, for
-// every schedule with chunks, 2 ranks x 1 and 2 replicas.
-TEST_F(CliTest, ProcessesHoldingSeveralStagesMatchTheReference) {
-  for (const char* replicas : {"1", "2"}) {
-    for (const char* schedule : {"interleaved", "zb1p --virtual-stages 2", "zbv", "dualpipev"}) {
-      SCOPED_TRACE(std::string(schedule) + " replicas " + replicas);
-      const fs::path summary = dir_ / "summary.json";
-      Result r = Run(std::string("run -q --launch processes --reference --dtype float64 "
-                                 "--schedule ") + schedule + " --stages 2 --replicas " +
-                     replicas +
-                     " --microbatches 4 --steps 3 --d-model 16 --n-heads 2 --n-layers 3"
-                     " --seq-len 8 --vocab 16 --summary " + summary.string());
-      ASSERT_EQ(r.exit_code, 0) << r.err;
-      auto j = nlohmann::json::parse(ReadFile(summary));
-      EXPECT_EQ(j["stages"], 2);
-      EXPECT_EQ(j["partition"].size(), 4u);  // 2 ranks x 2 model stages
-      EXPECT_EQ(j["per_stage"][0]["model_stage_layers"].size(), 2u);
-      EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
-      EXPECT_EQ(j["losses"].size(), 3u);
+    for (const Layout& layout : layouts) {
+      const int chunks = layout.virtual_stages > 0 ? layout.virtual_stages
+                                                   : schedule::DefaultVirtualStages(k.kind);
+      for (const int replicas : {1, 2}) {
+        const std::string name(schedule::ScheduleKindName(k.kind));
+        SCOPED_TRACE(name + " ranks " + std::to_string(layout.ranks) + " x " +
+                     std::to_string(chunks) + " replicas " + std::to_string(replicas));
+        const fs::path summary = dir_ / "summary.json";
+        std::string command = "run -q --launch processes --reference --dtype float64 --schedule " +
+                              name + " --stages " + std::to_string(layout.ranks) + " --replicas " +
+                              std::to_string(replicas);
+        if (layout.virtual_stages > 0) {
+          command += " --virtual-stages " + std::to_string(layout.virtual_stages);
+        }
+        Result r = Run(command +
+                       " --microbatches 4 --steps 3 --d-model 16 --n-heads 2 --n-layers 3"
+                       " --seq-len 8 --vocab 16 --summary " +
+                       summary.string());
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        auto j = nlohmann::json::parse(ReadFile(summary));
+        EXPECT_EQ(j["schedule"], name);
+        EXPECT_EQ(j["stages"], layout.ranks);
+        EXPECT_EQ(j["replicas"], replicas);
+        EXPECT_EQ(j["partition"].size(), static_cast<size_t>(layout.ranks * chunks));
+        EXPECT_EQ(j["per_stage"][0]["model_stage_layers"].size(),
+                  static_cast<size_t>(chunks > 1 ? chunks : 0));
+        EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
+        EXPECT_EQ(j["losses"].size(), 3u);
+      }
     }
   }
 }
@@ -96,10 +99,11 @@ TEST_F(CliTest, ProcessesHoldingSeveralStagesMatchTheReference) {
 // reference with one parameter.
 TEST_F(CliTest, TiedEmbeddingsAcrossProcessesMatchTheReference) {
   const fs::path summary = dir_ / "summary.json";
-  Result r = Run("run -q --launch processes --reference --dtype float64 --schedule 1f1b "
-                 "--tie-embeddings true --stages 3 --replicas 2 --microbatches 4 --steps 3 "
-                 "--d-model 16 --n-heads 2 --n-layers 3 --seq-len 8 --vocab 16 --summary " +
-                 summary.string());
+  Result r =
+      Run("run -q --launch processes --reference --dtype float64 --schedule 1f1b "
+          "--tie-embeddings true --stages 3 --replicas 2 --microbatches 4 --steps 3 "
+          "--d-model 16 --n-heads 2 --n-layers 3 --seq-len 8 --vocab 16 --summary " +
+          summary.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(ReadFile(summary));
   EXPECT_LE(j["max_param_rel_diff"].get<double>(), 1e-10);
@@ -117,12 +121,11 @@ TEST_F(CliTest, GroupCollectivesAcrossProcessesMatchTheReference) {
   const std::string model =
       " --microbatches 4 --steps 4 --d-model 16 --n-heads 2 --n-layers 3 --seq-len 8 --vocab 16"
       " --dtype float64 --clip-grad-norm 0.5";
-  for (const std::string job :
-       {"--schedule 1f1b --stages 4 --replicas 2 --tie-embeddings true",
-        "--schedule interleaved --stages 2 --tie-embeddings true",
-        "--schedule zbv --stages 2 --replicas 2 --tie-embeddings true",
-        "--schedule dualpipev --stages 2 --tie-embeddings true",
-        "--schedule 2bw --stages 4 --eval-every 2 --eval-split 0.25"}) {
+  for (const std::string job : {"--schedule 1f1b --stages 4 --replicas 2 --tie-embeddings true",
+                                "--schedule interleaved --stages 2 --tie-embeddings true",
+                                "--schedule zbv --stages 2 --replicas 2 --tie-embeddings true",
+                                "--schedule dualpipev --stages 2 --tie-embeddings true",
+                                "--schedule 2bw --stages 4 --eval-every 2 --eval-split 0.25"}) {
     SCOPED_TRACE(job);
     const fs::path processes = dir_ / "processes.json", threads = dir_ / "threads.json";
     Result r = Run("run -q --launch processes --reference " + job + model + " --summary " +
@@ -156,16 +159,19 @@ TEST_F(CliTest, GroupCollectivesAcrossProcessesMatchTheReference) {
 TEST_F(CliTest, StageProcessesCheckpointAndResumeOnAnotherLayout) {
   const std::string common =
       " --dtype float64 --schedule 1f1b --d-model 16 --n-heads 2 --n-layers 3"
-      " --seq-len 8 --vocab 16 --checkpoint-dir " + (dir_ / "ckpt").string();
-  Result first = Run("run -q --launch processes --stages 4 --microbatches 4 --steps 3 "
-                     "--checkpoint-every 3" + common);
+      " --seq-len 8 --vocab 16 --checkpoint-dir " +
+      (dir_ / "ckpt").string();
+  Result first =
+      Run("run -q --launch processes --stages 4 --microbatches 4 --steps 3 "
+          "--checkpoint-every 3" +
+          common);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   EXPECT_EQ(ReadFile(dir_ / "ckpt" / "latest"), "step-00000003\n");
   const fs::path summary = dir_ / "summary.json";
-  Result resumed = Run("run -q --launch processes --reference --stages 2 --replicas 2 "
-                       "--microbatches 2 --steps 6 --resume-from " +
-                       (dir_ / "ckpt" / "latest").string() + " --summary " + summary.string() +
-                       common);
+  Result resumed =
+      Run("run -q --launch processes --reference --stages 2 --replicas 2 "
+          "--microbatches 2 --steps 6 --resume-from " +
+          (dir_ / "ckpt" / "latest").string() + " --summary " + summary.string() + common);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_THAT(resumed.err, HasSubstr("resuming at step 3 from " + (dir_ / "ckpt").string()));
   auto j = nlohmann::json::parse(ReadFile(summary));
@@ -204,9 +210,10 @@ TEST_F(CliTest, KilledStageProcessStopsTheJobAndLeavesNothingBehind) {
   const pid_t launcher = fork();
   ASSERT_GE(launcher, 0);
   if (launcher == 0) {
-    const std::string command = std::string("exec ") + PIPETRAIN_CLI +
-                                " run --launch processes --stages 4 --steps 2000 --peer-timeout 60 >" +
-                                out.string() + " 2>" + err.string();
+    const std::string command =
+        std::string("exec ") + PIPETRAIN_CLI +
+        " run --launch processes --stages 4 --steps 2000 --peer-timeout 60 >" + out.string() +
+        " 2>" + err.string();
     execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -239,8 +246,8 @@ TEST_F(CliTest, KilledStageProcessStopsTheJobAndLeavesNothingBehind) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
   const std::string error = ReadFile(err);
-  EXPECT_THAT(error, HasSubstr("stage 1 (pid " + std::to_string(victim) +
-                               ") was killed by signal 9"));
+  EXPECT_THAT(error,
+              HasSubstr("stage 1 (pid " + std::to_string(victim) + ") was killed by signal 9"));
   EXPECT_THAT(error, HasSubstr("lost stage 1 (rank 1)"));
   for (pid_t pid : stages) {
     EXPECT_NE(kill(pid, 0), 0) << "stage process " << pid << " is still there";

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "pipetrain/v1/job_service.grpc.pb.h"
+#include "runtime/schedule/schedule.h"
 #include "tests/daemons/local_cluster.h"
 #include "tests/daemons/recovery_fixture.h"
 
@@ -36,6 +37,9 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
                                     const std::function<void(LocalCluster&, int)>& fault,
                                     const std::function<void(LocalCluster&, int)>& after,
                                     const std::string& schedule = "1f1b") {
+  const absl::StatusOr<schedule::ScheduleKind> kind = schedule::ParseScheduleKind(schedule);
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  const bool stashed = schedule::WeightsOf(*kind) == schedule::WeightPolicy::kStashed;
   LocalCluster cluster(dir, workers);
   ASSERT_FALSE(cluster.address().empty());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(workers));
@@ -45,17 +49,20 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
                                   << "weights_dir: " << weights.string() << "\n";
   auto stub = cluster.JobStub();
   const std::string id = Submit(cluster, dir / "job.yaml");
-  v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
-    return Ended(j) || (j.checkpoint_step() >= 40 && j.step() >= j.checkpoint_step() + 3);
-  }, milliseconds(120000));
+  v1::Job running = PollJob(
+      *stub, id,
+      [](const v1::Job& j) {
+        return Ended(j) || (j.checkpoint_step() >= 40 && j.step() >= j.checkpoint_step() + 3);
+      },
+      milliseconds(120000));
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
   // The worker of stage 1 of replica 0 (rank 1), mid-step.
   const std::string victim = running.stage_status(1).worker_id();
   const int index = WorkerIndex(cluster, victim);
   ASSERT_GE(index, 0) << victim;
-  const int64_t hit_unix_ms = std::chrono::duration_cast<milliseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count();
+  const int64_t hit_unix_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   fault(cluster, index);
   const auto hit = Clock::now();
   v1::Job done = PollJob(*stub, id, Ended, milliseconds(180000));
@@ -74,21 +81,22 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
   EXPECT_GT(r.first_step_unix_ms(), r.placed_unix_ms());
   // With replicas and a restart left the generation commits its steps, and the surviving
   // replica of the lost rank's place carries the job on (tests/daemons/survivors_test.cc);
-  // pipedream's updates cannot be committed: it restarts from the checkpoint.
-  EXPECT_EQ(r.from_survivors(), schedule != "pipedream") << ReadFile(cluster.coordinator_log());
-  std::printf("%s: finished %.1f s after the fault (restarted from %s); detected after %lld "
-              "ms, then placed after %lld ms, first good step after %lld ms; layout %d x %d "
-              "x %d\n",
-              what, recovered_s, r.from_survivors() ? "the survivors" : "the checkpoint",
-              static_cast<long long>(r.detected_unix_ms() - hit_unix_ms),
-              static_cast<long long>(r.placed_unix_ms() - r.detected_unix_ms()),
-              static_cast<long long>(r.first_step_unix_ms() - r.detected_unix_ms()), r.stages(),
-              r.replicas(), r.microbatches());
+  // stashed weights' updates (pipedream) cannot be committed: it restarts from the checkpoint.
+  EXPECT_EQ(r.from_survivors(), !stashed) << ReadFile(cluster.coordinator_log());
+  std::printf(
+      "%s: finished %.1f s after the fault (restarted from %s); detected after %lld "
+      "ms, then placed after %lld ms, first good step after %lld ms; layout %d x %d "
+      "x %d\n",
+      what, recovered_s, r.from_survivors() ? "the survivors" : "the checkpoint",
+      static_cast<long long>(r.detected_unix_ms() - hit_unix_ms),
+      static_cast<long long>(r.placed_unix_ms() - r.detected_unix_ms()),
+      static_cast<long long>(r.first_step_unix_ms() - r.detected_unix_ms()), r.stages(),
+      r.replicas(), r.microbatches());
   ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir / "jobs.db", id), 240, 2);
-  // Under pipedream a checkpoint's flush changes which versions the next step's micro-batches
-  // run on (section 4.3a of docs/design.md): its reference checkpoints at the same steps.
-  const std::string reference =
-      schedule == "pipedream" ? WithRecovery(body, dir / "reference-ckpt", 20, 1) : body;
+  // With stashed weights a checkpoint's flush changes which versions the next step's
+  // micro-batches run on (section 4.3a of docs/design.md): the reference checkpoints at the
+  // same steps.
+  const std::string reference = stashed ? WithRecovery(body, dir / "reference-ckpt", 20, 1) : body;
   ExpectWithin(GatherWeights(weights, done.stages()), Uninterrupted(cluster, dir, reference),
                1e-10);
   Result logs = cluster.Cli("logs " + id);
@@ -102,55 +110,33 @@ void OneFaultTheJobFinishesByItself(const fs::path& dir, int workers, const char
   after(cluster, index);
 }
 
-// SIGKILL mid-step; a fifth worker is idle, so generation 2 runs the same layout at once.
-// The killed worker, started again, rejoins the pool.
-TEST_F(RecoveryTest, AWorkerKilledMidStepTheJobFinishesByItselfAsIfUninterrupted) {
+// SIGKILL mid-step under every kind of schedule (the one list: 2 stages, or 2 ranks of the
+// kind's default chunks, each with its own checkpoint per model stage); a fifth worker is
+// idle, so generation 2 runs the same layout at once. The killed worker, started again,
+// rejoins the pool. Under 2BW the checkpoints hold W(N-1), which step N runs on, so the
+// restarted generation continues the 1-step-stale trajectory and the job ends within 1e-10 of
+// the uninterrupted job without any checkpoint; under PipeDream's weight stashing (no flush
+// but at the checkpoints) the restarted generation resumes at one, the versions in flight
+// rebuilt from the pipeline's start.
+class WorkerKilledTest : public RecoveryTest,
+                         public ::testing::WithParamInterface<schedule::ScheduleKind> {};
+
+TEST_P(WorkerKilledTest, TheJobFinishesByItselfAsIfUninterrupted) {
+  const std::string schedule(schedule::ScheduleKindName(GetParam()));
   OneFaultTheJobFinishesByItself(
-      dir_, 5, "SIGKILL", [](LocalCluster& c, int w) { c.KillWorker(w); },
+      dir_, 5, ("SIGKILL under " + schedule).c_str(),
+      [](LocalCluster& c, int w) { c.KillWorker(w); },
       [](LocalCluster& c, int) {
         c.StartWorker();
         EXPECT_TRUE(c.WaitForIdleWorkers(5));
-      });
+      },
+      schedule);
 }
 
-// The same under ZB-V (each rank holding two model stages in a V, the backward split in I and
-// W): the restarted generation resumes the checkpoint its ranks wrote per model stage.
-TEST_F(RecoveryTest, AWorkerKilledUnderZeroBubbleVTheJobFinishesByItselfAsIfUninterrupted) {
-  OneFaultTheJobFinishesByItself(
-      dir_, 5, "SIGKILL under zbv", [](LocalCluster& c, int w) { c.KillWorker(w); },
-      [](LocalCluster&, int) {}, "zbv");
-}
-
-// The same under the other schedules with chunks: interleaved 1F1B, ZB-H1 (its backward split
-// in I and W) and DualPipeV.
-TEST_F(RecoveryTest, AWorkerKilledUnderEveryOtherScheduleWithChunksTheJobFinishesAsIfUninterrupted) {
-  for (const char* schedule : {"interleaved", "zb1p", "dualpipev"}) {
-    SCOPED_TRACE(schedule);
-    const fs::path dir = dir_ / schedule;
-    fs::create_directories(dir);
-    OneFaultTheJobFinishesByItself(
-        dir, 5, (std::string("SIGKILL under ") + schedule).c_str(),
-        [](LocalCluster& c, int w) { c.KillWorker(w); }, [](LocalCluster&, int) {}, schedule);
-  }
-}
-
-// The same under PipeDream-2BW: its checkpoints hold W(N-1), which step N runs on, so the
-// restarted generation continues the 1-step-stale trajectory and the job ends within 1e-10 of
-// the uninterrupted job without any checkpoint (before, a checkpoint switched to W(N) and the
-// reference had to checkpoint at the same steps).
-TEST_F(RecoveryTest, AWorkerKilledUnderTwoBWTheJobFinishesAsIfItNeverCheckpointed) {
-  OneFaultTheJobFinishesByItself(
-      dir_, 5, "SIGKILL under 2bw", [](LocalCluster& c, int w) { c.KillWorker(w); },
-      [](LocalCluster&, int) {}, "2bw");
-}
-
-// The same under PipeDream's weight stashing (no flush but at the checkpoints: the restarted
-// generation resumes at one, the versions in flight rebuilt from the pipeline's start).
-TEST_F(RecoveryTest, AWorkerKilledUnderPipeDreamTheJobFinishesByItselfAsIfUninterrupted) {
-  OneFaultTheJobFinishesByItself(
-      dir_, 5, "SIGKILL under pipedream", [](LocalCluster& c, int w) { c.KillWorker(w); },
-      [](LocalCluster&, int) {}, "pipedream");
-}
+INSTANTIATE_TEST_SUITE_P(Schedules, WorkerKilledTest, ::testing::ValuesIn(schedule::kScheduleKinds),
+                         [](const ::testing::TestParamInfo<schedule::ScheduleKind>& info) {
+                           return std::string(schedule::ScheduleKindName(info.param));
+                         });
 
 // SIGSTOP (hung: no heartbeat, no progress) with no spare worker: the 3 that remain run
 // 2 stages x 1 replica x 8 micro-batches (the same global batch). Continued, the stopped
@@ -172,14 +158,14 @@ TEST_F(RecoveryTest, ACoordinatorKilledMidJobResumesItsJobFromTheCheckpoint) {
   ASSERT_TRUE(cluster.WaitForIdleWorkers(4));
   const std::string body = Job(200);
   const fs::path weights = dir_ / "weights";
-  std::ofstream(dir_ / "job.yaml") << WithRecovery(body, dir_ / "ckpt", 20, 1)
-                                   << "weights_dir: " << weights.string() << "\n";
+  std::ofstream(dir_ / "job.yaml")
+      << WithRecovery(body, dir_ / "ckpt", 20, 1) << "weights_dir: " << weights.string() << "\n";
   const std::string id = Submit(cluster, dir_ / "job.yaml");
   {
     auto stub = cluster.JobStub();
-    v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
-      return Ended(j) || j.checkpoint_step() >= 40;
-    }, milliseconds(120000));
+    v1::Job running = PollJob(
+        *stub, id, [](const v1::Job& j) { return Ended(j) || j.checkpoint_step() >= 40; },
+        milliseconds(120000));
     ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
     // The checkpoint is durable in the job's record once the coordinator has said so.
     std::this_thread::sleep_for(milliseconds(300));
@@ -209,13 +195,12 @@ TEST_F(RecoveryTest, AWorkerStoppedWithSigtermCheckpointsTheJobFirst) {
   const std::string body = Job(200);
   const fs::path weights = dir_ / "weights";
   // No checkpoint policy: the only checkpoint is the one the drain asks for.
-  std::ofstream(dir_ / "job.yaml") << WithRecovery(body, dir_ / "ckpt", 0, 1)
-                                   << "weights_dir: " << weights.string() << "\n";
+  std::ofstream(dir_ / "job.yaml")
+      << WithRecovery(body, dir_ / "ckpt", 0, 1) << "weights_dir: " << weights.string() << "\n";
   auto stub = cluster.JobStub();
   const std::string id = Submit(cluster, dir_ / "job.yaml");
-  v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
-    return Ended(j) || j.step() >= 30;
-  }, milliseconds(120000));
+  v1::Job running = PollJob(
+      *stub, id, [](const v1::Job& j) { return Ended(j) || j.step() >= 30; }, milliseconds(120000));
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
   const std::string victim = running.stage_status(1).worker_id();
   const int index = WorkerIndex(cluster, victim);
@@ -248,14 +233,14 @@ TEST_F(RecoveryTest, ACoordinatorStoppedWithSigtermCheckpointsItsJobsFirst) {
   ASSERT_TRUE(cluster.WaitForIdleWorkers(4));
   const std::string body = Job(200);
   const fs::path weights = dir_ / "weights";
-  std::ofstream(dir_ / "job.yaml") << WithRecovery(body, dir_ / "ckpt", 0, 1)
-                                   << "weights_dir: " << weights.string() << "\n";
+  std::ofstream(dir_ / "job.yaml")
+      << WithRecovery(body, dir_ / "ckpt", 0, 1) << "weights_dir: " << weights.string() << "\n";
   const std::string id = Submit(cluster, dir_ / "job.yaml");
   {
     auto stub = cluster.JobStub();
-    v1::Job running = PollJob(*stub, id, [](const v1::Job& j) {
-      return Ended(j) || j.step() >= 30;
-    }, milliseconds(120000));
+    v1::Job running = PollJob(
+        *stub, id, [](const v1::Job& j) { return Ended(j) || j.step() >= 30; },
+        milliseconds(120000));
     ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
   }
   EXPECT_EQ(cluster.StopCoordinator(), 0);
@@ -282,7 +267,8 @@ std::pair<int64_t, int> MemoryAndFds(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6)) * 1024;
   }
   int fds = 0;
-  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+  for ([[maybe_unused]] const auto& e :
+       fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
     ++fds;
   }
   return {rss, fds};
@@ -304,10 +290,13 @@ TEST_F(RecoveryTest, TwentyFiveKillRejoinCyclesDuringOneJob) {
   for (int cycle = 1; cycle <= kCycles; ++cycle) {
     SCOPED_TRACE("cycle " + std::to_string(cycle));
     // Running generation `cycle`, past a checkpoint.
-    v1::Job running = PollJob(*stub, id, [cycle](const v1::Job& j) {
-      return Ended(j) || (j.generation() == cycle && j.stage_status_size() > 0 &&
-                          j.checkpoint_step() > 0 && j.step() >= j.checkpoint_step() + 2);
-    }, milliseconds(60000));
+    v1::Job running = PollJob(
+        *stub, id,
+        [cycle](const v1::Job& j) {
+          return Ended(j) || (j.generation() == cycle && j.stage_status_size() > 0 &&
+                              j.checkpoint_step() > 0 && j.step() >= j.checkpoint_step() + 2);
+        },
+        milliseconds(60000));
     ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.DebugString();
     ASSERT_EQ(running.generation(), cycle) << running.DebugString();
     if (cycle == 1) first = MemoryAndFds(cluster.coordinator_pid());
@@ -319,10 +308,13 @@ TEST_F(RecoveryTest, TwentyFiveKillRejoinCyclesDuringOneJob) {
     cluster.KillWorker(index);
     cluster.StartWorker();
   }
-  v1::Job last = PollJob(*stub, id, [](const v1::Job& j) {
-    return Ended(j) || (j.generation() == kCycles + 1 && j.step() >= j.checkpoint_step() + 2 &&
-                        j.checkpoint_step() > 0);
-  }, milliseconds(60000));
+  v1::Job last = PollJob(
+      *stub, id,
+      [](const v1::Job& j) {
+        return Ended(j) || (j.generation() == kCycles + 1 && j.step() >= j.checkpoint_step() + 2 &&
+                            j.checkpoint_step() > 0);
+      },
+      milliseconds(60000));
   ASSERT_EQ(last.generation(), kCycles + 1) << last.DebugString();
   const std::pair<int64_t, int> after = MemoryAndFds(cluster.coordinator_pid());
   Result stop = cluster.Cli("stop " + id);
@@ -334,8 +326,8 @@ TEST_F(RecoveryTest, TwentyFiveKillRejoinCyclesDuringOneJob) {
   for (int i = 0; i < done.recoveries_size(); ++i) {
     EXPECT_EQ(done.recoveries(i).generation(), i + 2);
   }
-  ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir_ / "jobs.db", id),
-                                             done.step() + 1, kCycles + 1);
+  ExpectEveryStepOnceInIncreasingGenerations(CommittedSteps(dir_ / "jobs.db", id), done.step() + 1,
+                                             kCycles + 1);
   std::printf("coordinator after cycle 1: %lld KiB, %d fds; after cycle %d: %lld KiB, %d fds\n",
               static_cast<long long>(first.first / 1024), first.second, kCycles,
               static_cast<long long>(after.first / 1024), after.second);

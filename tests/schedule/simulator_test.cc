@@ -31,16 +31,21 @@ std::string Name(const ScheduleParams& params) {
          " m=" + std::to_string(params.micro_batches) + " steps=" + std::to_string(params.steps);
 }
 
-// Every parameter combination of the proof obligation.
+// Every parameter combination of the proof obligation, for every kind whose ranks hold one
+// stage (the chunked kinds have their own sweep, chunked_schedule_test.cc): p <= 8, m <= 16,
+// one and two steps of a flushing kind, three of a continuous one (m >= its minimum).
 std::vector<ScheduleParams> AllCases() {
   std::vector<ScheduleParams> cases;
-  for (int p = 1; p <= 8; ++p) {
-    for (int m = 1; m <= 16; ++m) {
-      for (int steps : {1, 2}) {
-        cases.push_back({ScheduleKind::kGPipe, p, m, steps});
-        cases.push_back({ScheduleKind::kOneFOneB, p, m, steps});
+  for (const ScheduleKind kind : kScheduleKinds) {
+    if (HoldsChunks(kind)) continue;
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 16; ++m) {
+        if (RunsContinuously(kind)) {
+          if (m >= TraitsOf(kind).micro_batches_per_rank * p) cases.push_back({kind, p, m, 3});
+          continue;
+        }
+        for (int steps : {1, 2}) cases.push_back({kind, p, m, steps});
       }
-      if (m >= p) cases.push_back({ScheduleKind::kTwoBW, p, m, 3});
     }
   }
   return cases;
@@ -83,14 +88,14 @@ TEST(SimulatorSweepTest, EveryCaseIsValidAndDeadlockFree) {
       for (int t = 0; t < params.steps; ++t) EXPECT_EQ(step_count[t], 1);
 
       // Warm-up: forwards before the first backward.
-      const int64_t warmup_horizon =
-          params.kind == ScheduleKind::kTwoBW ? total : params.micro_batches;
+      const bool continuous = RunsContinuously(params.kind);
+      const int64_t warmup_horizon = continuous ? total : params.micro_batches;
       const auto first_b = std::find_if(list.begin(), list.end(), [](const Action& a) {
         return a.kind == ActionKind::kBackward;
       });
       const int64_t forwards_before = std::count_if(
           list.begin(), first_b, [](const Action& a) { return a.kind == ActionKind::kForward; });
-      if (params.kind == ScheduleKind::kGPipe) {
+      if (params.kind == ScheduleKind::kGPipe) {  // all forwards, then all backwards
         EXPECT_EQ(forwards_before, params.micro_batches);
       } else {
         // Warm-up of min(p-s-1, horizon) forwards, then the F of the first (F, B) pair if
@@ -112,21 +117,16 @@ TEST(SimulatorSweepTest, EveryCaseIsValidAndDeadlockFree) {
       for (int s = 0; s < p; ++s) {
         EXPECT_NEAR(sim->busy_s[s], total * unit, kTol);
         EXPECT_EQ(sim->peak_in_flight[s], PeakInFlight((*stages)[s]));
-        switch (params.kind) {
-          case ScheduleKind::kGPipe:
-            EXPECT_EQ(sim->peak_in_flight[s], m) << "s=" << s;
-            break;
-          case ScheduleKind::kOneFOneB:
-            EXPECT_EQ(sim->peak_in_flight[s], std::min(p - s, m)) << "s=" << s;
-            break;
-          case ScheduleKind::kTwoBW:
-            EXPECT_EQ(sim->peak_in_flight[s], p - s) << "s=" << s;
-            break;
-        }
+        // In flight: GPipe all m; a 1F1B of n micro-batches (n = m a step, or every step's
+        // when continuous) min(p - s, n).
+        const int64_t horizon = RunsContinuously(params.kind) ? total : m;
+        const int64_t expected_in_flight =
+            params.kind == ScheduleKind::kGPipe ? m : std::min<int64_t>(p - s, horizon);
+        EXPECT_EQ(sim->peak_in_flight[s], expected_in_flight) << "s=" << s;
         ASSERT_EQ(static_cast<int>(sim->step_end_s[s].size()), params.steps);
         for (int t = 0; t < params.steps; ++t) EXPECT_GE(sim->step_end_s[s][t], 0.0);
       }
-      if (params.kind == ScheduleKind::kTwoBW) {
+      if (RunsContinuously(params.kind)) {
         // Continuous 1F1B over steps*m micro-batches.
         EXPECT_NEAR(sim->makespan_s, (total + p - 1) * unit, kTol);
       } else {
