@@ -18,17 +18,16 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
-#include <torch/serialize.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "jobspec/planned_layout.h"
-#include "jobspec/run_summary.h"
-#include "run/plan_command.h"
 #include "jobspec/run_outputs.h"
+#include "jobspec/run_summary.h"
 #include "jobspec/spec_flags.h"
 #include "jobspec/spec_text.h"
-#include "runtime/job/job_spec.h"
+#include "run/link_command.h"
+#include "run/plan_command.h"
 #include "runtime/base/allocator.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_size.h"
@@ -37,14 +36,15 @@
 #include "runtime/base/progress_line.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/uncaught_exceptions.h"
+#include "runtime/job/job_spec.h"
 #include "runtime/job/launch/in_process.h"
 #include "runtime/job/launch/stage_processes.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/job/reference/reference_trainer.h"
 #include "runtime/job/report/trace.h"
-#include "runtime/profiler/profiler.h"
-#include "run/link_command.h"
 #include "runtime/memory/tensor_memory.h"
+#include "runtime/profiler/profiler.h"
+#include "runtime/weights/tensor_list_file.h"
 
 namespace pipetrain::run_main {
 namespace {
@@ -136,12 +136,11 @@ jobspec::RunSummary SummaryOf(const job::JobReport& r, const job::JobSpec& confi
 void PrintSummary(const job::JobReport& r) {
   std::printf("\n%s | %s\n", r.model_summary.c_str(), r.data_summary.c_str());
   const int model_stages = static_cast<int>(r.partition.size());
-  std::printf("schedule %s, %d stages (%s)%s x %d replicas, %d micro-batches of %d, %d steps\n",
-              r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
-              model_stages == r.stages
-                  ? ""
-                  : absl::StrCat(" as ", model_stages, " model stages").c_str(),
-              r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
+  std::printf(
+      "schedule %s, %d stages (%s)%s x %d replicas, %d micro-batches of %d, %d steps\n",
+      r.schedule.c_str(), r.stages, model::FormatRanges(r.partition).c_str(),
+      model_stages == r.stages ? "" : absl::StrCat(" as ", model_stages, " model stages").c_str(),
+      r.replicas, r.micro_batches, r.micro_batch_size, r.steps);
   // The final loss is the last finite one: the last steps may have been skipped (NaN).
   size_t last = r.losses.size() - 1;
   while (last > 0 && !std::isfinite(r.losses[last])) --last;
@@ -158,8 +157,8 @@ void PrintSummary(const job::JobReport& r) {
   }
   if (!r.evals.empty()) {
     const job::EvalPoint& e = r.evals.back();
-    std::printf("\nheld-out loss %.4f, accuracy %.4f (before step %lld; %zu evaluations)",
-                e.loss, e.accuracy, static_cast<long long>(e.step), r.evals.size());
+    std::printf("\nheld-out loss %.4f, accuracy %.4f (before step %lld; %zu evaluations)", e.loss,
+                e.accuracy, static_cast<long long>(e.step), r.evals.size());
   }
   const bool tokens = r.token_data;
   std::printf("\nstep %.2f ms (ideal %.2f ms, efficiency %.3f), %s %s, wall %s\n",
@@ -171,9 +170,10 @@ void PrintSummary(const job::JobReport& r) {
               "versions", "compute_s", "wait_s", "params", "peak_mem");
   for (const auto& s : r.per_stage) {
     std::printf("%-6d %-8s %-8d %-9d %-10.3f %-10.3f %-10s %-10s\n", s.stage,
-                model::FormatRanges(s.layers).c_str(),
-                s.peak_stashed_microbatches, s.peak_weight_versions, s.compute_s, s.wait_s,
-                ByteSizeOrDash(s.parameter_bytes).c_str(), ByteSizeOrDash(s.peak_memory_bytes).c_str());
+                model::FormatRanges(s.layers).c_str(), s.peak_stashed_microbatches,
+                s.peak_weight_versions, s.compute_s, s.wait_s,
+                ByteSizeOrDash(s.parameter_bytes).c_str(),
+                ByteSizeOrDash(s.peak_memory_bytes).c_str());
   }
   if (r.max_param_rel_diff) {
     std::printf("max relative parameter difference vs. the un-pipelined reference: %.3g\n",
@@ -187,7 +187,7 @@ struct RunnerFlags {
   std::string launch = "threads";
   jobspec::RunOutputs outputs;
   jobspec::PlanFlags planning;  // pipetrain plan / profile, and `stages: auto`
-  std::string gather_weights;  // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
+  std::string gather_weights;   // set by `pipetrain run`: merge DIR/stage<R>.pt into one file
   // Set by the launcher in the stage processes it starts.
   int stage_process = -1;
   std::vector<int> link_peer_ports;  // the profiler's link peer (profiler::RunLinkPeer)
@@ -217,14 +217,9 @@ absl::StatusOr<v1::JobSpec> ResolveSpec(const RunnerFlags& flags,
 absl::Status SaveWholeModel(std::vector<at::Tensor> parameters,
                             const std::vector<at::Tensor>& buffers, const std::string& path) {
   parameters.insert(parameters.end(), buffers.begin(), buffers.end());
-  // In memory first: LibTorch's writer throws from a destructor when the disk is full.
-  std::ostringstream bytes;
-  try {
-    torch::save(parameters, bytes);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("serializing the weights: ", e.what()));
-  }
-  return WriteFileAtomically(path, bytes.str());
+  absl::StatusOr<std::string> bytes = weights::SerializeTensorList(parameters);
+  if (!bytes.ok()) return bytes.status();
+  return WriteFileAtomically(path, *bytes);
 }
 
 // The whole model's parameters (layer order), then its buffers, from the stage files of
@@ -302,12 +297,13 @@ int Run(const RunnerFlags& flags, const jobspec::SpecFlags& spec_flags, const st
 
   if (!flags.link_peer_ports.empty()) {
     absl::Status s = profiler::RunLinkPeer(flags.link_peer_ports[0], flags.link_peer_ports[1]);
-    if (!s.ok()) std::fprintf(stderr, "pipetrain: link peer: %s\n", std::string(s.message()).c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "pipetrain: link peer: %s\n", std::string(s.message()).c_str());
     return s.ok() ? exit_code::kOk : exit_code::kJobFailed;
   }
   if (flags.stage_process >= 0) {
-    absl::Status s = job::RunStageProcess(
-        *config, {flags.stage_process, flags.store_port, flags.result_dir});
+    absl::Status s =
+        job::RunStageProcess(*config, {flags.stage_process, flags.store_port, flags.result_dir});
     if (!s.ok()) {
       if (!s.GetPayload(job::kReportedToLauncher)) {  // else the launcher reports it
         std::fprintf(stderr, "pipetrain: rank %d: %s\n", flags.stage_process,
@@ -385,10 +381,11 @@ int main(int argc, char** argv) {
     }
     return run::RunLinkCommand(flags);
   }
-  CLI::App app{"pipetrain-run: trains a job on this machine without daemons, each pipeline "
-               "stage of each replica a thread of this process (or a process of its own with "
-               "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
-               "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
+  CLI::App app{
+      "pipetrain-run: trains a job on this machine without daemons, each pipeline "
+      "stage of each replica a thread of this process (or a process of its own with "
+      "--launch processes). `pipetrain run --launch threads|processes` runs this. With "
+      "no arguments: the built-in GPT on the built-in corpus, 4 stages, PipeDream-2BW."};
   app.set_version_flag("--version", "pipetrain " PIPETRAIN_VERSION);
   run_main::RunnerFlags flags;
   run_main::AddRunnerFlags(&app, flags);

@@ -1,13 +1,13 @@
 // MicroBatchReader (plan.h): a replica's training and held-out micro-batches, as tensors.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "runtime/job/plan.h"
 
 namespace pipetrain::job {
 
 data::MicroBatch MicroBatchReader::Read(int64_t j) const {
-  return plan_.dataset->Read(plan_.sampler->SampleIds(j / micro_batches_, replica_,
-                                                      static_cast<int>(j % micro_batches_)));
+  return plan_.dataset->Read(
+      plan_.sampler->SampleIds(j / micro_batches_, replica_, static_cast<int>(j % micro_batches_)));
 }
 
 data::MicroBatch MicroBatchReader::ReadEval(int64_t k) const {
@@ -23,21 +23,21 @@ at::Tensor MicroBatchReader::EvalInputs(int64_t k) const { return InputsOf(ReadE
 
 at::Tensor MicroBatchReader::EvalTargets(int64_t k) const {
   data::MicroBatch mb = ReadEval(k);
-  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
+  return at::tensor(mb.targets, at::kLong).reshape(mb.target_shape);
 }
 
 at::Tensor MicroBatchReader::Inputs(int64_t j) const { return InputsOf(Read(j)); }
 
 at::Tensor MicroBatchReader::InputsOf(const data::MicroBatch& mb) const {
   if (!mb.input_tokens.empty()) {
-    return torch::tensor(mb.input_tokens, torch::kLong).reshape(mb.input_shape);
+    return at::tensor(mb.input_tokens, at::kLong).reshape(mb.input_shape);
   }
-  return torch::tensor(mb.input_values, torch::kFloat).reshape(mb.input_shape).to(plan_.dtype);
+  return at::tensor(mb.input_values, at::kFloat).reshape(mb.input_shape).to(plan_.dtype);
 }
 
 at::Tensor MicroBatchReader::Targets(int64_t j) const {
   data::MicroBatch mb = Read(j);
-  return torch::tensor(mb.targets, torch::kLong).reshape(mb.target_shape);
+  return at::tensor(mb.targets, at::kLong).reshape(mb.target_shape);
 }
 
 }  // namespace pipetrain::job

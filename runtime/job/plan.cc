@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -63,7 +63,7 @@ absl::Status BuiltinBoundaries(JobPlan& plan) {
 // 0 through all of its layers (marked as recomputation so that BatchNorm does not count it).
 absl::Status ProbeBoundaries(JobPlan& plan, const model::LayerList& layers, at::Tensor x) {
   try {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     model::LayerContext ctx;
     ctx.recomputing = true;
     for (int s = 0; s < plan.stages(); ++s) {
@@ -77,8 +77,8 @@ absl::Status ProbeBoundaries(JobPlan& plan, const model::LayerList& layers, at::
     }
   } catch (const std::exception& e) {
     std::string what = e.what();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model does not accept the data: ", what.substr(0, what.find('\n'))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model does not accept the data: ", what.substr(0, what.find('\n'))));
   }
   return absl::OkStatus();
 }
@@ -148,7 +148,8 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobSpec& c) {
     if (c.model().name() != "torchscript") {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.tie: only a torchscript model names tie groups (a gpt ties its embedding and "
-          "head with tie_embeddings), not ", c.model().name()));
+          "head with tie_embeddings), not ",
+          c.model().name()));
     }
     PT_ASSIGN_OR_RETURN(std::vector<model::TieGroup> named,
                         model::ScriptTieGroups(script_layers, job::ModelConfigOf(c).tie));
@@ -167,11 +168,8 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobSpec& c) {
   const int n = static_cast<int>(plan.layers.size());
   plan.recompute.assign(n, false);
   switch (RecomputeOf(c).mode) {
-    case RecomputeConfig::Mode::kNone:
-      break;
-    case RecomputeConfig::Mode::kAll:
-      plan.recompute.assign(n, true);
-      break;
+    case RecomputeConfig::Mode::kNone: break;
+    case RecomputeConfig::Mode::kAll: plan.recompute.assign(n, true); break;
     case RecomputeConfig::Mode::kStages:
       for (int s : RecomputeOf(c).indices) {
         for (int i = plan.partition[s].begin; i < plan.partition[s].end; ++i) {
@@ -200,13 +198,13 @@ absl::StatusOr<JobPlan> MakeJobPlan(const JobSpec& c) {
     plan.held_out.begin = n - plan.held_out.count;
     plan.train_samples = plan.held_out.begin - gap;
     if (plan.train_samples < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "eval.split: holding out ", plan.held_out.count, " of the data's ", n,
-          " samples leaves none to train on"));
+      return absl::InvalidArgumentError(absl::StrCat("eval.split: holding out ",
+                                                     plan.held_out.count, " of the data's ", n,
+                                                     " samples leaves none to train on"));
     }
   }
-  plan.sampler = std::make_unique<data::BatchSampler>(
-      plan.train_samples, c.seed(), c.replicas(), c.microbatches(), c.microbatch_size());
+  plan.sampler = std::make_unique<data::BatchSampler>(plan.train_samples, c.seed(), c.replicas(),
+                                                      c.microbatches(), c.microbatch_size());
   plan.boundary.assign(plan.stages() + 1, {});
   at::Tensor first_input = MicroBatchReader(plan, c.microbatches()).Inputs(0);
   plan.boundary[0] = transport::SpecOf(first_input);
@@ -293,8 +291,8 @@ absl::Status ShareTiedParameters(const JobSpec& c, const JobPlan& plan,
               ? &plan.layers[static_cast<size_t>(first.layer)].parameter_kinds
               : nullptr;
       if (first_kinds == nullptr || first.parameter >= static_cast<int>(first_kinds->size())) {
-        return absl::InternalError(absl::StrCat("tied parameter ", first.parameter,
-                                                " of layer ", first.layer, " has no kind"));
+        return absl::InternalError(absl::StrCat("tied parameter ", first.parameter, " of layer ",
+                                                first.layer, " has no kind"));
       }
       modules[k]->SetParameterKinds(index, (*first_kinds)[static_cast<size_t>(first.parameter)]);
       if (owner_module < 0) {
@@ -334,8 +332,7 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
                           absl::StrCat("resume_from: ", loaded.status().message()));
     }
     optimizer_state = *std::move(loaded);
-    if (weights == schedule::WeightPolicy::kDoubleBuffered &&
-        checkpoint::HaveStaleVersion(own)) {
+    if (weights == schedule::WeightPolicy::kDoubleBuffered && checkpoint::HaveStaleVersion(own)) {
       stale = module->Clone();
       if (absl::Status st = checkpoint::LoadStaleLayerStates(own, stale.get()); !st.ok()) {
         return absl::Status(st.code(), absl::StrCat("resume_from: ", st.message()));
@@ -349,9 +346,9 @@ absl::StatusOr<std::unique_ptr<weights::WeightStore>> BuildModelStageWeights(
                                    std::move(module), std::move(optimizer), c.microbatches(),
                                    start.first_step, std::move(stale)));
   } else if (weights == schedule::WeightPolicy::kStashed) {
-    PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(
-                                   std::move(module), std::move(optimizer), c.microbatches(),
-                                   start.first_step, c.vertical_sync() && s > 0));
+    PT_ASSIGN_OR_RETURN(store, weights::MakeStashedWeights(std::move(module), std::move(optimizer),
+                                                           c.microbatches(), start.first_step,
+                                                           c.vertical_sync() && s > 0));
   } else {
     PT_ASSIGN_OR_RETURN(store, weights::MakeSingleVersionWeights(
                                    std::move(module), std::move(optimizer), start.first_step));
@@ -428,9 +425,9 @@ absl::StatusOr<StageParts> BuildStage(const JobSpec& c, const JobPlan& plan,
       parts.parameter_bytes += static_cast<int64_t>(t.numel() * t.element_size());
     }
     const int s = parts.model_stages[k];
-    PT_ASSIGN_OR_RETURN(std::unique_ptr<weights::WeightStore> store,
-                        BuildModelStageWeights(c, plan, s, std::move(modules[k]), start,
-                                               first_layer));
+    PT_ASSIGN_OR_RETURN(
+        std::unique_ptr<weights::WeightStore> store,
+        BuildModelStageWeights(c, plan, s, std::move(modules[k]), start, first_layer));
     parts.weights.push_back(std::move(store));
     first_layer += plan.partition[s].end - plan.partition[s].begin;
   }

@@ -8,7 +8,8 @@
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/hash.h"
@@ -71,8 +72,8 @@ class NnLayer : public Layer {
   std::vector<ParameterKinds> ParameterKindsOf() const override { return kinds_; }
   std::vector<at::Tensor> Buffers() const override { return impl_->buffers(); }
   std::unique_ptr<Layer> Clone() const override {
-    return std::make_unique<NnLayer<Impl>>(
-        name_, std::dynamic_pointer_cast<Impl>(impl_->clone()), kinds_);
+    return std::make_unique<NnLayer<Impl>>(name_, std::dynamic_pointer_cast<Impl>(impl_->clone()),
+                                           kinds_);
   }
   void ToDtype(at::ScalarType dtype) override { impl_->to(dtype); }
   void ToDevice(at::Device device) override { impl_->to(device); }
@@ -110,10 +111,9 @@ struct GptEmbeddingImpl : StatelessModule<GptEmbeddingImpl> {
   }
   at::Tensor forward(const at::Tensor& ids, const LayerContext& ctx) {
     const int64_t t = ids.size(1);
-    at::Tensor x = SplitBackward(ids, {token, position}, ctx.weight_gradients,
-                                 [&](const at::Tensor& in) {
-                                   return at::embedding(token, in) + position.narrow(0, 0, t);
-                                 });
+    at::Tensor x = SplitBackward(
+        ids, {token, position}, ctx.weight_gradients,
+        [&](const at::Tensor& in) { return at::embedding(token, in) + position.narrow(0, 0, t); });
     return Dropout(x, dropout, ctx, 0, is_training());
   }
   int64_t vocab, seq_len, d;
@@ -131,9 +131,8 @@ at::Tensor InDtypeOf(const at::Tensor& x, const at::Tensor& like) {
 // generic path of weight_gradients.h).
 at::Tensor LayerNorm(const at::Tensor& x, int64_t d, const at::Tensor& weight,
                      const at::Tensor& bias, WeightGradientDeferral* deferral) {
-  return SplitBackward(InDtypeOf(x, weight), {weight, bias}, deferral, [&](const at::Tensor& in) {
-    return at::layer_norm(in, {d}, weight, bias);
-  });
+  return SplitBackward(InDtypeOf(x, weight), {weight, bias}, deferral,
+                       [&](const at::Tensor& in) { return at::layer_norm(in, {d}, weight, bias); });
 }
 
 // Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
@@ -168,11 +167,10 @@ struct GptBlockImpl : StatelessModule<GptBlockImpl> {
     } else {
       y = CausalSelfAttention(qkv, heads);
     }
-    at::Tensor out =
-        x + Dropout(Linear(y, proj_w, proj_b, ctx.weight_gradients), dropout, ctx, 2, is_training());
+    at::Tensor out = x + Dropout(Linear(y, proj_w, proj_b, ctx.weight_gradients), dropout, ctx, 2,
+                                 is_training());
     h = LayerNorm(out, d, ln2_w, ln2_b, ctx.weight_gradients);
-    h = Linear(LinearGelu(h, fc_w, fc_b, ctx.weight_gradients), fc2_w, fc2_b,
-               ctx.weight_gradients);
+    h = Linear(LinearGelu(h, fc_w, fc_b, ctx.weight_gradients), fc2_w, fc2_b, ctx.weight_gradients);
     return out + Dropout(h, dropout, ctx, 3, is_training());
   }
   int64_t d, heads, n_layers;
@@ -283,19 +281,19 @@ struct ConvBnReluImpl : torch::nn::Cloneable<ConvBnReluImpl> {
     // The convolution on the generic path of weight_gradients.h. Not the batch norm: its
     // parameters' gradients are the per-channel sums its input's gradient computes anyway,
     // and deferring them would only run that pass over the activation again in W.
-    at::Tensor y = InDtypeOf(
-        SplitBackward(x, {conv_w}, ctx.weight_gradients,
-                      [&](const at::Tensor& in) {
-                        return at::conv2d(in, conv_w, {}, {stride, stride}, {1, 1});
-                      }),
-        bn_w);
+    at::Tensor y =
+        InDtypeOf(SplitBackward(x, {conv_w}, ctx.weight_gradients,
+                                [&](const at::Tensor& in) {
+                                  return at::conv2d(in, conv_w, {}, {stride, stride}, {1, 1});
+                                }),
+                  bn_w);
     if (is_training()) {
       if (!ctx.recomputing) stats->Add(ctx.mini_batch, y);
       y = at::batch_norm(y, bn_w, bn_b, {}, {}, /*training=*/true, momentum, eps,
                          /*cudnn_enabled=*/false);
     } else {
-      y = at::batch_norm(y, bn_w, bn_b, running_mean, running_var, /*training=*/false,
-                         momentum, eps, false);
+      y = at::batch_norm(y, bn_w, bn_b, running_mean, running_var, /*training=*/false, momentum,
+                         eps, false);
     }
     y = at::relu(y);
     if (pool && y.size(2) >= 2 && y.size(3) >= 2) y = at::max_pool2d(y, {2, 2});
@@ -372,8 +370,8 @@ std::unique_ptr<Layer> BuildBuiltinLayer(const ModelConfig& c, int i) {
   if (c.name == "vgg") {
     const std::vector<VggConv> convs = VggConvs(c);
     if (i < static_cast<int>(convs.size())) {
-      return Make<ConvBnReluImpl>(kinds, absl::StrCat("conv", i), convs[i].in, convs[i].out,
-                                  1, convs[i].ends_stage);
+      return Make<ConvBnReluImpl>(kinds, absl::StrCat("conv", i), convs[i].in, convs[i].out, 1,
+                                  convs[i].ends_stage);
     }
     return Make<PoolLinearImpl>(kinds, "classifier", convs.back().out, c.num_classes);
   }

@@ -1,7 +1,8 @@
 #include "runtime/model/stage_module.h"
 
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 
@@ -45,13 +46,17 @@ struct RecomputeSegment : public torch::autograd::Function<RecomputeSegment> {
     if (input_has_grad) input.requires_grad_(true);
     at::Tensor output;
     {
-      torch::AutoGradMode enable_grad(true);
+      at::AutoGradMode enable_grad(true);
       output = stage->RunLayers(input, static_cast<int>(ctx->saved_data["begin"].toInt()),
                                 static_cast<int>(ctx->saved_data["end"].toInt()), layer_ctx);
     }
     torch::autograd::backward({output}, {grad_outputs[0]});
-    return {input_has_grad ? input.grad() : at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    return {input_has_grad ? input.grad() : at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -69,8 +74,7 @@ bool StageModule::recomputes_anything() const {
   return false;
 }
 
-at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end,
-                                  LayerContext ctx) {
+at::Tensor StageModule::RunLayers(const at::Tensor& input, int begin, int end, LayerContext ctx) {
   MixedPrecisionScope mixed(device_type_, compute_);
   ctx.weight_gradients = &weight_gradients_;
   at::Tensor x = input;
@@ -91,7 +95,7 @@ at::Tensor StageModule::Forward(const at::Tensor& input, const LayerContext& ctx
   while (i < n) {
     int j = i;
     while (j < n && recompute_[j] == recompute_[i]) ++j;
-    if (recompute_[i] && torch::GradMode::is_enabled()) {
+    if (recompute_[i] && at::GradMode::is_enabled()) {
       static thread_local at::Tensor anchor = at::empty({0}).requires_grad_(true);
       x = RecomputeSegment::apply(x, anchor, this, int64_t{i}, int64_t{j}, ctx);
     } else {
@@ -146,8 +150,8 @@ std::vector<at::Tensor> StageModule::OwnParameters() const {
 absl::Status StageModule::ShareParameter(int index, const at::Tensor& owner) {
   const std::vector<at::Tensor> all = Parameters();
   if (index < 0 || index >= static_cast<int>(all.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " of a stage of ",
-                                                   all.size(), " parameters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter ", index, " of a stage of ", all.size(), " parameters"));
   }
   if (IsShared(index)) {
     return absl::InvalidArgumentError(absl::StrCat("parameter ", index, " is shared already"));
@@ -184,7 +188,7 @@ bool StageModule::IsShared(int index) const {
 void StageModule::FoldSharedGradients() {
   if (shared_.empty()) return;
   const std::vector<at::Tensor> all = Parameters();
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (const Shared& s : shared_) {
     at::Tensor param = all[static_cast<size_t>(s.index)];
     if (!param.grad().defined()) continue;
@@ -230,7 +234,7 @@ void StageModule::ToDevice(at::Device device) {
 }
 
 void StageModule::CopyWeightsFrom(const StageModule& other) {
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   // A shared parameter holds its owner's storage: copied through the owner.
   auto dst = OwnParameters(), src = other.OwnParameters();
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);

@@ -9,7 +9,6 @@
 
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
-#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -99,7 +98,7 @@ class ScriptLayer : public Layer {
   }
   std::unique_ptr<Layer> Clone() const override {
     // Without grad mode the copies are fresh leaves rather than outputs of a clone op.
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     torch::jit::Module copy = module_.deepcopy();
     for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
     return std::make_unique<ScriptLayer>(name_, std::move(copy));
@@ -171,7 +170,8 @@ absl::StatusOr<std::vector<TieGroup>> ScriptTieGroups(const LayerList& layers,
   for (const std::string& text : tie) {
     const std::vector<std::string> names = absl::StrSplit(text, '=');
     if (names.size() < 2) {
-      errors.push_back(absl::StrCat("model.tie '", text, "': a group ties two or more "
+      errors.push_back(absl::StrCat("model.tie '", text,
+                                    "': a group ties two or more "
                                     "parameters (A=B)"));
       continue;
     }
@@ -202,9 +202,8 @@ absl::StatusOr<std::vector<TieGroup>> ScriptTieGroups(const LayerList& layers,
       const std::vector<std::string> parameters = script->ParameterNames();
       const auto at = std::find(parameters.begin(), parameters.end(), parameter);
       if (at == parameters.end()) {
-        errors.push_back(absl::StrCat("model.tie: layer ", child, " has no parameter '",
-                                      parameter, "' (its parameters: ",
-                                      absl::StrJoin(parameters, ", "), ")"));
+        errors.push_back(absl::StrCat("model.tie: layer ", child, " has no parameter '", parameter,
+                                      "' (its parameters: ", absl::StrJoin(parameters, ", "), ")"));
         continue;
       }
       const int index = static_cast<int>(at - parameters.begin());
@@ -217,7 +216,8 @@ absl::StatusOr<std::vector<TieGroup>> ScriptTieGroups(const LayerList& layers,
                                       c10::str(values[0].sizes()), " and ",
                                       c10::str(values[k].sizes()), ")"));
       } else if (!at::equal(values[k], values[0])) {
-        errors.push_back(absl::StrCat("model.tie '", text, "': the parameters start with "
+        errors.push_back(absl::StrCat("model.tie '", text,
+                                      "': the parameters start with "
                                       "different values (save the model with them tied)"));
       }
     }

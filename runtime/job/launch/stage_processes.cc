@@ -13,7 +13,6 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
-#include <torch/serialize.h>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -29,11 +28,10 @@
 #include "runtime/base/threads.h"
 #include "runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/job/device.h"
-#include "runtime/job/plan.h"
 #include "runtime/job/launch/stage_run.h"
+#include "runtime/job/plan.h"
 #include "runtime/rendezvous/key_value_store.h"
 #include "runtime/transport/gloo/gloo_transport.h"
-
 
 namespace pipetrain::job {
 
@@ -61,9 +59,9 @@ class ProgressToLauncher : public StageListener {
 
   void StepDone(const executor::StepRecord& step) override {
     if (step.eval) {  // before the loss, which the launcher reads first
-      (void)store_.Set(absl::StrCat(ProgressKey("eval", step.step), "/", replica_),
-                       absl::StrCat(RoundTripText(step.eval->loss), " ",
-                                    RoundTripText(step.eval->accuracy)));
+      (void)store_.Set(
+          absl::StrCat(ProgressKey("eval", step.step), "/", replica_),
+          absl::StrCat(RoundTripText(step.eval->loss), " ", RoundTripText(step.eval->accuracy)));
     }
     if (step.mean_loss) {
       (void)store_.Set(absl::StrCat(ProgressKey("loss", step.step), "/", replica_),
@@ -115,7 +113,7 @@ absl::Status RunStageProcess(const JobSpec& c, const StageProcessArgs& args) {
 absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptions& options) {
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   PT_RETURN_IF_ERROR(DeviceForRank(c, 0).status());  // once here, not from every rank
-  const int p = plan.ranks() * c.replicas();  // processes, rank = replica * ranks + place
+  const int p = plan.ranks() * c.replicas();         // processes, rank = replica * ranks + place
   PT_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::KeyValueStore> store,
                       rendezvous::ServeTcpStore(kLoopback, 0));
   const int port = rendezvous::TcpStorePort(*store);
@@ -139,9 +137,9 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
   for (int s = 0; s < p; ++s) {
     std::vector<std::string> args = options.command;
     args[0] = self;
-    for (const std::string& a : {std::string("--stage-process"), absl::StrCat(s),
-                                 std::string("--store-port"), absl::StrCat(port),
-                                 std::string("--result-dir"), result_dir}) {
+    for (const std::string& a :
+         {std::string("--stage-process"), absl::StrCat(s), std::string("--store-port"),
+          absl::StrCat(port), std::string("--result-dir"), result_dir}) {
       args.push_back(a);
     }
     subprocess::Options spawn;
@@ -149,8 +147,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
     absl::StatusOr<pid_t> pid = subprocess::Start(args, spawn);
     if (!pid.ok()) {
       for (int k = 0; k < s; ++k) subprocess::Stop(pids[k], SIGKILL, absl::ZeroDuration());
-      return absl::InternalError(absl::StrCat("cannot start the process of rank ", s, ": ",
-                                              pid.status().message()));
+      return absl::InternalError(
+          absl::StrCat("cannot start the process of rank ", s, ": ", pid.status().message()));
     }
     pids[s] = *pid;
   }
@@ -177,7 +175,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
     tracker.emplace(c, plan, start_s, options.on_progress, first_step);
     for (int64_t t = first_step; t < c.steps(); ++t) {
       std::vector<std::string> keys;
-      for (int r = 0; r < c.replicas(); ++r) keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
+      for (int r = 0; r < c.replicas(); ++r)
+        keys.push_back(absl::StrCat(ProgressKey("loss", t), "/", r));
       keys.push_back(ProgressKey("end", t));
       for (size_t k = 0; k < keys.size(); ++k) {
         while (true) {
@@ -207,8 +206,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
       }
       if (c.eval().every() > 0 && (t + 1) % c.eval().every() == 0) {
         for (int r = 0; r < c.replicas(); ++r) {
-          auto v = store->Get(absl::StrCat(ProgressKey("eval", t), "/", r),
-                              absl::Milliseconds(200));
+          auto v =
+              store->Get(absl::StrCat(ProgressKey("eval", t), "/", r), absl::Milliseconds(200));
           std::vector<std::string> parts;
           if (v.ok()) parts = absl::StrSplit(*v, ' ');
           executor::EvalRecord eval;
@@ -234,8 +233,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
         running[s] = false;
         statuses[s] = status;
         --alive;
-        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) &&
-            kill_at == absl::InfiniteFuture()) {
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && kill_at == absl::InfiniteFuture()) {
           kill_at = absl::Now() + options.stop_grace;
         }
       }
@@ -259,8 +257,8 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
     if (error.ok()) {
       reported.push_back(*error);
     } else {
-      died.push_back(absl::StrCat(RankLayout{plan.ranks(), c.replicas()}.Describe(s), " (pid ", pids[s],
-                                  ") ", subprocess::DescribeExit(status)));
+      died.push_back(absl::StrCat(RankLayout{plan.ranks(), c.replicas()}.Describe(s), " (pid ",
+                                  pids[s], ") ", subprocess::DescribeExit(status)));
     }
   }
   std::vector<std::string> failures = died;
@@ -275,8 +273,7 @@ absl::StatusOr<JobReport> RunAsProcesses(const JobSpec& c, const ProcessRunOptio
   }
   PT_ASSIGN_OR_RETURN(JobReport report,
                       AssembleReport(c, plan, std::move(outcomes), tracker->Losses(),
-                                     tracker->GradNorms(), tracker->Evals(), first_step,
-                                     start_s));
+                                     tracker->GradNorms(), tracker->Evals(), first_step, start_s));
   return report;
 }
 

@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
-#include <torch/serialize.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
@@ -22,6 +21,7 @@
 #include "runtime/job/plan.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/transport/for_device.h"
+#include "runtime/weights/tensor_list_file.h"
 
 namespace pipetrain::job {
 namespace {
@@ -74,8 +74,8 @@ executor::StageStats StatsFromJson(const nlohmann::json& j) {
     st.records.push_back(rec);
   }
   for (const auto& a : j.at("allreduces")) {
-    st.allreduces.push_back({a[0].get<int64_t>(), a[1].get<int>(), a[2].get<double>(),
-                             a[3].get<double>()});
+    st.allreduces.push_back(
+        {a[0].get<int64_t>(), a[1].get<int>(), a[2].get<double>(), a[3].get<double>()});
   }
   for (const auto& s : j.at("steps")) {
     executor::StepRecord step;
@@ -105,8 +105,7 @@ absl::Status AttributeFailure(rendezvous::KeyValueStore& store, int rank, int st
   absl::StatusOr<int64_t> order = store.Add("failed/count", 1);
   if (!order.ok()) return own;
   if (*order == 1) {
-    nlohmann::json first = {{"rank", rank},
-                            {"error", std::string(own.message()).substr(0, 2048)}};
+    nlohmann::json first = {{"rank", rank}, {"error", std::string(own.message()).substr(0, 2048)}};
     (void)store.Set("failed/first", first.dump());
     return own;
   }
@@ -118,10 +117,9 @@ absl::Status AttributeFailure(rendezvous::KeyValueStore& store, int rank, int st
     return own;
   }
   const int first_rank = first["rank"].get<int>();
-  absl::Status attributed(own.code(),
-                          absl::StrCat(name(first_rank), " failed first: ",
-                                       first.value("error", std::string("?")),
-                                       " (here: ", own.message(), ")"));
+  absl::Status attributed(own.code(), absl::StrCat(name(first_rank), " failed first: ",
+                                                   first.value("error", std::string("?")),
+                                                   " (here: ", own.message(), ")"));
   attributed.SetPayload(kFailedAfterPeerPayload, absl::Cord(std::to_string(first_rank)));
   return attributed;
 }
@@ -139,9 +137,9 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
   PT_ASSIGN_OR_RETURN(JobPlan plan, MakeJobPlan(c));
   const int p = plan.ranks();
   if (rank < 0 || rank >= p * c.replicas()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " does not exist: the job has ", p * c.replicas(), " ranks (",
-                     p, " stages x ", c.replicas(), " replicas)"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " does not exist: the job has ",
+                                                   p * c.replicas(), " ranks (", p, " stages x ",
+                                                   c.replicas(), " replicas)"));
   }
   const RankLayout layout{p, c.replicas()};
   const int stage = layout.StageOf(rank), replica = layout.ReplicaOf(rank);
@@ -155,9 +153,10 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
       from_replicas->first_step = options.replica_state_step;
       from_replicas->layers = *std::move(layers);
     } else {
-      std::fprintf(stderr, "pipetrain: rank %d: its state from the survivors' workers: %s; "
-                   "reading the checkpoint instead\n", rank,
-                   std::string(layers.status().message()).c_str());
+      std::fprintf(stderr,
+                   "pipetrain: rank %d: its state from the survivors' workers: %s; "
+                   "reading the checkpoint instead\n",
+                   rank, std::string(layers.status().message()).c_str());
     }
   }
   // Alone when the other ranks may not read it (they took the survivors' state).
@@ -176,8 +175,9 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
                  static_cast<long long>(resume->manifest.step), resume->dir.c_str());
     if (options.listener) options.listener->Resumed(resume->dir, resume->skipped);
   }
-  const int64_t first_step =
-      from_replicas ? from_replicas->first_step : resume ? resume->manifest.step : 0;
+  const int64_t first_step = from_replicas ? from_replicas->first_step
+                             : resume      ? resume->manifest.step
+                                           : 0;
   if (rank == 0 && options.commands) options.commands->StartAt(first_step);
   SetIntraOpThreads(ThreadsPerStage(c, p * c.replicas()));
   PT_ASSIGN_OR_RETURN(c10::Device device,
@@ -247,8 +247,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
       }
       listener.StepDone(step);
     };
-    executor::StageExecutor executor(parts.config, parts.weight_stores(), transport.get(),
-                                     on_step);
+    executor::StageExecutor executor(parts.config, parts.weight_stores(), transport.get(), on_step);
     handle.AttachExecutor(&executor);
     absl::Status ran = [&] {
       absl::Cleanup detach_executor = [&handle] { handle.AttachExecutor(nullptr); };
@@ -303,8 +302,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
 }
 
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
-                                                      const JobSpec& c,
-                                                      const StoppedRank& rank, int64_t step) {
+                                                      const JobSpec& c, const StoppedRank& rank,
+                                                      int64_t step) {
   checkpoint::SharedCheckpointResult result;
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   if (!plan.ok()) {
@@ -336,14 +335,12 @@ std::map<int, std::string> StoppedRankLayerBytes(const StoppedRank& rank) {
 absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOutcome& out) {
   // Serialized in memory first: LibTorch's writer throws from a destructor when the disk is
   // full (which would end the process); here a failed write is an error like any other.
-  std::ostringstream weights;
-  try {
-    std::vector<at::Tensor> tensors = out.parameters;
-    tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
-    torch::save(tensors, weights);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("stage ", stage, ": serializing its weights: ",
-                                            e.what()));
+  std::vector<at::Tensor> tensors = out.parameters;
+  tensors.insert(tensors.end(), out.buffers.begin(), out.buffers.end());
+  absl::StatusOr<std::string> bytes = weights::SerializeTensorList(tensors);
+  if (!bytes.ok()) {
+    return absl::InternalError(
+        absl::StrCat("stage ", stage, ": its weights: ", bytes.status().message()));
   }
   nlohmann::json j = StatsToJson(out.stats);
   j["num_parameters"] = out.parameters.size();
@@ -354,7 +351,7 @@ absl::Status WriteStageOutcome(const std::string& dir, int stage, const StageOut
   j["peak_memory_bytes"] = out.peak_memory_bytes;
   j["peak_tensor_bytes"] = out.peak_tensor_bytes;
   j["bytes_sent"] = out.bytes_sent;
-  PT_RETURN_IF_ERROR(WriteFileAtomically(OutcomePath(dir, stage, ".pt").string(), weights.str()));
+  PT_RETURN_IF_ERROR(WriteFileAtomically(OutcomePath(dir, stage, ".pt").string(), *bytes));
   return WriteFileAtomically(OutcomePath(dir, stage, ".json").string(), j.dump());
 }
 
@@ -363,11 +360,12 @@ absl::Status CheckWeightsDir(const JobSpec& config) {
   std::error_code ec;
   std::filesystem::create_directories(config.weights_dir(), ec);
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "weights_dir: cannot create ", config.weights_dir(), ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("weights_dir: cannot create ", config.weights_dir(), ": ", ec.message()));
   }
-  const std::string probe = (std::filesystem::path(config.weights_dir()) /
-                             absl::StrCat(".pipetrain-probe-", getpid())).string();
+  const std::string probe =
+      (std::filesystem::path(config.weights_dir()) / absl::StrCat(".pipetrain-probe-", getpid()))
+          .string();
   if (absl::Status s = WriteFileAtomically(probe, "probe"); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("weights_dir: ", s.message()));
   }
@@ -380,8 +378,8 @@ absl::Status SaveStageWeights(const JobSpec& config, int rank, const StageOutcom
   std::error_code ec;
   std::filesystem::create_directories(config.weights_dir(), ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat("weights_dir: cannot create ", config.weights_dir(),
-                                            ": ", ec.message()));
+    return absl::InternalError(
+        absl::StrCat("weights_dir: cannot create ", config.weights_dir(), ": ", ec.message()));
   }
   absl::Status written = WriteStageOutcome(config.weights_dir(), rank, outcome);
   if (!written.ok()) {
@@ -400,8 +398,13 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
     out.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{0});
     out.peak_tensor_bytes = j.value("peak_tensor_bytes", int64_t{0});
     out.bytes_sent = j.value("bytes_sent", int64_t{0});
-    std::vector<at::Tensor> tensors;
-    torch::load(tensors, OutcomePath(dir, stage, ".pt").string());
+    absl::StatusOr<std::vector<at::Tensor>> loaded =
+        weights::LoadTensorList(OutcomePath(dir, stage, ".pt").string());
+    if (!loaded.ok()) {
+      return absl::DataLossError(absl::StrCat("stage ", stage, ": reading its results from ", dir,
+                                              ": ", loaded.status().message()));
+    }
+    const std::vector<at::Tensor>& tensors = *loaded;
     const size_t n = j.at("num_parameters");
     out.parameters.assign(tensors.begin(), tensors.begin() + n);
     out.buffers.assign(tensors.begin() + n, tensors.end());
@@ -414,6 +417,5 @@ absl::StatusOr<StageOutcome> ReadStageOutcome(const std::string& dir, int stage)
         absl::StrCat("stage ", stage, ": reading its results from ", dir, ": ", e.what()));
   }
 }
-
 
 }  // namespace pipetrain::job

@@ -8,7 +8,10 @@
 #include <map>
 #include <memory>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
@@ -36,20 +39,21 @@ std::unique_ptr<torch::optim::Optimizer> TorchOptimizer(
   for (const auto& [group, decay] : {std::pair{&decayed, o.weight_decay}, {&not_decayed, 0.0}}) {
     if (group->empty()) continue;
     if (o.name == "sgd") {
-      groups.emplace_back(*group, std::make_unique<torch::optim::SGDOptions>(
-                                      torch::optim::SGDOptions(o.lr).momentum(o.momentum)
-                                          .weight_decay(decay)));
+      groups.emplace_back(
+          *group, std::make_unique<torch::optim::SGDOptions>(
+                      torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(decay)));
     } else {
-      groups.emplace_back(*group, std::make_unique<torch::optim::AdamWOptions>(
-                                      torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2})
-                                          .eps(o.eps).weight_decay(decay)));
+      groups.emplace_back(
+          *group, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o.lr)
+                                                                   .betas({o.beta1, o.beta2})
+                                                                   .eps(o.eps)
+                                                                   .weight_decay(decay)));
     }
   }
   if (o.name == "sgd") {
     return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(o.lr));
   }
-  return std::make_unique<torch::optim::AdamW>(std::move(groups),
-                                               torch::optim::AdamWOptions(o.lr));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
 }
 
 // Every layer's parameters' kinds, in the order of their Parameters().
@@ -84,11 +88,9 @@ void Clip(const JobSpec& c, const std::vector<std::vector<at::Tensor>>& groups,
 // The evaluation at boundary n (config.eval) of the model `forward` runs (on its newest
 // weights, in evaluation mode): each replica's evaluated micro-batches' mean loss and
 // accuracy, averaged over the replicas.
-EvalPoint EvaluateReference(const JobSpec& c,
-                            const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
-                            int64_t n,
-                            const std::function<at::Tensor(const at::Tensor&,
-                                                           const model::LayerContext&)>& forward) {
+EvalPoint EvaluateReference(
+    const JobSpec& c, const std::vector<std::unique_ptr<MicroBatchReader>>& readers, int64_t n,
+    const std::function<at::Tensor(const at::Tensor&, const model::LayerContext&)>& forward) {
   torch::NoGradGuard no_grad;
   EvalPoint point;
   point.step = n;
@@ -155,8 +157,8 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, const JobSpec& c, int64
 absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
     const JobSpec& c, const JobPlan& plan,
     const std::vector<std::unique_ptr<MicroBatchReader>>& readers,
-    const std::vector<int64_t>& drains, ReferenceClipping clipping,
-    std::vector<double>* grad_norms, std::vector<EvalPoint>* evals) {
+    const std::vector<int64_t>& drains, ReferenceClipping clipping, std::vector<double>* grad_norms,
+    std::vector<EvalPoint>* evals) {
   PT_ASSIGN_OR_RETURN(model::LayerList layers, model::BuildModel(plan.model_config));
   const int p = plan.stages();
   const int64_t m = c.microbatches();
@@ -170,8 +172,8 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
   std::vector<Stage> stages(p);
   for (int s = 0; s < p; ++s) {
     const model::LayerRange r = plan.partition[s];
-    stages[s].live = std::make_unique<model::StageModule>(
-        r.begin, model::CloneLayers(layers, r.begin, r.end));
+    stages[s].live =
+        std::make_unique<model::StageModule>(r.begin, model::CloneLayers(layers, r.begin, r.end));
     stages[s].versions[0] = stages[s].live->Clone();
     stages[s].warmup = std::min<int64_t>(p - s - 1, int64_t{c.steps()} * m);
   }
@@ -231,8 +233,8 @@ absl::StatusOr<std::vector<at::Tensor>> TrainPipeDream(
           ctx.seed = c.seed();
           at::Tensor x = reader->Inputs(j);
           for (Stage& stage : stages) x = stage.versions.at(version(stage, j))->Forward(x, ctx);
-          at::Tensor loss = at::cross_entropy_loss(x.reshape({-1, x.size(-1)}),
-                                                   reader->Targets(j).reshape({-1}));
+          at::Tensor loss =
+              at::cross_entropy_loss(x.reshape({-1, x.size(-1)}), reader->Targets(j).reshape({-1}));
           (loss * (1.0 / (c.microbatches() * c.replicas()))).backward();
         }
       }
