@@ -14,7 +14,8 @@ absl::StatusOr<std::string> SerializeTensorList(const std::vector<at::Tensor>& t
   try {
     torch::save(tensors, bytes);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("serializing ", tensors.size(), " tensors: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("serializing ", tensors.size(), " tensors: ", e.what()));
   }
   return bytes.str();
 }
