@@ -41,6 +41,7 @@
 #include "runtime/job/launch/stage_processes.h"
 #include "runtime/job/launch/stage_run.h"
 #include "runtime/job/reference/reference_trainer.h"
+#include "runtime/job/report/report.h"
 #include "runtime/job/report/trace.h"
 #include "runtime/memory/tensor_memory.h"
 #include "runtime/profiler/profiler.h"
@@ -222,17 +223,19 @@ absl::Status SaveWholeModel(std::vector<at::Tensor> parameters,
   return WriteFileAtomically(path, *bytes);
 }
 
-// The whole model's parameters (layer order), then its buffers, from the stage files of
-// replica 0 in `dir` (written by the ranks of a job with that weights_dir).
+// The whole model's parameters (layer order, whichever rank held each model stage), then
+// its buffers, from the stage files of replica 0 in `dir` (written by the ranks of a job
+// with that weights_dir).
 absl::Status GatherWeights(const job::JobSpec& config, const std::string& dir,
                            const std::string& out) {
-  std::vector<at::Tensor> parameters, buffers;
+  std::vector<job::StageOutcome> ranks;
   for (int s = 0; s < job::PipelineStages(config); ++s) {
     absl::StatusOr<job::StageOutcome> stage = job::ReadStageOutcome(dir, s);
     if (!stage.ok()) return stage.status();
-    parameters.insert(parameters.end(), stage->parameters.begin(), stage->parameters.end());
-    buffers.insert(buffers.end(), stage->buffers.begin(), stage->buffers.end());
+    ranks.push_back(*std::move(stage));
   }
+  std::vector<at::Tensor> parameters, buffers;
+  PT_RETURN_IF_ERROR(job::WeightsInModelOrder(absl::MakeSpan(ranks), parameters, buffers));
   return SaveWholeModel(std::move(parameters), buffers, out);
 }
 

@@ -217,6 +217,41 @@ std::vector<double> ProgressTracker::GradNorms() const {
   return emitted_grad_norms_;
 }
 
+absl::Status WeightsInModelOrder(absl::Span<StageOutcome> ranks,
+                                 std::vector<at::Tensor>& parameters,
+                                 std::vector<at::Tensor>& buffers) {
+  size_t model_stages = 0;
+  for (const StageOutcome& out : ranks) model_stages += out.model_stages.size();
+  std::vector<std::vector<at::Tensor>> stage_parameters(model_stages);
+  std::vector<std::vector<at::Tensor>> stage_buffers(model_stages);
+  std::vector<bool> held(model_stages, false);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    StageOutcome& out = ranks[r];
+    size_t next_parameter = 0, next_buffer = 0;
+    for (size_t k = 0; k < out.model_stages.size(); ++k) {
+      const int stage = out.model_stages[k];
+      if (stage < 0 || static_cast<size_t>(stage) >= model_stages || held[stage] ||
+          k >= out.parameter_counts.size() || k >= out.buffer_counts.size() ||
+          next_parameter + out.parameter_counts[k] > out.parameters.size() ||
+          next_buffer + out.buffer_counts[k] > out.buffers.size()) {
+        return absl::InternalError(absl::StrCat("rank ", r, "'s weights do not match its stages"));
+      }
+      held[stage] = true;
+      for (int i = 0; i < out.parameter_counts[k]; ++i) {
+        stage_parameters[stage].push_back(std::move(out.parameters[next_parameter++]));
+      }
+      for (int i = 0; i < out.buffer_counts[k]; ++i) {
+        stage_buffers[stage].push_back(std::move(out.buffers[next_buffer++]));
+      }
+    }
+  }
+  for (size_t stage = 0; stage < model_stages; ++stage) {
+    for (auto& t : stage_parameters[stage]) parameters.push_back(std::move(t));
+    for (auto& t : stage_buffers[stage]) buffers.push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobReport> AssembleReport(const JobSpec& c, const JobPlan& plan,
                                          std::vector<StageOutcome> stages,
                                          std::vector<double> losses, std::vector<double> grad_norms,
@@ -251,36 +286,15 @@ absl::StatusOr<JobReport> AssembleReport(const JobSpec& c, const JobPlan& plan,
   }
   // Replica 0 speaks for the rest in the per-stage summary and the parameters (the replicas
   // hold identical ones); every replica's measurements are kept.
-  // Each model stage's tensors, from the rank that held it, then in model (layer) order.
-  std::vector<std::vector<at::Tensor>> stage_parameters(plan.stages());
-  std::vector<std::vector<at::Tensor>> stage_buffers(plan.stages());
   for (int s = 0; s < p; ++s) {
-    StageOutcome& out = stages[s];
+    const StageOutcome& out = stages[s];
     report.per_stage.push_back({s, RankLayers(plan, s), out.stats.peak_stashed_microbatches,
                                 out.stats.peak_weight_versions, out.stats.compute_s,
                                 out.stats.wait_s, out.stats.allreduce_s, out.parameter_bytes,
                                 out.peak_memory_bytes, out.peak_tensor_bytes, out.bytes_sent});
-    size_t next_parameter = 0, next_buffer = 0;
-    for (size_t k = 0; k < out.model_stages.size(); ++k) {
-      const int stage = out.model_stages[k];
-      if (stage < 0 || stage >= plan.stages() || k >= out.parameter_counts.size() ||
-          k >= out.buffer_counts.size() ||
-          next_parameter + out.parameter_counts[k] > out.parameters.size() ||
-          next_buffer + out.buffer_counts[k] > out.buffers.size()) {
-        return absl::InternalError(absl::StrCat("rank ", s, "'s weights do not match its stages"));
-      }
-      for (int i = 0; i < out.parameter_counts[k]; ++i) {
-        stage_parameters[stage].push_back(std::move(out.parameters[next_parameter++]));
-      }
-      for (int i = 0; i < out.buffer_counts[k]; ++i) {
-        stage_buffers[stage].push_back(std::move(out.buffers[next_buffer++]));
-      }
-    }
   }
-  for (int stage = 0; stage < plan.stages(); ++stage) {
-    for (auto& t : stage_parameters[stage]) report.final_parameters.push_back(std::move(t));
-    for (auto& t : stage_buffers[stage]) report.final_buffers.push_back(std::move(t));
-  }
+  PT_RETURN_IF_ERROR(WeightsInModelOrder(absl::MakeSpan(stages.data(), p), report.final_parameters,
+                                         report.final_buffers));
   for (StageOutcome& out : stages) report.stage_stats.push_back(std::move(out.stats));
   const int64_t rows_per_step = int64_t{c.replicas()} * c.microbatches() * c.microbatch_size();
   const int64_t tokens_per_row = plan.dataset->is_token_data() ? c.data().seq_len() : 1;

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "runtime/executor/stage_executor.h"
 #include "runtime/job/plan.h"
 #include "runtime/schedule/action.h"
@@ -130,6 +131,15 @@ absl::StatusOr<JobReport> AssembleReport(const JobSpec& config, const JobPlan& p
                                          std::vector<double> losses, std::vector<double> grad_norms,
                                          std::vector<EvalPoint> evals, int64_t first_step,
                                          double start_s);
+
+// The whole model's weights from one replica's outcomes (`ranks`, index = rank): each
+// model stage's parameters and buffers from the rank that held it (StageOutcome's
+// model_stages and counts), in model (layer) order, appended to `parameters` and `buffers`.
+// Moves the tensors out of `ranks`. Internal if the outcomes do not hold every model stage
+// exactly once with as many tensors as their counts say.
+absl::Status WeightsInModelOrder(absl::Span<StageOutcome> ranks,
+                                 std::vector<at::Tensor>& parameters,
+                                 std::vector<at::Tensor>& buffers);
 
 // The error of a failed run: the root cause (the first error that is not another stage's
 // abort) and where every stage stopped ("[stopped at: stage 0 RECV_GRAD5, ...]"). OK if
