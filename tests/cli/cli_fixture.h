@@ -61,6 +61,13 @@ class CliTest : public ::testing::Test {
 
   // `run` without --launch is given --launch threads: these tests are about the runner
   // itself, without daemons (the local cluster has tests of its own).
+  // " --stages R", and " --virtual-stages V" where V > 0 (0: the schedule's default).
+  static std::string LayoutFlags(int ranks, int virtual_stages) {
+    std::string flags = " --stages " + std::to_string(ranks);
+    if (virtual_stages > 0) flags += " --virtual-stages " + std::to_string(virtual_stages);
+    return flags;
+  }
+
   Result Run(std::string args) {
     if (args.rfind("run", 0) == 0 && args.find("--launch") == std::string::npos) {
       args.insert(3, " --launch threads");

@@ -270,8 +270,7 @@ TEST_F(CliTest, ReferenceCheckIsExactInFloat64) {
     SCOPED_TRACE(name);
     std::string layout = " --stages 0:2,2:4,4:5";
     if (schedule::HoldsChunks(k.kind)) {
-      layout = " --stages " + std::to_string(k.stages);
-      if (k.virtual_stages > 0) layout += " --virtual-stages " + std::to_string(k.virtual_stages);
+      layout = LayoutFlags(k.stages, k.virtual_stages);
     }
     const fs::path summary = dir_ / "summary.json";
     Result r = Run("run -q --reference --dtype float64 --schedule " + name + layout +

@@ -69,12 +69,10 @@ TEST_F(CliTest, ProcessesOfEveryScheduleMatchTheReference) {
         SCOPED_TRACE(name + " ranks " + std::to_string(layout.ranks) + " x " +
                      std::to_string(chunks) + " replicas " + std::to_string(replicas));
         const fs::path summary = dir_ / "summary.json";
-        std::string command = "run -q --launch processes --reference --dtype float64 --schedule " +
-                              name + " --stages " + std::to_string(layout.ranks) + " --replicas " +
-                              std::to_string(replicas);
-        if (layout.virtual_stages > 0) {
-          command += " --virtual-stages " + std::to_string(layout.virtual_stages);
-        }
+        const std::string command =
+            "run -q --launch processes --reference --dtype float64 --schedule " + name +
+            LayoutFlags(layout.ranks, layout.virtual_stages) + " --replicas " +
+            std::to_string(replicas);
         Result r = Run(command +
                        " --microbatches 4 --steps 3 --d-model 16 --n-heads 2 --n-layers 3"
                        " --seq-len 8 --vocab 16 --summary " +
@@ -147,7 +145,9 @@ TEST_F(CliTest, GroupCollectivesAcrossProcessesMatchTheReference) {
       EXPECT_NEAR(p["evals"][k]["loss"].get<double>(), q["evals"][k]["loss"].get<double>(), 1e-12)
           << "evaluation " << k;
     }
-    if (job.find("eval") != std::string::npos) EXPECT_EQ(p["evals"].size(), 2u);
+    if (job.find("eval") != std::string::npos) {
+      EXPECT_EQ(p["evals"].size(), 2u);
+    }
   }
 }
 

@@ -32,8 +32,7 @@ class TrainingRecipeTest : public CliTest,
 TEST_P(TrainingRecipeTest, IsExactAsThreadsProcessesAndOnTheDaemons) {
   const pipeline_test::ScheduleCase& k = GetParam();
   const std::string schedule(pipetrain::schedule::ScheduleKindName(k.kind));
-  std::string layout = " --stages " + std::to_string(k.stages);
-  if (k.virtual_stages > 0) layout += " --virtual-stages " + std::to_string(k.virtual_stages);
+  const std::string layout = LayoutFlags(k.stages, k.virtual_stages);
   const std::string job =
       " --dtype float64" + layout +
       " --replicas 2 --microbatches 4 --steps 4 --d-model 16"
