@@ -8,6 +8,7 @@
 #   3. versus_python.sh        pipetrain 1 stage vs. the same GPT in eager PyTorch
 #      peers.py                a 6.5M-parameter GPT against eager PyTorch, DDP over Gloo and
 #                              torch's Pipe: tokens/s, peak memory, memory efficiency
+#      gemm_libraries.py       one stage with its products on oneDNN, OpenBLAS, LibTorch
 #      plan_accuracy.py        the planner's predicted step time and memory against runs
 #      gpt2_small.py           GPT-2 small's shape as stage processes per schedule, ME vs DP
 #      training_recipe.py      gradient clipping and evaluation against a plain step, paired
@@ -26,7 +27,7 @@
 #
 # Run from anywhere:  bench/run_all.sh            (build dir: build-bench)
 #                     BUILD_DIR=build JOBS=2 bench/run_all.sh > /tmp/perf.md
-# About 45 minutes on 2 cores, plus the build.
+# About 50 minutes on 2 cores, plus the build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -92,6 +93,11 @@ section "Against PyTorch's peers (bench/peers.py)"
 start=${SECONDS}
 "${PY}" bench/peers.py "${BUILD_DIR}/run/pipetrain-run"
 echo >&2 "peers: $((SECONDS - start)) s"
+
+section "The fast path's GEMM library (bench/gemm_libraries.py)"
+start=${SECONDS}
+"${PY}" bench/gemm_libraries.py "${BUILD_DIR}/run/pipetrain-run"
+echo >&2 "gemm_libraries: $((SECONDS - start)) s"
 
 section "Transport throughput (bench/transport_throughput)"
 start=${SECONDS}

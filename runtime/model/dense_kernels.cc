@@ -6,11 +6,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,23 +27,73 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // oneDNN's C API: row-major C = alpha * op(A) * op(B) + beta * C; returns dnnl_success (0).
-using SgemmFn = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
-                        const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                        float* c, int64_t ldc);
+using OneDnnSgemmFn = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k,
+                              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                              float beta, float* c, int64_t ldc);
+// The CBLAS interface (OpenBLAS's, 32-bit integers): order 101 is row-major, 111 / 112 are
+// "no transpose" / "transpose".
+using CblasSgemmFn = void (*)(int order, int transa, int transb, int m, int n, int k, float alpha,
+                              const float* a, int lda, const float* b, int ldb, float beta,
+                              float* c, int ldc);
 
-SgemmFn OneDnnSgemm() {
-  static const SgemmFn fn = []() -> SgemmFn {
-    const char* choice = std::getenv("PIPETRAIN_GEMM");
-    if (choice != nullptr && std::strcmp(choice, "aten") == 0) return nullptr;
-    // Looked up at run time: the build does not depend on how LibTorch was linked.
-    return reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
-  }();
+// Both looked up at run time: the build does not depend on how LibTorch was linked.
+OneDnnSgemmFn OneDnnSgemm() {
+  static const auto fn = reinterpret_cast<OneDnnSgemmFn>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
   return fn;
+}
+CblasSgemmFn OpenBlasSgemm() {
+  // Only OpenBLAS's: another CBLAS's rate is unknown to the choice below.
+  static const auto fn = dlsym(RTLD_DEFAULT, "openblas_get_config") == nullptr
+                             ? nullptr
+                             : reinterpret_cast<CblasSgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  return fn;
+}
+
+bool HasAvx512();  // below, with the vectorized GELU
+
+// The default: oneDNN on AVX-512 CPUs (where OpenBLAS 0.3.21 may not know the CPU and fall
+// back to AVX2 kernels at half oneDNN's rate), OpenBLAS elsewhere (on an AVX2-only CPU its
+// kernels match oneDNN's on the forward products and run the weight gradients' long
+// reductions at twice oneDNN's rate; docs/performance.md), else whichever is present.
+GemmLibrary DefaultGemmLibrary() {
+  const char* choice = std::getenv("PIPETRAIN_GEMM");
+  const std::string wanted = choice == nullptr ? "" : choice;
+  if (wanted == "aten") return GemmLibrary::kLibTorch;
+  if (wanted == "onednn" && GemmLibraryAvailable(GemmLibrary::kOneDnn)) {
+    return GemmLibrary::kOneDnn;
+  }
+  if (wanted == "openblas" && GemmLibraryAvailable(GemmLibrary::kOpenBlas)) {
+    return GemmLibrary::kOpenBlas;
+  }
+  TORCH_CHECK(wanted.empty() || wanted == "onednn" || wanted == "openblas",
+              "PIPETRAIN_GEMM=", wanted, " is not one of onednn, openblas, aten");
+  if (!wanted.empty()) {
+    TORCH_WARN("PIPETRAIN_GEMM=", wanted, ": that library is not in this process; choosing one");
+  }
+  const GemmLibrary preferred = HasAvx512() ? GemmLibrary::kOneDnn : GemmLibrary::kOpenBlas;
+  const GemmLibrary other =
+      preferred == GemmLibrary::kOneDnn ? GemmLibrary::kOpenBlas : GemmLibrary::kOneDnn;
+  if (GemmLibraryAvailable(preferred)) return preferred;
+  if (GemmLibraryAvailable(other)) return other;
+  return GemmLibrary::kLibTorch;
+}
+
+std::atomic<GemmLibrary>& ChosenLibrary() {
+  static std::atomic<GemmLibrary> chosen{DefaultGemmLibrary()};
+  return chosen;
 }
 
 void Sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (ChosenLibrary().load(std::memory_order_relaxed) == GemmLibrary::kOpenBlas) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    TORCH_CHECK(std::max({m, n, k, lda, ldb, ldc}) <= kMax,
+                "cblas_sgemm: a dimension over 2^31 (m=", m, " n=", n, " k=", k, ")");
+    OpenBlasSgemm()(101, transa == 'T' ? 112 : 111, transb == 'T' ? 112 : 111, int(m), int(n),
+                    int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+    return;
+  }
   const int status = OneDnnSgemm()(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   TORCH_CHECK(status == 0, "dnnl_sgemm failed with status ", status, " (", transa, transb, " m=", m,
               " n=", n, " k=", k, ")");
@@ -59,8 +111,9 @@ at::Tensor SgemmWeightGradient(const at::Tensor& dy, const at::Tensor& x2) {
 
 // Under mixed precision (autocast) the work is LibTorch's, in bfloat16.
 bool FastPath(const at::Tensor& t) {
-  return OneDnnSgemm() != nullptr && t.defined() && t.device().is_cpu() &&
-         t.scalar_type() == at::kFloat && !t.is_sparse() && !MixedPrecisionOnCpu();
+  return ChosenLibrary().load(std::memory_order_relaxed) != GemmLibrary::kLibTorch && t.defined() &&
+         t.device().is_cpu() && t.scalar_type() == at::kFloat && !t.is_sparse() &&
+         !MixedPrecisionOnCpu();
 }
 
 // ---------------------------------------------------------------- deferred weight gradients
@@ -105,7 +158,7 @@ std::pair<at::Tensor, at::Tensor> ParameterGradients(AutogradContext* ctx, bool 
 
 // ---------------------------------------------------------------- Linear
 
-// x[..., in] weightᵀ + bias by LibTorch's operators, for the paths the oneDNN product does not
+// x[..., in] weightᵀ + bias by LibTorch's operators, for the paths the fast path does not
 // take, as an autograd function whose weight gradients can be deferred. Its products are
 // those at::linear's autograd runs (dx = dy w, dw = dyᵀ x, db = Σ dy), written out.
 struct ComposedLinear : public torch::autograd::Function<ComposedLinear> {
@@ -187,7 +240,9 @@ struct SgemmLinear : public torch::autograd::Function<SgemmLinear> {
 // float32 in one vectorized pass each. erf is a rational approximation on [-4, 4] (outside
 // it erf is ±1 in float32) with an absolute error below 5e-7; exp of a non-positive argument
 // is a degree-6 polynomial after range reduction. Written as plain loops that the compiler
-// vectorizes for AVX-512 (chosen at run time); other CPUs take LibTorch's GELU.
+// vectorizes for AVX-512 (chosen at run time); other CPUs take LibTorch's GELU (the same
+// loops compiled for AVX2 made a one-stage step of the peers' GPT about 12% slower than
+// LibTorch's AVX2 GELU did).
 
 #define PT_INLINE static inline __attribute__((always_inline))
 
@@ -473,7 +528,31 @@ bool FastLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 
 }  // namespace
 
-bool UsesOneDnnSgemm() { return OneDnnSgemm() != nullptr; }
+bool GemmLibraryAvailable(GemmLibrary library) {
+  switch (library) {
+    case GemmLibrary::kLibTorch: return true;
+    case GemmLibrary::kOneDnn: return OneDnnSgemm() != nullptr;
+    case GemmLibrary::kOpenBlas: return OpenBlasSgemm() != nullptr;
+  }
+  return false;
+}
+
+GemmLibrary UsedGemmLibrary() { return ChosenLibrary().load(); }
+
+void UseGemmLibrary(GemmLibrary library) {
+  TORCH_CHECK(GemmLibraryAvailable(library), "UseGemmLibrary: ", GemmLibraryName(library),
+              " is not in this process");
+  ChosenLibrary().store(library);
+}
+
+const char* GemmLibraryName(GemmLibrary library) {
+  switch (library) {
+    case GemmLibrary::kLibTorch: return "aten";
+    case GemmLibrary::kOneDnn: return "onednn";
+    case GemmLibrary::kOpenBlas: return "openblas";
+  }
+  return "unknown";
+}
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                   WeightGradientDeferral* deferral) {

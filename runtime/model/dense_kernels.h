@@ -1,20 +1,18 @@
 // The matrix products of the built-in models: a linear layer and causal multi-head
 // self-attention, each differentiable by autograd.
 //
-// For float32 tensors on the CPU they run on oneDNN's sgemm (dnnl_sgemm, found at run time
-// in the process: LibTorch links oneDNN on Debian) instead of LibTorch's BLAS. On CPUs that
-// the BLAS does not recognize, the BLAS falls back to older vector kernels while oneDNN
-// picks its kernels by instruction set: on an AVX-512 machine whose CPU OpenBLAS 0.3.21
-// does not know, oneDNN's sgemm runs at twice OpenBLAS's rate (docs/performance.md).
-// Attention also skips the copies that a composition of LibTorch operators makes: the
-// products read the heads in place from the fused q|k|v projection and write the output in
-// place in [batch, time, d] order, and the scale and the causal mask are applied inside the
-// product and the softmax.
-// Every other dtype or device, or a process without oneDNN, or PIPETRAIN_GEMM=aten in the
-// environment (read once per process), takes the composition of LibTorch operators that the
-// fast path replaces (at::linear; at::gelu; matmul, masked_fill, softmax, matmul), with the
-// same results up to float32 rounding. Double backward (create_graph) is not supported on the
-// fast path. Thread-safe; the products use at most the calling thread's intra-op threads.
+// For float32 tensors on the CPU they run on a GEMM library called directly (GemmLibrary,
+// below: found at run time in the process, LibTorch links both on Debian) with work of their
+// own around it: attention skips the copies that a composition of LibTorch operators makes
+// (the products read the heads in place from the fused q|k|v projection and write the output
+// in place in [batch, time, d] order, and the scale and the causal mask are applied inside the
+// product and the softmax), and the fc layer adds its bias and applies GELU in one vectorized
+// pass. Every other dtype or device, or a process with neither library, or
+// PIPETRAIN_GEMM=aten in the environment (read once per process), takes the composition of
+// LibTorch operators that the fast path replaces (at::linear; at::gelu; matmul, masked_fill,
+// softmax, matmul), with the same results up to float32 rounding. Double backward
+// (create_graph) is not supported on the fast path. Thread-safe; the products use at most the
+// calling thread's intra-op threads (OpenBLAS's count as SetIntraOpThreads sets it).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +34,9 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                   WeightGradientDeferral* deferral = nullptr);
 
 // gelu(Linear(x, weight, bias)), the exact (erf) GELU, with bias[out]. The fast path also
-// needs AVX-512: it adds the bias and applies GELU in one pass after the product (and the
-// derivative in one pass in backward), with erf approximated to an absolute error below 5e-7.
+// needs AVX-512: it adds the bias and applies GELU in one pass after the
+// product (and the derivative in one pass in backward), with erf approximated to an absolute
+// error below 5e-7.
 // `deferral` as for Linear.
 at::Tensor LinearGelu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       WeightGradientDeferral* deferral = nullptr);
@@ -51,7 +50,31 @@ at::Tensor CausalSelfAttention(
     const at::Tensor& qkv, int64_t heads,
     const std::function<at::Tensor(const at::Tensor&)>& on_probabilities = nullptr);
 
-// Whether the fast path serves float32 CPU tensors in this process.
-bool UsesOneDnnSgemm();
+// The library the fast path's products run on. The default: oneDNN's sgemm on CPUs with
+// AVX-512, where OpenBLAS 0.3.21 may not know the CPU and fall back to AVX2 kernels at half
+// oneDNN's rate; OpenBLAS's elsewhere, where on an AVX2 CPU it matches oneDNN on the forward
+// products and runs the weight gradients' long reductions at twice oneDNN's rate
+// (docs/performance.md); the other one if only it is present; LibTorch's operators if
+// neither. PIPETRAIN_GEMM=onednn|openblas|aten in the environment overrides the default (a
+// library not in the process: a warning and the default; any other value: an error at the
+// first product).
+enum class GemmLibrary {
+  kLibTorch,  // no fast path: LibTorch's operators
+  kOneDnn,    // dnnl_sgemm
+  kOpenBlas,  // OpenBLAS's cblas_sgemm
+};
+
+// "aten", "onednn", "openblas": the names PIPETRAIN_GEMM takes.
+const char* GemmLibraryName(GemmLibrary library);
+
+// Whether `library` is in this process (kLibTorch always is).
+bool GemmLibraryAvailable(GemmLibrary library);
+
+// The library in use (the default above until UseGemmLibrary).
+GemmLibrary UsedGemmLibrary();
+
+// Uses `library` from the next product on, in every thread; for tests and benchmarks that
+// compare the libraries in one process. Throws c10::Error if it is not in the process.
+void UseGemmLibrary(GemmLibrary library);
 
 }  // namespace pipetrain::model

@@ -1,4 +1,5 @@
-// The float32 fast path of runtime/model/dense_kernels.h (oneDNN's sgemm) against the
+// The float32 fast path of runtime/model/dense_kernels.h, on each GEMM library in the process
+// (oneDNN's and OpenBLAS's sgemm; LibTorch's operators as the path without one), against the
 // composition of LibTorch operators it replaces, run in float64: outputs and gradients agree
 // to float32 rounding, for the shapes and layouts the built-in models produce and a few they
 // do not (non-contiguous inputs, no bias, a gradient for only some inputs).
@@ -8,6 +9,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "runtime/model/dense_kernels.h"
@@ -53,21 +55,30 @@ void ExpectGradientsAgree(const at::Tensor& out32, const at::Tensor& out64, cons
   }
 }
 
-class DenseKernels : public ::testing::Test {
+class DenseKernels : public ::testing::TestWithParam<GemmLibrary> {
  protected:
   void SetUp() override {
-    if (!UsesOneDnnSgemm()) GTEST_SKIP() << "no oneDNN sgemm in this process: nothing to compare";
+    if (!GemmLibraryAvailable(GetParam())) {
+      GTEST_SKIP() << GemmLibraryName(GetParam()) << " is not in this process";
+    }
+    before_ = UsedGemmLibrary();
+    UseGemmLibrary(GetParam());
+    ASSERT_EQ(UsedGemmLibrary(), GetParam());
     at::manual_seed(7);
   }
+  void TearDown() override { UseGemmLibrary(before_); }
+
+ private:
+  GemmLibrary before_ = GemmLibrary::kLibTorch;
 };
 
-TEST_F(DenseKernels, LinearWithBiasMatchesFloat64) {
+TEST_P(DenseKernels, LinearWithBiasMatchesFloat64) {
   Inputs in = LeavesOf({at::randn({4, 9, 24}), at::randn({40, 24}), at::randn({40})});
   ExpectGradientsAgree(Linear(in.f32[0], in.f32[1], in.f32[2]),
                        Linear(in.f64[0], in.f64[1], in.f64[2]), in, 1e-5);
 }
 
-TEST_F(DenseKernels, LinearWithoutBiasOfANonContiguousInputMatchesFloat64) {
+TEST_P(DenseKernels, LinearWithoutBiasOfANonContiguousInputMatchesFloat64) {
   Inputs in = LeavesOf({at::randn({20, 40}), at::randn({17, 33})});
   const at::Tensor x32 = in.f32[0].narrow(1, 2, 33);  // columns 2..34: rows are not dense
   const at::Tensor x64 = in.f64[0].narrow(1, 2, 33);
@@ -76,7 +87,7 @@ TEST_F(DenseKernels, LinearWithoutBiasOfANonContiguousInputMatchesFloat64) {
                        in, 1e-5);
 }
 
-TEST_F(DenseKernels, LinearComputesOnlyTheGradientsAskedFor) {
+TEST_P(DenseKernels, LinearComputesOnlyTheGradientsAskedFor) {
   at::Tensor x = at::randn({5, 8});
   at::Tensor w = at::randn({3, 8}).requires_grad_(true);
   at::Tensor b = at::randn({3});
@@ -86,20 +97,20 @@ TEST_F(DenseKernels, LinearComputesOnlyTheGradientsAskedFor) {
   EXPECT_FALSE(b.grad().defined());
 }
 
-TEST_F(DenseKernels, ShapeErrorsAreLibTorchsErrors) {
+TEST_P(DenseKernels, ShapeErrorsAreLibTorchsErrors) {
   EXPECT_THROW(Linear(at::randn({2, 3}), at::randn({4, 5}), at::Tensor()), std::exception);
   EXPECT_THROW(Linear(at::randn({2, 5}), at::randn({4, 5}), at::randn({3})), std::exception);
   EXPECT_THROW(CausalSelfAttention(at::randn({2, 3, 24}), 5), std::exception);
 }
 
-TEST_F(DenseKernels, LinearGeluMatchesFloat64) {
+TEST_P(DenseKernels, LinearGeluMatchesFloat64) {
   // Pre-activations spread over [-12, 12]: both tails of erf and the clamp at 4.
   Inputs in = LeavesOf({at::randn({3, 50, 16}) * 3, at::randn({64, 16}), at::randn({64})});
   ExpectGradientsAgree(LinearGelu(in.f32[0], in.f32[1], in.f32[2]),
                        LinearGelu(in.f64[0], in.f64[1], in.f64[2]), in, 1e-5);
 }
 
-TEST_F(DenseKernels, GeluIsAccurateElementwise) {
+TEST_P(DenseKernels, GeluIsAccurateElementwise) {
   // Through an identity weight and zero bias, LinearGelu is GELU itself: compare each
   // element and its derivative with the float64 values, absolutely.
   const at::Tensor x = at::linspace(-10, 10, 20001, at::kDouble).reshape({-1, 1});
@@ -113,7 +124,7 @@ TEST_F(DenseKernels, GeluIsAccurateElementwise) {
   EXPECT_LE((x32.grad().to(at::kDouble) - x64.grad()).abs().max().item<double>(), 2e-6);
 }
 
-TEST_F(DenseKernels, CausalSelfAttentionMatchesFloat64) {
+TEST_P(DenseKernels, CausalSelfAttentionMatchesFloat64) {
   struct Shape {
     int64_t b, t, d, heads;
   };
@@ -127,7 +138,7 @@ TEST_F(DenseKernels, CausalSelfAttentionMatchesFloat64) {
   }
 }
 
-TEST_F(DenseKernels, CausalSelfAttentionIsCausal) {
+TEST_P(DenseKernels, CausalSelfAttentionIsCausal) {
   at::Tensor qkv = at::randn({2, 10, 3 * 16});
   const at::Tensor y = CausalSelfAttention(qkv, 4);
   // Changing the last position changes only the last output position.
@@ -138,11 +149,26 @@ TEST_F(DenseKernels, CausalSelfAttentionIsCausal) {
   EXPECT_FALSE(at::equal(y.select(1, 9), y2.select(1, 9)));
 }
 
-TEST_F(DenseKernels, AttentionWithAProbabilityMapTakesTheComposedPath) {
+TEST_P(DenseKernels, AttentionWithAProbabilityMapTakesTheComposedPath) {
   Inputs in = LeavesOf({at::randn({2, 6, 24})});
   auto halve = [](const at::Tensor& p) { return p * 0.5; };
   ExpectGradientsAgree(CausalSelfAttention(in.f32[0], 2, halve),
                        CausalSelfAttention(in.f64[0], 2) * 0.5, in, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Libraries, DenseKernels,
+                         ::testing::Values(GemmLibrary::kOneDnn, GemmLibrary::kOpenBlas,
+                                           GemmLibrary::kLibTorch),
+                         [](const ::testing::TestParamInfo<GemmLibrary>& info) {
+                           return std::string(GemmLibraryName(info.param));
+                         });
+
+TEST(GemmLibraries, BothAreInALibTorchProcessOnDebian) {
+  // LibTorch on Debian links oneDNN and OpenBLAS: if either goes missing, half the tests
+  // above skip, which must not pass unnoticed.
+  EXPECT_TRUE(GemmLibraryAvailable(GemmLibrary::kOneDnn));
+  EXPECT_TRUE(GemmLibraryAvailable(GemmLibrary::kOpenBlas));
+  EXPECT_NE(UsedGemmLibrary(), GemmLibrary::kLibTorch);
 }
 
 }  // namespace
