@@ -78,9 +78,13 @@ void Coordinator::Monitor() {
                  state_.pool.NextExpiry(2 * options_.heartbeat_interval) + absl::Milliseconds(1) -
                      deps_.clock->Now());
     // Woken early only to stop (job changes do not count).
-    if (state_.mu.AwaitWithTimeout(absl::Condition(&state_.stopping),
-                                   std::max(absl::Milliseconds(1), wait))) {
-      break;
+    const absl::Duration asked = std::max(absl::Milliseconds(1), wait);
+    const absl::Time due = deps_.clock->Now() + asked;
+    if (state_.mu.AwaitWithTimeout(absl::Condition(&state_.stopping), asked)) break;
+    // Woken more than half an interval late: this process was stalled, not the workers.
+    if (const absl::Duration late = deps_.clock->Now() - due;
+        late > options_.heartbeat_interval / 2) {
+      workers_.CoordinatorStalled(late);
     }
     workers_.Tick();
     dispatcher_.Tick();
@@ -135,6 +139,7 @@ Coordinator::MetricsSnapshot Coordinator::Metrics() {
   }
   for (const v1::WorkerInfo& w : state_.pool.Infos()) ++m.workers_by_state[StateName(w.state())];
   m.workers_lost_silent = workers_.lost_silent();
+  m.coordinator_stalls = workers_.stalls_excused();
   m.step_commands = jobs_.command_counts();
   return m;
 }

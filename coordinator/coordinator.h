@@ -161,6 +161,7 @@ class Coordinator {
     };
     std::vector<RunningJob> running;
     int64_t workers_lost_silent = 0;  // workers lost for missed heartbeats, since start
+    int64_t coordinator_stalls = 0;   // stalls of this process excused (WorkerManager)
     // Step commands asked for, by (command, outcome): outcome "scheduled" or the refusal's
     // status code ("FAILED_PRECONDITION", ...).
     std::map<std::pair<std::string, std::string>, int64_t> step_commands;

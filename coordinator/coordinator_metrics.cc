@@ -110,6 +110,16 @@ void RegisterCoordinatorMetrics(metrics::Registry* registry, Coordinator* coordi
       },
       metrics::Registry::Type::kCounter);
   registry->AddCollector(
+      "pipetrain_coordinator_stalls_total",
+      "Times this coordinator found it had not run for over half a heartbeat interval "
+      "(stopped, swapped out, starved of CPU) and did not count that time as its workers' "
+      "silence.",
+      {},
+      [snapshot] {
+        return Samples{{{}, double(snapshot().coordinator_stalls)}};
+      },
+      metrics::Registry::Type::kCounter);
+  registry->AddCollector(
       "pipetrain_step_commands_total",
       "Step commands asked for, by command and outcome (scheduled, or the refusal's code).",
       {"command", "outcome"},

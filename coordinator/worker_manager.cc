@@ -68,6 +68,22 @@ int64_t WorkerManager::lost_silent() const {
   return workers_lost_silent_;
 }
 
+void WorkerManager::CoordinatorStalled(absl::Duration stalled) {
+  state_.mu.AssertHeld();
+  if (stalled <= absl::ZeroDuration()) return;
+  ++stalls_excused_;
+  const int excused = state_.pool.ExcuseSilence(stalled, state_.clock->Now());
+  std::fprintf(stderr,
+               "coordinator: this process did not run for %s (stopped, swapped out or starved "
+               "of CPU): the silence of %d worker(s) in that time is not counted against them\n",
+               absl::FormatDuration(absl::Trunc(stalled, absl::Milliseconds(1))).c_str(), excused);
+}
+
+int64_t WorkerManager::stalls_excused() const {
+  state_.mu.AssertHeld();
+  return stalls_excused_;
+}
+
 void WorkerManager::Tick() {
   state_.mu.AssertHeld();
   const absl::Time now = state_.clock->Now();

@@ -77,6 +77,13 @@ class WorkerManager {
   void Tick();
   // Workers lost for missed heartbeats since the start, for /metrics. Under the lock.
   int64_t lost_silent() const;
+  // This process did not run for `stalled` (stopped, swapped out, starved of CPU: its monitor
+  // woke that much later than it asked to): that time is not counted as any worker's silence
+  // (WorkerPool::ExcuseSilence), so a stall of the coordinator declares no worker lost. A
+  // worker that stays silent after it is still lost two intervals later. Under the lock.
+  void CoordinatorStalled(absl::Duration stalled);
+  // Stalls excused so far, for /metrics and tests. Under the lock.
+  int64_t stalls_excused() const;
 
   // A worker's lease, in heartbeat intervals: one that has had no heartbeat answered for this
   // long stops its stage (it was taken for lost after two intervals without a heartbeat).
@@ -103,6 +110,7 @@ class WorkerManager {
   int64_t number_next_ ABSL_GUARDED_BY(numbers_mu_) = 1;
   int64_t number_end_ ABSL_GUARDED_BY(numbers_mu_) = 0;
   int64_t workers_lost_silent_ ABSL_GUARDED_BY(state_.mu) = 0;
+  int64_t stalls_excused_ ABSL_GUARDED_BY(state_.mu) = 0;
 };
 
 }  // namespace pipetrain::coordinator

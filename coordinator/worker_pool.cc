@@ -123,6 +123,16 @@ int WorkerPool::ExpireSilent(absl::Time now, absl::Duration limit) {
   return static_cast<int>(silent.size());
 }
 
+int WorkerPool::ExcuseSilence(absl::Duration stalled, absl::Time now) {
+  int live = 0;
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() == v1::WORKER_STATE_LOST) continue;
+    ++live;
+    w.last_heartbeat = std::min(now, w.last_heartbeat + stalled);
+  }
+  return live;
+}
+
 absl::Time WorkerPool::NextExpiry(absl::Duration limit) const {
   absl::Time next = absl::InfiniteFuture();
   for (const auto& [id, w] : workers_) {

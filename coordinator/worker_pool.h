@@ -72,6 +72,10 @@ class WorkerPool {
   // Marks lost every live worker whose last heartbeat is more than `limit` before `now`;
   // how many.
   int ExpireSilent(absl::Time now, absl::Duration limit);
+  // The coordinator did not run for `stalled` up to `now`: every live worker's last heartbeat
+  // moves `stalled` later (never past `now`), so that time does not count as its silence;
+  // how many live workers.
+  int ExcuseSilence(absl::Duration stalled, absl::Time now);
   // When the next live worker will have been silent for more than `limit`
   // (InfiniteFuture if none is live).
   absl::Time NextExpiry(absl::Duration limit) const;

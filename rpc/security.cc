@@ -324,7 +324,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     interceptors.push_back(std::make_unique<SessionInterceptorFactory>(std::move(session)));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, credentials, grpc::ChannelArguments(), std::move(interceptors));
+      target, credentials, ReconnectingChannelArguments(), std::move(interceptors));
+}
+
+grpc::ChannelArguments ReconnectingChannelArguments() {
+  grpc::ChannelArguments arguments;
+  // gRPC's defaults (a first retry after 1 s, growing by 1.6 to 120 s) leave a daemon that was
+  // out of reach for a minute up to a minute more without a connection after it is back.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectInitialBackoffMs);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectMaxBackoffMs);
+  // In gRPC's core this is the shortest a connection attempt is given (20 s by default): an
+  // attempt into a cut link ends after it, and the next starts.
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectTimeoutMs);
+  return arguments;
 }
 
 void Authorize(grpc::ClientContext& context, const SecurityOptions& options) {

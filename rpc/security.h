@@ -113,10 +113,20 @@ void AddCommandKey(grpc::ClientContext& context, const std::string& key);
 
 // A channel to `target` with TLS as configured that sends the token, if any, with every
 // call (including health checks, which ignore it), and the worker's session, if given and
-// set, with every call.
+// set, with every call. It reconnects as ReconnectingChannelArguments says.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& target, const SecurityOptions& options,
     std::shared_ptr<const WorkerSession> session = nullptr);
+
+// How every channel of the daemons and the CLI reconnects to a peer that went away: the first
+// attempt 100 ms after the connection failed, then at most a second apart, each attempt given
+// at least a second to connect. So a worker finds a coordinator that is back (restarted, or
+// its link healed) within about a second, however long it was gone: an outage costs no more
+// than the outage.
+inline constexpr int kReconnectInitialBackoffMs = 100;
+inline constexpr int kReconnectMaxBackoffMs = 1000;
+inline constexpr int kConnectTimeoutMs = 1000;
+grpc::ChannelArguments ReconnectingChannelArguments();
 
 // Adds the token, if any, to one call's metadata: for calls on channels not made by
 // MakeChannel (MakeChannel's channels already send it).

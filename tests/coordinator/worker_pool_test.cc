@@ -3,6 +3,7 @@
 // no rank; heartbeats keep a worker alive. No coordinator, no clock but absl::Time values.
 #include "coordinator/worker_pool.h"
 
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -60,6 +61,41 @@ TEST(WorkerPool, EveryLossReachesTheListenerWithTheRankItRan) {
   EXPECT_EQ(heard[2].job_id, "");
   EXPECT_EQ(heard[2].rank, -1);
   EXPECT_TRUE(pool.IdleIds().empty());
+}
+
+// The coordinator stalled for 5 s right after the workers' heartbeats: that time is not their
+// silence, so none is lost at the tick after the stall; one that stays silent after it is lost
+// once the limit has passed again, and one that heartbeats lives on. The negative control:
+// the same tick without the stall excused loses all three.
+TEST(WorkerPool, ACoordinatorStallIsNotTheWorkersSilence) {
+  for (const bool excused : {true, false}) {
+    SCOPED_TRACE(excused ? "stall excused" : "not excused (the negative control)");
+    WorkerPool pool;
+    std::vector<std::string> lost;
+    pool.SetLostListener([&](const WorkerPool::Lost& l) { lost.push_back(l.id); });
+    const absl::Time t0 = absl::FromUnixSeconds(1000);
+    for (const char* id : {"worker-1", "worker-2", "worker-3"}) {
+      pool.Add(Info(id), nullptr, std::string("session-") + id, t0);
+    }
+    const absl::Time back = t0 + absl::Seconds(5);  // the stall: [t0 + 0.1 s, t0 + 5 s)
+    const absl::Duration limit = absl::Seconds(2);
+    if (excused) EXPECT_EQ(pool.ExcuseSilence(absl::Milliseconds(4900), back), 3);
+    const int expired = pool.ExpireSilent(back, limit);
+    if (!excused) {
+      EXPECT_EQ(expired, 3);
+      continue;
+    }
+    EXPECT_EQ(expired, 0) << "lost after the stall: " << lost.size();
+    // Only worker-2 heartbeats after the stall; the others are lost 2 s after it (0.1 s of
+    // their silence came before it).
+    ASSERT_TRUE(pool.Heartbeat("worker-2", back + absl::Milliseconds(500)).ok());
+    EXPECT_EQ(pool.ExpireSilent(back + absl::Milliseconds(1800), limit), 0);
+    EXPECT_EQ(pool.ExpireSilent(back + absl::Milliseconds(1950), limit), 2);
+    EXPECT_EQ(lost, (std::vector<std::string>{"worker-1", "worker-3"}));
+    // A stall never moves a heartbeat past the moment the coordinator is back.
+    EXPECT_EQ(pool.ExcuseSilence(absl::Hours(1), back + absl::Seconds(2)), 1);
+    EXPECT_EQ(pool.ExpireSilent(back + absl::Seconds(4) + absl::Milliseconds(1), limit), 1);
+  }
 }
 
 }  // namespace
