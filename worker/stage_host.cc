@@ -131,6 +131,7 @@ absl::Status StageHost::RunStage(const v1::StageAssignment& a, const std::string
         absl::StrCat("device: ", config->device(), ", but this worker runs on ", options_.device));
   }
   job::StageRunOptions run;
+  run.generation.number = a.generation();
   run.generation.commit_steps = a.commit_steps();
   run.generation.skipped_in_a_row = a.skipped_in_a_row();
   run.host = options_.data_host;

@@ -104,7 +104,7 @@ SurvivorOutcome HandOffSurvivor(CoordinatorClient& coordinator, const v1::StageA
   std::shared_ptr<rendezvous::KeyValueStore> store =
       coordinator.JobStore(a.job_id(), a.generation());
   checkpoint::SharedCheckpointResult saved =
-      job::DeliverStoppedRank(*store, config, stopped, answer.step());
+      job::DeliverStoppedRank(*store, config, stopped, answer.step(), a.generation());
   if (!saved.status.ok()) {
     out.failed = std::string(saved.status.message());
     std::fprintf(stderr, "%swriting its state before step %lld failed: %s\n", who.c_str(),

@@ -1,6 +1,7 @@
 #include "runtime/checkpoint/checkpoint_dir.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,7 +15,9 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -98,6 +101,52 @@ std::optional<int64_t> StepOfName(const std::string& name) {
   return step;
 }
 
+// The temporary directory of writers tagged `tag` at `step`: step-N.tmp, step-N.TAG.tmp.
+std::string TmpDirName(int64_t step, const std::string& tag) {
+  return tag.empty() ? StepDirName(step) + ".tmp"
+                     : absl::StrCat(StepDirName(step), ".", tag, ".tmp");
+}
+
+bool ValidTag(const std::string& tag) {
+  return tag.size() <= 64 && std::all_of(tag.begin(), tag.end(), [](char c) {
+           return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-';
+         });
+}
+
+// The step of a temporary directory's name (step-N.tmp or step-N.TAG.tmp), or nullopt.
+std::optional<int64_t> StepOfTmpDir(const std::string& name) {
+  absl::string_view rest = name;
+  if (!absl::ConsumeSuffix(&rest, ".tmp")) return std::nullopt;
+  return StepOfName(std::string(rest.substr(0, rest.find('.'))));
+}
+
+// An exclusive flock on ROOT/.commit-lock while it lives: one commit under ROOT at a time,
+// among threads and processes (the lock is the open file's; it ends with the process too).
+class CommitLock {
+ public:
+  static absl::StatusOr<CommitLock> Take(const std::string& root) {
+    const std::string path = (fs::path(root) / ".commit-lock").string();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Errno("cannot open", path);
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = Errno("cannot lock", path);
+      ::close(fd);
+      return s;
+    }
+    return CommitLock(fd);
+  }
+  CommitLock(CommitLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  CommitLock& operator=(CommitLock&&) = delete;
+  ~CommitLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+
+ private:
+  explicit CommitLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 // Complete checkpoints under `root` (step-N directories), by step.
 std::map<int64_t, std::string> CompleteCheckpoints(const std::string& root) {
   std::map<int64_t, std::string> out;
@@ -135,9 +184,9 @@ std::string StepDirName(int64_t step) {
   return name;
 }
 
-CheckpointWriter::CheckpointWriter(std::string root, int64_t step)
+CheckpointWriter::CheckpointWriter(std::string root, int64_t step, const std::string& tag)
     : root_(std::move(root)), step_(step) {
-  tmp_ = (fs::path(root_) / (StepDirName(step_) + ".tmp")).string();
+  tmp_ = (fs::path(root_) / TmpDirName(step_, tag)).string();
   final_ = (fs::path(root_) / StepDirName(step_)).string();
 }
 
@@ -148,7 +197,7 @@ CheckpointWriter::~CheckpointWriter() {
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::string& root,
                                                                           int64_t step) {
   if (step < 1) return absl::InvalidArgumentError("a checkpoint is taken before step >= 1");
-  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step));
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step, ""));
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -160,9 +209,14 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const 
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Join(const std::string& root,
-                                                                         int64_t step) {
+                                                                         int64_t step,
+                                                                         const std::string& tag) {
   if (step < 1) return absl::InvalidArgumentError("a checkpoint is taken before step >= 1");
-  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step));
+  if (!ValidTag(tag)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint writers' tag \"", tag, "\": only letters, digits and '-' (at most 64)"));
+  }
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, step, tag));
   std::error_code ec;
   fs::create_directories(w->tmp_, ec);
   if (ec)
@@ -198,8 +252,10 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
     return fail(s);
   }
   if (absl::Status s = FsyncDir(tmp_); !s.ok()) return fail(s);
+  absl::StatusOr<CommitLock> locked = CommitLock::Take(root_);
+  if (!locked.ok()) return fail(locked.status());
   std::error_code ec;
-  fs::remove_all(final_, ec);  // the same step written again (a resumed job)
+  fs::remove_all(final_, ec);  // the same step written again (a resumed job, the survivors)
   if (std::rename(tmp_.c_str(), final_.c_str()) != 0) return fail(Errno("cannot rename", tmp_));
   if (absl::Status s = FsyncDir(root_); !s.ok()) return s;
   const std::string latest = (fs::path(root_) / kLatest).string();
@@ -230,11 +286,9 @@ absl::Status CheckpointWriter::Commit(const Manifest& manifest, int keep) {
     }
   }
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
-    const std::string file = entry.path().filename().string();
-    absl::string_view name = file;
-    if (!absl::ConsumeSuffix(&name, ".tmp")) continue;
-    if (auto step = StepOfName(std::string(name)); step && *step < step_)
-      fs::remove_all(entry.path(), ec);
+    if (!entry.is_directory(ec)) continue;
+    const std::optional<int64_t> step = StepOfTmpDir(entry.path().filename().string());
+    if (step && *step <= step_) fs::remove_all(entry.path(), ec);  // ours is renamed already
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,8 @@
 // Checkpoint directories: written atomically, kept K at a time, found again after a crash.
 //
-//   ROOT/step-N.tmp/   files being written (each fsynced), the manifest last
+//   ROOT/step-N.tmp/   files being written (each fsynced), the manifest last; writers that
+//                      deliver through a store name theirs step-N.TAG.tmp (Join), so that
+//                      two sets of writers never share one (job_checkpoints.h)
 //   ROOT/step-N/       a complete checkpoint: renamed from step-N.tmp, ROOT fsynced
 //   ROOT/latest        "step-N\n": the newest complete one, replaced atomically (tmp + rename,
 //                      ROOT fsynced) after the rename
@@ -31,11 +33,13 @@ class CheckpointWriter {
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Begin(const std::string& root,
                                                                  int64_t step);
   // For writers in several processes (each writes its own layers, one commits): creates ROOT
-  // and ROOT/step-N.tmp if missing and removes nothing (the others may be writing there).
-  // A file left by an earlier attempt at the same step is rewritten by its layer's writer;
-  // only the files the manifest names are ever read.
+  // and ROOT/step-N.TAG.tmp (ROOT/step-N.tmp for an empty `tag`) if missing and removes
+  // nothing (the others may be writing there). A file left by an earlier attempt at the same
+  // step and tag is rewritten by its layer's writer; only the files the manifest names are
+  // ever read. `tag`: letters, digits and '-' (InvalidArgument otherwise).
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Join(const std::string& root,
-                                                                int64_t step);
+                                                                int64_t step,
+                                                                const std::string& tag = "");
   ~CheckpointWriter();  // Aborts if neither Commit nor Abort ran
 
   // Writes LayerFileName(layer) (fsynced); its entry for the manifest.
@@ -43,7 +47,10 @@ class CheckpointWriter {
   // Writes the manifest (manifest.files must cover every layer, as written), renames the
   // directory, replaces `latest` (unless it names a newer step: a job resumed from an older
   // checkpoint does not hide the newer ones), removes the oldest complete checkpoints beyond
-  // `keep` (never this one) and step-M.tmp directories of earlier steps (writers that died).
+  // `keep` (never this one), the temporary directories of earlier steps (writers that died)
+  // and those of this step under another tag (writers fenced out: their commit can no longer
+  // come first). Commits under one ROOT are serialized (an flock on ROOT/.commit-lock), so a
+  // step committed by two sets of writers is replaced whole, never seen half-renamed.
   // On failure the directory is removed and `latest` unchanged.
   absl::Status Commit(const Manifest& manifest, int keep);
   // Removes the temporary directory.
@@ -54,7 +61,7 @@ class CheckpointWriter {
   const std::string& tmp_dir() const { return tmp_; }
 
  private:
-  CheckpointWriter(std::string root, int64_t step);
+  CheckpointWriter(std::string root, int64_t step, const std::string& tag);
   std::string root_, tmp_, final_;
   int64_t step_;
   bool done_ = false;

@@ -193,13 +193,20 @@ int CheckpointSink::failed() const {
   return failed_;
 }
 
+std::string CheckpointWriters::Tag() const {
+  if (generation == 0 && !survivors) return "";
+  return absl::StrCat("gen-", generation, survivors ? "-survivors" : "");
+}
+
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store, const JobSpec& config,
                                            const JobPlan& plan, int64_t step, int stage,
-                                           const weights::WeightStore& weights) {
+                                           const weights::WeightStore& weights,
+                                           const CheckpointWriters& writers) {
   SharedCheckpointResult result;
   const absl::Time begun = absl::Now();
-  const std::string prefix = absl::StrCat("ckpt/", step, "/");
-  auto writer = CheckpointWriter::Join(config.checkpoint().dir(), step);
+  const std::string tag = writers.Tag();
+  const std::string prefix = absl::StrCat("ckpt", tag.empty() ? "" : "-", tag, "/", step, "/");
+  auto writer = CheckpointWriter::Join(config.checkpoint().dir(), step, tag);
   absl::StatusOr<std::vector<LayerFile>> files =
       writer.ok() ? WriteStageLayers(**writer, plan, stage, weights)
                   : absl::StatusOr<std::vector<LayerFile>>(writer.status());
@@ -234,7 +241,7 @@ SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store, con
     }
     all.insert(all.end(), theirs->begin(), theirs->end());
   }
-  auto committer = CheckpointWriter::Join(config.checkpoint().dir(), step);
+  auto committer = CheckpointWriter::Join(config.checkpoint().dir(), step, tag);
   if (!committer.ok()) {
     errors.push_back(std::string(committer.status().message()));
   } else if (!errors.empty()) {

@@ -11,8 +11,11 @@
 //
 // Ranks in separate processes (stage processes, worker daemons; the checkpoint directory on a
 // file system they share) do the same through their job's key-value store: each writes its
-// layers into DIR/step-N.tmp/, publishes their entries (or its error) under ckpt/N/<stage>,
-// and adds 1 to ckpt/N/count; the rank that brings it to the stage count commits.
+// layers into DIR/step-N[.TAG].tmp/, publishes their entries (or its error) under
+// ckpt[-TAG]/N/<stage>, and adds 1 to ckpt[-TAG]/N/count; the rank that brings it to the stage
+// count commits. TAG names who delivers (CheckpointWriters): ranks of different generations,
+// or a rank cut off from the job and the survivors that write in its place, never write into
+// one directory nor count into one commit.
 //
 // Resuming: the checkpoint named by resume_from is found and checked file by file
 // (FindCheckpoint, falling back past a corrupt one), then against the job: the
@@ -74,6 +77,16 @@ struct SharedCheckpointResult {
   std::string committed;  // the step-N directory, if this rank committed it
 };
 
+// Who delivers a checkpoint through a store. Stage processes without daemons: generation 0
+// (untagged, step-N.tmp). Under the daemons: the generation's ranks at their checkpoint
+// boundaries ("gen-G"), or the survivors of one of its faults writing the state the job goes
+// on from ("gen-G-survivors").
+struct CheckpointWriters {
+  int64_t generation = 0;  // the coordinator's (StageAssignment.generation)
+  bool survivors = false;
+  std::string Tag() const;  // "", "gen-G", "gen-G-survivors"
+};
+
 // Stage `stage` of replica 0, in its own process, at boundary `step`: writes its layers and
 // takes part in the commit as described above (the committer says so on stderr, as
 // CheckpointSink does, timing its own write and the commit). Waits on the store only for the
@@ -81,7 +94,8 @@ struct SharedCheckpointResult {
 SharedCheckpointResult DeliverThroughStore(rendezvous::KeyValueStore& store,
                                            const job::JobSpec& config, const job::JobPlan& plan,
                                            int64_t step, int stage,
-                                           const weights::WeightStore& weights);
+                                           const weights::WeightStore& weights,
+                                           const CheckpointWriters& writers = {});
 
 // The checkpoint the job resumes from, checked against it; nullopt when resume_from is
 // empty. `skipped` (newer checkpoints passed over, each with why) is in the result.

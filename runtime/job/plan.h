@@ -111,6 +111,9 @@ struct StageParts {
 // How the host that starts one generation of a job runs it, beyond its spec: not a field of
 // the spec (users never set it); the coordinator sends it with each rank's assignment.
 struct Generation {
+  // The coordinator's number of this generation (StageAssignment.generation); 0 without the
+  // daemons. Names the checkpoint directories its ranks write (checkpoint::CheckpointWriters).
+  int64_t number = 0;
   // The step commit (executor::StageConfig::commit_steps): no rank applies an update before
   // every rank of every replica holds its final gradient, so that the survivors of a lost
   // rank hold one consistent step (runtime/recovery/survivor_step.h). BuildStage refuses it

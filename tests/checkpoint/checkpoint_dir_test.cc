@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -294,6 +295,51 @@ TEST_F(CheckpointDirTest, JoinedWritersShareOneDirectoryAndLatestNeverGoesBack) 
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::ofstream(root_ / "step-00000020" / LayerFileName(0), std::ios::trunc) << "layer Zero";
   EXPECT_THAT(ReadLayer(*opened, 0).status().message(), HasSubstr("SHA-256"));
+}
+
+// Writers under different tags (two generations, or a cut-off rank and the survivors writing
+// in its place) never share a directory: what the fenced-out writer writes, even after the
+// others began, is not in the checkpoint they commit, and their commit removes its directory.
+// The negative control: under one tag, the same late write lands in the committed checkpoint.
+TEST_F(CheckpointDirTest, WritersUnderAnotherTagNeverWriteIntoTheCommittedCheckpoint) {
+  for (const bool same_tag : {false, true}) {
+    SCOPED_TRACE(same_tag ? "one tag (the negative control)" : "two tags");
+    fs::remove_all(root_);
+    const std::string fenced_tag = same_tag ? "gen-3-survivors" : "gen-3";
+    auto survivors = CheckpointWriter::Join(root_.string(), 80, "gen-3-survivors");
+    auto fenced = CheckpointWriter::Join(root_.string(), 80, fenced_tag);
+    ASSERT_TRUE(survivors.ok() && fenced.ok());
+    EXPECT_EQ(fs::path((*survivors)->tmp_dir()).filename(), "step-00000080.gen-3-survivors.tmp");
+    auto f0 = (*survivors)->WriteLayer(0, "the survivors' layer zero");
+    auto f1 = (*survivors)->WriteLayer(1, "the survivors' layer one");
+    ASSERT_TRUE(f0.ok() && f1.ok());
+    ASSERT_TRUE((*fenced)->WriteLayer(1, "a stale layer one").ok());  // after theirs
+    (*fenced)->Release();
+    Manifest m = TwoStageManifest(80, 2);
+    m.files = {*f0, *f1};
+    absl::Status committed = (*survivors)->Commit(m, 0);
+    auto found = FindCheckpoint(root_.string());
+    if (same_tag) {
+      // The stale bytes replaced the survivors' file: the checkpoint no longer checks.
+      EXPECT_FALSE(found.ok() && *ReadLayer(*found, 1) == "the survivors' layer one");
+      continue;
+    }
+    ASSERT_TRUE(committed.ok()) << committed;
+    ASSERT_TRUE(found.ok()) << found.status();
+    EXPECT_EQ(found->dir, (root_ / "step-00000080").string());
+    EXPECT_EQ(*ReadLayer(*found, 1), "the survivors' layer one");
+    EXPECT_FALSE(fs::exists(root_ / "step-00000080.gen-3.tmp")) << "the fenced-out directory";
+  }
+}
+
+TEST_F(CheckpointDirTest, AWritersTagIsLettersDigitsAndDashes) {
+  for (const std::string tag :
+       std::vector<std::string>{"../up", "a/b", "gen 3", std::string(65, 'a')}) {
+    auto w = CheckpointWriter::Join(root_.string(), 10, tag);
+    ASSERT_FALSE(w.ok()) << tag;
+    EXPECT_TRUE(absl::IsInvalidArgument(w.status())) << w.status();
+  }
+  EXPECT_TRUE(CheckpointWriter::Join(root_.string(), 10, "gen-12-survivors").ok());
 }
 
 // Replaces `path` (a file) with a FIFO nobody writes to.

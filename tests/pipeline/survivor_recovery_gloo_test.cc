@@ -147,7 +147,7 @@ void LoseOverGloo(const JobSpec& job, const JobReport& whole, const Fault& fault
         }
         if (go.sources[static_cast<size_t>(rank % kStages)] != me) return;
         checkpoint::SharedCheckpointResult saved =
-            DeliverStoppedRank(*store, job, stopped, go.step);
+            DeliverStoppedRank(*store, job, stopped, go.step, /*generation=*/0);
         if (carried_out[rank].ok()) carried_out[rank] = saved.status;
         if (!saved.committed.empty()) {
           absl::MutexLock lock(&mu);

@@ -234,7 +234,8 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
         checkpoint::SharedCheckpointResult result;
         for (size_t k = 0; k < parts.weights.size(); ++k) {
           checkpoint::SharedCheckpointResult saved = checkpoint::DeliverThroughStore(
-              *store, c, plan, step.step + 1, parts.model_stages[k], *parts.weights[k]);
+              *store, c, plan, step.step + 1, parts.model_stages[k], *parts.weights[k],
+              checkpoint::CheckpointWriters{options.generation.number});
           if (!saved.status.ok()) {
             std::fprintf(stderr, "pipetrain: rank %d: checkpoint before step %lld: %s\n", rank,
                          static_cast<long long>(step.step + 1),
@@ -303,7 +304,7 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& c, int rank,
 
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
                                                       const JobSpec& c, const StoppedRank& rank,
-                                                      int64_t step) {
+                                                      int64_t step, int64_t generation) {
   checkpoint::SharedCheckpointResult result;
   absl::StatusOr<JobPlan> plan = MakeJobPlan(c);
   if (!plan.ok()) {
@@ -311,8 +312,8 @@ checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore&
     return result;
   }
   for (const auto& [stage, weights] : rank.model_stages) {
-    checkpoint::SharedCheckpointResult saved =
-        checkpoint::DeliverThroughStore(store, c, *plan, step, stage, *weights);
+    checkpoint::SharedCheckpointResult saved = checkpoint::DeliverThroughStore(
+        store, c, *plan, step, stage, *weights, checkpoint::CheckpointWriters{generation, true});
     if (result.status.ok()) result.status = saved.status;
     if (!saved.committed.empty()) result.committed = saved.committed;
   }

@@ -81,7 +81,7 @@ struct StageRunOptions {
   // Wraps the stage's transport once it is up (tests: fault injection).
   std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
       wrap_transport;
-  Generation generation;  // the coordinator's StageAssignment.commit_steps, skipped_in_a_row
+  Generation generation;  // the coordinator's StageAssignment: generation, commit_steps, ...
 };
 
 // The payload RunStage's error carries when another rank of the job failed before it (its
@@ -98,10 +98,13 @@ absl::StatusOr<StageOutcome> RunStage(const JobSpec& config, int rank,
 // job's checkpoint before mini-batch `step` through `store`
 // (checkpoint::DeliverThroughStore for each model stage it holds): what a survivor that
 // supplies its place does. The first error, and the step-N directory if this rank committed
-// it. Call it from StageListener::Stopped (the state is valid only there).
+// it. Call it from StageListener::Stopped (the state is valid only there). `generation`: the
+// rank's (Generation::number); the survivors write under their own tag
+// (checkpoint::CheckpointWriters), apart from the generation's ranks at their boundaries.
 checkpoint::SharedCheckpointResult DeliverStoppedRank(rendezvous::KeyValueStore& store,
                                                       const JobSpec& config,
-                                                      const StoppedRank& rank, int64_t step);
+                                                      const StoppedRank& rank, int64_t step,
+                                                      int64_t generation);
 
 // A stopped rank's layers as they stand, each as the bytes of its checkpoint file
 // (checkpoint::SerializeLayerState), by global layer index: what a survivor holds for the
