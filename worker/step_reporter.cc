@@ -61,9 +61,13 @@ v1::StepReport MakeStepReport(const v1::StageAssignment& a, const std::string& w
 void StepReporter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   auto last_sent = std::chrono::steady_clock::now() - kMinInterval;
+  bool unanswered = false;  // the last batch got no answer
   while (true) {
     cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
     if (queue_.empty()) return;
+    // A coordinator out of reach refuses at once: however full the queue, the next try waits
+    // its turn (no tight loop of refused calls while the coordinator is away).
+    if (unanswered) cv_.wait_until(lock, last_sent + kMinInterval, [this] { return abandoned_; });
     cv_.wait_until(lock, last_sent + kMinInterval,
                    [this] { return closing_ || queue_.size() >= kMaxBatch; });
     // At most kMaxBatch a call (the coordinator takes requests of about 1 MiB).
@@ -86,13 +90,13 @@ void StepReporter::Loop() {
     // coordinator skips reports it has counted already). Refused ones are not resent, and
     // neither is anything once the reporter has been closing for kClosingPatience: a
     // coordinator out of reach must not keep the stage from ending.
-    if (IsTransient(sent.status()) && !abandoned_ &&
-        !(closing_ && std::chrono::steady_clock::now() >= close_by_)) {
+    unanswered = IsTransient(sent.status());
+    if (unanswered && !abandoned_ && !(closing_ && std::chrono::steady_clock::now() >= close_by_)) {
+      // Back at the front, never trimmed: a gap would be refused with every report after
+      // it. The queue may hold a batch more than kMaxQueued meanwhile; Add waits for room.
       for (int i = batch.reports_size() - 1; i >= 0; --i) {
         queue_.push_front(std::move(*batch.mutable_reports(i)));
       }
-      while (queue_.size() > kMaxQueued) queue_.pop_front();
-      if (closing_) cv_.wait_for(lock, kMinInterval);  // not in a tight loop
     }
   }
 }

@@ -93,8 +93,9 @@ class StepReporter {
   // Sends what has queued up in one ReportSteps, at most every kMinInterval: a fast step
   // costs no RPC of its own (on a few shared cores every RPC takes CPU from the stages).
   static constexpr auto kMinInterval = std::chrono::milliseconds(100);
-  // Reports waiting to be sent, or kept for resending while the coordinator does not answer
-  // (its job is failed by then: two missed heartbeats). About 150 bytes each.
+  // Reports waiting to be sent, or kept for resending while the coordinator does not answer:
+  // at the bound the stage waits for room (Add), and no report is ever dropped to make room
+  // (the queue holds at most kMaxQueued + kMaxBatch). About 150 bytes each.
   static constexpr size_t kMaxQueued = 4000;
   static constexpr size_t kMaxBatch = 1000;
   // How long a closing reporter goes on resending what got no answer.
